@@ -1,0 +1,60 @@
+// swift-tools-version:6.0
+//
+// token-broker: fetches access tokens, keeps a fresh one cached, and serves it over HTTP.
+//
+// Layers, from the bottom up:
+//   CMicroHTTPD, COpenSSL, CCurl  system libraries from Debian, each behind a small shim.h
+//   TokenBrokerCore               pure Swift: tokens, configuration, the provider and its rules
+//   TokenBrokerSources            where tokens come from (the local JWT signer, upstream issuers)
+//   TokenBrokerHTTP               the libmicrohttpd server and the HTTP API on top of it
+//   token-broker                  the executable: command line, wiring, signals
+//
+// No outside Swift packages: the toolchain and Debian's C libraries are all it needs.
+import PackageDescription
+
+let package = Package(
+    name: "token-broker",
+    platforms: [.macOS(.v15)],
+    products: [
+        .executable(name: "token-broker", targets: ["token-broker"]),
+    ],
+    targets: [
+        .systemLibrary(
+            name: "CMicroHTTPD",
+            pkgConfig: "libmicrohttpd",
+            providers: [.apt(["libmicrohttpd-dev"])]
+        ),
+        .systemLibrary(
+            name: "COpenSSL",
+            pkgConfig: "libcrypto",
+            providers: [.apt(["libssl-dev"])]
+        ),
+        .systemLibrary(
+            name: "CCurl",
+            pkgConfig: "libcurl",
+            providers: [.apt(["libcurl4-openssl-dev"])]
+        ),
+        .target(name: "TokenBrokerCore"),
+        .target(
+            name: "TokenBrokerSources",
+            dependencies: ["TokenBrokerCore", "COpenSSL", "CCurl"]
+        ),
+        .target(
+            name: "TokenBrokerHTTP",
+            dependencies: ["TokenBrokerCore", "CMicroHTTPD"]
+        ),
+        .executableTarget(
+            name: "token-broker",
+            dependencies: ["TokenBrokerCore", "TokenBrokerSources", "TokenBrokerHTTP"]
+        ),
+        .testTarget(
+            name: "TokenBrokerCoreTests",
+            dependencies: ["TokenBrokerCore"]
+        ),
+        .testTarget(
+            name: "TokenBrokerSourcesTests",
+            dependencies: ["TokenBrokerSources", "TokenBrokerCore"]
+        ),
+    ],
+    swiftLanguageModes: [.v6]
+)

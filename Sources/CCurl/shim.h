@@ -1,0 +1,33 @@
+// The parts of libcurl (Debian: libcurl4-openssl-dev, 7.88) that Swift cannot call directly.
+// Every wrapper says why it exists. Everything else is called straight from Swift.
+#ifndef CCURL_SHIM_H
+#define CCURL_SHIM_H
+
+#include <curl/curl.h>
+
+// curl_easy_setopt is variadic; one typed wrapper per kind of argument.
+static inline CURLcode CCurl_setopt_long(CURL *handle, CURLoption option, long value) {
+    return curl_easy_setopt(handle, option, value);
+}
+
+// curl_easy_setopt is variadic; libcurl copies strings, so the pointer need not outlive the call.
+static inline CURLcode CCurl_setopt_string(CURL *handle, CURLoption option, const char *value) {
+    return curl_easy_setopt(handle, option, value);
+}
+
+// curl_easy_setopt is variadic; for CURLOPT_WRITEDATA, CURLOPT_HTTPHEADER and other pointers.
+static inline CURLcode CCurl_setopt_pointer(CURL *handle, CURLoption option, void *value) {
+    return curl_easy_setopt(handle, option, value);
+}
+
+// curl_easy_setopt is variadic, and a Swift function pointer must be passed as the callback type itself.
+static inline CURLcode CCurl_setopt_write_function(CURL *handle, curl_write_callback callback) {
+    return curl_easy_setopt(handle, CURLOPT_WRITEFUNCTION, callback);
+}
+
+// curl_easy_getinfo is variadic; this reads a long-valued item such as CURLINFO_RESPONSE_CODE.
+static inline CURLcode CCurl_getinfo_long(CURL *handle, CURLINFO info, long *value) {
+    return curl_easy_getinfo(handle, info, value);
+}
+
+#endif

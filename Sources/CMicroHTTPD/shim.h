@@ -1,0 +1,48 @@
+// The parts of libmicrohttpd (Debian: libmicrohttpd-dev, 0.9.7x) that Swift cannot call directly.
+// Every wrapper says why it exists. Everything else is called straight from Swift.
+#ifndef CMICROHTTPD_SHIM_H
+#define CMICROHTTPD_SHIM_H
+
+#include <stdint.h>
+#include <stddef.h>
+#include <sys/socket.h>
+#include <microhttpd.h>
+
+// MHD_start_daemon is variadic; Swift cannot call it, so all options travel in one MHD_OPTION_ARRAY.
+static inline struct MHD_Daemon *CMicroHTTPD_start_daemon(unsigned int flags,
+                                                          MHD_AccessHandlerCallback handler,
+                                                          void *handler_cls,
+                                                          struct MHD_OptionItem *options) {
+    return MHD_start_daemon(flags, 0, NULL, NULL, handler, handler_cls,
+                            MHD_OPTION_ARRAY, options, MHD_OPTION_END);
+}
+
+// MHD_OptionItem keeps function pointers in a void *; a C cast is the only portable way to put one there.
+static inline struct MHD_OptionItem CMicroHTTPD_option_notify_completed(MHD_RequestCompletedCallback callback, void *cls) {
+    struct MHD_OptionItem item = { MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)callback, cls };
+    return item;
+}
+
+// MHD_get_daemon_info is variadic; this asks it for the port the daemon bound (useful with port 0).
+static inline uint16_t CMicroHTTPD_bound_port(struct MHD_Daemon *daemon) {
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(daemon, MHD_DAEMON_INFO_BIND_PORT);
+    return info == NULL ? 0 : info->port;
+}
+
+// MHD_get_connection_info is variadic; this asks it for the peer's address, or NULL.
+static inline const struct sockaddr *CMicroHTTPD_client_address(struct MHD_Connection *connection) {
+    const union MHD_ConnectionInfo *info = MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    return info == NULL ? NULL : info->client_addr;
+}
+
+// MHD_create_response_from_buffer's memory-mode enum is "fixed" in 0.9.7x and imports under
+// different Swift names across versions; this always asks libmicrohttpd to copy the body.
+static inline struct MHD_Response *CMicroHTTPD_response_copying(size_t size, const void *data) {
+    return MHD_create_response_from_buffer(size, (void *)data, MHD_RESPMEM_MUST_COPY);
+}
+
+// MHD_YES and MHD_NO are enum constants whose type changed across versions (int, then enum MHD_Result).
+static inline enum MHD_Result CMicroHTTPD_yes(void) { return MHD_YES; }
+static inline enum MHD_Result CMicroHTTPD_no(void) { return MHD_NO; }
+
+#endif

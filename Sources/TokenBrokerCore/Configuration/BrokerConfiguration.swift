@@ -1,0 +1,105 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+
+/// The whole broker: its two listeners and its providers.
+///
+/// Read from a JSON file (`--config FILE` or `TOKEN_BROKER_CONFIG`); every key is optional, and
+/// with no file at all the broker runs one `default` provider on the local JWT signer.
+public struct BrokerConfiguration: Sendable, Equatable {
+    /// The token listener. Default `127.0.0.1:8080`; env `TOKEN_BROKER_LISTEN` overrides it.
+    public var listen: ListenAddress
+    /// The admin listener (`/healthz`). Default `127.0.0.1:9090`; env `TOKEN_BROKER_ADMIN_LISTEN` overrides it.
+    public var adminListen: ListenAddress
+    /// The providers; the first is the one served at `/token`. Default: one `default` provider.
+    public var providers: [ProviderConfiguration]
+    /// Most connections open at once, per listener. Default 10000; 16–1000000.
+    public var connectionLimit: Int
+    /// Seconds a connection may stay idle before it is closed. Default 30; 1–3600.
+    public var connectionTimeoutSec: Int
+    /// The longest a request may wait for a token (on-demand fetches, long-polls). Default 60; 1–3600.
+    public var maxWaitSec: Int
+
+    public static let defaultListen = "127.0.0.1:8080"
+    public static let defaultAdminListen = "127.0.0.1:9090"
+
+    public init(
+        listen: ListenAddress? = nil, adminListen: ListenAddress? = nil,
+        providers: [ProviderConfiguration] = [ProviderConfiguration()],
+        connectionLimit: Int = 10_000, connectionTimeoutSec: Int = 30, maxWaitSec: Int = 60
+    ) {
+        self.maxWaitSec = maxWaitSec
+        self.listen = listen ?? (try! ListenAddress(parsing: Self.defaultListen))
+        self.adminListen = adminListen ?? (try! ListenAddress(parsing: Self.defaultAdminListen))
+        self.providers = providers
+        self.connectionLimit = connectionLimit
+        self.connectionTimeoutSec = connectionTimeoutSec
+    }
+
+    /// Reads and checks a configuration document.
+    public init(json: some Collection<UInt8>) throws(ConfigurationError) {
+        let document: JSONValue
+        do {
+            document = try JSONValue(parsing: json)
+        } catch {
+            throw ConfigurationError(key: "", "the file is not valid JSON (\(Self.shortReason(error)))")
+        }
+        var reader = try ObjectReader(document, path: "")
+        self.init()
+        if let text = try reader.string("listen") { listen = try Self.address(text, key: "listen") }
+        if let text = try reader.string("adminListen") { adminListen = try Self.address(text, key: "adminListen") }
+        connectionLimit = try reader.int("connectionLimit", 16...1_000_000, default: connectionLimit)
+        connectionTimeoutSec = try reader.int("connectionTimeoutSec", 1...3600, default: connectionTimeoutSec)
+        maxWaitSec = try reader.int("maxWaitSec", 1...3600, default: maxWaitSec)
+        if let items = try reader.array("providers") {
+            guard !items.isEmpty else {
+                throw ConfigurationError(key: "providers", "must list at least one provider")
+            }
+            providers = []
+            for item in items {
+                providers.append(try ProviderConfiguration(reading: item.value, path: item.path))
+            }
+        }
+        try reader.finish()
+        try validate()
+    }
+
+    /// Applies the environment's overrides, `TOKEN_BROKER_LISTEN` and `TOKEN_BROKER_ADMIN_LISTEN`.
+    public mutating func applyEnvironment(_ environment: [String: String]) throws(ConfigurationError) {
+        if let text = environment["TOKEN_BROKER_LISTEN"], !text.isEmpty {
+            listen = try Self.address(text, key: "TOKEN_BROKER_LISTEN")
+        }
+        if let text = environment["TOKEN_BROKER_ADMIN_LISTEN"], !text.isEmpty {
+            adminListen = try Self.address(text, key: "TOKEN_BROKER_ADMIN_LISTEN")
+        }
+        try validate()
+    }
+
+    /// Checks what no single key can: unique provider names, distinct listeners.
+    public func validate() throws(ConfigurationError) {
+        var seen: Set<String> = []
+        for (index, provider) in providers.enumerated() where !seen.insert(provider.name).inserted {
+            throw ConfigurationError(key: "providers[\(index)].name", "duplicate provider name \"\(provider.name)\"; allowed: names unique across providers")
+        }
+        if listen == adminListen, listen.port != 0 {
+            throw ConfigurationError(key: "adminListen", "\(adminListen) is also the token listener; allowed: a different address or port")
+        }
+    }
+
+    private static func address(_ text: String, key: String) throws(ConfigurationError) -> ListenAddress {
+        do {
+            return try ListenAddress(parsing: text)
+        } catch {
+            throw ConfigurationError(key: key, error.message)
+        }
+    }
+
+    private static func shortReason(_ error: any Error) -> String {
+        if case DecodingError.dataCorrupted(let context) = error {
+            return context.underlyingError.map { "\($0)" } ?? context.debugDescription
+        }
+        return "\(error)"
+    }
+}

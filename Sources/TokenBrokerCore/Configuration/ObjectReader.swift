@@ -1,0 +1,93 @@
+/// Reads one JSON object of the configuration, key by key, and refuses keys nobody asked for.
+///
+/// Every accessor records the key it reads; `finish()` then names any key left over, with the
+/// keys that are allowed, so a typo such as `maxRetryCont` fails loudly instead of being ignored.
+struct ObjectReader {
+    let path: String
+    private let members: [String: JSONValue]
+    private var known: [String] = []
+
+    init(_ value: JSONValue, path: String) throws(ConfigurationError) {
+        guard case .object(let members) = value else {
+            throw ConfigurationError(key: path, "must be an object, not \(value.typeName)")
+        }
+        self.members = members
+        self.path = path
+    }
+
+    func keyPath(_ key: String) -> String { path.isEmpty ? key : "\(path).\(key)" }
+
+    mutating func raw(_ key: String) -> JSONValue? {
+        known.append(key)
+        guard let value = members[key], value != .null else { return nil }
+        return value
+    }
+
+    mutating func string(_ key: String) throws(ConfigurationError) -> String? {
+        guard let value = raw(key) else { return nil }
+        guard case .string(let text) = value else {
+            throw ConfigurationError(key: keyPath(key), "must be a string, not \(value.typeName)")
+        }
+        return text
+    }
+
+    mutating func string(_ key: String, default fallback: String) throws(ConfigurationError) -> String {
+        try string(key) ?? fallback
+    }
+
+    /// A string that must be one of `allowed`.
+    mutating func choice(_ key: String, _ allowed: [String], default fallback: String) throws(ConfigurationError) -> String {
+        let value = try string(key, default: fallback)
+        guard allowed.contains(value) else {
+            throw ConfigurationError(key: keyPath(key), "unknown value \"\(value)\"; allowed: \(allowed.joined(separator: ", "))")
+        }
+        return value
+    }
+
+    mutating func bool(_ key: String, default fallback: Bool) throws(ConfigurationError) -> Bool {
+        guard let value = raw(key) else { return fallback }
+        guard case .bool(let flag) = value else {
+            throw ConfigurationError(key: keyPath(key), "must be true or false, not \(value.typeName)")
+        }
+        return flag
+    }
+
+    /// A whole number inside `range`.
+    mutating func int(_ key: String, _ range: ClosedRange<Int>) throws(ConfigurationError) -> Int? {
+        guard let value = raw(key) else { return nil }
+        guard case .number(let number) = value, number.rounded() == number, abs(number) < 1e15 else {
+            throw ConfigurationError(key: keyPath(key), "must be a whole number in \(range.lowerBound)–\(range.upperBound), not \(value.typeName)")
+        }
+        guard range.contains(Int(number)) else {
+            throw ConfigurationError(key: keyPath(key), "\(Int(number)) is out of range; allowed: \(range.lowerBound)–\(range.upperBound)")
+        }
+        return Int(number)
+    }
+
+    mutating func int(_ key: String, _ range: ClosedRange<Int>, default fallback: Int) throws(ConfigurationError) -> Int {
+        try int(key, range) ?? fallback
+    }
+
+    /// An array, handed over item by item with each item's path.
+    mutating func array(_ key: String) throws(ConfigurationError) -> [(path: String, value: JSONValue)]? {
+        guard let value = raw(key) else { return nil }
+        guard case .array(let items) = value else {
+            throw ConfigurationError(key: keyPath(key), "must be an array, not \(value.typeName)")
+        }
+        return items.enumerated().map { ("\(keyPath(key))[\($0.offset)]", $0.element) }
+    }
+
+    /// A nested object.
+    mutating func object(_ key: String) throws(ConfigurationError) -> ObjectReader? {
+        guard let value = raw(key) else { return nil }
+        return try ObjectReader(value, path: keyPath(key))
+    }
+
+    /// Fails on the first key that no accessor read.
+    func finish() throws(ConfigurationError) {
+        if let unknown = members.keys.sorted().first(where: { !known.contains($0) }) {
+            throw ConfigurationError(
+                key: keyPath(unknown), "unknown key; allowed: \(known.joined(separator: ", "))")
+        }
+    }
+}

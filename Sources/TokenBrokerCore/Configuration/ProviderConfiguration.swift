@@ -1,0 +1,77 @@
+/// One token provider: where its tokens come from and when it refreshes them.
+///
+/// The refresh keys carry the names and defaults of the AWS WAF mobile SDK's token provider.
+/// The ranges are wider than the SDK's, since the tokens here are not only WAF tokens.
+public struct ProviderConfiguration: Sendable, Equatable {
+    /// The provider's name, used in `/providers/{name}/…`, logs and metrics. Default `default`;
+    /// letters, digits, `-`, `_` and `.`, at most 64.
+    public var name: String
+    /// Where tokens come from. Default: the local JWT signer with a key generated at start.
+    public var source: SourceConfiguration
+    /// Refresh in the background and serve from the cache. Default true.
+    public var backgroundRefreshEnabled: Bool
+    /// The longest time between background refreshes, and the idle time before refresh pauses.
+    /// Default 300; 1–86400.
+    public var tokenRefreshDelaySec: Int
+    /// Failures followed by exponential backoff before the slow cadence. Default 5 with background
+    /// refresh, 3 without; 0–10.
+    public var maxRetryCount: Int?
+    /// The slow retry cadence once backoff is used up, in milliseconds. Default 5000; 1–30000.
+    public var maxErrorTokenRefreshDelayMsec: Int
+    /// Pause background refresh after `tokenRefreshDelaySec` without reads. Default true.
+    public var pauseWhenIdle: Bool
+    /// Forced refreshes allowed per window. Default 5; 1–100.
+    public var forcedRefreshMaxAttempts: Int
+    /// The forced-refresh window, in seconds. Default 30; 1–3600.
+    public var forcedRefreshWindowSec: Int
+
+    public init(
+        name: String = "default",
+        source: SourceConfiguration = .jwt(JWTSourceConfiguration()),
+        backgroundRefreshEnabled: Bool = true,
+        tokenRefreshDelaySec: Int = 300,
+        maxRetryCount: Int? = nil,
+        maxErrorTokenRefreshDelayMsec: Int = 5000,
+        pauseWhenIdle: Bool = true,
+        forcedRefreshMaxAttempts: Int = 5,
+        forcedRefreshWindowSec: Int = 30
+    ) {
+        self.name = name
+        self.source = source
+        self.backgroundRefreshEnabled = backgroundRefreshEnabled
+        self.tokenRefreshDelaySec = tokenRefreshDelaySec
+        self.maxRetryCount = maxRetryCount
+        self.maxErrorTokenRefreshDelayMsec = maxErrorTokenRefreshDelayMsec
+        self.pauseWhenIdle = pauseWhenIdle
+        self.forcedRefreshMaxAttempts = forcedRefreshMaxAttempts
+        self.forcedRefreshWindowSec = forcedRefreshWindowSec
+    }
+
+    /// `maxRetryCount`, or its default for the refresh mode.
+    public var effectiveMaxRetryCount: Int { maxRetryCount ?? (backgroundRefreshEnabled ? 5 : 3) }
+}
+
+extension ProviderConfiguration {
+    init(reading value: JSONValue, path: String) throws(ConfigurationError) {
+        var reader = try ObjectReader(value, path: path)
+        self.init()
+        name = try reader.string("name", default: name)
+        guard !name.isEmpty, name.count <= 64,
+            name.unicodeScalars.allSatisfy({ $0.properties.isASCIIHexDigit || ("a"..."z").contains($0)
+                || ("A"..."Z").contains($0) || "-_.".unicodeScalars.contains($0) })
+        else {
+            throw ConfigurationError(key: reader.keyPath("name"), "\"\(name)\" is not a valid name; allowed: 1–64 of A–Z a–z 0–9 - _ .")
+        }
+        if let sourceReader = try reader.object("source") {
+            source = try SourceConfiguration(reading: sourceReader)
+        }
+        backgroundRefreshEnabled = try reader.bool("backgroundRefreshEnabled", default: backgroundRefreshEnabled)
+        tokenRefreshDelaySec = try reader.int("tokenRefreshDelaySec", 1...86_400, default: tokenRefreshDelaySec)
+        maxRetryCount = try reader.int("maxRetryCount", 0...10)
+        maxErrorTokenRefreshDelayMsec = try reader.int("maxErrorTokenRefreshDelayMsec", 1...30_000, default: maxErrorTokenRefreshDelayMsec)
+        pauseWhenIdle = try reader.bool("pauseWhenIdle", default: pauseWhenIdle)
+        forcedRefreshMaxAttempts = try reader.int("forcedRefreshMaxAttempts", 1...100, default: forcedRefreshMaxAttempts)
+        forcedRefreshWindowSec = try reader.int("forcedRefreshWindowSec", 1...3600, default: forcedRefreshWindowSec)
+        try reader.finish()
+    }
+}

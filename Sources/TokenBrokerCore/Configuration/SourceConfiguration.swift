@@ -1,0 +1,67 @@
+/// Where a provider's tokens come from (`source.type`).
+public enum SourceConfiguration: Sendable, Equatable {
+    /// The local signer: JWTs minted by the broker itself.
+    case jwt(JWTSourceConfiguration)
+
+    /// The values `source.type` accepts today.
+    public static let types = ["jwt"]
+
+    init(reading reader: ObjectReader) throws(ConfigurationError) {
+        var reader = reader
+        let type = try reader.choice("type", Self.types, default: "jwt")
+        switch type {
+        default:
+            self = .jwt(try JWTSourceConfiguration(reading: &reader))
+        }
+        try reader.finish()
+    }
+}
+
+/// The local JWT signer (`source.type: "jwt"`).
+public struct JWTSourceConfiguration: Sendable, Equatable {
+    /// The JWS algorithm. Default `ES256`; allowed `ES256`, `RS256`, `HS256`.
+    public var algorithm: String
+    /// A PEM private key (ES256, RS256) or a file of secret bytes (HS256). Default: none, and a
+    /// key is generated at start.
+    public var keyFile: String?
+    /// The `kid` header and JWKS key id. Default: the key's RFC 7638 thumbprint.
+    public var keyID: String?
+    /// The `iss` claim. Default `token-broker`.
+    public var issuer: String
+    /// The `aud` claim. Default `token-broker`.
+    public var audience: String
+    /// The `sub` claim. Default `token-broker`.
+    public var subject: String
+    /// The token's lifetime in seconds (`exp - iat`). Default 900; 1–86400.
+    public var lifetimeSec: Int
+
+    public static let algorithms = ["ES256", "RS256", "HS256"]
+
+    public init(
+        algorithm: String = "ES256", keyFile: String? = nil, keyID: String? = nil, issuer: String = "token-broker",
+        audience: String = "token-broker", subject: String = "token-broker", lifetimeSec: Int = 900
+    ) {
+        self.algorithm = algorithm
+        self.keyFile = keyFile
+        self.keyID = keyID
+        self.issuer = issuer
+        self.audience = audience
+        self.subject = subject
+        self.lifetimeSec = lifetimeSec
+    }
+
+    init(reading reader: inout ObjectReader) throws(ConfigurationError) {
+        self.init()
+        algorithm = try reader.choice("algorithm", Self.algorithms, default: algorithm)
+        keyFile = try reader.string("keyFile")
+        keyID = try reader.string("kid")
+        issuer = try reader.string("issuer", default: issuer)
+        audience = try reader.string("audience", default: audience)
+        subject = try reader.string("subject", default: subject)
+        lifetimeSec = try reader.int("lifetimeSec", 1...86_400, default: lifetimeSec)
+        if algorithm == "HS256", keyFile == nil {
+            // A generated HMAC secret could verify nothing outside the broker: no JWKS carries it.
+            throw ConfigurationError(key: reader.keyPath("keyFile"), "is required with HS256; allowed: a file holding at least 32 secret bytes")
+        }
+    }
+}

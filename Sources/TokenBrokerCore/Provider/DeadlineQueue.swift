@@ -1,0 +1,44 @@
+/// A min-heap of waiter deadlines: one structure that serves every deadline with one timer.
+///
+/// Removal is lazy: a cancelled entry stays in the heap until it reaches the top, where the
+/// owner skips it because the waiter is gone. Insertion and removal of the earliest are O(log n).
+struct DeadlineQueue<Instant: Comparable & Sendable>: Sendable {
+    private var heap: [(deadline: Instant, id: UInt64)] = []
+
+    var earliest: Instant? { heap.first?.deadline }
+    var isEmpty: Bool { heap.isEmpty }
+
+    mutating func insert(_ id: UInt64, at deadline: Instant) {
+        heap.append((deadline, id))
+        var child = heap.count - 1
+        while child > 0 {
+            let parent = (child - 1) / 2
+            guard heap[child].deadline < heap[parent].deadline else { break }
+            heap.swapAt(child, parent)
+            child = parent
+        }
+    }
+
+    /// Removes and returns the ids whose deadline is at or before `now`.
+    mutating func popDue(at now: Instant) -> [UInt64] {
+        var due: [UInt64] = []
+        while let top = heap.first, top.deadline <= now {
+            due.append(top.id)
+            heap.swapAt(0, heap.count - 1)
+            heap.removeLast()
+            var parent = 0
+            while true {
+                let left = 2 * parent + 1, right = left + 1
+                var smallest = parent
+                if left < heap.count, heap[left].deadline < heap[smallest].deadline { smallest = left }
+                if right < heap.count, heap[right].deadline < heap[smallest].deadline { smallest = right }
+                if smallest == parent { break }
+                heap.swapAt(parent, smallest)
+                parent = smallest
+            }
+        }
+        return due
+    }
+
+    mutating func removeAll() { heap.removeAll() }
+}

@@ -1,0 +1,307 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+
+/// The provider's rules as a pure state machine: events in, actions out, no clock and no I/O.
+///
+/// `TokenProvider` owns one inside a `Mutex` and carries out the actions it returns: start a
+/// fetch, arm the single timer, complete waiters. Every rule of the WAF SDK's token provider
+/// lives here, so that tests can drive it step by step at exact instants.
+///
+/// | rule | where |
+/// |---|---|
+/// | fetch at start, refresh at the earlier of `tokenRefreshDelaySec` and 75–85 % of the lifetime | `start`, `fetchSucceeded` |
+/// | backoff 100 ms doubling for `maxRetryCount` failures, then every `maxErrorTokenRefreshDelayMsec` | `fetchFailed` |
+/// | pause after `tokenRefreshDelaySec` without activity; resume on the next read | `tick`, `noteActivity` |
+/// | one fetch in flight, shared by every waiter | `startFetchIfIdle` |
+/// | forced refresh only for the current version, 5 per 30 s | `forceRefresh` |
+/// | on demand: fetch per call, after `maxRetryCount` retries fall back to the previous valid token | `getToken`, `fetchFailed` |
+public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Instant.Duration == Duration {
+    public typealias Token = CachedToken<Instant>
+
+    /// How a waiter ends.
+    public enum WaitOutcome: Sendable {
+        /// A valid token newer than the waiter's `after`. `stale` is true when refresh is failing.
+        case token(Token, stale: Bool)
+        /// On demand, the retries ran out: the previous token, when still valid, comes back stale.
+        case exhausted(previous: Token?, lastError: TokenFetchError?)
+        /// The deadline passed first. `current` is the valid token still cached, if any.
+        case timedOut(current: Token?, lastError: TokenFetchError?)
+        /// The provider is shutting down.
+        case shuttingDown
+    }
+
+    /// What the owner must do after an event.
+    public enum Action: Sendable {
+        /// Start one upstream fetch and report it back with `fetchSucceeded` or `fetchFailed`.
+        case startFetch
+        /// Complete a waiter, outside the lock.
+        case complete(waiter: UInt64, WaitOutcome)
+    }
+
+    /// The answer to a forced refresh.
+    public enum ForcedRefreshDecision: Sendable {
+        /// The rejected version is not the current one: here is the current, valid token.
+        case current(Token)
+        /// A refresh is under way: wait for a version newer than `after`.
+        case refreshing(after: UInt64?)
+        /// Too many forced refreshes in the window: try again after the given time.
+        case excessive(retryAfter: Duration)
+    }
+
+    /// What the provider is doing, for readiness and metrics.
+    public enum Phase: String, Sendable {
+        case fresh, refreshing, backingOff = "backing_off", paused, expired
+    }
+
+    private enum WaiterKind: Sendable { case ready, onDemand }
+    private struct Waiter: Sendable {
+        var after: UInt64?
+        var kind: WaiterKind
+    }
+
+    // MARK: - Settings
+
+    public let backgroundRefresh: Bool
+    public let pauseWhenIdle: Bool
+    public let retryPolicy: RetryPolicy
+    public let schedule: RefreshSchedule
+    private let jitter: Jitter
+
+    // MARK: - State
+
+    /// The newest accepted token: the cache with background refresh, the previous token without.
+    public private(set) var cached: Token?
+    public private(set) var isFetching = false
+    public private(set) var isPaused = false
+    /// Consecutive failed fetches since the last success.
+    public private(set) var failures = 0
+    public private(set) var lastError: TokenFetchError?
+    /// When the next fetch is due (a refresh or a retry); nil when none is planned.
+    public private(set) var fetchDueAt: Instant?
+    private var lastActivity: Instant
+    private var lastVersion: UInt64 = 0
+    private var nextWaiterID: UInt64 = 0
+    private var waiters: [UInt64: Waiter] = [:]
+    private var deadlines = DeadlineQueue<Instant>()
+    private var forcedWindow: ForcedRefreshWindow<Instant>
+
+    public init(configuration: ProviderConfiguration, now: Instant, jitter: Jitter = .random) {
+        backgroundRefresh = configuration.backgroundRefreshEnabled
+        pauseWhenIdle = configuration.pauseWhenIdle
+        retryPolicy = RetryPolicy(
+            maxRetryCount: configuration.effectiveMaxRetryCount,
+            slowDelay: .milliseconds(configuration.maxErrorTokenRefreshDelayMsec))
+        schedule = RefreshSchedule(refreshDelay: .seconds(configuration.tokenRefreshDelaySec))
+        forcedWindow = ForcedRefreshWindow(
+            interval: .seconds(configuration.forcedRefreshWindowSec),
+            maximumAttempts: configuration.forcedRefreshMaxAttempts)
+        self.jitter = jitter
+        lastActivity = now
+    }
+
+    // MARK: - Reading
+
+    /// When the owner's single timer must next fire: the next fetch or the earliest waiter deadline.
+    public var nextWakeup: Instant? {
+        switch (fetchDueAt, deadlines.earliest) {
+        case (let a?, let b?): min(a, b)
+        case (let a?, nil): a
+        case (nil, let b?): b
+        case (nil, nil): nil
+        }
+    }
+
+    /// The cached token if it is still valid at `now`; never an expired one.
+    public func validToken(at now: Instant) -> Token? {
+        guard let cached, cached.isValid(at: now) else { return nil }
+        return cached
+    }
+
+    /// Whether a valid token is being served while refresh fails.
+    public func isStale(at now: Instant) -> Bool { failures > 0 && validToken(at: now) != nil }
+
+    public var waiterCount: Int { waiters.count }
+
+    public func phase(at now: Instant) -> Phase {
+        if isFetching { return .refreshing }
+        if isPaused { return .paused }
+        if failures > 0 { return validToken(at: now) == nil ? .expired : .backingOff }
+        return validToken(at: now) == nil ? .expired : .fresh
+    }
+
+    // MARK: - Events
+
+    /// The provider starts: with background refresh, it fetches at once.
+    public mutating func start(now: Instant) -> [Action] {
+        lastActivity = now
+        guard backgroundRefresh else { return [] }
+        return startFetchIfIdle()
+    }
+
+    /// `getToken` with background refresh: the cached token if valid, never waiting.
+    ///
+    /// Counts as activity, so it resumes a paused provider.
+    public mutating func readCachedToken(now: Instant) -> (token: Token?, stale: Bool, actions: [Action]) {
+        let actions = noteActivity(now: now)
+        return (validToken(at: now), isStale(at: now), actions)
+    }
+
+    /// Registers a waiter for a valid token newer than `after` (`onTokenReady`).
+    ///
+    /// - Parameter onDemand: true for `getToken` without background refresh: the waiter wants a
+    ///   token fetched for it and gives up when the retries run out.
+    /// - Returns: the waiter's id, and the actions, which may complete it at once.
+    public mutating func addWaiter(after requested: UInt64?, deadline: Instant, onDemand: Bool = false, now: Instant)
+        -> (id: UInt64, actions: [Action])
+    {
+        var actions = noteActivity(now: now)
+        nextWaiterID += 1
+        let id = nextWaiterID
+        // Without background refresh every call wants a token fetched after it asked.
+        let after = backgroundRefresh ? requested : max(requested ?? 0, lastVersion)
+        if let token = validToken(at: now), token.version > (after ?? 0) {
+            actions.append(.complete(waiter: id, .token(token, stale: isStale(at: now))))
+            return (id, actions)
+        }
+        if deadline <= now {
+            actions.append(.complete(waiter: id, .timedOut(current: validToken(at: now), lastError: lastError)))
+            return (id, actions)
+        }
+        waiters[id] = Waiter(after: after, kind: onDemand ? .onDemand : .ready)
+        deadlines.insert(id, at: deadline)
+        // Ask for a token now when nothing valid can satisfy the waiter, unless a fetch or a
+        // retry is already planned: a failing issuer keeps its backoff however many wait.
+        if !isFetching, fetchDueAt == nil, !backgroundRefresh || validToken(at: now) == nil {
+            actions += startFetchIfIdle()
+        }
+        return (id, actions)
+    }
+
+    /// Forgets a waiter whose caller went away. The shared fetch goes on for the others.
+    public mutating func removeWaiter(_ id: UInt64) {
+        waiters[id] = nil
+    }
+
+    /// The retrier: the caller's token `rejected` was refused downstream.
+    public mutating func forceRefresh(rejected: UInt64?, now: Instant) -> (ForcedRefreshDecision, [Action]) {
+        var actions = noteActivity(now: now)
+        if let rejected, let token = validToken(at: now), rejected < token.version {
+            return (.current(token), actions)
+        }
+        if isFetching { return (.refreshing(after: cached?.version), actions) }
+        if let wait = forcedWindow.admit(at: now) { return (.excessive(retryAfter: wait), actions) }
+        actions += startFetchIfIdle()
+        return (.refreshing(after: cached?.version), actions)
+    }
+
+    /// The upstream fetch brought a token.
+    /// - Parameter wallTime: the wall-clock time of `now`, kept for `issued_at`.
+    public mutating func fetchSucceeded(_ token: FetchedToken, now: Instant, wallTime: Date) -> [Action] {
+        isFetching = false
+        failures = 0
+        lastError = nil
+        lastVersion += 1
+        let accepted = Token(
+            token: token, version: lastVersion, issuedAt: now,
+            expiresAt: token.lifetime.map { now.advanced(by: $0) }, issuedAtDate: wallTime)
+        cached = accepted
+        if backgroundRefresh {
+            fetchDueAt = now.advanced(by: schedule.refreshAfter(lifetime: token.lifetime, unit: jitter.next()))
+        } else {
+            fetchDueAt = nil
+        }
+        var actions: [Action] = []
+        let valid = accepted.isValid(at: now)
+        for (id, waiter) in waiters where valid && accepted.version > (waiter.after ?? 0) {
+            waiters[id] = nil
+            actions.append(.complete(waiter: id, .token(accepted, stale: false)))
+        }
+        return actions
+    }
+
+    /// The upstream fetch failed.
+    public mutating func fetchFailed(_ error: TokenFetchError, now: Instant) -> [Action] {
+        isFetching = false
+        failures += 1
+        lastError = error
+        var actions: [Action] = []
+        if !backgroundRefresh, retryPolicy.isExhausted(afterFailures: failures) {
+            // On demand, getToken stops here with the previous token, if still valid.
+            let previous = validToken(at: now)
+            for (id, waiter) in waiters where waiter.kind == .onDemand {
+                waiters[id] = nil
+                actions.append(.complete(waiter: id, .exhausted(previous: previous, lastError: error)))
+            }
+            if waiters.isEmpty {
+                failures = 0
+                fetchDueAt = nil
+                return actions
+            }
+        }
+        fetchDueAt = now.advanced(
+            by: retryPolicy.delay(afterFailures: failures, unit: jitter.next(), retryAfter: error.retryAfter))
+        return actions
+    }
+
+    /// The owner's timer fired: time out waiters, then start a due fetch or pause when idle.
+    public mutating func tick(now: Instant) -> [Action] {
+        var actions: [Action] = []
+        for id in deadlines.popDue(at: now) {
+            guard waiters.removeValue(forKey: id) != nil else { continue }
+            let current = validToken(at: now)
+            actions.append(.complete(waiter: id, .timedOut(current: current, lastError: lastError)))
+        }
+        if waiters.isEmpty { deadlines.removeAll() }
+        guard let due = fetchDueAt, due <= now, !isFetching else { return actions }
+        fetchDueAt = nil
+        if !backgroundRefresh, waiters.isEmpty {
+            failures = 0
+            return actions
+        }
+        if backgroundRefresh, pauseWhenIdle, waiters.isEmpty,
+            lastActivity.duration(to: now) > schedule.refreshDelay
+        {
+            isPaused = true
+            return actions
+        }
+        return actions + startFetchIfIdle()
+    }
+
+    /// Completes every waiter: the provider is going away.
+    public mutating func shutDown() -> [Action] {
+        let actions = waiters.keys.sorted().map { Action.complete(waiter: $0, .shuttingDown) }
+        waiters.removeAll()
+        deadlines.removeAll()
+        fetchDueAt = nil
+        return actions
+    }
+
+    // MARK: - Helpers
+
+    /// Records a read. A paused provider resumes: it fetches at once if its refresh is overdue.
+    private mutating func noteActivity(now: Instant) -> [Action] {
+        lastActivity = now
+        guard isPaused else { return [] }
+        isPaused = false
+        if let token = validToken(at: now) {
+            let due = token.issuedAt.advanced(by: schedule.refreshAfter(lifetime: token.token.lifetime, unit: 0.5))
+            if due > now {
+                fetchDueAt = due
+                return []
+            }
+        }
+        return startFetchIfIdle()
+    }
+
+    /// Starts the single upstream fetch unless one is already in flight.
+    private mutating func startFetchIfIdle() -> [Action] {
+        guard !isFetching else { return [] }
+        isFetching = true
+        isPaused = false
+        fetchDueAt = nil
+        return [.startFetch]
+    }
+}

@@ -1,0 +1,346 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+import Synchronization
+
+/// One configured provider: keeps a token from its source fresh, as the WAF SDK's provider does.
+///
+/// The rules live in `ProviderStateMachine`; this class carries out its actions. It runs one
+/// upstream fetch at a time in a task of its own, keeps one timer for every deadline (the next
+/// refresh or retry, and the earliest waiter), and completes waiters outside its lock.
+///
+/// - Important: call `run()` from a task you own; the provider fetches nothing until then, and
+///   shuts down (completing every waiter with `.shuttingDown`) when that task is cancelled.
+public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duration {
+    public typealias Machine = ProviderStateMachine<C.Instant>
+    public typealias Token = CachedToken<C.Instant>
+    public typealias WaitOutcome = Machine.WaitOutcome
+    /// Called once when a waiter ends, on whichever thread ended it.
+    public typealias Completion = @Sendable (WaitOutcome) -> Void
+
+    public let configuration: ProviderConfiguration
+    public var name: String { configuration.name }
+    public let clock: C
+    private let source: any TokenSource
+    private let events: ProviderEvents
+    private let wallClock: @Sendable () -> Date
+    private let state: Mutex<State>
+
+    private struct State: Sendable {
+        var machine: Machine
+        var completions: [UInt64: Completion] = [:]
+        var timer: Task<Void, Never>?
+        var timerDeadline: C.Instant?
+        var timerGeneration: UInt64 = 0
+        var fetch: Task<Void, Never>?
+        var fetchStartedAt: C.Instant?
+        var isShutDown = false
+    }
+
+    /// What the lock hands back to be done outside it.
+    private struct Work {
+        var completions: [(Completion, WaitOutcome)] = []
+        var cancelledTimer: Task<Void, Never>?
+    }
+
+    /// - Parameters:
+    ///   - jitter: spreads retries and refreshes; tests pin it.
+    ///   - events: hooks for logs and metrics.
+    public init(
+        configuration: ProviderConfiguration, source: any TokenSource, clock: C,
+        jitter: Jitter = .random, events: ProviderEvents = ProviderEvents(),
+        wallClock: @escaping @Sendable () -> Date = { Date() }
+    ) {
+        self.wallClock = wallClock
+        self.configuration = configuration
+        self.source = source
+        self.clock = clock
+        self.events = events
+        state = Mutex(State(machine: Machine(configuration: configuration, now: clock.now, jitter: jitter)))
+    }
+
+    // MARK: - Service
+
+    /// Starts fetching, then waits until the calling task is cancelled, then shuts down.
+    public func run() async {
+        apply { machine, now in machine.start(now: now) }
+        let (stream, continuation) = AsyncStream<Never>.makeStream()
+        await withTaskCancellationHandler {
+            for await _ in stream {}
+        } onCancel: {
+            continuation.finish()
+        }
+        shutDown()
+    }
+
+    /// Completes every waiter with `.shuttingDown` and stops the timer and any fetch.
+    public func shutDown() {
+        var work = Work()
+        let fetch = state.withLock { state -> Task<Void, Never>? in
+            state.isShutDown = true
+            collect(state.machine.shutDown(), into: &work, state: &state)
+            work.cancelledTimer = state.timer
+            state.timer = nil
+            state.timerDeadline = nil
+            defer { state.fetch = nil }
+            return state.fetch
+        }
+        fetch?.cancel()
+        perform(work)
+    }
+
+    // MARK: - Reading
+
+    /// `getToken` with background refresh: the cached token if still valid, without waiting.
+    /// Counts as activity.
+    public func cachedToken() -> (token: Token, stale: Bool)? {
+        let now = clock.now
+        var result: (Token, Bool)?
+        apply { machine, now in
+            let read = machine.readCachedToken(now: now)
+            if let token = read.token { result = (token, read.stale) }
+            return read.actions
+        }
+        _ = now
+        return result
+    }
+
+    /// `getToken`: the cached token with background refresh; without it, a freshly fetched one,
+    /// waiting through the retries, then the previous valid token (stale), or nil.
+    public func getToken() async -> (token: Token, stale: Bool)? {
+        if configuration.backgroundRefreshEnabled { return cachedToken() }
+        let outcome = await wait(after: nil, timeout: .seconds(86_400 * 365), onDemand: true)
+        switch outcome {
+        case .token(let token, let stale): return (token, stale)
+        case .exhausted(let previous?, _): return (previous, true)
+        default: return nil
+        }
+    }
+
+    /// `onTokenReady`: waits for a valid token newer than `after`, at most `timeout`.
+    public func onTokenReady(after: UInt64? = nil, timeout: Duration) async -> WaitOutcome {
+        await wait(after: after, timeout: timeout, onDemand: false)
+    }
+
+    /// Registers a waiter that ends through `completion` (the callback form, for suspended
+    /// HTTP connections). Returns an id for `removeWaiter`.
+    @discardableResult
+    public func addWaiter(after: UInt64?, deadline: C.Instant, onDemand: Bool = false, completion: @escaping Completion)
+        -> UInt64
+    {
+        var work = Work()
+        let id = state.withLock { state -> UInt64 in
+            guard !state.isShutDown else {
+                work.completions.append((completion, .shuttingDown))
+                return 0
+            }
+            let (id, actions) = state.machine.addWaiter(after: after, deadline: deadline, onDemand: onDemand, now: clock.now)
+            state.completions[id] = completion
+            collect(actions, into: &work, state: &state)
+            return id
+        }
+        perform(work)
+        return id
+    }
+
+    /// Forgets a waiter whose caller went away; its completion is never called.
+    public func removeWaiter(_ id: UInt64) {
+        state.withLock { state in
+            state.machine.removeWaiter(id)
+            state.completions[id] = nil
+        }
+    }
+
+    /// The retrier: `rejected` is the version a downstream service refused.
+    public func forceRefresh(rejected: UInt64?) -> Machine.ForcedRefreshDecision {
+        var decision = Machine.ForcedRefreshDecision.refreshing(after: nil)
+        apply { machine, now in
+            let (answer, actions) = machine.forceRefresh(rejected: rejected, now: now)
+            decision = answer
+            return actions
+        }
+        if case .excessive = decision { events.excessiveRefresh(name) }
+        return decision
+    }
+
+    /// What the provider is doing now, for readiness, metrics and error descriptions.
+    public func status() -> ProviderStatus {
+        let now = clock.now
+        return state.withLock { state in
+            let machine = state.machine
+            let token = machine.validToken(at: now)
+            return ProviderStatus(
+                name: name,
+                phase: machine.phase(at: now).rawValue,
+                version: token?.version,
+                stale: machine.isStale(at: now),
+                expiresIn: token?.expiresAt.map { now.duration(to: $0) },
+                lastError: machine.lastError,
+                consecutiveFailures: machine.failures,
+                waiters: machine.waiterCount)
+        }
+    }
+
+    /// The instant `duration` from now on the provider's clock.
+    public func deadline(in duration: Duration) -> C.Instant { clock.now.advanced(by: duration) }
+
+    // MARK: - Carrying out actions
+
+    private func wait(after: UInt64?, timeout: Duration, onDemand: Bool) async -> WaitOutcome {
+        let waiterID = Mutex<UInt64?>(nil)
+        return await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<WaitOutcome, Never>) in
+                let id = addWaiter(after: after, deadline: deadline(in: timeout), onDemand: onDemand) { outcome in
+                    continuation.resume(returning: outcome)
+                }
+                let cancelledAlready = waiterID.withLock { stored -> Bool in
+                    defer { stored = id }
+                    return stored == .max
+                }
+                if cancelledAlready { cancelWaiter(id, continuationOwner: true) }
+            }
+        } onCancel: {
+            let id = waiterID.withLock { stored -> UInt64? in
+                defer { if stored == nil { stored = .max } }
+                return stored
+            }
+            if let id { cancelWaiter(id, continuationOwner: true) }
+        }
+    }
+
+    /// Ends one waiter as timed out, leaving the shared fetch running for the others.
+    private func cancelWaiter(_ id: UInt64, continuationOwner: Bool) {
+        let completion = state.withLock { state -> Completion? in
+            state.machine.removeWaiter(id)
+            return state.completions.removeValue(forKey: id)
+        }
+        let current = status()
+        completion?(.timedOut(current: nil, lastError: current.lastError))
+    }
+
+    private func apply(_ event: (inout Machine, C.Instant) -> [Machine.Action]) {
+        var work = Work()
+        state.withLock { state in
+            guard !state.isShutDown else { return }
+            let actions = event(&state.machine, clock.now)
+            collect(actions, into: &work, state: &state)
+        }
+        perform(work)
+    }
+
+    /// Turns actions into work, starts the fetch and re-arms the timer; called inside the lock.
+    private func collect(_ actions: [Machine.Action], into work: inout Work, state: inout State) {
+        for action in actions {
+            switch action {
+            case .startFetch:
+                state.fetchStartedAt = clock.now
+                state.fetch = Task { [self] in await fetchOnce() }
+            case .complete(let id, let outcome):
+                if let completion = state.completions.removeValue(forKey: id) {
+                    work.completions.append((completion, outcome))
+                }
+            }
+        }
+        guard !state.isShutDown else { return }
+        let wanted = state.machine.nextWakeup
+        guard wanted != state.timerDeadline else { return }
+        work.cancelledTimer = state.timer
+        state.timerDeadline = wanted
+        state.timerGeneration += 1
+        guard let wanted else {
+            state.timer = nil
+            return
+        }
+        let generation = state.timerGeneration
+        state.timer = Task { [self, clock] in
+            do {
+                try await clock.sleep(until: wanted, tolerance: nil)
+            } catch {
+                return
+            }
+            timerFired(generation)
+        }
+    }
+
+    private func perform(_ work: Work) {
+        work.cancelledTimer?.cancel()
+        for (completion, outcome) in work.completions { completion(outcome) }
+    }
+
+    private func timerFired(_ generation: UInt64) {
+        var work = Work()
+        state.withLock { state in
+            guard !state.isShutDown, generation == state.timerGeneration else { return }
+            state.timer = nil
+            state.timerDeadline = nil
+            collect(state.machine.tick(now: clock.now), into: &work, state: &state)
+        }
+        perform(work)
+    }
+
+    private func fetchOnce() async {
+        let result: Result<FetchedToken, TokenFetchError>
+        do {
+            result = .success(try await source.fetch())
+        } catch {
+            result = .failure(error)
+        }
+        if Task.isCancelled { return }
+        let started = state.withLock { $0.fetchStartedAt } ?? clock.now
+        let elapsed = started.duration(to: clock.now)
+        var version: UInt64?
+        apply { machine, now in
+            switch result {
+            case .success(let token):
+                let actions = machine.fetchSucceeded(token, now: now, wallTime: wallClock())
+                version = machine.cached?.version
+                return actions
+            case .failure(let error):
+                return machine.fetchFailed(error, now: now)
+            }
+        }
+        events.fetched(name, result.map { ($0, version ?? 0) }, elapsed)
+    }
+}
+
+extension TokenProvider where C == ContinuousClock {
+    /// A provider on the real monotonic clock.
+    public convenience init(configuration: ProviderConfiguration, source: any TokenSource, events: ProviderEvents = ProviderEvents()) {
+        self.init(configuration: configuration, source: source, clock: ContinuousClock(), events: events)
+    }
+}
+
+/// Hooks through which a provider reports what it did, for logs and metrics.
+public struct ProviderEvents: Sendable {
+    /// A fetch ended: the provider's name, the token and its version or the error, and how long it took.
+    public var fetched: @Sendable (String, Result<(FetchedToken, UInt64), TokenFetchError>, Duration) -> Void
+    /// A forced refresh was refused by the refresh window.
+    public var excessiveRefresh: @Sendable (String) -> Void
+
+    public init(
+        fetched: @escaping @Sendable (String, Result<(FetchedToken, UInt64), TokenFetchError>, Duration) -> Void = { _, _, _ in },
+        excessiveRefresh: @escaping @Sendable (String) -> Void = { _ in }
+    ) {
+        self.fetched = fetched
+        self.excessiveRefresh = excessiveRefresh
+    }
+}
+
+/// A provider's published state: what readiness, metrics and error answers read.
+public struct ProviderStatus: Sendable {
+    public var name: String
+    /// `fresh`, `refreshing`, `backing_off`, `paused` or `expired`.
+    public var phase: String
+    /// The valid token's version, or nil when there is none.
+    public var version: UInt64?
+    public var stale: Bool
+    public var expiresIn: Duration?
+    public var lastError: TokenFetchError?
+    public var consecutiveFailures: Int
+    public var waiters: Int
+
+    /// Whether the provider can answer `/token` now.
+    public var hasValidToken: Bool { version != nil }
+}

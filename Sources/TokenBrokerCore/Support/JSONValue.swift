@@ -1,0 +1,129 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+
+/// A parsed JSON document, kept as a tree so that readers can walk it key by key.
+///
+/// The configuration reader uses it to report unknown keys with their full path, which
+/// `Decodable` cannot do.
+public enum JSONValue: Sendable, Equatable {
+    case null
+    case bool(Bool)
+    case number(Double)
+    case string(String)
+    case array([JSONValue])
+    case object([String: JSONValue])
+
+    /// Parses UTF-8 JSON text.
+    public init(parsing data: some Collection<UInt8>) throws {
+        self = try JSONDecoder().decode(JSONValue.self, from: Data(data))
+    }
+
+    /// A short name of the value's JSON type, for error messages.
+    public var typeName: String {
+        switch self {
+        case .null: "null"
+        case .bool: "a boolean"
+        case .number: "a number"
+        case .string: "a string"
+        case .array: "an array"
+        case .object: "an object"
+        }
+    }
+
+    /// The value at a JSON Pointer (RFC 6901), or nil when the pointer leads nowhere.
+    public func value(atPointer pointer: String) -> JSONValue? {
+        if pointer.isEmpty { return self }
+        guard pointer.hasPrefix("/") else { return nil }
+        var current = self
+        for rawToken in pointer.dropFirst().split(separator: "/", omittingEmptySubsequences: false) {
+            let token = Self.unescapePointerToken(rawToken)
+            switch current {
+            case .object(let members):
+                guard let next = members[token] else { return nil }
+                current = next
+            case .array(let items):
+                guard let index = Int(token), items.indices.contains(index) else { return nil }
+                current = items[index]
+            default:
+                return nil
+            }
+        }
+        return current
+    }
+
+    /// Undoes RFC 6901's escapes: `~1` is `/`, `~0` is `~`.
+    private static func unescapePointerToken(_ token: Substring) -> String {
+        var out = ""
+        var iterator = token.makeIterator()
+        while let character = iterator.next() {
+            guard character == "~" else {
+                out.append(character)
+                continue
+            }
+            switch iterator.next() {
+            case "1": out.append("/")
+            case "0": out.append("~")
+            case let other?: out.append("~"); out.append(other)
+            case nil: out.append("~")
+            }
+        }
+        return out
+    }
+}
+
+extension JSONValue: Decodable {
+    public init(from decoder: any Decoder) throws {
+        let container = try decoder.singleValueContainer()
+        if container.decodeNil() {
+            self = .null
+        } else if let value = try? container.decode(Bool.self) {
+            self = .bool(value)
+        } else if let value = try? container.decode(Double.self) {
+            self = .number(value)
+        } else if let value = try? container.decode(String.self) {
+            self = .string(value)
+        } else if let value = try? container.decode([JSONValue].self) {
+            self = .array(value)
+        } else {
+            self = .object(try container.decode([String: JSONValue].self))
+        }
+    }
+}
+
+/// Writes JSON text by hand, for bodies whose field order and shape are fixed.
+public enum JSONText {
+    /// `value` as a JSON string literal, quotes included (RFC 8259 §7).
+    public static func quoted(_ value: String) -> String {
+        var out = "\""
+        out.reserveCapacity(value.utf8.count + 2)
+        for scalar in value.unicodeScalars {
+            switch scalar {
+            case "\"": out += "\\\""
+            case "\\": out += "\\\\"
+            case "\n": out += "\\n"
+            case "\r": out += "\\r"
+            case "\t": out += "\\t"
+            case _ where scalar.value < 0x20 || scalar.value == 0x2028 || scalar.value == 0x2029:
+                let hex = String(scalar.value, radix: 16)
+                out += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
+            default:
+                out.unicodeScalars.append(scalar)
+            }
+        }
+        out += "\""
+        return out
+    }
+
+    /// An object from already-encoded member values, in the given order.
+    public static func object(_ members: [(String, String)]) -> String {
+        "{" + members.map { quoted($0.0) + ":" + $0.1 }.joined(separator: ",") + "}"
+    }
+
+    /// The standard error body: `{"error": "...", "error_description": "..."}` (RFC 6749 §5.2).
+    public static func errorBody(_ error: String, _ description: String) -> String {
+        object([("error", quoted(error)), ("error_description", quoted(description))])
+    }
+}

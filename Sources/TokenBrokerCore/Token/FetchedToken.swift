@@ -1,0 +1,50 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+
+/// A token as a source hands it over, before the provider stamps it with a version.
+public struct FetchedToken: Sendable, Equatable {
+    /// The secret itself. Never log it: log `TokenFingerprint` instead.
+    public var accessToken: String
+    /// OAuth 2.0's `token_type`, normalised so that `bearer` reads `Bearer`.
+    public var tokenType: String
+    /// How long the token lives from the moment it was fetched, or nil when it does not say.
+    public var lifetime: Duration?
+    /// The granted scope, when the issuer told it.
+    public var scope: String?
+
+    public init(accessToken: String, tokenType: String = "Bearer", lifetime: Duration?, scope: String? = nil) {
+        self.accessToken = accessToken
+        self.tokenType = tokenType.lowercased() == "bearer" ? "Bearer" : tokenType
+        self.lifetime = lifetime
+        self.scope = scope
+    }
+}
+
+/// A token the provider has accepted: versioned, with its times on the provider's clock.
+public struct CachedToken<Instant: InstantProtocol>: Sendable where Instant.Duration == Duration {
+    public var token: FetchedToken
+    /// Grows by one with every token the provider accepts, starting at 1.
+    public var version: UInt64
+    /// When it was fetched, on the provider's clock.
+    public var issuedAt: Instant
+    /// When it stops being valid, on the provider's clock; nil for a token without expiry.
+    public var expiresAt: Instant?
+    /// When it was fetched, by the wall clock, for `issued_at` and `expires_at`.
+    public var issuedAtDate: Date
+
+    /// Whether the token may still be handed out at `now`.
+    public func isValid(at now: Instant) -> Bool {
+        guard let expiresAt else { return true }
+        return now < expiresAt
+    }
+}
+
+extension CachedToken {
+    /// When it expires by the wall clock, or nil for a token without expiry.
+    public var expiresAtDate: Date? {
+        token.lifetime.map { issuedAtDate.addingTimeInterval(Double($0.components.seconds) + Double($0.components.attoseconds) / 1e18) }
+    }
+}

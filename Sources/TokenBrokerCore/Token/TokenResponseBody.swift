@@ -1,0 +1,37 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+
+/// The JSON that `/token` answers with, using OAuth 2.0's field names (RFC 6749 §5.1):
+///
+///     {"access_token":"eyJ…","token_type":"Bearer","expires_in":899,
+///      "expires_at":"2026-11-30T00:15:00Z","issued_at":"2026-11-30T00:00:00Z",
+///      "version":3,"stale":false,"provider":"default"}
+///
+/// `expires_in` and `expires_at` are left out for a token without expiry.
+public enum TokenResponseBody {
+    public static func render<Instant>(
+        _ cached: CachedToken<Instant>, stale: Bool, expiresIn: Int?, provider: String
+    ) -> String {
+        var members: [(String, String)] = [
+            ("access_token", JSONText.quoted(cached.token.accessToken)),
+            ("token_type", JSONText.quoted(cached.token.tokenType)),
+        ]
+        if let expiresIn { members.append(("expires_in", String(expiresIn))) }
+        if let expiresAt = cached.expiresAtDate { members.append(("expires_at", JSONText.quoted(RFC3339.string(from: expiresAt)))) }
+        members.append(("issued_at", JSONText.quoted(RFC3339.string(from: cached.issuedAtDate))))
+        if let scope = cached.token.scope { members.append(("scope", JSONText.quoted(scope))) }
+        members.append(("version", String(cached.version)))
+        members.append(("stale", stale ? "true" : "false"))
+        members.append(("provider", JSONText.quoted(provider)))
+        return JSONText.object(members)
+    }
+
+    /// Whole seconds from `now` until the token expires, never negative; nil without expiry.
+    public static func secondsLeft<Instant>(_ cached: CachedToken<Instant>, at now: Instant) -> Int? {
+        guard let expiresAt = cached.expiresAt else { return nil }
+        return max(0, Int(now.duration(to: expiresAt).components.seconds))
+    }
+}

@@ -1,0 +1,16 @@
+import TokenBrokerCore
+
+/// The error answers every route shares, in the `{"error", "error_description"}` shape.
+enum Responses {
+    static func notFound(_ path: String) -> HTTPResponse {
+        .error(404, "not_found", "no route for \(String(path.prefix(200)))")
+    }
+
+    static func methodNotAllowed(_ method: String, allow: [String]) -> HTTPResponse {
+        .error(
+            405, "method_not_allowed", "\(String(method.prefix(32))) is not allowed here; allowed: \(allow.joined(separator: ", "))",
+            headers: [("Allow", allow.joined(separator: ", "))])
+    }
+
+    static let shuttingDown = HTTPResponse.error(503, "shutting_down", "the broker is stopping", headers: [("Retry-After", "1")])
+}

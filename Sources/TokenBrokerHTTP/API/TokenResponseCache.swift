@@ -1,0 +1,35 @@
+import Synchronization
+import TokenBrokerCore
+
+/// Keeps the rendered `/token` answer of one provider, so that it is built once per token
+/// version (and once per second of `expires_in`, which must not lie), not once per request.
+final class TokenResponseCache: Sendable {
+    private struct Key: Equatable {
+        var version: UInt64
+        var stale: Bool
+        var expiresIn: Int?
+    }
+
+    private let current = Mutex<(key: Key, response: HTTPResponse)?>(nil)
+    private let providerName: String
+
+    init(providerName: String) { self.providerName = providerName }
+
+    /// The answer for `token`, rendered only when its key changed.
+    func response(for token: CachedToken<ContinuousClock.Instant>, stale: Bool, now: ContinuousClock.Instant) -> HTTPResponse {
+        let key = Key(version: token.version, stale: stale, expiresIn: TokenResponseBody.secondsLeft(token, at: now))
+        if let hit = current.withLock({ $0?.key == key ? $0?.response : nil }) { return hit }
+        let response = Self.render(token, stale: stale, expiresIn: key.expiresIn, provider: providerName)
+        current.withLock { $0 = (key, response) }
+        return response
+    }
+
+    /// Renders one answer without caching it (tokens fetched on demand are each used once).
+    static func render(
+        _ token: CachedToken<ContinuousClock.Instant>, stale: Bool, expiresIn: Int?, provider: String
+    ) -> HTTPResponse {
+        HTTPResponse(
+            status: 200, json: TokenResponseBody.render(token, stale: stale, expiresIn: expiresIn, provider: provider),
+            headers: [("ETag", "\"\(token.version)\"")])
+    }
+}

@@ -1,0 +1,45 @@
+internal import CMicroHTTPD
+import Glibc
+
+/// One request as the handler sees it.
+///
+/// - Important: valid only during `HTTPHandler.handle`; it reads from the libmicrohttpd
+///   connection, which may be gone afterwards. Copy what a deferred answer needs.
+public struct HTTPRequest {
+    /// The method as sent, such as `GET`.
+    public let method: String
+    /// The path, percent-decoded by libmicrohttpd, without the query.
+    public let path: String
+    /// The body, up to the server's cap.
+    public let body: [UInt8]
+    /// Whether the body was longer than the cap (and was cut).
+    public let bodyTooLarge: Bool
+    let connection: OpaquePointer
+
+    /// The value of a request header, by case-insensitive name; the first when repeated.
+    public func header(_ name: String) -> String? {
+        MHD_lookup_connection_value(connection, .HEADER_KIND, name).map { String(cString: $0) }
+    }
+
+    /// The value of a query parameter; the first when repeated.
+    public func query(_ name: String) -> String? {
+        MHD_lookup_connection_value(connection, .GET_ARGUMENT_KIND, name).map { String(cString: $0) }
+    }
+
+    /// How many times a query parameter appears, so that a repeated one can be refused.
+    public func queryCount(_ name: String) -> Int {
+        var context = (0, UnsafePointer<CChar>(bitPattern: 1)!)
+        return name.withCString { cName in
+            context.1 = cName
+            _ = withUnsafeMutablePointer(to: &context) { pointer in
+                MHD_get_connection_values(connection, .GET_ARGUMENT_KIND, { cls, _, key, _ in
+                    guard let cls, let key else { return CMicroHTTPD_yes() }
+                    let context = cls.assumingMemoryBound(to: (Int, UnsafePointer<CChar>).self)
+                    if strcmp(key, context.pointee.1) == 0 { context.pointee.0 += 1 }
+                    return CMicroHTTPD_yes()
+                }, pointer)
+            }
+            return context.0
+        }
+    }
+}

@@ -1,0 +1,71 @@
+internal import CMicroHTTPD
+import Synchronization
+
+/// The way back to a suspended connection: give it a response and the connection resumes.
+///
+/// Answering twice, or after the client hung up, does nothing. `onClose` runs once when the
+/// connection ends without an answer (client gone or server stopping), to free what waits for it.
+public final class HTTPResponder: Sendable {
+    fileprivate enum Phase {
+        case waiting(onClose: (@Sendable () -> Void)?)
+        case answered(HTTPResponse)
+        case sent
+        case closed
+    }
+
+    private let phase = Mutex<Phase>(.waiting(onClose: nil))
+    // Written once before the responder is handed out; read under `phase`'s lock.
+    nonisolated(unsafe) let connection: OpaquePointer
+    private weak let server: HTTPServer?
+
+    init(connection: OpaquePointer, server: HTTPServer) {
+        self.connection = connection
+        self.server = server
+    }
+
+    /// Answers the suspended request and resumes its connection.
+    public func respond(_ response: HTTPResponse) {
+        let resume = phase.withLock { phase -> Bool in
+            guard case .waiting = phase else { return false }
+            phase = .answered(response)
+            return true
+        }
+        if resume { server?.resume(self) }
+    }
+
+    /// Registers a cleanup to run if the connection ends before an answer.
+    public func onClose(_ cleanup: @escaping @Sendable () -> Void) {
+        let runNow = phase.withLock { phase -> Bool in
+            guard case .waiting = phase else { return phase.isClosed }
+            phase = .waiting(onClose: cleanup)
+            return false
+        }
+        if runNow { cleanup() }
+    }
+
+    /// Whether no answer has been given yet.
+    public var isWaiting: Bool { phase.withLock { if case .waiting = $0 { true } else { false } } }
+
+    /// The answer to queue once the connection is back, taken once.
+    func takeAnswer() -> HTTPResponse? {
+        phase.withLock { phase in
+            guard case .answered(let response) = phase else { return nil }
+            phase = .sent
+            return response
+        }
+    }
+
+    /// The connection ended; runs the cleanup if no answer was given.
+    func connectionClosed() {
+        let cleanup = phase.withLock { phase -> (@Sendable () -> Void)? in
+            defer { phase = .closed }
+            if case .waiting(let onClose) = phase { return onClose }
+            return nil
+        }
+        cleanup?()
+    }
+}
+
+extension HTTPResponder.Phase {
+    fileprivate var isClosed: Bool { if case .closed = self { true } else { false } }
+}

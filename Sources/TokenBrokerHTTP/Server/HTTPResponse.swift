@@ -1,0 +1,39 @@
+internal import CMicroHTTPD
+import TokenBrokerCore
+
+/// A complete HTTP answer, built once and queued as often as needed.
+///
+/// Owns one libmicrohttpd response; libmicrohttpd counts its own references, so the same
+/// `HTTPResponse` may be queued on many connections at once, from any thread. The token
+/// routes keep one per token version instead of building a body per request.
+public final class HTTPResponse: @unchecked Sendable {
+    public let status: Int
+    let handle: OpaquePointer
+
+    /// - Parameters:
+    ///   - headers: names and values; a value with CR or LF is dropped rather than sent.
+    public init(status: Int, body: [UInt8], headers: [(String, String)] = []) {
+        self.status = status
+        handle = body.withUnsafeBytes { raw in
+            CMicroHTTPD_response_copying(raw.count, raw.baseAddress)
+        }
+        for (name, value) in headers where !value.contains(where: { $0 == "\r" || $0 == "\n" }) {
+            _ = MHD_add_response_header(handle, name, value)
+        }
+    }
+
+    deinit { MHD_destroy_response(handle) }
+
+    /// A JSON answer (`application/json`), with `Cache-Control: no-store` unless `headers` says otherwise.
+    public convenience init(status: Int, json: String, headers: [(String, String)] = []) {
+        var all: [(String, String)] = [("Content-Type", "application/json")]
+        if !headers.contains(where: { $0.0.lowercased() == "cache-control" }) { all.append(("Cache-Control", "no-store")) }
+        self.init(status: status, body: Array(json.utf8), headers: all + headers)
+    }
+
+    /// The JSON error answer every route uses: `{"error": "...", "error_description": "..."}`.
+    public static func error(_ status: Int, _ error: String, _ description: String, headers: [(String, String)] = []) -> HTTPResponse {
+        HTTPResponse(status: status, json: JSONText.errorBody(error, description), headers: headers)
+    }
+}
+

@@ -1,0 +1,220 @@
+internal import CMicroHTTPD
+import Glibc
+import Synchronization
+import TokenBrokerCore
+
+/// One listener: a libmicrohttpd daemon with its own threads, answering through an `HTTPHandler`.
+///
+/// The daemon runs an epoll loop on a small thread pool. Deferred answers suspend their
+/// connection (`MHD_suspend_connection`), so a waiting request holds a few hundred bytes, not a
+/// thread. Responses are queued on the second call of the access handler, never the first,
+/// which keeps keep-alive working.
+///
+/// - Important: call `shutDown` before releasing the server; it answers every suspended
+///   connection first, since libmicrohttpd must not be stopped with connections suspended.
+public final class HTTPServer: @unchecked Sendable {
+    /// How the daemon is set up. Every limit is explicit.
+    public struct Configuration: Sendable {
+        public var address: ListenAddress
+        /// `MHD_OPTION_CONNECTION_LIMIT`: open connections at most.
+        public var connectionLimit: Int = 10_000
+        /// `MHD_OPTION_CONNECTION_MEMORY_LIMIT`: each connection's buffer for the request line,
+        /// headers and answer; larger headers get 431.
+        public var connectionMemoryLimit: Int = 32 * 1024
+        /// `MHD_OPTION_CONNECTION_TIMEOUT`: seconds an idle connection is kept. Suspended
+        /// connections do not time out by themselves.
+        public var connectionTimeoutSec: Int = 30
+        /// Threads polling connections.
+        public var threads: Int = 2
+        /// Request bodies longer than this are answered with 413.
+        public var maximumBodyBytes: Int = 64 * 1024
+
+        public init(address: ListenAddress) { self.address = address }
+    }
+
+    public let configuration: Configuration
+    /// The port actually bound (the configured one, or the one picked for port 0).
+    public private(set) var port: UInt16 = 0
+    private let handler: any HTTPHandler
+    private var daemon: OpaquePointer?
+    private var listenSocket: Int32 = -1
+    private let suspended = Mutex<[ObjectIdentifier: HTTPResponder]>([:])
+    private let requestsInFlight = Atomic<Int>(0)
+
+    /// Binds and starts serving at once.
+    /// - Throws: `HTTPServerError` naming the address and the reason when it cannot bind.
+    public init(configuration: Configuration, handler: any HTTPHandler) throws(HTTPServerError) {
+        self.configuration = configuration
+        self.handler = handler
+        listenSocket = try ListeningSocket.open(configuration.address)
+        port = ListeningSocket.boundPort(listenSocket)
+
+        var flags = UInt32(MHD_USE_INTERNAL_POLLING_THREAD.rawValue | MHD_USE_EPOLL.rawValue)
+        flags |= UInt32(MHD_ALLOW_SUSPEND_RESUME.rawValue | MHD_USE_ERROR_LOG.rawValue)
+        if configuration.address.isIPv6 { flags |= UInt32(MHD_USE_IPv6.rawValue) }
+        let context = Unmanaged.passUnretained(self).toOpaque()
+        var options: [MHD_OptionItem] = [
+            MHD_OptionItem(option: .LISTEN_SOCKET, value: Int(listenSocket), ptr_value: nil),
+            MHD_OptionItem(option: .CONNECTION_LIMIT, value: configuration.connectionLimit, ptr_value: nil),
+            MHD_OptionItem(option: .CONNECTION_MEMORY_LIMIT, value: configuration.connectionMemoryLimit, ptr_value: nil),
+            MHD_OptionItem(option: .CONNECTION_TIMEOUT, value: configuration.connectionTimeoutSec, ptr_value: nil),
+            MHD_OptionItem(option: .LISTEN_BACKLOG_SIZE, value: 4096, ptr_value: nil),
+            CMicroHTTPD_option_notify_completed(requestCompletedCallback, context),
+        ]
+        if configuration.threads > 1 {
+            options.append(MHD_OptionItem(option: .THREAD_POOL_SIZE, value: configuration.threads, ptr_value: nil))
+        }
+        options.append(MHD_OptionItem(option: .END, value: 0, ptr_value: nil))
+        daemon = options.withUnsafeMutableBufferPointer { buffer in
+            CMicroHTTPD_start_daemon(flags, accessHandlerCallback, context, buffer.baseAddress)
+        }
+        guard daemon != nil else {
+            close(listenSocket)
+            throw HTTPServerError(address: configuration.address, reason: "libmicrohttpd could not start its daemon")
+        }
+    }
+
+    deinit { shutDown(finalAnswer: nil, grace: .zero) }
+
+    /// Requests that are being answered or are waiting suspended.
+    public var inFlight: Int { requestsInFlight.load(ordering: .relaxed) }
+    /// Requests waiting suspended.
+    public var suspendedCount: Int { suspended.withLock { $0.count } }
+
+    /// Stops accepting, answers every suspended request with `finalAnswer`, lets requests in
+    /// flight finish for up to `grace`, then stops the daemon.
+    public func shutDown(finalAnswer: HTTPResponse?, grace: Duration) {
+        guard let daemon else { return }
+        _ = MHD_quiesce_daemon(daemon)
+        let waiting = suspended.withLock { Array($0.values) }
+        for responder in waiting {
+            if let finalAnswer { responder.respond(finalAnswer) } else { responder.connectionClosed() }
+        }
+        let clock = ContinuousClock()
+        let end = clock.now.advanced(by: grace)
+        while inFlight > 0, clock.now < end, suspendedCount == 0 || finalAnswer != nil {
+            usleep(10_000)
+        }
+        // Anything still suspended must be resumed before MHD_stop_daemon.
+        for responder in suspended.withLock({ Array($0.values) }) { resume(responder) }
+        MHD_stop_daemon(daemon)
+        self.daemon = nil
+        close(listenSocket)
+    }
+
+    // MARK: - libmicrohttpd callbacks
+
+    fileprivate static func fromOpaque(_ pointer: UnsafeMutableRawPointer) -> HTTPServer {
+        Unmanaged<HTTPServer>.fromOpaque(pointer).takeUnretainedValue()
+    }
+
+    /// The access handler: called once when headers arrive, once per body chunk, and once at the end.
+    fileprivate func access(
+        _ connection: OpaquePointer, url: UnsafePointer<CChar>, method: UnsafePointer<CChar>,
+        uploadData: UnsafePointer<CChar>?, uploadSize: UnsafeMutablePointer<Int>,
+        requestContext: UnsafeMutablePointer<UnsafeMutableRawPointer?>
+    ) -> MHD_Result {
+        guard let context = requestContext.pointee else {
+            // First call: headers only. Answering now would lose keep-alive; come back later.
+            requestsInFlight.add(1, ordering: .relaxed)
+            requestContext.pointee = RequestState.headersOnly
+            return CMicroHTTPD_yes()
+        }
+        if uploadSize.pointee > 0 {
+            let state = RequestState.attach(to: requestContext)
+            state.append(uploadData, count: uploadSize.pointee, limit: configuration.maximumBodyBytes)
+            uploadSize.pointee = 0
+            return CMicroHTTPD_yes()
+        }
+        let state = context == RequestState.headersOnly ? nil : RequestState.fromOpaque(context)
+        if let responder = state?.responder {
+            // Resumed after a deferred answer.
+            guard let response = responder.takeAnswer() else { return CMicroHTTPD_no() }
+            return MHD_queue_response(connection, UInt32(response.status), response.handle)
+        }
+        let request = HTTPRequest(
+            method: String(cString: method), path: String(cString: url), body: state?.body ?? [],
+            bodyTooLarge: state?.tooLarge ?? false, connection: connection)
+        switch handler.handle(request) {
+        case .response(let response):
+            return MHD_queue_response(connection, UInt32(response.status), response.handle)
+        case .deferred(let start):
+            let responder = HTTPResponder(connection: connection, server: self)
+            RequestState.attach(to: requestContext).responder = responder
+            suspended.withLock { $0[ObjectIdentifier(responder)] = responder }
+            MHD_suspend_connection(connection)
+            start(responder)
+            return CMicroHTTPD_yes()
+        }
+    }
+
+    /// Resumes a suspended connection so the access handler can queue its answer.
+    func resume(_ responder: HTTPResponder) {
+        let wasSuspended = suspended.withLock { $0.removeValue(forKey: ObjectIdentifier(responder)) != nil }
+        if wasSuspended { MHD_resume_connection(responder.connection) }
+    }
+
+    fileprivate func completed(_ requestContext: UnsafeMutablePointer<UnsafeMutableRawPointer?>) {
+        guard let context = requestContext.pointee else { return }
+        requestContext.pointee = nil
+        requestsInFlight.subtract(1, ordering: .relaxed)
+        guard context != RequestState.headersOnly else { return }
+        let state = Unmanaged<RequestState>.fromOpaque(context).takeRetainedValue()
+        if let responder = state.responder {
+            suspended.withLock { _ = $0.removeValue(forKey: ObjectIdentifier(responder)) }
+            responder.connectionClosed()
+        }
+    }
+}
+
+/// Why a listener could not start: the address and the system's reason.
+public struct HTTPServerError: Error, CustomStringConvertible {
+    public let address: ListenAddress
+    public let reason: String
+    public var description: String { "cannot listen on \(address): \(reason)" }
+}
+
+/// What a request carries between calls of the access handler, when it needs more than nothing.
+final class RequestState {
+    /// Marks a request that has only had its headers read: no allocation for the common case.
+    nonisolated(unsafe) static let headersOnly = UnsafeMutableRawPointer.allocate(byteCount: 1, alignment: 1)
+
+    var body: [UInt8] = []
+    var tooLarge = false
+    var responder: HTTPResponder?
+
+    static func fromOpaque(_ pointer: UnsafeMutableRawPointer) -> RequestState {
+        Unmanaged<RequestState>.fromOpaque(pointer).takeUnretainedValue()
+    }
+
+    /// The request's state, created on first need; the request context holds one reference.
+    static func attach(to requestContext: UnsafeMutablePointer<UnsafeMutableRawPointer?>) -> RequestState {
+        if let context = requestContext.pointee, context != headersOnly { return fromOpaque(context) }
+        let state = RequestState()
+        requestContext.pointee = Unmanaged.passRetained(state).toOpaque()
+        return state
+    }
+
+    func append(_ data: UnsafePointer<CChar>?, count: Int, limit: Int) {
+        guard let data, !tooLarge else { return }
+        guard body.count + count <= limit else {
+            tooLarge = true
+            body = []
+            return
+        }
+        data.withMemoryRebound(to: UInt8.self, capacity: count) { body.append(contentsOf: UnsafeBufferPointer(start: $0, count: count)) }
+    }
+}
+
+// Top-level C callbacks: they capture nothing and find the server through their context pointer.
+
+private let accessHandlerCallback: MHD_AccessHandlerCallback = { cls, connection, url, method, _, uploadData, uploadSize, requestContext in
+    guard let cls, let connection, let url, let method, let uploadSize, let requestContext else { return CMicroHTTPD_no() }
+    return HTTPServer.fromOpaque(cls).access(
+        connection, url: url, method: method, uploadData: uploadData, uploadSize: uploadSize, requestContext: requestContext)
+}
+
+private let requestCompletedCallback: MHD_RequestCompletedCallback = { cls, _, requestContext, _ in
+    guard let cls, let requestContext else { return }
+    HTTPServer.fromOpaque(cls).completed(requestContext)
+}

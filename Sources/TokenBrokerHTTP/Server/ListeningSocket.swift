@@ -1,0 +1,66 @@
+import Glibc
+import TokenBrokerCore
+
+/// Opens the listening socket itself, so that a failure names the address and the reason
+/// (`Address already in use`) instead of libmicrohttpd's bare failure.
+enum ListeningSocket {
+    static func open(_ address: ListenAddress) throws(HTTPServerError) -> Int32 {
+        let family = address.isIPv6 ? AF_INET6 : AF_INET
+        let fd = socket(family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { throw failure(address) }
+        var yes: Int32 = 1
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, socklen_t(MemoryLayout<Int32>.size))
+        var result: Int32
+        if address.isIPv6 {
+            var storage = sockaddr_in6()
+            storage.sin6_family = sa_family_t(AF_INET6)
+            storage.sin6_port = address.port.bigEndian
+            setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_V6ONLY, &yes, socklen_t(MemoryLayout<Int32>.size))
+            guard inet_pton(AF_INET6, address.host, &storage.sin6_addr) == 1 else {
+                Glibc.close(fd)
+                throw HTTPServerError(address: address, reason: "not an IPv6 address")
+            }
+            result = withUnsafePointer(to: &storage) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in6>.size)) }
+            }
+        } else {
+            var storage = sockaddr_in()
+            storage.sin_family = sa_family_t(AF_INET)
+            storage.sin_port = address.port.bigEndian
+            guard inet_pton(AF_INET, address.host, &storage.sin_addr) == 1 else {
+                Glibc.close(fd)
+                throw HTTPServerError(address: address, reason: "not an IPv4 address")
+            }
+            result = withUnsafePointer(to: &storage) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            }
+        }
+        guard result == 0, listen(fd, 4096) == 0 else {
+            let error = failure(address)
+            Glibc.close(fd)
+            throw error
+        }
+        return fd
+    }
+
+    /// The port the kernel gave the socket.
+    static func boundPort(_ fd: Int32) -> UInt16 {
+        var storage = sockaddr_storage()
+        var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
+        let ok = withUnsafeMutablePointer(to: &storage) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
+        }
+        guard ok == 0 else { return 0 }
+        let family = storage.ss_family
+        return withUnsafePointer(to: &storage) { pointer in
+            if family == sa_family_t(AF_INET6) {
+                return pointer.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { UInt16(bigEndian: $0.pointee.sin6_port) }
+            }
+            return pointer.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { UInt16(bigEndian: $0.pointee.sin_port) }
+        }
+    }
+
+    private static func failure(_ address: ListenAddress) -> HTTPServerError {
+        HTTPServerError(address: address, reason: String(cString: strerror(errno)))
+    }
+}

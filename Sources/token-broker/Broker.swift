@@ -1,0 +1,104 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+import TokenBrokerCore
+import TokenBrokerHTTP
+import TokenBrokerSources
+
+/// Wires the configuration into sources, providers and the two listeners; runs until a stop signal.
+enum Broker {
+    /// The sources for each provider, in order. Loads key files; generates keys where none is given.
+    static func makeSources(_ configuration: BrokerConfiguration) throws(ConfigurationError) -> [(any TokenSource, JWTSigner?)] {
+        var sources: [(any TokenSource, JWTSigner?)] = []
+        for (index, provider) in configuration.providers.enumerated() {
+            switch provider.source {
+            case .jwt(let settings):
+                do {
+                    let signer = try JWTSigner(configuration: settings)
+                    sources.append((signer, signer))
+                } catch {
+                    throw ConfigurationError(key: "providers[\(index)].source", error.detail)
+                }
+            }
+        }
+        return sources
+    }
+
+    static func run(_ configuration: BrokerConfiguration) -> Int32 {
+        let sources: [(any TokenSource, JWTSigner?)]
+        do {
+            sources = try makeSources(configuration)
+        } catch {
+            Log.error("invalid configuration", ["problem": error.description])
+            return 2
+        }
+        for (settings, (_, signer)) in zip(configuration.providers, sources) {
+            if let signer {
+                Log.info("local signer ready", [
+                    "provider": settings.name, "algorithm": signer.configuration.algorithm, "kid": signer.keyID,
+                    "key": signer.configuration.keyFile ?? "generated at start",
+                ])
+            }
+        }
+        let events = ProviderEvents(
+            fetched: { name, result, elapsed in
+                switch result {
+                case .success(let (token, version)):
+                    Log.info("token fetched", [
+                        "provider": name, "version": String(version), "token": Fingerprint.of(token.accessToken),
+                        "lifetime_s": token.lifetime.map { String($0.components.seconds) } ?? "none",
+                        "took_ms": String(elapsed.components.seconds * 1000 + elapsed.components.attoseconds / 1_000_000_000_000_000),
+                    ])
+                case .failure(let error):
+                    Log.warning("token fetch failed", ["provider": name, "error": error.description, "detail": error.detail])
+                }
+            },
+            excessiveRefresh: { name in Log.warning("forced refresh refused: too many in the window", ["provider": name]) })
+        let providers = zip(configuration.providers, sources).map { settings, source in
+            TokenProvider(configuration: settings, source: source.0, events: events)
+        }
+        let jwks = JWTSigner.jwks(sources.compactMap(\.1))
+
+        let tokenServer: HTTPServer
+        let adminServer: HTTPServer
+        do {
+            var tokenSettings = HTTPServer.Configuration(address: configuration.listen)
+            tokenSettings.connectionLimit = configuration.connectionLimit
+            tokenSettings.connectionTimeoutSec = configuration.connectionTimeoutSec
+            tokenServer = try HTTPServer(
+                configuration: tokenSettings,
+                handler: TokenAPI(providers: providers, jwks: jwks, maxWait: .seconds(configuration.maxWaitSec)))
+            var adminSettings = HTTPServer.Configuration(address: configuration.adminListen)
+            adminSettings.connectionLimit = 256
+            adminSettings.threads = 1
+            adminServer = try HTTPServer(configuration: adminSettings, handler: AdminAPI(providers: providers))
+        } catch {
+            Log.error("cannot start", ["problem": error.description])
+            return 1
+        }
+        let tasks = providers.map { provider in Task.detached { await provider.run() } }
+        Log.info("listening", ["listener": "token", "address": address(configuration.listen, tokenServer.port)])
+        Log.info("listening", ["listener": "admin", "address": address(configuration.adminListen, adminServer.port)])
+        if !configuration.listen.isLoopback {
+            Log.warning("the token listener is reachable from other machines", ["address": configuration.listen.description])
+        }
+
+        let signal = Signals.waitForStop()
+        Log.info("stopping", ["signal": signal])
+        // Waiters learn first (503 shutting_down), then the listeners drain and stop.
+        for provider in providers { provider.shutDown() }
+        tokenServer.shutDown(finalAnswer: HTTPResponse.error(503, "shutting_down", "the broker is stopping"), grace: .seconds(5))
+        adminServer.shutDown(finalAnswer: nil, grace: .seconds(1))
+        for task in tasks { task.cancel() }
+        Log.info("stopped")
+        return 0
+    }
+
+    private static func address(_ configured: ListenAddress, _ port: UInt16) -> String {
+        var bound = configured
+        bound.port = port
+        return bound.description
+    }
+}

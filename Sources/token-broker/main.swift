@@ -1,0 +1,12 @@
+// token-broker: the executable. Everything it does is in the files beside this one:
+//   Options.swift       the command line
+//   Broker.swift        wiring configuration, sources, providers and listeners; start and stop
+//   Signals.swift       SIGTERM and SIGINT, blocked before any thread starts
+//   Log.swift           log lines on stderr, with fingerprints instead of secrets
+//   HealthCheck.swift   `token-broker healthcheck`, for container HEALTHCHECKs without curl
+import Glibc
+
+// Block the stop signals first, so every thread started later inherits the mask and only
+// the main thread, in sigwait, ever sees them.
+Signals.blockStopSignals()
+exit(Options.run(arguments: Array(CommandLine.arguments.dropFirst())))
