@@ -183,6 +183,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     /// Forgets a waiter whose caller went away. The shared fetch goes on for the others.
     public mutating func removeWaiter(_ id: UInt64) {
         waiters[id] = nil
+        dropDeadlinesIfIdle()
     }
 
     /// The retrier: the caller's token `rejected` was refused downstream.
@@ -219,6 +220,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
             waiters[id] = nil
             actions.append(.complete(waiter: id, .token(accepted, stale: false)))
         }
+        dropDeadlinesIfIdle()
         return actions
     }
 
@@ -235,6 +237,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
                 waiters[id] = nil
                 actions.append(.complete(waiter: id, .exhausted(previous: previous, lastError: error)))
             }
+            dropDeadlinesIfIdle()
             if waiters.isEmpty {
                 failures = 0
                 fetchDueAt = nil
@@ -254,7 +257,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
             let current = validToken(at: now)
             actions.append(.complete(waiter: id, .timedOut(current: current, lastError: lastError)))
         }
-        if waiters.isEmpty { deadlines.removeAll() }
+        dropDeadlinesIfIdle()
         guard let due = fetchDueAt, due <= now, !isFetching else { return actions }
         fetchDueAt = nil
         if !backgroundRefresh, waiters.isEmpty {
@@ -294,6 +297,11 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
             }
         }
         return startFetchIfIdle()
+    }
+
+    /// Forgets every deadline once nobody waits, so that finished waiters leave no timer behind.
+    private mutating func dropDeadlinesIfIdle() {
+        if waiters.isEmpty { deadlines.removeAll() }
     }
 
     /// Starts the single upstream fetch unless one is already in flight.

@@ -1,0 +1,90 @@
+import Testing
+import TokenBrokerCore
+
+@Suite struct ConfigurationTests {
+    private func parse(_ json: String) throws(ConfigurationError) -> BrokerConfiguration {
+        try BrokerConfiguration(json: Array(json.utf8))
+    }
+
+    private func problem(_ json: String) -> String? {
+        do {
+            _ = try parse(json)
+            return nil
+        } catch {
+            return error.description
+        }
+    }
+
+    @Test func anEmptyDocumentGivesTheEmbeddedDefault() throws {
+        let configuration = try parse("{}")
+        #expect(configuration.listen.description == "127.0.0.1:8080")
+        #expect(configuration.adminListen.description == "127.0.0.1:9090")
+        #expect(configuration.providers.map(\.name) == ["default"])
+        #expect(configuration.providers[0].source == .jwt(JWTSourceConfiguration(algorithm: "ES256", lifetimeSec: 900)))
+        #expect(configuration.providers[0].tokenRefreshDelaySec == 300)
+        #expect(configuration.providers[0].maxErrorTokenRefreshDelayMsec == 5000)
+    }
+
+    @Test func theIssuesExampleIsAccepted() throws {
+        let configuration = try parse("""
+            {"listen": "127.0.0.1:8080", "adminListen": "127.0.0.1:9090",
+             "providers": [{"name": "default",
+               "source": {"type": "jwt", "algorithm": "RS256", "issuer": "token-broker", "audience": "api", "lifetimeSec": 900},
+               "backgroundRefreshEnabled": true, "tokenRefreshDelaySec": 300, "maxRetryCount": 5,
+               "maxErrorTokenRefreshDelayMsec": 5000}]}
+            """)
+        guard case .jwt(let jwt) = configuration.providers[0].source else { return }
+        #expect(jwt.audience == "api")
+        #expect(jwt.algorithm == "RS256")
+    }
+
+    @Test func unknownKeysAreErrorsThatNameTheKeyAndTheAllowedOnes() {
+        let message = problem(#"{"providers": [{"name": "a", "maxRetryCont": 3}]}"#)
+        #expect(message?.hasPrefix("providers[0].maxRetryCont: unknown key; allowed: name, source,") == true)
+        #expect(problem(#"{"lisen": "127.0.0.1:1"}"#)?.hasPrefix("lisen: unknown key") == true)
+        #expect(problem(#"{"providers": [{"source": {"type": "jwt", "alg": "ES256"}}]}"#)?.hasPrefix("providers[0].source.alg: unknown key") == true)
+    }
+
+    @Test func valuesOutOfRangeNameTheKeyAndTheRange() {
+        #expect(problem(#"{"providers": [{"maxRetryCount": 11}]}"#) == "providers[0].maxRetryCount: 11 is out of range; allowed: 0–10")
+        #expect(problem(#"{"providers": [{"tokenRefreshDelaySec": 0}]}"#) == "providers[0].tokenRefreshDelaySec: 0 is out of range; allowed: 1–86400")
+        #expect(problem(#"{"providers": [{"maxErrorTokenRefreshDelayMsec": 30001}]}"#) == "providers[0].maxErrorTokenRefreshDelayMsec: 30001 is out of range; allowed: 1–30000")
+        #expect(problem(#"{"providers": [{"maxRetryCount": 2.5}]}"#)?.hasPrefix("providers[0].maxRetryCount: must be a whole number in 0–10") == true)
+        #expect(problem(#"{"providers": [{"source": {"algorithm": "none"}}]}"#) == #"providers[0].source.algorithm: unknown value "none"; allowed: ES256, RS256, HS256"#)
+        #expect(problem(#"{"providers": [{"source": {"type": "magic"}}]}"#) == #"providers[0].source.type: unknown value "magic"; allowed: jwt"#)
+    }
+
+    @Test func wrongTypesAndBrokenJSONAreExplained() {
+        #expect(problem(#"{"providers": {}}"#) == "providers: must be an array, not an object")
+        #expect(problem(#"{"providers": [{"pauseWhenIdle": "yes"}]}"#) == "providers[0].pauseWhenIdle: must be true or false, not a string")
+        #expect(problem("{") != nil)
+        #expect(problem("[]") == "must be an object, not an array")
+        #expect(problem(#"{"providers": []}"#) == "providers: must list at least one provider")
+    }
+
+    @Test func duplicateProviderNamesAreRefused() {
+        #expect(problem(#"{"providers": [{"name": "a"}, {"name": "a"}]}"#) == #"providers[1].name: duplicate provider name "a"; allowed: names unique across providers"#)
+    }
+
+    @Test func hs256NeedsAKeyFile() {
+        #expect(problem(#"{"providers": [{"source": {"algorithm": "HS256"}}]}"#)?.hasPrefix("providers[0].source.keyFile: is required with HS256") == true)
+    }
+
+    @Test func theEnvironmentOverridesTheListeners() throws {
+        var configuration = try parse(#"{"listen": "127.0.0.1:1000", "adminListen": "127.0.0.1:1001"}"#)
+        try configuration.applyEnvironment(["TOKEN_BROKER_LISTEN": "[::1]:0", "TOKEN_BROKER_ADMIN_LISTEN": "0.0.0.0:9999"])
+        #expect(configuration.listen.description == "[::1]:0")
+        #expect(configuration.adminListen.description == "0.0.0.0:9999")
+        #expect(throws: ConfigurationError.self) { try configuration.applyEnvironment(["TOKEN_BROKER_LISTEN": "localhost:80"]) }
+    }
+
+    @Test(arguments: ["127.0.0.1:8080", "0.0.0.0:0", "[::1]:9090", "[::]:1"])
+    func listenAddressesRoundTrip(_ text: String) throws {
+        #expect(try ListenAddress(parsing: text).description == text)
+    }
+
+    @Test(arguments: ["localhost:80", "127.0.0.1", "127.0.0.1:65536", "1.2.3:4", "[::1]9090", "01.2.3.4:5", ""])
+    func malformedListenAddressesAreRefused(_ text: String) {
+        #expect(throws: ConfigurationError.self) { try ListenAddress(parsing: text) }
+    }
+}

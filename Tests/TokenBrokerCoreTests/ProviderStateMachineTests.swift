@@ -1,0 +1,278 @@
+import Foundation
+import Testing
+import TokenBrokerCore
+
+/// The WAF SDK's rules, checked step by step at exact instants on a hand-driven machine.
+@Suite struct ProviderStateMachineTests {
+    @Test func backgroundRefreshFetchesAtStartAndServesTheCacheWithoutWaiting() {
+        var harness = MachineHarness(ProviderConfiguration())
+        harness.start()
+        #expect(harness.fetchesStarted == 1)
+        #expect(harness.read().token == nil)
+        harness.succeed()
+        let read = harness.read()
+        #expect(read.token?.version == 1)
+        #expect(read.stale == false)
+        #expect(harness.fetchesStarted == 1, "reading the cache must not fetch")
+    }
+
+    @Test func backoffDoublesFrom100msThenSwitchesToMaxErrorDelay() {
+        var harness = MachineHarness(ProviderConfiguration(maxRetryCount: 5, maxErrorTokenRefreshDelayMsec: 5000))
+        harness.start()
+        var waits: [Duration] = []
+        for _ in 0..<8 {
+            harness.fail()
+            let wait = harness.nextFetchDelay!
+            waits.append(wait)
+            harness.tick(at: harness.now.offset + wait)
+        }
+        #expect(waits == [100, 200, 400, 800, 1600, 5000, 5000, 5000].map { Duration.milliseconds($0) })
+        #expect(harness.fetchesStarted == 9, "the first fetch and eight retries")
+    }
+
+    @Test func onDemandDefaultsToThreeRetries() {
+        #expect(ProviderConfiguration(backgroundRefreshEnabled: false).effectiveMaxRetryCount == 3)
+        #expect(ProviderConfiguration(backgroundRefreshEnabled: true).effectiveMaxRetryCount == 5)
+    }
+
+    @Test func jitterKeepsEachBackoffWithinTwentyPercent() {
+        let policy = RetryPolicy(maxRetryCount: 5, slowDelay: .seconds(5))
+        for failure in 1...5 {
+            let nominal = Duration.milliseconds(100) * Int(1 << (failure - 1))
+            let low = policy.delay(afterFailures: failure, unit: 0)
+            let high = policy.delay(afterFailures: failure, unit: 0.999_999)
+            #expect(low == nominal * 0.8)
+            #expect(high > nominal * 1.19 && high <= nominal * 1.2)
+        }
+    }
+
+    @Test func aLongerRetryAfterFromTheIssuerIsHonoured() {
+        var harness = MachineHarness(ProviderConfiguration())
+        harness.start()
+        harness.fail(.rateLimited("slow down", httpStatus: 429, retryAfter: .seconds(7)))
+        #expect(harness.nextFetchDelay == .seconds(7))
+        harness.tick(at: .seconds(7))
+        harness.fail(.rateLimited("slow down", httpStatus: 429, retryAfter: .milliseconds(10)))
+        #expect(harness.nextFetchDelay == .milliseconds(200), "a shorter Retry-After does not shorten the backoff")
+    }
+
+    @Test func backgroundRefreshIsDueAtTokenRefreshDelayForLongLivedTokens() {
+        var harness = MachineHarness(ProviderConfiguration(tokenRefreshDelaySec: 300))
+        harness.start()
+        harness.succeed(lifetime: .seconds(3600))
+        #expect(harness.nextFetchDelay == .seconds(300))
+    }
+
+    @Test func refreshAheadFallsBetween75And85PercentOfAShortLifetime() {
+        for (unit, expected) in [(0.0, 45.0), (0.5, 48.0), (0.999_999, 51.0)] {
+            var harness = MachineHarness(ProviderConfiguration(tokenRefreshDelaySec: 300), jitter: .fixed(unit))
+            harness.start()
+            harness.succeed(lifetime: .seconds(60))
+            let wait = harness.nextFetchDelay!
+            #expect(abs(Double(wait.components.seconds) + Double(wait.components.attoseconds) / 1e18 - expected) < 0.001)
+        }
+        // A one-second token is renewed before its expiry minus the safety margin.
+        var harness = MachineHarness(ProviderConfiguration(tokenRefreshDelaySec: 300), jitter: .fixed(0.999_999))
+        harness.start()
+        harness.succeed(lifetime: .seconds(1))
+        #expect(harness.nextFetchDelay! <= .milliseconds(900))
+    }
+
+    @Test func refreshPausesAfterTokenRefreshDelayWithoutActivityAndResumesOnTheNextRead() {
+        var harness = MachineHarness(ProviderConfiguration(tokenRefreshDelaySec: 300))
+        harness.start()
+        harness.succeed(lifetime: .seconds(3600))
+        // At 300 s the provider has been idle exactly 300 s, not more: it refreshes.
+        harness.tick(at: .seconds(300))
+        #expect(harness.fetchesStarted == 2)
+        harness.succeed(lifetime: .seconds(3600))
+        // At 600 s it has been idle 600 s: it pauses and calls nobody.
+        harness.tick(at: .seconds(600))
+        #expect(harness.fetchesStarted == 2)
+        #expect(harness.machine.isPaused)
+        #expect(harness.machine.nextWakeup == nil, "a paused provider plans no fetch at all")
+        #expect(harness.machine.phase(at: harness.now) == .paused)
+        // Hours later a read comes: the token is still valid, so it is served, and refresh resumes at once.
+        harness.now = .init(offset: .seconds(3000))
+        let read = harness.read()
+        #expect(read.token?.version == 2)
+        #expect(harness.fetchesStarted == 3)
+        #expect(!harness.machine.isPaused)
+    }
+
+    @Test func aReadAfterThePausedTokenExpiredGetsNothingButStartsAFetch() {
+        var harness = MachineHarness(ProviderConfiguration(tokenRefreshDelaySec: 10))
+        harness.start()
+        harness.succeed(lifetime: .seconds(100))
+        harness.tick(at: .seconds(10))
+        harness.succeed(lifetime: .seconds(100))
+        harness.tick(at: .seconds(20))
+        #expect(harness.machine.isPaused)
+        harness.now = .init(offset: .seconds(500))
+        #expect(harness.read().token == nil, "an expired token is never served")
+        #expect(harness.fetchesStarted == 3)
+    }
+
+    @Test func onTokenReadyAfterAPauseWithAValidTokenCompletesAtOnce() {
+        var harness = MachineHarness(ProviderConfiguration(tokenRefreshDelaySec: 10))
+        harness.start()
+        harness.succeed(lifetime: .seconds(1000))
+        harness.runTimers(until: .seconds(100)) { $0.succeed(lifetime: .seconds(1000)) }
+        #expect(harness.machine.isPaused)
+        let id = harness.wait(after: nil, for: .seconds(30))
+        guard case .token(let token, _)? = harness.outcomes[id] else {
+            Issue.record("expected the cached token at once")
+            return
+        }
+        #expect(token.version == harness.machine.cached?.version)
+    }
+
+    @Test func onDemandGetTokenFetchesEveryTimeAndFallsBackToThePreviousValidToken() {
+        var harness = MachineHarness(ProviderConfiguration(backgroundRefreshEnabled: false))
+        harness.start()
+        #expect(harness.fetchesStarted == 0, "no background refresh: nothing at start")
+        let first = harness.wait(after: nil, for: .seconds(60), onDemand: true)
+        #expect(harness.fetchesStarted == 1)
+        harness.succeed(lifetime: .seconds(900))
+        guard case .token(let token, _)? = harness.outcomes[first] else {
+            Issue.record("first call should get a token")
+            return
+        }
+        #expect(token.version == 1)
+        // A second call wants a new token even though the first is still valid.
+        let second = harness.wait(after: nil, for: .seconds(60), onDemand: true)
+        #expect(harness.fetchesStarted == 2)
+        // The fetch and its three retries fail: the call ends with the previous token.
+        harness.fail()
+        harness.runTimers(until: .seconds(10)) { $0.fail() }
+        #expect(harness.fetchesStarted == 5, "one fetch and maxRetryCount (3) retries")
+        guard case .exhausted(let previous, _)? = harness.outcomes[second] else {
+            Issue.record("second call should give up after the retries")
+            return
+        }
+        #expect(previous?.version == 1)
+        #expect(harness.machine.nextWakeup == nil, "with nobody waiting, on demand stops retrying")
+    }
+
+    @Test func onDemandNeverFallsBackToAnExpiredToken() {
+        var harness = MachineHarness(ProviderConfiguration(backgroundRefreshEnabled: false))
+        _ = harness.wait(after: nil, for: .seconds(60), onDemand: true)
+        harness.succeed(lifetime: .seconds(5))
+        harness.now = .init(offset: .seconds(5))
+        let late = harness.wait(after: nil, for: .seconds(60), onDemand: true)
+        harness.fail()
+        harness.runTimers(until: .seconds(20)) { $0.fail() }
+        guard case .exhausted(let previous, let error)? = harness.outcomes[late] else {
+            Issue.record("expected the retries to run out")
+            return
+        }
+        #expect(previous == nil)
+        #expect(error?.description == "server_error")
+    }
+
+    @Test func onTokenReadyWithoutBackgroundRefreshKeepsTryingAtTheSlowCadence() {
+        var harness = MachineHarness(ProviderConfiguration(backgroundRefreshEnabled: false, maxErrorTokenRefreshDelayMsec: 2000))
+        let id = harness.wait(after: nil, for: .seconds(60))
+        harness.fail()
+        harness.runTimers(until: .seconds(11)) { $0.fail() }
+        // 100, 200, 400 ms of backoff, then every 2 s: fetches at 0, .1, .3, .7, 2.7, 4.7, 6.7, 8.7, 10.7.
+        #expect(harness.fetchTimes == [0, 100, 300, 700, 2700, 4700, 6700, 8700, 10700].map { Duration.milliseconds($0) })
+        #expect(harness.outcomes[id] == nil, "onTokenReady keeps waiting")
+        harness.runTimers(until: .seconds(13)) { $0.succeed() }
+        guard case .token? = harness.outcomes[id] else {
+            Issue.record("expected the token once the issuer heals")
+            return
+        }
+    }
+
+    @Test func forcedRefreshesAreLimitedToFiveInThirtySeconds() {
+        var harness = MachineHarness(ProviderConfiguration())
+        harness.start()
+        harness.succeed()
+        for attempt in 1...5 {
+            harness.now = .init(offset: .seconds(attempt))
+            let (decision, actions) = harness.machine.forceRefresh(rejected: UInt64(attempt), now: harness.now)
+            harness.record(actions)
+            guard case .refreshing = decision else {
+                Issue.record("attempt \(attempt) should refresh")
+                return
+            }
+            harness.succeed()
+        }
+        #expect(harness.fetchesStarted == 6)
+        harness.now = .init(offset: .seconds(10))
+        let (refused, actions) = harness.machine.forceRefresh(rejected: 6, now: harness.now)
+        harness.record(actions)
+        guard case .excessive(let retryAfter) = refused else {
+            Issue.record("the sixth forced refresh in 30 s must be refused")
+            return
+        }
+        #expect(retryAfter == .seconds(21), "the first attempt, at 1 s, leaves the window at 31 s")
+        #expect(harness.fetchesStarted == 6, "a refused forced refresh calls nobody")
+        harness.now = .init(offset: .seconds(31))
+        let (again, _) = harness.machine.forceRefresh(rejected: 6, now: harness.now)
+        guard case .refreshing = again else {
+            Issue.record("the window has moved on")
+            return
+        }
+    }
+
+    @Test func forcedRefreshOfAnOlderVersionReturnsTheCurrentTokenWithoutFetching() {
+        var harness = MachineHarness(ProviderConfiguration())
+        harness.start()
+        harness.succeed()
+        harness.tick(at: .seconds(300))
+        harness.succeed()
+        let (decision, actions) = harness.machine.forceRefresh(rejected: 1, now: harness.now)
+        harness.record(actions)
+        guard case .current(let token) = decision else {
+            Issue.record("version 1 is old: the current token should come back")
+            return
+        }
+        #expect(token.version == 2)
+        #expect(harness.fetchesStarted == 2)
+    }
+
+    @Test func aFailingRefreshServesTheCachedTokenStaleButNeverPastItsExpiry() {
+        var harness = MachineHarness(ProviderConfiguration(tokenRefreshDelaySec: 300))
+        harness.start()
+        harness.succeed(lifetime: .seconds(10))
+        harness.runTimers(until: .milliseconds(9999)) { $0.fail() }
+        let before = harness.read()
+        #expect(before.token?.version == 1)
+        #expect(before.stale)
+        #expect(harness.machine.phase(at: harness.now) != .expired)
+        harness.runTimers(until: .seconds(10)) { $0.fail() }
+        #expect(harness.read().token == nil)
+        #expect(harness.machine.phase(at: harness.now) == .expired || harness.machine.isFetching)
+        let id = harness.wait(after: nil, for: .seconds(1))
+        harness.runTimers(until: .seconds(12)) { $0.fail() }
+        guard case .timedOut(let current, let error)? = harness.outcomes[id] else {
+            Issue.record("the waiter should time out")
+            return
+        }
+        #expect(current == nil)
+        #expect(error != nil)
+    }
+
+    @Test func waitersForANewerVersionWakeOnTheNextRefreshAndTimeOutOtherwise() {
+        var harness = MachineHarness(ProviderConfiguration(tokenRefreshDelaySec: 60))
+        harness.start()
+        harness.succeed()
+        let patient = harness.wait(after: 1, for: .seconds(120))
+        let hasty = harness.wait(after: 1, for: .seconds(5))
+        #expect(harness.outcomes.isEmpty)
+        harness.runTimers(until: .seconds(61)) { $0.succeed() }
+        guard case .timedOut(let current, _)? = harness.outcomes[hasty], case .token(let token, _)? = harness.outcomes[patient] else {
+            Issue.record("expected one timeout and one token")
+            return
+        }
+        #expect(current?.version == 1)
+        #expect(token.version == 2)
+        #expect(harness.fetchesStarted == 2, "waiters never add fetches to the schedule")
+    }
+}
+
+extension CachedToken: Equatable where Instant: Equatable {
+    public static func == (lhs: Self, rhs: Self) -> Bool { lhs.version == rhs.version && lhs.issuedAt == rhs.issuedAt }
+}

@@ -1,0 +1,75 @@
+import Foundation
+import TokenBrokerCore
+
+/// Drives a `ProviderStateMachine` by hand: time moves only when the test says, and every
+/// action is recorded, so each rule can be checked at exact instants.
+struct MachineHarness {
+    typealias Instant = ManualClock.Instant
+    typealias Machine = ProviderStateMachine<Instant>
+
+    var machine: Machine
+    var now = Instant(offset: .zero)
+    /// Fetches the machine asked for so far.
+    var fetchesStarted = 0
+    /// Instants at which each fetch was asked for.
+    var fetchTimes: [Duration] = []
+    var outcomes: [UInt64: Machine.WaitOutcome] = [:]
+
+    init(_ configuration: ProviderConfiguration, jitter: Jitter = .fixed(0.5)) {
+        machine = Machine(configuration: configuration, now: now, jitter: jitter)
+    }
+
+    mutating func record(_ actions: [Machine.Action]) {
+        for action in actions {
+            switch action {
+            case .startFetch:
+                fetchesStarted += 1
+                fetchTimes.append(now.offset)
+            case .complete(let id, let outcome):
+                outcomes[id] = outcome
+            }
+        }
+    }
+
+    mutating func start() { record(machine.start(now: now)) }
+
+    /// Moves to `offset` and lets the machine's timer fire there.
+    mutating func tick(at offset: Duration) {
+        now = Instant(offset: offset)
+        record(machine.tick(now: now))
+    }
+
+    /// Fires the timer at each planned wakeup until `offset`, as the provider's timer would.
+    mutating func runTimers(until offset: Duration, answering answer: (inout MachineHarness) -> Void = { _ in }) {
+        while let wake = machine.nextWakeup, wake.offset <= offset {
+            let before = fetchesStarted
+            tick(at: wake.offset)
+            if fetchesStarted > before { answer(&self) }
+        }
+        now = Instant(offset: offset)
+    }
+
+    mutating func succeed(lifetime: Duration? = .seconds(900)) {
+        record(machine.fetchSucceeded(
+            FetchedToken(accessToken: "token", lifetime: lifetime), now: now, wallTime: Date(timeIntervalSince1970: 0)))
+    }
+
+    mutating func fail(_ error: TokenFetchError = .serverError("boom", httpStatus: 503)) {
+        record(machine.fetchFailed(error, now: now))
+    }
+
+    mutating func read() -> (token: Machine.Token?, stale: Bool) {
+        let result = machine.readCachedToken(now: now)
+        record(result.actions)
+        return (result.token, result.stale)
+    }
+
+    mutating func wait(after: UInt64?, for timeout: Duration, onDemand: Bool = false) -> UInt64 {
+        let (id, actions) = machine.addWaiter(after: after, deadline: now.advanced(by: timeout), onDemand: onDemand, now: now)
+        record(actions)
+        return id
+    }
+
+    /// The wait before the next planned fetch, measured from now.
+    var nextFetchDelay: Duration? { machine.fetchDueAt.map { now.duration(to: $0) } }
+}

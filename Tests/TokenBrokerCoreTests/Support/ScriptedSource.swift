@@ -1,0 +1,63 @@
+import Synchronization
+import TokenBrokerCore
+
+/// A token source whose answers a test decides, and which counts its fetches.
+///
+/// Each fetch takes the next scripted answer (the last repeats). With `gated`, every fetch waits
+/// until the test calls `open()`, so that many callers can pile up on one fetch.
+final class ScriptedSource: TokenSource {
+    enum Answer: Sendable {
+        case token(lifetime: Duration?)
+        case failure(TokenFetchError)
+    }
+
+    private struct State {
+        var answers: [Answer]
+        var fetches = 0
+        var gateOpen: Bool
+        var parked: [CheckedContinuation<Void, Never>] = []
+    }
+
+    private let state: Mutex<State>
+
+    init(_ answers: [Answer] = [.token(lifetime: .seconds(900))], gated: Bool = false) {
+        state = Mutex(State(answers: answers, gateOpen: !gated))
+    }
+
+    var fetchCount: Int { state.withLock { $0.fetches } }
+    var parkedCount: Int { state.withLock { $0.parked.count } }
+
+    func script(_ answers: [Answer]) { state.withLock { $0.answers = answers } }
+
+    /// Lets every waiting and future fetch through.
+    func open() {
+        let parked = state.withLock { state -> [CheckedContinuation<Void, Never>] in
+            state.gateOpen = true
+            defer { state.parked = [] }
+            return state.parked
+        }
+        for continuation in parked { continuation.resume() }
+    }
+
+    func fetch() async throws(TokenFetchError) -> FetchedToken {
+        let (number, answer) = state.withLock { state -> (Int, Answer) in
+            state.fetches += 1
+            let answer = state.answers.count > 1 ? state.answers.removeFirst() : state.answers[0]
+            return (state.fetches, answer)
+        }
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let proceed = state.withLock { state -> Bool in
+                if state.gateOpen { return true }
+                state.parked.append(continuation)
+                return false
+            }
+            if proceed { continuation.resume() }
+        }
+        switch answer {
+        case .token(let lifetime):
+            return FetchedToken(accessToken: "token-\(number)", lifetime: lifetime)
+        case .failure(let error):
+            throw error
+        }
+    }
+}

@@ -1,0 +1,114 @@
+import Synchronization
+import Testing
+import TokenBrokerCore
+
+/// The provider's driver on a manual clock: single flight, waiters, cancellation, timers.
+@Suite struct TokenProviderTests {
+    /// Starts `provider.run()` in a task the test owns, and stops it at the end.
+    private func withRunning<T>(_ provider: TokenProvider<ManualClock>, _ body: () async throws -> T) async rethrows -> T {
+        let service = Task { await provider.run() }
+        defer { service.cancel() }
+        return try await body()
+    }
+
+    @Test func singleFlightUnderAThousandConcurrentCallersAtColdStart() async {
+        let source = ScriptedSource(gated: true)
+        let provider = TokenProvider(configuration: ProviderConfiguration(), source: source, clock: ManualClock(), jitter: .fixed(0.5))
+        await withRunning(provider) {
+            let versions = await withTaskGroup(of: UInt64?.self) { group in
+                for _ in 0..<1000 {
+                    group.addTask {
+                        if case .token(let token, _) = await provider.onTokenReady(timeout: .seconds(30)) { return token.version }
+                        return nil
+                    }
+                }
+                #expect(await eventually { provider.status().waiters == 1000 })
+                source.open()
+                return await group.reduce(into: [UInt64?]()) { $0.append($1) }
+            }
+            #expect(versions.count == 1000)
+            #expect(versions.allSatisfy { $0 == 1 })
+            #expect(source.fetchCount == 1)
+        }
+    }
+
+    @Test func singleFlightForAThousandOnDemandCallers() async {
+        let source = ScriptedSource(gated: true)
+        let provider = TokenProvider(
+            configuration: ProviderConfiguration(backgroundRefreshEnabled: false), source: source, clock: ManualClock())
+        await withRunning(provider) {
+            let tokens = await withTaskGroup(of: String?.self) { group in
+                for _ in 0..<1000 { group.addTask { await provider.getToken()?.token.token.accessToken } }
+                #expect(await eventually { provider.status().waiters == 1000 })
+                source.open()
+                return await group.reduce(into: [String?]()) { $0.append($1) }
+            }
+            #expect(Set(tokens) == ["token-1"])
+            #expect(source.fetchCount == 1)
+        }
+    }
+
+    @Test func oneWaitersCancellationLeavesTheOthersServedAndTheFetchRunning() async {
+        let source = ScriptedSource(gated: true)
+        let provider = TokenProvider(configuration: ProviderConfiguration(), source: source, clock: ManualClock())
+        await withRunning(provider) {
+            let cancelled = Task { await provider.onTokenReady(timeout: .seconds(30)) }
+            let patient = Task { await provider.onTokenReady(timeout: .seconds(30)) }
+            #expect(await eventually { provider.status().waiters == 2 && source.parkedCount == 1 })
+            cancelled.cancel()
+            guard case .timedOut = await cancelled.value else {
+                Issue.record("the cancelled waiter should end at once")
+                return
+            }
+            #expect(provider.status().waiters == 1)
+            source.open()
+            guard case .token(let token, _) = await patient.value else {
+                Issue.record("the other waiter should get the token")
+                return
+            }
+            #expect(token.version == 1)
+            #expect(source.fetchCount == 1)
+        }
+    }
+
+    @Test func theTimerRefreshesOnTheManualClockAndBacksOffAfterFailures() async {
+        let clock = ManualClock()
+        let source = ScriptedSource([.token(lifetime: .seconds(100)), .failure(.unreachable("down")), .failure(.unreachable("down")), .token(lifetime: .seconds(100))])
+        let provider = TokenProvider(
+            configuration: ProviderConfiguration(tokenRefreshDelaySec: 300), source: source, clock: clock, jitter: .fixed(0.5))
+        await withRunning(provider) {
+            #expect(await eventually { provider.status().version == 1 })
+            // 80 % of 100 s: the refresh-ahead point.
+            #expect(await eventually { clock.sleeperCount == 1 })
+            clock.advance(by: .seconds(79))
+            #expect(source.fetchCount == 1)
+            _ = provider.cachedToken()
+            clock.advance(by: .seconds(1))
+            #expect(await eventually { source.fetchCount == 2 && provider.status().consecutiveFailures == 1 })
+            #expect(provider.status().stale)
+            #expect(await eventually { clock.sleeperCount == 1 })
+            clock.advance(by: .milliseconds(100))
+            #expect(await eventually { source.fetchCount == 3 && provider.status().consecutiveFailures == 2 })
+            #expect(await eventually { clock.sleeperCount == 1 })
+            clock.advance(by: .milliseconds(199))
+            #expect(source.fetchCount == 3, "the second retry waits 200 ms")
+            clock.advance(by: .milliseconds(1))
+            #expect(await eventually { provider.status().version == 2 })
+            #expect(provider.status().stale == false)
+        }
+    }
+
+    @Test func shutdownCompletesEveryWaiter() async {
+        let source = ScriptedSource(gated: true)
+        let provider = TokenProvider(configuration: ProviderConfiguration(), source: source, clock: ManualClock())
+        let service = Task { await provider.run() }
+        let waiter = Task { await provider.onTokenReady(timeout: .seconds(30)) }
+        #expect(await eventually { provider.status().waiters == 1 })
+        service.cancel()
+        guard case .shuttingDown = await waiter.value else {
+            Issue.record("a waiter must hear that the provider stops")
+            return
+        }
+        source.open()
+    }
+}

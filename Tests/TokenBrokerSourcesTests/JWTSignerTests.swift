@@ -1,0 +1,95 @@
+import Foundation
+import Testing
+import TokenBrokerCore
+import TokenBrokerSources
+
+/// The local signer's tokens, checked by the `openssl` command line rather than by our own code.
+@Suite struct JWTSignerTests {
+    @Test(arguments: ["ES256", "RS256"])
+    func tokensSignedWithAKeyFileVerifyWithOpenSSL(_ algorithm: String) throws {
+        let directory = try TemporaryDirectory()
+        let keyPath = directory.path("key.pem")
+        let generate = algorithm == "ES256"
+            ? ["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", keyPath]
+            : ["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", keyPath]
+        try OpenSSL.run(generate)
+        try OpenSSL.run(["pkey", "-in", keyPath, "-pubout", "-out", directory.path("public.pem")])
+
+        let signer = try JWTSigner(configuration: JWTSourceConfiguration(algorithm: algorithm, keyFile: keyPath, audience: "api", lifetimeSec: 600))
+        let token = try signer.mint(now: Date(timeIntervalSince1970: 1_800_000_000))
+        let parts = token.accessToken.split(separator: ".").map(String.init)
+        #expect(parts.count == 3)
+
+        var signature = try #require(Base64URL.decode(parts[2]))
+        if algorithm == "ES256" {
+            #expect(signature.count == 64)
+            signature = DER.ecdsaSignature(raw: signature)
+        }
+        try Data((parts[0] + "." + parts[1]).utf8).write(to: URL(fileURLWithPath: directory.path("input")))
+        try Data(signature).write(to: URL(fileURLWithPath: directory.path("signature")))
+        let verdict = try OpenSSL.run([
+            "dgst", "-sha256", "-verify", directory.path("public.pem"), "-signature", directory.path("signature"), directory.path("input"),
+        ])
+        #expect(verdict.contains("Verified OK"))
+
+        let claims = try JSONSerialization.jsonObject(with: Data(try #require(Base64URL.decode(parts[1])))) as? [String: Any]
+        #expect(claims?["aud"] as? String == "api")
+        #expect(claims?["iat"] as? Int == 1_800_000_000)
+        #expect(claims?["exp"] as? Int == 1_800_000_600)
+        #expect((claims?["jti"] as? String)?.isEmpty == false)
+        let header = try JSONSerialization.jsonObject(with: Data(try #require(Base64URL.decode(parts[0])))) as? [String: Any]
+        #expect(header?["alg"] as? String == algorithm)
+        #expect(header?["kid"] as? String == signer.keyID)
+        #expect(token.lifetime == .seconds(600))
+    }
+
+    @Test func hs256MatchesOpenSSLsHMAC() throws {
+        let directory = try TemporaryDirectory()
+        let secret = String(repeating: "k", count: 40)
+        try Data((secret + "\n").utf8).write(to: URL(fileURLWithPath: directory.path("secret")))
+        let signer = try JWTSigner(configuration: JWTSourceConfiguration(algorithm: "HS256", keyFile: directory.path("secret")))
+        let parts = try signer.mint(now: Date()).accessToken.split(separator: ".").map(String.init)
+        try Data((parts[0] + "." + parts[1]).utf8).write(to: URL(fileURLWithPath: directory.path("input")))
+        let output = try OpenSSL.run(["dgst", "-sha256", "-hmac", secret, "-binary", "-out", directory.path("mac"), directory.path("input")])
+        _ = output
+        let expected = try Data(contentsOf: URL(fileURLWithPath: directory.path("mac")))
+        #expect(Base64URL.decode(parts[2]) == [UInt8](expected))
+        #expect(JWTSigner.jwks([signer]) == #"{"keys":[]}"#, "an HMAC secret is never published")
+    }
+
+    @Test func eachTokenHasItsOwnJTI() throws {
+        let signer = try JWTSigner(configuration: JWTSourceConfiguration())
+        let ids = try (0..<50).map { _ in try signer.mint(now: Date()).accessToken.split(separator: ".")[1] }
+        #expect(Set(ids).count == 50)
+    }
+
+    @Test func aKeyOfTheWrongKindIsRefusedWithItsPath() throws {
+        let directory = try TemporaryDirectory()
+        let keyPath = directory.path("rsa.pem")
+        try OpenSSL.run(["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", keyPath])
+        #expect {
+            try JWTSigner(configuration: JWTSourceConfiguration(algorithm: "ES256", keyFile: keyPath))
+        } throws: { error in
+            (error as? TokenFetchError)?.detail.contains("rsa.pem: the key does not fit ES256") == true
+        }
+        #expect(throws: TokenFetchError.self) {
+            try JWTSigner(configuration: JWTSourceConfiguration(algorithm: "ES256", keyFile: directory.path("missing.pem")))
+        }
+    }
+
+    @Test func theThumbprintMatchesRFC7638sExample() throws {
+        // RFC 7638 §3.1: this RSA key's thumbprint is NzbLsXh8uDCcd-6MNwXF4W_7noWXFZAfHkxZsRGC9Xs.
+        let n = "0vx7agoebGcQSuuPiLJXZptN9nndrQmbXEps2aiAFbWhM78LhWx4cbbfAAtVT86zwu1RK7aPFFxuhDR1L6tSoc_BJECPebWKRXjBZCiFV4n3oknjhMstn64tZ_2W-5JsGY4Hc5n9yBXArwl93lqt7_RN5w6Cf0h4QyQ5v-65YGjQR0_FDW2QvzqY368QQMicAtaSqzs8KJZgnYb9c7d0zgdAZHzu6qMQvRL5hajrn1n91CbOpbISD08qNLyrdkt-bFTWhAI4vMQFh6WeZu0fM4lFd2NcRwr3XPksINHaQ-G_xBniIqbw0Ls1jF44-csFCur-kEgU8awapJzKnqDKgw"
+        let canonical = #"{"e":"AQAB","kty":"RSA","n":"\#(n)"}"#
+        #expect(Base64URL.encode(Crypto.sha256(Array(canonical.utf8))) == "NzbLsXh8uDCcd-6MNwXF4W_7noWXFZAfHkxZsRGC9Xs")
+    }
+
+    @Test func fingerprintsMatchSha256sum() throws {
+        let secret = "correct horse battery staple"
+        let directory = try TemporaryDirectory()
+        try Data(secret.utf8).write(to: URL(fileURLWithPath: directory.path("secret")))
+        let hex = try OpenSSL.run(["dgst", "-sha256", "-r", directory.path("secret")]).prefix(12)
+        #expect(Fingerprint.of(secret) == "sha256:" + hex)
+        #expect(!Fingerprint.of(secret).contains(secret))
+    }
+}

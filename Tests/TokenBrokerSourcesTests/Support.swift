@@ -1,0 +1,54 @@
+import Foundation
+
+/// Runs the `openssl` command line: an implementation independent of the code under test.
+enum OpenSSL {
+    struct Failure: Error, CustomStringConvertible {
+        let description: String
+    }
+
+    @discardableResult
+    static func run(_ arguments: [String]) throws -> String {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
+        process.arguments = arguments
+        let output = Pipe()
+        process.standardOutput = output
+        process.standardError = output
+        try process.run()
+        let data = output.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        let text = String(decoding: data, as: UTF8.self)
+        guard process.terminationStatus == 0 else {
+            throw Failure(description: "openssl \(arguments.joined(separator: " ")) failed: \(text)")
+        }
+        return text
+    }
+}
+
+/// A folder that removes itself.
+final class TemporaryDirectory {
+    let url: URL
+
+    init() throws {
+        url = FileManager.default.temporaryDirectory.appendingPathComponent("token-broker-tests-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
+    }
+
+    func path(_ name: String) -> String { url.appendingPathComponent(name).path }
+
+    deinit { try? FileManager.default.removeItem(at: url) }
+}
+
+/// Just enough DER to hand OpenSSL an ECDSA signature: SEQUENCE { INTEGER r, INTEGER s }.
+enum DER {
+    static func ecdsaSignature(raw: [UInt8]) -> [UInt8] {
+        func integer(_ bytes: ArraySlice<UInt8>) -> [UInt8] {
+            var value = Array(bytes.drop { $0 == 0 })
+            if value.isEmpty { value = [0] }
+            if value[0] & 0x80 != 0 { value.insert(0, at: 0) }
+            return [0x02, UInt8(value.count)] + value
+        }
+        let body = integer(raw[0..<32]) + integer(raw[32..<64])
+        return [0x30, UInt8(body.count)] + body
+    }
+}
