@@ -1,0 +1,59 @@
+# token-broker: the two commands of the README, and the steps under them.
+#
+#   make run    install what is missing, build in release mode, start the broker on its embedded default
+#   make test   the same set-up, then every test: Swift unit tests, integration tests against the
+#               real binary, and the container runtime check
+#
+# Needs the Swift 6 toolchain on PATH and Debian 12 (root, or sudo, to install packages).
+
+SHELL := /bin/bash
+SWIFT ?= swift
+PYTHON ?= python3
+# Build-time libraries, the tools the tests use, and debootstrap for the container check.
+APT_PACKAGES := pkg-config libmicrohttpd-dev libssl-dev libcurl4-openssl-dev openssl curl ca-certificates \
+                python3 python3-venv debootstrap iproute2 util-linux
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+RELEASE_FLAGS := -c release --static-swift-stdlib
+BIN := .build/release/token-broker
+VENV := .venv
+
+.PHONY: run test deps build unit-test integration-test container-check clean
+
+run: deps build
+	@echo "token-broker: token listener http://127.0.0.1:8080/token, admin http://127.0.0.1:9090/healthz (Ctrl-C stops it)"
+	exec $(BIN) $(ARGS)
+
+test: deps build $(VENV)/.installed
+	$(SWIFT) test
+	TOKEN_BROKER_BIN=$(abspath $(BIN)) $(VENV)/bin/python -m pytest -q Tests/integration
+	$(SUDO) Tests/container/runtime-check.sh $(BIN)
+
+build: deps
+	$(SWIFT) build $(RELEASE_FLAGS)
+
+unit-test: deps
+	$(SWIFT) test
+
+integration-test: build $(VENV)/.installed
+	TOKEN_BROKER_BIN=$(abspath $(BIN)) $(VENV)/bin/python -m pytest -q Tests/integration
+
+container-check: build
+	$(SUDO) Tests/container/runtime-check.sh $(BIN)
+
+# Installs only the packages that are missing, so a second run touches nothing.
+deps:
+	@command -v $(SWIFT) > /dev/null || { echo "make: the Swift 6 toolchain is not on PATH (see README.md, Requirements)" >&2; exit 1; }
+	@missing=$$(for package in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}' $$package 2>/dev/null | grep -q 'install ok installed' || echo $$package; done); \
+	if [ -n "$$missing" ]; then \
+		echo "make: installing Debian packages:" $$missing; \
+		$(SUDO) apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+$(VENV)/.installed: Tests/integration/requirements.txt | deps
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q -r Tests/integration/requirements.txt
+	touch $@
+
+clean:
+	rm -rf .build $(VENV)

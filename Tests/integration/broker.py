@@ -1,0 +1,108 @@
+"""Starts the real token-broker binary on ephemeral loopback ports and talks to it over HTTP.
+
+Only 127.0.0.1 and ::1 are ever contacted, and every wait is bounded.
+"""
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import time
+
+BINARY = os.environ.get("TOKEN_BROKER_BIN", os.path.join(os.path.dirname(__file__), "../../.build/release/token-broker"))
+LISTENING = re.compile(r"msg=listening listener=(token|admin) address=(\S+)")
+
+
+class Broker:
+    """One running broker process; use as a context manager."""
+
+    def __init__(self, config=None, env=None, args=(), listen="127.0.0.1:0", admin="127.0.0.1:0"):
+        self.workdir = tempfile.mkdtemp(prefix="token-broker-it-")
+        self.log_path = os.path.join(self.workdir, "stderr.log")
+        command = [BINARY, *args]
+        if config is not None:
+            config_path = os.path.join(self.workdir, "config.json")
+            with open(config_path, "w") as handle:
+                json.dump(config, handle)
+            command += ["--config", config_path]
+        environment = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        if listen:
+            environment["TOKEN_BROKER_LISTEN"] = listen
+        if admin:
+            environment["TOKEN_BROKER_ADMIN_LISTEN"] = admin
+        environment.update(env or {})
+        self.log = open(self.log_path, "w+")
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=self.log, env=environment)
+        self.addresses = self._wait_for_listeners()
+
+    def _wait_for_listeners(self, timeout=15):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = dict(LISTENING.findall(self.stderr()))
+            if len(found) == 2:
+                return found
+            if self.process.poll() is not None:
+                raise RuntimeError(f"broker exited with {self.process.returncode}:\n{self.stderr()}")
+            time.sleep(0.02)
+        raise RuntimeError(f"broker did not start listening in {timeout}s:\n{self.stderr()}")
+
+    def stderr(self):
+        with open(self.log_path) as handle:
+            return handle.read()
+
+    def url(self, path, listener="token"):
+        return f"http://{self.addresses[listener]}{path}"
+
+    def request(self, method, path, listener="token", headers=None, body=None, timeout=10):
+        """One request on a new connection: (status, headers dict with lower-case names, body bytes)."""
+        host, port = self._split(listener)
+        connection = http.client.HTTPConnection(host, port, timeout=timeout)
+        try:
+            connection.request(method, path, body=body, headers=headers or {})
+            response = connection.getresponse()
+            return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+        finally:
+            connection.close()
+
+    def get_json(self, path, listener="token", expect=200, **kwargs):
+        status, headers, body = self.request("GET", path, listener, **kwargs)
+        assert status == expect, (status, body)
+        return json.loads(body), headers
+
+    def connection(self, listener="token", timeout=10):
+        host, port = self._split(listener)
+        return http.client.HTTPConnection(host, port, timeout=timeout)
+
+    def _split(self, listener):
+        address = self.addresses[listener]
+        host, _, port = address.rpartition(":")
+        return host.strip("[]"), int(port)
+
+    def stop(self, sig=signal.SIGTERM, timeout=10):
+        """Sends `sig` and returns the exit status, waiting at most `timeout` seconds."""
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=5)
+            raise AssertionError(f"broker did not stop within {timeout}s after {sig!r}")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.process.poll() is None:
+            self.stop()
+        self.log.close()
+        return False
+
+
+def run_broker(*args, env=None, timeout=30):
+    """Runs the binary to completion (for --help, --check-config, healthcheck)."""
+    environment = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    environment.update(env or {})
+    return subprocess.run([BINARY, *args], capture_output=True, text=True, env=environment, timeout=timeout)
