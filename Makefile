@@ -2,7 +2,7 @@
 #
 #   make run    install what is missing, build in release mode, start the broker on its embedded default
 #   make test   the same set-up, then every test: Swift unit tests, integration tests against the
-#               real binary, and the container runtime check
+#               real binary, the OpenAPI contract (schemathesis), and the container runtime check
 #
 # Needs the Swift 6 toolchain on PATH and Debian 12 (root, or sudo, to install packages).
 
@@ -17,7 +17,7 @@ RELEASE_FLAGS := -c release --static-swift-stdlib
 BIN := .build/release/token-broker
 VENV := .venv
 
-.PHONY: run test deps build unit-test integration-test container-check clean
+.PHONY: run test deps build unit-test integration-test contract-test container-check clean
 
 run: deps build
 	@echo "token-broker: token listener http://127.0.0.1:8080/token, admin http://127.0.0.1:9090/healthz (Ctrl-C stops it)"
@@ -26,6 +26,7 @@ run: deps build
 test: deps build $(VENV)/.installed
 	$(SWIFT) test
 	TOKEN_BROKER_BIN=$(abspath $(BIN)) $(VENV)/bin/python -m pytest -q Tests/integration
+	Tests/contract/run.sh $(BIN) $(VENV)
 	$(SUDO) Tests/container/runtime-check.sh $(BIN)
 
 build: deps
@@ -36,6 +37,9 @@ unit-test: deps
 
 integration-test: build $(VENV)/.installed
 	TOKEN_BROKER_BIN=$(abspath $(BIN)) $(VENV)/bin/python -m pytest -q Tests/integration
+
+contract-test: build $(VENV)/.installed
+	Tests/contract/run.sh $(BIN) $(VENV)
 
 container-check: build
 	$(SUDO) Tests/container/runtime-check.sh $(BIN)

@@ -7,6 +7,10 @@
 #include <stddef.h>
 #include <sys/socket.h>
 #include <microhttpd.h>
+// Not libmicrohttpd's, but used beside it: Glibc's Swift module leaves these headers out, and the
+// server's hang-up watcher needs them for the sockets of suspended connections.
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 
 // MHD_start_daemon is variadic; Swift cannot call it, so all options travel in one MHD_OPTION_ARRAY.
 static inline struct MHD_Daemon *CMicroHTTPD_start_daemon(unsigned int flags,
@@ -39,6 +43,12 @@ static inline const struct sockaddr *CMicroHTTPD_client_address(struct MHD_Conne
 // different Swift names across versions; this always asks libmicrohttpd to copy the body.
 static inline struct MHD_Response *CMicroHTTPD_response_copying(size_t size, const void *data) {
     return MHD_create_response_from_buffer(size, (void *)data, MHD_RESPMEM_MUST_COPY);
+}
+
+// MHD_get_connection_info is variadic; this asks it for the connection's socket, or -1.
+static inline int CMicroHTTPD_connection_fd(struct MHD_Connection *connection) {
+    const union MHD_ConnectionInfo *info = MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return info == NULL ? -1 : info->connect_fd;
 }
 
 // MHD_YES and MHD_NO are enum constants whose type changed across versions (int, then enum MHD_Result).

@@ -21,6 +21,8 @@ enum Broker {
                 } catch {
                     throw ConfigurationError(key: "providers[\(index)].source", error.detail)
                 }
+            case .file(let settings):
+                sources.append((FileTokenSource(configuration: settings), nil))
             }
         }
         return sources
@@ -42,8 +44,10 @@ enum Broker {
                 ])
             }
         }
+        let metrics = BrokerMetrics(version: Options.version)
         let events = ProviderEvents(
             fetched: { name, result, elapsed in
+                metrics.recordFetch(provider: name, error: result.failure, duration: elapsed)
                 switch result {
                 case .success(let (token, version)):
                     Log.info("token fetched", [
@@ -61,6 +65,12 @@ enum Broker {
         }
         let jwks = JWTSigner.jwks(sources.compactMap(\.1))
 
+        let openFiles = ProcessLimits.raiseOpenFileLimit()
+        if openFiles < UInt64(configuration.connectionLimit) + 64 {
+            Log.warning("the open-file limit is below the connection limit", [
+                "open_files": String(openFiles), "connectionLimit": String(configuration.connectionLimit),
+            ])
+        }
         let tokenServer: HTTPServer
         let adminServer: HTTPServer
         do {
@@ -69,11 +79,13 @@ enum Broker {
             tokenSettings.connectionTimeoutSec = configuration.connectionTimeoutSec
             tokenServer = try HTTPServer(
                 configuration: tokenSettings,
-                handler: TokenAPI(providers: providers, jwks: jwks, maxWait: .seconds(configuration.maxWaitSec)))
+                handler: TokenAPI(
+                    providers: providers, jwks: jwks, maxWait: .seconds(configuration.maxWaitSec),
+                    requestGuard: configuration.requestGuard, metrics: metrics))
             var adminSettings = HTTPServer.Configuration(address: configuration.adminListen)
             adminSettings.connectionLimit = 256
             adminSettings.threads = 1
-            adminServer = try HTTPServer(configuration: adminSettings, handler: AdminAPI(providers: providers))
+            adminServer = try HTTPServer(configuration: adminSettings, handler: AdminAPI(providers: providers, metrics: metrics))
         } catch {
             Log.error("cannot start", ["problem": error.description])
             return 1
@@ -81,6 +93,9 @@ enum Broker {
         let tasks = providers.map { provider in Task.detached { await provider.run() } }
         Log.info("listening", ["listener": "token", "address": address(configuration.listen, tokenServer.port)])
         Log.info("listening", ["listener": "admin", "address": address(configuration.adminListen, adminServer.port)])
+        if !configuration.requestGuard {
+            Log.warning("the request guard is off: token routes accept requests without Token-Broker-Request")
+        }
         if !configuration.listen.isLoopback {
             Log.warning("the token listener is reachable from other machines", ["address": configuration.listen.description])
         }

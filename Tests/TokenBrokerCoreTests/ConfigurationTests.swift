@@ -51,7 +51,7 @@ import TokenBrokerCore
         #expect(problem(#"{"providers": [{"maxErrorTokenRefreshDelayMsec": 30001}]}"#) == "providers[0].maxErrorTokenRefreshDelayMsec: 30001 is out of range; allowed: 1–30000")
         #expect(problem(#"{"providers": [{"maxRetryCount": 2.5}]}"#)?.hasPrefix("providers[0].maxRetryCount: must be a whole number in 0–10") == true)
         #expect(problem(#"{"providers": [{"source": {"algorithm": "none"}}]}"#) == #"providers[0].source.algorithm: unknown value "none"; allowed: ES256, RS256, HS256"#)
-        #expect(problem(#"{"providers": [{"source": {"type": "magic"}}]}"#) == #"providers[0].source.type: unknown value "magic"; allowed: jwt"#)
+        #expect(problem(#"{"providers": [{"source": {"type": "magic"}}]}"#) == #"providers[0].source.type: unknown value "magic"; allowed: jwt, file"#)
     }
 
     @Test func wrongTypesAndBrokenJSONAreExplained() {
@@ -86,5 +86,37 @@ import TokenBrokerCore
     @Test(arguments: ["localhost:80", "127.0.0.1", "127.0.0.1:65536", "1.2.3:4", "[::1]9090", "01.2.3.4:5", ""])
     func malformedListenAddressesAreRefused(_ text: String) {
         #expect(throws: ConfigurationError.self) { try ListenAddress(parsing: text) }
+    }
+}
+
+@Suite struct CookieAndSourceConfigurationTests {
+    private func problem(_ json: String) -> String? {
+        do {
+            _ = try BrokerConfiguration(json: Array(json.utf8))
+            return nil
+        } catch {
+            return error.description
+        }
+    }
+
+    @Test func cookieSettingsAreReadAndChecked() throws {
+        let configuration = try BrokerConfiguration(json: Array(#"{"providers": [{"setTokenCookie": true, "tokenCookieName": "t", "domainName": "a.test", "tokenCookiePath": "/x"}]}"#.utf8))
+        let cookie = configuration.providers[0].cookie
+        #expect(cookie.setCookieHeader(token: "abc", maxAge: 60) == "t=abc; Domain=a.test; Path=/x; Max-Age=60; Secure; HttpOnly; SameSite=Lax")
+        #expect(problem(#"{"providers": [{"tokenCookieName": "a b"}]}"#)?.hasPrefix("providers[0].tokenCookieName:") == true)
+        #expect(problem(#"{"providers": [{"domainName": "a.test; Secure"}]}"#)?.hasPrefix("providers[0].domainName:") == true)
+        #expect(problem(#"{"providers": [{"tokenCookiePath": "x"}]}"#) == #"providers[0].tokenCookiePath: must start with "/""#)
+    }
+
+    @Test func theFileSourceNeedsAPath() throws {
+        #expect(problem(#"{"providers": [{"source": {"type": "file"}}]}"#)?.hasPrefix("providers[0].source.path: is required") == true)
+        let configuration = try BrokerConfiguration(json: Array(#"{"providers": [{"source": {"type": "file", "path": "/t", "lifetimeSec": 60}}]}"#.utf8))
+        #expect(configuration.providers[0].source == .file(FileSourceConfiguration(path: "/t", lifetimeSec: 60)))
+        #expect(problem(#"{"providers": [{"source": {"type": "file", "path": "/t", "algorithm": "ES256"}}]}"#)?.hasPrefix("providers[0].source.algorithm: unknown key") == true)
+    }
+
+    @Test func theRequestGuardIsOnUnlessTurnedOff() throws {
+        #expect(try BrokerConfiguration(json: Array("{}".utf8)).requestGuard)
+        #expect(try !BrokerConfiguration(json: Array(#"{"requestGuard": false}"#.utf8)).requestGuard)
     }
 }

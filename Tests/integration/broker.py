@@ -13,6 +13,8 @@ import time
 
 BINARY = os.environ.get("TOKEN_BROKER_BIN", os.path.join(os.path.dirname(__file__), "../../.build/release/token-broker"))
 LISTENING = re.compile(r"msg=listening listener=(token|admin) address=(\S+)")
+# The request guard's header, sent by default; tests of the guard leave it out.
+GUARD = {"Token-Broker-Request": "true"}
 
 
 class Broker:
@@ -55,12 +57,12 @@ class Broker:
     def url(self, path, listener="token"):
         return f"http://{self.addresses[listener]}{path}"
 
-    def request(self, method, path, listener="token", headers=None, body=None, timeout=10):
+    def request(self, method, path, listener="token", headers=None, body=None, timeout=10, guard=True):
         """One request on a new connection: (status, headers dict with lower-case names, body bytes)."""
         host, port = self._split(listener)
         connection = http.client.HTTPConnection(host, port, timeout=timeout)
         try:
-            connection.request(method, path, body=body, headers=headers or {})
+            connection.request(method, path, body=body, headers={**(GUARD if guard else {}), **(headers or {})})
             response = connection.getresponse()
             return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
         finally:
@@ -70,6 +72,25 @@ class Broker:
         status, headers, body = self.request("GET", path, listener, **kwargs)
         assert status == expect, (status, body)
         return json.loads(body), headers
+
+    def metrics(self):
+        """The admin listener's /metrics, parsed by prometheus_client: {(name, labels tuple): value}."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        status, _, body = self.request("GET", "/metrics", listener="admin")
+        assert status == 200
+        samples = {}
+        for family in text_string_to_metric_families(body.decode()):
+            for sample in family.samples:
+                samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+        return samples
+
+    def metric(self, name, **labels):
+        return self.metrics().get((name, tuple(sorted(labels.items()))), 0)
+
+    def fetches(self, provider="default"):
+        """Upstream fetches that succeeded, from the broker's own log lines."""
+        return self.stderr().count(f'msg="token fetched" provider={provider} ')
 
     def connection(self, listener="token", timeout=10):
         host, port = self._split(listener)

@@ -8,9 +8,7 @@ import time
 import jwt
 import pytest
 
-from broker import Broker, run_broker
-
-GUARD = {}
+from broker import GUARD, Broker, run_broker
 
 
 def verify_with_jwks(broker, token, audience="token-broker", algorithms=("ES256", "RS256")):
@@ -116,7 +114,7 @@ def test_keep_alive_serves_many_requests_on_one_connection(broker):
     connection = broker.connection()
     try:
         for _ in range(5):
-            connection.request("GET", "/token")
+            connection.request("GET", "/token", headers=GUARD)
             response = connection.getresponse()
             assert response.status == 200
             response.read()

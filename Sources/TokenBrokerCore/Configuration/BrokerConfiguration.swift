@@ -19,6 +19,8 @@ public struct BrokerConfiguration: Sendable, Equatable {
     public var connectionLimit: Int
     /// Seconds a connection may stay idle before it is closed. Default 30; 1–3600.
     public var connectionTimeoutSec: Int
+    /// Require `Token-Broker-Request: true` on token routes and refuse `X-Forwarded-For`. Default true.
+    public var requestGuard: Bool
     /// The longest a request may wait for a token (on-demand fetches, long-polls). Default 60; 1–3600.
     public var maxWaitSec: Int
 
@@ -31,6 +33,7 @@ public struct BrokerConfiguration: Sendable, Equatable {
         connectionLimit: Int = 10_000, connectionTimeoutSec: Int = 30, maxWaitSec: Int = 60
     ) {
         self.maxWaitSec = maxWaitSec
+        self.requestGuard = true
         self.listen = listen ?? (try! ListenAddress(parsing: Self.defaultListen))
         self.adminListen = adminListen ?? (try! ListenAddress(parsing: Self.defaultAdminListen))
         self.providers = providers
@@ -53,6 +56,7 @@ public struct BrokerConfiguration: Sendable, Equatable {
         connectionLimit = try reader.int("connectionLimit", 16...1_000_000, default: connectionLimit)
         connectionTimeoutSec = try reader.int("connectionTimeoutSec", 1...3600, default: connectionTimeoutSec)
         maxWaitSec = try reader.int("maxWaitSec", 1...3600, default: maxWaitSec)
+        requestGuard = try reader.bool("requestGuard", default: requestGuard)
         if let items = try reader.array("providers") {
             guard !items.isEmpty else {
                 throw ConfigurationError(key: "providers", "must list at least one provider")

@@ -24,6 +24,8 @@ public struct ProviderConfiguration: Sendable, Equatable {
     public var forcedRefreshMaxAttempts: Int
     /// The forced-refresh window, in seconds. Default 30; 1–3600.
     public var forcedRefreshWindowSec: Int
+    /// How token answers also carry the token as a cookie (the WAF SDK's `setTokenCookie` and friends).
+    public var cookie: CookieSettings
 
     public init(
         name: String = "default",
@@ -34,8 +36,10 @@ public struct ProviderConfiguration: Sendable, Equatable {
         maxErrorTokenRefreshDelayMsec: Int = 5000,
         pauseWhenIdle: Bool = true,
         forcedRefreshMaxAttempts: Int = 5,
-        forcedRefreshWindowSec: Int = 30
+        forcedRefreshWindowSec: Int = 30,
+        cookie: CookieSettings = CookieSettings()
     ) {
+        self.cookie = cookie
         self.name = name
         self.source = source
         self.backgroundRefreshEnabled = backgroundRefreshEnabled
@@ -72,6 +76,7 @@ extension ProviderConfiguration {
         pauseWhenIdle = try reader.bool("pauseWhenIdle", default: pauseWhenIdle)
         forcedRefreshMaxAttempts = try reader.int("forcedRefreshMaxAttempts", 1...100, default: forcedRefreshMaxAttempts)
         forcedRefreshWindowSec = try reader.int("forcedRefreshWindowSec", 1...3600, default: forcedRefreshWindowSec)
+        cookie = try CookieSettings(reading: &reader)
         try reader.finish()
     }
 }

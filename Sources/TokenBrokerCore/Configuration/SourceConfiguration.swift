@@ -2,14 +2,18 @@
 public enum SourceConfiguration: Sendable, Equatable {
     /// The local signer: JWTs minted by the broker itself.
     case jwt(JWTSourceConfiguration)
+    /// A token file that someone else keeps fresh.
+    case file(FileSourceConfiguration)
 
     /// The values `source.type` accepts today.
-    public static let types = ["jwt"]
+    public static let types = ["jwt", "file"]
 
     init(reading reader: ObjectReader) throws(ConfigurationError) {
         var reader = reader
         let type = try reader.choice("type", Self.types, default: "jwt")
         switch type {
+        case "file":
+            self = .file(try FileSourceConfiguration(reading: &reader))
         default:
             self = .jwt(try JWTSourceConfiguration(reading: &reader))
         }
@@ -63,5 +67,27 @@ public struct JWTSourceConfiguration: Sendable, Equatable {
             // A generated HMAC secret could verify nothing outside the broker: no JWKS carries it.
             throw ConfigurationError(key: reader.keyPath("keyFile"), "is required with HS256; allowed: a file holding at least 32 secret bytes")
         }
+    }
+}
+
+/// A token file (`source.type: "file"`).
+public struct FileSourceConfiguration: Sendable, Equatable {
+    /// The file holding the token. Required.
+    public var path: String
+    /// The lifetime of a token that is not a JWT with `exp`, in seconds. Default: none (no
+    /// expiry; the file is read again every `tokenRefreshDelaySec`); 1–86400.
+    public var lifetimeSec: Int?
+
+    public init(path: String, lifetimeSec: Int? = nil) {
+        self.path = path
+        self.lifetimeSec = lifetimeSec
+    }
+
+    init(reading reader: inout ObjectReader) throws(ConfigurationError) {
+        guard let path = try reader.string("path"), !path.isEmpty else {
+            throw ConfigurationError(key: reader.keyPath("path"), "is required with type \"file\"; allowed: the token file's path")
+        }
+        self.path = path
+        lifetimeSec = try reader.int("lifetimeSec", 1...86_400)
     }
 }

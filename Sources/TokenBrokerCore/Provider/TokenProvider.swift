@@ -179,7 +179,8 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
                 expiresIn: token?.expiresAt.map { now.duration(to: $0) },
                 lastError: machine.lastError,
                 consecutiveFailures: machine.failures,
-                waiters: machine.waiterCount)
+                waiters: machine.waiterCount,
+                backgroundRefresh: machine.backgroundRefresh)
         }
     }
 
@@ -340,7 +341,12 @@ public struct ProviderStatus: Sendable {
     public var lastError: TokenFetchError?
     public var consecutiveFailures: Int
     public var waiters: Int
+    public var backgroundRefresh: Bool
 
     /// Whether the provider can answer `/token` now.
     public var hasValidToken: Bool { version != nil }
+
+    /// What `/readyz` reports: with background refresh, a valid cached token (a paused provider
+    /// counts while its token lasts); on demand, that the last fetch, if any, succeeded.
+    public var isReady: Bool { backgroundRefresh ? hasValidToken : lastError == nil }
 }

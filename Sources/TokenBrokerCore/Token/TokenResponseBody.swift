@@ -12,8 +12,9 @@ import Foundation
 ///
 /// `expires_in` and `expires_at` are left out for a token without expiry.
 public enum TokenResponseBody {
+    /// - Parameter cookie: when `setTokenCookie` is on, `cookie` and `set_cookie` are added.
     public static func render<Instant>(
-        _ cached: CachedToken<Instant>, stale: Bool, expiresIn: Int?, provider: String
+        _ cached: CachedToken<Instant>, stale: Bool, expiresIn: Int?, provider: String, cookie: CookieSettings = CookieSettings()
     ) -> String {
         var members: [(String, String)] = [
             ("access_token", JSONText.quoted(cached.token.accessToken)),
@@ -26,6 +27,11 @@ public enum TokenResponseBody {
         members.append(("version", String(cached.version)))
         members.append(("stale", stale ? "true" : "false"))
         members.append(("provider", JSONText.quoted(provider)))
+        if cookie.setTokenCookie {
+            let value = cached.token.accessToken
+            members.append(("cookie", JSONText.quoted(cookie.cookieHeader(token: value))))
+            members.append(("set_cookie", JSONText.quoted(cookie.setCookieHeader(token: value, maxAge: expiresIn))))
+        }
         return JSONText.object(members)
     }
 

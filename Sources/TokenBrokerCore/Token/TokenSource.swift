@@ -62,3 +62,11 @@ public struct TokenFetchError: Error, Sendable, Equatable, CustomStringConvertib
     /// The classification and the detail, for logs and error descriptions.
     public var summary: String { detail.isEmpty ? code.rawValue : "\(code.rawValue): \(detail)" }
 }
+
+extension Result {
+    /// The error, or nil for a success.
+    public var failure: Failure? {
+        if case .failure(let error) = self { return error }
+        return nil
+    }
+}

@@ -6,31 +6,52 @@ import TokenBrokerCore
 /// | route | answer |
 /// |---|---|
 /// | `GET /healthz` | 200 while the process runs |
-/// | `GET /readyz` | 200 when every provider has a valid token, else 503, with detail per provider |
+/// | `GET /readyz` | 200 when every provider has a valid token, or is paused and still holds one; else 503 |
+/// | `GET /metrics` | Prometheus text format 0.0.4 |
 public final class AdminAPI: HTTPHandler {
     private let providers: [TokenAPI.Provider]
+    private let metrics: BrokerMetrics
     private let healthy = HTTPResponse(status: 200, json: #"{"status":"ok"}"#)
 
-    public init(providers: [TokenAPI.Provider]) { self.providers = providers }
-
-    public func handle(_ request: HTTPRequest) -> HTTPReply {
-        switch request.path {
-        case "/healthz":
-            return TokenAPI.only(["GET", "HEAD"], request) ?? .response(healthy)
-        case "/readyz":
-            return TokenAPI.only(["GET", "HEAD"], request) ?? .response(readiness())
-        default:
-            return .response(Responses.notFound(request.path))
-        }
+    public init(providers: [TokenAPI.Provider], metrics: BrokerMetrics) {
+        self.providers = providers
+        self.metrics = metrics
     }
 
-    /// Ready when every provider can answer `/token` now. Secrets never appear here.
+    public func handle(_ request: HTTPRequest) -> HTTPReply {
+        let route: String
+        let reply: HTTPReply
+        switch request.path {
+        case "/healthz":
+            route = "/healthz"
+            reply = TokenAPI.only(["GET", "HEAD"], request) ?? .response(healthy)
+        case "/readyz":
+            route = "/readyz"
+            reply = TokenAPI.only(["GET", "HEAD"], request) ?? .response(readiness())
+        case "/metrics":
+            route = "/metrics"
+            reply = TokenAPI.only(["GET", "HEAD"], request) ?? .response(exposition())
+        default:
+            route = "other"
+            reply = .response(Responses.notFound(request.path))
+        }
+        if case .response(let response) = reply { metrics.recordRequest(listener: "admin", route: route, status: response.status) }
+        return reply
+    }
+
+    private func exposition() -> HTTPResponse {
+        HTTPResponse(
+            status: 200, body: Array(metrics.render(statuses: providers.map { $0.status() }).utf8),
+            headers: [("Content-Type", "text/plain; version=0.0.4; charset=utf-8"), ("Cache-Control", "no-store")])
+    }
+
+    /// Ready when every provider can answer `/token` now (`ProviderStatus.isReady`). Secrets never appear here.
     private func readiness() -> HTTPResponse {
         let statuses = providers.map { $0.status() }
-        let ready = statuses.allSatisfy(\.hasValidToken)
+        let ready = statuses.allSatisfy(\.isReady)
         let detail = statuses.map { status in
             var members: [(String, String)] = [
-                ("name", JSONText.quoted(status.name)), ("ready", status.hasValidToken ? "true" : "false"),
+                ("name", JSONText.quoted(status.name)), ("ready", status.isReady ? "true" : "false"),
                 ("state", JSONText.quoted(status.phase)), ("stale", status.stale ? "true" : "false"),
             ]
             if let version = status.version { members.append(("version", String(version))) }

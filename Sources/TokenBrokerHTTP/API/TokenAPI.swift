@@ -1,114 +1,118 @@
 import TokenBrokerCore
 
-/// The token listener's routes.
+/// The token listener's routes. Each token route exists for the default provider and, under
+/// `/providers/{name}`, for every provider by name.
 ///
 /// | route | answer |
 /// |---|---|
-/// | `GET /token` | the default provider's token |
-/// | `GET /providers/{name}/token` | a named provider's token |
+/// | `GET /token` | the token (`TokenAPI+Token.swift`) |
+/// | `GET /token/ready` | a long-poll for a token newer than `after` (`TokenAPI+LongPoll.swift`) |
+/// | `POST /token/refresh` | the retrier: refresh a rejected token (`TokenAPI+Refresh.swift`) |
 /// | `GET /.well-known/jwks.json` | the local signers' public keys |
+///
+/// Token routes pass the request guard first (`RequestGuard`).
 public final class TokenAPI: HTTPHandler {
     public typealias Provider = TokenProvider<ContinuousClock>
 
+    /// One provider and what its routes keep.
     struct Endpoint: Sendable {
         let provider: Provider
         let responses: TokenResponseCache
+        /// The route-name prefix for metrics: `""` or `/providers/{name}`.
+        let routePrefix: String
     }
 
-    private let endpoints: [String: Endpoint]
-    private let defaultEndpoint: Endpoint
+    /// A token route, as the router found it.
+    enum Route: String {
+        case token = "/token", ready = "/token/ready", refresh = "/token/refresh"
+    }
+
+    let endpoints: [String: Endpoint]
+    let defaultEndpoint: Endpoint
+    let maxWait: Duration
+    let metrics: BrokerMetrics
+    private let guardRequests: Bool
     private let jwks: HTTPResponse
-    private let maxWait: Duration
 
     /// - Parameters:
-    ///   - providers: the providers; the first answers `/token`.
+    ///   - providers: the providers; the first answers the routes without `/providers/{name}`.
     ///   - jwks: the JWK Set document to publish.
-    ///   - maxWait: how long a request may wait for a token fetched on demand.
-    public init(providers: [Provider], jwks: String, maxWait: Duration) {
+    ///   - maxWait: the longest a request waits (long-polls, on-demand fetches, refreshes).
+    ///   - requestGuard: require `Token-Broker-Request: true` and refuse `X-Forwarded-For`.
+    public init(providers: [Provider], jwks: String, maxWait: Duration, requestGuard: Bool = true, metrics: BrokerMetrics) {
         precondition(!providers.isEmpty, "the broker needs at least one provider")
         var endpoints: [String: Endpoint] = [:]
         for provider in providers {
-            endpoints[provider.name] = Endpoint(provider: provider, responses: TokenResponseCache(providerName: provider.name))
+            endpoints[provider.name] = Endpoint(
+                provider: provider,
+                responses: TokenResponseCache(providerName: provider.name, cookie: provider.configuration.cookie),
+                routePrefix: "/providers/{name}")
         }
         self.endpoints = endpoints
-        defaultEndpoint = endpoints[providers[0].name]!
+        defaultEndpoint = Endpoint(
+            provider: providers[0], responses: endpoints[providers[0].name]!.responses, routePrefix: "")
         self.jwks = HTTPResponse(status: 200, json: jwks, headers: [("Cache-Control", "public, max-age=300")])
         self.maxWait = maxWait
+        self.guardRequests = requestGuard
+        self.metrics = metrics
     }
 
     public func handle(_ request: HTTPRequest) -> HTTPReply {
         let path = request.path
         if path == "/.well-known/jwks.json" {
-            return Self.only(["GET", "HEAD"], request) ?? .response(jwks)
+            return record("/.well-known/jwks.json", Self.only(["GET", "HEAD"], request) ?? .response(jwks))
         }
-        let endpoint: Endpoint
-        let rest: Substring
+        var endpoint = defaultEndpoint
+        var rest = Substring(path)
         if path.hasPrefix("/providers/") {
             let tail = path.dropFirst("/providers/".count)
-            guard let slash = tail.firstIndex(of: "/") else { return .response(Responses.notFound(path)) }
-            let name = String(tail[..<slash])
-            guard let named = endpoints[name] else {
-                return .response(.error(404, "unknown_provider", "no provider is named \"\(name)\""))
+            let name = tail.prefix { $0 != "/" }
+            guard name.count < tail.count else { return record("other", .response(Responses.notFound(path))) }
+            guard let named = endpoints[String(name)] else {
+                return record("/providers/{name}", .response(.error(404, "unknown_provider", "no provider is named \(JSONText.quoted(String(name.prefix(64))))")))
             }
             endpoint = named
-            rest = tail[slash...]
-        } else {
-            endpoint = defaultEndpoint
-            rest = Substring(path)
+            rest = tail[name.endIndex...]
         }
-        switch rest {
-        case "/token":
-            return Self.only(["GET", "HEAD"], request) ?? token(endpoint)
-        default:
-            return .response(Responses.notFound(path))
-        }
-    }
-
-    // MARK: - Routes
-
-    private func token(_ endpoint: Endpoint) -> HTTPReply {
-        let provider = endpoint.provider
-        guard !provider.configuration.backgroundRefreshEnabled else {
-            guard let (token, stale) = provider.cachedToken() else { return .response(unavailable(provider)) }
-            return .response(endpoint.responses.response(for: token, stale: stale, now: provider.clock.now))
-        }
-        // On demand: fetch while the connection waits suspended, never on this thread.
-        let maxWait = self.maxWait
-        return .deferred { responder in
-            let id = provider.addWaiter(after: nil, deadline: provider.deadline(in: maxWait), onDemand: true) { outcome in
-                responder.respond(Self.answer(outcome, provider: provider))
-            }
-            responder.onClose { provider.removeWaiter(id) }
+        guard let route = Route(rawValue: String(rest)) else { return record("other", .response(Responses.notFound(path))) }
+        let label = endpoint.routePrefix + route.rawValue
+        let methods = route == .refresh ? ["POST"] : ["GET", "HEAD"]
+        if let refusal = Self.only(methods, request) { return record(label, refusal) }
+        if guardRequests, let refusal = RequestGuard.check(request) { return record(label, .response(refusal)) }
+        switch route {
+        case .token: return token(endpoint, label: label)
+        case .ready: return ready(endpoint, request, label: label)
+        case .refresh: return refresh(endpoint, request, label: label)
         }
     }
 
-    private static func answer(_ outcome: Provider.WaitOutcome, provider: Provider) -> HTTPResponse {
-        let now = provider.clock.now
-        func render(_ token: Provider.Token, stale: Bool) -> HTTPResponse {
-            TokenResponseCache.render(
-                token, stale: stale, expiresIn: TokenResponseBody.secondsLeft(token, at: now), provider: provider.name)
-        }
-        switch outcome {
-        case .token(let token, let stale): return render(token, stale: stale)
-        case .exhausted(previous: let token?, lastError: _): return render(token, stale: true)
-        case .shuttingDown: return Responses.shuttingDown
-        default: return unavailableResponse(provider)
-        }
+    // MARK: - Shared helpers
+
+    /// Counts an immediate answer under its route's name; deferred ones count when answered.
+    func record(_ route: String, _ reply: HTTPReply) -> HTTPReply {
+        if case .response(let response) = reply { metrics.recordRequest(listener: "token", route: route, status: response.status) }
+        return reply
     }
 
-    private func unavailable(_ provider: Provider) -> HTTPResponse { Self.unavailableResponse(provider) }
-
-    static func unavailableResponse(_ provider: Provider) -> HTTPResponse {
-        let status = provider.status()
-        var description = "provider \"\(provider.name)\" has no valid token"
-        if let error = status.lastError { description += "; last upstream error: \(error.summary)" }
-        if status.phase == "paused" { description += "; refresh was paused while idle, wait for one at /token/ready" }
-        return .error(503, "token_unavailable", description, headers: [("Retry-After", "1")])
+    /// Answers a suspended request and counts it.
+    func answer(_ responder: HTTPResponder, _ response: HTTPResponse, route: String) {
+        metrics.recordRequest(listener: "token", route: route, status: response.status)
+        responder.respond(response)
     }
 
     /// Nil when the method is allowed, else the 405 answer with `Allow`.
     static func only(_ methods: [String], _ request: HTTPRequest) -> HTTPReply? {
         guard !methods.contains(request.method) else { return nil }
         return .response(Responses.methodNotAllowed(request.method, allow: methods))
+    }
+
+    /// The 503 for a provider without a valid token, saying why when it knows.
+    static func unavailable(_ provider: Provider, reason: String? = nil) -> HTTPResponse {
+        let status = provider.status()
+        var description = reason ?? "provider \(JSONText.quoted(provider.name)) has no valid token"
+        if let error = status.lastError { description += "; last upstream error: \(error.summary)" }
+        if status.phase == "paused" { description += "; refresh was paused while idle: wait for a token at /token/ready" }
+        let retryAfter = status.lastError?.retryAfter.map { max(1, Int($0.components.seconds)) } ?? 1
+        return .error(503, "token_unavailable", description, headers: [("Retry-After", String(retryAfter))])
     }
 }

@@ -12,24 +12,29 @@ final class TokenResponseCache: Sendable {
 
     private let current = Mutex<(key: Key, response: HTTPResponse)?>(nil)
     private let providerName: String
+    private let cookie: CookieSettings
 
-    init(providerName: String) { self.providerName = providerName }
+    init(providerName: String, cookie: CookieSettings) {
+        self.providerName = providerName
+        self.cookie = cookie
+    }
 
     /// The answer for `token`, rendered only when its key changed.
     func response(for token: CachedToken<ContinuousClock.Instant>, stale: Bool, now: ContinuousClock.Instant) -> HTTPResponse {
         let key = Key(version: token.version, stale: stale, expiresIn: TokenResponseBody.secondsLeft(token, at: now))
         if let hit = current.withLock({ $0?.key == key ? $0?.response : nil }) { return hit }
-        let response = Self.render(token, stale: stale, expiresIn: key.expiresIn, provider: providerName)
+        let response = Self.render(token, stale: stale, expiresIn: key.expiresIn, provider: providerName, cookie: cookie)
         current.withLock { $0 = (key, response) }
         return response
     }
 
     /// Renders one answer without caching it (tokens fetched on demand are each used once).
     static func render(
-        _ token: CachedToken<ContinuousClock.Instant>, stale: Bool, expiresIn: Int?, provider: String
+        _ token: CachedToken<ContinuousClock.Instant>, stale: Bool, expiresIn: Int?, provider: String, cookie: CookieSettings
     ) -> HTTPResponse {
         HTTPResponse(
-            status: 200, json: TokenResponseBody.render(token, stale: stale, expiresIn: expiresIn, provider: provider),
+            status: 200,
+            json: TokenResponseBody.render(token, stale: stale, expiresIn: expiresIn, provider: provider, cookie: cookie),
             headers: [("ETag", "\"\(token.version)\"")])
     }
 }

@@ -14,12 +14,15 @@ public final class HTTPResponder: Sendable {
     }
 
     private let phase = Mutex<Phase>(.waiting(onClose: nil))
-    // Written once before the responder is handed out; read under `phase`'s lock.
+    // Written once before the responder is handed out, then only read.
     nonisolated(unsafe) let connection: OpaquePointer
+    /// The connection's socket, watched for hang-ups while suspended.
+    let fd: Int32
     private weak let server: HTTPServer?
 
-    init(connection: OpaquePointer, server: HTTPServer) {
+    init(connection: OpaquePointer, fd: Int32, server: HTTPServer) {
         self.connection = connection
+        self.fd = fd
         self.server = server
     }
 
@@ -54,6 +57,21 @@ public final class HTTPResponder: Sendable {
             return response
         }
     }
+
+    /// The client went away while suspended: free what waits for it, then let libmicrohttpd
+    /// close the connection (the answer is never read).
+    func clientHungUp() {
+        let (wasWaiting, cleanup) = phase.withLock { phase -> (Bool, (@Sendable () -> Void)?) in
+            guard case .waiting(let onClose) = phase else { return (false, nil) }
+            phase = .answered(Self.clientGone)
+            return (true, onClose)
+        }
+        guard wasWaiting else { return }
+        cleanup?()
+        server?.resume(self)
+    }
+
+    private static let clientGone = HTTPResponse.error(503, "client_closed", "the client closed the connection")
 
     /// The connection ended; runs the cleanup if no answer was given.
     func connectionClosed() {

@@ -39,6 +39,7 @@ public final class HTTPServer: @unchecked Sendable {
     private var daemon: OpaquePointer?
     private var listenSocket: Int32 = -1
     private let suspended = Mutex<[ObjectIdentifier: HTTPResponder]>([:])
+    private let hangups = HangupWatcher()
     private let requestsInFlight = Atomic<Int>(0)
 
     /// Binds and starts serving at once.
@@ -98,6 +99,7 @@ public final class HTTPServer: @unchecked Sendable {
         // Anything still suspended must be resumed before MHD_stop_daemon.
         for responder in suspended.withLock({ Array($0.values) }) { resume(responder) }
         MHD_stop_daemon(daemon)
+        hangups.stop()
         self.daemon = nil
         close(listenSocket)
     }
@@ -139,10 +141,11 @@ public final class HTTPServer: @unchecked Sendable {
         case .response(let response):
             return MHD_queue_response(connection, UInt32(response.status), response.handle)
         case .deferred(let start):
-            let responder = HTTPResponder(connection: connection, server: self)
+            let responder = HTTPResponder(connection: connection, fd: CMicroHTTPD_connection_fd(connection), server: self)
             RequestState.attach(to: requestContext).responder = responder
             suspended.withLock { $0[ObjectIdentifier(responder)] = responder }
             MHD_suspend_connection(connection)
+            hangups.watch(responder.fd, responder)
             start(responder)
             return CMicroHTTPD_yes()
         }
@@ -150,6 +153,7 @@ public final class HTTPServer: @unchecked Sendable {
 
     /// Resumes a suspended connection so the access handler can queue its answer.
     func resume(_ responder: HTTPResponder) {
+        hangups.unwatch(responder.fd)
         let wasSuspended = suspended.withLock { $0.removeValue(forKey: ObjectIdentifier(responder)) != nil }
         if wasSuspended { MHD_resume_connection(responder.connection) }
     }
@@ -161,6 +165,7 @@ public final class HTTPServer: @unchecked Sendable {
         guard context != RequestState.headersOnly else { return }
         let state = Unmanaged<RequestState>.fromOpaque(context).takeRetainedValue()
         if let responder = state.responder {
+            hangups.unwatch(responder.fd)
             suspended.withLock { _ = $0.removeValue(forKey: ObjectIdentifier(responder)) }
             responder.connectionClosed()
         }

@@ -1,0 +1,46 @@
+/// The token as a cookie, with the WAF SDK's keys (`setTokenCookie`, `tokenCookieName`,
+/// `domainName`, `tokenCookiePath`), which sit directly in a provider's configuration.
+public struct CookieSettings: Sendable, Equatable {
+    /// Add `cookie` and `set_cookie` to token answers. Default false.
+    public var setTokenCookie: Bool = false
+    /// The cookie's name. Default `aws-waf-token`; an RFC 6265 token.
+    public var tokenCookieName: String = "aws-waf-token"
+    /// The `Domain` attribute. Default: none (a host-only cookie).
+    public var domainName: String?
+    /// The `Path` attribute. Default `/`.
+    public var tokenCookiePath: String = "/"
+
+    public init() {}
+
+    init(reading reader: inout ObjectReader) throws(ConfigurationError) {
+        setTokenCookie = try reader.bool("setTokenCookie", default: setTokenCookie)
+        tokenCookieName = try reader.string("tokenCookieName", default: tokenCookieName)
+        domainName = try reader.string("domainName")
+        tokenCookiePath = try reader.string("tokenCookiePath", default: tokenCookiePath)
+        let separators = Set("()<>@,;:\\\"/[]?={} \t")
+        guard !tokenCookieName.isEmpty,
+            tokenCookieName.unicodeScalars.allSatisfy({ $0.value > 0x20 && $0.value < 0x7F && !separators.contains(Character($0)) })
+        else {
+            throw ConfigurationError(key: reader.keyPath("tokenCookieName"), "\"\(tokenCookieName)\" is not a cookie name; allowed: visible ASCII without separators")
+        }
+        for (key, value) in [("domainName", domainName ?? ""), ("tokenCookiePath", tokenCookiePath)]
+        where value.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value >= 0x7F || $0 == ";" }) {
+            throw ConfigurationError(key: reader.keyPath(key), "must be visible ASCII without \";\"")
+        }
+        guard tokenCookiePath.hasPrefix("/") else {
+            throw ConfigurationError(key: reader.keyPath("tokenCookiePath"), "must start with \"/\"")
+        }
+    }
+
+    /// `name=value`, ready for a `Cookie:` header.
+    public func cookieHeader(token: String) -> String { "\(tokenCookieName)=\(token)" }
+
+    /// A `Set-Cookie` line whose `Max-Age` matches the token's remaining life.
+    public func setCookieHeader(token: String, maxAge: Int?) -> String {
+        var line = cookieHeader(token: token)
+        if let domainName { line += "; Domain=\(domainName)" }
+        line += "; Path=\(tokenCookiePath)"
+        if let maxAge { line += "; Max-Age=\(maxAge)" }
+        return line + "; Secure; HttpOnly; SameSite=Lax"
+    }
+}

@@ -1,0 +1,157 @@
+import Synchronization
+
+/// The broker's counters and histograms, rendered in the Prometheus text format 0.0.4.
+///
+/// Labels take only bounded values (route names, status codes, provider names, error
+/// classifications), never a path or anything a client chose. Gauges that describe providers
+/// (seconds to expiry, waiters, state) are read from `ProviderStatus` at scrape time.
+public final class BrokerMetrics: Sendable {
+    /// Refresh-latency histogram bounds, in seconds.
+    public static let latencyBuckets: [Double] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30]
+
+    private struct Histogram {
+        var counts = [Int](repeating: 0, count: BrokerMetrics.latencyBuckets.count)
+        var total = 0
+        var sum = 0.0
+    }
+
+    private struct State {
+        var requests: [Labels: Int] = [:]
+        var refreshes: [Labels: Int] = [:]
+        var latency: [String: Histogram] = [:]
+        var upstreamCodes: [Labels: Int] = [:]
+        var staleServed: [String: Int] = [:]
+        var excessive: [String: Int] = [:]
+    }
+
+    private struct Labels: Hashable {
+        var a: String
+        var b: String
+        var c: String = ""
+    }
+
+    private let state = Mutex(State())
+    private let version: String
+
+    public init(version: String) { self.version = version }
+
+    // MARK: - Recording
+
+    /// One answered request. `route` is a route's name, such as `/token/ready`, never the raw path.
+    public func recordRequest(listener: String, route: String, status: Int) {
+        state.withLock { $0.requests[Labels(a: listener, b: route, c: String(status)), default: 0] += 1 }
+    }
+
+    /// One finished upstream fetch.
+    public func recordFetch(provider: String, error: TokenFetchError?, duration: Duration) {
+        let seconds = Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
+        state.withLock { state in
+            state.refreshes[Labels(a: provider, b: error?.description ?? "success"), default: 0] += 1
+            var histogram = state.latency[provider] ?? Histogram()
+            for (index, bound) in Self.latencyBuckets.enumerated() where seconds <= bound { histogram.counts[index] += 1 }
+            histogram.total += 1
+            histogram.sum += seconds
+            state.latency[provider] = histogram
+            if let code = error?.httpStatus { state.upstreamCodes[Labels(a: provider, b: String(code)), default: 0] += 1 }
+        }
+    }
+
+    /// An upstream answer's status code, for fetches that succeeded over HTTP.
+    public func recordUpstreamStatus(provider: String, code: Int) {
+        state.withLock { $0.upstreamCodes[Labels(a: provider, b: String(code)), default: 0] += 1 }
+    }
+
+    public func recordStaleServed(provider: String) { state.withLock { $0.staleServed[provider, default: 0] += 1 } }
+    public func recordExcessiveRefresh(provider: String) { state.withLock { $0.excessive[provider, default: 0] += 1 } }
+
+    // MARK: - Rendering
+
+    /// The exposition text: counters as recorded, gauges from `statuses`.
+    public func render(statuses: [ProviderStatus]) -> String {
+        let snapshot = state.withLock { $0 }
+        var out = ""
+        func family(_ name: String, _ type: String, _ help: String) {
+            out += "# HELP \(name) \(help)\n# TYPE \(name) \(type)\n"
+        }
+        func sample(_ name: String, _ labels: [(String, String)], _ value: String) {
+            let text = labels.map { "\($0.0)=\"\(Self.escape($0.1))\"" }.joined(separator: ",")
+            out += labels.isEmpty ? "\(name) \(value)\n" : "\(name){\(text)} \(value)\n"
+        }
+
+        family("token_broker_build_info", "gauge", "Always 1; the version is a label.")
+        sample("token_broker_build_info", [("version", version)], "1")
+
+        family("token_broker_http_requests_total", "counter", "Answered requests by listener, route and status code.")
+        for (key, count) in snapshot.requests.sorted(by: { ($0.key.a, $0.key.b, $0.key.c) < ($1.key.a, $1.key.b, $1.key.c) }) {
+            sample("token_broker_http_requests_total", [("listener", key.a), ("route", key.b), ("code", key.c)], String(count))
+        }
+
+        family("token_broker_refreshes_total", "counter", "Upstream fetches by provider and result (success or the error's classification).")
+        for (key, count) in snapshot.refreshes.sorted(by: { ($0.key.a, $0.key.b) < ($1.key.a, $1.key.b) }) {
+            sample("token_broker_refreshes_total", [("provider", key.a), ("result", key.b)], String(count))
+        }
+
+        family("token_broker_refresh_duration_seconds", "histogram", "How long upstream fetches took.")
+        for (provider, histogram) in snapshot.latency.sorted(by: { $0.key < $1.key }) {
+            for (index, bound) in Self.latencyBuckets.enumerated() {
+                sample("token_broker_refresh_duration_seconds_bucket", [("provider", provider), ("le", Self.number(bound))], String(histogram.counts[index]))
+            }
+            sample("token_broker_refresh_duration_seconds_bucket", [("provider", provider), ("le", "+Inf")], String(histogram.total))
+            sample("token_broker_refresh_duration_seconds_sum", [("provider", provider)], Self.number(histogram.sum))
+            sample("token_broker_refresh_duration_seconds_count", [("provider", provider)], String(histogram.total))
+        }
+
+        family("token_broker_upstream_responses_total", "counter", "Upstream HTTP status codes by provider.")
+        for (key, count) in snapshot.upstreamCodes.sorted(by: { ($0.key.a, $0.key.b) < ($1.key.a, $1.key.b) }) {
+            sample("token_broker_upstream_responses_total", [("provider", key.a), ("code", key.b)], String(count))
+        }
+
+        family("token_broker_stale_tokens_served_total", "counter", "Token answers marked stale, served while refresh was failing.")
+        for (provider, count) in snapshot.staleServed.sorted(by: { $0.key < $1.key }) {
+            sample("token_broker_stale_tokens_served_total", [("provider", provider)], String(count))
+        }
+
+        family("token_broker_excessive_refreshes_total", "counter", "Forced refreshes refused by the refresh window.")
+        for (provider, count) in snapshot.excessive.sorted(by: { $0.key < $1.key }) {
+            sample("token_broker_excessive_refreshes_total", [("provider", provider)], String(count))
+        }
+
+        family("token_broker_token_expiry_seconds", "gauge", "Seconds until the cached token expires (absent without a valid token with expiry).")
+        for status in statuses {
+            if let left = status.expiresIn {
+                sample("token_broker_token_expiry_seconds", [("provider", status.name)], Self.number(Double(left.components.seconds) + Double(left.components.attoseconds) / 1e18))
+            }
+        }
+
+        family("token_broker_token_version", "gauge", "The version of the valid cached token, 0 when there is none.")
+        for status in statuses { sample("token_broker_token_version", [("provider", status.name)], String(status.version ?? 0)) }
+
+        family("token_broker_longpoll_waiters", "gauge", "Requests waiting for a token (long-polls, on-demand fetches, forced refreshes).")
+        for status in statuses { sample("token_broker_longpoll_waiters", [("provider", status.name)], String(status.waiters)) }
+
+        family("token_broker_provider_state", "gauge", "1 for the provider's current state.")
+        for status in statuses {
+            for state in ["fresh", "refreshing", "backing_off", "paused", "expired"] {
+                sample("token_broker_provider_state", [("provider", status.name), ("state", state)], status.phase == state ? "1" : "0")
+            }
+        }
+        return out
+    }
+
+    private static func escape(_ value: String) -> String {
+        var out = ""
+        for character in value {
+            switch character {
+            case "\\": out += "\\\\"
+            case "\"": out += "\\\""
+            case "\n": out += "\\n"
+            default: out.append(character)
+            }
+        }
+        return out
+    }
+
+    private static func number(_ value: Double) -> String {
+        value == value.rounded() && abs(value) < 1e15 ? String(Int64(value)) : String(value)
+    }
+}

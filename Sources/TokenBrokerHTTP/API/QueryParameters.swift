@@ -1,0 +1,61 @@
+import TokenBrokerCore
+
+/// A request the broker refuses, with the answer that says why.
+struct BadRequest: Error {
+    let response: HTTPResponse
+
+    init(status: Int = 400, error: String, _ description: String) {
+        response = .error(status, error, description)
+    }
+}
+
+/// Reads and checks the query parameters of the token routes; a bad one is a 400 naming it.
+enum QueryParameters {
+    /// The largest number a parameter may hold.
+    static let maximumDigits = 15
+
+    /// A version such as `after=3`: a whole number from 0; nil when absent.
+    static func version(_ name: String, _ request: HTTPRequest) throws(BadRequest) -> UInt64? {
+        guard let text = try single(name, request) else { return nil }
+        guard let value = number(text) else {
+            throw BadRequest(error: "invalid_request", "\(name) must be a whole number from 0, such as \(name)=3")
+        }
+        return value
+    }
+
+    /// `timeout` in whole seconds, from `minimum`: default 30, at most `maximum` (larger values are capped).
+    static func timeout(_ request: HTTPRequest, minimum: UInt64 = 0, maximum: Duration) throws(BadRequest) -> Duration {
+        guard let text = try single("timeout", request) else { return min(.seconds(30), maximum) }
+        guard let seconds = number(text), seconds >= minimum else {
+            throw BadRequest(error: "invalid_request", "timeout must be a whole number of seconds from \(minimum), such as timeout=30")
+        }
+        return min(.seconds(Int64(seconds)), maximum)
+    }
+
+    /// The version in `If-None-Match: "3"` (or `W/"3"`); nil when absent or not one of ours.
+    static func entityTagVersion(_ header: String?) -> UInt64? {
+        guard var text = header?.split(separator: ",").first.map({ $0.trimmingSpaces }) else { return nil }
+        if text.hasPrefix("W/") { text = text.dropFirst(2) }
+        guard text.count >= 3, text.first == "\"", text.last == "\"" else { return nil }
+        return number(text.dropFirst().dropLast())
+    }
+
+    private static func single(_ name: String, _ request: HTTPRequest) throws(BadRequest) -> String? {
+        guard let value = request.query(name) else { return nil }
+        if request.queryCount(name) > 1 {
+            throw BadRequest(error: "invalid_request", "\(name) is given more than once")
+        }
+        return value
+    }
+
+    private static func number(_ text: some StringProtocol) -> UInt64? {
+        guard !text.isEmpty, text.count <= maximumDigits, text.utf8.allSatisfy({ $0 >= 48 && $0 <= 57 }) else { return nil }
+        return UInt64(text)
+    }
+}
+
+extension Substring {
+    fileprivate var trimmingSpaces: Substring {
+        drop { $0 == " " || $0 == "\t" }.reversed().drop { $0 == " " || $0 == "\t" }.reversed().reduce(into: Substring()) { $0.append($1) }
+    }
+}

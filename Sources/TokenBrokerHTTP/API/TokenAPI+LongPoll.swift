@@ -1,0 +1,82 @@
+import TokenBrokerCore
+
+extension TokenAPI {
+    /// How a wait's outcome becomes an answer.
+    enum WaitMode {
+        /// `/token/ready`: `conditional` when the client named a version it already has.
+        case ready(conditional: Bool)
+        /// `/token` without background refresh.
+        case onDemand
+        /// `/token/refresh`: a timeout means the refresh did not finish.
+        case refresh
+    }
+
+    /// `GET /token/ready?after=N&timeout=S` (or `If-None-Match: "N"`): answers 200 as soon as a
+    /// valid token newer than N is cached, 304 when none came in time, 503 when no valid token
+    /// could be had. The connection waits suspended, not a thread.
+    func ready(_ endpoint: Endpoint, _ request: HTTPRequest, label: String) -> HTTPReply {
+        let after: UInt64?
+        let timeout: Duration
+        do {
+            after = try QueryParameters.version("after", request) ?? QueryParameters.entityTagVersion(request.header("If-None-Match"))
+            timeout = try QueryParameters.timeout(request, maximum: maxWait)
+        } catch {
+            return record(label, .response(error.response))
+        }
+        let provider = endpoint.provider
+        // The common case needs no suspension: a newer valid token is already cached.
+        if provider.configuration.backgroundRefreshEnabled, let (token, stale) = provider.cachedToken(), token.version > (after ?? 0) {
+            if stale { metrics.recordStaleServed(provider: provider.name) }
+            return record(label, .response(endpoint.responses.response(for: token, stale: stale, now: provider.clock.now)))
+        }
+        return wait(endpoint, after: after, timeout: timeout, mode: .ready(conditional: after != nil), label: label)
+    }
+
+    /// Suspends the request until the provider completes its waiter.
+    func wait(_ endpoint: Endpoint, after: UInt64?, timeout: Duration, mode: WaitMode, label: String) -> HTTPReply {
+        let provider = endpoint.provider
+        let deadline = provider.deadline(in: timeout)
+        return .deferred { [self] responder in
+            let id = provider.addWaiter(after: after, deadline: deadline) { outcome in
+                self.answer(responder, self.waitAnswer(outcome, endpoint, mode: mode), route: label)
+            }
+            responder.onClose { provider.removeWaiter(id) }
+        }
+    }
+
+    /// The answer to a finished wait.
+    func waitAnswer(_ outcome: Provider.WaitOutcome, _ endpoint: Endpoint, mode: WaitMode) -> HTTPResponse {
+        let provider = endpoint.provider
+        let now = provider.clock.now
+        func tokenAnswer(_ token: Provider.Token, stale: Bool) -> HTTPResponse {
+            if stale { metrics.recordStaleServed(provider: provider.name) }
+            if case .onDemand = mode {
+                return TokenResponseCache.render(
+                    token, stale: stale, expiresIn: TokenResponseBody.secondsLeft(token, at: now), provider: provider.name,
+                    cookie: provider.configuration.cookie)
+            }
+            return endpoint.responses.response(for: token, stale: stale, now: now)
+        }
+        switch outcome {
+        case .token(let token, let stale):
+            return tokenAnswer(token, stale: stale)
+        case .exhausted(let previous?, _):
+            return tokenAnswer(previous, stale: true)
+        case .exhausted(nil, _):
+            return Self.unavailable(provider)
+        case .timedOut(let current?, _):
+            switch mode {
+            case .ready(conditional: true):
+                return HTTPResponse(status: 304, body: [], headers: [("ETag", "\"\(current.version)\""), ("Cache-Control", "no-store")])
+            case .ready(conditional: false), .onDemand:
+                return tokenAnswer(current, stale: provider.status().stale)
+            case .refresh:
+                return Self.unavailable(provider, reason: "the refresh of provider \(JSONText.quoted(provider.name)) did not finish in time")
+            }
+        case .timedOut(nil, _):
+            return Self.unavailable(provider)
+        case .shuttingDown:
+            return Responses.shuttingDown
+        }
+    }
+}

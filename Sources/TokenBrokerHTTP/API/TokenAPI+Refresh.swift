@@ -1,0 +1,69 @@
+import TokenBrokerCore
+
+extension TokenAPI {
+    /// `POST /token/refresh` with the optional body `{"rejected_version": N}`: the retrier.
+    ///
+    /// A client whose token was refused downstream (401) asks for a new one. If N is the current
+    /// version, or absent, the provider refreshes once for everybody (single flight) and the answer
+    /// comes as from `/token/ready`. If N is older, the current token comes back at once. Past
+    /// the refresh window: 429 `excessive_refresh` with `Retry-After`.
+    func refresh(_ endpoint: Endpoint, _ request: HTTPRequest, label: String) -> HTTPReply {
+        let rejected: UInt64?
+        let timeout: Duration
+        do {
+            rejected = try RefreshRequestBody.rejectedVersion(request)
+            // A refresh always gets a moment to finish: 0 would only ever answer "not in time".
+            timeout = try QueryParameters.timeout(request, minimum: 1, maximum: maxWait)
+        } catch {
+            return record(label, .response(error.response))
+        }
+        let provider = endpoint.provider
+        switch provider.forceRefresh(rejected: rejected) {
+        case .current(let token):
+            return record(label, .response(endpoint.responses.response(for: token, stale: provider.status().stale, now: provider.clock.now)))
+        case .excessive(let retryAfter):
+            metrics.recordExcessiveRefresh(provider: provider.name)
+            let seconds = max(1, Int(retryAfter.components.seconds) + (retryAfter.components.attoseconds > 0 ? 1 : 0))
+            return record(label, .response(.error(
+                429, "excessive_refresh",
+                "provider \(JSONText.quoted(provider.name)) allows \(provider.configuration.forcedRefreshMaxAttempts) forced refreshes per \(provider.configuration.forcedRefreshWindowSec) s; try again in \(seconds) s",
+                headers: [("Retry-After", String(seconds))])))
+        case .refreshing(let after):
+            return wait(endpoint, after: after ?? rejected, timeout: timeout, mode: .refresh, label: label)
+        }
+    }
+}
+
+/// Reads `{"rejected_version": N}`; an empty body means "whatever is current".
+enum RefreshRequestBody {
+    static func rejectedVersion(_ request: HTTPRequest) throws(BadRequest) -> UInt64? {
+        if request.bodyTooLarge {
+            throw BadRequest(status: 413, error: "payload_too_large", "the body is larger than the broker accepts")
+        }
+        guard request.body.contains(where: { !$0.isWhitespace }) else { return nil }
+        let document: JSONValue
+        do {
+            document = try JSONValue(parsing: request.body)
+        } catch {
+            throw BadRequest(error: "invalid_request", "the body must be a JSON object such as {\"rejected_version\": 3}")
+        }
+        guard case .object(let members) = document else {
+            throw BadRequest(error: "invalid_request", "the body must be a JSON object such as {\"rejected_version\": 3}")
+        }
+        if let unknown = members.keys.sorted().first(where: { $0 != "rejected_version" }) {
+            throw BadRequest(error: "invalid_request", "unknown key \(JSONText.quoted(String(unknown.prefix(64)))) in the body; allowed: rejected_version")
+        }
+        switch members["rejected_version"] {
+        case nil:
+            return nil
+        case .number(let number)? where number >= 0 && number == number.rounded() && number < 1e15:
+            return UInt64(number)
+        default:
+            throw BadRequest(error: "invalid_request", "rejected_version must be a whole number from 0 to 999999999999999, the version of the rejected token")
+        }
+    }
+}
+
+extension UInt8 {
+    fileprivate var isWhitespace: Bool { self == 0x20 || self == 0x09 || self == 0x0A || self == 0x0D }
+}

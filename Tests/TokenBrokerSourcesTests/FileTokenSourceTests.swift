@@ -1,0 +1,40 @@
+import Foundation
+import Testing
+import TokenBrokerCore
+import TokenBrokerSources
+
+@Suite struct FileTokenSourceTests {
+    private func source(_ contents: String?, lifetimeSec: Int? = nil) throws -> (FileTokenSource, TemporaryDirectory) {
+        let directory = try TemporaryDirectory()
+        if let contents { try Data(contents.utf8).write(to: URL(fileURLWithPath: directory.path("token"))) }
+        return (FileTokenSource(configuration: FileSourceConfiguration(path: directory.path("token"), lifetimeSec: lifetimeSec)), directory)
+    }
+
+    @Test func aJWTsExpiryComesFromItsExpClaim() throws {
+        // Signed by the local signer, so the token is a real JWT with exp = iat + 600.
+        let signer = try JWTSigner(configuration: JWTSourceConfiguration(lifetimeSec: 600))
+        let issued = Date(timeIntervalSince1970: 1_800_000_000)
+        let jwt = try signer.mint(now: issued).accessToken
+        let (file, directory) = try source(jwt + "\n", lifetimeSec: 5)
+        let token = try file.read(now: issued.addingTimeInterval(100))
+        #expect(token.accessToken == jwt)
+        #expect(token.lifetime == .seconds(500), "exp wins over lifetimeSec")
+        #expect(throws: TokenFetchError.self) { try file.read(now: issued.addingTimeInterval(600)) }
+        _ = directory
+    }
+
+    @Test func anOpaqueTokenTakesLifetimeSecOrNoExpiry() throws {
+        let (file, directory) = try source("  opaque-value\n", lifetimeSec: 60)
+        #expect(try file.read(now: Date()) == FetchedToken(accessToken: "opaque-value", lifetime: .seconds(60)))
+        let (endless, other) = try source("opaque-value")
+        #expect(try endless.read(now: Date()).lifetime == nil)
+        _ = (directory, other)
+    }
+
+    @Test(arguments: [nil, "", "   \n", "two words"])
+    func missingEmptyOrMalformedFilesAreClassifiedErrors(_ contents: String?) throws {
+        let (file, directory) = try source(contents)
+        #expect(throws: TokenFetchError.self) { try file.read(now: Date()) }
+        _ = directory
+    }
+}

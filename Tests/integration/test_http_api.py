@@ -1,0 +1,298 @@
+"""The HTTP API end to end: the guard, long-polls, the retrier, cookies, metrics, shutdown."""
+import asyncio
+import json
+import os
+import resource
+import signal
+import socket
+import threading
+import time
+
+import pytest
+
+from broker import GUARD, Broker
+
+
+def raise_open_files():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < min(hard, 8192):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 8192), hard))
+
+
+def wait_until(condition, timeout=15, interval=0.02):
+    """Polls `condition` until true; a generous bound, never a timing assertion."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval)
+    return condition()
+
+
+async def raw_requests(address, requests, concurrency_ready=None):
+    """Sends many HTTP/1.1 requests on their own connections; returns [(status, body)].
+
+    `concurrency_ready` is awaited after every request has been written, before any is read.
+    """
+    host, _, port = address.rpartition(":")
+
+    async def one(request):
+        reader, writer = await asyncio.open_connection(host.strip("[]"), int(port))
+        writer.write(request)
+        await writer.drain()
+        return reader, writer
+
+    opened = await asyncio.gather(*(one(r) for r in requests))
+    if concurrency_ready:
+        await concurrency_ready()
+
+    async def answer(reader, writer):
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 40)
+            status = int(head.split(b" ")[1])
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            body = await asyncio.wait_for(reader.readexactly(length), 10) if length else b""
+            return status, body
+        finally:
+            writer.close()
+
+    return await asyncio.gather(*(answer(r, w) for r, w in opened))
+
+
+def get(path, extra=b""):
+    return b"GET " + path.encode() + b" HTTP/1.1\r\nHost: broker\r\nToken-Broker-Request: true\r\nConnection: close\r\n" + extra + b"\r\n"
+
+
+def post(path, body):
+    data = json.dumps(body).encode()
+    return (b"POST " + path.encode() + b" HTTP/1.1\r\nHost: broker\r\nToken-Broker-Request: true\r\nConnection: close\r\n"
+            + b"Content-Type: application/json\r\nContent-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
+
+
+# The request guard
+
+def test_the_guard_refuses_requests_without_its_header_or_with_x_forwarded_for(broker):
+    for path in ["/token", "/token/ready", "/providers/default/token"]:
+        status, _, body = broker.request("GET", path, guard=False)
+        assert status == 403
+        document = json.loads(body)
+        assert document["error"] == "missing_request_header"
+        assert "Token-Broker-Request: true" in document["error_description"]
+    status, _, body = broker.request("POST", "/token/refresh", guard=False)
+    assert status == 403
+    status, _, body = broker.request("GET", "/token", headers={"X-Forwarded-For": "127.0.0.1"})
+    assert status == 403 and json.loads(body)["error"] == "forwarded_request"
+    status, _, _ = broker.request("GET", "/token", headers={"Token-Broker-Request": "yes"}, guard=False)
+    assert status == 403
+    assert broker.request("GET", "/.well-known/jwks.json", guard=False)[0] == 200, "public keys need no guard"
+
+
+def test_operators_can_turn_the_guard_off():
+    with Broker({"requestGuard": False}) as broker:
+        assert broker.request("GET", "/token", guard=False)[0] == 200
+        assert "request guard is off" in broker.stderr()
+
+
+# Long-polls
+
+def test_ready_answers_at_once_when_a_newer_token_is_cached_and_304_when_none_comes(broker):
+    body, headers = broker.get_json("/token/ready?after=0&timeout=5")
+    assert body["version"] == 1 and headers["etag"] == '"1"'
+    status, headers, payload = broker.request("GET", "/token/ready?after=1&timeout=1")
+    assert status == 304 and headers["etag"] == '"1"' and payload == b""
+    status, headers, _ = broker.request("GET", "/token/ready?timeout=1", headers={"If-None-Match": '"1"'})
+    assert status == 304 and headers["etag"] == '"1"'
+    body, _ = broker.get_json("/token/ready")
+    assert body["version"] == 1, "without after, any valid token answers at once"
+
+
+def test_a_long_poll_is_woken_by_a_refresh(broker):
+    result = {}
+
+    def poll():
+        result["answer"] = broker.request("GET", "/token/ready?after=1&timeout=20", timeout=30)
+
+    waiter = threading.Thread(target=poll)
+    waiter.start()
+    assert wait_until(lambda: broker.metric("token_broker_longpoll_waiters", provider="default") == 1)
+    status, _, body = broker.request("POST", "/token/refresh", body=json.dumps({"rejected_version": 1}))
+    waiter.join(30)
+    assert status == 200 and json.loads(body)["version"] == 2
+    status, headers, body = result["answer"]
+    assert status == 200 and json.loads(body)["version"] == 2 and headers["etag"] == '"2"'
+
+
+def test_a_thousand_waiters_are_answered_by_one_refresh_with_one_fetch(broker):
+    raise_open_files()
+    address = broker.addresses["token"]
+
+    async def scenario():
+        async def all_waiting():
+            loop = asyncio.get_running_loop()
+            ok = await loop.run_in_executor(None, lambda: wait_until(
+                lambda: broker.metric("token_broker_longpoll_waiters", provider="default") == 1000, timeout=30))
+            assert ok, "the 1000 waiters did not all register"
+            status, _, body = await loop.run_in_executor(None, lambda: broker.request("POST", "/token/refresh", body=b'{"rejected_version": 1}'))
+            assert status == 200 and json.loads(body)["version"] == 2
+
+        return await raw_requests(address, [get("/token/ready?after=1&timeout=30")] * 1000, all_waiting)
+
+    answers = asyncio.run(scenario())
+    assert len(answers) == 1000
+    assert {status for status, _ in answers} == {200}
+    assert {json.loads(body)["version"] for _, body in answers} == {2}
+    assert broker.fetches() == 2, "the start-up fetch and exactly one refresh"
+    assert broker.metric("token_broker_refreshes_total", provider="default", result="success") == 2
+
+
+def test_a_hundred_concurrent_refreshes_of_the_same_version_cause_one_fetch(broker):
+    answers = asyncio.run(raw_requests(broker.addresses["token"], [post("/token/refresh", {"rejected_version": 1})] * 100))
+    assert {status for status, _ in answers} == {200}
+    assert {json.loads(body)["version"] for _, body in answers} == {2}
+    assert broker.fetches() == 2
+    assert broker.metric("token_broker_excessive_refreshes_total", provider="default") == 0
+
+
+def test_a_client_that_hangs_up_mid_poll_frees_its_waiter(broker):
+    host, _, port = broker.addresses["token"].rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=5) as client:
+        client.sendall(get("/token/ready?after=1&timeout=30"))
+        assert wait_until(lambda: broker.metric("token_broker_longpoll_waiters", provider="default") == 1)
+    assert wait_until(lambda: broker.metric("token_broker_longpoll_waiters", provider="default") == 0, timeout=10)
+    assert broker.get_json("/token")[0]["version"] == 1, "the broker is unharmed"
+
+
+def test_sigterm_answers_waiting_long_polls_with_503_and_exits_0():
+    with Broker() as broker:
+        results = []
+
+        def poll():
+            results.append(broker.request("GET", "/token/ready?after=1&timeout=30", timeout=30))
+
+        threads = [threading.Thread(target=poll) for _ in range(20)]
+        for thread in threads:
+            thread.start()
+        assert wait_until(lambda: broker.metric("token_broker_longpoll_waiters", provider="default") == 20)
+        started = time.monotonic()
+        assert broker.stop(signal.SIGTERM, timeout=10) == 0
+        for thread in threads:
+            thread.join(10)
+        assert len(results) == 20
+        for status, headers, body in results:
+            assert status == 503
+            assert json.loads(body)["error"] == "shutting_down"
+        assert time.monotonic() - started < 10
+
+
+# The retrier
+
+def test_refreshing_an_older_version_returns_the_current_token_without_fetching(broker):
+    broker.request("POST", "/token/refresh", body=b'{"rejected_version": 1}')
+    fetches = broker.fetches()
+    status, _, body = broker.request("POST", "/token/refresh", body=b'{"rejected_version": 1}')
+    assert status == 200 and json.loads(body)["version"] == 2
+    assert broker.fetches() == fetches
+
+
+def test_forced_refreshes_past_the_window_get_429_with_retry_after(broker):
+    statuses = [broker.request("POST", "/token/refresh")[0] for _ in range(5)]
+    assert statuses == [200] * 5
+    status, headers, body = broker.request("POST", "/token/refresh")
+    assert status == 429
+    assert json.loads(body)["error"] == "excessive_refresh"
+    assert 1 <= int(headers["retry-after"]) <= 30
+    assert broker.fetches() == 6
+    assert broker.metric("token_broker_excessive_refreshes_total", provider="default") == 1
+
+
+# Errors
+
+@pytest.mark.parametrize("path,parameter", [
+    ("/token/ready?after=abc", "after"), ("/token/ready?after=-1", "after"), ("/token/ready?after=99999999999999999999", "after"),
+    ("/token/ready?timeout=-5", "timeout"), ("/token/ready?timeout=1.5", "timeout"), ("/token/ready?after=1&after=2", "after"),
+    ("/token/ready?timeout=%ff", "timeout"),
+])
+def test_bad_parameters_get_400_naming_them(broker, path, parameter):
+    status, _, body = broker.request("GET", path)
+    assert status == 400
+    document = json.loads(body)
+    assert document["error"] == "invalid_request" and parameter in document["error_description"]
+    assert broker.get_json("/token")[0]["version"] >= 1
+
+
+@pytest.mark.parametrize("body,needle", [
+    (b"not json", "JSON object"), (b"[1]", "JSON object"), (b'{"rejected_version": -1}', "rejected_version"),
+    (b'{"rejected_version": "3"}', "rejected_version"), (b'{"rejected": 3}', "unknown key"),
+])
+def test_bad_refresh_bodies_get_400(broker, body, needle):
+    status, _, payload = broker.request("POST", "/token/refresh", body=body)
+    assert status == 400 and needle in json.loads(payload)["error_description"]
+
+
+def test_an_oversized_refresh_body_gets_413(broker):
+    status, _, body = broker.request("POST", "/token/refresh", body=b"{" + b" " * 100_000 + b"}")
+    assert status == 413 and json.loads(body)["error"] == "payload_too_large"
+
+
+def test_methods_are_checked_per_route(broker):
+    for method, path, allow in [("POST", "/token/ready", "GET, HEAD"), ("GET", "/token/refresh", "POST"), ("DELETE", "/token", "GET, HEAD")]:
+        status, headers, body = broker.request(method, path)
+        assert status == 405 and headers["allow"] == allow and json.loads(body)["error"] == "method_not_allowed"
+
+
+def test_no_valid_token_gives_503_with_retry_after_and_the_upstream_error(tmp_path):
+    missing = tmp_path / "token"
+    config = {"providers": [{"name": "k8s", "source": {"type": "file", "path": str(missing)}, "maxErrorTokenRefreshDelayMsec": 200}]}
+    with Broker(config) as broker:
+        status, headers, body = broker.request("GET", "/token")
+        assert status == 503 and int(headers["retry-after"]) >= 1
+        document = json.loads(body)
+        assert document["error"] == "token_unavailable" and "unreachable" in document["error_description"]
+        status, headers, body = broker.request("GET", "/token/ready?timeout=1")
+        assert status == 503 and "last upstream error" in json.loads(body)["error_description"]
+        status, _, body = broker.request("GET", "/readyz", listener="admin")
+        readiness = json.loads(body)
+        assert status == 503 and readiness["ready"] is False
+        assert readiness["providers"][0]["last_error"] == "unreachable"
+        # The file appears: a waiting long-poll gets the token at the next retry.
+        missing.write_text("opaque-token-value\n")
+        body, _ = broker.get_json("/providers/k8s/token/ready?timeout=10")
+        assert body["access_token"] == "opaque-token-value" and body["provider"] == "k8s"
+        assert broker.request("GET", "/readyz", listener="admin")[0] == 200
+        assert "opaque-token-value" not in broker.stderr()
+
+
+# Cookies and metrics
+
+def test_cookie_fields_carry_the_token_with_matching_max_age():
+    config = {"providers": [{"setTokenCookie": True, "domainName": "example.test", "tokenCookiePath": "/api"}]}
+    with Broker(config) as broker:
+        body, _ = broker.get_json("/token")
+        assert body["cookie"] == "aws-waf-token=" + body["access_token"]
+        attributes = body["set_cookie"].split("; ")
+        assert attributes[0] == body["cookie"]
+        assert "Domain=example.test" in attributes and "Path=/api" in attributes
+        assert f"Max-Age={body['expires_in']}" in attributes
+        assert {"Secure", "HttpOnly", "SameSite=Lax"} <= set(attributes)
+    with Broker() as broker:
+        assert "cookie" not in broker.get_json("/token")[0]
+
+
+def test_metrics_parse_as_prometheus_text_and_count_what_happened(broker):
+    broker.get_json("/token")
+    broker.request("GET", "/token", guard=False)
+    samples = broker.metrics()
+    assert samples[("token_broker_http_requests_total", (("code", "200"), ("listener", "token"), ("route", "/token")))] == 1
+    assert samples[("token_broker_http_requests_total", (("code", "403"), ("listener", "token"), ("route", "/token")))] == 1
+    assert samples[("token_broker_refreshes_total", (("provider", "default"), ("result", "success")))] == 1
+    assert samples[("token_broker_refresh_duration_seconds_count", (("provider", "default"),))] == 1
+    assert 0 < samples[("token_broker_token_expiry_seconds", (("provider", "default"),))] <= 900
+    assert samples[("token_broker_build_info", (("version", "0.1.0"),))] == 1
+    assert samples[("token_broker_provider_state", (("provider", "default"), ("state", "fresh")))] == 1
+    status, headers, body = broker.request("GET", "/metrics", listener="admin")
+    assert headers["content-type"].startswith("text/plain; version=0.0.4")
+    token = broker.get_json("/token")[0]["access_token"]
+    assert token.encode() not in body
