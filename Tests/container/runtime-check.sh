@@ -72,7 +72,7 @@ run_in() {
             sleep 0.1
         done
         echo "healthz: $(curl -fsS --max-time 2 http://127.0.0.1:9090/healthz)"
-        token=$(curl -fsS --max-time 2 http://127.0.0.1:8080/token)
+        token=$(curl -fsS --max-time 2 -H "Token-Broker-Request: true" http://127.0.0.1:8080/token)
         case "$token" in *\"access_token\":\"ey*) echo "token: served (${#token} bytes of JSON)";; *) echo "no token: $token"; exit 1;; esac
         if chroot --userspec=10001:10001 "$target" /usr/bin/env -i TOKEN_BROKER_ADMIN_LISTEN=0.0.0.0:9090 \
             /usr/local/bin/token-broker healthcheck; then
