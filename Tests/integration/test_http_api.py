@@ -296,3 +296,23 @@ def test_metrics_parse_as_prometheus_text_and_count_what_happened(broker):
     assert headers["content-type"].startswith("text/plain; version=0.0.4")
     token = broker.get_json("/token")[0]["access_token"]
     assert token.encode() not in body
+
+
+def test_a_paused_provider_whose_token_expired_points_to_token_ready_and_resumes():
+    config = {"providers": [{"source": {"lifetimeSec": 2}, "tokenRefreshDelaySec": 1}]}
+    with Broker(config) as broker:
+        # Nobody reads: after more than tokenRefreshDelaySec idle the provider pauses, and its token expires.
+        def paused_and_expired():
+            samples = broker.metrics()
+            return (samples[("token_broker_provider_state", (("provider", "default"), ("state", "paused")))] == 1
+                    and samples[("token_broker_token_version", (("provider", "default"),))] == 0)
+
+        assert wait_until(paused_and_expired, timeout=20)
+        fetches = broker.fetches()
+        time.sleep(1.5)
+        assert broker.fetches() == fetches, "a paused provider calls nobody"
+        status, headers, body = broker.request("GET", "/token")
+        assert status == 503
+        assert "/token/ready" in json.loads(body)["error_description"]
+        answer, _ = broker.get_json("/token/ready?timeout=10")
+        assert answer["version"] > 1

@@ -143,10 +143,11 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
 
     /// `getToken` with background refresh: the cached token if valid, never waiting.
     ///
-    /// Counts as activity, so it resumes a paused provider.
-    public mutating func readCachedToken(now: Instant) -> (token: Token?, stale: Bool, actions: [Action]) {
+    /// Counts as activity, so it resumes a paused provider; `wasPaused` says it did.
+    public mutating func readCachedToken(now: Instant) -> (token: Token?, stale: Bool, wasPaused: Bool, actions: [Action]) {
+        let wasPaused = isPaused
         let actions = noteActivity(now: now)
-        return (validToken(at: now), isStale(at: now), actions)
+        return (validToken(at: now), isStale(at: now), wasPaused, actions)
     }
 
     /// Registers a waiter for a valid token newer than `after` (`onTokenReady`).

@@ -96,14 +96,19 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     /// `getToken` with background refresh: the cached token if still valid, without waiting.
     /// Counts as activity.
     public func cachedToken() -> (token: Token, stale: Bool)? {
-        let now = clock.now
-        var result: (Token, Bool)?
+        let read = readCache()
+        return read.token.map { ($0, read.stale) }
+    }
+
+    /// What one read of the cache saw: the valid token, if any, whether it is stale, and whether
+    /// the read woke a provider paused while idle (which then fetches if its token expired).
+    public func readCache() -> (token: Token?, stale: Bool, wasPaused: Bool) {
+        var result: (Token?, Bool, Bool) = (nil, false, false)
         apply { machine, now in
             let read = machine.readCachedToken(now: now)
-            if let token = read.token { result = (token, read.stale) }
+            result = (read.token, read.stale, read.wasPaused)
             return read.actions
         }
-        _ = now
         return result
     }
 
@@ -190,6 +195,8 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     // MARK: - Carrying out actions
 
     private func wait(after: UInt64?, timeout: Duration, onDemand: Bool) async -> WaitOutcome {
+        // The waiter's id once registered, or `.max` when cancellation came first: whichever of
+        // registration and cancellation runs second ends the waiter.
         let waiterID = Mutex<UInt64?>(nil)
         return await withTaskCancellationHandler {
             await withCheckedContinuation { (continuation: CheckedContinuation<WaitOutcome, Never>) in
@@ -200,25 +207,24 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
                     defer { stored = id }
                     return stored == .max
                 }
-                if cancelledAlready { cancelWaiter(id, continuationOwner: true) }
+                if cancelledAlready { cancelWaiter(id) }
             }
         } onCancel: {
             let id = waiterID.withLock { stored -> UInt64? in
                 defer { if stored == nil { stored = .max } }
                 return stored
             }
-            if let id { cancelWaiter(id, continuationOwner: true) }
+            if let id { cancelWaiter(id) }
         }
     }
 
     /// Ends one waiter as timed out, leaving the shared fetch running for the others.
-    private func cancelWaiter(_ id: UInt64, continuationOwner: Bool) {
-        let completion = state.withLock { state -> Completion? in
+    private func cancelWaiter(_ id: UInt64) {
+        let (completion, lastError) = state.withLock { state -> (Completion?, TokenFetchError?) in
             state.machine.removeWaiter(id)
-            return state.completions.removeValue(forKey: id)
+            return (state.completions.removeValue(forKey: id), state.machine.lastError)
         }
-        let current = status()
-        completion?(.timedOut(current: nil, lastError: current.lastError))
+        completion?(.timedOut(current: nil, lastError: lastError))
     }
 
     private func apply(_ event: (inout Machine, C.Instant) -> [Machine.Action]) {

@@ -6,7 +6,11 @@ extension TokenAPI {
     func token(_ endpoint: Endpoint, label: String) -> HTTPReply {
         let provider = endpoint.provider
         guard !provider.configuration.backgroundRefreshEnabled else {
-            guard let (token, stale) = provider.cachedToken() else { return record(label, .response(Self.unavailable(provider))) }
+            let read = provider.readCache()
+            guard let token = read.token else {
+                return record(label, .response(Self.unavailable(provider, wasPaused: read.wasPaused)))
+            }
+            let stale = read.stale
             if stale { metrics.recordStaleServed(provider: provider.name) }
             return record(label, .response(endpoint.responses.response(for: token, stale: stale, now: provider.clock.now)))
         }

@@ -107,11 +107,14 @@ public final class TokenAPI: HTTPHandler {
     }
 
     /// The 503 for a provider without a valid token, saying why when it knows.
-    static func unavailable(_ provider: Provider, reason: String? = nil) -> HTTPResponse {
+    /// - Parameter wasPaused: the request found the provider paused while idle (and woke it).
+    static func unavailable(_ provider: Provider, reason: String? = nil, wasPaused: Bool = false) -> HTTPResponse {
         let status = provider.status()
         var description = reason ?? "provider \(JSONText.quoted(provider.name)) has no valid token"
         if let error = status.lastError { description += "; last upstream error: \(error.summary)" }
-        if status.phase == "paused" { description += "; refresh was paused while idle: wait for a token at /token/ready" }
+        if wasPaused || status.phase == "paused" {
+            description += "; refresh was paused while idle and has resumed: wait for the new token at /token/ready"
+        }
         let retryAfter = status.lastError?.retryAfter.map { max(1, Int($0.components.seconds)) } ?? 1
         return .error(503, "token_unavailable", description, headers: [("Retry-After", String(retryAfter))])
     }
