@@ -25,6 +25,14 @@ static inline CURLcode CCurl_setopt_write_function(CURL *handle, curl_write_call
     return curl_easy_setopt(handle, CURLOPT_WRITEFUNCTION, callback);
 }
 
+// curl_easy_setopt is variadic; the header callback has the write callback's signature.
+static inline CURLcode CCurl_setopt_header_function(CURL *handle, curl_write_callback callback) {
+    return curl_easy_setopt(handle, CURLOPT_HEADERFUNCTION, callback);
+}
+
+// CURLMsg keeps the transfer's result in a union; Swift reads it more plainly through this.
+static inline CURLcode CCurl_message_result(const CURLMsg *message) { return message->data.result; }
+
 // curl_easy_getinfo is variadic; this reads a long-valued item such as CURLINFO_RESPONSE_CODE.
 static inline CURLcode CCurl_getinfo_long(CURL *handle, CURLINFO info, long *value) {
     return curl_easy_getinfo(handle, info, value);

@@ -23,6 +23,14 @@ enum Broker {
                 }
             case .file(let settings):
                 sources.append((FileTokenSource(configuration: settings), nil))
+            case .oauth2(let settings):
+                do {
+                    sources.append((try OAuth2TokenSource(configuration: settings), nil))
+                } catch {
+                    throw ConfigurationError(key: "providers[\(index)].source", error.detail)
+                }
+            case .http(let settings):
+                sources.append((HTTPTokenSource(configuration: settings), nil))
             }
         }
         return sources
@@ -48,6 +56,9 @@ enum Broker {
         let events = ProviderEvents(
             fetched: { name, result, elapsed in
                 metrics.recordFetch(provider: name, error: result.failure, duration: elapsed)
+                if case .success(let (token, _)) = result, let status = token.upstreamStatus {
+                    metrics.recordUpstreamStatus(provider: name, code: status)
+                }
                 switch result {
                 case .success(let (token, version)):
                     Log.info("token fetched", [

@@ -3,6 +3,8 @@ import FoundationEssentials
 #else
 import Foundation
 #endif
+import Dispatch
+import Synchronization
 import TokenBrokerCore
 import TokenBrokerSources
 
@@ -25,16 +27,37 @@ enum HealthCheck {
             if address.host == "::" { address.host = "::1" }
             url = "http://\(address)/healthz"
         }
-        do {
-            let response = try CurlRequest.get(url, timeoutMilliseconds: 3000)
-            guard response.status == 200 else {
-                Log.error("healthcheck failed", ["url": url, "status": String(response.status)])
-                return 1
-            }
+        var settings = UpstreamConfiguration()
+        settings.connectTimeoutMsec = 2000
+        settings.timeoutMsec = 3000
+        let request = UpstreamRequest(method: "GET", url: url, settings: settings)
+        switch waitFor(request) {
+        case .success(let response) where response.status == 200:
             return 0
-        } catch {
+        case .success(let response):
+            Log.error("healthcheck failed", ["url": url, "status": String(response.status)])
+            return 1
+        case .failure(let error):
             Log.error("healthcheck failed", ["url": url, "problem": error.summary])
             return 1
         }
+    }
+
+    /// Sends one request and blocks the main thread until it is answered (this is a command, not the server).
+    private static func waitFor(_ request: UpstreamRequest) -> Result<UpstreamResponse, TokenFetchError> {
+        let outcome = Mutex<Result<UpstreamResponse, TokenFetchError>?>(nil)
+        let done = DispatchSemaphore(value: 0)
+        Task {
+            let result: Result<UpstreamResponse, TokenFetchError>
+            do throws(TokenFetchError) {
+                result = .success(try await UpstreamHTTPClient.shared.send(request))
+            } catch {
+                result = .failure(error)
+            }
+            outcome.withLock { $0 = result }
+            done.signal()
+        }
+        done.wait()
+        return outcome.withLock { $0! }
     }
 }

@@ -83,6 +83,24 @@ struct ObjectReader {
         return try ObjectReader(value, path: keyPath(key))
     }
 
+    /// Every member, all marked as read, in key order (for free-form maps such as headers).
+    mutating func allMembers() -> [(String, JSONValue)] {
+        known.append(contentsOf: members.keys)
+        return members.keys.sorted().map { ($0, members[$0]!) }
+    }
+
+    /// Every member as a string, in key order; fails on a value that is not a string.
+    mutating func stringMembers() throws(ConfigurationError) -> [(String, String)] {
+        var out: [(String, String)] = []
+        for (key, value) in allMembers() {
+            guard case .string(let text) = value else {
+                throw ConfigurationError(key: keyPath(key), "must be a string, not \(value.typeName)")
+            }
+            out.append((key, text))
+        }
+        return out
+    }
+
     /// Fails on the first key that no accessor read.
     func finish() throws(ConfigurationError) {
         if let unknown = members.keys.sorted().first(where: { !known.contains($0) }) {

@@ -4,9 +4,13 @@ public enum SourceConfiguration: Sendable, Equatable {
     case jwt(JWTSourceConfiguration)
     /// A token file that someone else keeps fresh.
     case file(FileSourceConfiguration)
+    /// The OAuth 2.0 client-credentials grant.
+    case oauth2(OAuth2SourceConfiguration)
+    /// A generic JSON token endpoint.
+    case http(HTTPSourceConfiguration)
 
     /// The values `source.type` accepts today.
-    public static let types = ["jwt", "file"]
+    public static let types = ["jwt", "oauth2", "http", "file"]
 
     init(reading reader: ObjectReader) throws(ConfigurationError) {
         var reader = reader
@@ -14,6 +18,10 @@ public enum SourceConfiguration: Sendable, Equatable {
         switch type {
         case "file":
             self = .file(try FileSourceConfiguration(reading: &reader))
+        case "oauth2":
+            self = .oauth2(try OAuth2SourceConfiguration(reading: &reader))
+        case "http":
+            self = .http(try HTTPSourceConfiguration(reading: &reader))
         default:
             self = .jwt(try JWTSourceConfiguration(reading: &reader))
         }

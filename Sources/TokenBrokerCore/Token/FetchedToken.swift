@@ -14,8 +14,11 @@ public struct FetchedToken: Sendable, Equatable {
     public var lifetime: Duration?
     /// The granted scope, when the issuer told it.
     public var scope: String?
+    /// The issuer's HTTP status, for sources that speak HTTP (for metrics).
+    public var upstreamStatus: Int?
 
-    public init(accessToken: String, tokenType: String = "Bearer", lifetime: Duration?, scope: String? = nil) {
+    public init(accessToken: String, tokenType: String = "Bearer", lifetime: Duration?, scope: String? = nil, upstreamStatus: Int? = nil) {
+        self.upstreamStatus = upstreamStatus
         self.accessToken = accessToken
         self.tokenType = tokenType.lowercased() == "bearer" ? "Bearer" : tokenType
         self.lifetime = lifetime

@@ -1,0 +1,44 @@
+/// How a source talks to its issuer over HTTP: TLS material and limits. TLS verification is
+/// always on; there is no key to turn it off.
+///
+/// Its keys sit directly in the `source` object of `oauth2` and `http` sources.
+public struct UpstreamConfiguration: Sendable, Equatable {
+    /// A CA bundle in PEM. Default: the system's (`ca-certificates`).
+    public var caFile: String?
+    /// A client certificate in PEM, for mutual TLS (RFC 8705). Default: none.
+    public var clientCertFile: String?
+    /// The client certificate's private key in PEM. Default: none.
+    public var clientKeyFile: String?
+    /// Time allowed to connect, in milliseconds. Default 5000; 100–60000.
+    public var connectTimeoutMsec: Int = 5000
+    /// Time allowed for the whole exchange, in milliseconds. Default 10000; 100–120000.
+    public var timeoutMsec: Int = 10_000
+    /// Longest answer body read, in bytes; a longer one is a `bad_response`. Default 1048576; 1024–16777216.
+    public var maxResponseBytes: Int = 1 << 20
+
+    public init() {}
+
+    init(reading reader: inout ObjectReader) throws(ConfigurationError) {
+        caFile = try reader.string("caFile")
+        clientCertFile = try reader.string("clientCertFile")
+        clientKeyFile = try reader.string("clientKeyFile")
+        connectTimeoutMsec = try reader.int("connectTimeoutMsec", 100...60_000, default: connectTimeoutMsec)
+        timeoutMsec = try reader.int("timeoutMsec", 100...120_000, default: timeoutMsec)
+        maxResponseBytes = try reader.int("maxResponseBytes", 1024...16_777_216, default: maxResponseBytes)
+        if (clientCertFile == nil) != (clientKeyFile == nil) {
+            throw ConfigurationError(key: reader.keyPath("clientKeyFile"), "clientCertFile and clientKeyFile go together; allowed: both or neither")
+        }
+    }
+
+    /// Checks that a URL is http or https, with a host.
+    static func checkURL(_ url: String, key: String) throws(ConfigurationError) {
+        let lower = url.lowercased()
+        guard lower.hasPrefix("https://") || lower.hasPrefix("http://"),
+            !url.contains(where: { $0 == " " || $0 == "\r" || $0 == "\n" }),
+            url.split(separator: "/", maxSplits: 3, omittingEmptySubsequences: false).count >= 3,
+            !url.split(separator: "/", omittingEmptySubsequences: false)[2].isEmpty
+        else {
+            throw ConfigurationError(key: key, "\(JSONText.quoted(url)) is not a URL; allowed: an http:// or https:// URL")
+        }
+    }
+}

@@ -1,0 +1,62 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+import TokenBrokerCore
+
+/// A generic JSON token endpoint, `source.type: "http"`, for WAF-like and in-house token services.
+///
+/// Sends the configured request, then finds the token at `tokenPointer` and its lifetime at
+/// `expiresInPointer` (seconds) or `expiresAtPointer` (seconds since 1970), else from the JWT's
+/// `exp`, else `defaultLifetimeSec`. Header values given as `{"file": …}` are read at every fetch.
+public struct HTTPTokenSource: TokenSource {
+    public let configuration: HTTPSourceConfiguration
+    private let client: UpstreamHTTPClient
+
+    public init(configuration: HTTPSourceConfiguration, client: UpstreamHTTPClient = .shared) {
+        self.configuration = configuration
+        self.client = client
+    }
+
+    public func fetch() async throws(TokenFetchError) -> FetchedToken {
+        var headers: [(String, String)] = [("Accept", "application/json")]
+        for (name, value) in configuration.headers.sorted(by: { $0.key < $1.key }) {
+            switch value {
+            case .value(let text): headers.append((name, text))
+            case .file(let path):
+                var bytes = try SecretFile.read(path)
+                while let last = bytes.last, last == 0x0A || last == 0x0D { bytes.removeLast() }
+                guard let text = String(validating: bytes, as: UTF8.self), !text.contains(where: { $0 == "\r" || $0 == "\n" }) else {
+                    throw .configuration("the header file \(path) is not one line of UTF-8")
+                }
+                headers.append((name, text))
+            }
+        }
+        let request = UpstreamRequest(
+            method: configuration.method, url: configuration.url, headers: headers,
+            body: Array((configuration.body ?? "").utf8), settings: configuration.upstream)
+        let response = try await client.send(request)
+        return try token(from: response, now: Date())
+    }
+
+    /// Reads the token and its lifetime out of an answer.
+    public func token(from response: UpstreamResponse, now: Date) throws(TokenFetchError) -> FetchedToken {
+        let document = JSONValue.object(try TokenEndpointAnswer.document(response))
+        guard case .string(let token)? = document.value(atPointer: configuration.tokenPointer), TokenEndpointAnswer.isUsableToken(token) else {
+            throw .badResponse("no usable token at \(configuration.tokenPointer)", httpStatus: response.status)
+        }
+        var lifetime: Int?
+        if let pointer = configuration.expiresInPointer {
+            lifetime = try TokenEndpointAnswer.seconds(document.value(atPointer: pointer), name: pointer, status: response.status)
+        } else if let pointer = configuration.expiresAtPointer, let at = document.value(atPointer: pointer) {
+            guard case .number(let seconds) = at else { throw .badResponse("\(pointer) is not a number", httpStatus: response.status) }
+            lifetime = try TokenEndpointAnswer.seconds(.number((seconds - now.timeIntervalSince1970).rounded(.down)), name: pointer, status: response.status)
+        } else if let expiry = JWTClaims.expiry(of: token) {
+            lifetime = try TokenEndpointAnswer.seconds(.number(expiry.timeIntervalSince(now).rounded(.down)), name: "exp", status: response.status)
+        }
+        return FetchedToken(
+            accessToken: token, lifetime: (lifetime ?? configuration.defaultLifetimeSec).map { .seconds($0) },
+            upstreamStatus: response.status)
+    }
+}

@@ -1,0 +1,198 @@
+internal import CCurl
+import Glibc
+import Synchronization
+import TokenBrokerCore
+
+/// The HTTP client for issuers: libcurl (OpenSSL flavour) driven by one thread of its own.
+///
+/// Every request of every source goes through one `curl_multi` loop on a dedicated thread, so an
+/// upstream fetch never blocks a server thread nor a thread of Swift's cooperative pool; callers
+/// simply `await`. TLS verification is always on, redirects are never followed, only http and
+/// https are spoken, bodies are capped, and `HTTPS_PROXY` / `NO_PROXY` are honoured as libcurl
+/// reads them from the environment.
+public final class UpstreamHTTPClient: @unchecked Sendable {
+    public static let shared = UpstreamHTTPClient()
+
+    private let multi: UnsafeMutableRawPointer
+    private let queue = Mutex<[Transfer]>([])
+    private var thread = pthread_t()
+
+    /// One request in flight: its easy handle, what came back so far, and who waits.
+    fileprivate final class Transfer {
+        let request: UpstreamRequest
+        let continuation: CheckedContinuation<UpstreamResponse, any Error>
+        var easy: UnsafeMutableRawPointer?
+        var headerList: UnsafeMutablePointer<curl_slist>?
+        var body: [UInt8] = []
+        var headers: [String: String] = [:]
+        var tooLarge = false
+        var bodyCopy: [CChar] = []
+
+        init(request: UpstreamRequest, continuation: CheckedContinuation<UpstreamResponse, any Error>) {
+            self.request = request
+            self.continuation = continuation
+        }
+    }
+
+    private init() {
+        curl_global_init(Int(CURL_GLOBAL_DEFAULT))
+        multi = curl_multi_init()!
+        let context = Unmanaged.passRetained(self).toOpaque()
+        pthread_create(&thread, nil, { context in
+            Unmanaged<UpstreamHTTPClient>.fromOpaque(context!).takeRetainedValue().loop()
+            return nil
+        }, context)
+    }
+
+    /// Sends one request and waits for its answer, without holding any thread while it waits.
+    public func send(_ request: UpstreamRequest) async throws(TokenFetchError) -> UpstreamResponse {
+        do {
+            return try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<UpstreamResponse, any Error>) in
+                queue.withLock { $0.append(Transfer(request: request, continuation: continuation)) }
+                curl_multi_wakeup(multi)
+            }
+        } catch let error as TokenFetchError {
+            throw error
+        } catch {
+            throw .internalError("\(error)")
+        }
+    }
+
+    // MARK: - The curl thread
+
+    private func loop() {
+        var active: [UnsafeMutableRawPointer: Transfer] = [:]
+        while true {
+            for transfer in queue.withLock({ queued in defer { queued = [] }; return queued }) {
+                if let problem = prepare(transfer) {
+                    transfer.continuation.resume(throwing: problem)
+                    continue
+                }
+                active[transfer.easy!] = transfer
+                curl_multi_add_handle(multi, transfer.easy)
+            }
+            var running: Int32 = 0
+            curl_multi_perform(multi, &running)
+            var left: Int32 = 0
+            while let message = curl_multi_info_read(multi, &left) {
+                guard message.pointee.msg == CURLMSG_DONE, let easy = message.pointee.easy_handle,
+                    let transfer = active.removeValue(forKey: easy)
+                else { continue }
+                let result = CCurl_message_result(message)
+                curl_multi_remove_handle(multi, easy)
+                finish(transfer, result)
+            }
+            curl_multi_poll(multi, nil, 0, 1000, nil)
+        }
+    }
+
+    /// Builds the easy handle; returns an error instead when the request cannot be sent.
+    private func prepare(_ transfer: Transfer) -> TokenFetchError? {
+        guard let easy = curl_easy_init() else { return .internalError("curl_easy_init failed") }
+        transfer.easy = easy
+        let request = transfer.request
+        let settings = request.settings
+        let context = Unmanaged.passUnretained(transfer).toOpaque()
+        var ok = true
+        func set(_ code: CURLcode) { ok = ok && code == CURLE_OK }
+        set(CCurl_setopt_string(easy, CURLOPT_URL, request.url))
+        set(CCurl_setopt_string(easy, CURLOPT_PROTOCOLS_STR, "http,https"))
+        set(CCurl_setopt_long(easy, CURLOPT_NOSIGNAL, 1))
+        set(CCurl_setopt_long(easy, CURLOPT_FOLLOWLOCATION, 0))
+        set(CCurl_setopt_long(easy, CURLOPT_SSL_VERIFYPEER, 1))
+        set(CCurl_setopt_long(easy, CURLOPT_SSL_VERIFYHOST, 2))
+        set(CCurl_setopt_long(easy, CURLOPT_CONNECTTIMEOUT_MS, settings.connectTimeoutMsec))
+        set(CCurl_setopt_long(easy, CURLOPT_TIMEOUT_MS, settings.timeoutMsec))
+        if let caFile = settings.caFile { set(CCurl_setopt_string(easy, CURLOPT_CAINFO, caFile)) }
+        if let certificate = settings.clientCertFile { set(CCurl_setopt_string(easy, CURLOPT_SSLCERT, certificate)) }
+        if let key = settings.clientKeyFile { set(CCurl_setopt_string(easy, CURLOPT_SSLKEY, key)) }
+        set(CCurl_setopt_string(easy, CURLOPT_CUSTOMREQUEST, request.method))
+        if request.method == "GET" {
+            set(CCurl_setopt_long(easy, CURLOPT_HTTPGET, 1))
+        } else {
+            transfer.bodyCopy = request.body.map { CChar(bitPattern: $0) }
+            set(CCurl_setopt_long(easy, CURLOPT_POSTFIELDSIZE, request.body.count))
+            set(transfer.bodyCopy.withUnsafeMutableBufferPointer { CCurl_setopt_pointer(easy, CURLOPT_POSTFIELDS, $0.baseAddress) })
+        }
+        for (name, value) in request.headers where !(name + value).contains(where: { $0 == "\r" || $0 == "\n" }) {
+            transfer.headerList = curl_slist_append(transfer.headerList, "\(name): \(value)")
+        }
+        // libcurl would add "Expect: 100-continue" to larger POSTs; issuers gain nothing from it.
+        transfer.headerList = curl_slist_append(transfer.headerList, "Expect:")
+        set(CCurl_setopt_pointer(easy, CURLOPT_HTTPHEADER, UnsafeMutableRawPointer(transfer.headerList)))
+        set(CCurl_setopt_write_function(easy, bodyCallback))
+        set(CCurl_setopt_pointer(easy, CURLOPT_WRITEDATA, context))
+        set(CCurl_setopt_header_function(easy, headerCallback))
+        set(CCurl_setopt_pointer(easy, CURLOPT_HEADERDATA, context))
+        guard ok else {
+            release(transfer)
+            return .configuration("libcurl refused the request's settings (check caFile and the client certificate)")
+        }
+        return nil
+    }
+
+    private func finish(_ transfer: Transfer, _ result: CURLcode) {
+        defer { release(transfer) }
+        guard result == CURLE_OK else {
+            let reason = String(cString: curl_easy_strerror(result))
+            switch result {
+            case CURLE_WRITE_ERROR where transfer.tooLarge:
+                transfer.continuation.resume(throwing: TokenFetchError.badResponse("the answer is larger than \(transfer.request.settings.maxResponseBytes) bytes"))
+            case CURLE_OPERATION_TIMEDOUT:
+                transfer.continuation.resume(throwing: TokenFetchError.timeout(reason))
+            default:
+                transfer.continuation.resume(throwing: TokenFetchError.unreachable(reason))
+            }
+            return
+        }
+        var status = 0
+        _ = CCurl_getinfo_long(transfer.easy, CURLINFO_RESPONSE_CODE, &status)
+        transfer.continuation.resume(returning: UpstreamResponse(status: status, headers: transfer.headers, body: transfer.body))
+    }
+
+    private func release(_ transfer: Transfer) {
+        curl_easy_cleanup(transfer.easy)
+        curl_slist_free_all(transfer.headerList)
+        transfer.easy = nil
+        transfer.headerList = nil
+    }
+
+    fileprivate static func transfer(_ context: UnsafeMutableRawPointer) -> Transfer {
+        Unmanaged<Transfer>.fromOpaque(context).takeUnretainedValue()
+    }
+
+    fileprivate static func appendBody(_ context: UnsafeMutableRawPointer, _ data: UnsafeMutablePointer<CChar>, _ length: Int) -> Int {
+        let transfer = transfer(context)
+        guard transfer.body.count + length <= transfer.request.settings.maxResponseBytes else {
+            transfer.tooLarge = true
+            return 0
+        }
+        data.withMemoryRebound(to: UInt8.self, capacity: length) { transfer.body.append(contentsOf: UnsafeBufferPointer(start: $0, count: length)) }
+        return length
+    }
+
+    fileprivate static func appendHeader(_ context: UnsafeMutableRawPointer, _ data: UnsafeMutablePointer<CChar>, _ length: Int) -> Int {
+        let transfer = transfer(context)
+        let line = data.withMemoryRebound(to: UInt8.self, capacity: length) { String(decoding: UnsafeBufferPointer(start: $0, count: length), as: UTF8.self) }
+        if line.hasPrefix("HTTP/") {
+            transfer.headers = [:]  // a new response (after 100 Continue): forget the interim one's headers
+        } else if let colon = line.firstIndex(of: ":"), transfer.headers.count < 100 {
+            let name = line[..<colon].lowercased()
+            let value = String(line[line.index(after: colon)...]).trimmingCharacters(in: " \t\r\n")
+            transfer.headers[name] = value
+        }
+        return length
+    }
+}
+
+// Top-level C callbacks: they capture nothing and find the transfer through their context pointer.
+
+private let bodyCallback: curl_write_callback = { data, size, count, context in
+    guard let data, let context else { return 0 }
+    return UpstreamHTTPClient.appendBody(context, data, size * count)
+}
+
+private let headerCallback: curl_write_callback = { data, size, count, context in
+    guard let data, let context else { return 0 }
+    return UpstreamHTTPClient.appendHeader(context, data, size * count)
+}

@@ -1,0 +1,42 @@
+import TokenBrokerCore
+
+/// One request to an issuer, and what the client enforces on it.
+public struct UpstreamRequest: Sendable {
+    public var method: String = "POST"
+    public var url: String
+    public var headers: [(String, String)] = []
+    public var body: [UInt8] = []
+    /// TLS and limits, usually shared by every request of a source.
+    public var settings: UpstreamConfiguration
+
+    public init(method: String = "POST", url: String, headers: [(String, String)] = [], body: [UInt8] = [], settings: UpstreamConfiguration) {
+        self.method = method
+        self.url = url
+        self.headers = headers
+        self.body = body
+        self.settings = settings
+    }
+}
+
+/// An issuer's answer.
+public struct UpstreamResponse: Sendable {
+    public var status: Int
+    /// Header names in lower case.
+    public var headers: [String: String]
+    public var body: [UInt8]
+
+    /// `Retry-After` in seconds (RFC 9110 §10.2.3; the HTTP-date form is not read), at most an hour.
+    public var retryAfter: Duration? {
+        guard let text = headers["retry-after"]?.trimmingCharacters(in: " \t"), let seconds = Int(text), seconds >= 0 else { return nil }
+        return .seconds(min(seconds, 3600))
+    }
+}
+
+extension String {
+    func trimmingCharacters(in set: String) -> String {
+        var scalars = Substring(self)
+        while let first = scalars.first, set.contains(first) { scalars.removeFirst() }
+        while let last = scalars.last, set.contains(last) { scalars.removeLast() }
+        return String(scalars)
+    }
+}

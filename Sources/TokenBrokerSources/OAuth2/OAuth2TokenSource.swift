@@ -1,0 +1,103 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+import TokenBrokerCore
+
+/// The client-credentials grant (RFC 6749 §4.4), `source.type: "oauth2"`.
+///
+/// Authenticates with `client_secret_basic` (the default), `client_secret_post`, or
+/// `private_key_jwt` (RFC 7523, a fresh signed assertion per request). A secret file is read at
+/// every fetch, so a rotated secret is used from the next retry on.
+public struct OAuth2TokenSource: TokenSource {
+    public let configuration: OAuth2SourceConfiguration
+    private let client: UpstreamHTTPClient
+    private let assertionKey: SigningKey?
+
+    public init(configuration: OAuth2SourceConfiguration, client: UpstreamHTTPClient = .shared) throws(TokenFetchError) {
+        self.configuration = configuration
+        self.client = client
+        if configuration.clientAuth == "private_key_jwt", let path = configuration.privateKeyFile {
+            let contents = try SecretFile.read(path)
+            let algorithm = (try? SigningKey.load(algorithm: "ES256", contents: contents, path: path)) != nil ? "ES256" : "RS256"
+            assertionKey = try SigningKey.load(algorithm: algorithm, contents: contents, path: path)
+        } else {
+            assertionKey = nil
+        }
+    }
+
+    public func fetch() async throws(TokenFetchError) -> FetchedToken {
+        let response = try await client.send(try request(now: Date()))
+        return try TokenEndpointAnswer.oauthToken(response, defaultLifetime: configuration.defaultLifetimeSec)
+    }
+
+    /// The token request, ready to send.
+    public func request(now: Date) throws(TokenFetchError) -> UpstreamRequest {
+        var form: [(String, String)] = [("grant_type", "client_credentials")]
+        if let scope = configuration.scope { form.append(("scope", scope)) }
+        if let audience = configuration.audience { form.append(("audience", audience)) }
+        for resource in configuration.resources { form.append(("resource", resource)) }
+        form += configuration.extraParams
+        var headers: [(String, String)] = [
+            ("Content-Type", "application/x-www-form-urlencoded"), ("Accept", "application/json"),
+        ]
+        switch configuration.clientAuth {
+        case "client_secret_post":
+            form += [("client_id", configuration.clientID), ("client_secret", try secret())]
+        case "private_key_jwt":
+            form += [
+                ("client_id", configuration.clientID),
+                ("client_assertion_type", "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"),
+                ("client_assertion", try assertion(now: now)),
+            ]
+        default:
+            // RFC 6749 §2.3.1: both parts form-encoded before Base64.
+            let credentials = FormEncoding.escape(configuration.clientID) + ":" + FormEncoding.escape(try secret())
+            headers.append(("Authorization", "Basic " + Self.base64(Array(credentials.utf8))))
+        }
+        return UpstreamRequest(
+            method: "POST", url: configuration.tokenURL, headers: headers, body: Array(FormEncoding.encode(form).utf8),
+            settings: configuration.upstream)
+    }
+
+    private func secret() throws(TokenFetchError) -> String {
+        if let inline = configuration.clientSecret { return inline }
+        guard let path = configuration.clientSecretFile else { throw .configuration("no client secret configured") }
+        var bytes = try SecretFile.read(path)
+        while let last = bytes.last, last == 0x0A || last == 0x0D { bytes.removeLast() }
+        guard !bytes.isEmpty, let text = String(validating: bytes, as: UTF8.self) else {
+            throw .configuration("the client secret file \(path) is empty or not UTF-8")
+        }
+        return text
+    }
+
+    /// A `private_key_jwt` client assertion: iss and sub the client, aud the token endpoint,
+    /// a unique jti, and a one-minute life (RFC 7523 §3).
+    public func assertion(now: Date) throws(TokenFetchError) -> String {
+        guard let key = assertionKey else { throw .configuration("no private key for private_key_jwt") }
+        let issuedAt = Int64(now.timeIntervalSince1970.rounded(.down))
+        var header: [(String, String)] = [("alg", JSONText.quoted(key.algorithm)), ("typ", JSONText.quoted("JWT"))]
+        if let kid = configuration.keyID { header.append(("kid", JSONText.quoted(kid))) }
+        let claims = JSONText.object([
+            ("iss", JSONText.quoted(configuration.clientID)), ("sub", JSONText.quoted(configuration.clientID)),
+            ("aud", JSONText.quoted(configuration.tokenURL)), ("jti", JSONText.quoted(Base64URL.encode(Crypto.randomBytes(16)))),
+            ("iat", String(issuedAt)), ("exp", String(issuedAt + 60)),
+        ])
+        let input = Base64URL.encode(JSONText.object(header)) + "." + Base64URL.encode(claims)
+        return input + "." + Base64URL.encode(try key.sign(Array(input.utf8)))
+    }
+
+    private static func base64(_ bytes: [UInt8]) -> String {
+        var text = Base64URL.encode(bytes).replacingUnderscoresAndDashes()
+        while text.utf8.count % 4 != 0 { text += "=" }
+        return text
+    }
+}
+
+extension String {
+    /// Base64url's alphabet back to standard Base64's.
+    fileprivate func replacingUnderscoresAndDashes() -> String {
+        String(map { $0 == "-" ? "+" : $0 == "_" ? "/" : $0 })
+    }
+}

@@ -1,0 +1,77 @@
+"""A token endpoint that answers however a test tells it to, to check bad upstream answers.
+
+Runs in a thread of the test process on 127.0.0.1. `mode` picks the answer:
+ok, html, no_token, negative, zero, huge, oversized, slow, hang, reset, status_500, status_429.
+"""
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class FaultyIssuer:
+    def __init__(self):
+        self.mode = "ok"
+        self.requests = 0
+        self.served = 0
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                length = int(self.headers.get("Content-Length", 0))
+                self.rfile.read(length)
+                owner.requests += 1
+                owner.answer(self)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.server.server_port}/token"
+
+    def send(self, handler, status, body, content_type="application/json", headers=()):
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        handler.send_response(status)
+        handler.send_header("Content-Type", content_type)
+        handler.send_header("Content-Length", str(len(data)))
+        for name, value in headers:
+            handler.send_header(name, value)
+        handler.end_headers()
+        handler.wfile.write(data)
+
+    def answer(self, handler):
+        mode = self.mode
+        if mode == "ok":
+            self.served += 1
+            self.send(handler, 200, {"access_token": f"good-{self.served}", "token_type": "bearer", "expires_in": 30})
+        elif mode == "html":
+            self.send(handler, 200, b"<html><body>Welcome to the captive portal</body></html>", "text/html")
+        elif mode == "no_token":
+            self.send(handler, 200, {"token_type": "Bearer", "expires_in": 30})
+        elif mode in ("negative", "zero", "huge"):
+            self.send(handler, 200, {"access_token": "bad", "expires_in": {"negative": -5, "zero": 0, "huge": 10**12}[mode]})
+        elif mode == "oversized":
+            self.send(handler, 200, b'{"access_token": "' + b"x" * (2 << 20) + b'"}')
+        elif mode == "slow":
+            time.sleep(3)
+            self.send(handler, 200, {"access_token": "late", "expires_in": 30})
+        elif mode == "hang":
+            time.sleep(30)
+        elif mode == "reset":
+            handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            handler.connection.close()
+        elif mode == "status_500":
+            self.send(handler, 500, {"error": "server_error"})
+        elif mode == "status_429":
+            self.send(handler, 429, {"error": "slow_down"}, headers=[("Retry-After", "2")])
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,169 @@
+"""A real OAuth 2.0 authorization server for the integration tests: django-oauth-toolkit.
+
+    python oauth_server.py --port 0 --db /tmp/x.sqlite3 --lifetime 5 --client api:s3cret [--client …]
+
+Serves on 127.0.0.1 only, and prints `listening 127.0.0.1:PORT` once ready. Routes:
+
+- `POST /o/token/`: django-oauth-toolkit's token endpoint (client_credentials; client_secret_basic
+  and client_secret_post);
+- `GET /api/hello`: a resource protected by django-oauth-toolkit, to prove a served token works;
+- `POST /pkjwt/token`: a small endpoint for `private_key_jwt` (RFC 7523), which
+  django-oauth-toolkit does not support: it verifies the client assertion with PyJWT against
+  the public key given by `--pkjwt-key client_id:public.pem`, and issues a random token;
+- `GET /custom/token`: a generic JSON token service, `{"data": {"token": …, "ttl": …}}`, that
+  wants the header `X-Api-Key` (`--api-key`);
+- `GET /stats`: how many token requests each route answered, by status: counted at the issuer.
+"""
+import argparse
+import json
+import os
+import secrets
+import sys
+import threading
+import time
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+import django
+from django.conf import settings
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--port", type=int, default=0)
+parser.add_argument("--db", required=True)
+parser.add_argument("--lifetime", type=int, default=5)
+parser.add_argument("--client", action="append", default=[], help="client_id:secret")
+parser.add_argument("--pkjwt-key", action="append", default=[], help="client_id:public-key.pem")
+parser.add_argument("--api-key", default="")
+options = parser.parse_args()
+
+settings.configure(
+    DEBUG=False,
+    SECRET_KEY=secrets.token_hex(32),
+    ALLOWED_HOSTS=["127.0.0.1", "localhost"],
+    INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "oauth2_provider"],
+    MIDDLEWARE=[],
+    ROOT_URLCONF=__name__,
+    DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": options.db}},
+    USE_TZ=True,
+    OAUTH2_PROVIDER={"ACCESS_TOKEN_EXPIRE_SECONDS": options.lifetime, "SCOPES": {"read": "read", "api": "api"}},
+    LOGGING_CONFIG=None,
+)
+django.setup()
+
+import jwt  # noqa: E402
+from django.core.management import call_command  # noqa: E402
+from django.http import HttpResponse, JsonResponse  # noqa: E402
+from django.urls import include, path  # noqa: E402
+from django.views.decorators.csrf import csrf_exempt  # noqa: E402
+from oauth2_provider.models import Application  # noqa: E402
+from oauth2_provider.views import ProtectedResourceView  # noqa: E402
+
+STATS = {}
+STATS_LOCK = threading.Lock()
+SEEN_JTI = set()
+
+
+def count(route, status):
+    with STATS_LOCK:
+        STATS.setdefault(route, {}).setdefault(str(status), 0)
+        STATS[route][str(status)] += 1
+
+
+class Hello(ProtectedResourceView):
+    def get(self, request, *args, **kwargs):
+        return JsonResponse({"hello": "world"})
+
+
+@csrf_exempt
+def pkjwt_token(request):
+    """Verifies a private_key_jwt client assertion with PyJWT, then issues a token."""
+    keys = dict(entry.split(":", 1) for entry in options.pkjwt_key)
+    form = request.POST
+    client_id = form.get("client_id", "")
+    problem = None
+    if form.get("grant_type") != "client_credentials":
+        problem = "unsupported_grant_type"
+    elif form.get("client_assertion_type") != "urn:ietf:params:oauth:client-assertion-type:jwt-bearer" or client_id not in keys:
+        problem = "invalid_client"
+    else:
+        with open(keys[client_id], "rb") as handle:
+            public_key = handle.read()
+        audience = f"http://{request.get_host()}/pkjwt/token"
+        try:
+            claims = jwt.decode(form.get("client_assertion", ""), public_key, algorithms=["RS256", "ES256"], audience=audience,
+                                issuer=client_id, options={"require": ["exp", "iat", "jti", "sub"]})
+            if claims["sub"] != client_id or claims["exp"] - claims["iat"] > 300 or claims["jti"] in SEEN_JTI:
+                problem = "invalid_client"
+            SEEN_JTI.add(claims["jti"])
+        except jwt.PyJWTError:
+            problem = "invalid_client"
+    if problem:
+        count("pkjwt", 401)
+        return JsonResponse({"error": problem}, status=401)
+    count("pkjwt", 200)
+    return JsonResponse({"access_token": secrets.token_urlsafe(24), "token_type": "bearer", "expires_in": options.lifetime})
+
+
+def custom_token(request):
+    if not options.api_key or request.headers.get("X-Api-Key") != options.api_key:
+        count("custom", 403)
+        return HttpResponse(status=403)
+    count("custom", 200)
+    return JsonResponse({"data": {"token": "custom-" + secrets.token_urlsafe(16), "ttl": options.lifetime}})
+
+
+def stats(request):
+    with STATS_LOCK:
+        return JsonResponse(STATS)
+
+
+urlpatterns = [
+    path("o/", include("oauth2_provider.urls", namespace="oauth2_provider")),
+    path("api/hello", Hello.as_view()),
+    path("pkjwt/token", pkjwt_token),
+    path("custom/token", custom_token),
+    path("stats", stats),
+]
+
+
+def counting(application):
+    """Counts the answers of django-oauth-toolkit's token endpoint, as the issuer sees them."""
+
+    def wrapped(environ, start_response):
+        def start(status, headers, exc_info=None):
+            if environ.get("PATH_INFO") == "/o/token/":
+                count("oauth2", int(status.split()[0]))
+            return start_response(status, headers, exc_info)
+
+        return application(environ, start)
+
+    return wrapped
+
+
+class Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class QuietHandler(WSGIRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+def main():
+    call_command("migrate", verbosity=0)
+    for entry in options.client:
+        client_id, secret = entry.split(":", 1)
+        if not Application.objects.filter(client_id=client_id).exists():
+            Application.objects.create(
+                name=client_id, client_id=client_id, client_secret=secret,
+                client_type=Application.CLIENT_CONFIDENTIAL, authorization_grant_type=Application.GRANT_CLIENT_CREDENTIALS)
+    from django.core.wsgi import get_wsgi_application
+
+    server = make_server("127.0.0.1", options.port, counting(get_wsgi_application()), server_class=Server, handler_class=QuietHandler)
+    print(f"listening 127.0.0.1:{server.server_port}", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

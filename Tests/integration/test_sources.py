@@ -1,0 +1,162 @@
+"""Upstream sources against a real OAuth 2.0 server (django-oauth-toolkit) and a broken issuer."""
+import json
+import subprocess
+import time
+
+import jwt
+import pytest
+
+from broker import Broker
+from issuers.faulty import FaultyIssuer
+from issuers.process import OAuthServer
+from test_http_api import wait_until
+
+SECRET = "s3cret-value-for-tests"
+
+
+@pytest.fixture(scope="module")
+def oauth(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("oauth")
+    keys = []
+    for kind, options in [("rsa", ["-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"]), ("ec", ["-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"])]:
+        private, public = workdir / f"{kind}.pem", workdir / f"{kind}.pub.pem"
+        subprocess.run(["openssl", "genpkey", *options, "-out", str(private)], check=True, capture_output=True)
+        subprocess.run(["openssl", "pkey", "-in", str(private), "-pubout", "-out", str(public)], check=True, capture_output=True)
+        keys.append((f"pk-{kind}", str(public)))
+    server = OAuthServer(str(workdir), {"api": SECRET, "post": SECRET, "rotating": SECRET}, lifetime=4, pkjwt_keys=keys, api_key="k3y")
+    server.private_keys = {"pk-rsa": str(workdir / "rsa.pem"), "pk-ec": str(workdir / "ec.pem")}
+    yield server
+    server.close()
+
+
+def oauth_provider(server, client_id="api", auth="client_secret_basic", **extra):
+    source = {"type": "oauth2", "tokenURL": server.base + "/o/token/", "clientID": client_id, "clientAuth": auth, "scope": "api", **extra}
+    if auth != "private_key_jwt" and "clientSecretFile" not in extra:
+        source["clientSecret"] = SECRET
+    return {"name": client_id, "source": source, "maxErrorTokenRefreshDelayMsec": 500}
+
+
+def test_tokens_flow_from_the_real_server_and_open_its_protected_resource(oauth):
+    with Broker({"providers": [oauth_provider(oauth)]}) as broker:
+        body, _ = broker.get_json("/token/ready?timeout=10")
+        assert body["token_type"] == "Bearer" and body["scope"] == "api"
+        assert 0 < body["expires_in"] <= 4
+        assert oauth.get("/api/hello", body["access_token"]) == 200
+        assert oauth.get("/api/hello", "forged") in (401, 403)
+        assert SECRET not in broker.stderr() and body["access_token"] not in broker.stderr()
+        assert broker.metric("token_broker_upstream_responses_total", provider="api", code="200") >= 1
+
+
+def test_background_refresh_renews_tokens_before_they_expire(oauth):
+    with Broker({"providers": [oauth_provider(oauth)]}) as broker:
+        first, _ = broker.get_json("/token/ready?timeout=10")
+        before = oauth.requests("oauth2", 200)
+        seen = {first["access_token"]}
+        deadline = time.monotonic() + 12
+        while time.monotonic() < deadline:
+            body, _ = broker.get_json("/token")
+            assert body["expires_in"] >= 0 and body["stale"] is False
+            seen.add(body["access_token"])
+            time.sleep(0.25)
+        # A 4 s token is renewed at 75–85 % of its life: about every 3.2 s, so 3 or 4 times in 12 s.
+        renewals = oauth.requests("oauth2", 200) - before
+        assert 3 <= renewals <= 5, renewals
+        assert len(seen) >= 4
+
+
+def test_client_secret_post_works(oauth):
+    with Broker({"providers": [oauth_provider(oauth, "post", "client_secret_post")]}) as broker:
+        body, _ = broker.get_json("/providers/post/token/ready?timeout=10")
+        assert oauth.get("/api/hello", body["access_token"]) == 200
+
+
+def test_a_wrong_secret_is_a_classified_credentials_error_shown_by_readyz(oauth, tmp_path):
+    secret_file = tmp_path / "secret"
+    secret_file.write_text("wrong-secret\n")
+    provider = oauth_provider(oauth, "rotating", clientSecretFile=str(secret_file))
+    with Broker({"providers": [provider]}) as broker:
+        assert wait_until(lambda: broker.request("GET", "/readyz", listener="admin")[0] == 503
+                          and "credentials_rejected" in broker.request("GET", "/readyz", listener="admin")[2].decode())
+        status, _, body = broker.request("GET", "/readyz", listener="admin")
+        detail = json.loads(body)["providers"][0]
+        assert detail["last_error"] == "credentials_rejected" and "invalid_client" in detail["last_error_description"]
+        status, _, body = broker.request("GET", "/token")
+        assert status == 503 and "credentials_rejected" in json.loads(body)["error_description"]
+        assert "wrong-secret" not in broker.stderr() + body.decode()
+        assert broker.metric("token_broker_refreshes_total", provider="rotating", result="credentials_rejected") >= 1
+        # The secret is rotated on disk: the next retry uses it, and the broker recovers by itself.
+        secret_file.write_text(SECRET + "\n")
+        body, _ = broker.get_json("/providers/rotating/token/ready?timeout=15")
+        assert oauth.get("/api/hello", body["access_token"]) == 200
+
+
+def test_the_broker_survives_the_server_going_away_serves_stale_then_recovers(oauth):
+    with Broker({"providers": [oauth_provider(oauth)]}) as broker:
+        first, _ = broker.get_json("/token/ready?timeout=10")
+        oauth.stop()
+        try:
+            # Refresh fails at about 3.2 s; the cached token is served, stale, until it expires at 4 s.
+            assert wait_until(lambda: broker.get_json("/token")[0]["stale"] if broker.request("GET", "/token")[0] == 200 else False, timeout=10)
+            stale, _ = broker.get_json("/token")
+            assert stale["access_token"] == first["access_token"] and stale["expires_in"] >= 0
+            assert wait_until(lambda: broker.request("GET", "/token")[0] == 503, timeout=10)
+            status, _, body = broker.request("GET", "/token")
+            assert "unreachable" in json.loads(body)["error_description"]
+        finally:
+            oauth.start()
+        # Recovery within one slow retry (maxErrorTokenRefreshDelayMsec is 500 ms here).
+        assert wait_until(lambda: broker.request("GET", "/token")[0] == 200, timeout=10)
+        fresh, _ = broker.get_json("/token")
+        assert fresh["stale"] is False and fresh["version"] > first["version"]
+        assert oauth.get("/api/hello", fresh["access_token"]) == 200
+
+
+@pytest.mark.parametrize("client_id", ["pk-rsa", "pk-ec"])
+def test_private_key_jwt_assertions_verify_with_pyjwt_at_the_issuer(oauth, client_id):
+    provider = {"name": "pk", "source": {"type": "oauth2", "tokenURL": oauth.base + "/pkjwt/token", "clientID": client_id,
+                                         "clientAuth": "private_key_jwt", "privateKeyFile": oauth.private_keys[client_id], "kid": "k1"}}
+    before = oauth.requests("pkjwt", 200)
+    with Broker({"providers": [provider]}) as broker:
+        broker.get_json("/token/ready?timeout=10")
+        broker.request("POST", "/token/refresh")
+        assert oauth.requests("pkjwt", 200) == before + 2, "both assertions verified (and their jti differ)"
+        assert oauth.requests("pkjwt", 401) == 0
+
+
+def test_the_generic_http_source_reads_pointers_and_header_files(oauth, tmp_path):
+    (tmp_path / "api-key").write_text("k3y\n")
+    provider = {"name": "custom", "source": {"type": "http", "url": oauth.base + "/custom/token", "method": "GET",
+                                             "headers": {"X-Api-Key": {"file": str(tmp_path / "api-key")}},
+                                             "tokenPointer": "/data/token", "expiresInPointer": "/data/ttl"}}
+    with Broker({"providers": [provider]}) as broker:
+        body, _ = broker.get_json("/token/ready?timeout=10")
+        assert body["access_token"].startswith("custom-") and 0 < body["expires_in"] <= 4
+        assert "k3y" not in broker.stderr()
+
+
+@pytest.mark.parametrize("mode,classification", [
+    ("html", "bad_response"), ("no_token", "bad_response"), ("negative", "bad_response"), ("zero", "bad_response"),
+    ("huge", "bad_response"), ("oversized", "bad_response"), ("slow", "timeout"), ("hang", "timeout"),
+    ("reset", "unreachable"), ("status_500", "server_error"), ("status_429", "rate_limited"),
+])
+def test_bad_upstream_answers_are_classified_retried_and_never_cached(mode, classification):
+    issuer = FaultyIssuer()
+    source = {"type": "oauth2", "tokenURL": issuer.url, "clientID": "c", "clientSecret": "s", "timeoutMsec": 1000}
+    try:
+        with Broker({"providers": [{"source": source, "maxErrorTokenRefreshDelayMsec": 200}]}) as broker:
+            good, _ = broker.get_json("/token/ready?timeout=10")
+            assert good["access_token"] == "good-1"
+            issuer.mode = mode
+            before = issuer.requests
+            status, _, body = broker.request("POST", "/token/refresh?timeout=2", body=b'{"rejected_version": 1}')
+            assert status == 503, body
+            assert wait_until(lambda: issuer.requests >= before + 2, timeout=15), "the failure is retried"
+            detail = json.loads(broker.request("GET", "/readyz", listener="admin")[2])["providers"][0]
+            assert detail["last_error"] == classification, detail
+            served, _ = broker.get_json("/token")
+            assert served["access_token"] == "good-1" and served["stale"] is True, "the good token stays, marked stale"
+            assert broker.request("GET", "/healthz", listener="admin")[0] == 200
+            issuer.mode = "ok"
+            assert wait_until(lambda: broker.get_json("/token")[0]["access_token"] != "good-1", timeout=15)
+    finally:
+        issuer.close()
