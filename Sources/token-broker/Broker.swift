@@ -52,6 +52,9 @@ enum Broker {
                 ])
             }
         }
+        for (path, mode) in SecretFilePermissions.exposed(configuration.providers.flatMap(\.source.secretFiles)) {
+            Log.warning("a secret file can be read by other users; consider chmod 600", ["path": path, "mode": mode])
+        }
         let metrics = BrokerMetrics(version: Options.version)
         let events = ProviderEvents(
             fetched: { name, result, elapsed in

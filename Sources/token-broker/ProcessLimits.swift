@@ -16,3 +16,18 @@ enum ProcessLimits {
         return UInt64(limit.rlim_cur)
     }
 }
+
+/// Secret files that others can read. Kubernetes mounts secrets 0644 by default, so the broker
+/// warns instead of refusing to start.
+enum SecretFilePermissions {
+    /// Each configured secret file whose mode lets group or others read it, with that mode.
+    static func exposed(_ paths: [String]) -> [(path: String, mode: String)] {
+        var seen: Set<String> = []
+        return paths.compactMap { path in
+            guard seen.insert(path).inserted else { return nil }
+            var info = stat()
+            guard stat(path, &info) == 0, info.st_mode & 0o044 != 0 else { return nil }
+            return (path, "0" + String(info.st_mode & 0o777, radix: 8))
+        }
+    }
+}

@@ -4,7 +4,7 @@
 //   Signals.swift       SIGTERM and SIGINT, blocked before any thread starts
 //   Log.swift           log lines on stderr, with fingerprints instead of secrets
 //   HealthCheck.swift   `token-broker healthcheck`, for container HEALTHCHECKs without curl
-//   ProcessLimits.swift the open-file limit, raised for many waiting connections
+//   ProcessLimits.swift the open-file limit, and the start-up check of secret files' modes
 import Glibc
 
 // Block the stop signals first, so every thread started later inherits the mask and only

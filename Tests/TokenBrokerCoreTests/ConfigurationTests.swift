@@ -51,7 +51,7 @@ import TokenBrokerCore
         #expect(problem(#"{"providers": [{"maxErrorTokenRefreshDelayMsec": 30001}]}"#) == "providers[0].maxErrorTokenRefreshDelayMsec: 30001 is out of range; allowed: 1–30000")
         #expect(problem(#"{"providers": [{"maxRetryCount": 2.5}]}"#)?.hasPrefix("providers[0].maxRetryCount: must be a whole number in 0–10") == true)
         #expect(problem(#"{"providers": [{"source": {"algorithm": "none"}}]}"#) == #"providers[0].source.algorithm: unknown value "none"; allowed: ES256, RS256, HS256"#)
-        #expect(problem(#"{"providers": [{"source": {"type": "magic"}}]}"#) == #"providers[0].source.type: unknown value "magic"; allowed: jwt, file"#)
+        #expect(problem(#"{"providers": [{"source": {"type": "magic"}}]}"#) == #"providers[0].source.type: unknown value "magic"; allowed: jwt, oauth2, http, file"#)
     }
 
     @Test func wrongTypesAndBrokenJSONAreExplained() {

@@ -137,7 +137,7 @@ def test_the_generic_http_source_reads_pointers_and_header_files(oauth, tmp_path
 @pytest.mark.parametrize("mode,classification", [
     ("html", "bad_response"), ("no_token", "bad_response"), ("negative", "bad_response"), ("zero", "bad_response"),
     ("huge", "bad_response"), ("oversized", "bad_response"), ("slow", "timeout"), ("hang", "timeout"),
-    ("reset", "unreachable"), ("status_500", "server_error"), ("status_429", "rate_limited"),
+    ("reset", "unreachable"), ("status_500", "server_error"), ("status_429", "rate_limited"), ("redirect", "bad_response"),
 ])
 def test_bad_upstream_answers_are_classified_retried_and_never_cached(mode, classification):
     issuer = FaultyIssuer()
@@ -160,3 +160,37 @@ def test_bad_upstream_answers_are_classified_retried_and_never_cached(mode, clas
             assert wait_until(lambda: broker.get_json("/token")[0]["access_token"] != "good-1", timeout=15)
     finally:
         issuer.close()
+
+
+def test_tls_is_always_verified_and_a_configured_ca_file_is_trusted(tmp_path):
+    certificate, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(certificate)], check=True, capture_output=True)
+    issuer = FaultyIssuer(tls=(str(certificate), str(key)))
+    source = {"type": "oauth2", "tokenURL": issuer.url, "clientID": "c", "clientSecret": "s"}
+    try:
+        with Broker({"providers": [{"source": source, "maxErrorTokenRefreshDelayMsec": 200}]}) as broker:
+            assert wait_until(lambda: broker.request("GET", "/readyz", listener="admin")[0] == 503
+                              and json.loads(broker.request("GET", "/readyz", listener="admin")[2])["providers"][0].get("last_error") == "unreachable")
+            detail = json.loads(broker.request("GET", "/readyz", listener="admin")[2])["providers"][0]
+            assert "certificate" in detail["last_error_description"].lower()
+            assert issuer.served == 0
+        with Broker({"providers": [{"source": {**source, "caFile": str(certificate)}}]}) as broker:
+            assert broker.get_json("/token/ready?timeout=10")[0]["access_token"] == "good-1"
+    finally:
+        issuer.close()
+
+
+def test_a_secret_file_readable_by_others_gives_one_warning_at_start(oauth, tmp_path):
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(SECRET)
+    secret_file.chmod(0o644)
+    with Broker({"providers": [oauth_provider(oauth, clientSecretFile=str(secret_file))]}) as broker:
+        broker.get_json("/token/ready?timeout=10")
+        assert broker.stderr().count("a secret file can be read by other users") == 1
+        assert f"path={secret_file}" in broker.stderr() and "mode=0644" in broker.stderr()
+    secret_file.chmod(0o600)
+    with Broker({"providers": [oauth_provider(oauth, clientSecretFile=str(secret_file))]}) as broker:
+        broker.get_json("/token/ready?timeout=10")
+        assert "can be read by other users" not in broker.stderr()

@@ -12,6 +12,20 @@ public enum SourceConfiguration: Sendable, Equatable {
     /// The values `source.type` accepts today.
     public static let types = ["jwt", "oauth2", "http", "file"]
 
+    /// The files that hold secrets (keys, client secrets, secret headers), for the start-up
+    /// check that warns when others can read them.
+    public var secretFiles: [String] {
+        switch self {
+        case .jwt(let settings): return settings.keyFile.map { [$0] } ?? []
+        case .file: return []
+        case .oauth2(let settings):
+            return [settings.clientSecretFile, settings.privateKeyFile, settings.upstream.clientKeyFile].compactMap { $0 }
+        case .http(let settings):
+            return settings.headers.values.compactMap { if case .file(let path) = $0 { path } else { nil } }.sorted()
+                + [settings.upstream.clientKeyFile].compactMap { $0 }
+        }
+    }
+
     init(reading reader: ObjectReader) throws(ConfigurationError) {
         var reader = reader
         let type = try reader.choice("type", Self.types, default: "jwt")

@@ -25,6 +25,12 @@ public struct UpstreamResponse: Sendable {
     public var headers: [String: String]
     public var body: [UInt8]
 
+    public init(status: Int, headers: [String: String] = [:], body: [UInt8]) {
+        self.status = status
+        self.headers = headers
+        self.body = body
+    }
+
     /// `Retry-After` in seconds (RFC 9110 §10.2.3; the HTTP-date form is not read), at most an hour.
     public var retryAfter: Duration? {
         guard let text = headers["retry-after"]?.trimmingCharacters(in: " \t"), let seconds = Int(text), seconds >= 0 else { return nil }

@@ -29,7 +29,12 @@ public struct OAuth2TokenSource: TokenSource {
 
     public func fetch() async throws(TokenFetchError) -> FetchedToken {
         let response = try await client.send(try request(now: Date()))
-        return try TokenEndpointAnswer.oauthToken(response, defaultLifetime: configuration.defaultLifetimeSec)
+        return try Self.token(from: response, defaultLifetime: configuration.defaultLifetimeSec)
+    }
+
+    /// Reads an RFC 6749 §5.1 answer into a token, or classifies what is wrong with it.
+    public static func token(from response: UpstreamResponse, defaultLifetime: Int) throws(TokenFetchError) -> FetchedToken {
+        try TokenEndpointAnswer.oauthToken(response, defaultLifetime: defaultLifetime)
     }
 
     /// The token request, ready to send.

@@ -1,18 +1,21 @@
 """A token endpoint that answers however a test tells it to, to check bad upstream answers.
 
 Runs in a thread of the test process on 127.0.0.1. `mode` picks the answer:
-ok, html, no_token, negative, zero, huge, oversized, slow, hang, reset, status_500, status_429.
+ok, html, no_token, negative, zero, huge, oversized, slow, hang, reset, status_500, status_429,
+redirect. With `tls=(certificate, key)` it speaks HTTPS.
 """
 import json
 import socket
+import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class FaultyIssuer:
-    def __init__(self):
+    def __init__(self, tls=None):
         self.mode = "ok"
+        self.scheme = "https" if tls else "http"
         self.requests = 0
         self.served = 0
         owner = self
@@ -29,12 +32,16 @@ class FaultyIssuer:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
+        if tls:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*tls)
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
     @property
     def url(self):
-        return f"http://127.0.0.1:{self.server.server_port}/token"
+        return f"{self.scheme}://127.0.0.1:{self.server.server_port}/token"
 
     def send(self, handler, status, body, content_type="application/json", headers=()):
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -69,6 +76,8 @@ class FaultyIssuer:
             handler.connection.close()
         elif mode == "status_500":
             self.send(handler, 500, {"error": "server_error"})
+        elif mode == "redirect":
+            self.send(handler, 302, b"", headers=[("Location", "http://127.0.0.1:1/elsewhere")])
         elif mode == "status_429":
             self.send(handler, 429, {"error": "slow_down"}, headers=[("Retry-After", "2")])
 

@@ -1,0 +1,78 @@
+import Foundation
+import Testing
+import TokenBrokerCore
+import TokenBrokerSources
+
+/// How issuers' answers become tokens or classified errors (RFC 6749 §5.1 and §5.2).
+@Suite struct UpstreamAnswerTests {
+    private func answer(_ status: Int, _ body: String, headers: [String: String] = [:]) -> UpstreamResponse {
+        UpstreamResponse(status: status, headers: headers, body: Array(body.utf8))
+    }
+
+    private func classification(_ response: UpstreamResponse) -> String? {
+        do {
+            _ = try OAuth2TokenSource.token(from: response, defaultLifetime: 3600)
+            return nil
+        } catch {
+            return error.description
+        }
+    }
+
+    @Test func aGoodAnswerGivesTheTokenWithItsLifetimeAndNormalisedType() throws {
+        let token = try OAuth2TokenSource.token(from: answer(200, #"{"access_token":"abc","token_type":"bearer","expires_in":120,"scope":"read"}"#), defaultLifetime: 3600)
+        #expect(token == FetchedToken(accessToken: "abc", tokenType: "Bearer", lifetime: .seconds(120), scope: "read", upstreamStatus: 200))
+        let noExpiry = try OAuth2TokenSource.token(from: answer(200, #"{"access_token":"abc","token_type":"Bearer"}"#), defaultLifetime: 77)
+        #expect(noExpiry.lifetime == .seconds(77))
+        let stringExpiry = try OAuth2TokenSource.token(from: answer(200, #"{"access_token":"abc","expires_in":"60"}"#), defaultLifetime: 77)
+        #expect(stringExpiry.lifetime == .seconds(60))
+    }
+
+    @Test(arguments: [
+        (200, "<html>portal</html>", "bad_response"), (200, #"{"token_type":"Bearer"}"#, "bad_response"),
+        (200, #"{"access_token":"a","expires_in":-1}"#, "bad_response"), (200, #"{"access_token":"a","expires_in":0}"#, "bad_response"),
+        (200, #"{"access_token":"a","expires_in":1e12}"#, "bad_response"), (200, #"{"access_token":"has space"}"#, "bad_response"),
+        (200, #"{"access_token":""}"#, "bad_response"), (302, "", "bad_response"),
+        (400, #"{"error":"invalid_client"}"#, "credentials_rejected"), (400, #"{"error":"invalid_scope"}"#, "bad_response"),
+        (401, #"{"error":"invalid_client"}"#, "credentials_rejected"), (403, "", "credentials_rejected"),
+        (429, #"{"error":"slow_down"}"#, "rate_limited"), (503, "", "server_error"), (500, "oops", "server_error"),
+    ])
+    func badAnswersAreClassified(_ status: Int, _ body: String, _ expected: String) {
+        #expect(classification(answer(status, body)) == expected)
+    }
+
+    @Test func errorsKeepTheIssuersCodeAndRetryAfter() {
+        do {
+            _ = try OAuth2TokenSource.token(from: answer(429, #"{"error":"slow_down","error_description":"too many"}"#, headers: ["retry-after": "7"]), defaultLifetime: 1)
+            Issue.record("a 429 must not give a token")
+        } catch {
+            #expect(error.retryAfter == .seconds(7))
+            #expect(error.httpStatus == 429)
+            #expect(error.detail == "HTTP 429 slow_down: too many")
+        }
+    }
+
+    @Test func theGenericSourceFollowsItsPointers() throws {
+        var settings = HTTPSourceConfiguration(url: "http://127.0.0.1:1/t")
+        settings.tokenPointer = "/data/token"
+        settings.expiresAtPointer = "/data/exp"
+        let source = HTTPTokenSource(configuration: settings)
+        let now = Date(timeIntervalSince1970: 1_800_000_000)
+        let token = try source.token(from: answer(200, #"{"data":{"token":"t-1","exp":1800000090}}"#), now: now)
+        #expect(token.accessToken == "t-1" && token.lifetime == .seconds(90))
+        #expect(throws: TokenFetchError.self) { try source.token(from: answer(200, #"{"data":{"exp":1800000090}}"#), now: now) }
+        #expect(throws: TokenFetchError.self) { try source.token(from: answer(200, #"{"data":{"token":"t","exp":1700000000}}"#), now: now) }
+    }
+
+    @Test func clientSecretBasicFormEncodesThenBase64s() throws {
+        var settings = OAuth2SourceConfiguration(tokenURL: "https://issuer.test/token", clientID: "my client")
+        settings.clientSecret = "p@ss:word"
+        settings.scope = "read write"
+        settings.resources = ["https://a.test", "https://b.test"]
+        let request = try OAuth2TokenSource(configuration: settings).request(now: Date())
+        let authorization = request.headers.first { $0.0 == "Authorization" }?.1
+        // RFC 6749 §2.3.1: "my+client:p%40ss%3Aword", then Base64.
+        #expect(authorization == "Basic " + Data("my+client:p%40ss%3Aword".utf8).base64EncodedString())
+        #expect(String(decoding: request.body, as: UTF8.self)
+            == "grant_type=client_credentials&scope=read+write&resource=https%3A%2F%2Fa.test&resource=https%3A%2F%2Fb.test")
+    }
+}
