@@ -16,7 +16,7 @@ public final class BrokerMetrics: Sendable {
     }
 
     private struct State {
-        var requests: [Labels: Int] = [:]
+        var counters: [Labels: RequestCounter] = [:]
         var refreshes: [Labels: Int] = [:]
         var latency: [String: Histogram] = [:]
         var upstreamCodes: [Labels: Int] = [:]
@@ -39,7 +39,19 @@ public final class BrokerMetrics: Sendable {
 
     /// One answered request. `route` is a route's name, such as `/token/ready`, never the raw path.
     public func recordRequest(listener: String, route: String, status: Int) {
-        state.withLock { $0.requests[Labels(a: listener, b: route, c: String(status)), default: 0] += 1 }
+        counter(listener: listener, route: route).record(status: status)
+    }
+
+    /// The request counter of one route, to keep and call on the hot path: it counts by status
+    /// under a lock of its own, with no string work per request.
+    public func counter(listener: String, route: String) -> RequestCounter {
+        state.withLock { state in
+            let key = Labels(a: listener, b: route)
+            if let existing = state.counters[key] { return existing }
+            let counter = RequestCounter()
+            state.counters[key] = counter
+            return counter
+        }
     }
 
     /// One finished upstream fetch.
@@ -82,8 +94,10 @@ public final class BrokerMetrics: Sendable {
         sample("token_broker_build_info", [("version", version)], "1")
 
         family("token_broker_http_requests_total", "counter", "Answered requests by listener, route and status code.")
-        for (key, count) in snapshot.requests.sorted(by: { ($0.key.a, $0.key.b, $0.key.c) < ($1.key.a, $1.key.b, $1.key.c) }) {
-            sample("token_broker_http_requests_total", [("listener", key.a), ("route", key.b), ("code", key.c)], String(count))
+        for (key, counter) in snapshot.counters.sorted(by: { ($0.key.a, $0.key.b) < ($1.key.a, $1.key.b) }) {
+            for (status, count) in counter.counts.sorted(by: { $0.key < $1.key }) {
+                sample("token_broker_http_requests_total", [("listener", key.a), ("route", key.b), ("code", String(status))], String(count))
+            }
         }
 
         family("token_broker_refreshes_total", "counter", "Upstream fetches by provider and result (success or the error's classification).")
@@ -153,5 +167,28 @@ public final class BrokerMetrics: Sendable {
 
     private static func number(_ value: Double) -> String {
         value == value.rounded() && abs(value) < 1e15 ? String(Int64(value)) : String(value)
+    }
+}
+
+/// Answered requests of one route, by status code.
+///
+/// 200, by far the most common, is an atomic counter; other codes share a locked dictionary.
+public final class RequestCounter: Sendable {
+    private let ok = Atomic<Int>(0)
+    private let others = Mutex<[Int: Int]>([:])
+
+    public func record(status: Int) {
+        if status == 200 {
+            ok.add(1, ordering: .relaxed)
+        } else {
+            others.withLock { $0[status, default: 0] += 1 }
+        }
+    }
+
+    var counts: [Int: Int] {
+        var counts = others.withLock { $0 }
+        let okCount = ok.load(ordering: .relaxed)
+        if okCount > 0 { counts[200] = okCount }
+        return counts
     }
 }

@@ -150,6 +150,18 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         return (validToken(at: now), isStale(at: now), wasPaused, actions)
     }
 
+    /// `readCachedToken` without copying the token: its version, staleness and whole seconds
+    /// left. For the request path, which renders a token's answer only when its version changes.
+    public mutating func readCachedSummary(now: Instant) -> (summary: CacheSummary, actions: [Action]) {
+        let wasPaused = isPaused
+        let actions = noteActivity(now: now)
+        guard let token = validToken(at: now) else {
+            return (CacheSummary(version: nil, stale: false, secondsLeft: nil, wasPaused: wasPaused), actions)
+        }
+        let left = token.expiresAt.map { max(0, Int(now.duration(to: $0).components.seconds)) }
+        return (CacheSummary(version: token.version, stale: isStale(at: now), secondsLeft: left, wasPaused: wasPaused), actions)
+    }
+
     /// Registers a waiter for a valid token newer than `after` (`onTokenReady`).
     ///
     /// - Parameter onDemand: true for `getToken` without background refresh: the waiter wants a
@@ -313,4 +325,15 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         fetchDueAt = nil
         return [.startFetch]
     }
+}
+
+/// What a read of the cache saw, in plain values: no token is copied.
+public struct CacheSummary: Sendable, Equatable {
+    /// The valid token's version, or nil when there is none.
+    public var version: UInt64?
+    public var stale: Bool
+    /// Whole seconds until the token expires; nil for a token without expiry.
+    public var secondsLeft: Int?
+    /// The read woke a provider paused while idle.
+    public var wasPaused: Bool
 }

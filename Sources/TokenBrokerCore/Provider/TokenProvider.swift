@@ -112,6 +112,25 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         return result
     }
 
+    /// `readCache` in plain values, for the request path: counts as activity, copies no token.
+    public func readSummary() -> CacheSummary {
+        var summary = CacheSummary(version: nil, stale: false, secondsLeft: nil, wasPaused: false)
+        apply { machine, now in
+            let read = machine.readCachedSummary(now: now)
+            summary = read.summary
+            return read.actions
+        }
+        return summary
+    }
+
+    /// The valid cached token, without counting as activity (to render an answer already counted).
+    public func peekToken() -> (token: Token, stale: Bool)? {
+        let now = clock.now
+        return state.withLock { state in
+            state.machine.validToken(at: now).map { ($0, state.machine.isStale(at: now)) }
+        }
+    }
+
     /// `getToken`: the cached token with background refresh; without it, a freshly fetched one,
     /// waiting through the retries, then the previous valid token (stale), or nil.
     public func getToken() async -> (token: Token, stale: Bool)? {

@@ -14,7 +14,7 @@ extension TokenAPI {
     /// `GET /token/ready?after=N&timeout=S` (or `If-None-Match: "N"`): answers 200 as soon as a
     /// valid token newer than N is cached, 304 when none came in time, 503 when no valid token
     /// could be had. The connection waits suspended, not a thread.
-    func ready(_ endpoint: Endpoint, _ request: HTTPRequest, label: String) -> HTTPReply {
+    func ready(_ endpoint: Endpoint, _ request: HTTPRequest, label: RequestCounter) -> HTTPReply {
         let after: UInt64?
         let timeout: Duration
         do {
@@ -33,7 +33,7 @@ extension TokenAPI {
     }
 
     /// Suspends the request until the provider completes its waiter.
-    func wait(_ endpoint: Endpoint, after: UInt64?, timeout: Duration, mode: WaitMode, label: String) -> HTTPReply {
+    func wait(_ endpoint: Endpoint, after: UInt64?, timeout: Duration, mode: WaitMode, label: RequestCounter) -> HTTPReply {
         let provider = endpoint.provider
         let deadline = provider.deadline(in: timeout)
         return .deferred { [self] responder in

@@ -7,7 +7,7 @@ extension TokenAPI {
     /// version, or absent, the provider refreshes once for everybody (single flight) and the answer
     /// comes as from `/token/ready`. If N is older, the current token comes back at once. Past
     /// the refresh window: 429 `excessive_refresh` with `Retry-After`.
-    func refresh(_ endpoint: Endpoint, _ request: HTTPRequest, label: String) -> HTTPReply {
+    func refresh(_ endpoint: Endpoint, _ request: HTTPRequest, label: RequestCounter) -> HTTPReply {
         let rejected: UInt64?
         let timeout: Duration
         do {

@@ -3,16 +3,17 @@ import TokenBrokerCore
 extension TokenAPI {
     /// `GET /token`: the cached token with background refresh; without it, a token fetched for
     /// this request while its connection waits suspended.
-    func token(_ endpoint: Endpoint, label: String) -> HTTPReply {
+    func token(_ endpoint: Endpoint, label: RequestCounter) -> HTTPReply {
         let provider = endpoint.provider
         guard !provider.configuration.backgroundRefreshEnabled else {
-            let read = provider.readCache()
-            guard let token = read.token else {
-                return record(label, .response(Self.unavailable(provider, wasPaused: read.wasPaused)))
+            let summary = provider.readSummary()
+            guard let version = summary.version,
+                let response = endpoint.responses.response(for: summary, version: version, token: provider.peekToken, now: provider.clock.now)
+            else {
+                return record(label, .response(Self.unavailable(provider, wasPaused: summary.wasPaused)))
             }
-            let stale = read.stale
-            if stale { metrics.recordStaleServed(provider: provider.name) }
-            return record(label, .response(endpoint.responses.response(for: token, stale: stale, now: provider.clock.now)))
+            if summary.stale { metrics.recordStaleServed(provider: provider.name) }
+            return record(label, .response(response))
         }
         let deadline = provider.deadline(in: maxWait)
         return .deferred { [self] responder in

@@ -18,13 +18,29 @@ public final class TokenAPI: HTTPHandler {
     struct Endpoint: Sendable {
         let provider: Provider
         let responses: TokenResponseCache
-        /// The route-name prefix for metrics: `""` or `/providers/{name}`.
-        let routePrefix: String
+        /// Request counters of `/token`, `/token/ready` and `/token/refresh`, in `Route` order.
+        let counters: [RequestCounter]
+
+        init(provider: Provider, responses: TokenResponseCache, routePrefix: String, metrics: BrokerMetrics) {
+            self.provider = provider
+            self.responses = responses
+            counters = Route.allCases.map { metrics.counter(listener: "token", route: routePrefix + $0.rawValue) }
+        }
+
+        func counter(_ route: Route) -> RequestCounter { counters[route.index] }
     }
 
     /// A token route, as the router found it.
-    enum Route: String {
+    enum Route: String, CaseIterable {
         case token = "/token", ready = "/token/ready", refresh = "/token/refresh"
+
+        var index: Int {
+            switch self {
+            case .token: 0
+            case .ready: 1
+            case .refresh: 2
+            }
+        }
     }
 
     let endpoints: [String: Endpoint]
@@ -33,6 +49,9 @@ public final class TokenAPI: HTTPHandler {
     let metrics: BrokerMetrics
     private let guardRequests: Bool
     private let jwks: HTTPResponse
+    private let jwksCounter: RequestCounter
+    private let unknownProviderCounter: RequestCounter
+    private let otherCounter: RequestCounter
 
     /// - Parameters:
     ///   - providers: the providers; the first answers the routes without `/providers/{name}`.
@@ -46,11 +65,14 @@ public final class TokenAPI: HTTPHandler {
             endpoints[provider.name] = Endpoint(
                 provider: provider,
                 responses: TokenResponseCache(providerName: provider.name, cookie: provider.configuration.cookie),
-                routePrefix: "/providers/{name}")
+                routePrefix: "/providers/{name}", metrics: metrics)
         }
         self.endpoints = endpoints
         defaultEndpoint = Endpoint(
-            provider: providers[0], responses: endpoints[providers[0].name]!.responses, routePrefix: "")
+            provider: providers[0], responses: endpoints[providers[0].name]!.responses, routePrefix: "", metrics: metrics)
+        jwksCounter = metrics.counter(listener: "token", route: "/.well-known/jwks.json")
+        unknownProviderCounter = metrics.counter(listener: "token", route: "/providers/{name}")
+        otherCounter = metrics.counter(listener: "token", route: "other")
         self.jwks = HTTPResponse(status: 200, json: jwks, headers: [("Cache-Control", "public, max-age=300")])
         self.maxWait = maxWait
         self.guardRequests = requestGuard
@@ -60,22 +82,28 @@ public final class TokenAPI: HTTPHandler {
     public func handle(_ request: HTTPRequest) -> HTTPReply {
         let path = request.path
         if path == "/.well-known/jwks.json" {
-            return record("/.well-known/jwks.json", Self.only(["GET", "HEAD"], request) ?? .response(jwks))
+            return record(jwksCounter, Self.only(["GET", "HEAD"], request) ?? .response(jwks))
         }
         var endpoint = defaultEndpoint
         var rest = Substring(path)
         if path.hasPrefix("/providers/") {
             let tail = path.dropFirst("/providers/".count)
             let name = tail.prefix { $0 != "/" }
-            guard name.count < tail.count else { return record("other", .response(Responses.notFound(path))) }
+            guard name.count < tail.count else { return record(otherCounter, .response(Responses.notFound(path))) }
             guard let named = endpoints[String(name)] else {
-                return record("/providers/{name}", .response(.error(404, "unknown_provider", "no provider is named \(JSONText.quoted(String(name.prefix(64))))")))
+                return record(unknownProviderCounter, .response(.error(404, "unknown_provider", "no provider is named \(JSONText.quoted(String(name.prefix(64))))")))
             }
             endpoint = named
             rest = tail[name.endIndex...]
         }
-        guard let route = Route(rawValue: String(rest)) else { return record("other", .response(Responses.notFound(path))) }
-        let label = endpoint.routePrefix + route.rawValue
+        let route: Route
+        switch rest {
+        case "/token": route = .token
+        case "/token/ready": route = .ready
+        case "/token/refresh": route = .refresh
+        default: return record(otherCounter, .response(Responses.notFound(path)))
+        }
+        let label = endpoint.counter(route)
         let methods = route == .refresh ? ["POST"] : ["GET", "HEAD"]
         if let refusal = Self.only(methods, request) { return record(label, refusal) }
         if guardRequests, let refusal = RequestGuard.check(request) { return record(label, .response(refusal)) }
@@ -88,15 +116,15 @@ public final class TokenAPI: HTTPHandler {
 
     // MARK: - Shared helpers
 
-    /// Counts an immediate answer under its route's name; deferred ones count when answered.
-    func record(_ route: String, _ reply: HTTPReply) -> HTTPReply {
-        if case .response(let response) = reply { metrics.recordRequest(listener: "token", route: route, status: response.status) }
+    /// Counts an immediate answer under its route; deferred ones count when answered.
+    func record(_ counter: RequestCounter, _ reply: HTTPReply) -> HTTPReply {
+        if case .response(let response) = reply { counter.record(status: response.status) }
         return reply
     }
 
     /// Answers a suspended request and counts it.
-    func answer(_ responder: HTTPResponder, _ response: HTTPResponse, route: String) {
-        metrics.recordRequest(listener: "token", route: route, status: response.status)
+    func answer(_ responder: HTTPResponder, _ response: HTTPResponse, route: RequestCounter) {
+        route.record(status: response.status)
         responder.respond(response)
     }
 

@@ -10,7 +10,12 @@ final class TokenResponseCache: Sendable {
         var expiresIn: Int?
     }
 
-    private let current = Mutex<(key: Key, response: HTTPResponse)?>(nil)
+    private struct Entry {
+        var key: Key
+        var response: HTTPResponse
+    }
+
+    private let current = Mutex<Entry?>(nil)
     private let providerName: String
     private let cookie: CookieSettings
 
@@ -19,12 +24,23 @@ final class TokenResponseCache: Sendable {
         self.cookie = cookie
     }
 
+    /// The answer for what `summary` saw, from the cache when its key is unchanged; otherwise
+    /// rendered from `token()`, which is called only then.
+    func response(for summary: CacheSummary, version: UInt64, token: () -> (CachedToken<ContinuousClock.Instant>, Bool)?, now: ContinuousClock.Instant)
+        -> HTTPResponse?
+    {
+        let key = Key(version: version, stale: summary.stale, expiresIn: summary.secondsLeft)
+        if let hit = current.withLock({ $0?.key == key ? $0?.response : nil }) { return hit }
+        guard let (fresh, stale) = token() else { return nil }
+        return response(for: fresh, stale: stale, now: now)
+    }
+
     /// The answer for `token`, rendered only when its key changed.
     func response(for token: CachedToken<ContinuousClock.Instant>, stale: Bool, now: ContinuousClock.Instant) -> HTTPResponse {
         let key = Key(version: token.version, stale: stale, expiresIn: TokenResponseBody.secondsLeft(token, at: now))
         if let hit = current.withLock({ $0?.key == key ? $0?.response : nil }) { return hit }
         let response = Self.render(token, stale: stale, expiresIn: key.expiresIn, provider: providerName, cookie: cookie)
-        current.withLock { $0 = (key, response) }
+        current.withLock { $0 = Entry(key: key, response: response) }
         return response
     }
 

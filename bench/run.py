@@ -1,0 +1,484 @@
+#!/usr/bin/env python3
+"""token-broker's benchmarks: speed, footprint and manners towards the issuer.
+
+    make bench                          (installs nginx and wrk, builds, then runs this)
+    python3 bench/run.py [--rounds 3] [--seconds 8] [--manners-seconds 300] [--out bench/results]
+
+Everything runs on 127.0.0.1 with bounded durations. Comparisons alternate A/B/C in every
+round and report medians and ratios. Writes results.json, results.md and rss.png to --out.
+"""
+import argparse
+import asyncio
+import json
+import os
+import re
+import resource
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from issuer import CountingIssuer  # noqa: E402
+import startup  # noqa: E402
+
+BINARY = os.path.join(ROOT, ".build/release/token-broker")
+GUARD = "Token-Broker-Request: true"
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+# ---------------------------------------------------------------------------- processes
+
+class Broker:
+    """The broker on ephemeral ports, with an optional configuration."""
+
+    def __init__(self, config=None):
+        self.dir = tempfile.mkdtemp(prefix="tb-bench-")
+        command = [BINARY]
+        if config is not None:
+            path = os.path.join(self.dir, "config.json")
+            with open(path, "w") as handle:
+                json.dump(config, handle)
+            command += ["--config", path]
+        self.log = open(os.path.join(self.dir, "log"), "w+")
+        env = {"PATH": "/usr/bin:/bin", "TOKEN_BROKER_LISTEN": "127.0.0.1:0", "TOKEN_BROKER_ADMIN_LISTEN": "127.0.0.1:0"}
+        self.process = subprocess.Popen(command, stderr=self.log, env=env)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            self.log.seek(0)
+            found = dict(re.findall(r"msg=listening listener=(token|admin) address=(\S+)", self.log.read()))
+            if len(found) == 2:
+                self.token, self.admin = found["token"], found["admin"]
+                return
+            time.sleep(0.02)
+        raise RuntimeError("the broker did not start")
+
+    @property
+    def pid(self):
+        return self.process.pid
+
+    def stop(self):
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(15)
+
+
+class Nginx:
+    def __init__(self, body):
+        self.dir = tempfile.mkdtemp(prefix="tb-nginx-")
+        escaped = body.replace("\\", "\\\\").replace("'", "\\'")
+        with open(os.path.join(self.dir, "nginx.conf"), "w") as handle:
+            handle.write(f"""worker_processes 2;
+pid {self.dir}/nginx.pid;
+error_log {self.dir}/error.log;
+daemon off;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  server {{
+    listen 127.0.0.1:0;
+    location / {{ default_type application/json; add_header Cache-Control no-store; add_header ETag '"1"'; return 200 '{escaped}'; }}
+  }}
+}}
+""")
+        # nginx cannot report an ephemeral port, so take one the kernel just handed out.
+        import socket
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        conf = os.path.join(self.dir, "nginx.conf")
+        text = open(conf).read().replace("127.0.0.1:0", f"127.0.0.1:{port}")
+        open(conf, "w").write(text)
+        self.process = subprocess.Popen(["nginx", "-c", conf, "-p", self.dir])
+        self.token = f"127.0.0.1:{port}"
+        wait_for_port(port)
+
+    def pids(self):
+        """The master and its workers: CPU is counted over all of them."""
+        children = subprocess.run(["pgrep", "-P", str(self.process.pid)], capture_output=True, text=True).stdout.split()
+        return [self.process.pid] + [int(p) for p in children]
+
+    def stop(self):
+        self.process.send_signal(signal.SIGQUIT)
+        self.process.wait(15)
+
+
+class CServer:
+    def __init__(self, body_file, binary):
+        self.process = subprocess.Popen([binary, "0", body_file], stdout=subprocess.PIPE, text=True)
+        line = self.process.stdout.readline()
+        self.token = line.split()[1]
+
+    @property
+    def pid(self):
+        return self.process.pid
+
+    def stop(self):
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(15)
+
+
+def wait_for_port(port, timeout=10):
+    import socket
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.02)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+def cpu_seconds(pids):
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / TICKS
+
+
+def rss_mib(pid):
+    with open(f"/proc/{pid}/status") as handle:
+        for line in handle:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def http_get(address, path, headers=()):
+    import http.client
+    host, port = address.rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    connection.request("GET", path, headers={"Token-Broker-Request": "true", **dict(headers)})
+    response = connection.getresponse()
+    body = response.read()
+    connection.close()
+    return response.status, body
+
+
+def http_post(address, path, body=b""):
+    import http.client
+    host, port = address.rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    connection.request("POST", path, body=body, headers={"Token-Broker-Request": "true"})
+    response = connection.getresponse()
+    data = response.read()
+    connection.close()
+    return response.status, data
+
+
+# ---------------------------------------------------------------------------- 1. cached GET /token
+
+def wrk(address, seconds):
+    output = subprocess.run(["wrk", "-t2", "-c64", f"-d{seconds}s", "--latency", "-H", GUARD, f"http://{address}/token"],
+                            capture_output=True, text=True, timeout=seconds + 30).stdout
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1))
+    requests = int(re.search(r"(\d+) requests in", output).group(1))
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", output)
+
+    def latency(label):
+        value, unit = re.search(rf"\s{label}%\s+([\d.]+)(us|ms|s)", output).groups()
+        return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+
+    return {"rps": rps, "requests": requests, "p50_ms": latency("50"), "p99_ms": latency("99"),
+            "non_2xx": int(errors.group(1)) if errors else 0}
+
+
+def cached_token(rounds, seconds, c_binary):
+    broker = Broker()
+    _, body = http_get(broker.token, "/token")
+    body_file = os.path.join(broker.dir, "body.json")
+    with open(body_file, "wb") as handle:
+        handle.write(body)
+    servers = {"token-broker": broker, "nginx": Nginx(body.decode()), "c-libmicrohttpd": CServer(body_file, c_binary)}
+    results = {name: [] for name in servers}
+    try:
+        for _ in range(rounds):
+            for name, server in servers.items():
+                pids = server.pids() if isinstance(server, Nginx) else [server.pid]
+                before = cpu_seconds(pids)
+                run = wrk(server.token, seconds)
+                run["cpu_us_per_request"] = (cpu_seconds(pids) - before) * 1e6 / max(run["requests"], 1)
+                results[name].append(run)
+                time.sleep(1)
+    finally:
+        for server in servers.values():
+            server.stop()
+    summary = {name: {key: statistics.median(r[key] for r in runs) for key in runs[0]} for name, runs in results.items()}
+    ratios = {
+        "rps_vs_nginx": [b["rps"] / n["rps"] for b, n in zip(results["token-broker"], results["nginx"])],
+        "cpu_vs_c": [b["cpu_us_per_request"] / c["cpu_us_per_request"] for b, c in zip(results["token-broker"], results["c-libmicrohttpd"])],
+    }
+    return {"rounds": results, "median": summary, "ratios": {k: {"per_round": v, "median": statistics.median(v)} for k, v in ratios.items()},
+            "body_bytes": len(body)}
+
+
+# ---------------------------------------------------------------------------- 2. long-poll scale
+
+async def long_poll_burst(address, count, refresh):
+    """Opens `count` waiting long-polls, then refreshes once; returns wake-up delays in ms."""
+    host, port = address.rsplit(":", 1)
+    _, current = await asyncio.get_running_loop().run_in_executor(None, lambda: http_get(address, "/token"))
+    version = json.loads(current)["version"]
+    request = (f"GET /token/ready?after={version}&timeout=60 HTTP/1.1\r\nHost: b\r\n{GUARD}\r\nConnection: close\r\n\r\n").encode()
+    streams = []
+    for start in range(0, count, 500):
+        batch = await asyncio.gather(*(asyncio.open_connection(host, int(port)) for _ in range(min(500, count - start))))
+        for reader, writer in batch:
+            writer.write(request)
+        streams += batch
+    await asyncio.gather(*(writer.drain() for _, writer in streams))
+    await refresh(version)  # returns once every waiter is registered and the refresh was sent
+    sent = time.monotonic()
+
+    async def read(reader, writer):
+        data = await asyncio.wait_for(reader.read(), 60)
+        writer.close()
+        return time.monotonic(), data
+
+    answers = await asyncio.gather(*(read(r, w) for r, w in streams))
+    delays = [(at - sent) * 1000 for at, _ in answers]
+    ok = sum(1 for _, data in answers if data.startswith(b"HTTP/1.1 200") and f'"version":{version + 1}'.encode() in data)
+    return delays, ok
+
+
+def long_poll(waiters, bursts):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, waiters * 2 + 1000), hard))
+    broker = Broker({"connectionLimit": waiters + 2000})
+    samples = []
+    stop = threading.Event()
+
+    def sample():
+        started = time.monotonic()
+        while not stop.is_set():
+            samples.append((time.monotonic() - started, rss_mib(broker.pid)))
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    results = []
+    try:
+        time.sleep(0.5)
+        idle = rss_mib(broker.pid)
+        for _ in range(bursts):
+            async def refresh(version):
+                loop = asyncio.get_running_loop()
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline:
+                    _, metrics = await loop.run_in_executor(None, lambda: http_admin(broker.admin, "/metrics"))
+                    if re.search(rf'token_broker_longpoll_waiters{{provider="default"}} {waiters}\b', metrics):
+                        break
+                    await asyncio.sleep(0.05)
+                await loop.run_in_executor(None, lambda: http_post(broker.token, "/token/refresh", json.dumps({"rejected_version": version}).encode()))
+
+            delays, ok = asyncio.run(long_poll_burst(broker.token, waiters, refresh))
+            time.sleep(1)
+            delays.sort()
+            results.append({"answered_200": ok, "p50_ms": delays[len(delays) // 2], "p99_ms": delays[int(len(delays) * 0.99) - 1],
+                            "max_ms": delays[-1], "rss_after_mib": rss_mib(broker.pid)})
+    finally:
+        stop.set()
+        sampler.join()
+        broker.stop()
+    peak = max(rss for _, rss in samples)
+    first_after = results[0]["rss_after_mib"]
+    return {"waiters": waiters, "bursts": results, "idle_rss_mib": idle, "peak_rss_mib": peak,
+            "rss_growth_after_bursts_pct": (results[-1]["rss_after_mib"] - first_after) / first_after * 100, "samples": samples}
+
+
+def http_admin(address, path):
+    import http.client
+    host, port = address.rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    connection.request("GET", path)
+    response = connection.getresponse()
+    data = response.read().decode()
+    connection.close()
+    return response.status, data
+
+
+# ---------------------------------------------------------------------------- 3. coalescing
+
+async def concurrent(address, requests):
+    host, port = address.rsplit(":", 1)
+
+    async def one(raw):
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(raw)
+        data = await asyncio.wait_for(reader.read(), 60)
+        writer.close()
+        return data
+
+    results = []
+    opened = []
+    for start in range(0, len(requests), 250):
+        opened += [asyncio.ensure_future(one(raw)) for raw in requests[start:start + 250]]
+        await asyncio.sleep(0.01)
+    results = await asyncio.gather(*opened)
+    return results
+
+
+def coalescing():
+    issuer = CountingIssuer(lifetime=300, delay=2.0)
+    config = {"providers": [{"source": {"type": "http", "url": issuer.url, "expiresInPointer": "/expires_in"}}]}
+    try:
+        broker = Broker(config)
+        ready = f"GET /token/ready?timeout=30 HTTP/1.1\r\nHost: b\r\n{GUARD}\r\nConnection: close\r\n\r\n".encode()
+        answers = asyncio.run(concurrent(broker.token, [ready] * 1000))
+        cold = {"requests": 1000, "answered_200": sum(a.startswith(b"HTTP/1.1 200") for a in answers), "upstream_fetches": issuer.count}
+        before = issuer.count
+        body = b'{"rejected_version": 1}'
+        refresh = (f"POST /token/refresh HTTP/1.1\r\nHost: b\r\n{GUARD}\r\nConnection: close\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+        answers = asyncio.run(concurrent(broker.token, [refresh] * 1000))
+        forced = {"requests": 1000, "answered_200": sum(a.startswith(b"HTTP/1.1 200") for a in answers), "upstream_fetches": issuer.count - before}
+        broker.stop()
+    finally:
+        issuer.close()
+    return {"cold_start_ready": cold, "refresh_same_version": forced}
+
+
+# ---------------------------------------------------------------------------- 5. manners
+
+def manners(seconds):
+    healthy = CountingIssuer(lifetime=30)
+    config = {"providers": [{"source": {"type": "http", "url": healthy.url, "expiresInPointer": "/expires_in"}}]}
+    broker = Broker(config)
+    started = time.monotonic()
+    try:
+        while time.monotonic() - started < seconds:  # a client reads every 5 s, so refresh never pauses
+            http_get(broker.token, "/token")
+            time.sleep(5)
+    finally:
+        broker.stop()
+        healthy.close()
+    fetches = healthy.count
+    # The rule: a fetch at start, then one at 75–85 % of each 30 s lifetime (22.5–25.5 s apart).
+    expected_low = 1 + int(seconds // 25.5)
+    expected_high = 1 + int(seconds // 22.5)
+    intervals = [b - a for a, b in zip(healthy.times, healthy.times[1:])]
+    healthy_result = {"seconds": seconds, "lifetime_s": 30, "upstream_fetches": fetches, "expected": [expected_low, expected_high],
+                      "within_rule": expected_low - 1 <= fetches <= expected_high + 1,
+                      "median_interval_s": statistics.median(intervals) if intervals else None}
+
+    failing = CountingIssuer(lifetime=30)
+    failing.failing = True
+    config = {"providers": [{"source": {"type": "http", "url": failing.url}, "maxRetryCount": 5, "maxErrorTokenRefreshDelayMsec": 5000}]}
+    broker = Broker(config)
+    time.sleep(19)
+    broker.stop()
+    failing.close()
+    observed = [round((b - a) * 1000) for a, b in zip(failing.times, failing.times[1:])]
+    expected = [100, 200, 400, 800, 1600] + [5000] * max(0, len(observed) - 5)
+    return {"healthy": healthy_result,
+            "failing": {"observed_ms": observed, "expected_ms": expected[:len(observed)],
+                        "note": "backoff waits have ±20 % jitter; the 5 s cadence has none"}}
+
+
+# ---------------------------------------------------------------------------- report
+
+def plot(longpoll_result, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    times = [t for t, _ in longpoll_result["samples"]]
+    rss = [r for _, r in longpoll_result["samples"]]
+    figure, axis = plt.subplots(figsize=(8, 4))
+    axis.plot(times, rss, linewidth=1.2)
+    axis.axhline(96, color="red", linestyle="--", linewidth=0.8, label="target: 96 MB")
+    axis.set_xlabel("seconds")
+    axis.set_ylabel("RSS (MiB)")
+    axis.set_title(f"token-broker RSS over {len(longpoll_result['bursts'])} bursts of {longpoll_result['waiters']} long-polls")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+
+
+def markdown(results):
+    c = results["cached_token"]["median"]
+    r = results["cached_token"]["ratios"]
+    lp = results["long_poll"]
+    co = results["coalescing"]
+    fp = results["footprint"]
+    ma = results["manners"]
+    lines = ["| benchmark | measure | result | target | met |", "|---|---|---|---|---|"]
+    for name in ("token-broker", "nginx", "c-libmicrohttpd"):
+        s = c[name]
+        lines.append(f"| cached GET /token, {name} | req/s; p50 / p99; CPU per request | {s['rps']:,.0f}; {s['p50_ms']:.2f} / {s['p99_ms']:.2f} ms; {s['cpu_us_per_request']:.1f} µs | | |")
+    lines.append(f"| cached GET /token | token-broker ÷ nginx req/s (median of rounds) | {r['rps_vs_nginx']['median']:.2f} | ≥ 0.95 | {'yes' if r['rps_vs_nginx']['median'] >= 0.95 else 'no'} |")
+    lines.append(f"| cached GET /token | token-broker ÷ C CPU per request | {r['cpu_vs_c']['median']:.2f} | ≤ 1.10 | {'yes' if r['cpu_vs_c']['median'] <= 1.10 else 'no'} |")
+    worst_p99 = max(b["p99_ms"] for b in lp["bursts"])
+    all_ok = all(b["answered_200"] == lp["waiters"] for b in lp["bursts"])
+    lines.append(f"| long-poll, {lp['waiters']} waiters × {len(lp['bursts'])} bursts | answered 200 with the new token | {', '.join(str(b['answered_200']) for b in lp['bursts'])} | all | {'yes' if all_ok else 'no'} |")
+    lines.append(f"| long-poll | p99 wake-up after the refresh (worst burst) | {worst_p99:.0f} ms | ≤ 100 ms | {'yes' if worst_p99 <= 100 else 'no'} |")
+    lines.append(f"| long-poll | peak RSS | {lp['peak_rss_mib']:.1f} MiB | ≤ 96 MB | {'yes' if lp['peak_rss_mib'] * 1.048576 <= 96 else 'no'} |")
+    lines.append(f"| long-poll | RSS after the last burst vs after the first | {lp['rss_growth_after_bursts_pct']:+.1f} % | within 10 % | {'yes' if abs(lp['rss_growth_after_bursts_pct']) <= 10 else 'no'} |")
+    for key, label in (("cold_start_ready", "1000 × /token/ready at a cold start"), ("refresh_same_version", "1000 × POST /token/refresh, same version")):
+        item = co[key]
+        lines.append(f"| coalescing | {label}: upstream fetches (answered 200) | {item['upstream_fetches']} ({item['answered_200']}) | 1 | {'yes' if item['upstream_fetches'] == 1 else 'no'} |")
+    lines.append(f"| footprint | idle RSS | {fp['idle_rss_mib']:.1f} MiB | ≤ 16 MB | {'yes' if fp['idle_rss_mib'] * 1.048576 <= 16 else 'no'} |")
+    lines.append(f"| footprint | exec → first /healthz 200 (median) | {fp['ready_ms']:.1f} ms | ≤ 100 ms | {'yes' if fp['ready_ms'] <= 100 else 'no'} |")
+    lines.append(f"| footprint | binary size (static Swift stdlib; stripped) | {fp['binary_mb']:.1f} MB; {fp['stripped_mb']:.1f} MB | | |")
+    h = ma["healthy"]
+    lines.append(f"| manners, healthy issuer | fetches in {h['seconds']} s with 30 s tokens (rule: {h['expected'][0]}–{h['expected'][1]}) | {h['upstream_fetches']} | rule ± 1 | {'yes' if h['within_rule'] else 'no'} |")
+    f = ma["failing"]
+    lines.append(f"| manners, failing issuer | intervals between fetches, observed vs expected (ms) | {f['observed_ms']} vs {f['expected_ms']} | backoff, then 5 s | |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=int, default=8)
+    parser.add_argument("--waiters", type=int, default=10000)
+    parser.add_argument("--bursts", type=int, default=3)
+    parser.add_argument("--manners-seconds", type=int, default=300)
+    parser.add_argument("--c-server", default=os.path.join(ROOT, ".build/bench/minimal"))
+    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--only", choices=["cached", "longpoll"], help="run one benchmark and print its JSON (for profiling work)")
+    options = parser.parse_args()
+    if options.only == "cached":
+        print(json.dumps(cached_token(options.rounds, options.seconds, options.c_server)["median"], indent=1))
+        return
+    if options.only == "longpoll":
+        result = long_poll(options.waiters, options.bursts)
+        result.pop("samples")
+        print(json.dumps(result, indent=1))
+        return
+    os.makedirs(options.out, exist_ok=True)
+
+    results = {"machine": {"cpus": os.cpu_count(), "kernel": os.uname().release}}
+    print("1/5 cached GET /token ...", flush=True)
+    results["cached_token"] = cached_token(options.rounds, options.seconds, options.c_server)
+    print("2/5 long-poll scale ...", flush=True)
+    results["long_poll"] = long_poll(options.waiters, options.bursts)
+    print("3/5 coalescing ...", flush=True)
+    results["coalescing"] = coalescing()
+    print("4/5 footprint ...", flush=True)
+    runs = [startup.one_run(BINARY) for _ in range(10)]
+    stripped = os.path.join(tempfile.mkdtemp(), "token-broker")
+    subprocess.run(["strip", "-o", stripped, BINARY], check=True)
+    results["footprint"] = {"ready_ms": statistics.median(r[0] for r in runs) * 1000, "idle_rss_mib": statistics.median(r[1] for r in runs) / 1024,
+                            "binary_mb": os.path.getsize(BINARY) / 1e6, "stripped_mb": os.path.getsize(stripped) / 1e6}
+    print(f"5/5 manners ({options.manners_seconds} s healthy, 19 s failing) ...", flush=True)
+    results["manners"] = manners(options.manners_seconds)
+
+    plot(results["long_poll"], os.path.join(options.out, "rss.png"))
+    samples = results["long_poll"].pop("samples")
+    with open(os.path.join(options.out, "results.json"), "w") as handle:
+        json.dump(results, handle, indent=2)
+    table = markdown(results)
+    with open(os.path.join(options.out, "results.md"), "w") as handle:
+        handle.write(table)
+    print(table)
+    del samples
+
+
+if __name__ == "__main__":
+    main()
