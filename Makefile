@@ -17,7 +17,7 @@ RELEASE_FLAGS := -c release --static-swift-stdlib
 BIN := .build/release/token-broker
 VENV := .venv
 
-.PHONY: run test deps build unit-test integration-test contract-test container-check clean
+.PHONY: run test deps build unit-test integration-test contract-test container-check bench clean
 
 run: deps build
 	@echo "token-broker: token listener http://127.0.0.1:8080/token, admin http://127.0.0.1:9090/healthz (Ctrl-C stops it)"
@@ -58,6 +58,18 @@ $(VENV)/.installed: Tests/integration/requirements.txt | deps
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q -r Tests/integration/requirements.txt
 	touch $@
+
+# Benchmarks, not tests: compared with nginx and a plain C libmicrohttpd server; about 8 minutes.
+# Results go to bench/results/ (results.json, results.md, rss.png); see BENCHMARKS.md.
+bench: build $(VENV)/.installed
+	@for package in nginx-light wrk; do dpkg-query -W -f='$${Status}' $$package 2>/dev/null | grep -q 'install ok installed' || \
+		{ $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx-light wrk; break; }; done
+	$(VENV)/bin/python -m pip install -q -r bench/requirements.txt
+	mkdir -p .build/bench
+	cc -O2 -Wall -o .build/bench/minimal bench/c-server/minimal.c -lmicrohttpd
+	cc -O2 -Wall -o .build/bench/longpoll bench/longpoll-client/longpoll.c
+	cc -O2 -Wall -pthread -o .build/bench/release-all bench/longpoll-client/release-all.c
+	$(VENV)/bin/python bench/run.py
 
 clean:
 	rm -rf .build $(VENV)

@@ -91,6 +91,7 @@ enum Broker {
             var tokenSettings = HTTPServer.Configuration(address: configuration.listen)
             tokenSettings.connectionLimit = configuration.connectionLimit
             tokenSettings.connectionTimeoutSec = configuration.connectionTimeoutSec
+            tokenSettings.connectionMemoryLimit = configuration.connectionMemoryKiB * 1024
             tokenServer = try HTTPServer(
                 configuration: tokenSettings,
                 handler: TokenAPI(

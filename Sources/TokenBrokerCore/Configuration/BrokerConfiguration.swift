@@ -19,6 +19,9 @@ public struct BrokerConfiguration: Sendable, Equatable {
     public var connectionLimit: Int
     /// Seconds a connection may stay idle before it is closed. Default 30; 1–3600.
     public var connectionTimeoutSec: Int
+    /// Each connection's buffer for request and answer headers, in KiB; larger request headers
+    /// get 431. Default 4 (about 3 KiB of request headers); 4–1024.
+    public var connectionMemoryKiB: Int
     /// Require `Token-Broker-Request: true` on token routes and refuse `X-Forwarded-For`. Default true.
     public var requestGuard: Bool
     /// The longest a request may wait for a token (on-demand fetches, long-polls). Default 60; 1–3600.
@@ -34,6 +37,7 @@ public struct BrokerConfiguration: Sendable, Equatable {
     ) {
         self.maxWaitSec = maxWaitSec
         self.requestGuard = true
+        self.connectionMemoryKiB = 4
         self.listen = listen ?? (try! ListenAddress(parsing: Self.defaultListen))
         self.adminListen = adminListen ?? (try! ListenAddress(parsing: Self.defaultAdminListen))
         self.providers = providers
@@ -57,6 +61,7 @@ public struct BrokerConfiguration: Sendable, Equatable {
         connectionTimeoutSec = try reader.int("connectionTimeoutSec", 1...3600, default: connectionTimeoutSec)
         maxWaitSec = try reader.int("maxWaitSec", 1...3600, default: maxWaitSec)
         requestGuard = try reader.bool("requestGuard", default: requestGuard)
+        connectionMemoryKiB = try reader.int("connectionMemoryKiB", 4...1024, default: connectionMemoryKiB)
         if let items = try reader.array("providers") {
             guard !items.isEmpty else {
                 throw ConfigurationError(key: "providers", "must list at least one provider")

@@ -19,8 +19,9 @@ public final class HTTPServer: @unchecked Sendable {
         /// `MHD_OPTION_CONNECTION_LIMIT`: open connections at most.
         public var connectionLimit: Int = 10_000
         /// `MHD_OPTION_CONNECTION_MEMORY_LIMIT`: each connection's buffer for the request line,
-        /// headers and answer; larger headers get 431.
-        public var connectionMemoryLimit: Int = 32 * 1024
+        /// headers and the answer's headers; larger request headers get 431. It is also most of
+        /// what a waiting long-poll costs, so it is small: 4 KiB holds about 3 KiB of headers.
+        public var connectionMemoryLimit: Int = 4 * 1024
         /// `MHD_OPTION_CONNECTION_TIMEOUT`: seconds an idle connection is kept. Suspended
         /// connections do not time out by themselves.
         public var connectionTimeoutSec: Int = 30
@@ -38,7 +39,7 @@ public final class HTTPServer: @unchecked Sendable {
     private let handler: any HTTPHandler
     private var daemon: OpaquePointer?
     private var listenSocket: Int32 = -1
-    private let suspended = Mutex<[ObjectIdentifier: HTTPResponder]>([:])
+    private let suspended = Mutex<Suspended>(Suspended())
     private let hangups = HangupWatcher()
     private let requestsInFlight = Atomic<Int>(0)
 
@@ -51,7 +52,7 @@ public final class HTTPServer: @unchecked Sendable {
         port = ListeningSocket.boundPort(listenSocket)
 
         var flags = UInt32(MHD_USE_INTERNAL_POLLING_THREAD.rawValue | MHD_USE_EPOLL.rawValue)
-        flags |= UInt32(MHD_ALLOW_SUSPEND_RESUME.rawValue | MHD_USE_ERROR_LOG.rawValue)
+        flags |= UInt32(MHD_ALLOW_SUSPEND_RESUME.rawValue | MHD_USE_ERROR_LOG.rawValue | MHD_USE_TURBO.rawValue)
         if configuration.address.isIPv6 { flags |= UInt32(MHD_USE_IPv6.rawValue) }
         let context = Unmanaged.passUnretained(self).toOpaque()
         var options: [MHD_OptionItem] = [
@@ -80,14 +81,23 @@ public final class HTTPServer: @unchecked Sendable {
     /// Requests that are being answered or are waiting suspended.
     public var inFlight: Int { requestsInFlight.load(ordering: .relaxed) }
     /// Requests waiting suspended.
-    public var suspendedCount: Int { suspended.withLock { $0.count } }
+    public var suspendedCount: Int { suspended.withLock { $0.responders.count } }
+
+    /// The suspended requests, and the most there were since the last memory trim.
+    private struct Suspended {
+        var responders: [ObjectIdentifier: HTTPResponder] = [:]
+        var peak = 0
+    }
+
+    /// After this many requests waited at once, memory is handed back once they are all answered.
+    private static let trimAfterPeak = 1000
 
     /// Stops accepting, answers every suspended request with `finalAnswer`, lets requests in
     /// flight finish for up to `grace`, then stops the daemon.
     public func shutDown(finalAnswer: HTTPResponse?, grace: Duration) {
         guard let daemon else { return }
         _ = MHD_quiesce_daemon(daemon)
-        let waiting = suspended.withLock { Array($0.values) }
+        let waiting = suspended.withLock { Array($0.responders.values) }
         for responder in waiting {
             if let finalAnswer { responder.respond(finalAnswer) } else { responder.connectionClosed() }
         }
@@ -97,7 +107,7 @@ public final class HTTPServer: @unchecked Sendable {
             usleep(10_000)
         }
         // Anything still suspended must be resumed before MHD_stop_daemon.
-        for responder in suspended.withLock({ Array($0.values) }) { resume(responder) }
+        for responder in suspended.withLock({ Array($0.responders.values) }) { resume(responder) }
         MHD_stop_daemon(daemon)
         hangups.stop()
         self.daemon = nil
@@ -143,7 +153,10 @@ public final class HTTPServer: @unchecked Sendable {
         case .deferred(let start):
             let responder = HTTPResponder(connection: connection, fd: CMicroHTTPD_connection_fd(connection), server: self)
             RequestState.attach(to: requestContext).responder = responder
-            suspended.withLock { $0[ObjectIdentifier(responder)] = responder }
+            suspended.withLock { suspended in
+                suspended.responders[ObjectIdentifier(responder)] = responder
+                suspended.peak = max(suspended.peak, suspended.responders.count)
+            }
             MHD_suspend_connection(connection)
             hangups.watch(responder.fd, responder)
             start(responder)
@@ -154,8 +167,14 @@ public final class HTTPServer: @unchecked Sendable {
     /// Resumes a suspended connection so the access handler can queue its answer.
     func resume(_ responder: HTTPResponder) {
         hangups.unwatch(responder.fd)
-        let wasSuspended = suspended.withLock { $0.removeValue(forKey: ObjectIdentifier(responder)) != nil }
+        let (wasSuspended, trim) = suspended.withLock { suspended -> (Bool, Bool) in
+            let removed = suspended.responders.removeValue(forKey: ObjectIdentifier(responder)) != nil
+            guard suspended.responders.isEmpty, suspended.peak >= Self.trimAfterPeak else { return (removed, false) }
+            suspended.peak = 0
+            return (removed, true)
+        }
         if wasSuspended { MHD_resume_connection(responder.connection) }
+        if trim { hangups.requestMemoryTrim() }
     }
 
     fileprivate func completed(_ requestContext: UnsafeMutablePointer<UnsafeMutableRawPointer?>) {
@@ -166,7 +185,7 @@ public final class HTTPServer: @unchecked Sendable {
         let state = Unmanaged<RequestState>.fromOpaque(context).takeRetainedValue()
         if let responder = state.responder {
             hangups.unwatch(responder.fd)
-            suspended.withLock { _ = $0.removeValue(forKey: ObjectIdentifier(responder)) }
+            suspended.withLock { _ = $0.responders.removeValue(forKey: ObjectIdentifier(responder)) }
             responder.connectionClosed()
         }
     }

@@ -17,6 +17,7 @@ final class HangupWatcher: @unchecked Sendable {
     private let watched = Mutex<[Int32: HTTPResponder]>([:])
     private var thread = pthread_t()
     private let stopping = Atomic<Bool>(false)
+    private let trimRequested = Atomic<Bool>(false)
 
     init() {
         epoll = epoll_create1(Int32(EPOLL_CLOEXEC))
@@ -52,6 +53,15 @@ final class HangupWatcher: @unchecked Sendable {
         }
     }
 
+    /// Asks the watcher's thread to hand freed memory back to the system (`malloc_trim`) once
+    /// things are quiet for half a second, off the request path: after a burst of thousands of
+    /// waiters, the allocator would otherwise keep their memory resident.
+    func requestMemoryTrim() {
+        trimRequested.store(true, ordering: .relaxed)
+        var one: UInt64 = 1
+        _ = write(wakeup, &one, 8)
+    }
+
     /// Stops the thread and waits for it.
     func stop() {
         guard !stopping.exchange(true, ordering: .relaxed) else { return }
@@ -65,9 +75,16 @@ final class HangupWatcher: @unchecked Sendable {
     private func loop() {
         var events = [epoll_event](repeating: epoll_event(), count: 64)
         while !stopping.load(ordering: .relaxed) {
-            let count = epoll_wait(epoll, &events, Int32(events.count), -1)
+            let trimPending = trimRequested.load(ordering: .relaxed)
+            let count = epoll_wait(epoll, &events, Int32(events.count), trimPending ? 500 : -1)
+            if count == 0, trimRequested.exchange(false, ordering: .relaxed) { malloc_trim(0) }
             guard count > 0 else { continue }
-            for event in events.prefix(Int(count)) where event.data.fd != wakeup {
+            for event in events.prefix(Int(count)) {
+                if event.data.fd == wakeup {
+                    var value: UInt64 = 0
+                    _ = read(wakeup, &value, 8)
+                    continue
+                }
                 let fd = event.data.fd
                 let responder = watched.withLock { watched -> HTTPResponder? in
                     guard let responder = watched.removeValue(forKey: fd) else { return nil }
