@@ -248,7 +248,8 @@ def long_poll_burst(broker, count, client):
 def long_poll(waiters, bursts, client):
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, waiters * 2 + 1000), hard))
-    broker = Broker({"connectionLimit": waiters + 2000})
+    # Each burst forces one refresh; the refresh window (5 per 30 s) would refuse a sixth.
+    broker = Broker({"connectionLimit": waiters + 2000, "providers": [{"forcedRefreshMaxAttempts": 100}]})
     samples = []
     stop = threading.Event()
 

@@ -6,8 +6,10 @@
 //   HealthCheck.swift   `token-broker healthcheck`, for container HEALTHCHECKs without curl
 //   ProcessLimits.swift the open-file limit, and the start-up check of secret files' modes
 import Glibc
+import TokenBrokerHTTP
 
 // Block the stop signals first, so every thread started later inherits the mask and only
 // the main thread, in sigwait, ever sees them.
 Signals.blockStopSignals()
+AllocatorTuning.limitArenas(2)
 exit(Options.run(arguments: Array(CommandLine.arguments.dropFirst())))
