@@ -445,8 +445,8 @@ def markdown(results):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--seconds", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=int, default=6)
     parser.add_argument("--waiters", type=int, default=10000)
     parser.add_argument("--bursts", type=int, default=3)
     parser.add_argument("--manners-seconds", type=int, default=300)
@@ -475,7 +475,7 @@ def main():
     print("3/5 coalescing ...", flush=True)
     results["coalescing"] = coalescing()
     print("4/5 footprint ...", flush=True)
-    runs = [startup.one_run(BINARY) for _ in range(10)]
+    runs = [startup.one_run(BINARY) for _ in range(5)]
     stripped = os.path.join(tempfile.mkdtemp(), "token-broker")
     subprocess.run(["strip", "-o", stripped, BINARY], check=True)
     reference = CServer(os.devnull, options.c_server)
