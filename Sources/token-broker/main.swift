@@ -11,5 +11,5 @@ import TokenBrokerHTTP
 // Block the stop signals first, so every thread started later inherits the mask and only
 // the main thread, in sigwait, ever sees them.
 Signals.blockStopSignals()
-AllocatorTuning.limitArenas(2)
+AllocatorTuning.limitArenas(1)
 exit(Options.run(arguments: Array(CommandLine.arguments.dropFirst())))
