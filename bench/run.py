@@ -400,7 +400,7 @@ def plot(longpoll_result, path):
     rss = [r for _, r in longpoll_result["samples"]]
     figure, axis = plt.subplots(figsize=(8, 4))
     axis.plot(times, rss, linewidth=1.2)
-    axis.axhline(96, color="red", linestyle="--", linewidth=0.8, label="target: 96 MB")
+    axis.axhline(96e6 / 2**20, color="red", linestyle="--", linewidth=0.8, label="target: 96 MB (91.6 MiB)")
     axis.set_xlabel("seconds")
     axis.set_ylabel("RSS (MiB)")
     axis.set_title(f"token-broker RSS over {len(longpoll_result['bursts'])} bursts of {longpoll_result['waiters']} long-polls")
@@ -489,14 +489,12 @@ def main():
     results["manners"] = manners(options.manners_seconds)
 
     plot(results["long_poll"], os.path.join(options.out, "rss.png"))
-    samples = results["long_poll"].pop("samples")
     with open(os.path.join(options.out, "results.json"), "w") as handle:
         json.dump(results, handle, indent=2)
     table = markdown(results)
     with open(os.path.join(options.out, "results.md"), "w") as handle:
         handle.write(table)
     print(table)
-    del samples
 
 
 if __name__ == "__main__":
