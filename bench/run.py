@@ -34,7 +34,21 @@ TICKS = os.sysconf("SC_CLK_TCK")
 
 # ---------------------------------------------------------------------------- processes
 
-class Broker:
+class Server:
+    """A server process the benchmarks started and will stop with SIGTERM."""
+
+    process: subprocess.Popen
+
+    @property
+    def pid(self):
+        return self.process.pid
+
+    def stop(self):
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(15)
+
+
+class Broker(Server):
     """The broker on ephemeral ports, with an optional configuration."""
 
     def __init__(self, config=None):
@@ -57,14 +71,6 @@ class Broker:
                 return
             time.sleep(0.02)
         raise RuntimeError("the broker did not start")
-
-    @property
-    def pid(self):
-        return self.process.pid
-
-    def stop(self):
-        self.process.send_signal(signal.SIGTERM)
-        self.process.wait(15)
 
 
 class Nginx:
@@ -107,19 +113,13 @@ http {{
         self.process.wait(15)
 
 
-class CServer:
+class CServer(Server):
+    """The minimal C libmicrohttpd server, answering every request with the body in `body_file`."""
+
     def __init__(self, body_file, binary):
         self.process = subprocess.Popen([binary, "0", body_file], stdout=subprocess.PIPE, text=True)
         line = self.process.stdout.readline()
         self.token = line.split()[1]
-
-    @property
-    def pid(self):
-        return self.process.pid
-
-    def stop(self):
-        self.process.send_signal(signal.SIGTERM)
-        self.process.wait(15)
 
 
 def wait_for_port(port, timeout=10):

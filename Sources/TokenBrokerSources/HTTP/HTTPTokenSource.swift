@@ -25,12 +25,7 @@ public struct HTTPTokenSource: TokenSource {
             switch value {
             case .value(let text): headers.append((name, text))
             case .file(let path):
-                var bytes = try SecretFile.read(path)
-                while let last = bytes.last, last == 0x0A || last == 0x0D { bytes.removeLast() }
-                guard let text = String(validating: bytes, as: UTF8.self), !text.contains(where: { $0 == "\r" || $0 == "\n" }) else {
-                    throw .configuration("the header file \(path) is not one line of UTF-8")
-                }
-                headers.append((name, text))
+                headers.append((name, try SecretFile.readLine(path)))
             }
         }
         let request = UpstreamRequest(

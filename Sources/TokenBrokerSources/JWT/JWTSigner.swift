@@ -67,14 +67,3 @@ public struct JWTSigner: TokenSource {
         "{\"keys\":[" + signers.compactMap(\.publicJWK).joined(separator: ",") + "]}"
     }
 }
-
-/// Reads key and secret files.
-public enum SecretFile {
-    public static func read(_ path: String) throws(TokenFetchError) -> [UInt8] {
-        do {
-            return [UInt8](try Data(contentsOf: URL(fileURLWithPath: path)))
-        } catch {
-            throw .configuration("cannot read \(path)")
-        }
-    }
-}

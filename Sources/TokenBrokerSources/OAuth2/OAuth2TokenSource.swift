@@ -69,12 +69,7 @@ public struct OAuth2TokenSource: TokenSource {
     private func secret() throws(TokenFetchError) -> String {
         if let inline = configuration.clientSecret { return inline }
         guard let path = configuration.clientSecretFile else { throw .configuration("no client secret configured") }
-        var bytes = try SecretFile.read(path)
-        while let last = bytes.last, last == 0x0A || last == 0x0D { bytes.removeLast() }
-        guard !bytes.isEmpty, let text = String(validating: bytes, as: UTF8.self) else {
-            throw .configuration("the client secret file \(path) is empty or not UTF-8")
-        }
-        return text
+        return try SecretFile.readLine(path)
     }
 
     /// A `private_key_jwt` client assertion: iss and sub the client, aud the token endpoint,

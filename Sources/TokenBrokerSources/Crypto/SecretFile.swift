@@ -1,0 +1,28 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+import TokenBrokerCore
+
+/// Reads key and secret files.
+public enum SecretFile {
+    public static func read(_ path: String) throws(TokenFetchError) -> [UInt8] {
+        do {
+            return [UInt8](try Data(contentsOf: URL(fileURLWithPath: path)))
+        } catch {
+            throw .configuration("cannot read \(path)")
+        }
+    }
+
+    /// A secret written as one line of UTF-8, such as a client secret or an API key; trailing
+    /// line breaks (which `echo` and editors add) are dropped.
+    public static func readLine(_ path: String) throws(TokenFetchError) -> String {
+        var bytes = try read(path)
+        while let last = bytes.last, last == 0x0A || last == 0x0D { bytes.removeLast() }
+        guard !bytes.isEmpty, let text = String(validating: bytes, as: UTF8.self), !text.contains(where: \.isNewline) else {
+            throw .configuration("\(path) must hold one non-empty line of UTF-8")
+        }
+        return text
+    }
+}
