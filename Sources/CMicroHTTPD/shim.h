@@ -28,18 +28,6 @@ static inline struct MHD_OptionItem CMicroHTTPD_option_notify_completed(MHD_Requ
     return item;
 }
 
-// MHD_get_daemon_info is variadic; this asks it for the port the daemon bound (useful with port 0).
-static inline uint16_t CMicroHTTPD_bound_port(struct MHD_Daemon *daemon) {
-    const union MHD_DaemonInfo *info = MHD_get_daemon_info(daemon, MHD_DAEMON_INFO_BIND_PORT);
-    return info == NULL ? 0 : info->port;
-}
-
-// MHD_get_connection_info is variadic; this asks it for the peer's address, or NULL.
-static inline const struct sockaddr *CMicroHTTPD_client_address(struct MHD_Connection *connection) {
-    const union MHD_ConnectionInfo *info = MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-    return info == NULL ? NULL : info->client_addr;
-}
-
 // MHD_create_response_from_buffer's memory-mode enum is "fixed" in 0.9.7x and imports under
 // different Swift names across versions; this always asks libmicrohttpd to copy the body.
 static inline struct MHD_Response *CMicroHTTPD_response_copying(size_t size, const void *data) {

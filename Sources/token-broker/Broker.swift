@@ -119,8 +119,8 @@ enum Broker {
         Log.info("stopping", ["signal": signal])
         // Waiters learn first (503 shutting_down), then the listeners drain and stop.
         for provider in providers { provider.shutDown() }
-        tokenServer.shutDown(finalAnswer: HTTPResponse.error(503, "shutting_down", "the broker is stopping"), grace: .seconds(5))
-        adminServer.shutDown(finalAnswer: nil, grace: .seconds(1))
+        tokenServer.shutDown(grace: .seconds(5))
+        adminServer.shutDown(grace: .seconds(1))
         for task in tasks { task.cancel() }
         Log.info("stopped")
         return 0

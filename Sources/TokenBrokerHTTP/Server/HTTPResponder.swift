@@ -46,9 +46,6 @@ public final class HTTPResponder: Sendable {
         if runNow { cleanup() }
     }
 
-    /// Whether no answer has been given yet.
-    public var isWaiting: Bool { phase.withLock { if case .waiting = $0 { true } else { false } } }
-
     /// The answer to queue once the connection is back, taken once.
     func takeAnswer() -> HTTPResponse? {
         phase.withLock { phase in

@@ -76,7 +76,10 @@ public final class HTTPServer: @unchecked Sendable {
         }
     }
 
-    deinit { shutDown(finalAnswer: nil, grace: .zero) }
+    deinit { shutDown(finalAnswer: Self.stopping, grace: .zero) }
+
+    /// The answer to requests still waiting when the server stops, unless the caller gives one.
+    public static let stopping = HTTPResponse.error(503, "shutting_down", "the server is stopping", headers: [("Retry-After", "1")])
 
     /// Requests that are being answered or are waiting suspended.
     public var inFlight: Int { requestsInFlight.load(ordering: .relaxed) }
@@ -94,19 +97,14 @@ public final class HTTPServer: @unchecked Sendable {
 
     /// Stops accepting, answers every suspended request with `finalAnswer`, lets requests in
     /// flight finish for up to `grace`, then stops the daemon.
-    public func shutDown(finalAnswer: HTTPResponse?, grace: Duration) {
+    public func shutDown(finalAnswer: HTTPResponse = HTTPServer.stopping, grace: Duration) {
         guard let daemon else { return }
         _ = MHD_quiesce_daemon(daemon)
-        let waiting = suspended.withLock { Array($0.responders.values) }
-        for responder in waiting {
-            if let finalAnswer { responder.respond(finalAnswer) } else { responder.connectionClosed() }
-        }
+        for responder in suspended.withLock({ Array($0.responders.values) }) { responder.respond(finalAnswer) }
         let clock = ContinuousClock()
         let end = clock.now.advanced(by: grace)
-        while inFlight > 0, clock.now < end, suspendedCount == 0 || finalAnswer != nil {
-            usleep(10_000)
-        }
-        // Anything still suspended must be resumed before MHD_stop_daemon.
+        while inFlight > 0, clock.now < end { usleep(10_000) }
+        // Anything suspended since must be resumed before MHD_stop_daemon.
         for responder in suspended.withLock({ Array($0.responders.values) }) { resume(responder) }
         MHD_stop_daemon(daemon)
         hangups.stop()
