@@ -191,9 +191,7 @@ import TokenBrokerCore
         harness.succeed()
         for attempt in 1...5 {
             harness.now = .init(offset: .seconds(attempt))
-            let (decision, actions) = harness.machine.forceRefresh(rejected: UInt64(attempt), now: harness.now)
-            harness.record(actions)
-            guard case .refreshing = decision else {
+            guard case .refreshing = harness.forceRefresh(rejected: UInt64(attempt)) else {
                 Issue.record("attempt \(attempt) should refresh")
                 return
             }
@@ -201,17 +199,14 @@ import TokenBrokerCore
         }
         #expect(harness.fetchesStarted == 6)
         harness.now = .init(offset: .seconds(10))
-        let (refused, actions) = harness.machine.forceRefresh(rejected: 6, now: harness.now)
-        harness.record(actions)
-        guard case .excessive(let retryAfter) = refused else {
+        guard case .excessive(let retryAfter) = harness.forceRefresh(rejected: 6) else {
             Issue.record("the sixth forced refresh in 30 s must be refused")
             return
         }
         #expect(retryAfter == .seconds(21), "the first attempt, at 1 s, leaves the window at 31 s")
         #expect(harness.fetchesStarted == 6, "a refused forced refresh calls nobody")
         harness.now = .init(offset: .seconds(31))
-        let (again, _) = harness.machine.forceRefresh(rejected: 6, now: harness.now)
-        guard case .refreshing = again else {
+        guard case .refreshing = harness.forceRefresh(rejected: 6) else {
             Issue.record("the window has moved on")
             return
         }
@@ -223,9 +218,7 @@ import TokenBrokerCore
         harness.succeed()
         harness.tick(at: .seconds(300))
         harness.succeed()
-        let (decision, actions) = harness.machine.forceRefresh(rejected: 1, now: harness.now)
-        harness.record(actions)
-        guard case .current(let token) = decision else {
+        guard case .current(let token) = harness.forceRefresh(rejected: 1) else {
             Issue.record("version 1 is old: the current token should come back")
             return
         }

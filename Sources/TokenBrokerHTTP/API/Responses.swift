@@ -12,5 +12,5 @@ enum Responses {
             headers: [("Allow", allow.joined(separator: ", "))])
     }
 
-    static let shuttingDown = HTTPResponse.error(503, "shutting_down", "the broker is stopping", headers: [("Retry-After", "1")])
+    static var shuttingDown: HTTPResponse { HTTPServer.stopping }
 }

@@ -25,9 +25,8 @@ extension TokenAPI {
         }
         let provider = endpoint.provider
         // The common case needs no suspension: a newer valid token is already cached.
-        if provider.configuration.backgroundRefreshEnabled, let (token, stale) = provider.cachedToken(), token.version > (after ?? 0) {
-            if stale { metrics.recordStaleServed(provider: provider.name) }
-            return record(label, .response(endpoint.responses.response(for: token, stale: stale, now: provider.clock.now)))
+        if provider.configuration.backgroundRefreshEnabled, let response = cachedAnswer(endpoint, newerThan: after ?? 0).0 {
+            return record(label, .response(response))
         }
         return wait(endpoint, after: after, timeout: timeout, mode: .ready(conditional: after != nil), label: label)
     }

@@ -79,7 +79,7 @@ public final class HTTPServer: @unchecked Sendable {
     deinit { shutDown(finalAnswer: Self.stopping, grace: .zero) }
 
     /// The answer to requests still waiting when the server stops, unless the caller gives one.
-    public static let stopping = HTTPResponse.error(503, "shutting_down", "the server is stopping", headers: [("Retry-After", "1")])
+    public static let stopping = HTTPResponse.error(503, "shutting_down", "the broker is stopping", headers: [("Retry-After", "1")])
 
     /// Requests that are being answered or are waiting suspended.
     public var inFlight: Int { requestsInFlight.load(ordering: .relaxed) }

@@ -70,6 +70,13 @@ struct MachineHarness {
         return id
     }
 
+    /// A forced refresh of `rejected` at the current instant, its actions recorded.
+    mutating func forceRefresh(rejected: UInt64?) -> Machine.ForcedRefreshDecision {
+        let (decision, actions) = machine.forceRefresh(rejected: rejected, now: now)
+        record(actions)
+        return decision
+    }
+
     /// The wait before the next planned fetch, measured from now.
     var nextFetchDelay: Duration? { machine.fetchDueAt.map { now.duration(to: $0) } }
 }
