@@ -40,6 +40,18 @@ static inline int CMicroHTTPD_connection_fd(struct MHD_Connection *connection) {
     return info == NULL ? -1 : info->connect_fd;
 }
 
+// Like the one above, for MHD_OPTION_NOTIFY_CONNECTION.
+static inline struct MHD_OptionItem CMicroHTTPD_option_notify_connection(MHD_NotifyConnectionCallback callback, void *cls) {
+    struct MHD_OptionItem item = { MHD_OPTION_NOTIFY_CONNECTION, (intptr_t)callback, cls };
+    return item;
+}
+
+// MHD_get_connection_info is variadic; this asks it for the context set when the connection opened.
+static inline void *CMicroHTTPD_socket_context(struct MHD_Connection *connection) {
+    const union MHD_ConnectionInfo *info = MHD_get_connection_info(connection, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return info == NULL ? NULL : info->socket_context;
+}
+
 // MHD_YES and MHD_NO are enum constants whose type changed across versions (int, then enum MHD_Result).
 static inline enum MHD_Result CMicroHTTPD_yes(void) { return MHD_YES; }
 static inline enum MHD_Result CMicroHTTPD_no(void) { return MHD_NO; }

@@ -55,6 +55,22 @@ enum Broker {
         for (path, mode) in SecretFilePermissions.exposed(configuration.providers.flatMap(\.source.secretFiles)) {
             Log.warning("a secret file can be read by other users; consider chmod 600", ["path": path, "mode": mode])
         }
+        var callers: CallerKeyStore?
+        if let path = configuration.clientKeysFile {
+            do {
+                callers = try CallerKeyStore(path: path, knownProviders: Set(configuration.providers.map(\.name)))
+            } catch {
+                Log.error("invalid configuration", ["problem": error.description])
+                return 2
+            }
+            Log.info("caller keys loaded", ["file": path, "callers": String(callers!.count)])
+            callers!.watch { result in
+                switch result {
+                case .success(let count): Log.info("caller keys reloaded", ["file": path, "callers": String(count)])
+                case .failure(let error): Log.error("caller keys not reloaded; the previous list stays", ["problem": error.description])
+                }
+            }
+        }
         let metrics = BrokerMetrics(version: Options.version)
         let events = ProviderEvents(
             fetched: { name, result, elapsed in
@@ -92,27 +108,31 @@ enum Broker {
             tokenSettings.connectionLimit = configuration.connectionLimit
             tokenSettings.connectionTimeoutSec = configuration.connectionTimeoutSec
             tokenSettings.connectionMemoryLimit = configuration.connectionMemoryKiB * 1024
+            tokenSettings.unixSocketMode = configuration.unixSocketMode
             tokenServer = try HTTPServer(
                 configuration: tokenSettings,
                 handler: TokenAPI(
                     providers: providers, jwks: jwks, maxWait: .seconds(configuration.maxWaitSec),
-                    requestGuard: configuration.requestGuard, metrics: metrics))
+                    requestGuard: configuration.requestGuard, callers: callers, metrics: metrics))
             var adminSettings = HTTPServer.Configuration(address: configuration.adminListen)
             adminSettings.connectionLimit = 256
             adminSettings.threads = 1
+            adminSettings.unixSocketMode = configuration.unixSocketMode
             adminServer = try HTTPServer(configuration: adminSettings, handler: AdminAPI(providers: providers, metrics: metrics))
         } catch {
             Log.error("cannot start", ["problem": error.description])
             return 1
         }
+        metrics.observeOpenConnections(listener: "token") { [tokenServer] in tokenServer.openConnections }
+        metrics.observeOpenConnections(listener: "admin") { [adminServer] in adminServer.openConnections }
         let tasks = providers.map { provider in Task.detached { await provider.run() } }
         Log.info("listening", ["listener": "token", "address": address(configuration.listen, tokenServer.port)])
         Log.info("listening", ["listener": "admin", "address": address(configuration.adminListen, adminServer.port)])
         if !configuration.requestGuard {
             Log.warning("the request guard is off: token routes accept requests without Token-Broker-Request")
         }
-        if !configuration.listen.isLoopback {
-            Log.warning("the token listener is reachable from other machines", ["address": configuration.listen.description])
+        if !configuration.listen.isLoopback, callers == nil {
+            Log.warning("the token listener is reachable from other machines and callers need no key (see clientKeysFile)", ["address": configuration.listen.description])
         }
 
         let signal = Signals.waitForStop()
@@ -122,11 +142,13 @@ enum Broker {
         tokenServer.shutDown(grace: .seconds(5))
         adminServer.shutDown(grace: .seconds(1))
         for task in tasks { task.cancel() }
+        callers?.stop()
         Log.info("stopped")
         return 0
     }
 
     private static func address(_ configured: ListenAddress, _ port: UInt16) -> String {
+        guard configured.unixPath == nil else { return configured.description }
         var bound = configured
         bound.port = port
         return bound.description

@@ -11,10 +11,12 @@ import TokenBrokerSources
 /// `token-broker healthcheck [URL]`: exits 0 when `/healthz` answers 200, 1 otherwise.
 ///
 /// For a container's HEALTHCHECK, so the image needs no curl. Without a URL it asks the admin
-/// listener named by `TOKEN_BROKER_ADMIN_LISTEN` (or the default), with 0.0.0.0 read as loopback.
+/// listener named by `TOKEN_BROKER_ADMIN_LISTEN` (or the default), with 0.0.0.0 read as loopback;
+/// a `unix:` address is asked through its socket.
 enum HealthCheck {
     static func run(arguments: [String]) -> Int32 {
-        let url: String
+        var url: String
+        var unixSocketPath: String?
         if let given = arguments.first {
             url = given
         } else {
@@ -26,11 +28,16 @@ enum HealthCheck {
             if address.host == "0.0.0.0" { address.host = "127.0.0.1" }
             if address.host == "::" { address.host = "::1" }
             url = "http://\(address)/healthz"
+            if let path = address.unixPath {
+                unixSocketPath = path
+                url = "http://localhost/healthz"
+            }
         }
         var settings = UpstreamConfiguration()
         settings.connectTimeoutMsec = 2000
         settings.timeoutMsec = 3000
-        let request = UpstreamRequest(method: "GET", url: url, settings: settings)
+        var request = UpstreamRequest(method: "GET", url: url, settings: settings)
+        request.unixSocketPath = unixSocketPath
         switch waitFor(request) {
         case .success(let response) where response.status == 200:
             return 0

@@ -78,12 +78,24 @@ import TokenBrokerCore
         #expect(throws: ConfigurationError.self) { try configuration.applyEnvironment(["TOKEN_BROKER_LISTEN": "localhost:80"]) }
     }
 
-    @Test(arguments: ["127.0.0.1:8080", "0.0.0.0:0", "[::1]:9090", "[::]:1"])
+    @Test(arguments: ["127.0.0.1:8080", "0.0.0.0:0", "[::1]:9090", "[::]:1", "unix:/run/token-broker/token.sock"])
     func listenAddressesRoundTrip(_ text: String) throws {
         #expect(try ListenAddress(parsing: text).description == text)
     }
 
-    @Test(arguments: ["localhost:80", "127.0.0.1", "127.0.0.1:65536", "1.2.3:4", "[::1]9090", "01.2.3.4:5", ""])
+    @Test func unixSocketsAreLoopbackAndCarryAFileMode() throws {
+        let configuration = try parse(#"{"listen": "unix:/tmp/t.sock", "unixSocketMode": "0640"}"#)
+        #expect(configuration.listen.unixPath == "/tmp/t.sock" && configuration.listen.isLoopback)
+        #expect(configuration.unixSocketMode == 0o640)
+        #expect(try parse("{}").unixSocketMode == 0o660)
+        for mode in ["0777x", "0500", "640x", "rw-", "01777"] {
+            #expect(throws: ConfigurationError.self) { try parse(#"{"unixSocketMode": "\#(mode)"}"#) }
+        }
+        #expect(throws: ConfigurationError.self) { try parse(#"{"listen": "unix:/a.sock", "adminListen": "unix:/a.sock"}"#) }
+    }
+
+    @Test(arguments: ["localhost:80", "127.0.0.1", "127.0.0.1:65536", "1.2.3:4", "[::1]9090", "01.2.3.4:5", "",
+                      "unix:relative.sock", "unix:", "unix:/dir/", "unix:/" + String(repeating: "a", count: 120)])
     func malformedListenAddressesAreRefused(_ text: String) {
         #expect(throws: ConfigurationError.self) { try ListenAddress(parsing: text) }
     }

@@ -15,10 +15,16 @@ public struct BrokerConfiguration: Sendable, Equatable {
     public var adminListen: ListenAddress
     /// The providers; the first is the one served at `/token`. Default: one `default` provider.
     public var providers: [ProviderConfiguration]
-    /// Most connections open at once, per listener. Default 10000; 16–1000000.
+    /// Most connections open at once, per listener. Default 16000; 16–1000000.
     public var connectionLimit: Int
-    /// Seconds a connection may stay idle before it is closed. Default 30; 1–3600.
+    /// Seconds a connection may stay idle before it is closed; also the longest a client may
+    /// take to send a request's headers, however it dribbles them (slow-loris). Default 30; 1–3600.
     public var connectionTimeoutSec: Int
+    /// The file mode of Unix socket listeners, as octal text. Default "0660"; "0600"–"0777".
+    public var unixSocketMode: UInt32
+    /// A JSON file of the callers' keys (their SHA-256 hashes) and the providers each may read.
+    /// Without it, any client that can connect may read every provider.
+    public var clientKeysFile: String?
     /// Each connection's buffer for request and answer headers, in KiB; larger request headers
     /// get 431. Default 4 (about 3 KiB of request headers); 4–1024.
     public var connectionMemoryKiB: Int
@@ -33,7 +39,7 @@ public struct BrokerConfiguration: Sendable, Equatable {
     public init(
         listen: ListenAddress? = nil, adminListen: ListenAddress? = nil,
         providers: [ProviderConfiguration] = [ProviderConfiguration()],
-        connectionLimit: Int = 10_000, connectionTimeoutSec: Int = 30, maxWaitSec: Int = 60
+        connectionLimit: Int = 16_000, connectionTimeoutSec: Int = 30, maxWaitSec: Int = 60
     ) {
         self.maxWaitSec = maxWaitSec
         self.requestGuard = true
@@ -43,6 +49,8 @@ public struct BrokerConfiguration: Sendable, Equatable {
         self.providers = providers
         self.connectionLimit = connectionLimit
         self.connectionTimeoutSec = connectionTimeoutSec
+        self.unixSocketMode = 0o660
+        self.clientKeysFile = nil
     }
 
     /// Reads and checks a configuration document.
@@ -62,6 +70,18 @@ public struct BrokerConfiguration: Sendable, Equatable {
         maxWaitSec = try reader.int("maxWaitSec", 1...3600, default: maxWaitSec)
         requestGuard = try reader.bool("requestGuard", default: requestGuard)
         connectionMemoryKiB = try reader.int("connectionMemoryKiB", 4...1024, default: connectionMemoryKiB)
+        if let text = try reader.string("unixSocketMode") {
+            guard text.count <= 4, let mode = UInt32(text, radix: 8), (0o600...0o777).contains(mode) else {
+                throw ConfigurationError(key: "unixSocketMode", "\"\(text)\" is not a file mode; allowed: octal text from \"0600\" to \"0777\", such as \"0660\"")
+            }
+            unixSocketMode = mode
+        }
+        if let path = try reader.string("clientKeysFile") {
+            guard !path.isEmpty else {
+                throw ConfigurationError(key: "clientKeysFile", "must be a file path")
+            }
+            clientKeysFile = path
+        }
         if let items = try reader.array("providers") {
             guard !items.isEmpty else {
                 throw ConfigurationError(key: "providers", "must list at least one provider")
@@ -92,7 +112,7 @@ public struct BrokerConfiguration: Sendable, Equatable {
         for (index, provider) in providers.enumerated() where !seen.insert(provider.name).inserted {
             throw ConfigurationError(key: "providers[\(index)].name", "duplicate provider name \"\(provider.name)\"; allowed: names unique across providers")
         }
-        if listen == adminListen, listen.port != 0 {
+        if listen == adminListen, listen.port != 0 || listen.unixPath != nil {
             throw ConfigurationError(key: "adminListen", "\(adminListen) is also the token listener; allowed: a different address or port")
         }
     }

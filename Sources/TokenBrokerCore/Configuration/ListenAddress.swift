@@ -1,15 +1,32 @@
-/// Where a listener binds: an IPv4 or IPv6 literal and a port (0 picks a free one).
+/// Where a listener binds: an IPv4 or IPv6 literal and a port (0 picks a free one), or a Unix
+/// domain socket.
 ///
-/// Written `127.0.0.1:8080`, `0.0.0.0:8080` or `[::1]:8080`. Host names are refused, so that a
-/// listener never binds somewhere a resolver chose.
+/// Written `127.0.0.1:8080`, `0.0.0.0:8080`, `[::1]:8080` or `unix:/run/token-broker/token.sock`.
+/// Host names are refused, so that a listener never binds somewhere a resolver chose. A Unix
+/// socket lets file permissions decide who may connect (see `unixSocketMode`).
 public struct ListenAddress: Sendable, Equatable, CustomStringConvertible {
     public var host: String
     public var port: UInt16
     public var isIPv6: Bool
+    /// The socket file's path, for a Unix domain socket; then `host` is empty and `port` 0.
+    public var unixPath: String?
+
+    /// The longest socket path Linux accepts (`sun_path` holds 108 bytes with the final NUL).
+    public static let maximumUnixPathBytes = 107
 
     public init(parsing text: String) throws(ConfigurationError) {
         let problem = ConfigurationError(
-            key: "", "\"\(text)\" is not a listen address; write IPv4:PORT or [IPv6]:PORT, such as 127.0.0.1:8080 or [::1]:8080")
+            key: "", "\"\(text)\" is not a listen address; write IPv4:PORT, [IPv6]:PORT or unix:/absolute/path, such as 127.0.0.1:8080, [::1]:8080 or unix:/run/token-broker.sock")
+        if text.hasPrefix("unix:") {
+            let path = String(text.dropFirst("unix:".count))
+            guard path.hasPrefix("/"), path.utf8.count <= Self.maximumUnixPathBytes, !path.hasSuffix("/"),
+                  !path.utf8.contains(0) else { throw problem }
+            host = ""
+            port = 0
+            isIPv6 = false
+            unixPath = path
+            return
+        }
         let host: Substring, portText: Substring
         if text.hasPrefix("[") {
             guard let close = text.firstIndex(of: "]"), text[text.index(after: close)...].hasPrefix(":") else { throw problem }
@@ -28,10 +45,14 @@ public struct ListenAddress: Sendable, Equatable, CustomStringConvertible {
         guard let port = UInt16(portText) else { throw problem }
         self.host = String(host)
         self.port = port
+        unixPath = nil
     }
 
-    public var description: String { isIPv6 ? "[\(host)]:\(port)" : "\(host):\(port)" }
+    public var description: String {
+        if let unixPath { return "unix:" + unixPath }
+        return isIPv6 ? "[\(host)]:\(port)" : "\(host):\(port)"
+    }
 
-    /// Whether the address is on this machine only.
-    public var isLoopback: Bool { isIPv6 ? host == "::1" : host.hasPrefix("127.") }
+    /// Whether the address is on this machine only (a Unix socket always is).
+    public var isLoopback: Bool { unixPath != nil || (isIPv6 ? host == "::1" : host.hasPrefix("127.")) }
 }

@@ -22,6 +22,7 @@ public final class BrokerMetrics: Sendable {
         var upstreamCodes: [Labels: Int] = [:]
         var staleServed: [String: Int] = [:]
         var excessive: [String: Int] = [:]
+        var openConnections: [(listener: String, read: @Sendable () -> Int)] = []
     }
 
     private struct Labels: Hashable {
@@ -52,6 +53,11 @@ public final class BrokerMetrics: Sendable {
             state.counters[key] = counter
             return counter
         }
+    }
+
+    /// Where to read a listener's open connections at scrape time.
+    public func observeOpenConnections(listener: String, _ read: @escaping @Sendable () -> Int) {
+        state.withLock { $0.openConnections.append((listener, read)) }
     }
 
     /// One finished upstream fetch.
@@ -98,6 +104,11 @@ public final class BrokerMetrics: Sendable {
             for (status, count) in counter.counts.sorted(by: { $0.key < $1.key }) {
                 sample("token_broker_http_requests_total", [("listener", key.a), ("route", key.b), ("code", String(status))], String(count))
             }
+        }
+
+        family("token_broker_open_connections", "gauge", "Connections open now, by listener (idle, reading, or waiting).")
+        for (listener, read) in snapshot.openConnections {
+            sample("token_broker_open_connections", [("listener", listener)], String(read()))
         }
 
         family("token_broker_refreshes_total", "counter", "Upstream fetches by provider and result (success or the error's classification).")

@@ -10,7 +10,8 @@ import TokenBrokerCore
 /// | `POST /token/refresh` | the retrier: refresh a rejected token (`TokenAPI+Refresh.swift`) |
 /// | `GET /.well-known/jwks.json` | the local signers' public keys |
 ///
-/// Token routes pass the request guard first (`RequestGuard`).
+/// Token routes pass the request guard first (`RequestGuard`), then, when callers have keys
+/// (`clientKeysFile`), the caller check (`CallerCheck`).
 public final class TokenAPI: HTTPHandler {
     public typealias Provider = TokenProvider<ContinuousClock>
 
@@ -48,6 +49,7 @@ public final class TokenAPI: HTTPHandler {
     let maxWait: Duration
     let metrics: BrokerMetrics
     private let guardRequests: Bool
+    private let callers: (any CallerAuthorizing)?
     private let jwks: HTTPResponse
     private let jwksCounter: RequestCounter
     private let unknownProviderCounter: RequestCounter
@@ -58,7 +60,11 @@ public final class TokenAPI: HTTPHandler {
     ///   - jwks: the JWK Set document to publish.
     ///   - maxWait: the longest a request waits (long-polls, on-demand fetches, refreshes).
     ///   - requestGuard: require `Token-Broker-Request: true` and refuse `X-Forwarded-For`.
-    public init(providers: [Provider], jwks: String, maxWait: Duration, requestGuard: Bool = true, metrics: BrokerMetrics) {
+    ///   - callers: who may read which provider; nil lets every client read every provider.
+    public init(
+        providers: [Provider], jwks: String, maxWait: Duration, requestGuard: Bool = true,
+        callers: (any CallerAuthorizing)? = nil, metrics: BrokerMetrics
+    ) {
         precondition(!providers.isEmpty, "the broker needs at least one provider")
         var endpoints: [String: Endpoint] = [:]
         for provider in providers {
@@ -76,6 +82,7 @@ public final class TokenAPI: HTTPHandler {
         self.jwks = HTTPResponse(status: 200, json: jwks, headers: [("Cache-Control", "public, max-age=300")])
         self.maxWait = maxWait
         self.guardRequests = requestGuard
+        self.callers = callers
         self.metrics = metrics
     }
 
@@ -106,7 +113,7 @@ public final class TokenAPI: HTTPHandler {
         let label = endpoint.counter(route)
         let methods = route == .refresh ? ["POST"] : ["GET", "HEAD"]
         if let refusal = Self.only(methods, request) { return record(label, refusal) }
-        if guardRequests, let refusal = RequestGuard.check(request) { return record(label, .response(refusal)) }
+        if let refusal = admit(request, provider: endpoint.provider.name) { return record(label, .response(refusal)) }
         switch route {
         case .token: return token(endpoint, label: label)
         case .ready: return ready(endpoint, request, label: label)
@@ -115,6 +122,13 @@ public final class TokenAPI: HTTPHandler {
     }
 
     // MARK: - Shared helpers
+
+    /// Nil when the request passes the request guard and the caller check, else the refusal.
+    func admit(_ request: HTTPRequest, provider: String) -> HTTPResponse? {
+        if guardRequests, let refusal = RequestGuard.check(request) { return refusal }
+        if let callers { return CallerCheck.refusal(callers.authorize(request.header("Authorization"), provider: provider), provider: provider) }
+        return nil
+    }
 
     /// Counts an immediate answer under its route; deferred ones count when answered.
     func record(_ counter: RequestCounter, _ reply: HTTPReply) -> HTTPReply {

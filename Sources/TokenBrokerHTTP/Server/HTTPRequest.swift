@@ -21,9 +21,18 @@ public struct HTTPRequest {
         MHD_lookup_connection_value(connection, .HEADER_KIND, name).map { String(cString: $0) }
     }
 
-    /// The value of a query parameter; the first when repeated.
+    /// The value of a query parameter, percent-decoded; the first when repeated. A decoded NUL
+    /// (`%00`) stays in the value, so that `after=1%00` is refused rather than read as `after=1`.
     public func query(_ name: String) -> String? {
-        MHD_lookup_connection_value(connection, .GET_ARGUMENT_KIND, name).map { String(cString: $0) }
+        var value: UnsafePointer<CChar>?
+        var length = 0
+        let found = name.withCString { key in
+            MHD_lookup_connection_value_n(connection, .GET_ARGUMENT_KIND, key, strlen(key), &value, &length)
+        }
+        guard found == CMicroHTTPD_yes(), let value else { return nil }
+        return value.withMemoryRebound(to: UInt8.self, capacity: length) {
+            String(decoding: UnsafeBufferPointer(start: $0, count: length), as: UTF8.self)
+        }
     }
 
     /// How many times a query parameter appears, so that a repeated one can be refused.

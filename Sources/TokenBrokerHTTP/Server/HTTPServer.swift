@@ -22,13 +22,16 @@ public final class HTTPServer: @unchecked Sendable {
         /// headers and the answer's headers; larger request headers get 431. It is also most of
         /// what a waiting long-poll costs, so it is small: 4 KiB holds about 3 KiB of headers.
         public var connectionMemoryLimit: Int = 4 * 1024
-        /// `MHD_OPTION_CONNECTION_TIMEOUT`: seconds an idle connection is kept. Suspended
-        /// connections do not time out by themselves.
+        /// `MHD_OPTION_CONNECTION_TIMEOUT`: seconds an idle connection is kept; also the longest
+        /// a request may take to arrive whole (`ConnectionWatcher`). Suspended connections do
+        /// not time out by themselves.
         public var connectionTimeoutSec: Int = 30
         /// Threads polling connections.
         public var threads: Int = 2
         /// Request bodies longer than this are answered with 413.
         public var maximumBodyBytes: Int = 64 * 1024
+        /// The file mode of a Unix socket listener.
+        public var unixSocketMode: UInt32 = 0o660
 
         public init(address: ListenAddress) { self.address = address }
     }
@@ -40,7 +43,7 @@ public final class HTTPServer: @unchecked Sendable {
     private var daemon: OpaquePointer?
     private var listenSocket: Int32 = -1
     private let suspended = Mutex<Suspended>(Suspended())
-    private let hangups = HangupWatcher()
+    private let watcher: ConnectionWatcher
     private let requestsInFlight = Atomic<Int>(0)
 
     /// Binds and starts serving at once.
@@ -48,7 +51,8 @@ public final class HTTPServer: @unchecked Sendable {
     public init(configuration: Configuration, handler: any HTTPHandler) throws(HTTPServerError) {
         self.configuration = configuration
         self.handler = handler
-        listenSocket = try ListeningSocket.open(configuration.address)
+        watcher = ConnectionWatcher(requestTimeoutSec: configuration.connectionTimeoutSec)
+        listenSocket = try ListeningSocket.open(configuration.address, unixMode: configuration.unixSocketMode)
         port = ListeningSocket.boundPort(listenSocket)
 
         var flags = UInt32(MHD_USE_INTERNAL_POLLING_THREAD.rawValue | MHD_USE_EPOLL.rawValue)
@@ -62,6 +66,7 @@ public final class HTTPServer: @unchecked Sendable {
             MHD_OptionItem(option: .CONNECTION_TIMEOUT, value: configuration.connectionTimeoutSec, ptr_value: nil),
             MHD_OptionItem(option: .LISTEN_BACKLOG_SIZE, value: 4096, ptr_value: nil),
             CMicroHTTPD_option_notify_completed(requestCompletedCallback, context),
+            CMicroHTTPD_option_notify_connection(connectionNotifyCallback, context),
         ]
         if configuration.threads > 1 {
             options.append(MHD_OptionItem(option: .THREAD_POOL_SIZE, value: configuration.threads, ptr_value: nil))
@@ -71,6 +76,7 @@ public final class HTTPServer: @unchecked Sendable {
             CMicroHTTPD_start_daemon(flags, accessHandlerCallback, context, buffer.baseAddress)
         }
         guard daemon != nil else {
+            watcher.stop()
             close(listenSocket)
             throw HTTPServerError(address: configuration.address, reason: "libmicrohttpd could not start its daemon")
         }
@@ -83,6 +89,8 @@ public final class HTTPServer: @unchecked Sendable {
 
     /// Requests that are being answered or are waiting suspended.
     public var inFlight: Int { requestsInFlight.load(ordering: .relaxed) }
+    /// Connections open now.
+    public var openConnections: Int { watcher.openConnections }
     /// Requests waiting suspended.
     public var suspendedCount: Int { suspended.withLock { $0.responders.count } }
 
@@ -107,9 +115,10 @@ public final class HTTPServer: @unchecked Sendable {
         // Anything suspended since must be resumed before MHD_stop_daemon.
         for responder in suspended.withLock({ Array($0.responders.values) }) { resume(responder) }
         MHD_stop_daemon(daemon)
-        hangups.stop()
+        watcher.stop()
         self.daemon = nil
         close(listenSocket)
+        if let path = configuration.address.unixPath { unlink(path) }
     }
 
     // MARK: - libmicrohttpd callbacks
@@ -142,6 +151,7 @@ public final class HTTPServer: @unchecked Sendable {
             guard let response = responder.takeAnswer() else { return CMicroHTTPD_no() }
             return MHD_queue_response(connection, UInt32(response.status), response.handle)
         }
+        Self.clock(of: connection)?.requestArrived()
         let request = HTTPRequest(
             method: String(cString: method), path: String(cString: url), body: state?.body ?? [],
             bodyTooLarge: state?.tooLarge ?? false, connection: connection)
@@ -156,7 +166,7 @@ public final class HTTPServer: @unchecked Sendable {
                 suspended.peak = max(suspended.peak, suspended.responders.count)
             }
             MHD_suspend_connection(connection)
-            hangups.watch(responder.fd, responder)
+            watcher.watch(responder.fd, responder)
             start(responder)
             return CMicroHTTPD_yes()
         }
@@ -164,7 +174,7 @@ public final class HTTPServer: @unchecked Sendable {
 
     /// Resumes a suspended connection so the access handler can queue its answer.
     func resume(_ responder: HTTPResponder) {
-        hangups.unwatch(responder.fd)
+        watcher.unwatch(responder.fd)
         let (wasSuspended, trim) = suspended.withLock { suspended -> (Bool, Bool) in
             let removed = suspended.responders.removeValue(forKey: ObjectIdentifier(responder)) != nil
             guard suspended.responders.isEmpty, suspended.peak >= Self.trimAfterPeak else { return (removed, false) }
@@ -172,20 +182,41 @@ public final class HTTPServer: @unchecked Sendable {
             return (removed, true)
         }
         if wasSuspended { MHD_resume_connection(responder.connection) }
-        if trim { hangups.requestMemoryTrim() }
+        if trim { watcher.requestMemoryTrim() }
     }
 
-    fileprivate func completed(_ requestContext: UnsafeMutablePointer<UnsafeMutableRawPointer?>) {
+    fileprivate func completed(_ connection: OpaquePointer?, _ requestContext: UnsafeMutablePointer<UnsafeMutableRawPointer?>) {
+        if let connection, let clock = Self.clock(of: connection) { watcher.answered(clock) }
         guard let context = requestContext.pointee else { return }
         requestContext.pointee = nil
         requestsInFlight.subtract(1, ordering: .relaxed)
         guard context != RequestState.headersOnly else { return }
         let state = Unmanaged<RequestState>.fromOpaque(context).takeRetainedValue()
         if let responder = state.responder {
-            hangups.unwatch(responder.fd)
+            watcher.unwatch(responder.fd)
             suspended.withLock { _ = $0.responders.removeValue(forKey: ObjectIdentifier(responder)) }
             responder.connectionClosed()
         }
+    }
+}
+
+extension HTTPServer {
+    /// A connection opened or closed: its `ConnectionClock` lives in the socket context between the two.
+    fileprivate func connectionChanged(
+        _ connection: OpaquePointer, socketContext: UnsafeMutablePointer<UnsafeMutableRawPointer?>, opened: Bool
+    ) {
+        if opened {
+            let clock = ConnectionClock(fd: CMicroHTTPD_connection_fd(connection))
+            socketContext.pointee = Unmanaged.passRetained(clock).toOpaque()
+            watcher.opened(clock)
+        } else if let context = socketContext.pointee {
+            socketContext.pointee = nil
+            watcher.closed(Unmanaged<ConnectionClock>.fromOpaque(context).takeRetainedValue())
+        }
+    }
+
+    fileprivate static func clock(of connection: OpaquePointer) -> ConnectionClock? {
+        CMicroHTTPD_socket_context(connection).map { Unmanaged<ConnectionClock>.fromOpaque($0).takeUnretainedValue() }
     }
 }
 
@@ -236,7 +267,13 @@ private let accessHandlerCallback: MHD_AccessHandlerCallback = { cls, connection
         connection, url: url, method: method, uploadData: uploadData, uploadSize: uploadSize, requestContext: requestContext)
 }
 
-private let requestCompletedCallback: MHD_RequestCompletedCallback = { cls, _, requestContext, _ in
+private let requestCompletedCallback: MHD_RequestCompletedCallback = { cls, connection, requestContext, _ in
     guard let cls, let requestContext else { return }
-    HTTPServer.fromOpaque(cls).completed(requestContext)
+    HTTPServer.fromOpaque(cls).completed(connection, requestContext)
+}
+
+private let connectionNotifyCallback: MHD_NotifyConnectionCallback = { cls, connection, socketContext, code in
+    guard let cls, let connection, let socketContext else { return }
+    // MHD_CONNECTION_NOTIFY_STARTED is 0; its Swift name differs across libmicrohttpd versions.
+    HTTPServer.fromOpaque(cls).connectionChanged(connection, socketContext: socketContext, opened: code.rawValue == 0)
 }

@@ -4,7 +4,9 @@ import TokenBrokerCore
 /// Opens the listening socket itself, so that a failure names the address and the reason
 /// (`Address already in use`) instead of libmicrohttpd's bare failure.
 enum ListeningSocket {
-    static func open(_ address: ListenAddress) throws(HTTPServerError) -> Int32 {
+    /// - Parameter unixMode: the file mode a Unix socket gets; it never has a wider one, even briefly.
+    static func open(_ address: ListenAddress, unixMode: UInt32 = 0o660) throws(HTTPServerError) -> Int32 {
+        if let path = address.unixPath { return try openUnix(path, mode: unixMode, address: address) }
         let family = address.isIPv6 ? AF_INET6 : AF_INET
         let fd = socket(family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw failure(address) }
@@ -41,6 +43,46 @@ enum ListeningSocket {
             throw error
         }
         return fd
+    }
+
+    /// A Unix socket at `path`. A socket file left by a broker that is gone is replaced; a live
+    /// one, or a file that is not a socket, is refused.
+    private static func openUnix(_ path: String, mode: UInt32, address: ListenAddress) throws(HTTPServerError) -> Int32 {
+        var status = stat()
+        if lstat(path, &status) == 0 {
+            guard status.st_mode & S_IFMT == S_IFSOCK else {
+                throw HTTPServerError(address: address, reason: "the path exists and is not a socket")
+            }
+            let probe = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+            let live = withUnixAddress(path) { connect(probe, $0, $1) } == 0
+            Glibc.close(probe)
+            guard !live else { throw HTTPServerError(address: address, reason: "another process is listening on it") }
+            unlink(path)
+        }
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { throw failure(address) }
+        // The socket file is created with the umask's mode: make that no wider than `mode`.
+        let previous = umask(mode_t(0o777 & ~mode))
+        let result = withUnixAddress(path) { bind(fd, $0, $1) }
+        umask(previous)
+        guard result == 0, chmod(path, mode_t(mode)) == 0, listen(fd, 4096) == 0 else {
+            let error = failure(address)
+            Glibc.close(fd)
+            throw error
+        }
+        return fd
+    }
+
+    private static func withUnixAddress(_ path: String, _ body: (UnsafePointer<sockaddr>, socklen_t) -> Int32) -> Int32 {
+        var storage = sockaddr_un()
+        storage.sun_family = sa_family_t(AF_UNIX)
+        let bytes = Array(path.utf8)
+        withUnsafeMutableBytes(of: &storage.sun_path) { raw in
+            for (index, byte) in bytes.prefix(raw.count - 1).enumerated() { raw[index] = byte }
+        }
+        return withUnsafePointer(to: &storage) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { body($0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
     }
 
     /// The port the kernel gave the socket.

@@ -8,6 +8,8 @@ public struct UpstreamRequest: Sendable {
     public var body: [UInt8] = []
     /// TLS and limits, usually shared by every request of a source.
     public var settings: UpstreamConfiguration
+    /// Connect to this Unix socket instead of the URL's host (the URL still gives path and `Host`).
+    public var unixSocketPath: String?
 
     public init(method: String = "POST", url: String, headers: [(String, String)] = [], body: [UInt8] = [], settings: UpstreamConfiguration) {
         self.method = method

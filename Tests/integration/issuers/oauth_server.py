@@ -12,7 +12,13 @@ Serves on 127.0.0.1 only, and prints `listening 127.0.0.1:PORT` once ready. Rout
   the public key given by `--pkjwt-key client_id:public.pem`, and issues a random token;
 - `GET /custom/token`: a generic JSON token service, `{"data": {"token": …, "ttl": …}}`, that
   wants the header `X-Api-Key` (`--api-key`);
-- `GET /stats`: how many token requests each route answered, by status: counted at the issuer.
+- `GET /stats`: how many token requests each route answered, by status: counted at the issuer;
+- `POST /faults` `{"mode": M, "retry_after": S}`: makes `/o/token/` misbehave until mode `none`:
+  `hang` (no answer while the fault lasts, then the connection is closed), `slow`
+  (headers at once, then the body a byte every 0.2 s), `5xx` (503), `429` (with `Retry-After: S`),
+  `garbage` (200 with a body that is not JSON);
+- `POST /rotate` `{"client_id": C, "secret": S}`: gives a client a new secret, as an operator would;
+- `GET /attempts`: the arrival time (`time.time()`) and outcome of every `/o/token/` request.
 """
 import argparse
 import json
@@ -61,6 +67,8 @@ from oauth2_provider.views import ProtectedResourceView  # noqa: E402
 STATS = {}
 STATS_LOCK = threading.Lock()
 SEEN_JTI = set()
+FAULT = {"mode": "none", "retry_after": 1}
+ATTEMPTS = []
 
 
 def count(route, status):
@@ -117,22 +125,59 @@ def stats(request):
         return JsonResponse(STATS)
 
 
+@csrf_exempt
+def faults(request):
+    wanted = json.loads(request.body)
+    if wanted.get("mode") not in ("none", "hang", "slow", "5xx", "429", "garbage"):
+        return JsonResponse({"error": "unknown mode"}, status=400)
+    with STATS_LOCK:
+        FAULT.update(wanted)
+    return JsonResponse(FAULT)
+
+
+@csrf_exempt
+def rotate(request):
+    wanted = json.loads(request.body)
+    application = Application.objects.get(client_id=wanted["client_id"])
+    application.client_secret = wanted["secret"]
+    application.save()
+    return JsonResponse({"rotated": application.client_id})
+
+
+def attempts(request):
+    with STATS_LOCK:
+        return JsonResponse({"attempts": ATTEMPTS})
+
+
 urlpatterns = [
     path("o/", include("oauth2_provider.urls", namespace="oauth2_provider")),
     path("api/hello", Hello.as_view()),
     path("pkjwt/token", pkjwt_token),
     path("custom/token", custom_token),
     path("stats", stats),
+    path("faults", faults),
+    path("rotate", rotate),
+    path("attempts", attempts),
 ]
 
 
 def counting(application):
-    """Counts the answers of django-oauth-toolkit's token endpoint, as the issuer sees them."""
+    """Counts the answers of django-oauth-toolkit's token endpoint, as the issuer sees them, and
+    plays the fault set by `POST /faults` instead of answering."""
 
     def wrapped(environ, start_response):
+        if environ.get("PATH_INFO") != "/o/token/":
+            return application(environ, start_response)
+        with STATS_LOCK:
+            mode, retry_after = FAULT["mode"], FAULT["retry_after"]
+            ATTEMPTS.append([time.time(), mode])
+        if mode != "none":
+            count("oauth2", mode)
+            return play(mode, retry_after, environ, start_response)
+
         def start(status, headers, exc_info=None):
-            if environ.get("PATH_INFO") == "/o/token/":
-                count("oauth2", int(status.split()[0]))
+            count("oauth2", int(status.split()[0]))
+            ATTEMPTS[-1][1] = int(status.split()[0])
             return start_response(status, headers, exc_info)
 
         return application(environ, start)
@@ -140,14 +185,61 @@ def counting(application):
     return wrapped
 
 
-class Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-    allow_reuse_address = True
+def play(mode, retry_after, environ, start_response):
+    if mode == "5xx":
+        start_response("503 Service Unavailable", [("Content-Type", "application/json")])
+        return [b'{"error":"temporarily_unavailable"}']
+    if mode == "429":
+        start_response("429 Too Many Requests", [("Content-Type", "application/json"), ("Retry-After", str(retry_after))])
+        return [b'{"error":"slow_down"}']
+    if mode == "garbage":
+        start_response("200 OK", [("Content-Type", "application/json")])
+        return [b"<html>\x00\xff not a token"]
+    # slow: a valid-looking answer, one byte every 0.2 s, for as long as the fault lasts (at most 30 s).
+    start_response("200 OK", [("Content-Type", "application/json")])
+
+    def trickle():
+        deadline = time.monotonic() + 30
+        for byte in b'{"access_token":"slow-token-that-never-finishes","token_type":"Bearer","expires_in":60}':
+            if FAULT["mode"] != "slow" or time.monotonic() > deadline:
+                return
+            time.sleep(0.2)
+            yield bytes([byte])
+
+    return trickle()
 
 
 class QuietHandler(WSGIRequestHandler):
     def log_message(self, *args):
         pass
+
+    def handle(self):
+        """WSGIRequestHandler.handle, except that a `hang` fault holds a token request unanswered."""
+        from wsgiref.simple_server import ServerHandler
+
+        self.raw_requestline = self.rfile.readline(65537)
+        if len(self.raw_requestline) > 65536 or not self.parse_request():
+            return
+        if self.path.startswith("/o/token/") and FAULT["mode"] == "hang":
+            with STATS_LOCK:
+                ATTEMPTS.append([time.time(), "hang"])
+            count("oauth2", "hang")
+            deadline = time.monotonic() + 30
+            while FAULT["mode"] == "hang" and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.close_connection = True
+            return
+        handler = ServerHandler(self.rfile, self.wfile, self.get_stderr(), self.get_environ(), multithread=True)
+        handler.request_handler = self
+        handler.run(self.server.get_app())
+
+
+class Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def handle_error(self, request, client_address):
+        pass  # a client that went away, such as a broker that timed out
 
 
 def main():

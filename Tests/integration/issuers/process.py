@@ -47,6 +47,20 @@ class OAuthServer:
         counts = self.stats().get(route, {})
         return sum(counts.values()) if status is None else counts.get(str(status), 0)
 
+    def post(self, path, document):
+        request = urllib.request.Request(self.base + path, data=json.dumps(document).encode(), method="POST")
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return json.load(response)
+
+    def fault(self, mode, retry_after=1):
+        """Makes the token endpoint misbehave (see oauth_server.py); `none` heals it."""
+        return self.post("/faults", {"mode": mode, "retry_after": retry_after})
+
+    def attempts(self, since=0.0):
+        """[(arrival time, outcome)] of token requests that arrived after `since` (time.time())."""
+        with urllib.request.urlopen(self.base + "/attempts", timeout=5) as response:
+            return [(at, outcome) for at, outcome in json.load(response)["attempts"] if at >= since]
+
     def get(self, path, token=None):
         request = urllib.request.Request(self.base + path, headers={"Authorization": f"Bearer {token}"} if token else {})
         try:

@@ -1,0 +1,122 @@
+#if canImport(FoundationEssentials)
+import FoundationEssentials
+#else
+import Foundation
+#endif
+import Glibc
+import Synchronization
+import TokenBrokerCore
+
+/// The callers' keys from `clientKeysFile`, re-read when the file changes.
+///
+/// A key is checked by hashing it (SHA-256) and comparing the hash with every listed one in
+/// constant time (`CRYPTO_memcmp`), without stopping at the first match, so the time taken says
+/// nothing about which bytes or which entry matched. A background task looks at the file's
+/// identity (inode, size, modification time) once a second; a changed file that does not parse
+/// leaves the previous list in force.
+public final class CallerKeyStore: CallerAuthorizing, @unchecked Sendable {
+    public let path: String
+    private let knownProviders: Set<String>
+    private let state: Mutex<(list: CallerKeyList, identity: FileIdentity?)>
+    private let watcher = Mutex<Task<Void, Never>?>(nil)
+
+    /// What happened at a re-read: the number of callers now listed, or why the file was refused.
+    public typealias ReloadEvent = @Sendable (Result<Int, ConfigurationError>) -> Void
+
+    /// Reads the file once; the broker refuses to start when this throws.
+    public init(path: String, knownProviders: Set<String>) throws(ConfigurationError) {
+        self.path = path
+        self.knownProviders = knownProviders
+        let identity = FileIdentity(path)
+        state = Mutex((try Self.read(path, knownProviders: knownProviders), identity))
+    }
+
+    /// Starts looking for changes every `interval`, reporting each re-read to `onReload`.
+    public func watch(every interval: Duration = .seconds(1), onReload: @escaping ReloadEvent) {
+        let task = Task.detached { [weak self] in
+            while !Task.isCancelled {
+                try? await Task.sleep(for: interval)
+                guard let store = self else { return }
+                if let event = store.reloadIfChanged() { onReload(event) }
+            }
+        }
+        watcher.withLock { $0 = task }
+    }
+
+    public func stop() { watcher.withLock { $0?.cancel() } }
+
+    /// Re-reads the file if it changed since the last look; nil when it did not.
+    public func reloadIfChanged() -> Result<Int, ConfigurationError>? {
+        let identity = FileIdentity(path)
+        guard identity != state.withLock({ $0.identity }) else { return nil }
+        do {
+            let list = try Self.read(path, knownProviders: knownProviders)
+            state.withLock { $0 = (list, identity) }
+            return .success(list.entries.count)
+        } catch {
+            // Remember the broken version, so that it is reported once, not every second.
+            state.withLock { $0.identity = identity }
+            return .failure(error)
+        }
+    }
+
+    public var count: Int { state.withLock { $0.list.entries.count } }
+
+    public func authorize(_ authorization: String?, provider: String) -> CallerDecision {
+        guard let key = Self.bearerKey(authorization) else { return .missingKey }
+        let digest = Crypto.sha256(key.utf8)
+        let entries = state.withLock { $0.list.entries }
+        var match: CallerKeyList.Entry?
+        for entry in entries {
+            // Every entry is compared, whatever the outcome of the others.
+            if Crypto.constantTimeEqual(digest, entry.digest) { match = entry }
+        }
+        guard let match else { return .unknownKey }
+        return match.mayRead(provider) ? .allowed : .forbidden(caller: match.name)
+    }
+
+    /// The key of `Authorization: Bearer <key>` (RFC 6750 §2.1; the scheme in any case).
+    static func bearerKey(_ header: String?) -> Substring? {
+        guard let header else { return nil }
+        let text = Substring(header)
+        guard text.count > 7, text.prefix(7).lowercased() == "bearer " else { return nil }
+        let key = text.dropFirst(7).drop { $0 == " " }
+        guard !key.isEmpty, !key.contains(" ") else { return nil }
+        return key
+    }
+
+    private static func read(_ path: String, knownProviders: Set<String>) throws(ConfigurationError) -> CallerKeyList {
+        let bytes: [UInt8]
+        do {
+            bytes = try SecretFile.read(path)
+        } catch {
+            throw ConfigurationError(key: "clientKeysFile", "cannot read \(path)")
+        }
+        do {
+            return try CallerKeyList(json: bytes, knownProviders: knownProviders)
+        } catch {
+            throw ConfigurationError(key: error.key.isEmpty ? "clientKeysFile" : "clientKeysFile \(path): \(error.key)", error.message)
+        }
+    }
+}
+
+/// What tells one version of a file from the next without reading it.
+struct FileIdentity: Equatable {
+    let device: UInt64, inode: UInt64, size: Int64, modified: timespec, changed: timespec
+
+    init?(_ path: String) {
+        var status = stat()
+        guard stat(path, &status) == 0 else { return nil }
+        device = UInt64(status.st_dev)
+        inode = UInt64(status.st_ino)
+        size = Int64(status.st_size)
+        modified = status.st_mtim
+        changed = status.st_ctim
+    }
+
+    static func == (a: FileIdentity, b: FileIdentity) -> Bool {
+        a.device == b.device && a.inode == b.inode && a.size == b.size
+            && a.modified.tv_sec == b.modified.tv_sec && a.modified.tv_nsec == b.modified.tv_nsec
+            && a.changed.tv_sec == b.changed.tv_sec && a.changed.tv_nsec == b.changed.tv_nsec
+    }
+}

@@ -1,0 +1,299 @@
+"""Hardening: caller keys, Unix sockets, hostile input, slow and idle clients.
+
+Every hostile request is followed by a check that the broker is still healthy and still serves
+a valid token.
+"""
+import hashlib
+import http.client
+import json
+import os
+import resource
+import secrets
+import socket
+import stat
+import time
+
+import pytest
+
+from broker import Broker, run_broker
+from test_http_api import wait_until
+
+
+def sha256_hex(key):
+    """The hash clientKeysFile lists, computed here independently of the broker."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def write_keys(path, entries):
+    """entries: [(name, key, providers)]. Written atomically, as an operator's tooling would."""
+    document = {"keys": [{"name": name, "sha256": sha256_hex(key), "providers": providers} for name, key, providers in entries]}
+    temporary = str(path) + ".new"
+    with open(temporary, "w") as handle:
+        json.dump(document, handle)
+    os.replace(temporary, path)
+
+
+def bearer(key):
+    return {"Authorization": f"Bearer {key}"}
+
+
+TWO_PROVIDERS = [{"name": "default"}, {"name": "payments"}]
+
+
+# Caller keys
+
+def test_caller_keys_decide_who_reads_which_provider(tmp_path):
+    billing, admin = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+    keys = tmp_path / "callers.json"
+    write_keys(keys, [("billing", billing, ["default"]), ("admin", admin, ["*"])])
+    with Broker({"providers": TWO_PROVIDERS, "clientKeysFile": str(keys)}) as broker:
+        status, headers, body = broker.request("GET", "/token")
+        assert status == 401 and headers["www-authenticate"].startswith("Bearer realm=")
+        assert json.loads(body)["error"] == "missing_caller_key"
+
+        status, headers, body = broker.request("GET", "/token", headers=bearer("not-" + billing))
+        assert status == 401 and 'error="invalid_token"' in headers["www-authenticate"]
+        assert json.loads(body)["error"] == "invalid_caller_key"
+
+        for scheme in ("Basic", "Bearer", "Bearer  "):
+            assert broker.request("GET", "/token", headers={"Authorization": f"{scheme} "})[0] == 401
+
+        assert broker.get_json("/token", headers=bearer(billing))[0]["access_token"]
+        assert broker.get_json("/token/ready?timeout=5", headers={"Authorization": "bearer " + billing})[0]["version"] >= 1
+        status, _, body = broker.request("GET", "/providers/payments/token", headers=bearer(billing))
+        assert status == 403 and json.loads(body)["error"] == "provider_not_allowed"
+        assert "billing" in json.loads(body)["error_description"]
+        status, _, body = broker.request("POST", "/providers/payments/token/refresh", headers=bearer(billing), body=b"{}")
+        assert status == 403
+
+        assert broker.get_json("/providers/payments/token", headers=bearer(admin))[0]["access_token"]
+        # The signers' public keys stay public.
+        assert broker.request("GET", "/.well-known/jwks.json", guard=False)[0] == 200
+        assert billing not in broker.stderr() and admin not in broker.stderr()
+        assert broker.metric("token_broker_http_requests_total", listener="token", route="/providers/{name}/token", code="403") == 1
+
+
+def test_the_keys_file_is_reread_when_it_changes_and_a_broken_one_keeps_the_previous_list(tmp_path):
+    first, second = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+    keys = tmp_path / "callers.json"
+    write_keys(keys, [("first", first, ["default"])])
+    with Broker({"clientKeysFile": str(keys)}) as broker:
+        assert broker.request("GET", "/token", headers=bearer(first))[0] == 200
+        assert broker.request("GET", "/token", headers=bearer(second))[0] == 401
+
+        write_keys(keys, [("second", second, ["default"])])
+        assert wait_until(lambda: broker.request("GET", "/token", headers=bearer(second))[0] == 200, timeout=10)
+        assert broker.request("GET", "/token", headers=bearer(first))[0] == 401, "a removed key must stop working"
+        assert "caller keys reloaded" in broker.stderr()
+
+        keys.write_text('{"keys": [{"name": "x", "sha256": "not hex", "providers": ["default"]}]}')
+        assert wait_until(lambda: "caller keys not reloaded" in broker.stderr(), timeout=10)
+        assert broker.request("GET", "/token", headers=bearer(second))[0] == 200
+        assert broker.stderr().count("caller keys not reloaded") == 1, "a broken file is reported once"
+
+
+@pytest.mark.parametrize("document,needle", [
+    ({"keys": [{"name": "a", "sha256": "ab" * 32, "providers": ["nope"]}]}, "no provider is named"),
+    ({"keys": [{"name": "a", "sha256": "ab" * 31, "providers": ["default"]}]}, "sha256"),
+    ({"keys": [{"name": "a", "sha256": "ab" * 32, "providers": ["default"], "key": "plain"}]}, "unknown key"),
+    ({"keys": [{"name": "a", "sha256": "ab" * 32, "providers": ["default"]}, {"name": "a", "sha256": "cd" * 32, "providers": ["default"]}]}, "duplicate name"),
+])
+def test_a_bad_keys_file_stops_the_broker_at_start_naming_the_problem(tmp_path, document, needle):
+    keys = tmp_path / "callers.json"
+    keys.write_text(json.dumps(document))
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"clientKeysFile": str(keys), "listen": "127.0.0.1:0", "adminListen": "127.0.0.1:0"}))
+    result = run_broker("--config", str(config), timeout=10)
+    assert result.returncode == 2 and needle in result.stderr and "clientKeysFile" in result.stderr
+
+
+# Unix sockets
+
+class UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path, timeout=10):
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.path)
+
+
+def unix_get(path, route, headers=None):
+    connection = UnixConnection(path)
+    try:
+        connection.request("GET", route, headers=headers or {})
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def test_unix_socket_listeners_with_their_file_mode(tmp_path):
+    token_socket, admin_socket = str(tmp_path / "token.sock"), str(tmp_path / "admin.sock")
+    # A socket file left behind by a broker that died is replaced.
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(token_socket)
+    stale.close()
+    with Broker({"unixSocketMode": "0600"}, listen=f"unix:{token_socket}", admin=f"unix:{admin_socket}") as broker:
+        for path in (token_socket, admin_socket):
+            mode = os.stat(path).st_mode
+            assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600
+        status, body = unix_get(token_socket, "/token", {"Token-Broker-Request": "true"})
+        assert status == 200 and json.loads(body)["access_token"]
+        assert unix_get(admin_socket, "/healthz")[0] == 200
+        result = run_broker("healthcheck", env={"TOKEN_BROKER_ADMIN_LISTEN": f"unix:{admin_socket}"}, timeout=10)
+        assert result.returncode == 0, result.stderr
+        # A second broker may not take over a live socket.
+        with pytest.raises(RuntimeError, match="another process is listening"):
+            Broker(listen=f"unix:{token_socket}", admin="127.0.0.1:0")
+        assert broker.stop() == 0
+    assert not os.path.exists(token_socket) and not os.path.exists(admin_socket)
+
+
+def test_a_unix_path_that_is_not_a_socket_is_refused(tmp_path):
+    ordinary = tmp_path / "file"
+    ordinary.write_text("keep me")
+    with pytest.raises(RuntimeError, match="not a socket"):
+        Broker(listen=f"unix:{ordinary}", admin="127.0.0.1:0")
+    assert ordinary.read_text() == "keep me"
+
+
+# Hostile input
+
+def raw(broker, data, timeout=10):
+    """Sends raw bytes on a new connection; returns everything the broker sent before closing."""
+    host, port = broker._split("token")
+    with socket.create_connection((host, port), timeout=timeout) as connection:
+        connection.sendall(data)
+        received = b""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                chunk = connection.recv(65536)
+            except (ConnectionResetError, socket.timeout):
+                break
+            if not chunk:
+                break
+            received += chunk
+        return received
+
+
+def parse(answer):
+    """(status, headers, body) of the first answer in `answer`, or None when nothing came back."""
+    if not answer:
+        return None
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    headers = dict(line.decode("latin-1").lower().split(": ", 1) for line in lines[1:] if b": " in line)
+    length = int(headers.get("content-length", len(body)))
+    return int(lines[0].split(b" ")[1]), headers, body[:length]
+
+
+def assert_healthy(broker):
+    assert broker.request("GET", "/healthz", listener="admin")[0] == 200
+    body, _ = broker.get_json("/token")
+    assert body["access_token"].count(".") == 2
+
+
+GUARDED = b"Host: x\r\nToken-Broker-Request: true\r\nConnection: close\r\n"
+
+# (name, raw request, expected status, whether the body is the broker's JSON error)
+HOSTILE = [
+    ("lower-case method", b"get /token HTTP/1.1\r\n" + GUARDED + b"\r\n", 405, True),
+    ("unknown method", b"BREW /token HTTP/1.1\r\n" + GUARDED + b"\r\n", 405, True),
+    ("unknown method on an unknown path", b"FOO /nowhere HTTP/1.1\r\n" + GUARDED + b"\r\n", 404, True),
+    ("invalid percent-encoding in the path", b"GET /to%ZZken%G1 HTTP/1.1\r\n" + GUARDED + b"\r\n", 404, True),
+    ("invalid UTF-8 in the path", b"GET /token%ff%fe HTTP/1.1\r\n" + GUARDED + b"\r\n", 404, True),
+    ("raw invalid UTF-8 in the path", b"GET /token\xff\xfe HTTP/1.1\r\n" + GUARDED + b"\r\n", 404, True),
+    ("invalid UTF-8 in a parameter", b"GET /token/ready?after=%ff%fe HTTP/1.1\r\n" + GUARDED + b"\r\n", 400, True),
+    ("path traversal to a provider", b"GET /providers/../token HTTP/1.1\r\n" + GUARDED + b"\r\n", 404, True),
+    ("encoded path traversal", b"GET /providers/%2e%2e/%2e%2e/etc/passwd HTTP/1.1\r\n" + GUARDED + b"\r\n", 404, True),
+    ("traversal after a route", b"GET /token/../token HTTP/1.1\r\n" + GUARDED + b"\r\n", 404, True),
+    ("absolute URL", b"GET http://169.254.169.254/token HTTP/1.1\r\n" + GUARDED + b"\r\n", 404, True),
+    ("duplicate parameters", b"GET /token/ready?after=1&after=2 HTTP/1.1\r\n" + GUARDED + b"\r\n", 400, True),
+    ("negative timeout", b"GET /token/ready?timeout=-1 HTTP/1.1\r\n" + GUARDED + b"\r\n", 400, True),
+    ("enormous timeout", b"GET /token/ready?timeout=" + b"9" * 400 + b" HTTP/1.1\r\n" + GUARDED + b"\r\n", 400, True),
+    ("negative after", b"GET /token/ready?after=-9223372036854775808 HTTP/1.1\r\n" + GUARDED + b"\r\n", 400, True),
+    ("enormous after", b"GET /token/ready?after=18446744073709551616 HTTP/1.1\r\n" + GUARDED + b"\r\n", 400, True),
+    ("NUL in a parameter", b"GET /token/ready?after=1%00 HTTP/1.1\r\n" + GUARDED + b"\r\n", 400, True),
+    ("body of 10 MB", b"POST /token/refresh HTTP/1.1\r\n" + GUARDED + b"Content-Length: 10485760\r\n\r\n" + b"{" * 10_485_760, 413, True),
+    # Answered by libmicrohttpd itself, before the broker's code runs: right status, its own HTML body.
+    ("headers of 100 KB", b"GET /token HTTP/1.1\r\n" + GUARDED + b"X-Big: " + b"a" * 100_000 + b"\r\n\r\n", 431, False),
+    ("a header line without a colon", b"GET /token HTTP/1.1\r\n" + GUARDED + b"no colon here\r\n\r\n", 400, False),
+    ("an unknown HTTP version", b"GET /token HTTP/7.0\r\n" + GUARDED + b"\r\n", 505, False),
+    # libmicrohttpd 0.9.75 closes these without any answer.
+    ("a request line without a target", b"GET\r\n\r\n", None, False),
+    ("binary garbage", bytes(range(1, 32)) + b"\r\n\r\n", None, False),
+]
+
+
+@pytest.fixture(scope="module")
+def shared_broker():
+    with Broker() as running:
+        yield running
+
+
+@pytest.mark.parametrize("name,data,status,json_body", HOSTILE, ids=[case[0] for case in HOSTILE])
+def test_hostile_requests_get_the_right_status_and_leave_the_broker_healthy(shared_broker, name, data, status, json_body):
+    answer = parse(raw(shared_broker, data))
+    if status is None:
+        assert answer is None
+    else:
+        assert answer is not None and answer[0] == status, answer
+        if json_body:
+            assert answer[1]["content-type"] == "application/json"
+            document = json.loads(answer[2])
+            assert set(document) == {"error", "error_description"}
+    assert_healthy(shared_broker)
+
+
+def test_a_slow_loris_client_is_cut_off_by_the_connection_timeout():
+    with Broker({"connectionTimeoutSec": 2}) as broker:
+        host, port = broker._split("token")
+        with socket.create_connection((host, port), timeout=5) as connection:
+            connection.settimeout(0.3)
+            started = time.monotonic()
+            cut = False
+            # One header byte every 0.25 s: never idle for the timeout, yet never finishing its headers.
+            for byte in b"GET /token HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200:
+                try:
+                    connection.sendall(bytes([byte]))
+                    if connection.recv(1024) == b"":
+                        cut = True
+                        break
+                except socket.timeout:
+                    continue
+                except (BrokenPipeError, ConnectionResetError):
+                    cut = True
+                    break
+                if time.monotonic() - started > 20:
+                    break
+            assert cut, "the broker kept a connection that dribbled its headers"
+        assert_healthy(broker)
+
+
+def test_ten_thousand_idle_connections_do_not_lock_out_new_clients():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < 10_200:
+        pytest.skip(f"the open-file limit ({hard}) is too low for 10,000 connections")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    idle = []
+    with Broker() as broker:
+        host, port = broker._split("token")
+        try:
+            for _ in range(10_000):
+                connection = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                connection.settimeout(10)
+                connection.connect((host, port))
+                idle.append(connection)
+            # Every idle connection is accepted, none has been answered or closed...
+            assert wait_until(lambda: broker.metric("token_broker_open_connections", listener="token") >= 10_000, timeout=30)
+            # ...and new clients are still served.
+            for _ in range(20):
+                assert_healthy(broker)
+        finally:
+            for connection in idle:
+                connection.close()
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
