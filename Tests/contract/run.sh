@@ -3,10 +3,11 @@
 #
 #   Tests/contract/run.sh path/to/token-broker path/to/venv
 #
-# Starts the broker on ephemeral loopback ports with broker-contract.json, then runs schemathesis
-# (examples, coverage and fuzzing phases, every check) against each listener, with fixed seeds so
-# that a failure can be replayed. Fails on any schemathesis failure, and unless SIGTERM stops the
-# broker with status 0 afterwards.
+# Starts the broker on ephemeral loopback ports with broker-contract.json and a caller key made for
+# the run, then runs schemathesis (examples, coverage and fuzzing phases, every check) against each
+# listener, with fixed seeds so that a failure can be replayed; the token listener's requests carry
+# the caller key. Fails on any schemathesis failure, and unless SIGTERM stops the broker with
+# status 0 afterwards.
 set -euo pipefail
 
 binary=$(realpath "${1:?usage: run.sh path/to/token-broker path/to/venv}")
@@ -18,8 +19,12 @@ spec=$(realpath "$here/../../openapi.yaml")
 
 work=$(mktemp -d)
 log="$work/broker.log"
+key=$(openssl rand -hex 32)
+printf '{"keys": [{"name": "contract", "sha256": "%s", "providers": ["*"]}]}\n' \
+    "$(printf %s "$key" | sha256sum | cut -d' ' -f1)" > "$work/callers.json"
+sed "s|\"providers\":|\"clientKeysFile\": \"$work/callers.json\",\n  \"providers\":|" "$here/broker-contract.json" > "$work/config.json"
 TOKEN_BROKER_LISTEN=127.0.0.1:0 TOKEN_BROKER_ADMIN_LISTEN=127.0.0.1:0 \
-    "$binary" --config "$here/broker-contract.json" 2> "$log" &
+    "$binary" --config "$work/config.json" 2> "$log" &
 pid=$!
 trap 'kill $pid 2>/dev/null || true; rm -rf "$work"' EXIT
 
@@ -34,7 +39,7 @@ echo "contract: token listener $token, admin listener $admin"
 
 cd "$work"
 "$bin_dir/schemathesis" run "$spec" --url "http://$token" --exclude-path-regex '^/(healthz|readyz|metrics)$' \
-    --checks all --max-examples 50 --seed 20261129 --no-color
+    --header "Authorization: Bearer $key" --checks all --max-examples 50 --seed 20261129 --no-color
 "$bin_dir/schemathesis" run "$spec" --url "http://$admin" --include-path-regex '^/(healthz|readyz|metrics)$' \
     --checks all --max-examples 30 --seed 20261129 --no-color
 
