@@ -7,6 +7,7 @@
 //   TokenBrokerCore               pure Swift: tokens, configuration, the provider and its rules
 //   TokenBrokerSources            where tokens come from (the local JWT signer, upstream issuers)
 //   TokenBrokerHTTP               the libmicrohttpd server and the HTTP API on top of it
+//   TokenBrokerProxy              proxy mode: requests forwarded with a token, retried once when refused
 //   token-broker                  the executable: command line, wiring, signals
 //
 // No outside Swift packages: the toolchain and Debian's C libraries are all it needs.
@@ -49,9 +50,14 @@ let package = Package(
             dependencies: ["TokenBrokerCore", "CMicroHTTPD"],
             swiftSettings: optimized
         ),
+        .target(
+            name: "TokenBrokerProxy",
+            dependencies: ["TokenBrokerCore", "TokenBrokerSources", "TokenBrokerHTTP"],
+            swiftSettings: optimized
+        ),
         .executableTarget(
             name: "token-broker",
-            dependencies: ["TokenBrokerCore", "TokenBrokerSources", "TokenBrokerHTTP"],
+            dependencies: ["TokenBrokerCore", "TokenBrokerSources", "TokenBrokerHTTP", "TokenBrokerProxy"],
             swiftSettings: optimized
         ),
         .testTarget(

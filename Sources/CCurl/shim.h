@@ -30,6 +30,16 @@ static inline CURLcode CCurl_setopt_header_function(CURL *handle, curl_write_cal
     return curl_easy_setopt(handle, CURLOPT_HEADERFUNCTION, callback);
 }
 
+// curl_easy_setopt is variadic; the read callback for uploads whose body arrives as it goes.
+static inline CURLcode CCurl_setopt_read_function(CURL *handle, curl_read_callback callback) {
+    return curl_easy_setopt(handle, CURLOPT_READFUNCTION, callback);
+}
+
+// curl_easy_getinfo is variadic; this reads a curl_off_t item such as CURLINFO_CONTENT_LENGTH_DOWNLOAD_T.
+static inline CURLcode CCurl_getinfo_offset(CURL *handle, CURLINFO info, curl_off_t *value) {
+    return curl_easy_getinfo(handle, info, value);
+}
+
 // CURLMsg keeps the transfer's result in a union; Swift reads it more plainly through this.
 static inline CURLcode CCurl_message_result(const CURLMsg *message) { return message->data.result; }
 

@@ -46,6 +46,14 @@ static inline struct MHD_OptionItem CMicroHTTPD_option_notify_connection(MHD_Not
     return item;
 }
 
+// Like the one above, for MHD_OPTION_URI_LOG_CALLBACK, which sees the request target before
+// libmicrohttpd percent-decodes it; its return value becomes the request's context.
+typedef void *(*CMicroHTTPD_uri_callback)(void *cls, const char *uri, struct MHD_Connection *connection);
+static inline struct MHD_OptionItem CMicroHTTPD_option_uri_log(CMicroHTTPD_uri_callback callback, void *cls) {
+    struct MHD_OptionItem item = { MHD_OPTION_URI_LOG_CALLBACK, (intptr_t)callback, cls };
+    return item;
+}
+
 // MHD_get_connection_info is variadic; this asks it for the context set when the connection opened.
 static inline void *CMicroHTTPD_socket_context(struct MHD_Connection *connection) {
     const union MHD_ConnectionInfo *info = MHD_get_connection_info(connection, MHD_CONNECTION_INFO_SOCKET_CONTEXT);

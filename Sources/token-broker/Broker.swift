@@ -5,6 +5,7 @@ import Foundation
 #endif
 import TokenBrokerCore
 import TokenBrokerHTTP
+import TokenBrokerProxy
 import TokenBrokerSources
 
 /// Wires the configuration into sources, providers and the two listeners; runs until a stop signal.
@@ -109,11 +110,15 @@ enum Broker {
             tokenSettings.connectionTimeoutSec = configuration.connectionTimeoutSec
             tokenSettings.connectionMemoryLimit = configuration.connectionMemoryKiB * 1024
             tokenSettings.unixSocketMode = configuration.unixSocketMode
+            if !configuration.proxies.isEmpty { tokenSettings.streamingPrefix = ProxyPath.prefix }
+            let proxy = configuration.proxies.isEmpty ? nil : ProxyAPI(
+                proxies: configuration.proxies, providers: providers, maxWait: .seconds(configuration.maxWaitSec),
+                callerKeysInAuthorization: callers != nil, metrics: metrics)
             tokenServer = try HTTPServer(
                 configuration: tokenSettings,
                 handler: TokenAPI(
                     providers: providers, jwks: jwks, maxWait: .seconds(configuration.maxWaitSec),
-                    requestGuard: configuration.requestGuard, callers: callers, metrics: metrics))
+                    requestGuard: configuration.requestGuard, callers: callers, proxy: proxy, metrics: metrics))
             var adminSettings = HTTPServer.Configuration(address: configuration.adminListen)
             adminSettings.connectionLimit = 256
             adminSettings.threads = 1
@@ -128,6 +133,12 @@ enum Broker {
         let tasks = providers.map { provider in Task.detached { await provider.run() } }
         Log.info("listening", ["listener": "token", "address": address(configuration.listen, tokenServer.port)])
         Log.info("listening", ["listener": "admin", "address": address(configuration.adminListen, adminServer.port)])
+        for proxy in configuration.proxies {
+            Log.info("proxy ready", [
+                "proxy": proxy.name, "target": proxy.target.description,
+                "provider": proxy.provider ?? configuration.providers[0].name,
+            ])
+        }
         if !configuration.requestGuard {
             Log.warning("the request guard is off: token routes accept requests without Token-Broker-Request")
         }

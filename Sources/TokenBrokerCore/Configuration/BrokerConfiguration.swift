@@ -22,6 +22,8 @@ public struct BrokerConfiguration: Sendable, Equatable {
     public var connectionTimeoutSec: Int
     /// The file mode of Unix socket listeners, as octal text. Default "0660"; "0600"–"0777".
     public var unixSocketMode: UInt32
+    /// Proxies under `/proxy/{name}/`: forward requests with a token added. Default: none.
+    public var proxies: [ProxyConfiguration] = []
     /// A JSON file of the callers' keys (their SHA-256 hashes) and the providers each may read.
     /// Without it, any client that can connect may read every provider.
     public var clientKeysFile: String?
@@ -91,6 +93,9 @@ public struct BrokerConfiguration: Sendable, Equatable {
                 providers.append(try ProviderConfiguration(reading: item.value, path: item.path))
             }
         }
+        if let items = try reader.array("proxies") {
+            for item in items { proxies.append(try ProxyConfiguration(reading: item.value, path: item.path)) }
+        }
         try reader.finish()
         try validate()
     }
@@ -111,6 +116,15 @@ public struct BrokerConfiguration: Sendable, Equatable {
         var seen: Set<String> = []
         for (index, provider) in providers.enumerated() where !seen.insert(provider.name).inserted {
             throw ConfigurationError(key: "providers[\(index)].name", "duplicate provider name \"\(provider.name)\"; allowed: names unique across providers")
+        }
+        var proxyNames: Set<String> = []
+        for (index, proxy) in proxies.enumerated() {
+            guard proxyNames.insert(proxy.name).inserted else {
+                throw ConfigurationError(key: "proxies[\(index)].name", "duplicate proxy name \"\(proxy.name)\"; allowed: names unique across proxies")
+            }
+            if let provider = proxy.provider, !seen.contains(provider) {
+                throw ConfigurationError(key: "proxies[\(index)].provider", "no provider is named \"\(provider)\"; allowed: \(providers.map(\.name).joined(separator: ", "))")
+            }
         }
         if listen == adminListen, listen.port != 0 || listen.unixPath != nil {
             throw ConfigurationError(key: "adminListen", "\(adminListen) is also the token listener; allowed: a different address or port")

@@ -23,6 +23,9 @@ public final class BrokerMetrics: Sendable {
         var staleServed: [String: Int] = [:]
         var excessive: [String: Int] = [:]
         var openConnections: [(listener: String, read: @Sendable () -> Int)] = []
+        var proxied: [Labels: Int] = [:]
+        var proxyRetries: [String: Int] = [:]
+        var proxyRefreshes: [String: Int] = [:]
     }
 
     private struct Labels: Hashable {
@@ -54,6 +57,17 @@ public final class BrokerMetrics: Sendable {
             return counter
         }
     }
+
+    /// One proxied request, by the status its client got (or 0 when the connection was cut).
+    public func recordProxied(proxy: String, status: Int) {
+        state.withLock { $0.proxied[Labels(a: proxy, b: String(status)), default: 0] += 1 }
+    }
+
+    /// A proxied request sent again after its token was refused.
+    public func recordProxyRetry(proxy: String) { state.withLock { $0.proxyRetries[proxy, default: 0] += 1 } }
+
+    /// An upstream fetch that a proxied request's refused token started.
+    public func recordProxyRefresh(proxy: String) { state.withLock { $0.proxyRefreshes[proxy, default: 0] += 1 } }
 
     /// Where to read a listener's open connections at scrape time.
     public func observeOpenConnections(listener: String, _ read: @escaping @Sendable () -> Int) {
@@ -109,6 +123,19 @@ public final class BrokerMetrics: Sendable {
         family("token_broker_open_connections", "gauge", "Connections open now, by listener (idle, reading, or waiting).")
         for (listener, read) in snapshot.openConnections {
             sample("token_broker_open_connections", [("listener", listener)], String(read()))
+        }
+
+        family("token_broker_proxy_requests_total", "counter", "Proxied requests by proxy and the status the client got.")
+        for (key, count) in snapshot.proxied.sorted(by: { ($0.key.a, $0.key.b) < ($1.key.a, $1.key.b) }) {
+            sample("token_broker_proxy_requests_total", [("proxy", key.a), ("code", key.b)], String(count))
+        }
+        family("token_broker_proxy_retries_total", "counter", "Proxied requests sent again with a refreshed token after a refusal.")
+        for (proxy, count) in snapshot.proxyRetries.sorted(by: { $0.key < $1.key }) {
+            sample("token_broker_proxy_retries_total", [("proxy", proxy)], String(count))
+        }
+        family("token_broker_proxy_refreshes_total", "counter", "Upstream token fetches started because a proxied request's token was refused.")
+        for (proxy, count) in snapshot.proxyRefreshes.sorted(by: { $0.key < $1.key }) {
+            sample("token_broker_proxy_refreshes_total", [("proxy", proxy)], String(count))
         }
 
         family("token_broker_refreshes_total", "counter", "Upstream fetches by provider and result (success or the error's classification).")

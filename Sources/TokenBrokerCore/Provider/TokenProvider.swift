@@ -179,14 +179,22 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
 
     /// The retrier: `rejected` is the version a downstream service refused.
     public func forceRefresh(rejected: UInt64?) -> Machine.ForcedRefreshDecision {
+        forceRefreshStartingFetch(rejected: rejected).decision
+    }
+
+    /// `forceRefresh`, also saying whether this call started an upstream fetch (rather than
+    /// joining one under way, or finding a newer token).
+    public func forceRefreshStartingFetch(rejected: UInt64?) -> (decision: Machine.ForcedRefreshDecision, startedFetch: Bool) {
         var decision = Machine.ForcedRefreshDecision.refreshing(after: nil)
+        var started = false
         apply { machine, now in
             let (answer, actions) = machine.forceRefresh(rejected: rejected, now: now)
             decision = answer
+            started = actions.contains { if case .startFetch = $0 { true } else { false } }
             return actions
         }
         if case .excessive = decision { events.excessiveRefresh(name) }
-        return decision
+        return (decision, started)
     }
 
     /// What the provider is doing now, for readiness, metrics and error descriptions.

@@ -13,4 +13,8 @@ enum Responses {
     }
 
     static var shuttingDown: HTTPResponse { HTTPServer.stopping }
+
+    /// A request target in absolute form (`GET http://host/path`): the broker is not a forward proxy.
+    static let absoluteForm = HTTPResponse.error(
+        400, "invalid_request", "request targets must be paths (origin form); absolute URLs are refused")
 }

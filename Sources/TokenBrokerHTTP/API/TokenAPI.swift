@@ -9,6 +9,7 @@ import TokenBrokerCore
 /// | `GET /token/ready` | a long-poll for a token newer than `after` (`TokenAPI+LongPoll.swift`) |
 /// | `POST /token/refresh` | the retrier: refresh a rejected token (`TokenAPI+Refresh.swift`) |
 /// | `GET /.well-known/jwks.json` | the local signers' public keys |
+/// | `ANY /proxy/{name}/{path}` | proxy mode: forwarded with a token (`ProxyRoute.swift`) |
 ///
 /// Token routes pass the request guard first (`RequestGuard`), then, when callers have keys
 /// (`clientKeysFile`), the caller check (`CallerCheck`).
@@ -50,6 +51,8 @@ public final class TokenAPI: HTTPHandler {
     let metrics: BrokerMetrics
     private let guardRequests: Bool
     private let callers: (any CallerAuthorizing)?
+    let proxy: (any ProxyHandling)?
+    let proxyCounter: RequestCounter
     private let jwks: HTTPResponse
     private let jwksCounter: RequestCounter
     private let unknownProviderCounter: RequestCounter
@@ -61,9 +64,10 @@ public final class TokenAPI: HTTPHandler {
     ///   - maxWait: the longest a request waits (long-polls, on-demand fetches, refreshes).
     ///   - requestGuard: require `Token-Broker-Request: true` and refuse `X-Forwarded-For`.
     ///   - callers: who may read which provider; nil lets every client read every provider.
+    ///   - proxy: proxy mode's routes, when proxies are configured.
     public init(
         providers: [Provider], jwks: String, maxWait: Duration, requestGuard: Bool = true,
-        callers: (any CallerAuthorizing)? = nil, metrics: BrokerMetrics
+        callers: (any CallerAuthorizing)? = nil, proxy: (any ProxyHandling)? = nil, metrics: BrokerMetrics
     ) {
         precondition(!providers.isEmpty, "the broker needs at least one provider")
         var endpoints: [String: Endpoint] = [:]
@@ -83,11 +87,15 @@ public final class TokenAPI: HTTPHandler {
         self.maxWait = maxWait
         self.guardRequests = requestGuard
         self.callers = callers
+        self.proxy = proxy
+        proxyCounter = metrics.counter(listener: "token", route: "/proxy/{name}")
         self.metrics = metrics
     }
 
     public func handle(_ request: HTTPRequest) -> HTTPReply {
         let path = request.path
+        if request.rawTarget != nil { return proxied(request) }
+        guard path.hasPrefix("/") else { return record(otherCounter, .response(Responses.absoluteForm)) }
         if path == "/.well-known/jwks.json" {
             return record(jwksCounter, Self.only(["GET", "HEAD"], request) ?? .response(jwks))
         }

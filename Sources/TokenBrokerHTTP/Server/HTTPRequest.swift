@@ -14,7 +14,37 @@ public struct HTTPRequest {
     public let body: [UInt8]
     /// Whether the body was longer than the cap (and was cut).
     public let bodyTooLarge: Bool
+    /// The request target exactly as sent (path and query, not percent-decoded), for requests
+    /// under the server's `streamingPrefix`; nil for others.
+    public let rawTarget: String?
+    /// The body as it arrives, when `HTTPHandler.begin` chose to stream it.
+    public let bodyStream: HTTPRequestBodyStream?
     let connection: OpaquePointer
+
+    init(method: String, path: String, body: [UInt8], bodyTooLarge: Bool, rawTarget: String? = nil,
+         bodyStream: HTTPRequestBodyStream? = nil, connection: OpaquePointer) {
+        self.method = method
+        self.path = path
+        self.body = body
+        self.bodyTooLarge = bodyTooLarge
+        self.rawTarget = rawTarget
+        self.bodyStream = bodyStream
+        self.connection = connection
+    }
+
+    /// Every request header in the order sent, names as sent.
+    public func headers() -> [(String, String)] {
+        var collected: [(String, String)] = []
+        withUnsafeMutablePointer(to: &collected) { pointer in
+            _ = MHD_get_connection_values(connection, .HEADER_KIND, { cls, _, key, value in
+                guard let cls, let key else { return CMicroHTTPD_yes() }
+                let list = cls.assumingMemoryBound(to: [(String, String)].self)
+                list.pointee.append((String(cString: key), value.map { String(cString: $0) } ?? ""))
+                return CMicroHTTPD_yes()
+            }, pointer)
+        }
+        return collected
+    }
 
     /// The value of a request header, by case-insensitive name; the first when repeated.
     public func header(_ name: String) -> String? {

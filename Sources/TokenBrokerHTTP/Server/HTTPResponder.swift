@@ -14,6 +14,7 @@ public final class HTTPResponder: Sendable {
     }
 
     private let phase = Mutex<Phase>(.waiting(onClose: nil))
+    private let endHandlers = Mutex<[@Sendable () -> Void]>([])
     // Written once before the responder is handed out, then only read.
     nonisolated(unsafe) let connection: OpaquePointer
     /// The connection's socket, watched for hang-ups while suspended.
@@ -45,6 +46,21 @@ public final class HTTPResponder: Sendable {
         }
         if runNow { cleanup() }
     }
+
+    /// Registers work to run once when the connection ends, answered or not (such as stopping an
+    /// upstream exchange that feeds a streamed answer).
+    public func whenConnectionEnds(_ work: @escaping @Sendable () -> Void) {
+        endHandlers.withLock { $0.append(work) }
+    }
+
+    /// Whether an answer waits to be queued.
+    var hasAnswer: Bool { phase.withLock { if case .answered = $0 { true } else { false } } }
+
+    /// Suspends the connection while a stream waits for bytes; false when the server is stopping.
+    func suspendForStream() -> Bool { server?.suspendForStream(self) ?? false }
+
+    /// Resumes a connection suspended by `suspendForStream` (or waiting for its answer).
+    func resumeStream() { server?.resume(self) }
 
     /// The answer to queue once the connection is back, taken once.
     func takeAnswer() -> HTTPResponse? {
@@ -78,6 +94,7 @@ public final class HTTPResponder: Sendable {
             return nil
         }
         cleanup?()
+        for work in endHandlers.withLock({ handlers in defer { handlers = [] }; return handlers }) { work() }
     }
 }
 

@@ -9,6 +9,8 @@ import TokenBrokerCore
 public final class HTTPResponse: @unchecked Sendable {
     public let status: Int
     let handle: OpaquePointer
+    /// The body's producer, for a streamed answer (which is sent once).
+    let stream: HTTPResponseStream?
 
     /// - Parameters:
     ///   - headers: names and values; a value with CR or LF is dropped rather than sent.
@@ -17,7 +19,23 @@ public final class HTTPResponse: @unchecked Sendable {
         handle = body.withUnsafeBytes { raw in
             CMicroHTTPD_response_copying(raw.count, raw.baseAddress)
         }
-        for (name, value) in headers where !value.contains(where: { $0 == "\r" || $0 == "\n" }) {
+        stream = nil
+        Self.add(headers, to: handle)
+    }
+
+    /// A streamed answer: the body comes from `stream` as its producer writes it.
+    /// - Parameter length: the body's length when known (sent as `Content-Length`); otherwise
+    ///   HTTP/1.1 clients get it chunked.
+    public init(status: Int, headers: [(String, String)], stream: HTTPResponseStream, length: UInt64?) {
+        self.status = status
+        self.stream = stream
+        let context = Unmanaged.passRetained(stream).toOpaque()
+        handle = MHD_create_response_from_callback(length ?? UInt64.max, 32 * 1024, streamReader, context, streamReleaser)
+        Self.add(headers, to: handle)
+    }
+
+    private static func add(_ headers: [(String, String)], to handle: OpaquePointer) {
+        for (name, value) in headers where !(name + value).contains(where: { $0 == "\r" || $0 == "\n" || $0 == "\0" }) {
             _ = MHD_add_response_header(handle, name, value)
         }
     }
@@ -37,3 +55,15 @@ public final class HTTPResponse: @unchecked Sendable {
     }
 }
 
+
+// libmicrohttpd's content reader for streamed answers: the context is the retained stream.
+private let streamReader: MHD_ContentReaderCallback = { context, _, buffer, max in
+    guard let context, let buffer else { return -2 }
+    let stream = Unmanaged<HTTPResponseStream>.fromOpaque(context).takeUnretainedValue()
+    return stream.read(into: UnsafeMutableRawBufferPointer(start: buffer, count: max))
+}
+
+private let streamReleaser: MHD_ContentReaderFreeCallback = { context in
+    guard let context else { return }
+    Unmanaged<HTTPResponseStream>.fromOpaque(context).release()
+}

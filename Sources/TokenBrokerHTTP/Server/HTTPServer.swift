@@ -32,6 +32,9 @@ public final class HTTPServer: @unchecked Sendable {
         public var maximumBodyBytes: Int = 64 * 1024
         /// The file mode of a Unix socket listener.
         public var unixSocketMode: UInt32 = 0o660
+        /// Requests whose target starts with this are shown to `HTTPHandler.begin` when their
+        /// headers arrive, and carry their target as sent (`HTTPRequest.rawTarget`).
+        public var streamingPrefix: String?
 
         public init(address: ListenAddress) { self.address = address }
     }
@@ -45,6 +48,7 @@ public final class HTTPServer: @unchecked Sendable {
     private let suspended = Mutex<Suspended>(Suspended())
     private let watcher: ConnectionWatcher
     private let requestsInFlight = Atomic<Int>(0)
+    private let stopping = Atomic<Bool>(false)
 
     /// Binds and starts serving at once.
     /// - Throws: `HTTPServerError` naming the address and the reason when it cannot bind.
@@ -68,6 +72,9 @@ public final class HTTPServer: @unchecked Sendable {
             CMicroHTTPD_option_notify_completed(requestCompletedCallback, context),
             CMicroHTTPD_option_notify_connection(connectionNotifyCallback, context),
         ]
+        if configuration.streamingPrefix != nil {
+            options.append(CMicroHTTPD_option_uri_log(requestTargetCallback, context))
+        }
         if configuration.threads > 1 {
             options.append(MHD_OptionItem(option: .THREAD_POOL_SIZE, value: configuration.threads, ptr_value: nil))
         }
@@ -107,6 +114,7 @@ public final class HTTPServer: @unchecked Sendable {
     /// flight finish for up to `grace`, then stops the daemon.
     public func shutDown(finalAnswer: HTTPResponse = HTTPServer.stopping, grace: Duration) {
         guard let daemon else { return }
+        stopping.store(true, ordering: .relaxed)
         _ = MHD_quiesce_daemon(daemon)
         for responder in suspended.withLock({ Array($0.responders.values) }) { responder.respond(finalAnswer) }
         let clock = ContinuousClock()
@@ -139,37 +147,103 @@ public final class HTTPServer: @unchecked Sendable {
             requestContext.pointee = RequestState.headersOnly
             return CMicroHTTPD_yes()
         }
+        let state = context == RequestState.headersOnly ? nil : RequestState.fromOpaque(context)
+        if let state, !state.begun {
+            // First call of a request under the streaming prefix: decide about its body now.
+            state.begun = true
+            return begin(state, connection, url: url, method: method)
+        }
         if uploadSize.pointee > 0 {
-            let state = RequestState.attach(to: requestContext)
-            state.append(uploadData, count: uploadSize.pointee, limit: configuration.maximumBodyBytes)
+            let count = uploadSize.pointee
             uploadSize.pointee = 0
+            if let stream = state?.bodyStream {
+                uploadData.map { stream.append(UnsafeRawBufferPointer(start: $0, count: count)) }
+            } else {
+                let state = RequestState.attach(to: requestContext)
+                state.append(uploadData, count: count, limit: state.bodyLimit ?? configuration.maximumBodyBytes)
+            }
             return CMicroHTTPD_yes()
         }
-        let state = context == RequestState.headersOnly ? nil : RequestState.fromOpaque(context)
         if let responder = state?.responder {
-            // Resumed after a deferred answer.
-            guard let response = responder.takeAnswer() else { return CMicroHTTPD_no() }
-            return MHD_queue_response(connection, UInt32(response.status), response.handle)
+            if let stream = state?.bodyStream { stream.end() }
+            if let response = responder.takeAnswer() { return queue(response, on: connection, responder) }
+            // A streamed request whose answer is not ready yet: wait for it, suspended.
+            guard state?.bodyStream != nil else { return CMicroHTTPD_no() }
+            park(responder, connection)
+            if responder.hasAnswer { resume(responder) }
+            return CMicroHTTPD_yes()
         }
         Self.clock(of: connection)?.requestArrived()
         let request = HTTPRequest(
             method: String(cString: method), path: String(cString: url), body: state?.body ?? [],
-            bodyTooLarge: state?.tooLarge ?? false, connection: connection)
-        switch handler.handle(request) {
+            bodyTooLarge: state?.tooLarge ?? false, rawTarget: state?.rawTarget, connection: connection)
+        return reply(handler.handle(request), connection, streaming: false) { RequestState.attach(to: requestContext) }
+    }
+
+    /// Carries out a handler's reply: queue it, or suspend the connection until the responder answers.
+    private func reply(
+        _ reply: HTTPReply, _ connection: OpaquePointer, streaming: Bool, state: () -> RequestState
+    ) -> MHD_Result {
+        switch reply {
         case .response(let response):
-            return MHD_queue_response(connection, UInt32(response.status), response.handle)
+            return queue(response, on: connection, nil)
         case .deferred(let start):
             let responder = HTTPResponder(connection: connection, fd: CMicroHTTPD_connection_fd(connection), server: self)
-            RequestState.attach(to: requestContext).responder = responder
-            suspended.withLock { suspended in
-                suspended.responders[ObjectIdentifier(responder)] = responder
-                suspended.peak = max(suspended.peak, suspended.responders.count)
+            let state = state()
+            state.responder = responder
+            state.bodyStream?.attach(responder)
+            // A streamed body keeps coming while the answer is prepared: the connection stays live.
+            if !streaming {
+                park(responder, connection)
+                watcher.watch(responder.fd, responder)
             }
-            MHD_suspend_connection(connection)
-            watcher.watch(responder.fd, responder)
             start(responder)
             return CMicroHTTPD_yes()
         }
+    }
+
+    private func begin(_ state: RequestState, _ connection: OpaquePointer, url: UnsafePointer<CChar>, method: UnsafePointer<CChar>) -> MHD_Result {
+        let request = HTTPRequest(
+            method: String(cString: method), path: String(cString: url), body: [], bodyTooLarge: false,
+            rawTarget: state.rawTarget, connection: connection)
+        switch handler.begin(request) {
+        case .buffer(let limit):
+            state.bodyLimit = limit
+            return CMicroHTTPD_yes()
+        case .refuse(let response):
+            return queue(response, on: connection, nil)
+        case .stream(let body):
+            // The body may take longer than the request deadline to arrive; its consumer paces it.
+            Self.clock(of: connection)?.requestArrived()
+            state.bodyStream = body
+            let streamed = HTTPRequest(
+                method: request.method, path: request.path, body: [], bodyTooLarge: false,
+                rawTarget: state.rawTarget, bodyStream: body, connection: connection)
+            return reply(handler.handle(streamed), connection, streaming: true) { state }
+        }
+    }
+
+    private func queue(_ response: HTTPResponse, on connection: OpaquePointer, _ responder: HTTPResponder?) -> MHD_Result {
+        if let stream = response.stream {
+            stream.attach(responder ?? HTTPResponder(connection: connection, fd: CMicroHTTPD_connection_fd(connection), server: self))
+        }
+        return MHD_queue_response(connection, UInt32(response.status), response.handle)
+    }
+
+    /// Suspends a connection and remembers it, so that shutting down can answer it.
+    private func park(_ responder: HTTPResponder, _ connection: OpaquePointer) {
+        suspended.withLock { suspended in
+            suspended.responders[ObjectIdentifier(responder)] = responder
+            suspended.peak = max(suspended.peak, suspended.responders.count)
+        }
+        MHD_suspend_connection(connection)
+    }
+
+    /// Suspends a connection whose stream waits for bytes; false when the server is stopping.
+    func suspendForStream(_ responder: HTTPResponder) -> Bool {
+        guard !stopping.load(ordering: .relaxed) else { return false }
+        park(responder, responder.connection)
+        return true
     }
 
     /// Resumes a suspended connection so the access handler can queue its answer.
@@ -215,6 +289,17 @@ extension HTTPServer {
         }
     }
 
+    /// A request line was read: requests under the streaming prefix get their state now, with
+    /// the target as sent. Others get nothing, as before.
+    fileprivate func requestTarget(_ uri: UnsafePointer<CChar>) -> UnsafeMutableRawPointer? {
+        guard let prefix = configuration.streamingPrefix, strncmp(uri, prefix, prefix.utf8.count) == 0 else { return nil }
+        let state = RequestState()
+        state.rawTarget = String(cString: uri)
+        state.begun = false
+        requestsInFlight.add(1, ordering: .relaxed)
+        return Unmanaged.passRetained(state).toOpaque()
+    }
+
     fileprivate static func clock(of connection: OpaquePointer) -> ConnectionClock? {
         CMicroHTTPD_socket_context(connection).map { Unmanaged<ConnectionClock>.fromOpaque($0).takeUnretainedValue() }
     }
@@ -235,6 +320,11 @@ final class RequestState {
     var body: [UInt8] = []
     var tooLarge = false
     var responder: HTTPResponder?
+    /// For requests under the streaming prefix: the target as sent, and whether `begin` ran.
+    var rawTarget: String?
+    var begun = true
+    var bodyLimit: Int?
+    var bodyStream: HTTPRequestBodyStream?
 
     static func fromOpaque(_ pointer: UnsafeMutableRawPointer) -> RequestState {
         Unmanaged<RequestState>.fromOpaque(pointer).takeUnretainedValue()
@@ -270,6 +360,11 @@ private let accessHandlerCallback: MHD_AccessHandlerCallback = { cls, connection
 private let requestCompletedCallback: MHD_RequestCompletedCallback = { cls, connection, requestContext, _ in
     guard let cls, let requestContext else { return }
     HTTPServer.fromOpaque(cls).completed(connection, requestContext)
+}
+
+private let requestTargetCallback: CMicroHTTPD_uri_callback = { cls, uri, _ in
+    guard let cls, let uri else { return nil }
+    return HTTPServer.fromOpaque(cls).requestTarget(uri)
 }
 
 private let connectionNotifyCallback: MHD_NotifyConnectionCallback = { cls, connection, socketContext, code in

@@ -1,0 +1,83 @@
+/// Which headers cross the proxy, and how the token is put in (Alamofire's RequestAdapter).
+///
+/// Hop-by-hop headers (RFC 9110 §7.6.1) and those the `Connection` header names stay behind in
+/// both directions. Toward the upstream, `Host` and the body's framing are set by the client
+/// library from the target and the body; the broker's own headers (`Token-Broker-Request`, and
+/// `Authorization` when it carries a caller key) never leave.
+public enum ProxyHeaders {
+    static let hopByHop: Set<String> = [
+        "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
+        "te", "trailer", "transfer-encoding", "upgrade",
+    ]
+
+    /// The request headers to send upstream, with the token put in as `injection` says.
+    ///
+    /// - Parameters:
+    ///   - callerKeyInAuthorization: `Authorization` holds the caller's key for the broker: drop it.
+    ///   - cookieName: the provider's cookie name, for `.cookie`.
+    public static func forward(
+        _ headers: [(String, String)], token: String, injection: ProxyConfiguration.Injection, overwrite: Bool,
+        cookieName: String, callerKeyInAuthorization: Bool
+    ) -> [(String, String)] {
+        let dropped = droppedNames(headers).union(["host", "content-length", "expect", "token-broker-request"])
+        var out = headers.filter { !dropped.contains($0.0.lowercased()) }
+        if callerKeyInAuthorization { out.removeAll { $0.0.lowercased() == "authorization" } }
+        switch injection {
+        case .authorization:
+            put(&out, name: "Authorization", value: "Bearer " + token, overwrite: overwrite)
+        case .header(let name):
+            put(&out, name: name, value: token, overwrite: overwrite)
+        case .cookie:
+            putCookie(&out, name: cookieName, value: token, overwrite: overwrite)
+        }
+        return out
+    }
+
+    /// The answer's headers to pass back to the client. `Content-Length` and `Date` are left to
+    /// the broker's server, which sets them for what it actually sends.
+    public static func back(_ headers: [(String, String)]) -> [(String, String)] {
+        let dropped = droppedNames(headers).union(["content-length", "date"])
+        return headers.filter { !dropped.contains($0.0.lowercased()) }
+    }
+
+    /// Hop-by-hop names, and every name listed in `Connection`.
+    private static func droppedNames(_ headers: [(String, String)]) -> Set<String> {
+        var names = hopByHop
+        for (name, value) in headers where name.lowercased() == "connection" {
+            for option in value.split(separator: ",") {
+                names.insert(option.trimmingCharacters().lowercased())
+            }
+        }
+        return names
+    }
+
+    private static func put(_ headers: inout [(String, String)], name: String, value: String, overwrite: Bool) {
+        let lower = name.lowercased()
+        if headers.contains(where: { $0.0.lowercased() == lower }) {
+            guard overwrite else { return }
+            headers.removeAll { $0.0.lowercased() == lower }
+        }
+        headers.append((name, value))
+    }
+
+    private static func putCookie(_ headers: inout [(String, String)], name: String, value: String, overwrite: Bool) {
+        guard let index = headers.firstIndex(where: { $0.0.lowercased() == "cookie" }) else {
+            headers.append(("Cookie", "\(name)=\(value)"))
+            return
+        }
+        var pairs = headers[index].1.split(separator: ";").map { $0.trimmingCharacters() }.filter { !$0.isEmpty }
+        let existing = pairs.firstIndex { $0.hasPrefix(name + "=") }
+        switch existing {
+        case .some where !overwrite: return
+        case .some(let at): pairs[at] = "\(name)=\(value)"
+        case .none: pairs.append("\(name)=\(value)")
+        }
+        headers[index].1 = pairs.joined(separator: "; ")
+    }
+}
+
+extension Substring {
+    fileprivate func trimmingCharacters() -> String {
+        String(drop { $0 == " " || $0 == "\t" }.reversed().drop { $0 == " " || $0 == "\t" }.reversed())
+    }
+}

@@ -1,0 +1,119 @@
+/// The rules that keep `/proxy/{name}/{path}` from becoming an open proxy, applied to the request
+/// target exactly as the client sent it (not percent-decoded).
+///
+/// - Only origin-form targets (`/…`); an absolute URL is refused.
+/// - Only characters RFC 3986 allows in a path or query; no raw controls, spaces, or bytes above
+///   ASCII. Percent-escapes must be well formed.
+/// - Dot segments (`.`, `..`, also written `%2e`) are resolved as RFC 3986 §5.2.4 says; a path
+///   that climbs above the proxy's root is refused. A segment with an encoded slash or
+///   backslash (`%2f`, `%5c`) or an encoded NUL, CR or LF is refused too, so that no upstream
+///   can be tricked into seeing a different path than the broker checked.
+public enum ProxyPath {
+    /// A request target, split: the proxy's name, the normalised path under it (starting with
+    /// "/"), and the query as sent.
+    public struct Target: Equatable, Sendable {
+        public let proxy: String
+        public let path: String
+        public let query: String?
+    }
+
+    public enum Problem: Error, Equatable {
+        case absoluteForm
+        case notUnderProxy
+        case badCharacters
+        case escapesRoot
+        case encodedSeparator
+    }
+
+    public static let prefix = "/proxy/"
+
+    /// Splits and checks `/proxy/{name}/{path}?{query}`.
+    public static func parse(_ raw: String) -> Result<Target, Problem> {
+        guard raw.hasPrefix("/") else { return .failure(.absoluteForm) }
+        guard raw.hasPrefix(prefix) else { return .failure(.notUnderProxy) }
+        guard raw.utf8.allSatisfy(isAllowed), wellFormedEscapes(raw) else { return .failure(.badCharacters) }
+        let rest = raw.dropFirst(prefix.count)
+        let pathPart = rest.prefix { $0 != "?" }
+        let query = pathPart.count < rest.count ? String(rest.dropFirst(pathPart.count + 1)) : nil
+        let name = pathPart.prefix { $0 != "/" }
+        guard !name.isEmpty else { return .failure(.notUnderProxy) }
+        let below = String(pathPart.dropFirst(name.count))
+        guard let segments = segments(of: below) else { return .failure(.encodedSeparator) }
+        var resolved: [Substring] = []
+        for segment in segments {
+            switch segment {
+            case ".": continue
+            case "..":
+                guard !resolved.isEmpty else { return .failure(.escapesRoot) }
+                resolved.removeLast()
+            default: resolved.append(segment)
+            }
+        }
+        // A trailing "/", "." or ".." keeps the path a directory, as RFC 3986 resolution does.
+        let last = segments.last
+        let directory = below.hasSuffix("/") || last == "." || last == ".."
+        var path = "/" + resolved.joined(separator: "/")
+        if directory, !resolved.isEmpty { path += "/" }
+        return .success(Target(proxy: String(name), path: path, query: query))
+    }
+
+    /// The segments of a path (which starts with "/" or is empty), with `%2e` read as "."; nil
+    /// when a segment hides a separator or a control character in a percent-escape.
+    static func segments(of path: String) -> [Substring]? {
+        guard !path.isEmpty else { return [] }
+        var out: [Substring] = []
+        for segment in path.dropFirst().split(separator: "/", omittingEmptySubsequences: false) {
+            let lower = segment.lowercased()
+            for forbidden in ["%2f", "%5c", "%00", "%0a", "%0d"] where lower.contains(forbidden) { return nil }
+            let dots = lower.replacingAll("%2e", with: ".")
+            out.append(dots == "." || dots == ".." ? Substring(dots) : segment)
+        }
+        // "/a/" splits into ["a", ""]: the empty last segment only marks the trailing slash.
+        if out.last?.isEmpty == true { out.removeLast() }
+        return out
+    }
+
+    /// RFC 3986 `pchar`, "/", "?" and "%": unreserved, sub-delims, ":" and "@".
+    private static func isAllowed(_ byte: UInt8) -> Bool {
+        switch byte {
+        case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "0")...UInt8(ascii: "9"): true
+        case UInt8(ascii: "-"), UInt8(ascii: "."), UInt8(ascii: "_"), UInt8(ascii: "~"): true
+        case UInt8(ascii: "!"), UInt8(ascii: "$"), UInt8(ascii: "&"), UInt8(ascii: "'"), UInt8(ascii: "("), UInt8(ascii: ")"),
+             UInt8(ascii: "*"), UInt8(ascii: "+"), UInt8(ascii: ","), UInt8(ascii: ";"), UInt8(ascii: "="): true
+        case UInt8(ascii: ":"), UInt8(ascii: "@"), UInt8(ascii: "/"), UInt8(ascii: "?"), UInt8(ascii: "%"): true
+        default: false
+        }
+    }
+
+    private static func wellFormedEscapes(_ text: String) -> Bool {
+        let bytes = Array(text.utf8)
+        var index = 0
+        while index < bytes.count {
+            if bytes[index] == UInt8(ascii: "%") {
+                guard index + 2 < bytes.count, bytes[index + 1].isHexDigit, bytes[index + 2].isHexDigit else { return false }
+                index += 3
+            } else {
+                index += 1
+            }
+        }
+        return true
+    }
+}
+
+extension UInt8 {
+    fileprivate var isHexDigit: Bool {
+        (0x30...0x39).contains(self) || (0x41...0x46).contains(self) || (0x61...0x66).contains(self)
+    }
+}
+
+extension String {
+    fileprivate func replacingAll(_ target: String, with replacement: String) -> String {
+        var out = ""
+        var rest = Substring(self)
+        while let range = rest.firstRange(of: target) {
+            out += rest[..<range.lowerBound] + replacement
+            rest = rest[range.upperBound...]
+        }
+        return out + rest
+    }
+}

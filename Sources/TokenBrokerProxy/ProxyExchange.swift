@@ -1,0 +1,239 @@
+import Synchronization
+import TokenBrokerCore
+import TokenBrokerHTTP
+import TokenBrokerSources
+
+/// One proxied request, from the token to the last byte of the answer.
+///
+/// 1. Take the provider's token (waiting for one, suspended, if there is none yet).
+/// 2. Send the request upstream with the token put in; the answer streams back as it comes.
+/// 3. If the answer's status is in `retryOn` (and has `retryOnHeader`, when set), and the request
+///    can be sent again exactly (its body was read whole, or it had none): read that answer
+///    (up to 64 KiB) instead of passing it on, force one refresh with the refused version
+///    (single flight, within the refresh window), and send the request once more. If no new
+///    token comes, the first answer is passed on after all.
+///
+/// Upstream unreachable: 502; upstream too slow: 504; both with the JSON error body.
+final class ProxyExchange: UpstreamExchangeDelegate, @unchecked Sendable {
+    enum Body {
+        case buffered([UInt8])
+        case streamed(HTTPRequestBodyStream, length: Int?)
+    }
+
+    /// Where the current attempt's answer goes.
+    private enum Mode {
+        /// No answer head yet.
+        case waiting
+        /// A refused answer, kept in case no new token comes.
+        case collecting(status: Int, headers: [(String, String)], body: [UInt8])
+        /// Passing the answer on.
+        case streaming(HTTPResponseStream)
+        case done
+    }
+
+    private struct State {
+        var mode = Mode.waiting
+        var attempt = 0
+        var upstream: UpstreamExchange?
+        var responder: HTTPResponder?
+        var clientGone = false
+        var rejectedVersion: UInt64 = 0
+    }
+
+    private static let rejectedBodyLimit = 64 * 1024
+
+    private let api: ProxyAPI
+    private let route: ProxyAPI.Route
+    private let method: String
+    private let url: String
+    private let headers: [(String, String)]
+    private let body: Body
+    private let state = Mutex(State())
+
+    init(api: ProxyAPI, route: ProxyAPI.Route, method: String, url: String, headers: [(String, String)], body: Body) {
+        self.api = api
+        self.route = route
+        self.method = method
+        self.url = url
+        self.headers = headers
+        self.body = body
+    }
+
+    private var name: String { route.configuration.name }
+    private var provider: ProxyAPI.Provider { route.provider }
+
+    /// Whether the request can be sent a second time exactly as the first.
+    private var replayable: Bool { if case .buffered = body { true } else { false } }
+
+    func start(_ responder: HTTPResponder) {
+        state.withLock { $0.responder = responder }
+        responder.whenConnectionEnds { [self] in
+            let upstream = state.withLock { state -> UpstreamExchange? in
+                state.clientGone = true
+                return state.upstream
+            }
+            upstream?.cancel()
+            if case .streamed(let stream, _) = body { stream.close() }
+        }
+        if case .streamed(let stream, _) = body {
+            stream.whenAvailable { [self] in state.withLock { $0.upstream }?.resumeSending() }
+        }
+        if let (token, _) = provider.cachedToken() {
+            send(token)
+            return
+        }
+        Task { await self.sendWhenTokenReady() }
+    }
+
+    private func sendWhenTokenReady() async {
+        let token: ProxyAPI.Provider.Token?
+        if provider.configuration.backgroundRefreshEnabled {
+            if case .token(let ready, _) = await provider.onTokenReady(after: nil, timeout: api.maxWait) { token = ready } else { token = nil }
+        } else {
+            token = await provider.getToken()?.token
+        }
+        guard let token else {
+            finish(with: .error(503, "token_unavailable", "proxy \(JSONText.quoted(name)) has no token from provider \(JSONText.quoted(provider.name))",
+                                headers: [("Retry-After", "1")]))
+            return
+        }
+        send(token)
+    }
+
+    private func send(_ token: ProxyAPI.Provider.Token) {
+        let settings = route.configuration
+        var request = UpstreamRequest(
+            method: method, url: url,
+            headers: ProxyHeaders.forward(
+                headers, token: token.token.accessToken, injection: settings.inject, overwrite: settings.overwrite,
+                cookieName: provider.configuration.cookie.tokenCookieName, callerKeyInAuthorization: api.callerKeysInAuthorization),
+            settings: settings.upstream)
+        let upstream: UpstreamExchange
+        switch body {
+        case .buffered(let bytes):
+            request.body = bytes
+            upstream = UpstreamExchange(request: request, streamsBody: false, bodyLength: nil, delegate: self)
+        case .streamed(_, let length):
+            upstream = UpstreamExchange(request: request, streamsBody: true, bodyLength: length, delegate: self)
+        }
+        let go = state.withLock { state -> Bool in
+            guard !state.clientGone else { return false }
+            state.attempt += 1
+            state.rejectedVersion = token.version
+            state.mode = .waiting
+            state.upstream = upstream
+            return true
+        }
+        if go { UpstreamHTTPClient.shared.start(upstream) }
+    }
+
+    // MARK: - The upstream's answer (on the upstream client's thread)
+
+    func upstreamHead(status: Int, headers: [(String, String)], length: Int64?) -> Bool {
+        let settings = route.configuration
+        let refused = settings.retryOn.contains(status)
+            && (settings.retryOnHeader.map { wanted in headers.contains { $0.0.lowercased() == wanted } } ?? true)
+        let attempt = state.withLock { $0.attempt }
+        if refused, attempt == 1, replayable {
+            state.withLock { $0.mode = .collecting(status: status, headers: headers, body: []) }
+            return true
+        }
+        let stream = HTTPResponseStream { [self] in state.withLock { $0.upstream }?.resumeReceiving() }
+        let bodyless = method == "HEAD" || status == 204 || status == 304 || status < 200
+        let response = HTTPResponse(
+            status: status, headers: ProxyHeaders.back(headers), stream: stream,
+            length: status == 204 || status == 304 || status < 200 ? 0 : length.map { UInt64($0) })
+        if bodyless && method != "HEAD" { stream.finish() }
+        state.withLock { $0.mode = .streaming(stream) }
+        respond(response)
+        return true
+    }
+
+    func upstreamBody(_ bytes: UnsafeRawBufferPointer) -> Bool {
+        let stream = state.withLock { state -> HTTPResponseStream? in
+            switch state.mode {
+            case .collecting(let status, let headers, var body):
+                if body.count < Self.rejectedBodyLimit {
+                    body.append(contentsOf: bytes.prefix(Self.rejectedBodyLimit - body.count))
+                    state.mode = .collecting(status: status, headers: headers, body: body)
+                }
+                return nil
+            case .streaming(let stream): return stream
+            default: return nil
+            }
+        }
+        return stream?.write(bytes) ?? true
+    }
+
+    func upstreamFinished(_ error: TokenFetchError?) {
+        let mode = state.withLock { state -> Mode in
+            let mode = state.mode
+            if case .collecting = mode {} else { state.mode = .done }
+            return mode
+        }
+        switch mode {
+        case .streaming(let stream):
+            stream.finish(failed: error != nil)
+        case .collecting(let status, let headers, let body) where error == nil:
+            Task { await self.retry(rejected: HTTPResponse(status: status, body: body, headers: ProxyHeaders.back(headers))) }
+        case .collecting, .waiting:
+            if case .streamed(let stream, _) = body, stream.isTooLarge {
+                finish(with: ProxyAPI.tooLarge(route.configuration))
+            } else if error?.description == "timeout" {
+                finish(with: .error(504, "upstream_timeout", "proxy \(JSONText.quoted(name)): the target did not answer within \(route.configuration.upstream.timeoutMsec) ms"))
+            } else {
+                finish(with: .error(502, "upstream_unreachable", "proxy \(JSONText.quoted(name)): \(error?.summary ?? "the target gave no answer")"))
+            }
+        case .done:
+            break
+        }
+    }
+
+    func upstreamReadBody(into buffer: UnsafeMutableRawBufferPointer) -> UpstreamBodyRead {
+        guard case .streamed(let stream, _) = body else { return .end }
+        switch stream.read(into: buffer) {
+        case .bytes(let n): return .bytes(n)
+        case .wait: return .wait
+        case .end: return .end
+        case .tooLarge: return .abort
+        }
+    }
+
+    // MARK: - The retrier
+
+    /// The token was refused: one forced refresh, then the request once more; or, if no new
+    /// token comes, the refused answer after all.
+    private func retry(rejected: HTTPResponse) async {
+        let version = state.withLock { $0.rejectedVersion }
+        let (decision, startedFetch) = provider.forceRefreshStartingFetch(rejected: version)
+        if startedFetch { api.metrics.recordProxyRefresh(proxy: name) }
+        var fresh: ProxyAPI.Provider.Token?
+        switch decision {
+        case .current(let token):
+            fresh = token
+        case .refreshing(let after):
+            if case .token(let token, _) = await provider.onTokenReady(after: after ?? version, timeout: api.maxWait) { fresh = token }
+        case .excessive:
+            fresh = nil
+        }
+        guard let fresh, fresh.version != version else {
+            finish(with: rejected)
+            return
+        }
+        api.metrics.recordProxyRetry(proxy: name)
+        send(fresh)
+    }
+
+    // MARK: - Answering
+
+    private func finish(with response: HTTPResponse) {
+        state.withLock { $0.mode = .done }
+        respond(response)
+    }
+
+    private func respond(_ response: HTTPResponse) {
+        api.metrics.recordProxied(proxy: name, status: response.status)
+        api.requestCounter.record(status: response.status)
+        state.withLock { $0.responder }?.respond(response)
+    }
+}

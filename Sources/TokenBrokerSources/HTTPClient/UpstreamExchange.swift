@@ -1,0 +1,54 @@
+import Synchronization
+import TokenBrokerCore
+
+/// One streamed exchange with an upstream server, for the proxy: the request's body may flow in
+/// as the client sends it, and the answer flows out as the upstream sends it.
+///
+/// The delegate's methods run on the upstream client's thread; none may block.
+public final class UpstreamExchange: @unchecked Sendable {
+    public let request: UpstreamRequest
+    /// Whether the body is read from the delegate as it arrives, rather than taken from `request.body`.
+    public let streamsBody: Bool
+    /// The streamed body's length, when the client said (`Content-Length`).
+    public let bodyLength: Int?
+    let delegate: any UpstreamExchangeDelegate
+    /// Set on the curl thread when the delegate refused the head.
+    var stoppedOnPurpose = false
+
+    public init(request: UpstreamRequest, streamsBody: Bool, bodyLength: Int?, delegate: any UpstreamExchangeDelegate) {
+        self.request = request
+        self.streamsBody = streamsBody
+        self.bodyLength = bodyLength
+        self.delegate = delegate
+    }
+
+    /// Call after `upstreamBody` returned false, once there is room again.
+    public func resumeReceiving() { UpstreamHTTPClient.shared.post(.resumeReceiving, for: self) }
+    /// Call after `upstreamReadBody` said `.wait`, once there are bytes.
+    public func resumeSending() { UpstreamHTTPClient.shared.post(.resumeSending, for: self) }
+    /// Stops the exchange; `upstreamFinished` follows.
+    public func cancel() { UpstreamHTTPClient.shared.post(.cancel, for: self) }
+}
+
+/// Receives a streamed exchange's answer and supplies its streamed body.
+public protocol UpstreamExchangeDelegate: AnyObject, Sendable {
+    /// The final answer's status and headers (in order, names as sent). Return false to stop the
+    /// exchange without reading the body.
+    func upstreamHead(status: Int, headers: [(String, String)], length: Int64?) -> Bool
+    /// A piece of the body. Return false, taking nothing, to pause until `resumeReceiving`.
+    func upstreamBody(_ bytes: UnsafeRawBufferPointer) -> Bool
+    /// The exchange ended: nil when the whole answer came, else why not.
+    func upstreamFinished(_ error: TokenFetchError?)
+    /// Bytes of a streamed request body.
+    func upstreamReadBody(into buffer: UnsafeMutableRawBufferPointer) -> UpstreamBodyRead
+}
+
+/// What a streamed request body had to give.
+public enum UpstreamBodyRead {
+    case bytes(Int)
+    /// None yet: pause until `resumeSending`.
+    case wait
+    case end
+    /// Stop the exchange.
+    case abort
+}

@@ -1,0 +1,103 @@
+import Testing
+@testable import TokenBrokerCore
+
+/// The rules that keep proxy mode from being an open proxy, and the headers that cross it.
+@Suite struct ProxyRulesTests {
+    @Test(arguments: [
+        ("/proxy/api/", "api", "/", nil),
+        ("/proxy/api/a/b", "api", "/a/b", nil),
+        ("/proxy/api/a/b/", "api", "/a/b/", nil),
+        ("/proxy/api/a/./b/../c?x=1&y=%2F", "api", "/a/c", "x=1&y=%2F"),
+        ("/proxy/api/a/%2e%2E/b", "api", "/b", nil),
+        ("/proxy/api/a/b/..", "api", "/a/", nil),
+        ("/proxy/api/a%20b/c:d@e", "api", "/a%20b/c:d@e", nil),
+        ("/proxy/api", "api", "/", nil),
+        ("/proxy/api?q", "api", "/", "q"),
+    ] as [(String, String, String, String?)])
+    func targetsInsideTheProxyAreNormalised(_ raw: String, _ proxy: String, _ path: String, _ query: String?) throws {
+        let target = try ProxyPath.parse(raw).get()
+        #expect(target == ProxyPath.Target(proxy: proxy, path: path, query: query))
+    }
+
+    @Test(arguments: [
+        ("http://evil/proxy/api/x", ProxyPath.Problem.absoluteForm),
+        ("*", .absoluteForm),
+        ("/token", .notUnderProxy),
+        ("/proxy//x", .notUnderProxy),
+        ("/proxy/api/..", .escapesRoot),
+        ("/proxy/api/a/../../b", .escapesRoot),
+        ("/proxy/api/%2e%2e/x", .escapesRoot),
+        ("/proxy/api/a%2fb", .encodedSeparator),
+        ("/proxy/api/a%5Cb", .encodedSeparator),
+        ("/proxy/api/a%0d%0aX:1", .encodedSeparator),
+        ("/proxy/api/a%00", .encodedSeparator),
+        ("/proxy/api/a b", .badCharacters),
+        ("/proxy/api/a\\b", .badCharacters),
+        ("/proxy/api/%zz", .badCharacters),
+        ("/proxy/api/%4", .badCharacters),
+        ("/proxy/api/é", .badCharacters),
+        ("/proxy/api/a?b=<script>", .badCharacters),
+    ])
+    func escapesAndTricksAreRefused(_ raw: String, _ problem: ProxyPath.Problem) {
+        #expect(throws: problem) { try ProxyPath.parse(raw).get() }
+    }
+
+    @Test func theTargetIsCheckedAndJoined() throws {
+        let target = try ProxyTarget(parsing: "https://api.example.com:8443/v1/")
+        #expect(target.url(path: "/users/7", query: "a=1") == "https://api.example.com:8443/v1/users/7?a=1")
+        for bad in ["ftp://x", "https://user@x/", "https://x/?q", "https://x/#f", "https://x/a/../b", "https://", "https://x /"] {
+            #expect(throws: ConfigurationError.self) { try ProxyTarget(parsing: bad) }
+        }
+    }
+
+    @Test func theTokenGoesInAsConfiguredAndHopByHopHeadersStay() {
+        let sent: [(String, String)] = [
+            ("Host", "evil"), ("Connection", "keep-alive, X-Private"), ("X-Private", "p"), ("Keep-Alive", "5"),
+            ("Token-Broker-Request", "true"), ("Authorization", "Bearer caller"), ("Cookie", "a=1; tok=old"), ("Accept", "*/*"),
+            ("Transfer-Encoding", "chunked"), ("Content-Length", "3"), ("TE", "trailers"),
+        ]
+        func forwarded(_ injection: ProxyConfiguration.Injection, overwrite: Bool = true, callerKey: Bool = false) -> [String: String] {
+            Dictionary(ProxyHeaders.forward(sent, token: "T", injection: injection, overwrite: overwrite, cookieName: "tok",
+                                            callerKeyInAuthorization: callerKey).map { ($0.0.lowercased(), $0.1) }) { a, _ in a }
+        }
+        let bearer = forwarded(.authorization)
+        #expect(bearer["authorization"] == "Bearer T" && bearer["accept"] == "*/*")
+        for gone in ["host", "connection", "x-private", "keep-alive", "token-broker-request", "transfer-encoding", "content-length", "te"] {
+            #expect(bearer[gone] == nil, "\(gone)")
+        }
+        #expect(forwarded(.authorization, overwrite: false)["authorization"] == "Bearer caller")
+        #expect(forwarded(.authorization, overwrite: false, callerKey: true)["authorization"] == "Bearer T")
+        #expect(forwarded(.cookie)["cookie"] == "a=1; tok=T" && forwarded(.cookie)["authorization"] == "Bearer caller")
+        #expect(forwarded(.cookie, overwrite: false)["cookie"] == "a=1; tok=old")
+        #expect(forwarded(.header("X-Token"))["x-token"] == "T")
+        #expect(forwarded(.header("X-Token"), callerKey: true)["authorization"] == nil)
+
+        let back = ProxyHeaders.back([("Content-Length", "9"), ("Set-Cookie", "a"), ("Set-Cookie", "b"), ("Connection", "X-H"), ("X-H", "1"), ("Date", "d")])
+        #expect(back.map(\.0) == ["Set-Cookie", "Set-Cookie"])
+    }
+
+    @Test func proxiesAreConfiguredStrictly() throws {
+        let good = #"{"proxies": [{"name": "api", "target": "https://api.example.com/v1", "inject": "header:X-Api-Token", "overwrite": false, "retryOn": [202, 405], "retryOnHeader": "X-Amzn-Waf-Action"}]}"#
+        let proxy = try BrokerConfiguration(json: Array(good.utf8)).proxies[0]
+        #expect(proxy.inject == .header("X-Api-Token") && !proxy.overwrite && proxy.retryOn == [202, 405])
+        #expect(proxy.retryOnHeader == "x-amzn-waf-action" && proxy.upstream.timeoutMsec == 30_000 && proxy.bufferBodyBytes == 65_536)
+        let problems = [
+            (#"{"proxies": [{"name": "api"}]}"#, "proxies[0].target: is required"),
+            (#"{"proxies": [{"name": "a/b", "target": "http://x"}]}"#, "proxies[0].name"),
+            (#"{"proxies": [{"name": "a", "target": "http://x", "inject": "header:Host"}]}"#, "cannot carry the token"),
+            (#"{"proxies": [{"name": "a", "target": "http://x", "inject": "query"}]}"#, "allowed: authorization, cookie, header:<name>"),
+            (#"{"proxies": [{"name": "a", "target": "http://x", "retryOn": [999]}]}"#, "proxies[0].retryOn[0]"),
+            (#"{"proxies": [{"name": "a", "target": "http://x", "provider": "nope"}]}"#, "no provider is named \"nope\""),
+            (#"{"proxies": [{"name": "a", "target": "http://x"}, {"name": "a", "target": "http://y"}]}"#, "duplicate proxy name"),
+            (#"{"proxies": [{"name": "a", "target": "http://x", "retry": [401]}]}"#, "proxies[0].retry: unknown key"),
+        ]
+        for (json, needle) in problems {
+            do {
+                _ = try BrokerConfiguration(json: Array(json.utf8))
+                Issue.record("accepted \(json)")
+            } catch {
+                #expect(error.description.contains(needle), "\(error.description)")
+            }
+        }
+    }
+}

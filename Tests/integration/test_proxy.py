@@ -1,0 +1,285 @@
+"""Proxy mode against a real resource server that verifies the broker's tokens with PyJWT."""
+import asyncio
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from broker import GUARD, Broker
+from test_hardening import parse, raw
+from test_http_api import wait_until
+
+HERE = os.path.dirname(__file__)
+
+
+class ResourceServer:
+    def __init__(self):
+        self.process = subprocess.Popen([sys.executable, os.path.join(HERE, "issuers", "resource_server.py")],
+                                        stdout=subprocess.PIPE, text=True)
+        self.address = self.process.stdout.readline().split()[1]
+        self.base = f"http://{self.address}"
+
+    def admin(self, path, document=None):
+        data = json.dumps(document).encode() if document is not None else b""
+        request = urllib.request.Request(self.base + path, data=data, method="POST" if document is not None else "GET")
+        with urllib.request.urlopen(request, timeout=10) as response:
+            body = response.read()
+            return json.loads(body) if body else None
+
+    def stats(self):
+        return self.admin("/admin/stats")
+
+    def close(self):
+        self.process.terminate()
+        self.process.wait(10)
+
+
+@pytest.fixture(scope="module")
+def resource():
+    server = ResourceServer()
+    yield server
+    server.close()
+
+
+def proxied_broker(resource, **proxy):
+    config = {"proxies": [{"name": "api", "target": resource.base + "/api", **proxy}],
+              "providers": [{"name": "default", "forcedRefreshMaxAttempts": 20}]}
+    broker = Broker(config)
+    resource.admin("/admin/reset", {})
+    resource.admin("/admin/config", {"jwks": broker.url("/.well-known/jwks.json"), "cookie": None, "header": None})
+    return broker
+
+
+@pytest.fixture
+def broker(resource):
+    with proxied_broker(resource) as running:
+        yield running
+
+
+def echo(broker, method="GET", path="/proxy/api/echo/x", **kwargs):
+    status, headers, body = broker.request(method, path, **kwargs)
+    return status, headers, body
+
+
+def current_token(broker):
+    return broker.get_json("/token")[0]
+
+
+def test_requests_are_forwarded_with_a_verified_token_and_answers_come_back(broker, resource):
+    body = os.urandom(1000)
+    status, headers, payload = echo(broker, "PUT", "/proxy/api/echo/a/b%20c?x=1&y=%2F&x=2",
+                                    headers={"X-Custom": "kept", "Host": "evil.example", "Connection": "X-Secret-Hop",
+                                             "X-Secret-Hop": "dropped", "Keep-Alive": "timeout=5", "Content-Type": "application/octet-stream"},
+                                    body=body)
+    assert status == 200, payload
+    seen = json.loads(payload)
+    assert seen["method"] == "PUT" and seen["target"] == "/api/echo/a/b%20c?x=1&y=%2F&x=2"
+    names = {name.lower(): value for name, value in seen["headers"]}
+    assert names["x-custom"] == "kept" and names["host"] == resource.address, "Host is the target's"
+    assert "x-secret-hop" not in names and "keep-alive" not in names and "token-broker-request" not in names
+    assert names["authorization"] == "Bearer " + current_token(broker)["access_token"]
+    assert seen["body_length"] == 1000 and seen["body_sha256"] == hashlib.sha256(body).hexdigest()
+    assert headers["x-upstream"] == "yes" and "x-hop" not in headers
+    assert broker.metric("token_broker_proxy_requests_total", proxy="api", code="200") == 1
+
+
+def test_methods_without_bodies_and_head_pass_through(broker):
+    for method in ("GET", "DELETE", "OPTIONS"):
+        status, _, payload = echo(broker, method)
+        assert status == 200 and json.loads(payload)["method"] == method
+    status, headers, payload = echo(broker, "HEAD")
+    assert status == 200 and payload == b"" and int(headers["content-length"]) > 0
+
+
+def test_a_revoked_token_is_refreshed_and_the_request_retried_without_the_caller_noticing(broker, resource):
+    first = current_token(broker)
+    resource.admin("/admin/revoke", {"token": first["access_token"]})
+    status, _, payload = echo(broker, "POST", body=b'{"small": "buffered body"}', headers={"Content-Type": "application/json"})
+    assert status == 200, payload
+    assert json.loads(payload)["body_length"] == 26
+    assert current_token(broker)["version"] == first["version"] + 1
+    assert resource.stats()["statuses"].get("401") == 1
+    assert broker.metric("token_broker_proxy_retries_total", proxy="api") == 1
+    assert broker.metric("token_broker_proxy_refreshes_total", proxy="api") == 1
+
+
+async def concurrent_gets(address, count):
+    host, _, port = address.rpartition(":")
+
+    async def one():
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"GET /proxy/api/echo/c HTTP/1.1\r\nHost: b\r\nToken-Broker-Request: true\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 30)
+        writer.close()
+        return int(answer.split(b" ", 2)[1])
+
+    return await asyncio.gather(*(one() for _ in range(count)))
+
+
+def test_a_hundred_concurrent_refusals_cause_exactly_one_refresh(broker, resource):
+    first = current_token(broker)
+    fetches = broker.fetches()
+    resource.admin("/admin/revoke", {"token": first["access_token"]})
+    statuses = asyncio.run(concurrent_gets(broker.addresses["token"], 100))
+    assert statuses == [200] * 100
+    assert broker.fetches() == fetches + 1, "one upstream fetch for all hundred"
+    assert broker.metric("token_broker_proxy_refreshes_total", proxy="api") == 1
+    assert current_token(broker)["version"] == first["version"] + 1
+    assert resource.stats()["statuses"]["401"] <= 100
+
+
+def test_a_streamed_non_idempotent_body_is_not_retried(broker, resource):
+    resource.admin("/admin/revoke", {"token": current_token(broker)["access_token"]})
+    big = os.urandom(200_000)  # over bufferBodyBytes (64 KiB): streamed, so it cannot be sent twice
+    status, headers, payload = echo(broker, "POST", body=big, headers={"Content-Type": "application/octet-stream"})
+    assert status == 401 and "invalid_token" in headers["www-authenticate"]
+    assert broker.metric("token_broker_proxy_retries_total", proxy="api") == 0
+    posts = [seen for seen in resource.stats()["seen"] if seen["method"] == "POST"]
+    assert len(posts) == 1 and posts[0]["body_length"] == 200_000
+
+
+def test_a_streamed_body_arrives_whole(broker):
+    big = os.urandom(3_000_000)
+    status, _, payload = echo(broker, "PUT", body=big)
+    assert status == 200
+    seen = json.loads(payload)
+    assert seen["body_length"] == len(big) and seen["body_sha256"] == hashlib.sha256(big).hexdigest()
+
+
+def test_a_chunked_upload_streams_through(broker):
+    host, port = broker._split("token")
+    pieces = [os.urandom(50_000) for _ in range(5)]
+    with socket.create_connection((host, port), timeout=20) as connection:
+        connection.sendall(b"POST /proxy/api/echo/chunked HTTP/1.1\r\nHost: b\r\nToken-Broker-Request: true\r\n"
+                           b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
+        for piece in pieces:
+            connection.sendall(b"%x\r\n" % len(piece) + piece + b"\r\n")
+        connection.sendall(b"0\r\n\r\n")
+        answer = b""
+        while chunk := connection.recv(65536):
+            answer += chunk
+    status, _, body = parse(answer)
+    assert status == 200
+    assert json.loads(body)["body_sha256"] == hashlib.sha256(b"".join(pieces)).hexdigest()
+
+
+def test_a_large_answer_streams_before_the_upstream_has_finished(broker, resource):
+    total = 20 * 1024 * 1024
+    connection = broker.connection(timeout=30)
+    connection.request("GET", f"/proxy/api/big?bytes={total}", headers=GUARD)
+    response = connection.getresponse()
+    assert response.status == 200
+    first = response.read(65536)  # the upstream holds the rest until released
+    assert first == bytes(i % 251 for i in range(65536))
+    resource.admin("/admin/release", {})
+    rest = response.read()
+    connection.close()
+    data = first + rest
+    assert len(data) == total
+    assert hashlib.sha256(data).hexdigest() == hashlib.sha256(bytes(i % 251 for i in range(251)) * (total // 251) + bytes(range(total % 251))).hexdigest()
+
+
+@pytest.mark.parametrize("name,request_bytes,status", [
+    ("absolute URL", b"GET http://127.0.0.1:1/proxy/api/echo HTTP/1.1\r\n", 400),
+    ("absolute URL to the proxy route", b"GET http://broker/proxy/api/echo/x HTTP/1.1\r\n", 400),
+    ("unknown proxy", b"GET /proxy/other/echo HTTP/1.1\r\n", 404),
+    ("dot-dot escape", b"GET /proxy/api/../../token HTTP/1.1\r\n", 400),
+    ("encoded dot-dot escape", b"GET /proxy/api/%2e%2e/%2E%2E/admin/stats HTTP/1.1\r\n", 400),
+    ("encoded slash", b"GET /proxy/api/echo%2f..%2f..%2fadmin HTTP/1.1\r\n", 400),
+    ("encoded CR LF in the path", b"GET /proxy/api/echo%0d%0aX-Injected:%20yes HTTP/1.1\r\n", 400),
+    ("encoded backslash", b"GET /proxy/api/..%5c..%5cadmin HTTP/1.1\r\n", 400),
+    ("raw non-ASCII", b"GET /proxy/api/echo/\xff HTTP/1.1\r\n", 400),
+    ("bad percent-escape", b"GET /proxy/api/echo/%zz HTTP/1.1\r\n", 400),
+])
+def test_open_proxy_attempts_are_refused(broker, resource, name, request_bytes, status):
+    answer = parse(raw(broker, request_bytes + b"Host: b\r\nToken-Broker-Request: true\r\nConnection: close\r\n\r\n"))
+    assert answer is not None and answer[0] == status, answer
+    assert json.loads(answer[2])["error"] in ("invalid_request", "unknown_proxy", "not_found")
+    assert resource.stats()["seen"] == [], "nothing reached any upstream"
+
+
+def test_dot_segments_that_stay_inside_are_resolved_and_queries_cannot_inject_headers(broker, resource):
+    status, _, payload = echo(broker, path="/proxy/api/echo/a/./b/../c?q=%0d%0aX-Injected:%20yes")
+    assert status == 200
+    seen = json.loads(payload)
+    assert seen["target"] == "/api/echo/a/c?q=%0d%0aX-Injected:%20yes"
+    assert "x-injected" not in {name.lower() for name, _ in seen["headers"]}
+
+
+def test_the_guard_and_caller_keys_apply_and_caller_keys_never_leave(resource, tmp_path):
+    key = "caller-" + os.urandom(16).hex()
+    (tmp_path / "callers.json").write_text(json.dumps({"keys": [{"name": "app", "sha256": hashlib.sha256(key.encode()).hexdigest(), "providers": ["*"]}]}))
+    config = {"clientKeysFile": str(tmp_path / "callers.json"), "proxies": [{"name": "api", "target": resource.base + "/api", "inject": "header:X-Api-Token"}]}
+    with Broker(config) as broker:
+        resource.admin("/admin/reset", {})
+        resource.admin("/admin/config", {"jwks": broker.url("/.well-known/jwks.json"), "cookie": None, "header": "X-Api-Token"})
+        assert broker.request("GET", "/proxy/api/echo/x", guard=False, headers={"Authorization": "Bearer " + key})[0] == 403
+        status, headers, _ = broker.request("GET", "/proxy/api/echo/x")
+        assert status == 401 and headers["www-authenticate"].startswith("Bearer")
+        status, _, payload = broker.request("GET", "/proxy/api/echo/x", headers={"Authorization": "Bearer " + key})
+        assert status == 200, payload
+        names = {name.lower(): value for name, value in json.loads(payload)["headers"]}
+        assert "authorization" not in names and key not in payload.decode()
+        assert names["x-api-token"] == broker.get_json("/token", headers={"Authorization": "Bearer " + key})[0]["access_token"]
+
+
+def test_cookie_injection_and_overwrite_false_passes_callers_credentials_through(resource):
+    with proxied_broker(resource, inject="cookie", overwrite=False) as broker:
+        resource.admin("/admin/config", {"jwks": broker.url("/.well-known/jwks.json"), "cookie": "aws-waf-token", "header": None})
+        status, _, payload = echo(broker, headers={"Cookie": "session=1"})
+        assert status == 200
+        cookie = dict(json.loads(payload)["headers"])["Cookie"]
+        assert cookie == "session=1; aws-waf-token=" + current_token(broker)["access_token"]
+        status, _, payload = echo(broker, headers={"Cookie": "aws-waf-token=mine"})
+        assert status == 401, "the caller's own cookie went through untouched (and was refused upstream)"
+        assert resource.stats()["seen"][-1]["token"] == "mine"
+
+
+def test_waf_challenges_are_retried_only_with_their_header(resource):
+    with proxied_broker(resource, retryOn=[202, 405], retryOnHeader="x-amzn-waf-action") as broker:
+        first = current_token(broker)["version"]
+        assert echo(broker, path="/proxy/api/status/405?header=x-amzn-waf-action")[0] == 405  # still 405 after the retry
+        assert broker.metric("token_broker_proxy_retries_total", proxy="api") == 1
+        assert current_token(broker)["version"] == first + 1
+        assert echo(broker, path="/proxy/api/status/405")[0] == 405
+        assert broker.metric("token_broker_proxy_retries_total", proxy="api") == 1, "no header, no retry"
+
+
+def test_unreachable_and_slow_targets_give_502_and_504(resource):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    config = {"proxies": [{"name": "down", "target": f"http://127.0.0.1:{closed_port}"},
+                          {"name": "slow", "target": resource.base + "/api", "timeoutMsec": 500}]}
+    with Broker(config) as broker:
+        resource.admin("/admin/config", {"jwks": broker.url("/.well-known/jwks.json"), "cookie": None, "header": None})
+        status, _, body = broker.request("GET", "/proxy/down/x")
+        assert status == 502 and json.loads(body)["error"] == "upstream_unreachable"
+        status, _, body = broker.request("GET", "/proxy/slow/slow?seconds=3")
+        assert status == 504 and json.loads(body)["error"] == "upstream_timeout"
+        assert broker.request("GET", "/healthz", listener="admin")[0] == 200
+
+
+def test_bodies_over_the_cap_get_413(resource):
+    with proxied_broker(resource, maxBodyBytes=100_000) as broker:
+        status, _, body = echo(broker, "POST", body=b"x" * 100_001)
+        assert status == 413 and json.loads(body)["error"] == "payload_too_large"
+        host, port = broker._split("token")
+        with socket.create_connection((host, port), timeout=20) as connection:
+            connection.sendall(b"POST /proxy/api/echo/c HTTP/1.1\r\nHost: b\r\nToken-Broker-Request: true\r\n"
+                               b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
+            for _ in range(3):
+                connection.sendall(b"%x\r\n" % 50_000 + b"y" * 50_000 + b"\r\n")
+            connection.sendall(b"0\r\n\r\n")
+            answer = b""
+            while chunk := connection.recv(65536):
+                answer += chunk
+        assert parse(answer)[0] == 413
+        assert broker.get_json("/token")[0]["version"] >= 1
