@@ -39,9 +39,19 @@ public final class ProxyAPI: ProxyHandling {
 
     public func provider(ofProxy name: String) -> String? { routes[name]?.provider.name }
 
+    /// Methods forwarded; TRACE (which echoes credentials back) and CONNECT (a tunnel) are not.
+    static let methods = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
     public func begin(_ request: HTTPRequest, target: ProxyPath.Target) -> BodyHandling {
         guard let route = routes[target.proxy] else { return .buffer(limit: nil) }
         let settings = route.configuration
+        guard Self.methods.contains(request.method) else {
+            metrics.recordProxied(proxy: settings.name, status: 405)
+            requestCounter.record(status: 405)
+            return .refuse(.error(
+                405, "method_not_allowed", "\(String(request.method.prefix(32))) is not forwarded; allowed: \(Self.methods.joined(separator: ", "))",
+                headers: [("Allow", Self.methods.joined(separator: ", "))]))
+        }
         let chunked = request.header("Transfer-Encoding").map { $0.lowercased().contains("chunked") } ?? false
         let length = request.header("Content-Length").flatMap { Int($0) }
         if let length, length > settings.maxBodyBytes {

@@ -3,8 +3,8 @@
 #
 #   Tests/contract/run.sh path/to/token-broker path/to/venv
 #
-# Starts the broker on ephemeral loopback ports with broker-contract.json and a caller key made for
-# the run, then runs schemathesis (examples, coverage and fuzzing phases, every check) against each
+# Starts the broker on loopback with broker-contract.json (whose proxy forwards to upstream.py, a
+# target that answers every method) and a caller key made for the run, then runs schemathesis (examples, coverage and fuzzing phases, every check) against each
 # listener, with fixed seeds so that a failure can be replayed; the token listener's requests carry
 # the caller key. Fails on any schemathesis failure, and unless SIGTERM stops the broker with
 # status 0 afterwards.
@@ -22,11 +22,16 @@ log="$work/broker.log"
 key=$(openssl rand -hex 32)
 printf '{"keys": [{"name": "contract", "sha256": "%s", "providers": ["*"]}]}\n' \
     "$(printf %s "$key" | sha256sum | cut -d' ' -f1)" > "$work/callers.json"
-sed "s|\"providers\":|\"clientKeysFile\": \"$work/callers.json\",\n  \"providers\":|" "$here/broker-contract.json" > "$work/config.json"
+# Proxy mode's target: a small server that answers every method with 200.
+coproc UPSTREAM { exec "$bin_dir/python" "$here/upstream.py"; }
+upstream_pid=$UPSTREAM_PID
+read -r _ upstream <&"${UPSTREAM[0]}"
+sed -e "s|\"providers\":|\"clientKeysFile\": \"$work/callers.json\",\n  \"providers\":|" \
+    -e "s|UPSTREAM|$upstream|" "$here/broker-contract.json" > "$work/config.json"
 TOKEN_BROKER_LISTEN=127.0.0.1:0 TOKEN_BROKER_ADMIN_LISTEN=127.0.0.1:0 \
     "$binary" --config "$work/config.json" 2> "$log" &
 pid=$!
-trap 'kill $pid 2>/dev/null || true; rm -rf "$work"' EXIT
+trap 'kill $pid $upstream_pid 2>/dev/null || true; rm -rf "$work"' EXIT
 
 for _ in $(seq 1 100); do
     [ "$(grep -c 'msg=listening' "$log")" -ge 2 ] && break

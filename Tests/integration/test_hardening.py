@@ -211,7 +211,7 @@ HOSTILE = [
     ("path traversal to a provider", b"GET /providers/../token HTTP/1.1\r\n" + GUARDED + b"\r\n", 404, True),
     ("encoded path traversal", b"GET /providers/%2e%2e/%2e%2e/etc/passwd HTTP/1.1\r\n" + GUARDED + b"\r\n", 404, True),
     ("traversal after a route", b"GET /token/../token HTTP/1.1\r\n" + GUARDED + b"\r\n", 404, True),
-    ("absolute URL", b"GET http://169.254.169.254/token HTTP/1.1\r\n" + GUARDED + b"\r\n", 404, True),
+    ("absolute URL", b"GET http://169.254.169.254/token HTTP/1.1\r\n" + GUARDED + b"\r\n", 400, True),
     ("duplicate parameters", b"GET /token/ready?after=1&after=2 HTTP/1.1\r\n" + GUARDED + b"\r\n", 400, True),
     ("negative timeout", b"GET /token/ready?timeout=-1 HTTP/1.1\r\n" + GUARDED + b"\r\n", 400, True),
     ("enormous timeout", b"GET /token/ready?timeout=" + b"9" * 400 + b" HTTP/1.1\r\n" + GUARDED + b"\r\n", 400, True),

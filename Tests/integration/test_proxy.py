@@ -197,11 +197,13 @@ def test_a_large_answer_streams_before_the_upstream_has_finished(broker, resourc
     ("encoded backslash", b"GET /proxy/api/..%5c..%5cadmin HTTP/1.1\r\n", 400),
     ("raw non-ASCII", b"GET /proxy/api/echo/\xff HTTP/1.1\r\n", 400),
     ("bad percent-escape", b"GET /proxy/api/echo/%zz HTTP/1.1\r\n", 400),
+    ("TRACE, which would echo credentials", b"TRACE /proxy/api/echo/x HTTP/1.1\r\n", 405),
+    ("CONNECT", b"CONNECT /proxy/api/echo/x HTTP/1.1\r\n", 405),
 ])
 def test_open_proxy_attempts_are_refused(broker, resource, name, request_bytes, status):
     answer = parse(raw(broker, request_bytes + b"Host: b\r\nToken-Broker-Request: true\r\nConnection: close\r\n\r\n"))
     assert answer is not None and answer[0] == status, answer
-    assert json.loads(answer[2])["error"] in ("invalid_request", "unknown_proxy", "not_found")
+    assert json.loads(answer[2])["error"] in ("invalid_request", "unknown_proxy", "not_found", "method_not_allowed")
     assert resource.stats()["seen"] == [], "nothing reached any upstream"
 
 
