@@ -166,6 +166,8 @@ final class ProxyExchange: UpstreamExchangeDelegate, @unchecked Sendable {
     }
 
     func upstreamFinished(_ error: TokenFetchError?) {
+        // Nobody reads a streamed body any more: let the rest of it drain, so the answer can go.
+        if case .streamed(let stream, _) = body { stream.close() }
         let mode = state.withLock { state -> Mode in
             let mode = state.mode
             if case .collecting = mode {} else { state.mode = .done }

@@ -153,6 +153,12 @@ def test_a_streamed_body_arrives_whole(broker):
     assert seen["body_length"] == len(big) and seen["body_sha256"] == hashlib.sha256(big).hexdigest()
 
 
+def test_an_upstream_that_answers_before_reading_a_streamed_body_is_passed_on(broker):
+    status, _, payload = echo(broker, "POST", "/proxy/api/refuse-early", body=os.urandom(9_000_000))
+    assert status == 403 and json.loads(payload)["error"] == "not_here"
+    assert broker.get_json("/token")[0]["version"] >= 1
+
+
 def test_a_chunked_upload_streams_through(broker):
     host, port = broker._split("token")
     pieces = [os.urandom(50_000) for _ in range(5)]

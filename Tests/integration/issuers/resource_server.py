@@ -11,6 +11,7 @@ with `WWW-Authenticate`. Tokens can be revoked one by one, as an issuer would.
   `/admin/release` (to prove the answer streams).
 - `GET /api/slow?seconds=S`: answers after S seconds.
 - `ANY /api/status/CODE?header=NAME`: answers CODE, with header NAME if given.
+- `POST /api/refuse-early`: 403 before reading the body, then closes.
 - `POST /admin/config` `{"jwks": URL, "cookie": NAME, "header": NAME}`; `POST /admin/revoke`
   `{"token": T}`; `POST /admin/release`; `GET /admin/stats`: counts by status, and the requests seen.
 """
@@ -88,6 +89,10 @@ class Handler(BaseHTTPRequestHandler):
 
     def handle_any(self):
         split = urlsplit(self.path)
+        if split.path == "/api/refuse-early":
+            # Answers before reading the body, as servers do with uploads they will not take.
+            self.close_connection = True
+            return self.answer(403, b'{"error":"not_here"}', [("Connection", "close")])
         body = self.read_body()
         if split.path.startswith("/admin/"):
             return self.admin(split.path, body)
