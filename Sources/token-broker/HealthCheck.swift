@@ -1,8 +1,3 @@
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
 import Dispatch
 import Synchronization
 import TokenBrokerCore
@@ -20,7 +15,7 @@ enum HealthCheck {
         if let given = arguments.first {
             url = given
         } else {
-            let text = ProcessInfo.processInfo.environment["TOKEN_BROKER_ADMIN_LISTEN"] ?? BrokerConfiguration.defaultAdminListen
+            let text = Environment.variables()["TOKEN_BROKER_ADMIN_LISTEN"] ?? BrokerConfiguration.defaultAdminListen
             guard var address = try? ListenAddress(parsing: text) else {
                 Log.error("healthcheck: bad TOKEN_BROKER_ADMIN_LISTEN", ["value": text])
                 return 1

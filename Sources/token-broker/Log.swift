@@ -1,8 +1,3 @@
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
 import Glibc
 import TokenBrokerCore
 
@@ -17,7 +12,7 @@ enum Log {
     static func error(_ message: String, _ fields: KeyValuePairs<String, String> = [:]) { emit("error", message, fields) }
 
     private static func emit(_ level: String, _ message: String, _ fields: KeyValuePairs<String, String>) {
-        var line = "time=\(RFC3339.string(from: Date())) level=\(level) msg=\(quote(message))"
+        var line = "time=\(RFC3339.string(from: WallTime())) level=\(level) msg=\(quote(message))"
         for (key, value) in fields { line += " \(key)=\(quote(value))" }
         line += "\n"
         // One write(2) per line, so lines from different threads never interleave.

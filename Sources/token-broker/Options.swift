@@ -1,8 +1,3 @@
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
 import Glibc
 import TokenBrokerCore
 
@@ -60,7 +55,7 @@ enum Options {
             }
             index += 1
         }
-        let environment = ProcessInfo.processInfo.environment
+        let environment = Environment.variables()
         let configuration: BrokerConfiguration
         do {
             configuration = try load(path: configPath ?? environment["TOKEN_BROKER_CONFIG"].flatMap { $0.isEmpty ? nil : $0 }, environment: environment)
@@ -85,11 +80,10 @@ enum Options {
     static func load(path: String?, environment: [String: String]) throws(ConfigurationError) -> BrokerConfiguration {
         var configuration = BrokerConfiguration()
         if let path {
-            let data: Data
-            do {
-                data = try Data(contentsOf: URL(fileURLWithPath: path))
-            } catch {
-                throw ConfigurationError(key: "", "cannot read configuration file \(path)")
+            let data: [UInt8]
+            switch FileContents.read(path) {
+            case .success(let bytes): data = bytes
+            case .failure(let error): throw ConfigurationError(key: "", "cannot read configuration file \(path): \(error.reason)")
             }
             do {
                 configuration = try BrokerConfiguration(json: data)

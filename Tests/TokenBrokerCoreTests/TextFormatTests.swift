@@ -8,7 +8,7 @@ import TokenBrokerCore
         (1_795_995_358.9, "2026-11-29T23:35:58Z"), (4_102_444_799, "2099-12-31T23:59:59Z"),
     ])
     func rfc3339MatchesKnownInstants(_ seconds: Double, _ expected: String) {
-        #expect(RFC3339.string(from: Date(timeIntervalSince1970: seconds)) == expected)
+        #expect(RFC3339.string(from: WallTime(timeIntervalSince1970: seconds)) == expected)
     }
 
     @Test func rfc3339AgreesWithFoundationsFormatterOverManyDays() {
@@ -17,7 +17,38 @@ import TokenBrokerCore
         formatter.timeZone = TimeZone(identifier: "UTC")
         for day in stride(from: -1000, through: 40_000, by: 37) {
             let date = Date(timeIntervalSince1970: Double(day) * 86_400 + 12_345)
-            #expect(RFC3339.string(from: date) == formatter.string(from: date))
+            #expect(RFC3339.string(from: WallTime(timeIntervalSince1970: date.timeIntervalSince1970)) == formatter.string(from: date))
+        }
+    }
+
+    /// The broker's JSON parser against Foundation's, as an independent reader of the same texts.
+    @Test(arguments: [
+        #"{"a": [1, -2.5, 3e2, 0.125E-1, true, false, null], "b": {"c": "d\u00e9\ud83d\ude42\n\"\\\/"}, "": []}"#,
+        #"[]"#, #"{}"#, #"  "x"  "#, #"[[[[[]]]]]"#, #"-0"#, #"1.7976931348623157e308"#, #"{"k": "\u2028 tab\t"}"#,
+    ])
+    func theJSONParserReadsWhatFoundationReads(_ text: String) throws {
+        let ours = try JSONValue(parsing: Array(text.utf8))
+        let theirs = try JSONSerialization.jsonObject(with: Data(text.utf8), options: [.fragmentsAllowed])
+        #expect(ours == Self.value(theirs))
+    }
+
+    @Test(arguments: [
+        "", "{", "[1,]", "{\"a\" 1}", "{\"a\": 1,}", "01", "1.", ".5", "+1", "1e", "tru", "nul", "\"\u{01}\"",
+        "\"\\x\"", "\"\\ud800\"", "[1] 2", "{\"a\": 1, \"a\": 2}", "1e400", String(repeating: "[", count: 300),
+    ])
+    func theJSONParserRefusesWhatIsNotJSON(_ text: String) {
+        #expect(throws: JSONParseError.self) { try JSONValue(parsing: Array(text.utf8)) }
+    }
+
+    private static func value(_ object: Any) -> JSONValue {
+        switch object {
+        case is NSNull: return .null
+        case let number as NSNumber where String(cString: number.objCType) == "c": return .bool(number.boolValue)
+        case let number as NSNumber: return .number(number.doubleValue)
+        case let text as String: return .string(text)
+        case let items as [Any]: return .array(items.map(value))
+        case let members as [String: Any]: return .object(members.mapValues(value))
+        default: return .null
         }
     }
 

@@ -13,7 +13,7 @@ import TokenBrokerSources
     @Test func aJWTsExpiryComesFromItsExpClaim() throws {
         // Signed by the local signer, so the token is a real JWT with exp = iat + 600.
         let signer = try JWTSigner(configuration: JWTSourceConfiguration(lifetimeSec: 600))
-        let issued = Date(timeIntervalSince1970: 1_800_000_000)
+        let issued = WallTime(timeIntervalSince1970: 1_800_000_000)
         let jwt = try signer.mint(now: issued).accessToken
         let (file, directory) = try source(jwt + "\n", lifetimeSec: 5)
         let token = try file.read(now: issued.addingTimeInterval(100))
@@ -25,16 +25,16 @@ import TokenBrokerSources
 
     @Test func anOpaqueTokenTakesLifetimeSecOrNoExpiry() throws {
         let (file, directory) = try source("  opaque-value\n", lifetimeSec: 60)
-        #expect(try file.read(now: Date()) == FetchedToken(accessToken: "opaque-value", lifetime: .seconds(60)))
+        #expect(try file.read(now: WallTime()) == FetchedToken(accessToken: "opaque-value", lifetime: .seconds(60)))
         let (endless, other) = try source("opaque-value")
-        #expect(try endless.read(now: Date()).lifetime == nil)
+        #expect(try endless.read(now: WallTime()).lifetime == nil)
         _ = (directory, other)
     }
 
     @Test(arguments: [nil, "", "   \n", "two words"])
     func missingEmptyOrMalformedFilesAreClassifiedErrors(_ contents: String?) throws {
         let (file, directory) = try source(contents)
-        #expect(throws: TokenFetchError.self) { try file.read(now: Date()) }
+        #expect(throws: TokenFetchError.self) { try file.read(now: WallTime()) }
         _ = directory
     }
 }

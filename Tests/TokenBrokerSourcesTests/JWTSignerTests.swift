@@ -16,7 +16,7 @@ import TokenBrokerSources
         try OpenSSL.run(["pkey", "-in", keyPath, "-pubout", "-out", directory.path("public.pem")])
 
         let signer = try JWTSigner(configuration: JWTSourceConfiguration(algorithm: algorithm, keyFile: keyPath, audience: "api", lifetimeSec: 600))
-        let token = try signer.mint(now: Date(timeIntervalSince1970: 1_800_000_000))
+        let token = try signer.mint(now: WallTime(timeIntervalSince1970: 1_800_000_000))
         let parts = token.accessToken.split(separator: ".").map(String.init)
         #expect(parts.count == 3)
 
@@ -48,7 +48,7 @@ import TokenBrokerSources
         let secret = String(repeating: "k", count: 40)
         try Data((secret + "\n").utf8).write(to: URL(fileURLWithPath: directory.path("secret")))
         let signer = try JWTSigner(configuration: JWTSourceConfiguration(algorithm: "HS256", keyFile: directory.path("secret")))
-        let parts = try signer.mint(now: Date()).accessToken.split(separator: ".").map(String.init)
+        let parts = try signer.mint(now: WallTime()).accessToken.split(separator: ".").map(String.init)
         try Data((parts[0] + "." + parts[1]).utf8).write(to: URL(fileURLWithPath: directory.path("input")))
         let output = try OpenSSL.run(["dgst", "-sha256", "-hmac", secret, "-binary", "-out", directory.path("mac"), directory.path("input")])
         _ = output
@@ -59,7 +59,7 @@ import TokenBrokerSources
 
     @Test func eachTokenHasItsOwnJTI() throws {
         let signer = try JWTSigner(configuration: JWTSourceConfiguration())
-        let ids = try (0..<50).map { _ in try signer.mint(now: Date()).accessToken.split(separator: ".")[1] }
+        let ids = try (0..<50).map { _ in try signer.mint(now: WallTime()).accessToken.split(separator: ".")[1] }
         #expect(Set(ids).count == 50)
     }
 

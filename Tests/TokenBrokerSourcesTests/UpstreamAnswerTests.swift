@@ -56,7 +56,7 @@ import TokenBrokerSources
         settings.tokenPointer = "/data/token"
         settings.expiresAtPointer = "/data/exp"
         let source = HTTPTokenSource(configuration: settings)
-        let now = Date(timeIntervalSince1970: 1_800_000_000)
+        let now = WallTime(timeIntervalSince1970: 1_800_000_000)
         let token = try source.token(from: answer(200, #"{"data":{"token":"t-1","exp":1800000090}}"#), now: now)
         #expect(token.accessToken == "t-1" && token.lifetime == .seconds(90))
         #expect(throws: TokenFetchError.self) { try source.token(from: answer(200, #"{"data":{"exp":1800000090}}"#), now: now) }
@@ -68,7 +68,7 @@ import TokenBrokerSources
         settings.clientSecret = "p@ss:word"
         settings.scope = "read write"
         settings.resources = ["https://a.test", "https://b.test"]
-        let request = try OAuth2TokenSource(configuration: settings).request(now: Date())
+        let request = try OAuth2TokenSource(configuration: settings).request(now: WallTime())
         let authorization = request.headers.first { $0.0 == "Authorization" }?.1
         // RFC 6749 §2.3.1: "my+client:p%40ss%3Aword", then Base64.
         #expect(authorization == "Basic " + Data("my+client:p%40ss%3Aword".utf8).base64EncodedString())

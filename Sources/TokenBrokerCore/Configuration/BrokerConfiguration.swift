@@ -1,9 +1,3 @@
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
-
 /// The whole broker: its two listeners and its providers.
 ///
 /// Read from a JSON file (`--config FILE` or `TOKEN_BROKER_CONFIG`); every key is optional, and
@@ -61,7 +55,7 @@ public struct BrokerConfiguration: Sendable, Equatable {
         do {
             document = try JSONValue(parsing: json)
         } catch {
-            throw ConfigurationError(key: "", "the file is not valid JSON (\(Self.shortReason(error)))")
+            throw ConfigurationError(key: "", "the file is not valid JSON (\(error))")
         }
         var reader = try ObjectReader(document, path: "")
         self.init()
@@ -137,12 +131,5 @@ public struct BrokerConfiguration: Sendable, Equatable {
         } catch {
             throw ConfigurationError(key: key, error.message)
         }
-    }
-
-    private static func shortReason(_ error: any Error) -> String {
-        if case DecodingError.dataCorrupted(let context) = error {
-            return context.underlyingError.map { "\($0)" } ?? context.debugDescription
-        }
-        return "\(error)"
     }
 }

@@ -1,9 +1,3 @@
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
-
 /// The provider's rules as a pure state machine: events in, actions out, no clock and no I/O.
 ///
 /// `TokenProvider` owns one inside a `Mutex` and carries out the actions it returns: start a
@@ -213,7 +207,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
 
     /// The upstream fetch brought a token.
     /// - Parameter wallTime: the wall-clock time of `now`, kept for `issued_at`.
-    public mutating func fetchSucceeded(_ token: FetchedToken, now: Instant, wallTime: Date) -> [Action] {
+    public mutating func fetchSucceeded(_ token: FetchedToken, now: Instant, wallTime: WallTime) -> [Action] {
         isFetching = false
         failures = 0
         lastError = nil

@@ -1,8 +1,3 @@
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
 import Synchronization
 
 /// One configured provider: keeps a token from its source fresh, as the WAF SDK's provider does.
@@ -25,7 +20,7 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     public let clock: C
     private let source: any TokenSource
     private let events: ProviderEvents
-    private let wallClock: @Sendable () -> Date
+    private let wallClock: @Sendable () -> WallTime
     private let state: Mutex<State>
 
     private struct State: Sendable {
@@ -51,7 +46,7 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     public init(
         configuration: ProviderConfiguration, source: any TokenSource, clock: C,
         jitter: Jitter = .random, events: ProviderEvents = ProviderEvents(),
-        wallClock: @escaping @Sendable () -> Date = { Date() }
+        wallClock: @escaping @Sendable () -> WallTime = { WallTime() }
     ) {
         self.wallClock = wallClock
         self.configuration = configuration

@@ -1,13 +1,6 @@
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
-
 /// A parsed JSON document, kept as a tree so that readers can walk it key by key.
 ///
-/// The configuration reader uses it to report unknown keys with their full path, which
-/// `Decodable` cannot do.
+/// The configuration reader uses it to report unknown keys with their full path.
 public enum JSONValue: Sendable, Equatable {
     case null
     case bool(Bool)
@@ -16,9 +9,10 @@ public enum JSONValue: Sendable, Equatable {
     case array([JSONValue])
     case object([String: JSONValue])
 
-    /// Parses UTF-8 JSON text.
-    public init(parsing data: some Collection<UInt8>) throws {
-        self = try JSONDecoder().decode(JSONValue.self, from: Data(data))
+    /// Parses UTF-8 JSON text (`JSONParser`).
+    public init(parsing data: some Collection<UInt8>) throws(JSONParseError) {
+        var parser = JSONParser(data)
+        self = try parser.parseDocument()
     }
 
     /// A short name of the value's JSON type, for error messages.
@@ -71,25 +65,6 @@ public enum JSONValue: Sendable, Equatable {
             }
         }
         return out
-    }
-}
-
-extension JSONValue: Decodable {
-    public init(from decoder: any Decoder) throws {
-        let container = try decoder.singleValueContainer()
-        if container.decodeNil() {
-            self = .null
-        } else if let value = try? container.decode(Bool.self) {
-            self = .bool(value)
-        } else if let value = try? container.decode(Double.self) {
-            self = .number(value)
-        } else if let value = try? container.decode(String.self) {
-            self = .string(value)
-        } else if let value = try? container.decode([JSONValue].self) {
-            self = .array(value)
-        } else {
-            self = .object(try container.decode([String: JSONValue].self))
-        }
     }
 }
 

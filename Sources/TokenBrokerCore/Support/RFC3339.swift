@@ -1,15 +1,9 @@
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
-
 /// Formats instants as RFC 3339 timestamps in UTC, such as `2026-11-29T23:59:07Z`.
 ///
 /// Written out by hand (Howard Hinnant's days-to-civil algorithm) so that it needs neither
 /// ICU nor a locale, and gives the same answer everywhere.
 public enum RFC3339 {
-    public static func string(from date: Date) -> String {
+    public static func string(from date: WallTime) -> String {
         let seconds = Int64(date.timeIntervalSince1970.rounded(.down))
         let days = seconds >= 0 ? seconds / 86_400 : (seconds - 86_399) / 86_400
         let secondOfDay = seconds - days * 86_400

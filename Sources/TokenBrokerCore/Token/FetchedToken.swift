@@ -1,9 +1,3 @@
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
-
 /// A token as a source hands it over, before the provider stamps it with a version.
 public struct FetchedToken: Sendable, Equatable {
     /// The secret itself. Never log it: log `TokenFingerprint` instead.
@@ -36,7 +30,7 @@ public struct CachedToken<Instant: InstantProtocol>: Sendable where Instant.Dura
     /// When it stops being valid, on the provider's clock; nil for a token without expiry.
     public var expiresAt: Instant?
     /// When it was fetched, by the wall clock, for `issued_at` and `expires_at`.
-    public var issuedAtDate: Date
+    public var issuedAtDate: WallTime
 
     /// Whether the token may still be handed out at `now`.
     public func isValid(at now: Instant) -> Bool {
@@ -47,7 +41,7 @@ public struct CachedToken<Instant: InstantProtocol>: Sendable where Instant.Dura
 
 extension CachedToken {
     /// When it expires by the wall clock, or nil for a token without expiry.
-    public var expiresAtDate: Date? {
+    public var expiresAtDate: WallTime? {
         token.lifetime.map { issuedAtDate.addingTimeInterval(Double($0.components.seconds) + Double($0.components.attoseconds) / 1e18) }
     }
 }

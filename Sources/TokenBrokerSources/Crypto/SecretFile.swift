@@ -1,17 +1,11 @@
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
 import TokenBrokerCore
 
 /// Reads key and secret files.
 public enum SecretFile {
     public static func read(_ path: String) throws(TokenFetchError) -> [UInt8] {
-        do {
-            return [UInt8](try Data(contentsOf: URL(fileURLWithPath: path)))
-        } catch {
-            throw .configuration("cannot read \(path)")
+        switch FileContents.read(path) {
+        case .success(let bytes): return bytes
+        case .failure(let error): throw .configuration("cannot read \(path): \(error.reason)")
         }
     }
 

@@ -1,8 +1,3 @@
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
 import TokenBrokerCore
 
 /// A token file that someone else keeps fresh (`source.type: "file"`): a Kubernetes projected
@@ -16,11 +11,11 @@ public struct FileTokenSource: TokenSource {
     public init(configuration: FileSourceConfiguration) { self.configuration = configuration }
 
     public func fetch() async throws(TokenFetchError) -> FetchedToken {
-        try read(now: Date())
+        try read(now: WallTime())
     }
 
     /// Reads the file and works out the token's lifetime at `now`.
-    public func read(now: Date) throws(TokenFetchError) -> FetchedToken {
+    public func read(now: WallTime) throws(TokenFetchError) -> FetchedToken {
         let bytes: [UInt8]
         do {
             bytes = try SecretFile.read(configuration.path)
@@ -46,12 +41,12 @@ public struct FileTokenSource: TokenSource {
 /// Reads claims of a JWT without verifying it: the broker hands tokens on, it does not judge them.
 public enum JWTClaims {
     /// The `exp` claim of a compact JWS, or nil when the token is not a JWT with one.
-    public static func expiry(of token: String) -> Date? {
+    public static func expiry(of token: String) -> WallTime? {
         let parts = token.split(separator: ".", omittingEmptySubsequences: false)
         guard parts.count == 3, let payload = Base64URL.decode(parts[1]),
             case .object(let claims)? = try? JSONValue(parsing: payload), case .number(let exp)? = claims["exp"]
         else { return nil }
-        return Date(timeIntervalSince1970: exp)
+        return WallTime(timeIntervalSince1970: exp)
     }
 }
 

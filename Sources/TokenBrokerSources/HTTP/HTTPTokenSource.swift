@@ -1,8 +1,3 @@
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
 import TokenBrokerCore
 
 /// A generic JSON token endpoint, `source.type: "http"`, for WAF-like and in-house token services.
@@ -32,11 +27,11 @@ public struct HTTPTokenSource: TokenSource {
             method: configuration.method, url: configuration.url, headers: headers,
             body: Array((configuration.body ?? "").utf8), settings: configuration.upstream)
         let response = try await client.send(request)
-        return try token(from: response, now: Date())
+        return try token(from: response, now: WallTime())
     }
 
     /// Reads the token and its lifetime out of an answer.
-    public func token(from response: UpstreamResponse, now: Date) throws(TokenFetchError) -> FetchedToken {
+    public func token(from response: UpstreamResponse, now: WallTime) throws(TokenFetchError) -> FetchedToken {
         let document = JSONValue.object(try TokenEndpointAnswer.document(response))
         guard case .string(let token)? = document.value(atPointer: configuration.tokenPointer), TokenEndpointAnswer.isUsableToken(token) else {
             throw .badResponse("no usable token at \(configuration.tokenPointer)", httpStatus: response.status)

@@ -1,8 +1,3 @@
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
 import TokenBrokerCore
 
 /// Reads an issuer's answer into a token or a classified error, never a bad token.

@@ -1,8 +1,3 @@
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
 import TokenBrokerCore
 
 /// The local signer (`source.type: "jwt"`): mints JWTs itself, in ES256, RS256 or HS256.
@@ -27,11 +22,11 @@ public struct JWTSigner: TokenSource {
     }
 
     public func fetch() async throws(TokenFetchError) -> FetchedToken {
-        try mint(now: Date())
+        try mint(now: WallTime())
     }
 
     /// Signs one token issued at `now`.
-    public func mint(now: Date) throws(TokenFetchError) -> FetchedToken {
+    public func mint(now: WallTime) throws(TokenFetchError) -> FetchedToken {
         let issuedAt = Int64(now.timeIntervalSince1970.rounded(.down))
         let header = JSONText.object([
             ("alg", JSONText.quoted(configuration.algorithm)), ("typ", JSONText.quoted("JWT")),

@@ -1,8 +1,3 @@
-#if canImport(FoundationEssentials)
-import FoundationEssentials
-#else
-import Foundation
-#endif
 import TokenBrokerCore
 
 /// The client-credentials grant (RFC 6749 §4.4), `source.type: "oauth2"`.
@@ -28,7 +23,7 @@ public struct OAuth2TokenSource: TokenSource {
     }
 
     public func fetch() async throws(TokenFetchError) -> FetchedToken {
-        let response = try await client.send(try request(now: Date()))
+        let response = try await client.send(try request(now: WallTime()))
         return try Self.token(from: response, defaultLifetime: configuration.defaultLifetimeSec)
     }
 
@@ -38,7 +33,7 @@ public struct OAuth2TokenSource: TokenSource {
     }
 
     /// The token request, ready to send.
-    public func request(now: Date) throws(TokenFetchError) -> UpstreamRequest {
+    public func request(now: WallTime) throws(TokenFetchError) -> UpstreamRequest {
         var form: [(String, String)] = [("grant_type", "client_credentials")]
         if let scope = configuration.scope { form.append(("scope", scope)) }
         if let audience = configuration.audience { form.append(("audience", audience)) }
@@ -74,7 +69,7 @@ public struct OAuth2TokenSource: TokenSource {
 
     /// A `private_key_jwt` client assertion: iss and sub the client, aud the token endpoint,
     /// a unique jti, and a one-minute life (RFC 7523 §3).
-    public func assertion(now: Date) throws(TokenFetchError) -> String {
+    public func assertion(now: WallTime) throws(TokenFetchError) -> String {
         guard let key = assertionKey else { throw .configuration("no private key for private_key_jwt") }
         let issuedAt = Int64(now.timeIntervalSince1970.rounded(.down))
         var header: [(String, String)] = [("alg", JSONText.quoted(key.algorithm)), ("typ", JSONText.quoted("JWT"))]

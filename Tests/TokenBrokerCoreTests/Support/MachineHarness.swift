@@ -51,7 +51,7 @@ struct MachineHarness {
 
     mutating func succeed(lifetime: Duration? = .seconds(900)) {
         record(machine.fetchSucceeded(
-            FetchedToken(accessToken: "token", lifetime: lifetime), now: now, wallTime: Date(timeIntervalSince1970: 0)))
+            FetchedToken(accessToken: "token", lifetime: lifetime), now: now, wallTime: WallTime(timeIntervalSince1970: 0)))
     }
 
     mutating func fail(_ error: TokenFetchError = .serverError("boom", httpStatus: 503)) {
