@@ -14,7 +14,7 @@ RUN apt-get update \
 WORKDIR /src
 COPY Package.swift ./
 COPY Sources ./Sources
-# The Swift standard library and Foundation are linked in; only Debian's C libraries stay shared.
+# The Swift standard library is linked in (the broker uses no Foundation); only Debian's C libraries stay shared.
 RUN swift build -c release --static-swift-stdlib \
     && install -m 0755 -s "$(swift build -c release --show-bin-path)/token-broker" /token-broker
 

@@ -5,6 +5,7 @@
 //   Log.swift           log lines on stderr, with fingerprints instead of secrets
 //   HealthCheck.swift   `token-broker healthcheck`, for container HEALTHCHECKs without curl
 //   ProcessLimits.swift the open-file limit, and the start-up check of secret files' modes
+//   Environment.swift   the environment variables, read from environ
 import Glibc
 import TokenBrokerHTTP
 
