@@ -76,7 +76,7 @@ final class ProxyExchange: UpstreamExchangeDelegate, @unchecked Sendable {
             if case .streamed(let stream, _) = body { stream.close() }
         }
         if case .streamed(let stream, _) = body {
-            stream.whenAvailable { [self] in state.withLock { $0.upstream }?.resumeSending() }
+            stream.whenAvailable { [weak self] in self?.state.withLock { $0.upstream }?.resumeSending() }
         }
         if let (token, _) = provider.cachedToken() {
             send(token)
@@ -138,7 +138,7 @@ final class ProxyExchange: UpstreamExchangeDelegate, @unchecked Sendable {
             state.withLock { $0.mode = .collecting(status: status, headers: headers, body: []) }
             return true
         }
-        let stream = HTTPResponseStream { [self] in state.withLock { $0.upstream }?.resumeReceiving() }
+        let stream = HTTPResponseStream { [weak self] in self?.state.withLock { $0.upstream }?.resumeReceiving() }
         let bodyless = method == "HEAD" || status == 204 || status == 304 || status < 200
         let response = HTTPResponse(
             status: status, headers: ProxyHeaders.back(headers), stream: stream,
@@ -171,6 +171,7 @@ final class ProxyExchange: UpstreamExchangeDelegate, @unchecked Sendable {
         let mode = state.withLock { state -> Mode in
             let mode = state.mode
             if case .collecting = mode {} else { state.mode = .done }
+            state.upstream = nil  // it holds this exchange as its delegate: let both go
             return mode
         }
         switch mode {

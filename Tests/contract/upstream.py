@@ -8,6 +8,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Head and body go out in separate writes; with Nagle, a reused connection would hold the
+    # body for the peer's delayed ACK (40 ms).
+    disable_nagle_algorithm = True
 
     def log_message(self, *args):
         pass
@@ -33,6 +36,9 @@ class Handler(BaseHTTPRequestHandler):
 class Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 256
+
+    def handle_error(self, request, client_address):
+        pass  # a client (the broker) that stopped an exchange, as it does when its own client leaves
 
 
 server = Server(("127.0.0.1", 0), Handler)

@@ -12,6 +12,9 @@ enum ListeningSocket {
         guard fd >= 0 else { throw failure(address) }
         var yes: Int32 = 1
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, socklen_t(MemoryLayout<Int32>.size))
+        // Accepted sockets inherit it: a streamed answer's head and first piece of body go out in
+        // separate writes, and Nagle would hold the second until the client's delayed ACK (40 ms).
+        setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &yes, socklen_t(MemoryLayout<Int32>.size))
         var result: Int32
         if address.isIPv6 {
             var storage = sockaddr_in6()

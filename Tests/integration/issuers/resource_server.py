@@ -48,6 +48,9 @@ def verify(token):
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Head and body go out in separate writes; with Nagle, a reused connection would hold the
+    # body for the peer's delayed ACK (40 ms).
+    disable_nagle_algorithm = True
 
     def log_message(self, *args):
         pass
