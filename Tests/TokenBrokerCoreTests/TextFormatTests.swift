@@ -21,6 +21,23 @@ import TokenBrokerCore
         }
     }
 
+    /// HTTP dates (IMF-fixdate) read back the instants Foundation's formatter wrote.
+    @Test func httpDatesAgreeWithFoundationsFormatterOverManyDays() {
+        let formatter = DateFormatter()
+        formatter.locale = Locale(identifier: "en_US_POSIX")
+        formatter.timeZone = TimeZone(identifier: "GMT")
+        formatter.dateFormat = "EEE, dd MMM yyyy HH:mm:ss 'GMT'"
+        for day in stride(from: -1000, through: 40_000, by: 41) {
+            let seconds = Double(day) * 86_400 + 45_296
+            let text = formatter.string(from: Date(timeIntervalSince1970: seconds))
+            #expect(HTTPDate.parse(text) == WallTime(timeIntervalSince1970: seconds), "\(text)")
+        }
+        for bad in ["Sun, 06 Nov 1994 08:49:37 UTC", "Sunday, 06-Nov-94 08:49:37 GMT", "Sun Nov  6 08:49:37 1994",
+                    "Sun, 6 Nov 1994 08:49:37 GMT", "Sun, 06 Nov 1994 24:00:00 GMT", "Sun, 06 Foo 1994 08:49:37 GMT", "120"] {
+            #expect(HTTPDate.parse(bad) == nil, "\(bad)")
+        }
+    }
+
     /// The broker's JSON parser against Foundation's, as an independent reader of the same texts.
     @Test(arguments: [
         #"{"a": [1, -2.5, 3e2, 0.125E-1, true, false, null], "b": {"c": "d\u00e9\ud83d\ude42\n\"\\\/"}, "": []}"#,

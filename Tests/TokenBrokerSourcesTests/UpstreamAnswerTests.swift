@@ -40,6 +40,17 @@ import TokenBrokerSources
         #expect(classification(answer(status, body)) == expected)
     }
 
+    @Test func retryAfterIsReadInSecondsOrAsAnHTTPDate() {
+        let now = WallTime(timeIntervalSince1970: 784_111_717)  // Sun, 06 Nov 1994 08:48:37 GMT
+        func retryAfter(_ value: String) -> Duration? { UpstreamResponse(status: 503, headers: ["retry-after": value], body: []).retryAfter(now: now) }
+        #expect(retryAfter("120") == .seconds(120))
+        #expect(retryAfter(" 0 ") == .seconds(0))
+        #expect(retryAfter("999999") == .seconds(3600), "capped at an hour")
+        #expect(retryAfter("Sun, 06 Nov 1994 08:49:37 GMT") == .seconds(60))
+        #expect(retryAfter("Sun, 06 Nov 1994 08:00:00 GMT") == .seconds(0), "a date in the past means now")
+        #expect(retryAfter("-5") == nil && retryAfter("soon") == nil)
+    }
+
     @Test func errorsKeepTheIssuersCodeAndRetryAfter() {
         do {
             _ = try OAuth2TokenSource.token(from: answer(429, #"{"error":"slow_down","error_description":"too many"}"#, headers: ["retry-after": "7"]), defaultLifetime: 1)

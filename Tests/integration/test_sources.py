@@ -182,6 +182,36 @@ def test_tls_is_always_verified_and_a_configured_ca_file_is_trusted(tmp_path):
         issuer.close()
 
 
+def openssl(*arguments):
+    subprocess.run(["openssl", *arguments], check=True, capture_output=True)
+
+
+def test_mutual_tls_presents_the_configured_client_certificate(tmp_path):
+    # A CA made with the openssl command line signs the issuer's and the broker's certificates.
+    ca_key, ca = tmp_path / "ca.key", tmp_path / "ca.pem"
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "1",
+            "-subj", "/CN=test CA", "-keyout", str(ca_key), "-out", str(ca))
+    for name, extension in [("server", "subjectAltName=IP:127.0.0.1"), ("client", "extendedKeyUsage=clientAuth")]:
+        openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", f"/CN=broker-{name}",
+                "-keyout", str(tmp_path / f"{name}.key"), "-out", str(tmp_path / f"{name}.csr"))
+        (tmp_path / f"{name}.ext").write_text(extension + "\n")
+        openssl("x509", "-req", "-in", str(tmp_path / f"{name}.csr"), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
+                "-days", "1", "-extfile", str(tmp_path / f"{name}.ext"), "-out", str(tmp_path / f"{name}.pem"))
+    (tmp_path / "client.key").chmod(0o600)
+    issuer = FaultyIssuer(tls=(str(tmp_path / "server.pem"), str(tmp_path / "server.key")), client_ca=str(ca))
+    source = {"type": "oauth2", "tokenURL": issuer.url, "clientID": "c", "clientSecret": "s", "caFile": str(ca)}
+    try:
+        with Broker({"providers": [{"source": source, "maxErrorTokenRefreshDelayMsec": 200}]}) as broker:
+            assert wait_until(lambda: json.loads(broker.request("GET", "/readyz", listener="admin")[2])["providers"][0].get("last_error") == "unreachable")
+            assert issuer.served == 0, "without a client certificate the handshake fails"
+        mtls = {**source, "clientCertFile": str(tmp_path / "client.pem"), "clientKeyFile": str(tmp_path / "client.key")}
+        with Broker({"providers": [{"source": mtls}]}) as broker:
+            assert broker.get_json("/token/ready?timeout=10")[0]["access_token"].startswith("good-")
+            assert issuer.client_subjects and set(issuer.client_subjects) == {"broker-client"}
+    finally:
+        issuer.close()
+
+
 def test_a_secret_file_readable_by_others_gives_one_warning_at_start(oauth, tmp_path):
     secret_file = tmp_path / "secret"
     secret_file.write_text(SECRET)

@@ -15,6 +15,16 @@ public enum RFC3339 {
         return "\(paddedYear)-\(two(month))-\(two(day))T\(two(hour)):\(two(minute)):\(two(second))Z"
     }
 
+    /// Days since 1970-01-01 for a year, month and day of the proleptic Gregorian calendar.
+    static func days(fromCivil year: Int64, _ month: Int64, _ day: Int64) -> Int64 {
+        let y = month <= 2 ? year - 1 : year
+        let era = (y >= 0 ? y : y - 399) / 400
+        let yearOfEra = y - era * 400
+        let dayOfYear = (153 * (month > 2 ? month - 3 : month + 9) + 2) / 5 + day - 1
+        let dayOfEra = yearOfEra * 365 + yearOfEra / 4 - yearOfEra / 100 + dayOfYear
+        return era * 146_097 + dayOfEra - 719_468
+    }
+
     /// Year, month and day of the proleptic Gregorian calendar for days since 1970-01-01.
     static func civil(fromDays days: Int64) -> (Int64, Int64, Int64) {
         let z = days + 719_468

@@ -33,10 +33,16 @@ public struct UpstreamResponse: Sendable {
         self.body = body
     }
 
-    /// `Retry-After` in seconds (RFC 9110 §10.2.3; the HTTP-date form is not read), at most an hour.
-    public var retryAfter: Duration? {
-        guard let text = headers["retry-after"]?.trimmingCharacters(in: " \t"), let seconds = Int(text), seconds >= 0 else { return nil }
-        return .seconds(min(seconds, 3600))
+    /// `Retry-After` (RFC 9110 §10.2.3), in seconds or as an HTTP date, at most an hour.
+    public var retryAfter: Duration? { retryAfter(now: WallTime()) }
+
+    /// `retryAfter`, with a date read against `now`.
+    public func retryAfter(now: WallTime) -> Duration? {
+        guard let text = headers["retry-after"]?.trimmingCharacters(in: " \t") else { return nil }
+        if let seconds = Int(text), seconds >= 0 { return .seconds(min(seconds, 3600)) }
+        guard let date = HTTPDate.parse(text) else { return nil }
+        let seconds = date.timeIntervalSince(now).rounded(.up)
+        return .seconds(Int(min(max(seconds, 0), 3600)))
     }
 }
 

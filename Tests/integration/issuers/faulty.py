@@ -2,7 +2,8 @@
 
 Runs in a thread of the test process on 127.0.0.1. `mode` picks the answer:
 ok, html, no_token, negative, zero, huge, oversized, slow, hang, reset, status_500, status_429,
-redirect. With `tls=(certificate, key)` it speaks HTTPS.
+redirect. With `tls=(certificate, key)` it speaks HTTPS; with `client_ca` as well, it wants a client
+certificate signed by that CA (mutual TLS), and records the subject of each it saw.
 """
 import json
 import socket
@@ -13,11 +14,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class FaultyIssuer:
-    def __init__(self, tls=None):
+    def __init__(self, tls=None, client_ca=None):
         self.mode = "ok"
         self.scheme = "https" if tls else "http"
         self.requests = 0
         self.served = 0
+        self.client_subjects = []
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -28,6 +30,9 @@ class FaultyIssuer:
                 length = int(self.headers.get("Content-Length", 0))
                 self.rfile.read(length)
                 owner.requests += 1
+                if client_ca:
+                    peer = self.connection.getpeercert()
+                    owner.client_subjects.append(dict(item[0] for item in peer["subject"]).get("commonName"))
                 owner.answer(self)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -35,6 +40,9 @@ class FaultyIssuer:
         if tls:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.load_cert_chain(*tls)
+            if client_ca:
+                context.verify_mode = ssl.CERT_REQUIRED
+                context.load_verify_locations(client_ca)
             self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
