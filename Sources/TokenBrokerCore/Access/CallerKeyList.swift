@@ -24,13 +24,7 @@ public struct CallerKeyList: Sendable, Equatable {
     /// Parses the file's JSON.
     /// - Parameter knownProviders: every configured provider's name; a name outside them is a typo.
     public init(json: some Collection<UInt8>, knownProviders: Set<String>) throws(ConfigurationError) {
-        let document: JSONValue
-        do {
-            document = try JSONValue(parsing: json)
-        } catch {
-            throw ConfigurationError(key: "", "the file is not valid JSON")
-        }
-        var reader = try ObjectReader(document, path: "")
+        var reader = try ObjectReader(parsingFile: json)
         guard let items = try reader.array("keys") else { throw ConfigurationError(key: "keys", "is required") }
         try reader.finish()
         var entries: [Entry] = []
@@ -75,19 +69,10 @@ public struct CallerKeyList: Sendable, Equatable {
         var bytes: [UInt8] = []
         bytes.reserveCapacity(digits.count / 2)
         for index in stride(from: 0, to: digits.count, by: 2) {
-            guard let high = nibble(digits[index]), let low = nibble(digits[index + 1]) else { return nil }
+            guard let high = digits[index].hexDigitValue, let low = digits[index + 1].hexDigitValue else { return nil }
             bytes.append(high << 4 | low)
         }
         return bytes
-    }
-
-    private static func nibble(_ digit: UInt8) -> UInt8? {
-        switch digit {
-        case UInt8(ascii: "0")...UInt8(ascii: "9"): digit - UInt8(ascii: "0")
-        case UInt8(ascii: "a")...UInt8(ascii: "f"): digit - UInt8(ascii: "a") + 10
-        case UInt8(ascii: "A")...UInt8(ascii: "F"): digit - UInt8(ascii: "A") + 10
-        default: nil
-        }
     }
 }
 

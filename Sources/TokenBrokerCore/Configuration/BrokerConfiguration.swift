@@ -51,13 +51,7 @@ public struct BrokerConfiguration: Sendable, Equatable {
 
     /// Reads and checks a configuration document.
     public init(json: some Collection<UInt8>) throws(ConfigurationError) {
-        let document: JSONValue
-        do {
-            document = try JSONValue(parsing: json)
-        } catch {
-            throw ConfigurationError(key: "", "the file is not valid JSON (\(error))")
-        }
-        var reader = try ObjectReader(document, path: "")
+        var reader = try ObjectReader(parsingFile: json)
         self.init()
         if let text = try reader.string("listen") { listen = try Self.address(text, key: "listen") }
         if let text = try reader.string("adminListen") { adminListen = try Self.address(text, key: "adminListen") }

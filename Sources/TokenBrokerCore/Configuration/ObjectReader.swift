@@ -15,6 +15,17 @@ struct ObjectReader {
         self.path = path
     }
 
+    /// A reader for a whole JSON file, which must hold one object.
+    init(parsingFile json: some Collection<UInt8>) throws(ConfigurationError) {
+        let document: JSONValue
+        do {
+            document = try JSONValue(parsing: json)
+        } catch {
+            throw ConfigurationError(key: "", "the file is not valid JSON (\(error))")
+        }
+        try self.init(document, path: "")
+    }
+
     func keyPath(_ key: String) -> String { path.isEmpty ? key : "\(path).\(key)" }
 
     mutating func raw(_ key: String) -> JSONValue? {

@@ -109,6 +109,18 @@ public final class BrokerMetrics: Sendable {
             let text = labels.map { "\($0.0)=\"\(Self.escape($0.1))\"" }.joined(separator: ",")
             out += labels.isEmpty ? "\(name) \(value)\n" : "\(name){\(text)} \(value)\n"
         }
+        /// A counter family with one label, sorted by it.
+        func counters(_ name: String, _ help: String, label: String, _ values: [String: Int]) {
+            family(name, "counter", help)
+            for (key, count) in values.sorted(by: { $0.key < $1.key }) { sample(name, [(label, key)], String(count)) }
+        }
+        /// A counter family with two labels, sorted by them.
+        func counters(_ name: String, _ help: String, labels: (String, String), _ values: [Labels: Int]) {
+            family(name, "counter", help)
+            for (key, count) in values.sorted(by: { ($0.key.a, $0.key.b) < ($1.key.a, $1.key.b) }) {
+                sample(name, [(labels.0, key.a), (labels.1, key.b)], String(count))
+            }
+        }
 
         family("token_broker_build_info", "gauge", "Always 1; the version is a label.")
         sample("token_broker_build_info", [("version", version)], "1")
@@ -125,23 +137,15 @@ public final class BrokerMetrics: Sendable {
             sample("token_broker_open_connections", [("listener", listener)], String(read()))
         }
 
-        family("token_broker_proxy_requests_total", "counter", "Proxied requests by proxy and the status the client got.")
-        for (key, count) in snapshot.proxied.sorted(by: { ($0.key.a, $0.key.b) < ($1.key.a, $1.key.b) }) {
-            sample("token_broker_proxy_requests_total", [("proxy", key.a), ("code", key.b)], String(count))
-        }
-        family("token_broker_proxy_retries_total", "counter", "Proxied requests sent again with a refreshed token after a refusal.")
-        for (proxy, count) in snapshot.proxyRetries.sorted(by: { $0.key < $1.key }) {
-            sample("token_broker_proxy_retries_total", [("proxy", proxy)], String(count))
-        }
-        family("token_broker_proxy_refreshes_total", "counter", "Upstream token fetches started because a proxied request's token was refused.")
-        for (proxy, count) in snapshot.proxyRefreshes.sorted(by: { $0.key < $1.key }) {
-            sample("token_broker_proxy_refreshes_total", [("proxy", proxy)], String(count))
-        }
+        counters("token_broker_proxy_requests_total", "Proxied requests by proxy and the status the client got.",
+                 labels: ("proxy", "code"), snapshot.proxied)
+        counters("token_broker_proxy_retries_total", "Proxied requests sent again with a refreshed token after a refusal.",
+                 label: "proxy", snapshot.proxyRetries)
+        counters("token_broker_proxy_refreshes_total", "Upstream token fetches started because a proxied request's token was refused.",
+                 label: "proxy", snapshot.proxyRefreshes)
 
-        family("token_broker_refreshes_total", "counter", "Upstream fetches by provider and result (success or the error's classification).")
-        for (key, count) in snapshot.refreshes.sorted(by: { ($0.key.a, $0.key.b) < ($1.key.a, $1.key.b) }) {
-            sample("token_broker_refreshes_total", [("provider", key.a), ("result", key.b)], String(count))
-        }
+        counters("token_broker_refreshes_total", "Upstream fetches by provider and result (success or the error's classification).",
+                 labels: ("provider", "result"), snapshot.refreshes)
 
         family("token_broker_refresh_duration_seconds", "histogram", "How long upstream fetches took.")
         for (provider, histogram) in snapshot.latency.sorted(by: { $0.key < $1.key }) {
@@ -153,20 +157,12 @@ public final class BrokerMetrics: Sendable {
             sample("token_broker_refresh_duration_seconds_count", [("provider", provider)], String(histogram.total))
         }
 
-        family("token_broker_upstream_responses_total", "counter", "Upstream HTTP status codes by provider.")
-        for (key, count) in snapshot.upstreamCodes.sorted(by: { ($0.key.a, $0.key.b) < ($1.key.a, $1.key.b) }) {
-            sample("token_broker_upstream_responses_total", [("provider", key.a), ("code", key.b)], String(count))
-        }
-
-        family("token_broker_stale_tokens_served_total", "counter", "Token answers marked stale, served while refresh was failing.")
-        for (provider, count) in snapshot.staleServed.sorted(by: { $0.key < $1.key }) {
-            sample("token_broker_stale_tokens_served_total", [("provider", provider)], String(count))
-        }
-
-        family("token_broker_excessive_refreshes_total", "counter", "Forced refreshes refused by the refresh window.")
-        for (provider, count) in snapshot.excessive.sorted(by: { $0.key < $1.key }) {
-            sample("token_broker_excessive_refreshes_total", [("provider", provider)], String(count))
-        }
+        counters("token_broker_upstream_responses_total", "Upstream HTTP status codes by provider.",
+                 labels: ("provider", "code"), snapshot.upstreamCodes)
+        counters("token_broker_stale_tokens_served_total", "Token answers marked stale, served while refresh was failing.",
+                 label: "provider", snapshot.staleServed)
+        counters("token_broker_excessive_refreshes_total", "Forced refreshes refused by the refresh window.",
+                 label: "provider", snapshot.excessive)
 
         family("token_broker_token_expiry_seconds", "gauge", "Seconds until the cached token expires (absent without a valid token with expiry).")
         for status in statuses {

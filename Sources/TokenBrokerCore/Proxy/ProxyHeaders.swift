@@ -45,7 +45,7 @@ public enum ProxyHeaders {
         var names = hopByHop
         for (name, value) in headers where name.lowercased() == "connection" {
             for option in value.split(separator: ",") {
-                names.insert(option.trimmingCharacters().lowercased())
+                names.insert(option.trimmingCharacters(in: " \t").lowercased())
             }
         }
         return names
@@ -65,7 +65,7 @@ public enum ProxyHeaders {
             headers.append(("Cookie", "\(name)=\(value)"))
             return
         }
-        var pairs = headers[index].1.split(separator: ";").map { $0.trimmingCharacters() }.filter { !$0.isEmpty }
+        var pairs = headers[index].1.split(separator: ";").map { $0.trimmingCharacters(in: " \t") }.filter { !$0.isEmpty }
         let existing = pairs.firstIndex { $0.hasPrefix(name + "=") }
         switch existing {
         case .some where !overwrite: return
@@ -73,11 +73,5 @@ public enum ProxyHeaders {
         case .none: pairs.append("\(name)=\(value)")
         }
         headers[index].1 = pairs.joined(separator: "; ")
-    }
-}
-
-extension Substring {
-    fileprivate func trimmingCharacters() -> String {
-        String(drop { $0 == " " || $0 == "\t" }.reversed().drop { $0 == " " || $0 == "\t" }.reversed())
     }
 }

@@ -140,13 +140,7 @@ struct JSONParser {
         guard index + 4 <= bytes.count else { throw problem("a \\u escape needs four hex digits") }
         var value: UInt32 = 0
         for byte in bytes[index..<index + 4] {
-            let digit: UInt8
-            switch byte {
-            case UInt8(ascii: "0")...UInt8(ascii: "9"): digit = byte - UInt8(ascii: "0")
-            case UInt8(ascii: "a")...UInt8(ascii: "f"): digit = byte - UInt8(ascii: "a") + 10
-            case UInt8(ascii: "A")...UInt8(ascii: "F"): digit = byte - UInt8(ascii: "A") + 10
-            default: throw problem("a \\u escape needs four hex digits")
-            }
+            guard let digit = byte.hexDigitValue else { throw problem("a \\u escape needs four hex digits") }
             value = value << 4 | UInt32(digit)
         }
         index += 4

@@ -13,8 +13,9 @@ public protocol ProxyHandling: Sendable {
 
 extension TokenAPI {
     /// `begin` for targets under `/proxy/`: refuse what may not pass before any body is read.
+    /// The server calls it for every such request before `handle`, so admission happens here only.
     public func begin(_ request: HTTPRequest) -> BodyHandling {
-        switch proxyTarget(request) {
+        switch proxyTarget(request, admitting: true) {
         case .pass(let target, let proxy): return proxy.begin(request, target: target)
         case .refuse(let refusal):
             proxyCounter.record(status: refusal.status)
@@ -22,9 +23,9 @@ extension TokenAPI {
         }
     }
 
-    /// A proxied request, after `begin` admitted it.
+    /// A proxied request, after `begin` admitted it: the guard and the caller's key are not checked twice.
     func proxied(_ request: HTTPRequest) -> HTTPReply {
-        switch proxyTarget(request) {
+        switch proxyTarget(request, admitting: false) {
         case .pass(let target, let proxy): return proxy.handle(request, target: target)
         case .refuse(let refusal): return record(proxyCounter, .response(refusal))
         }
@@ -37,7 +38,7 @@ extension TokenAPI {
         case refuse(HTTPResponse)
     }
 
-    private func proxyTarget(_ request: HTTPRequest) -> Admission {
+    private func proxyTarget(_ request: HTTPRequest, admitting: Bool) -> Admission {
         guard let raw = request.rawTarget else { return .refuse(Responses.notFound(request.path)) }
         let target: ProxyPath.Target
         switch ProxyPath.parse(raw) {
@@ -54,7 +55,7 @@ extension TokenAPI {
         guard let proxy, let provider = proxy.provider(ofProxy: target.proxy) else {
             return .refuse(.error(404, "unknown_proxy", "no proxy is named \(JSONText.quoted(String(target.proxy.prefix(64))))"))
         }
-        if let refusal = admit(request, provider: provider) { return .refuse(refusal) }
+        if admitting, let refusal = admit(request, provider: provider) { return .refuse(refusal) }
         return .pass(target, proxy)
     }
 }

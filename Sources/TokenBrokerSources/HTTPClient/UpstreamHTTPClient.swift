@@ -281,13 +281,15 @@ public final class UpstreamHTTPClient: @unchecked Sendable {
                 shared.deliverHead(transfer, exchange)
                 if exchange.stoppedOnPurpose { return 0 }
             }
-        } else if transfer.exchange != nil, let colon = line.firstIndex(of: ":"), transfer.headerLines.count < 200 {
-            let value = String(line[line.index(after: colon)...]).trimmingCharacters(in: " \t\r\n")
-            transfer.headerLines.append((String(line[..<colon]), value))
-        } else if let colon = line.firstIndex(of: ":"), transfer.headers.count < 100 {
-            let name = line[..<colon].lowercased()
-            let value = String(line[line.index(after: colon)...]).trimmingCharacters(in: " \t\r\n")
-            transfer.headers[name] = value
+        } else if let colon = line.firstIndex(of: ":") {
+            let name = line[..<colon]
+            let value = line[line.index(after: colon)...].trimmingCharacters(in: " \t\r\n")
+            if transfer.exchange != nil {
+                // Streamed exchanges pass every header on, in order, names as sent.
+                if transfer.headerLines.count < 200 { transfer.headerLines.append((String(name), value)) }
+            } else if transfer.headers.count < 100 {
+                transfer.headers[name.lowercased()] = value
+            }
         }
         return length
     }

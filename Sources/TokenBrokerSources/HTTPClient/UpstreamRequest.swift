@@ -45,12 +45,3 @@ public struct UpstreamResponse: Sendable {
         return .seconds(Int(min(max(seconds, 0), 3600)))
     }
 }
-
-extension String {
-    func trimmingCharacters(in set: String) -> String {
-        var scalars = Substring(self)
-        while let first = scalars.first, set.contains(first) { scalars.removeFirst() }
-        while let last = scalars.last, set.contains(last) { scalars.removeLast() }
-        return String(scalars)
-    }
-}
