@@ -165,6 +165,49 @@ def test_a_client_that_hangs_up_mid_poll_frees_its_waiter(broker):
     assert broker.get_json("/token")[0]["version"] == 1, "the broker is unharmed"
 
 
+def read_answer(client):
+    """Reads one HTTP answer with a Content-Length from a keep-alive socket: (status, body)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = client.recv(4096)
+        assert chunk, "the broker closed the connection"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")))
+    while len(body) < length:
+        chunk = client.recv(4096)
+        assert chunk, "the broker closed the connection"
+        body += chunk
+    return int(head.split()[1]), body
+
+
+def test_hang_ups_are_seen_on_a_kept_alive_connection_that_polls_again_and_on_reused_sockets(broker):
+    """An answered poll leaves its socket watched (nothing is undone on the wake-up path): the
+    next poll on the same connection must take over that watch, and a new connection that gets
+    the closed socket's number must get a watch of its own."""
+    host, _, port = broker.addresses["token"].rpartition(":")
+    waiters = lambda: broker.metric("token_broker_longpoll_waiters", provider="default")
+    keep_alive = lambda path: get(path).replace(b"Connection: close\r\n", b"")
+    version = broker.get_json("/token")[0]["version"]
+    with socket.create_connection((host, int(port)), timeout=10) as client:
+        for _ in range(3):
+            client.sendall(keep_alive(f"/token/ready?after={version}&timeout=30"))
+            assert wait_until(lambda: waiters() == 1)
+            assert broker.request("POST", "/token/refresh", body=json.dumps({"rejected_version": version}).encode())[0] == 200
+            status, body = read_answer(client)
+            assert status == 200 and json.loads(body)["version"] == version + 1
+            version += 1
+        client.sendall(keep_alive(f"/token/ready?after={version}&timeout=30"))
+        assert wait_until(lambda: waiters() == 1)
+    assert wait_until(lambda: waiters() == 0, timeout=10), "the hang-up on the kept-alive connection was missed"
+    for _ in range(20):
+        with socket.create_connection((host, int(port)), timeout=10) as client:
+            client.sendall(keep_alive(f"/token/ready?after={version}&timeout=30"))
+            assert wait_until(lambda: waiters() == 1)
+        assert wait_until(lambda: waiters() == 0, timeout=10), "a hang-up on a reused socket was missed"
+    assert broker.get_json("/token")[0]["version"] == version, "the broker is unharmed"
+
+
 def test_sigterm_answers_waiting_long_polls_with_503_and_exits_0():
     with Broker() as broker:
         results = []

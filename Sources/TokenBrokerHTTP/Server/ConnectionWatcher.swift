@@ -15,13 +15,18 @@ import Synchronization
 /// - **Memory after bursts.** After thousands of waiters, freed memory is handed back
 ///   (`malloc_trim`) once things are quiet, off the request path.
 ///
-/// - Important: a socket must be unwatched before its connection is resumed, so that the
-///   watcher never sees a descriptor that libmicrohttpd has closed and reused.
+/// Waking thousands of waiters costs no system call here: a socket stays in the epoll set when
+/// its request is answered, and leaves it when libmicrohttpd closes it (the kernel drops a closed
+/// socket from every epoll set) or when the watcher sees its hang-up. Each registration carries
+/// a serial number next to the descriptor, so an event that was already read when its socket
+/// closed, and the number was reused by a new connection, is recognised as stale and ignored.
+///
+/// - Important: `closed` must be called before libmicrohttpd closes the socket (its
+///   `MHD_CONNECTION_NOTIFY_CLOSED` is), so that a reused descriptor is never taken for the old one.
 final class ConnectionWatcher: @unchecked Sendable {
     private let epoll: Int32
     private let wakeup: Int32
-    private let watched = Mutex<[Int32: HTTPResponder]>([:])
-    private let clocks = Mutex<[ObjectIdentifier: ConnectionClock]>([:])
+    private let state = Mutex<State>(State())
     private var thread = pthread_t()
     private let stopping = Atomic<Bool>(false)
     private let trimRequested = Atomic<Bool>(false)
@@ -34,7 +39,7 @@ final class ConnectionWatcher: @unchecked Sendable {
         wakeup = eventfd(0, Int32(EFD_CLOEXEC))
         var event = epoll_event()
         event.events = EPOLLIN.rawValue
-        event.data.fd = wakeup
+        event.data.u64 = Self.wakeupKey
         epoll_ctl(epoll, EPOLL_CTL_ADD, wakeup, &event)
         let context = Unmanaged.passRetained(self).toOpaque()
         pthread_create(&thread, nil, { context in
@@ -44,23 +49,44 @@ final class ConnectionWatcher: @unchecked Sendable {
         }, context)
     }
 
+    /// Open connections, and the sockets in the epoll set.
+    private struct State {
+        var clocks: [ObjectIdentifier: ConnectionClock] = [:]
+        /// By descriptor: the registration's serial number, and the responder of the request that
+        /// was suspended when it was made (answered since, perhaps: then a hang-up finds nothing to do).
+        var registered: [Int32: (serial: UInt32, responder: HTTPResponder)] = [:]
+        var serial: UInt32 = 0
+    }
+
+    /// The epoll event's data: the descriptor in the low half, the registration's serial in the high.
+    private static func eventKey(_ fd: Int32, _ serial: UInt32) -> UInt64 {
+        UInt64(serial) << 32 | UInt64(UInt32(bitPattern: fd))
+    }
+
+    /// The wake-up descriptor's event data: no socket registration has serial 0xFFFFFFFF with descriptor -1.
+    private static let wakeupKey = UInt64.max
+
     /// Connections open now.
-    var openConnections: Int { clocks.withLock { $0.count } }
+    var openConnections: Int { state.withLock { $0.clocks.count } }
 
     // MARK: - Request deadlines
 
     /// A new connection: its first request is due within the timeout.
     func opened(_ clock: ConnectionClock) {
         clock.armDeadline(after: requestTimeoutMsec)
-        clocks.withLock { $0[ObjectIdentifier(clock)] = clock }
+        state.withLock { $0.clocks[ObjectIdentifier(clock)] = clock }
     }
 
     /// A request was answered: the next one is due within the timeout.
     func answered(_ clock: ConnectionClock) { clock.armDeadline(after: requestTimeoutMsec) }
 
-    /// The connection is closing; called before libmicrohttpd closes its socket.
+    /// The connection is closing; called before libmicrohttpd closes its socket, whose
+    /// registration the kernel then drops.
     func closed(_ clock: ConnectionClock) {
-        clocks.withLock { $0[ObjectIdentifier(clock)] = nil }
+        state.withLock { state in
+            state.clocks[ObjectIdentifier(clock)] = nil
+            state.registered[clock.fd] = nil
+        }
     }
 
     /// Shuts down every connection past its request deadline; libmicrohttpd then sees the socket
@@ -68,8 +94,8 @@ final class ConnectionWatcher: @unchecked Sendable {
     /// its number reused) meanwhile.
     private func cutLateConnections() {
         let now = ConnectionClock.nowMsec()
-        clocks.withLock { clocks in
-            for clock in clocks.values where clock.isLate(now) {
+        state.withLock { state in
+            for clock in state.clocks.values where clock.isLate(now) {
                 shutdown(clock.fd, Int32(SHUT_RDWR))
             }
         }
@@ -77,22 +103,35 @@ final class ConnectionWatcher: @unchecked Sendable {
 
     // MARK: - Hang-ups
 
-    /// Starts watching `fd` for the responder's client going away.
+    /// Starts watching `fd` for the responder's client going away. Nothing needs undoing when
+    /// the request is answered: a later hang-up finds the responder answered and does nothing.
     func watch(_ fd: Int32, _ responder: HTTPResponder) {
         guard fd >= 0 else { return }
-        watched.withLock { watched in
+        state.withLock { state in
+            state.serial &+= 1
             var event = epoll_event()
             event.events = EPOLLRDHUP.rawValue | EPOLLHUP.rawValue | EPOLLERR.rawValue
-            event.data.fd = fd
-            if epoll_ctl(epoll, EPOLL_CTL_ADD, fd, &event) == 0 { watched[fd] = responder }
+            event.data.u64 = Self.eventKey(fd, state.serial)
+            // A keep-alive connection suspended before is still in the set.
+            var operation = state.registered[fd] == nil ? EPOLL_CTL_ADD : EPOLL_CTL_MOD
+            var done = epoll_ctl(epoll, operation, fd, &event) == 0
+            if !done, errno == EEXIST || errno == ENOENT {
+                operation = operation == EPOLL_CTL_ADD ? EPOLL_CTL_MOD : EPOLL_CTL_ADD
+                done = epoll_ctl(epoll, operation, fd, &event) == 0
+            }
+            state.registered[fd] = done ? (state.serial, responder) : nil
         }
     }
 
-    /// Stops watching `fd`; call it before the connection is resumed.
-    func unwatch(_ fd: Int32) {
-        guard fd >= 0 else { return }
-        watched.withLock { watched in
-            if watched.removeValue(forKey: fd) != nil { epoll_ctl(epoll, EPOLL_CTL_DEL, fd, nil) }
+    /// An event read from the set: the responder whose client hung up, if the event is about
+    /// the current registration of its socket (which then leaves the set).
+    private func hungUp(_ key: UInt64) -> HTTPResponder? {
+        let fd = Int32(bitPattern: UInt32(truncatingIfNeeded: key))
+        return state.withLock { state -> HTTPResponder? in
+            guard let registration = state.registered[fd], Self.eventKey(fd, registration.serial) == key else { return nil }
+            state.registered[fd] = nil
+            epoll_ctl(epoll, EPOLL_CTL_DEL, fd, nil)
+            return registration.responder
         }
     }
 
@@ -129,18 +168,12 @@ final class ConnectionWatcher: @unchecked Sendable {
             }
             guard count > 0 else { continue }
             for event in events.prefix(Int(count)) {
-                if event.data.fd == wakeup {
+                if event.data.u64 == Self.wakeupKey {
                     var value: UInt64 = 0
                     _ = read(wakeup, &value, 8)
                     continue
                 }
-                let fd = event.data.fd
-                let responder = watched.withLock { watched -> HTTPResponder? in
-                    guard let responder = watched.removeValue(forKey: fd) else { return nil }
-                    epoll_ctl(epoll, EPOLL_CTL_DEL, fd, nil)
-                    return responder
-                }
-                responder?.clientHungUp()
+                hungUp(event.data.u64)?.clientHungUp()
             }
         }
     }

@@ -20,6 +20,9 @@ public final class HTTPResponder: Sendable {
     /// The connection's socket, watched for hang-ups while suspended.
     let fd: Int32
     private weak let server: HTTPServer?
+    /// Whether the server holds the connection suspended; changed only under the server's lock
+    /// of suspended connections, so that finishing a request can skip that lock when it is not.
+    let parked = Atomic<Bool>(false)
 
     init(connection: OpaquePointer, fd: Int32, server: HTTPServer) {
         self.connection = connection

@@ -234,6 +234,7 @@ public final class HTTPServer: @unchecked Sendable {
     private func park(_ responder: HTTPResponder, _ connection: OpaquePointer) {
         suspended.withLock { suspended in
             suspended.responders[ObjectIdentifier(responder)] = responder
+            responder.parked.store(true, ordering: .relaxed)
             suspended.peak = max(suspended.peak, suspended.responders.count)
         }
         MHD_suspend_connection(connection)
@@ -248,9 +249,9 @@ public final class HTTPServer: @unchecked Sendable {
 
     /// Resumes a suspended connection so the access handler can queue its answer.
     func resume(_ responder: HTTPResponder) {
-        watcher.unwatch(responder.fd)
         let (wasSuspended, trim) = suspended.withLock { suspended -> (Bool, Bool) in
             let removed = suspended.responders.removeValue(forKey: ObjectIdentifier(responder)) != nil
+            responder.parked.store(false, ordering: .relaxed)
             guard suspended.responders.isEmpty, suspended.peak >= Self.trimAfterPeak else { return (removed, false) }
             suspended.peak = 0
             return (removed, true)
@@ -267,8 +268,13 @@ public final class HTTPServer: @unchecked Sendable {
         guard context != RequestState.headersOnly else { return }
         let state = Unmanaged<RequestState>.fromOpaque(context).takeRetainedValue()
         if let responder = state.responder {
-            watcher.unwatch(responder.fd)
-            suspended.withLock { _ = $0.responders.removeValue(forKey: ObjectIdentifier(responder)) }
+            // Normally resumed (and so forgotten) already; the lock is taken only when not.
+            if responder.parked.load(ordering: .relaxed) {
+                suspended.withLock { suspended in
+                    suspended.responders[ObjectIdentifier(responder)] = nil
+                    responder.parked.store(false, ordering: .relaxed)
+                }
+            }
             responder.connectionClosed()
         }
     }
