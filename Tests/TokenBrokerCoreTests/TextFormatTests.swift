@@ -83,4 +83,27 @@ import TokenBrokerCore
         #expect(document.value(atPointer: "/a/missing") == nil)
         #expect(document.value(atPointer: "") == document)
     }
+
+    /// The byte-wise search finds what the standard library's own search finds, at the same
+    /// place, over every ASCII needle of up to 3 letters from a small alphabet in many texts.
+    @Test func byteSearchAgreesWithTheStandardLibrarysSearch() {
+        let alphabet = ["a", "b", "%", "2", "f"]
+        var needles = alphabet
+        for first in alphabet { for second in alphabet { needles.append(first + second); for third in ["a", "%", "f"] { needles.append(first + second + third) } } }
+        let texts = ["", "a", "ab%2fba", "%2f%2F%2f", "aaab", "ffff2", "b%a%2%2fa", "ba", String(repeating: "ab%", count: 20) + "2f", "x/é/%2f/ü"]
+        var checked = 0
+        for text in texts {
+            for needle in needles {
+                let mine = text.firstRange(ofBytes: needle)
+                let theirs = text.firstRange(of: needle)
+                #expect(mine == theirs, "\(needle) in \(text)")
+                #expect(text.contains(bytes: needle) == text.contains(needle))
+                let sub = text.dropFirst(min(2, text.count))
+                #expect(sub.firstRange(ofBytes: needle) == sub.firstRange(of: needle), "\(needle) in the rest of \(text)")
+                checked += 1
+            }
+        }
+        #expect(checked == texts.count * needles.count)
+        #expect("abc".firstRange(ofBytes: "") == "abc".startIndex..<"abc".startIndex)
+    }
 }

@@ -64,7 +64,7 @@ public enum ProxyPath {
         var out: [Substring] = []
         for segment in path.dropFirst().split(separator: "/", omittingEmptySubsequences: false) {
             let lower = segment.lowercased()
-            for forbidden in ["%2f", "%5c", "%00", "%0a", "%0d"] where lower.contains(forbidden) { return nil }
+            for forbidden in ["%2f", "%5c", "%00", "%0a", "%0d"] where lower.contains(bytes: forbidden) { return nil }
             let dots = lower.replacingAll("%2e", with: ".")
             out.append(dots == "." || dots == ".." ? Substring(dots) : segment)
         }
@@ -104,7 +104,7 @@ extension String {
     fileprivate func replacingAll(_ target: String, with replacement: String) -> String {
         var out = ""
         var rest = Substring(self)
-        while let range = rest.firstRange(of: target) {
+        while let range = rest.firstRange(ofBytes: target) {
             out += rest[..<range.lowerBound] + replacement
             rest = rest[range.upperBound...]
         }
