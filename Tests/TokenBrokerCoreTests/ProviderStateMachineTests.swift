@@ -264,6 +264,43 @@ import TokenBrokerCore
         #expect(token.version == 2)
         #expect(harness.fetchesStarted == 2, "waiters never add fetches to the schedule")
     }
+
+    /// One new token wakes every waiter it satisfies, in one action, and only those: waiters who
+    /// already hold it keep waiting for the next one.
+    @Test func aNewTokenWakesExactlyTheWaitersItSatisfies() {
+        var harness = MachineHarness(ProviderConfiguration(tokenRefreshDelaySec: 60))
+        harness.start()
+        harness.succeed()
+        let wantTwo = (0..<50).map { _ in harness.wait(after: 1, for: .seconds(300)) }
+        let wantThree = (0..<30).map { _ in harness.wait(after: 2, for: .seconds(300)) }
+        #expect(harness.outcomes.isEmpty)
+        #expect(harness.machine.waiterCount == 80)
+        let (decision, actions) = harness.machine.forceRefresh(rejected: 1, now: harness.now)
+        harness.record(actions)
+        guard case .refreshing = decision else {
+            Issue.record("expected a refresh, got \(decision)")
+            return
+        }
+        let woken = harness.machine.fetchSucceeded(
+            FetchedToken(accessToken: "two", lifetime: .seconds(900)), now: harness.now, wallTime: WallTime(timeIntervalSince1970: 0))
+        guard woken.count == 1, case .complete(let ids, .token(let token, stale: false)) = woken[0] else {
+            Issue.record("expected one completion for all woken waiters, got \(woken)")
+            return
+        }
+        #expect(token.version == 2)
+        #expect(Set(ids) == Set(wantTwo))
+        #expect(harness.machine.waiterCount == 30)
+        harness.record(woken)
+        harness.runTimers(until: .seconds(61)) { $0.succeed() }
+        for id in wantThree {
+            guard case .token(let later, _)? = harness.outcomes[id] else {
+                Issue.record("waiter \(id) was not woken by version 3")
+                continue
+            }
+            #expect(later.version == 3)
+        }
+        #expect(harness.machine.waiterCount == 0)
+    }
 }
 
 extension CachedToken: Equatable where Instant: Equatable {

@@ -89,11 +89,11 @@ public struct ProxyConfiguration: Sendable, Equatable {
         }
         bufferBodyBytes = try reader.int("bufferBodyBytes", 0...1_048_576, default: bufferBodyBytes)
         maxBodyBytes = try reader.int("maxBodyBytes", 0...1_073_741_824, default: maxBodyBytes)
-        if try reader.raw("maxResponseBytes") != nil {
+        if reader.raw("maxResponseBytes") != nil {
             throw ConfigurationError(key: reader.keyPath("maxResponseBytes"), "does not apply to proxies: their answers stream, whatever their size")
         }
         var upstream = try UpstreamConfiguration(reading: &reader)
-        if try reader.raw("timeoutMsec") == nil { upstream.timeoutMsec = 30_000 }
+        if reader.raw("timeoutMsec") == nil { upstream.timeoutMsec = 30_000 }
         self.upstream = upstream
         try reader.finish()
     }

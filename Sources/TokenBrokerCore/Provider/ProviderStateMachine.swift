@@ -31,8 +31,9 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     public enum Action: Sendable {
         /// Start one upstream fetch and report it back with `fetchSucceeded` or `fetchFailed`.
         case startFetch
-        /// Complete a waiter, outside the lock.
-        case complete(waiter: UInt64, WaitOutcome)
+        /// Complete these waiters, all with the same outcome, outside the lock. One action for
+        /// all the waiters a new token wakes: ten thousand of them are one list, not ten thousand actions.
+        case complete(waiters: [UInt64], WaitOutcome)
     }
 
     /// The answer to a forced refresh.
@@ -170,11 +171,11 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         // Without background refresh every call wants a token fetched after it asked.
         let after = backgroundRefresh ? requested : max(requested ?? 0, lastVersion)
         if let token = validToken(at: now), token.version > (after ?? 0) {
-            actions.append(.complete(waiter: id, .token(token, stale: isStale(at: now))))
+            actions.append(.complete(waiters: [id], .token(token, stale: isStale(at: now))))
             return (id, actions)
         }
         if deadline <= now {
-            actions.append(.complete(waiter: id, .timedOut(current: validToken(at: now), lastError: lastError)))
+            actions.append(.complete(waiters: [id], .timedOut(current: validToken(at: now), lastError: lastError)))
             return (id, actions)
         }
         waiters[id] = Waiter(after: after, kind: onDemand ? .onDemand : .ready)
@@ -221,14 +222,16 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         } else {
             fetchDueAt = nil
         }
-        var actions: [Action] = []
+        // Collected first, then removed: removing while iterating would copy the whole table.
         let valid = accepted.isValid(at: now)
-        for (id, waiter) in waiters where valid && accepted.version > (waiter.after ?? 0) {
-            waiters[id] = nil
-            actions.append(.complete(waiter: id, .token(accepted, stale: false)))
+        let woken = valid ? waiters.compactMap { id, waiter in accepted.version > (waiter.after ?? 0) ? id : nil } : []
+        if woken.count == waiters.count {
+            waiters.removeAll()
+        } else {
+            for id in woken { waiters[id] = nil }
         }
         dropDeadlinesIfIdle()
-        return actions
+        return woken.isEmpty ? [] : [.complete(waiters: woken, .token(accepted, stale: false))]
     }
 
     /// The upstream fetch failed.
@@ -240,10 +243,9 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         if !backgroundRefresh, retryPolicy.isExhausted(afterFailures: failures) {
             // On demand, getToken stops here with the previous token, if still valid.
             let previous = validToken(at: now)
-            for (id, waiter) in waiters where waiter.kind == .onDemand {
-                waiters[id] = nil
-                actions.append(.complete(waiter: id, .exhausted(previous: previous, lastError: error)))
-            }
+            let givenUp = waiters.compactMap { id, waiter in waiter.kind == .onDemand ? id : nil }
+            for id in givenUp { waiters[id] = nil }
+            if !givenUp.isEmpty { actions.append(.complete(waiters: givenUp, .exhausted(previous: previous, lastError: error))) }
             dropDeadlinesIfIdle()
             if waiters.isEmpty {
                 failures = 0
@@ -262,7 +264,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         for id in deadlines.popDue(at: now) {
             guard waiters.removeValue(forKey: id) != nil else { continue }
             let current = validToken(at: now)
-            actions.append(.complete(waiter: id, .timedOut(current: current, lastError: lastError)))
+            actions.append(.complete(waiters: [id], .timedOut(current: current, lastError: lastError)))
         }
         dropDeadlinesIfIdle()
         guard let due = fetchDueAt, due <= now, !isFetching else { return actions }
@@ -282,7 +284,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
 
     /// Completes every waiter: the provider is going away.
     public mutating func shutDown() -> [Action] {
-        let actions = waiters.keys.sorted().map { Action.complete(waiter: $0, .shuttingDown) }
+        let actions = waiters.isEmpty ? [] : [Action.complete(waiters: waiters.keys.sorted(), .shuttingDown)]
         waiters.removeAll()
         deadlines.removeAll()
         fetchDueAt = nil

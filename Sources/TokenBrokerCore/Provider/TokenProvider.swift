@@ -266,9 +266,10 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
             case .startFetch:
                 state.fetchStartedAt = clock.now
                 state.fetch = Task { [self] in await fetchOnce() }
-            case .complete(let id, let outcome):
-                if let completion = state.completions.removeValue(forKey: id) {
-                    work.completions.append((completion, outcome))
+            case .complete(let ids, let outcome):
+                work.completions.reserveCapacity(work.completions.count + ids.count)
+                for id in ids {
+                    if let completion = state.completions.removeValue(forKey: id) { work.completions.append((completion, outcome)) }
                 }
             }
         }

@@ -25,8 +25,8 @@ struct MachineHarness {
             case .startFetch:
                 fetchesStarted += 1
                 fetchTimes.append(now.offset)
-            case .complete(let id, let outcome):
-                outcomes[id] = outcome
+            case .complete(let ids, let outcome):
+                for id in ids { outcomes[id] = outcome }
             }
         }
     }
