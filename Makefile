@@ -17,7 +17,7 @@ RELEASE_FLAGS := -c release --static-swift-stdlib
 BIN := .build/release/token-broker
 VENV := .venv
 
-.PHONY: run test deps build unit-test integration-test contract-test container-check bench soak clean
+.PHONY: run test deps build unit-test integration-test contract-test container-check bench soak link-order clean
 
 run: deps build
 	@echo "token-broker: token listener http://127.0.0.1:8080/token, admin http://127.0.0.1:9090/healthz (Ctrl-C stops it)"
@@ -69,6 +69,9 @@ bench: build $(VENV)/.installed
 	cc -O2 -Wall -o .build/bench/minimal bench/c-server/minimal.c -lmicrohttpd
 	cc -O2 -Wall -o .build/bench/longpoll bench/longpoll-client/longpoll.c
 	cc -O2 -Wall -pthread -o .build/bench/release-all bench/longpoll-client/release-all.c
+	$(SWIFT)c -O -static-stdlib -use-ld=lld -Xlinker -z -Xlinker pack-relative-relocs \
+		-I Sources/CMicroHTTPD -I Sources/COpenSSL -I Sources/CCurl \
+		-module-cache-path .build/bench/module-cache -o .build/bench/footprint-floor bench/footprint-floor/main.swift
 	$(VENV)/bin/python bench/run.py
 
 # Ten minutes of mixed load (wrk on /token, a refresh a second, 200 cycling long-polls); not part of
@@ -78,6 +81,15 @@ soak: build
 	@dpkg-query -W -f='$${Status}' wrk 2>/dev/null | grep -q 'install ok installed' || \
 		{ $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends wrk; }
 	$(PYTHON) bench/soak.py $(SOAK_ARGS)
+
+# Rewrites the link order (Sources/token-broker/link-order.txt) from a traced run of the release
+# binary, then relinks. Run it when start-up or request code has changed much; not part of make test.
+link-order: build
+	mkdir -p .build/link-order
+	cc -O2 -Wall -o .build/link-order/trace bench/link-order/trace.c
+	$(PYTHON) bench/link-order/generate.py
+	rm -f $(BIN)  # SwiftPM does not know the link reads the order file
+	$(SWIFT) build $(RELEASE_FLAGS)
 
 clean:
 	rm -rf .build $(VENV)

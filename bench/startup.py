@@ -4,8 +4,9 @@
     python3 bench/startup.py [path/to/token-broker] [--runs 20]
 
 Each run starts the binary on ephemeral loopback ports, polls the admin listener's /healthz every
-millisecond until it answers 200 (at most 5 s), then, after 2 s idle, reads VmRSS from
-/proc/PID/status. Prints the median, minimum and maximum of each, and the binary's size.
+millisecond until it answers 200 (at most 5 s), then, after 2 s idle, reads VmRSS (and its
+anonymous and file-backed parts, RssAnon and RssFile) from /proc/PID/status. Prints the median,
+minimum and maximum of each, and the binary's size.
 """
 import argparse
 import os
@@ -46,9 +47,27 @@ def one_run(binary):
         else:
             raise RuntimeError("no /healthz 200 within 5 s")
         time.sleep(2)
-        with open(f"/proc/{process.pid}/status") as status:
-            rss_kb = int(next(line for line in status if line.startswith("VmRSS:")).split()[1])
-        return ready, rss_kb
+        return (ready,) + memory_kb(process.pid)
+    finally:
+        process.terminate()
+        process.wait(5)
+
+
+def memory_kb(pid):
+    """(VmRSS, RssAnon, RssFile) of a process, in kB."""
+    with open(f"/proc/{pid}/status") as status:
+        fields = dict(line.split(":", 1) for line in status)
+    return tuple(int(fields[name].split()[0]) for name in ("VmRSS", "RssAnon", "RssFile"))
+
+
+def idle_memory_kb(command):
+    """(VmRSS, RssAnon, RssFile) of a program that prints "ready" once started, 2 s later."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        if process.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"{command[0]} did not start")
+        time.sleep(2)
+        return memory_kb(process.pid)
     finally:
         process.terminate()
         process.wait(5)
@@ -62,9 +81,10 @@ def main():
     results = [one_run(options.binary) for _ in range(options.runs)]
     ready = [r[0] * 1000 for r in results]
     rss = [r[1] / 1024 for r in results]
+    anon = [r[2] / 1024 for r in results]
     print(f"runs: {options.runs}")
     print(f"exec to first /healthz 200: median {statistics.median(ready):.1f} ms (min {min(ready):.1f}, max {max(ready):.1f})")
-    print(f"idle RSS after 2 s: median {statistics.median(rss):.1f} MiB (min {min(rss):.1f}, max {max(rss):.1f})")
+    print(f"idle RSS after 2 s: median {statistics.median(rss):.1f} MiB (min {min(rss):.1f}, max {max(rss):.1f}), anonymous {statistics.median(anon):.1f} MiB")
     print(f"binary size: {os.path.getsize(options.binary) / 1e6:.1f} MB")
 
 

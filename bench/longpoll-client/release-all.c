@@ -1,11 +1,14 @@
 /*
  * The floor under the long-poll benchmark: a server that holds N requests, then on "go" (a
  * line on stdin) answers them all as fast as this machine allows, with 2 threads like the
- * broker's pool, each writing a fixed ~600-byte answer and closing. No HTTP library, no
- * waiter bookkeeping: what remains is the kernel's cost to send and close N connections.
+ * broker's pool, each writing a fixed ~600-byte answer (and, in close mode, closing). No HTTP
+ * library, no waiter bookkeeping: what remains is the kernel's cost to send N answers.
  *
  *   cc -O2 -pthread -o release-all release-all.c
- *   ./release-all COUNT    (prints "listening 127.0.0.1:PORT", then "held" once COUNT requests arrived)
+ *   ./release-all COUNT keep-alive|close
+ *
+ * Prints "listening 127.0.0.1:PORT", then "held" once COUNT requests arrived; after answering,
+ * keeps the sockets open until stdin ends.
  */
 #include <arpa/inet.h>
 #include <pthread.h>
@@ -18,6 +21,7 @@
 
 static int *fds;
 static int count;
+static int keep_alive;
 static char answer[1024];
 static size_t answer_length;
 
@@ -25,20 +29,21 @@ static void *release(void *half) {
     long which = (long)half;
     for (int i = (int)which; i < count; i += 2) {
         if (write(fds[i], answer, answer_length) < 0) perror("write");
-        close(fds[i]);
+        if (!keep_alive) close(fds[i]);
     }
     return NULL;
 }
 
 int main(int argc, char **argv) {
-    if (argc != 2) return 2;
+    if (argc != 3 || (strcmp(argv[2], "keep-alive") != 0 && strcmp(argv[2], "close") != 0)) return 2;
     count = atoi(argv[1]);
+    keep_alive = strcmp(argv[2], "keep-alive") == 0;
     fds = calloc((size_t)count, sizeof *fds);
-    char body[600];
-    memset(body, 'x', sizeof body);
+    char body[640];
+    int body_length = snprintf(body, sizeof body, "{\"version\":0,\"pad\":\"%0600d\"}", 0);
     answer_length = (size_t)snprintf(answer, sizeof answer,
-        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n{\"version\":0,\"pad\":\"%.*s\"}",
-        sizeof body + 25, (int)sizeof body, body);
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n%s",
+        body_length, keep_alive ? "" : "Connection: close\r\n", body);
     int listener = socket(AF_INET, SOCK_STREAM, 0);
     int yes = 1;
     setsockopt(listener, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
@@ -66,5 +71,6 @@ int main(int argc, char **argv) {
     pthread_t threads[2];
     for (long t = 0; t < 2; t++) pthread_create(&threads[t], NULL, release, (void *)t);
     for (int t = 0; t < 2; t++) pthread_join(threads[t], NULL);
+    while (fgets(line, sizeof line, stdin)) {}
     return 0;
 }
