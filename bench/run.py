@@ -92,10 +92,7 @@ http {{
 }}
 """)
         # nginx cannot report an ephemeral port, so take one the kernel just handed out.
-        import socket
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+        port = free_port()
         conf = os.path.join(self.dir, "nginx.conf")
         text = open(conf).read().replace("127.0.0.1:0", f"127.0.0.1:{port}")
         open(conf, "w").write(text)
@@ -144,33 +141,36 @@ def cpu_seconds(pids):
 
 
 def rss_mib(pid):
-    with open(f"/proc/{pid}/status") as handle:
-        for line in handle:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
+    return startup.memory_kb(pid)[0] / 1024
+
+
+def free_port():
+    """A loopback port the kernel just handed out, for servers that cannot report an ephemeral one."""
+    import socket
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def request(address, method, path, headers=None, body=None, timeout=30):
+    """One HTTP request to `address` ("host:port") on its own connection: (status, body bytes)."""
+    import http.client
+    host, port = address.rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    try:
+        connection.request(method, path, body=body, headers=headers or {})
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
 
 
 def http_get(address, path, headers=()):
-    import http.client
-    host, port = address.rsplit(":", 1)
-    connection = http.client.HTTPConnection(host, int(port), timeout=30)
-    connection.request("GET", path, headers={"Token-Broker-Request": "true", **dict(headers)})
-    response = connection.getresponse()
-    body = response.read()
-    connection.close()
-    return response.status, body
+    return request(address, "GET", path, {"Token-Broker-Request": "true", **dict(headers)})
 
 
 def http_post(address, path, body=b""):
-    import http.client
-    host, port = address.rsplit(":", 1)
-    connection = http.client.HTTPConnection(host, int(port), timeout=30)
-    connection.request("POST", path, body=body, headers={"Token-Broker-Request": "true"})
-    response = connection.getresponse()
-    data = response.read()
-    connection.close()
-    return response.status, data
+    return request(address, "POST", path, {"Token-Broker-Request": "true"}, body)
 
 
 # ---------------------------------------------------------------------------- 1. cached GET /token
@@ -327,14 +327,8 @@ def floor_run(waiters, client, command, mode):
 
 
 def http_admin(address, path):
-    import http.client
-    host, port = address.rsplit(":", 1)
-    connection = http.client.HTTPConnection(host, int(port), timeout=10)
-    connection.request("GET", path)
-    response = connection.getresponse()
-    data = response.read().decode()
-    connection.close()
-    return response.status, data
+    status, body = request(address, "GET", path, timeout=10)
+    return status, body.decode()
 
 
 # ---------------------------------------------------------------------------- 3. coalescing

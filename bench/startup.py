@@ -54,10 +54,10 @@ def one_run(binary):
 
 
 def memory_kb(pid):
-    """(VmRSS, RssAnon, RssFile) of a process, in kB."""
+    """(VmRSS, RssAnon, RssFile) of a process, in kB; zeros for a process that has exited."""
     with open(f"/proc/{pid}/status") as status:
         fields = dict(line.split(":", 1) for line in status)
-    return tuple(int(fields[name].split()[0]) for name in ("VmRSS", "RssAnon", "RssFile"))
+    return tuple(int(fields.get(name, "0").split()[0]) for name in ("VmRSS", "RssAnon", "RssFile"))
 
 
 def idle_memory_kb(command):

@@ -17,11 +17,9 @@ function reached, in the order first reached. Bounded: every request has a timeo
 takes a few seconds.
 """
 import argparse
-import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,57 +28,48 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(HERE))
+from run import free_port, request  # noqa: E402
 GUARD = {"Token-Broker-Request": "true"}
 
 
-def free_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def request(port, method, path, headers=None, body=None, timeout=15):
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        connection.request(method, path, body=body, headers=headers or {})
-        response = connection.getresponse()
-        return response.status, response.read()
-    finally:
-        connection.close()
+def http(address, method, path, headers=None, body=None, timeout=15):
+    return request(address, method, path, headers, body, timeout)
 
 
 def wait_for(port, deadline):
     while time.monotonic() < deadline:
         try:
-            if request(port, "GET", "/healthz", timeout=2)[0] == 200:
+            if http(f"127.0.0.1:{port}", "GET", "/healthz", timeout=2)[0] == 200:
                 return
         except OSError:
             time.sleep(0.05)
     raise RuntimeError("the broker did not answer /healthz under the tracer")
 
 
-def workload(token, admin):
+def workload(token_port, admin_port):
     """The requests whose code should sit with the start-up code: what a running broker does."""
+    token, admin = f"127.0.0.1:{token_port}", f"127.0.0.1:{admin_port}"
     for path in ("/healthz", "/readyz", "/metrics"):
-        request(admin, "GET", path)
-    _, body = request(token, "GET", "/token", GUARD)
+        http(admin, "GET", path)
+    _, body = http(token, "GET", "/token", GUARD)
     version = json.loads(body)["version"]
-    request(token, "GET", "/token")  # refused by the guard
-    request(token, "GET", "/no-such-route", GUARD)
-    request(token, "DELETE", "/token", GUARD)
-    request(token, "GET", "/.well-known/jwks.json")
-    request(token, "GET", "/providers/default/token", GUARD)
-    request(token, "GET", f"/token/ready?after={version - 1}", GUARD)
-    request(token, "GET", f"/token/ready?after={version}&timeout=1", GUARD)  # 304 after a second
-    woken = threading.Thread(target=request, args=(token, "GET", f"/token/ready?after={version}&timeout=10", GUARD))
+    http(token, "GET", "/token")  # refused by the guard
+    http(token, "GET", "/no-such-route", GUARD)
+    http(token, "DELETE", "/token", GUARD)
+    http(token, "GET", "/.well-known/jwks.json")
+    http(token, "GET", "/providers/default/token", GUARD)
+    http(token, "GET", f"/token/ready?after={version - 1}", GUARD)
+    http(token, "GET", f"/token/ready?after={version}&timeout=1", GUARD)  # 304 after a second
+    woken = threading.Thread(target=http, args=(token, "GET", f"/token/ready?after={version}&timeout=10", GUARD))
     woken.start()
     time.sleep(0.5)
-    request(token, "POST", "/token/refresh", {**GUARD, "Content-Type": "application/json"},
-            json.dumps({"rejected_version": version}).encode())
+    http(token, "POST", "/token/refresh", {**GUARD, "Content-Type": "application/json"},
+         json.dumps({"rejected_version": version}).encode())
     woken.join(15)
-    request(token, "POST", "/token/refresh", GUARD, b"not json")
-    request(token, "GET", "/token", GUARD)
-    request(admin, "GET", "/metrics")
+    http(token, "POST", "/token/refresh", GUARD, b"not json")
+    http(token, "GET", "/token", GUARD)
+    http(admin, "GET", "/metrics")
 
 
 def main():
