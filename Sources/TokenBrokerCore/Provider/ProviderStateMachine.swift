@@ -224,7 +224,11 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         }
         // Collected first, then removed: removing while iterating would copy the whole table.
         let valid = accepted.isValid(at: now)
-        let woken = valid ? waiters.compactMap { id, waiter in accepted.version > (waiter.after ?? 0) ? id : nil } : []
+        var woken: [UInt64] = []
+        if valid {
+            woken.reserveCapacity(waiters.count)
+            for (id, waiter) in waiters where accepted.version > (waiter.after ?? 0) { woken.append(id) }
+        }
         if woken.count == waiters.count {
             waiters.removeAll()
         } else {

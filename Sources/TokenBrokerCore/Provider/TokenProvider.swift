@@ -36,7 +36,10 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
 
     /// What the lock hands back to be done outside it.
     private struct Work {
-        var completions: [(Completion, WaitOutcome)] = []
+        /// Waiters to complete, in groups that share one outcome (a new token wakes thousands at
+        /// once). Each group's completions are stored last first, so that they can be taken off
+        /// the end in the order the waiters came.
+        var completions: [(waiters: [Completion], outcome: WaitOutcome)] = []
         var cancelledTimer: Task<Void, Never>?
     }
 
@@ -83,7 +86,7 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
             return state.fetch
         }
         fetch?.cancel()
-        perform(work)
+        perform(&work)
     }
 
     // MARK: - Reading
@@ -152,7 +155,7 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         var work = Work()
         let id = state.withLock { state -> UInt64 in
             guard !state.isShutDown else {
-                work.completions.append((completion, .shuttingDown))
+                work.completions.append(([completion], .shuttingDown))
                 return 0
             }
             let (id, actions) = state.machine.addWaiter(after: after, deadline: deadline, onDemand: onDemand, now: clock.now)
@@ -160,7 +163,7 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
             collect(actions, into: &work, state: &state)
             return id
         }
-        perform(work)
+        perform(&work)
         return id
     }
 
@@ -256,7 +259,7 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
             let actions = event(&state.machine, clock.now)
             collect(actions, into: &work, state: &state)
         }
-        perform(work)
+        perform(&work)
     }
 
     /// Turns actions into work, starts the fetch and re-arms the timer; called inside the lock.
@@ -267,10 +270,12 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
                 state.fetchStartedAt = clock.now
                 state.fetch = Task { [self] in await fetchOnce() }
             case .complete(let ids, let outcome):
-                work.completions.reserveCapacity(work.completions.count + ids.count)
-                for id in ids {
-                    if let completion = state.completions.removeValue(forKey: id) { work.completions.append((completion, outcome)) }
+                var waiters: [Completion] = []
+                waiters.reserveCapacity(ids.count)
+                for id in ids.reversed() {
+                    if let completion = state.completions.removeValue(forKey: id) { waiters.append(completion) }
                 }
+                work.completions.append((waiters, outcome))
             }
         }
         guard !state.isShutDown else { return }
@@ -294,9 +299,15 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         }
     }
 
-    private func perform(_ work: Work) {
+    /// Cancels the replaced timer, then calls the completions, letting go of each once called
+    /// rather than when all are done: what one holds (a suspended connection's responder, say)
+    /// is then freed by the thread that finishes that connection, not at the end of a batch.
+    private func perform(_ work: inout Work) {
         work.cancelledTimer?.cancel()
-        for (completion, outcome) in work.completions { completion(outcome) }
+        for index in work.completions.indices {
+            let outcome = work.completions[index].outcome
+            while let completion = work.completions[index].waiters.popLast() { completion(outcome) }
+        }
     }
 
     private func timerFired(_ generation: UInt64) {
@@ -307,7 +318,7 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
             state.timerDeadline = nil
             collect(state.machine.tick(now: clock.now), into: &work, state: &state)
         }
-        perform(work)
+        perform(&work)
     }
 
     private func fetchOnce() async {

@@ -19,10 +19,15 @@ public final class HTTPResponder: Sendable {
     nonisolated(unsafe) let connection: OpaquePointer
     /// The connection's socket, watched for hang-ups while suspended.
     let fd: Int32
-    private weak let server: HTTPServer?
+    /// Held strongly: waking thousands of waiters then costs no weak-reference load each, and
+    /// a responder answered after the server stopped finds its connection no longer suspended.
+    private let server: HTTPServer
     /// Whether the server holds the connection suspended; changed only under the server's lock
     /// of suspended connections, so that finishing a request can skip that lock when it is not.
     let parked = Atomic<Bool>(false)
+    /// The connection's place among the server's suspended ones while `parked`; read and
+    /// written only under that lock.
+    nonisolated(unsafe) var suspendedSlot = -1
 
     init(connection: OpaquePointer, fd: Int32, server: HTTPServer) {
         self.connection = connection
@@ -37,7 +42,7 @@ public final class HTTPResponder: Sendable {
             phase = .answered(response)
             return true
         }
-        if resume { server?.resume(self) }
+        if resume { server.resume(self) }
     }
 
     /// Registers a cleanup to run if the connection ends before an answer.
@@ -60,10 +65,10 @@ public final class HTTPResponder: Sendable {
     var hasAnswer: Bool { phase.withLock { if case .answered = $0 { true } else { false } } }
 
     /// Suspends the connection while a stream waits for bytes; false when the server is stopping.
-    func suspendForStream() -> Bool { server?.suspendForStream(self) ?? false }
+    func suspendForStream() -> Bool { server.suspendForStream(self) }
 
     /// Resumes a connection suspended by `suspendForStream` (or waiting for its answer).
-    func resumeStream() { server?.resume(self) }
+    func resumeStream() { server.resume(self) }
 
     /// The answer to queue once the connection is back, taken once.
     func takeAnswer() -> HTTPResponse? {
@@ -84,7 +89,7 @@ public final class HTTPResponder: Sendable {
         }
         guard wasWaiting else { return }
         cleanup?()
-        server?.resume(self)
+        server.resume(self)
     }
 
     private static let clientGone = HTTPResponse.error(503, "client_closed", "the client closed the connection")

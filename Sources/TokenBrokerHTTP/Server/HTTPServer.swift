@@ -99,12 +99,33 @@ public final class HTTPServer: @unchecked Sendable {
     /// Connections open now.
     public var openConnections: Int { watcher.openConnections }
     /// Requests waiting suspended.
-    public var suspendedCount: Int { suspended.withLock { $0.responders.count } }
+    public var suspendedCount: Int { suspended.withLock { $0.count } }
 
-    /// The suspended requests, and the most there were since the last memory trim.
+    /// The suspended requests, each in a slot its responder knows (parking and resuming one
+    /// costs no hashing, and resuming allocates nothing), and the most there were since the
+    /// last memory trim.
     private struct Suspended {
-        var responders: [ObjectIdentifier: HTTPResponder] = [:]
+        private var table = SlotTable<HTTPResponder>()
         var peak = 0
+
+        var count: Int { table.count }
+        var all: [HTTPResponder] { table.elements }
+
+        mutating func insert(_ responder: HTTPResponder) {
+            guard responder.suspendedSlot < 0 else { return }
+            responder.suspendedSlot = table.insert(responder)
+            responder.parked.store(true, ordering: .relaxed)
+            peak = max(peak, table.count)
+        }
+
+        /// False when the responder was not suspended.
+        mutating func remove(_ responder: HTTPResponder) -> Bool {
+            guard responder.suspendedSlot >= 0 else { return false }
+            table.remove(at: responder.suspendedSlot)
+            responder.suspendedSlot = -1
+            responder.parked.store(false, ordering: .relaxed)
+            return true
+        }
     }
 
     /// After this many requests waited at once, memory is handed back once they are all answered.
@@ -116,12 +137,12 @@ public final class HTTPServer: @unchecked Sendable {
         guard let daemon else { return }
         stopping.store(true, ordering: .relaxed)
         _ = MHD_quiesce_daemon(daemon)
-        for responder in suspended.withLock({ Array($0.responders.values) }) { responder.respond(finalAnswer) }
+        for responder in suspended.withLock({ $0.all }) { responder.respond(finalAnswer) }
         let clock = ContinuousClock()
         let end = clock.now.advanced(by: grace)
         while inFlight > 0, clock.now < end { usleep(10_000) }
         // Anything suspended since must be resumed before MHD_stop_daemon.
-        for responder in suspended.withLock({ Array($0.responders.values) }) { resume(responder) }
+        for responder in suspended.withLock({ $0.all }) { resume(responder) }
         MHD_stop_daemon(daemon)
         watcher.stop()
         self.daemon = nil
@@ -232,11 +253,7 @@ public final class HTTPServer: @unchecked Sendable {
 
     /// Suspends a connection and remembers it, so that shutting down can answer it.
     private func park(_ responder: HTTPResponder, _ connection: OpaquePointer) {
-        suspended.withLock { suspended in
-            suspended.responders[ObjectIdentifier(responder)] = responder
-            responder.parked.store(true, ordering: .relaxed)
-            suspended.peak = max(suspended.peak, suspended.responders.count)
-        }
+        suspended.withLock { $0.insert(responder) }
         MHD_suspend_connection(connection)
     }
 
@@ -250,9 +267,8 @@ public final class HTTPServer: @unchecked Sendable {
     /// Resumes a suspended connection so the access handler can queue its answer.
     func resume(_ responder: HTTPResponder) {
         let (wasSuspended, trim) = suspended.withLock { suspended -> (Bool, Bool) in
-            let removed = suspended.responders.removeValue(forKey: ObjectIdentifier(responder)) != nil
-            responder.parked.store(false, ordering: .relaxed)
-            guard suspended.responders.isEmpty, suspended.peak >= Self.trimAfterPeak else { return (removed, false) }
+            let removed = suspended.remove(responder)
+            guard suspended.count == 0, suspended.peak >= Self.trimAfterPeak else { return (removed, false) }
             suspended.peak = 0
             return (removed, true)
         }
@@ -270,10 +286,7 @@ public final class HTTPServer: @unchecked Sendable {
         if let responder = state.responder {
             // Normally resumed (and so forgotten) already; the lock is taken only when not.
             if responder.parked.load(ordering: .relaxed) {
-                suspended.withLock { suspended in
-                    suspended.responders[ObjectIdentifier(responder)] = nil
-                    responder.parked.store(false, ordering: .relaxed)
-                }
+                suspended.withLock { _ = $0.remove(responder) }
             }
             responder.connectionClosed()
         }
