@@ -60,7 +60,7 @@ $(VENV)/.installed: Tests/integration/requirements.txt | deps
 	touch $@
 
 # Benchmarks, not tests: compared with nginx and a plain C libmicrohttpd server; about 8 minutes.
-# Results go to bench/results/ (results.json, results.md, rss.png); see BENCHMARKS.md.
+# Results go to bench/results/ (results.json, results.md, rss.png, wakeups.png); see BENCHMARKS.md.
 bench: build $(VENV)/.installed
 	@for package in nginx-light wrk; do dpkg-query -W -f='$${Status}' $$package 2>/dev/null | grep -q 'install ok installed' || \
 		{ $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx-light wrk; break; }; done

@@ -5,7 +5,7 @@
     python3 bench/run.py [--rounds 3] [--seconds 8] [--manners-seconds 300] [--out bench/results]
 
 Everything runs on 127.0.0.1 with bounded durations. Comparisons alternate A/B/C in every
-round and report medians and ratios. Writes results.json, results.md and rss.png to --out.
+round and report medians and ratios. Writes results.json, results.md, rss.png and wakeups.png to --out.
 """
 import argparse
 import asyncio
@@ -254,7 +254,7 @@ def long_poll_burst(broker, count, client, mode):
     arrived = sorted(a for a, _, _, _ in answers)
     return {"answered_200": sum(1 for _, status, new, _ in answers if status == 200 and new),
             "p50_ms": arrived[len(arrived) // 2], "p99_ms": p99(arrived), "max_ms": arrived[-1],
-            "read_p99_ms": p99(r for _, _, _, r in answers)}
+            "read_p99_ms": p99(r for _, _, _, r in answers), "arrived_ms": arrived}
 
 
 def long_poll(waiters, bursts, client, floors):
@@ -279,6 +279,7 @@ def long_poll(waiters, bursts, client, floors):
     sampler.start()
     results = {"keep-alive": [], "close": []}
     floor_p99s = {mode: {name: [] for name in floors} for mode in results}
+    floor_arrivals = {mode: {} for mode in results}  # the last run of each floor, for the plot
     try:
         time.sleep(0.5)
         idle = rss_mib(broker.pid)
@@ -289,7 +290,9 @@ def long_poll(waiters, bursts, client, floors):
                 burst["rss_after_mib"] = rss_mib(broker.pid)
                 results[mode].append(burst)
                 for name, command in floors.items():
-                    floor_p99s[mode][name].append(floor_run(waiters, client, command(mode), mode))
+                    arrived = floor_run(waiters, client, command(mode), mode)
+                    floor_p99s[mode][name].append(p99(arrived))
+                    floor_arrivals[mode][name] = arrived
     finally:
         stop.set()
         sampler.join()
@@ -297,7 +300,8 @@ def long_poll(waiters, bursts, client, floors):
     every = results["keep-alive"] + results["close"]
     peak = max(rss for _, rss in samples)
     first_after = every[0]["rss_after_mib"]
-    floor = {mode: {name: {"p99_ms_per_run": values, "p99_ms": statistics.median(values)} for name, values in by_name.items()}
+    floor = {mode: {name: {"p99_ms_per_run": values, "p99_ms": statistics.median(values), "arrived_ms": floor_arrivals[mode][name]}
+                    for name, values in by_name.items()}
              for mode, by_name in floor_p99s.items()}
     return {"waiters": waiters, "bursts": results["keep-alive"], "close_bursts": results["close"], "floor": floor,
             "idle_rss_mib": idle, "peak_rss_mib": peak,
@@ -308,7 +312,7 @@ def floor_run(waiters, client, command, mode):
     """One run of a floor: a program that holds `waiters` requests and answers them all on a
     signal, timed by the same client the same way as the broker. The program prints "listening
     HOST:PORT", then "held"; it answers on a line on stdin and stops when stdin ends. Returns the
-    p99 at arrival, in ms."""
+    times of arrival, in ms after the signal, sorted."""
     server = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     host, port = server.stdout.readline().split()[1].rsplit(":", 1)
     process = subprocess.Popen([client, host, port, str(waiters), "-1", mode], stdout=subprocess.PIPE, text=True)
@@ -323,7 +327,7 @@ def floor_run(waiters, client, command, mode):
     server.stdin.close()
     server.wait(30)
     assert len(answers) == waiters
-    return p99(a for a, _, _, _ in answers)
+    return sorted(a for a, _, _, _ in answers)
 
 
 def http_admin(address, path):
@@ -428,6 +432,43 @@ def plot(longpoll_result, path):
     figure.savefig(path, dpi=100)
 
 
+def plot_wakeups(longpoll_result, path):
+    """The share of the waiters answered against the time since the signal: each keep-alive burst
+    of the broker, and the last run of each floor."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    figure, axis = plt.subplots(figsize=(8, 4.5))
+
+    def cdf(arrived, **style):
+        axis.plot(arrived, [(i + 1) / len(arrived) * 100 for i in range(len(arrived))], linewidth=1.2, **style)
+
+    for index, burst in enumerate(longpoll_result["bursts"]):
+        cdf(burst["arrived_ms"], color="tab:blue", alpha=1 - index * 0.25, label=f"token-broker, burst {index + 1}")
+    floors = longpoll_result["floor"]["keep-alive"]
+    cdf(floors["libmicrohttpd"]["arrived_ms"], color="tab:orange", label="libmicrohttpd alone (C)")
+    cdf(floors["bare"]["arrived_ms"], color="tab:green", label="bare C server")
+    axis.axvline(100, color="red", linestyle="--", linewidth=0.8, label="target: p99 ≤ 100 ms")
+    axis.axhline(99, color="grey", linestyle=":", linewidth=0.8)
+    axis.set_xlabel("ms after the refresh (the floors: after the signal), at arrival")
+    axis.set_ylabel("% of waiters answered")
+    axis.set_title(f"Waking {longpoll_result['waiters']} long-polls, keep-alive clients")
+    axis.legend(loc="lower right")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+
+
+def without_arrivals(longpoll_result):
+    """The long-poll result without each answer's time of arrival (plotted, not kept in the JSON)."""
+    copy = json.loads(json.dumps(longpoll_result))
+    for burst in copy["bursts"] + copy["close_bursts"]:
+        burst.pop("arrived_ms")
+    for by_name in copy["floor"].values():
+        for floor in by_name.values():
+            floor.pop("arrived_ms")
+    return copy
+
+
 def markdown(results):
     c = results["cached_token"]["median"]
     r = results["cached_token"]["ratios"]
@@ -444,13 +485,18 @@ def markdown(results):
     all_ok = all(b["answered_200"] == lp["waiters"] for b in lp["bursts"] + lp["close_bursts"])
     lines.append(f"| long-poll, {lp['waiters']} waiters × {len(lp['bursts'])} bursts, keep-alive then close | answered 200 with the new token | {', '.join(str(b['answered_200']) for b in lp['bursts'] + lp['close_bursts'])} | all | {'yes' if all_ok else 'no'} |")
     for key, mode, label in (("bursts", "keep-alive", "keep-alive clients"), ("close_bursts", "close", "clients sending `Connection: close`")):
-        worst = max(b["p99_ms"] for b in lp[key])
+        median = statistics.median(b["p99_ms"] for b in lp[key])
         per_burst = ", ".join(f"{b['p99_ms']:.0f}" for b in lp[key])
-        lines.append(f"| long-poll, {label} | p99 wake-up after the refresh, at arrival (worst burst; each burst) | {worst:.0f} ms ({per_burst}) | ≤ 100 ms | {'yes' if worst <= 100 else 'no'} |")
         floor = lp["floor"][mode]
-        lines.append(f"| long-poll, {label} | floor: libmicrohttpd alone (C, the broker's daemon flags) resuming the same {lp['waiters']} suspended requests, p99 at arrival (median of 3) | {floor['libmicrohttpd']['p99_ms']:.0f} ms | | |")
-        lines.append(f"| long-poll, {label} | floor: a bare C server writing the answer on the same {lp['waiters']} held sockets, p99 at arrival (median of 3) | {floor['bare']['p99_ms']:.0f} ms | | |")
-        lines.append(f"| long-poll, {label} | p99 when the one-thread client read the answers (worst burst) | {max(b['read_p99_ms'] for b in lp[key]):.0f} ms | | |")
+        met = "yes" if median <= 100 else "no"
+        if median > 100 and floor["bare"]["p99_ms"] > 100:
+            met = f"no: a bare C server needs {floor['bare']['p99_ms']:.0f} ms here"
+        lines.append(f"| long-poll, {label} | p99 wake-up after the refresh, at arrival (median of bursts; each burst) | {median:.0f} ms ({per_burst}) | ≤ 100 ms | {met} |")
+        runs = len(floor["libmicrohttpd"]["p99_ms_per_run"])
+        lines.append(f"| long-poll, {label} | floor: libmicrohttpd alone (C, the broker's daemon flags) resuming the same {lp['waiters']} suspended requests, p99 at arrival (median of {runs}; each run) | {floor['libmicrohttpd']['p99_ms']:.0f} ms ({', '.join(f'{v:.0f}' for v in floor['libmicrohttpd']['p99_ms_per_run'])}) | | |")
+        lines.append(f"| long-poll, {label} | floor: a bare C server writing the answer on the same {lp['waiters']} held sockets, p99 at arrival (median of {runs}; each run) | {floor['bare']['p99_ms']:.0f} ms ({', '.join(f'{v:.0f}' for v in floor['bare']['p99_ms_per_run'])}) | | |")
+        lines.append(f"| long-poll, {label} | token-broker ÷ libmicrohttpd alone, p99 (medians) | {median / floor['libmicrohttpd']['p99_ms']:.2f} | | |")
+        lines.append(f"| long-poll, {label} | p99 when the one-thread client read the answers (median of bursts) | {statistics.median(b['read_p99_ms'] for b in lp[key]):.0f} ms | | |")
     lines.append(f"| long-poll | peak RSS | {lp['peak_rss_mib']:.1f} MiB | ≤ 96 MB | {'yes' if lp['peak_rss_mib'] * 1.048576 <= 96 else 'no'} |")
     lines.append(f"| long-poll | RSS after the last of the {len(lp['bursts']) + len(lp['close_bursts'])} bursts vs after the first | {lp['rss_growth_after_bursts_pct']:+.1f} % | at most +10 % | {'yes' if lp['rss_growth_after_bursts_pct'] <= 10 else 'no'} |")
     for key, label in (("cold_start_ready", "1000 × /token/ready at a cold start"), ("refresh_same_version", "1000 × POST /token/refresh, same version")):
@@ -491,7 +537,7 @@ def main():
         "bare": lambda mode: [options.release_all, str(options.waiters), mode],
     }
     if options.only == "longpoll":
-        result = long_poll(options.waiters, options.bursts, options.longpoll_client, floors)
+        result = without_arrivals(long_poll(options.waiters, options.bursts, options.longpoll_client, floors))
         result.pop("samples")
         print(json.dumps(result, indent=1))
         return
@@ -525,6 +571,8 @@ def main():
     results["manners"] = manners(options.manners_seconds)
 
     plot(results["long_poll"], os.path.join(options.out, "rss.png"))
+    plot_wakeups(results["long_poll"], os.path.join(options.out, "wakeups.png"))
+    results["long_poll"] = without_arrivals(results["long_poll"])
     with open(os.path.join(options.out, "results.json"), "w") as handle:
         json.dump(results, handle, indent=2)
     table = markdown(results)
