@@ -116,15 +116,18 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     }
 
     /// Whether a valid token is being served while refresh fails.
-    public func isStale(at now: Instant) -> Bool { failures > 0 && validToken(at: now) != nil }
+    public func isStale(at now: Instant) -> Bool { failures > 0 && hasValidToken(at: now) }
+
+    /// Whether a valid token is cached; reads it in place, without a copy of the token.
+    public func hasValidToken(at now: Instant) -> Bool { cached?.isValid(at: now) ?? false }
 
     public var waiterCount: Int { waiters.count }
 
     public func phase(at now: Instant) -> Phase {
         if isFetching { return .refreshing }
         if isPaused { return .paused }
-        if failures > 0 { return validToken(at: now) == nil ? .expired : .backingOff }
-        return validToken(at: now) == nil ? .expired : .fresh
+        if failures > 0 { return hasValidToken(at: now) ? .backingOff : .expired }
+        return hasValidToken(at: now) ? .fresh : .expired
     }
 
     // MARK: - Events
@@ -150,11 +153,13 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     public mutating func readCachedSummary(now: Instant) -> (summary: CacheSummary, actions: [Action]) {
         let wasPaused = isPaused
         let actions = noteActivity(now: now)
-        guard let token = validToken(at: now) else {
+        // On every cached read: the token's fields are read in place, never copied (a copy
+        // retains its strings, whose counts the worker threads would contend for).
+        guard hasValidToken(at: now), let version = cached?.version else {
             return (CacheSummary(version: nil, stale: false, secondsLeft: nil, wasPaused: wasPaused), actions)
         }
-        let left = token.expiresAt.map { max(0, Int(now.duration(to: $0).components.seconds)) }
-        return (CacheSummary(version: token.version, stale: isStale(at: now), secondsLeft: left, wasPaused: wasPaused), actions)
+        let left = cached?.expiresAt.map { max(0, Int(now.duration(to: $0).components.seconds)) }
+        return (CacheSummary(version: version, stale: failures > 0, secondsLeft: left, wasPaused: wasPaused), actions)
     }
 
     /// Registers a waiter for a valid token newer than `after` (`onTokenReady`).
@@ -182,7 +187,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         deadlines.insert(id, at: deadline)
         // Ask for a token now when nothing valid can satisfy the waiter, unless a fetch or a
         // retry is already planned: a failing issuer keeps its backoff however many wait.
-        if !isFetching, fetchDueAt == nil, !backgroundRefresh || validToken(at: now) == nil {
+        if !isFetching, fetchDueAt == nil, !backgroundRefresh || !hasValidToken(at: now) {
             actions += startFetchIfIdle()
         }
         return (id, actions)
