@@ -489,8 +489,6 @@ def markdown(results):
         per_burst = ", ".join(f"{b['p99_ms']:.0f}" for b in lp[key])
         floor = lp["floor"][mode]
         met = "yes" if median <= 100 else "no"
-        if median > 100 and floor["bare"]["p99_ms"] > 100:
-            met = f"no: a bare C server needs {floor['bare']['p99_ms']:.0f} ms here"
         lines.append(f"| long-poll, {label} | p99 wake-up after the refresh, at arrival (median of bursts; each burst) | {median:.0f} ms ({per_burst}) | ≤ 100 ms | {met} |")
         runs = len(floor["libmicrohttpd"]["p99_ms_per_run"])
         lines.append(f"| long-poll, {label} | floor: libmicrohttpd alone (C, the broker's daemon flags) resuming the same {lp['waiters']} suspended requests, p99 at arrival (median of {runs}; each run) | {floor['libmicrohttpd']['p99_ms']:.0f} ms ({', '.join(f'{v:.0f}' for v in floor['libmicrohttpd']['p99_ms_per_run'])}) | | |")
