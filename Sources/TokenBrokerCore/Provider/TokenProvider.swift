@@ -37,8 +37,8 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     /// What the lock hands back to be done outside it.
     private struct Work {
         /// Waiters to complete, in groups that share one outcome (a new token wakes thousands at
-        /// once). Each group's completions are stored last first, so that they can be taken off
-        /// the end in the order the waiters came.
+        /// once). Each group's completions are stored last first, so that taking them off the
+        /// end calls them in the order the action listed the waiters.
         var completions: [(waiters: [Completion], outcome: WaitOutcome)] = []
         var cancelledTimer: Task<Void, Never>?
     }

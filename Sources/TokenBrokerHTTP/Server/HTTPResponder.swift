@@ -22,12 +22,10 @@ public final class HTTPResponder: Sendable {
     /// Held strongly: waking thousands of waiters then costs no weak-reference load each, and
     /// a responder answered after the server stopped finds its connection no longer suspended.
     private let server: HTTPServer
-    /// Whether the server holds the connection suspended; changed only under the server's lock
-    /// of suspended connections, so that finishing a request can skip that lock when it is not.
-    let parked = Atomic<Bool>(false)
-    /// The connection's place among the server's suspended ones while `parked`; read and
-    /// written only under that lock.
-    nonisolated(unsafe) var suspendedSlot = -1
+    /// The connection's place among the server's suspended ones, or -1 when it is not
+    /// suspended. Changed only under the server's lock of suspended connections; read without
+    /// it too, so that finishing a request can skip that lock when the connection was resumed.
+    let suspendedSlot = Atomic<Int>(-1)
 
     init(connection: OpaquePointer, fd: Int32, server: HTTPServer) {
         self.connection = connection

@@ -112,18 +112,17 @@ public final class HTTPServer: @unchecked Sendable {
         var all: [HTTPResponder] { table.elements }
 
         mutating func insert(_ responder: HTTPResponder) {
-            guard responder.suspendedSlot < 0 else { return }
-            responder.suspendedSlot = table.insert(responder)
-            responder.parked.store(true, ordering: .relaxed)
+            guard responder.suspendedSlot.load(ordering: .relaxed) < 0 else { return }
+            responder.suspendedSlot.store(table.insert(responder), ordering: .relaxed)
             peak = max(peak, table.count)
         }
 
         /// False when the responder was not suspended.
         mutating func remove(_ responder: HTTPResponder) -> Bool {
-            guard responder.suspendedSlot >= 0 else { return false }
-            table.remove(at: responder.suspendedSlot)
-            responder.suspendedSlot = -1
-            responder.parked.store(false, ordering: .relaxed)
+            let slot = responder.suspendedSlot.load(ordering: .relaxed)
+            guard slot >= 0 else { return false }
+            table.remove(at: slot)
+            responder.suspendedSlot.store(-1, ordering: .relaxed)
             return true
         }
     }
@@ -285,7 +284,7 @@ public final class HTTPServer: @unchecked Sendable {
         let state = Unmanaged<RequestState>.fromOpaque(context).takeRetainedValue()
         if let responder = state.responder {
             // Normally resumed (and so forgotten) already; the lock is taken only when not.
-            if responder.parked.load(ordering: .relaxed) {
+            if responder.suspendedSlot.load(ordering: .relaxed) >= 0 {
                 suspended.withLock { _ = $0.remove(responder) }
             }
             responder.connectionClosed()
