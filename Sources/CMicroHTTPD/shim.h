@@ -54,6 +54,13 @@ static inline struct MHD_OptionItem CMicroHTTPD_option_uri_log(CMicroHTTPD_uri_c
     return item;
 }
 
+// MHD_get_connection_info is variadic; this asks it for the size of the request head (request
+// line and headers, as parsed in place), or 0 when it is not known.
+static inline size_t CMicroHTTPD_request_header_size(struct MHD_Connection *connection) {
+    const union MHD_ConnectionInfo *info = MHD_get_connection_info(connection, MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE);
+    return info == NULL ? 0 : info->header_size;
+}
+
 // MHD_get_connection_info is variadic; this asks it for the context set when the connection opened.
 static inline void *CMicroHTTPD_socket_context(struct MHD_Connection *connection) {
     const union MHD_ConnectionInfo *info = MHD_get_connection_info(connection, MHD_CONNECTION_INFO_SOCKET_CONTEXT);

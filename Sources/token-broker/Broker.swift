@@ -116,6 +116,7 @@ enum Broker {
                     requestGuard: configuration.requestGuard, callers: callers, proxy: proxy, metrics: metrics))
             var adminSettings = HTTPServer.Configuration(address: configuration.adminListen)
             adminSettings.connectionLimit = 256
+            adminSettings.connectionTimeoutSec = configuration.connectionTimeoutSec
             adminSettings.threads = 1
             adminSettings.unixSocketMode = configuration.unixSocketMode
             adminServer = try HTTPServer(configuration: adminSettings, handler: AdminAPI(providers: providers, metrics: metrics))
@@ -125,6 +126,9 @@ enum Broker {
         }
         metrics.observeOpenConnections(listener: "token") { [tokenServer] in tokenServer.openConnections }
         metrics.observeOpenConnections(listener: "admin") { [adminServer] in adminServer.openConnections }
+        metrics.observeEvictedConnections(listener: "token") { [tokenServer] in tokenServer.evictedConnections }
+        metrics.observeEvictedConnections(listener: "admin") { [adminServer] in adminServer.evictedConnections }
+        metrics.observeDroppedResponseHeaders { HTTPResponse.droppedHeaders }
         let tasks = providers.map { provider in Task.detached { await provider.run() } }
         Log.info("listening", ["listener": "token", "address": address(configuration.listen, tokenServer.port)])
         Log.info("listening", ["listener": "admin", "address": address(configuration.adminListen, adminServer.port)])

@@ -23,6 +23,8 @@ public final class BrokerMetrics: Sendable {
         var staleServed: [String: Int] = [:]
         var excessive: [String: Int] = [:]
         var openConnections: [(listener: String, read: @Sendable () -> Int)] = []
+        var evictedConnections: [(listener: String, read: @Sendable () -> Int)] = []
+        var droppedResponseHeaders: (@Sendable () -> Int)?
         var proxied: [Labels: Int] = [:]
         var proxyRetries: [String: Int] = [:]
         var proxyRefreshes: [String: Int] = [:]
@@ -72,6 +74,16 @@ public final class BrokerMetrics: Sendable {
     /// Where to read a listener's open connections at scrape time.
     public func observeOpenConnections(listener: String, _ read: @escaping @Sendable () -> Int) {
         state.withLock { $0.openConnections.append((listener, read)) }
+    }
+
+    /// Where to read how many idle connections a listener closed to make room for new ones.
+    public func observeEvictedConnections(listener: String, _ read: @escaping @Sendable () -> Int) {
+        state.withLock { $0.evictedConnections.append((listener, read)) }
+    }
+
+    /// Where to read how many answer headers the HTTP library refused (and so were not sent).
+    public func observeDroppedResponseHeaders(_ read: @escaping @Sendable () -> Int) {
+        state.withLock { $0.droppedResponseHeaders = read }
     }
 
     /// One finished upstream fetch.
@@ -135,6 +147,16 @@ public final class BrokerMetrics: Sendable {
         family("token_broker_open_connections", "gauge", "Connections open now, by listener (idle, reading, or waiting).")
         for (listener, read) in snapshot.openConnections {
             sample("token_broker_open_connections", [("listener", listener)], String(read()))
+        }
+        family("token_broker_connections_evicted_total", "counter",
+               "Idle connections closed to make room for new ones when a listener was near its connection limit.")
+        for (listener, read) in snapshot.evictedConnections {
+            sample("token_broker_connections_evicted_total", [("listener", listener)], String(read()))
+        }
+        if let read = snapshot.droppedResponseHeaders {
+            family("token_broker_response_headers_dropped_total", "counter",
+                   "Answer headers the HTTP library refused (such as a proxied header with a character it does not allow); they were not sent.")
+            sample("token_broker_response_headers_dropped_total", [], String(read()))
         }
 
         counters("token_broker_proxy_requests_total", "Proxied requests by proxy and the status the client got.",

@@ -20,7 +20,7 @@ public enum ProxyHeaders {
         cookieName: String, callerKeyInAuthorization: Bool
     ) -> [(String, String)] {
         let dropped = droppedNames(headers).union(["host", "content-length", "expect", "token-broker-request"])
-        var out = headers.filter { !dropped.contains($0.0.lowercased()) }
+        var out = headers.filter { !dropped.contains($0.0.lowercased()) && !isProxyHeader($0.0) }
         if callerKeyInAuthorization { out.removeAll { $0.0.lowercased() == "authorization" } }
         switch injection {
         case .authorization:
@@ -38,6 +38,13 @@ public enum ProxyHeaders {
     public static func back(_ headers: [(String, String)]) -> [(String, String)] {
         let dropped = droppedNames(headers).union(["content-length", "date"])
         return headers.filter { !dropped.contains($0.0.lowercased()) }
+    }
+
+    /// `Proxy` and `Proxy-*` are meant for the broker as a proxy, never for the target; `Proxy`
+    /// in particular becomes `HTTP_PROXY` in CGI-style servers (httpoxy, CVE-2016-5385).
+    static func isProxyHeader(_ name: String) -> Bool {
+        let lower = name.lowercased()
+        return lower == "proxy" || lower.hasPrefix("proxy-")
     }
 
     /// Hop-by-hop names, and every name listed in `Connection`.

@@ -12,6 +12,11 @@ import Synchronization
 ///   a client that sends one header byte a second is never cut off. Every connection carries a
 ///   `ConnectionClock`; a request must arrive whole within the timeout of the connection opening
 ///   or of the previous answer, and a connection past its deadline is shut down.
+/// - **Room for new connections.** A client that opens connections and sends nothing would
+///   otherwise fill the listener's connection limit until their deadlines pass, and a health
+///   check would wait behind them. Past `evictAbove` open connections, each new one shuts down
+///   the connection that has waited longest for its next request. A request in progress or a
+///   suspended long-poll is never picked.
 /// - **Memory after bursts.** After thousands of waiters, freed memory is handed back
 ///   (`malloc_trim`) once things are quiet, off the request path.
 ///
@@ -31,22 +36,53 @@ final class ConnectionWatcher: @unchecked Sendable {
     private let stopping = Atomic<Bool>(false)
     private let trimRequested = Atomic<Bool>(false)
     private let requestTimeoutMsec: Int64
+    private let evictAbove: Int
 
-    /// - Parameter requestTimeoutSec: how long a request may take to arrive.
-    init(requestTimeoutSec: Int) {
+    /// - Parameters:
+    ///   - requestTimeoutSec: how long a request may take to arrive.
+    ///   - evictAbove: open connections past which a new one makes room by closing the longest idle.
+    /// - Throws: the reason, when the kernel refuses the watcher's epoll set, its wake-up
+    ///   descriptor or its thread; the listener cannot start without them.
+    init(requestTimeoutSec: Int, evictAbove: Int) throws(WatcherError) {
         requestTimeoutMsec = Int64(requestTimeoutSec) * 1000
+        self.evictAbove = evictAbove
         epoll = epoll_create1(Int32(EPOLL_CLOEXEC))
+        guard epoll >= 0 else { throw WatcherError(call: "epoll_create1", code: errno) }
         wakeup = eventfd(0, Int32(EFD_CLOEXEC))
+        guard wakeup >= 0 else {
+            let code = errno
+            close(epoll)
+            throw WatcherError(call: "eventfd", code: code)
+        }
         var event = epoll_event()
         event.events = EPOLLIN.rawValue
         event.data.u64 = Self.wakeupKey
-        epoll_ctl(epoll, EPOLL_CTL_ADD, wakeup, &event)
+        guard epoll_ctl(epoll, EPOLL_CTL_ADD, wakeup, &event) == 0 else {
+            let code = errno
+            close(epoll)
+            close(wakeup)
+            throw WatcherError(call: "epoll_ctl", code: code)
+        }
         let context = Unmanaged.passRetained(self).toOpaque()
-        pthread_create(&thread, nil, { context in
+        let started = pthread_create(&thread, nil, { context in
             let watcher = Unmanaged<ConnectionWatcher>.fromOpaque(context!).takeRetainedValue()
             watcher.loop()
             return nil
         }, context)
+        guard started == 0 else {
+            Unmanaged<ConnectionWatcher>.fromOpaque(context).release()
+            close(epoll)
+            close(wakeup)
+            stopping.store(true, ordering: .relaxed)
+            throw WatcherError(call: "pthread_create", code: started)
+        }
+    }
+
+    /// A system call the watcher cannot do without failed.
+    struct WatcherError: Error, CustomStringConvertible {
+        let call: String
+        let code: Int32
+        var description: String { "\(call) failed: \(String(cString: strerror(code)))" }
     }
 
     /// Open connections, and the sockets in the epoll set.
@@ -56,6 +92,7 @@ final class ConnectionWatcher: @unchecked Sendable {
         /// was suspended when it was made (answered since, perhaps: then a hang-up finds nothing to do).
         var registered: [Int32: (serial: UInt32, responder: HTTPResponder)] = [:]
         var serial: UInt32 = 0
+        var evicted = 0
     }
 
     /// The epoll event's data: the descriptor in the low half, the registration's serial in the high.
@@ -68,13 +105,32 @@ final class ConnectionWatcher: @unchecked Sendable {
 
     /// Connections open now.
     var openConnections: Int { state.withLock { $0.clocks.count } }
+    /// Idle connections shut down to make room since start.
+    var evictedConnections: Int { state.withLock { $0.evicted } }
 
     // MARK: - Request deadlines
 
-    /// A new connection: its first request is due within the timeout.
+    /// A new connection: its first request is due within the timeout. Past `evictAbove` open
+    /// connections, the one idle longest is shut down to make room.
     func opened(_ clock: ConnectionClock) {
         clock.armDeadline(after: requestTimeoutMsec)
-        state.withLock { $0.clocks[ObjectIdentifier(clock)] = clock }
+        state.withLock { state in
+            state.clocks[ObjectIdentifier(clock)] = clock
+            guard state.clocks.count > evictAbove else { return }
+            var idlest: ConnectionClock?
+            var earliest = Int64.max
+            for other in state.clocks.values where other !== clock && !other.evicted {
+                let due = other.dueMsec
+                if due != 0, due < earliest {
+                    earliest = due
+                    idlest = other
+                }
+            }
+            guard let idlest else { return }
+            idlest.evicted = true
+            state.evicted += 1
+            shutdown(idlest.fd, Int32(SHUT_RDWR))
+        }
     }
 
     /// A request was answered: the next one is due within the timeout.
@@ -187,11 +243,17 @@ final class ConnectionClock: @unchecked Sendable {
     let fd: Int32
     /// Monotonic milliseconds by which the next request must have arrived; 0 when none is due.
     private let deadline = Atomic<Int64>(0)
+    /// Shut down to make room for a new connection; read and written under the watcher's lock.
+    var evicted = false
 
     init(fd: Int32) { self.fd = fd }
 
     func armDeadline(after milliseconds: Int64) { deadline.store(Self.nowMsec() + milliseconds, ordering: .relaxed) }
     func requestArrived() { deadline.store(0, ordering: .relaxed) }
+
+    /// When the next request is due (so, the longer idle, the earlier); 0 while a request is in
+    /// progress or waiting suspended.
+    var dueMsec: Int64 { deadline.load(ordering: .relaxed) }
 
     func isLate(_ now: Int64) -> Bool {
         let due = deadline.load(ordering: .relaxed)

@@ -1,4 +1,5 @@
 internal import CMicroHTTPD
+import Synchronization
 import TokenBrokerCore
 
 /// A complete HTTP answer, built once and queued as often as needed.
@@ -34,9 +35,16 @@ public final class HTTPResponse: @unchecked Sendable {
         Self.add(headers, to: handle)
     }
 
+    /// Headers refused, here or by libmicrohttpd, since start; `/metrics` shows the count.
+    public static var droppedHeaders: Int { droppedHeaderCount.load(ordering: .relaxed) }
+    private static let droppedHeaderCount = Atomic<Int>(0)
+
     private static func add(_ headers: [(String, String)], to handle: OpaquePointer) {
-        for (name, value) in headers where !(name + value).contains(where: { $0 == "\r" || $0 == "\n" || $0 == "\0" }) {
-            _ = MHD_add_response_header(handle, name, value)
+        for (name, value) in headers {
+            let sendable = !(name + value).contains(where: { $0 == "\r" || $0 == "\n" || $0 == "\0" })
+            if !sendable || MHD_add_response_header(handle, name, value) != CMicroHTTPD_yes() {
+                droppedHeaderCount.add(1, ordering: .relaxed)
+            }
         }
     }
 

@@ -16,7 +16,8 @@ public final class HTTPServer: @unchecked Sendable {
     /// How the daemon is set up. Every limit is explicit.
     public struct Configuration: Sendable {
         public var address: ListenAddress
-        /// `MHD_OPTION_CONNECTION_LIMIT`: open connections at most.
+        /// `MHD_OPTION_CONNECTION_LIMIT`: open connections at most. Past fifteen sixteenths of it,
+        /// each new connection closes the one that has waited longest for its next request.
         public var connectionLimit: Int = 10_000
         /// `MHD_OPTION_CONNECTION_MEMORY_LIMIT`: each connection's buffer for the request line,
         /// headers and the answer's headers; larger request headers get 431. It is also most of
@@ -55,7 +56,13 @@ public final class HTTPServer: @unchecked Sendable {
     public init(configuration: Configuration, handler: any HTTPHandler) throws(HTTPServerError) {
         self.configuration = configuration
         self.handler = handler
-        watcher = ConnectionWatcher(requestTimeoutSec: configuration.connectionTimeoutSec)
+        do {
+            watcher = try ConnectionWatcher(
+                requestTimeoutSec: configuration.connectionTimeoutSec,
+                evictAbove: configuration.connectionLimit - max(1, configuration.connectionLimit / 16))
+        } catch {
+            throw HTTPServerError(address: configuration.address, reason: "cannot watch connections: \(error)")
+        }
         listenSocket = try ListeningSocket.open(configuration.address, unixMode: configuration.unixSocketMode)
         port = ListeningSocket.boundPort(listenSocket)
 
@@ -94,10 +101,18 @@ public final class HTTPServer: @unchecked Sendable {
     /// The answer to requests still waiting when the server stops, unless the caller gives one.
     public static let stopping = HTTPResponse.error(503, "shutting_down", "the broker is stopping", headers: [("Retry-After", "1")])
 
+    /// The answer to a request whose head `RequestHead` refuses; the connection closes after it,
+    /// since where its body ends is not known.
+    static func refusedHead(_ problem: String) -> HTTPResponse {
+        .error(400, "invalid_request", problem, headers: [("Connection", "close")])
+    }
+
     /// Requests that are being answered or are waiting suspended.
     public var inFlight: Int { requestsInFlight.load(ordering: .relaxed) }
     /// Connections open now.
     public var openConnections: Int { watcher.openConnections }
+    /// Idle connections closed to make room for new ones since start.
+    public var evictedConnections: Int { watcher.evictedConnections }
     /// Requests waiting suspended.
     public var suspendedCount: Int { suspended.withLock { $0.count } }
 
@@ -157,20 +172,27 @@ public final class HTTPServer: @unchecked Sendable {
 
     /// The access handler: called once when headers arrive, once per body chunk, and once at the end.
     fileprivate func access(
-        _ connection: OpaquePointer, url: UnsafePointer<CChar>, method: UnsafePointer<CChar>,
+        _ connection: OpaquePointer, url: UnsafePointer<CChar>, method: UnsafePointer<CChar>, version: UnsafePointer<CChar>,
         uploadData: UnsafePointer<CChar>?, uploadSize: UnsafeMutablePointer<Int>,
         requestContext: UnsafeMutablePointer<UnsafeMutableRawPointer?>
     ) -> MHD_Result {
         guard let context = requestContext.pointee else {
-            // First call: headers only. Answering now would lose keep-alive; come back later.
+            // First call: headers only. Answering now would lose keep-alive; come back later,
+            // unless the head is refused, and then the connection closes anyway.
             requestsInFlight.add(1, ordering: .relaxed)
             requestContext.pointee = RequestState.headersOnly
+            if let problem = RequestHead.problem(connection, method: method, version: version) {
+                return queue(Self.refusedHead(problem), on: connection, nil)
+            }
             return CMicroHTTPD_yes()
         }
         let state = context == RequestState.headersOnly ? nil : RequestState.fromOpaque(context)
         if let state, !state.begun {
             // First call of a request under the streaming prefix: decide about its body now.
             state.begun = true
+            if let problem = RequestHead.problem(connection, method: method, version: version) {
+                return queue(Self.refusedHead(problem), on: connection, nil)
+            }
             return begin(state, connection, url: url, method: method)
         }
         if uploadSize.pointee > 0 {
@@ -369,10 +391,10 @@ final class RequestState {
 
 // Top-level C callbacks: they capture nothing and find the server through their context pointer.
 
-private let accessHandlerCallback: MHD_AccessHandlerCallback = { cls, connection, url, method, _, uploadData, uploadSize, requestContext in
-    guard let cls, let connection, let url, let method, let uploadSize, let requestContext else { return CMicroHTTPD_no() }
+private let accessHandlerCallback: MHD_AccessHandlerCallback = { cls, connection, url, method, version, uploadData, uploadSize, requestContext in
+    guard let cls, let connection, let url, let method, let version, let uploadSize, let requestContext else { return CMicroHTTPD_no() }
     return HTTPServer.fromOpaque(cls).access(
-        connection, url: url, method: method, uploadData: uploadData, uploadSize: uploadSize, requestContext: requestContext)
+        connection, url: url, method: method, version: version, uploadData: uploadData, uploadSize: uploadSize, requestContext: requestContext)
 }
 
 private let requestCompletedCallback: MHD_RequestCompletedCallback = { cls, connection, requestContext, _ in

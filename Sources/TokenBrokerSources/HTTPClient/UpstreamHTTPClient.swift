@@ -38,6 +38,8 @@ public final class UpstreamHTTPClient: @unchecked Sendable {
         var bodyCopy: [CChar] = []
         var headDelivered = false
         var cancelled = false
+        /// Bytes of a streamed request body handed to libcurl so far.
+        var bodySent: Int64 = 0
 
         init(request: UpstreamRequest, continuation: CheckedContinuation<UpstreamResponse, any Error>) {
             self.request = request
@@ -103,9 +105,19 @@ public final class UpstreamHTTPClient: @unchecked Sendable {
                     }
                     continue
                 }
+                let added = curl_multi_add_handle(multi, transfer.easy)
+                guard added == CURLM_OK else {
+                    let problem = TokenFetchError.internalError("libcurl could not start the request: \(String(cString: curl_multi_strerror(added)))")
+                    release(transfer)
+                    if let exchange = transfer.exchange {
+                        exchange.delegate.upstreamFinished(problem)
+                    } else {
+                        transfer.continuation?.resume(throwing: problem)
+                    }
+                    continue
+                }
                 active[transfer.easy!] = transfer
                 if let exchange = transfer.exchange { streamed[ObjectIdentifier(exchange)] = transfer }
-                curl_multi_add_handle(multi, transfer.easy)
             }
             for (exchange, command) in commands.withLock({ queued in defer { queued = [] }; return queued }) {
                 guard let transfer = streamed[ObjectIdentifier(exchange)], let easy = transfer.easy else { continue }
@@ -115,6 +127,7 @@ public final class UpstreamHTTPClient: @unchecked Sendable {
                 case .cancel:
                     active.removeValue(forKey: easy)
                     streamed.removeValue(forKey: ObjectIdentifier(exchange))
+                    Self.forbidReuse(easy)
                     curl_multi_remove_handle(multi, easy)
                     transfer.cancelled = true
                     finish(transfer, CURLE_ABORTED_BY_CALLBACK)
@@ -239,7 +252,15 @@ public final class UpstreamHTTPClient: @unchecked Sendable {
         _ = CCurl_getinfo_offset(transfer.easy, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length)
         if !exchange.delegate.upstreamHead(status: status, headers: transfer.headerLines, length: length >= 0 ? Int64(length) : nil) {
             exchange.stoppedOnPurpose = true
+            Self.forbidReuse(transfer.easy)
         }
+    }
+
+    /// Closes the transfer's connection when it ends instead of keeping it for the next request:
+    /// after an exchange that did not end cleanly, what the upstream has read of it is unknown,
+    /// and a later request on that connection could be read as part of it.
+    static func forbidReuse(_ easy: UnsafeMutableRawPointer?) {
+        _ = CCurl_setopt_long(easy, CURLOPT_FORBID_REUSE, 1)
     }
 
     private func release(_ transfer: Transfer) {
@@ -302,15 +323,30 @@ private let bodyCallback: curl_write_callback = { data, size, count, context in
     return UpstreamHTTPClient.appendBody(context, data, size * count)
 }
 
+// A streamed request body goes to libcurl exactly as long as the exchange said (`bodyLength`, which
+// libcurl sends as Content-Length): never a byte more, and a body that ends short stops the
+// exchange and closes its connection. Without a length, libcurl frames the body itself (chunked).
 private let readCallback: curl_read_callback = { buffer, size, count, context in
     guard let buffer, let context else { return Int(CURL_READFUNC_ABORT) }
     let transfer = UpstreamHTTPClient.transfer(context)
     guard let exchange = transfer.exchange else { return Int(CURL_READFUNC_ABORT) }
-    switch exchange.delegate.upstreamReadBody(into: UnsafeMutableRawBufferPointer(start: buffer, count: size * count)) {
-    case .bytes(let n): return n
-    case .end: return 0
-    case .wait: return Int(CURL_READFUNC_PAUSE)
-    case .abort: return Int(CURL_READFUNC_ABORT)
+    var room = size * count
+    if let declared = exchange.bodyLength {
+        let left = Int64(declared) - transfer.bodySent
+        guard left > 0 else { return 0 }
+        room = Int(min(Int64(room), left))
+    }
+    switch exchange.delegate.upstreamReadBody(into: UnsafeMutableRawBufferPointer(start: buffer, count: room)) {
+    case .bytes(let n):
+        transfer.bodySent += Int64(n)
+        return n
+    case .end where exchange.bodyLength.map({ Int64($0) == transfer.bodySent }) ?? true:
+        return 0
+    case .end, .abort:
+        UpstreamHTTPClient.forbidReuse(transfer.easy)
+        return Int(CURL_READFUNC_ABORT)
+    case .wait:
+        return Int(CURL_READFUNC_PAUSE)
     }
 }
 

@@ -1,0 +1,183 @@
+internal import CMicroHTTPD
+import Glibc
+
+/// The request head as it arrived, checked before any route sees the request (RFC 9112).
+///
+/// libmicrohttpd 0.9.75 is lenient where a proxy must not be: it takes a body framed by both
+/// `Content-Length` and `Transfer-Encoding` as chunked, keeps the first of two `Content-Length`s,
+/// treats an unknown `Transfer-Encoding` as "read until close", joins an obs-folded line onto the
+/// previous header's *name*, and keeps a space before the colon in the name. None of these can
+/// be switched off, and each lets one message be read two ways, which is how requests are
+/// smuggled past a proxy. So the broker checks the head itself, and what is ambiguous is refused
+/// with 400 and the connection closed (RFC 9112 §6.3, §5.1, §5.2), on every listener and route.
+///
+/// The check reads two things libmicrohttpd keeps:
+/// - each header's name and value, with their lengths and their places in the head;
+/// - the head itself: libmicrohttpd parses in place, so the request line and headers are still
+///   one block of `MHD_CONNECTION_INFO_REQUEST_HEADER_SIZE` bytes starting at the method, with
+///   line ends and colons overwritten by NULs.
+///
+/// Every byte of that block must be explained by the request line, a `name:` then optional
+/// whitespace then the value for each header in order, and line ends. A folded line is not: its
+/// bytes sit in the block unclaimed, and the header it was joined to has a name libmicrohttpd
+/// built elsewhere. Nor is a NUL inside a value, which libmicrohttpd would cut the value at.
+enum RequestHead {
+    /// Why a head is refused, in words for the JSON error; nil when it is sound.
+    static func problem(_ connection: OpaquePointer, method: UnsafePointer<CChar>, version: UnsafePointer<CChar>) -> String? {
+        let size = CMicroHTTPD_request_header_size(connection)
+        guard size > 0 else { return "the request head could not be read" }
+        var scan = Scan(start: UnsafeRawPointer(method), size: size)
+        let versionStart = UnsafeRawPointer(version)
+        guard scan.contains(versionStart) else { return "the request line has no HTTP version" }
+        scan.position = versionStart - scan.start + strlen(version)
+        withUnsafeMutablePointer(to: &scan) { pointer in
+            _ = MHD_get_connection_values_n(connection, .HEADER_KIND, headerVisitor, pointer)
+        }
+        if let problem = scan.problem { return problem }
+        // What is left is the last header's line end and the empty line: two or four NULs
+        // (CRLF each), or fewer where a bare LF ended a line.
+        let rest = scan.size - scan.position
+        guard (1...4).contains(rest), scan.allZero(from: scan.position, count: rest) else {
+            return "the request head has a line that is not a header (obs-fold or malformed line)"
+        }
+        return scan.framingProblem(isHTTP10: strcmp(version, "HTTP/1.0") == 0)
+    }
+
+    /// The walk through the block, one header at a time, and what framing headers were seen.
+    struct Scan {
+        let start: UnsafeRawPointer
+        let size: Int
+        /// Offset of the first byte not yet explained.
+        var position = 0
+        var problem: String?
+        var contentLengths = 0
+        var contentLengthValid = true
+        var transferEncodings = 0
+        var transferEncodingChunked = true
+
+        init(start: UnsafeRawPointer, size: Int) {
+            self.start = start
+            self.size = size
+        }
+
+        func contains(_ pointer: UnsafeRawPointer) -> Bool { pointer >= start && pointer < start + size }
+
+        func byte(_ offset: Int) -> UInt8 { start.load(fromByteOffset: offset, as: UInt8.self) }
+
+        func allZero(from offset: Int, count: Int) -> Bool {
+            (offset..<offset + count).allSatisfy { byte($0) == 0 }
+        }
+
+        /// One header, as libmicrohttpd lists it; false stops the walk.
+        mutating func visit(name: UnsafeRawPointer, nameCount: Int, value: UnsafeRawPointer, valueCount: Int) -> Bool {
+            guard contains(name), value >= name + nameCount + 1, value + valueCount <= start + size else {
+                problem = "a header line is folded onto the next line (obs-fold)"
+                return false
+            }
+            let nameOffset = name - start
+            let valueOffset = value - start
+            // Between the previous line and this name: one line end (CRLF as two NULs, LF as one).
+            let gap = nameOffset - position
+            guard (1...2).contains(gap), allZero(from: position, count: gap) else {
+                problem = "the request head has a line that is not a header (obs-fold or malformed line)"
+                return false
+            }
+            let nameBytes = UnsafeRawBufferPointer(start: name, count: nameCount)
+            guard nameCount > 0, nameBytes.allSatisfy(HTTPSyntax.isTokenCharacter) else {
+                problem = "a header name is empty or holds characters other than letters, digits and !#$%&'*+-.^_`|~ (RFC 9110 §5.1)"
+                return false
+            }
+            // The colon (now a NUL), then optional whitespace, then the value.
+            guard byte(nameOffset + nameCount) == 0,
+                  (nameOffset + nameCount + 1..<valueOffset).allSatisfy({ byte($0) == 0x20 || byte($0) == 0x09 })
+            else {
+                problem = "a header line is malformed"
+                return false
+            }
+            let valueBytes = UnsafeRawBufferPointer(start: value, count: valueCount)
+            guard valueBytes.allSatisfy(HTTPSyntax.isFieldValueByte) else {
+                problem = "a header value holds a control character (RFC 9110 §5.5)"
+                return false
+            }
+            position = valueOffset + valueCount
+            noteFraming(name: nameBytes, value: valueBytes)
+            return true
+        }
+
+        private mutating func noteFraming(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
+            if HTTPSyntax.equalsIgnoringCase(name, "content-length") {
+                contentLengths += 1
+                let digits = HTTPSyntax.trimmingWhitespace(value)
+                contentLengthValid = contentLengthValid && !digits.isEmpty && digits.count <= 18
+                    && digits.allSatisfy { $0 >= 0x30 && $0 <= 0x39 }
+            } else if HTTPSyntax.equalsIgnoringCase(name, "transfer-encoding") {
+                transferEncodings += 1
+                transferEncodingChunked = transferEncodingChunked
+                    && HTTPSyntax.equalsIgnoringCase(UnsafeRawBufferPointer(rebasing: HTTPSyntax.trimmingWhitespace(value)), "chunked")
+            }
+        }
+
+        /// RFC 9112 §6.1 and §6.3: exactly one way to find the body's end.
+        func framingProblem(isHTTP10: Bool) -> String? {
+            if transferEncodings > 0 && contentLengths > 0 {
+                return "Content-Length and Transfer-Encoding together are refused (RFC 9112 §6.3)"
+            }
+            if contentLengths > 1 { return "more than one Content-Length is refused (RFC 9112 §6.3)" }
+            if !contentLengthValid { return "Content-Length must be digits only (RFC 9112 §6.2)" }
+            if transferEncodings > 1 || !transferEncodingChunked {
+                return "the only Transfer-Encoding accepted is one header of exactly \"chunked\" (RFC 9112 §6.1)"
+            }
+            if transferEncodings > 0 && isHTTP10 { return "Transfer-Encoding is refused in HTTP/1.0 (RFC 9112 §6.1)" }
+            return nil
+        }
+    }
+}
+
+/// The byte classes of RFC 9110 §5, for checks that run on every request.
+enum HTTPSyntax {
+    /// `tchar`: the characters of a header name or a token.
+    static func isTokenCharacter(_ byte: UInt8) -> Bool {
+        switch byte {
+        case 0x30...0x39, 0x41...0x5A, 0x61...0x7A: true
+        case UInt8(ascii: "!"), UInt8(ascii: "#"), UInt8(ascii: "$"), UInt8(ascii: "%"), UInt8(ascii: "&"),
+             UInt8(ascii: "'"), UInt8(ascii: "*"), UInt8(ascii: "+"), UInt8(ascii: "-"), UInt8(ascii: "."),
+             UInt8(ascii: "^"), UInt8(ascii: "_"), UInt8(ascii: "`"), UInt8(ascii: "|"), UInt8(ascii: "~"): true
+        default: false
+        }
+    }
+
+    /// A byte a field value may hold: visible ASCII, space, tab, or obs-text; no other control.
+    static func isFieldValueByte(_ byte: UInt8) -> Bool {
+        byte == 0x09 || (byte >= 0x20 && byte != 0x7F)
+    }
+
+    static func trimmingWhitespace(_ bytes: UnsafeRawBufferPointer) -> Slice<UnsafeRawBufferPointer> {
+        var lower = bytes.startIndex
+        var upper = bytes.endIndex
+        while lower < upper, bytes[lower] == 0x20 || bytes[lower] == 0x09 { lower += 1 }
+        while upper > lower, bytes[upper - 1] == 0x20 || bytes[upper - 1] == 0x09 { upper -= 1 }
+        return bytes[lower..<upper]
+    }
+
+    /// ASCII case-insensitive comparison with a lower-case literal.
+    static func equalsIgnoringCase(_ bytes: UnsafeRawBufferPointer, _ lowercase: StaticString) -> Bool {
+        guard bytes.count == lowercase.utf8CodeUnitCount else { return false }
+        let expected = UnsafeRawBufferPointer(start: lowercase.utf8Start, count: lowercase.utf8CodeUnitCount)
+        for index in 0..<bytes.count {
+            var byte = bytes[index]
+            if byte >= 0x41 && byte <= 0x5A { byte |= 0x20 }
+            if byte != expected[index] { return false }
+        }
+        return true
+    }
+}
+
+// libmicrohttpd's header iterator: the context is the `RequestHead.Scan`.
+private let headerVisitor: MHD_KeyValueIteratorN = { cls, _, key, keySize, value, valueSize in
+    guard let cls, let key else { return CMicroHTTPD_no() }
+    let scan = cls.assumingMemoryBound(to: RequestHead.Scan.self)
+    // A header with no value at all has none to place; an empty one sits where the line ends.
+    let valuePointer = value.map(UnsafeRawPointer.init) ?? UnsafeRawPointer(key) + keySize + 1
+    let keep = scan.pointee.visit(name: UnsafeRawPointer(key), nameCount: keySize, value: valuePointer, valueCount: value == nil ? 0 : valueSize)
+    return keep ? CMicroHTTPD_yes() : CMicroHTTPD_no()
+}

@@ -1,0 +1,280 @@
+"""HTTP framing (RFC 9112): what can be read two ways is refused, and nothing mixes two requests.
+
+Requests are written byte by byte on raw sockets; a keep-alive upstream in this process records
+every request it reads, on which connection, so that a smuggled request would be seen.
+"""
+import hashlib
+import json
+import secrets
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from broker import Broker
+from test_hardening import parse, write_keys
+
+
+class RecordingHandler(BaseHTTPRequestHandler):
+    """Reads requests the way common servers do (Content-Length or chunked) and keeps connections alive."""
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def setup(self):
+        super().setup()
+        with self.server.lock:
+            self.server.connections += 1
+            self.connection_id = self.server.connections
+
+    def read_body(self):
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            body = b""
+            while True:
+                size = int(self.rfile.readline().split(b";")[0], 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return body
+                body += self.rfile.read(size)
+                self.rfile.readline()
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length)
+        if len(body) < length:
+            raise ConnectionError("body cut short")
+        return body
+
+    def handle_any(self):
+        try:
+            body = self.read_body()
+        except (ConnectionError, ValueError):
+            with self.server.lock:
+                self.server.cut_short += 1
+            self.close_connection = True
+            return
+        with self.server.lock:
+            self.server.seen.append({"connection": self.connection_id, "method": self.command, "path": self.path,
+                                     "headers": [(k, v) for k, v in self.headers.items()], "body": body})
+        answer = json.dumps({"path": self.path}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = handle_any
+
+
+class RecordingUpstream:
+    def __init__(self):
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), RecordingHandler)
+        self.server.daemon_threads = True
+        self.server.lock = threading.Lock()
+        self.server.connections = 0
+        self.server.cut_short = 0
+        self.server.seen = []
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    @property
+    def seen(self):
+        with self.server.lock:
+            return list(self.server.seen)
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    server = RecordingUpstream()
+    yield server
+    server.close()
+
+
+def exchange(address, data, timeout=10):
+    """Sends raw bytes; returns (everything received, whether the broker closed the connection)."""
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout) as connection:
+        connection.sendall(data)
+        received = b""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                chunk = connection.recv(65536)
+            except ConnectionResetError:
+                return received, True
+            except socket.timeout:
+                return received, False
+            if not chunk:
+                return received, True
+            received += chunk
+        return received, False
+
+
+GUARD = b"Token-Broker-Request: true\r\n"
+
+# Each: a request head (after the request line and Host), and what follows it.
+AMBIGUOUS = {
+    "content-length-and-chunked": (b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n", b"0\r\n\r\n"),
+    "chunked-and-content-length": (b"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n", b"0\r\n\r\n"),
+    "two-different-content-lengths": (b"Content-Length: 5\r\nContent-Length: 6\r\n", b"hello!"),
+    "two-equal-content-lengths": (b"Content-Length: 5\r\nContent-Length: 5\r\n", b"hello"),
+    "content-length-list": (b"Content-Length: 5, 5\r\n", b"hello"),
+    "content-length-sign": (b"Content-Length: +5\r\n", b"hello"),
+    "gzip-then-chunked": (b"Transfer-Encoding: gzip, chunked\r\n", b"0\r\n\r\n"),
+    "chunked-then-identity": (b"Transfer-Encoding: chunked, identity\r\n", b"0\r\n\r\n"),
+    "identity": (b"Transfer-Encoding: identity\r\n", b""),
+    "two-transfer-encodings": (b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n", b"0\r\n\r\n"),
+    "obs-fold": (b"X-Fold: a\r\n b\r\n", b""),
+    "obs-fold-with-tab": (b"X-Fold: a\r\n\tb\r\n", b""),
+    "space-before-colon": (b"X-Forwarded-For : 1.2.3.4\r\n", b""),
+    "space-in-name": (b"X Forwarded: 1\r\n", b""),
+    "carriage-return-in-value": (b"X-A: b\rc\r\n", b""),
+    "nul-in-value": (b"X-A: b\x00c\r\n", b""),
+    "escape-in-value": (b"X-A: b\x1bc\r\n", b""),
+    "delete-in-value": (b"X-A: b\x7fc\r\n", b""),
+}
+
+
+# libmicrohttpd refuses these itself, before the broker sees the request, with its own HTML body.
+REFUSED_BY_LIBRARY = {"content-length-list", "content-length-sign"}
+
+
+def assert_refused(answer, closed, json_body=True):
+    parsed = parse(answer)
+    assert parsed is not None, "no answer"
+    status, headers, body = parsed
+    assert status == 400, answer
+    if json_body:
+        assert headers["content-type"] == "application/json"
+        assert json.loads(body)["error"] == "invalid_request"
+    assert closed, "the connection must be closed after a refused head"
+
+
+@pytest.fixture(scope="module")
+def plain_broker():
+    with Broker() as running:
+        yield running
+
+
+@pytest.mark.parametrize("case", sorted(AMBIGUOUS))
+@pytest.mark.parametrize("route", ["POST /token/refresh", "GET /token", "GET /healthz admin"])
+def test_ambiguous_heads_get_400_and_a_closed_connection_on_every_route(plain_broker, case, route):
+    method, path, *admin = route.split()
+    head, rest = AMBIGUOUS[case]
+    request = f"{method} {path} HTTP/1.1\r\nHost: x\r\n".encode() + GUARD + head + b"\r\n" + rest
+    answer, closed = exchange(plain_broker.addresses["admin" if admin else "token"], request)
+    assert_refused(answer, closed, json_body=case not in REFUSED_BY_LIBRARY)
+    assert plain_broker.process.poll() is None
+
+
+def test_ambiguous_heads_do_not_stop_a_sound_request_on_the_next_connection(plain_broker):
+    sound = b"POST /token/refresh HTTP/1.1\r\nHost: x\r\n" + GUARD + b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n0\r\n\r\n"
+    status, _, body = parse(exchange(plain_broker.addresses["token"], sound)[0])
+    assert status == 200 and json.loads(body)["access_token"]
+    bare_lf = b"GET /token HTTP/1.1\nHost: x\nToken-Broker-Request: true\nX-Empty:\nConnection: close\n\n"
+    status, _, body = parse(exchange(plain_broker.addresses["token"], bare_lf)[0])
+    assert status == 200 and json.loads(body)["access_token"]
+
+
+def two_callers(tmp_path, upstream):
+    low_key, high_key = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
+    keys = tmp_path / "callers.json"
+    write_keys(keys, [("low-app", low_key, ["low"]), ("high-app", high_key, ["high"])])
+    config = {"providers": [{"name": "low"}, {"name": "high"}], "clientKeysFile": str(keys),
+              "proxies": [{"name": "low", "target": upstream.base + "/low", "provider": "low"},
+                          {"name": "high", "target": upstream.base + "/high", "provider": "high"}]}
+    return config, low_key, high_key
+
+
+def test_a_smuggled_request_never_reaches_the_upstream_nor_gets_another_callers_token(tmp_path, upstream):
+    config, low_key, high_key = two_callers(tmp_path, upstream)
+    with Broker(config) as broker:
+        # Warm a pooled upstream connection, as a busy proxy would have.
+        assert broker.request("GET", "/proxy/low/warm", headers={"Authorization": "Bearer " + low_key})[0] == 200
+        before = len(upstream.seen)
+        smuggled = b"helloGET /admin/delete-everything HTTP/1.1\r\nHost: upstream\r\nX-Swallow: "
+        attack = (b"POST /proxy/low/upload HTTP/1.1\r\nHost: 127.0.0.1\r\n" + GUARD
+                  + b"Authorization: Bearer " + low_key.encode() + b"\r\n"
+                  + b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+                  + f"{len(smuggled):x}\r\n".encode() + smuggled + b"\r\n0\r\n\r\n")
+        answer, closed = exchange(broker.addresses["token"], attack)
+        assert_refused(answer, closed)
+        status, _, body = broker.request("GET", "/proxy/high/orders", headers={"Authorization": "Bearer " + high_key})
+        assert status == 200 and json.loads(body)["path"] == "/high/orders", body
+        seen = upstream.seen[before:]
+        assert [entry["path"] for entry in seen] == ["/high/orders"], seen
+        high_token = broker.get_json("/providers/high/token", headers={"Authorization": "Bearer " + high_key})[0]["access_token"]
+        assert dict((k.lower(), v) for k, v in seen[0]["headers"])["authorization"] == "Bearer " + high_token
+        assert not any("swallow" in k.lower() for k, _ in seen[0]["headers"])
+
+
+def test_proxy_headers_stay_behind_and_bad_header_lines_are_refused_before_forwarding(tmp_path, upstream):
+    config, low_key, _ = two_callers(tmp_path, upstream)
+    with Broker(config) as broker:
+        before = len(upstream.seen)
+        status, _, _ = broker.request("GET", "/proxy/low/h", headers={
+            "Authorization": "Bearer " + low_key, "Proxy": "http://evil.example:8080", "Proxy-Foo": "x",
+            "PROXY-Authorization": "Basic eA==", "X-Kept": "yes"})
+        assert status == 200
+        names = {k.lower() for k, _ in upstream.seen[-1]["headers"]}
+        assert "x-kept" in names
+        assert not {"proxy", "proxy-foo", "proxy-authorization"} & names, names
+        for bad in (b"X Bad: 1\r\n", b"X-Ctl: a\x01b\r\n", b"X-Fold: a\r\n b\r\n"):
+            request = (b"GET /proxy/low/bad HTTP/1.1\r\nHost: x\r\n" + GUARD
+                       + b"Authorization: Bearer " + low_key.encode() + b"\r\n" + bad + b"\r\n")
+            assert_refused(*exchange(broker.addresses["token"], request))
+        assert [entry["path"] for entry in upstream.seen[before:]] == ["/low/h"]
+
+
+def test_a_body_cut_short_is_not_finished_upstream_and_its_connection_is_not_reused(tmp_path, upstream):
+    config, low_key, _ = two_callers(tmp_path, upstream)
+    config["proxies"][0]["bufferBodyBytes"] = 0  # stream every body
+    with Broker(config) as broker:
+        before = len(upstream.seen)
+        host, port = broker.addresses["token"].rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as client:
+            client.sendall(b"PUT /proxy/low/upload HTTP/1.1\r\nHost: x\r\n" + GUARD
+                           + b"Authorization: Bearer " + low_key.encode() + b"\r\n"
+                           + b"Content-Length: 100000\r\n\r\n" + b"a" * 30000)
+            time.sleep(0.5)
+        # The upstream sees the cut (its read ends early), never a complete request.
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and upstream.server.cut_short == 0:
+            time.sleep(0.05)
+        assert upstream.server.cut_short >= 1
+        status, _, body = broker.request("GET", "/proxy/low/after", headers={"Authorization": "Bearer " + low_key})
+        assert status == 200, body
+        assert [entry["path"] for entry in upstream.seen[before:]] == ["/low/after"]
+
+
+def test_idle_connections_cannot_starve_the_admin_listener():
+    with Broker() as broker:
+        host, port = broker.addresses["admin"].rsplit(":", 1)
+        idle = []
+        try:
+            for _ in range(300):
+                idle.append(socket.create_connection((host, int(port)), timeout=10))
+            time.sleep(0.3)
+            status, _, body = broker.request("GET", "/healthz", listener="admin", timeout=5)
+            assert status == 200, body
+            evicted = broker.metric("token_broker_connections_evicted_total", listener="admin")
+            assert evicted >= 300 - 240
+        finally:
+            for connection in idle:
+                connection.close()
+
+
+def test_the_admin_listener_closes_idle_connections_after_connection_timeout():
+    with Broker({"connectionTimeoutSec": 1}) as broker:
+        host, port = broker.addresses["admin"].rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=15) as connection:
+            started = time.monotonic()
+            assert connection.recv(1) == b""  # closed by the broker, not by this timeout
+            assert time.monotonic() - started < 14
