@@ -20,7 +20,12 @@ enum ListeningSocket {
             var storage = sockaddr_in6()
             storage.sin6_family = sa_family_t(AF_INET6)
             storage.sin6_port = address.port.bigEndian
-            setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_V6ONLY, &yes, socklen_t(MemoryLayout<Int32>.size))
+            // An IPv6 listener must not also take IPv4 connections the address did not name.
+            guard setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_V6ONLY, &yes, socklen_t(MemoryLayout<Int32>.size)) == 0 else {
+                let error = failure(address)
+                Glibc.close(fd)
+                throw error
+            }
             guard inet_pton(AF_INET6, address.host, &storage.sin6_addr) == 1 else {
                 Glibc.close(fd)
                 throw HTTPServerError(address: address, reason: "not an IPv6 address")
