@@ -21,6 +21,10 @@ import Glibc
 /// whitespace then the value for each header in order, and line ends. A folded line is not: its
 /// bytes sit in the block unclaimed, and the header it was joined to has a name libmicrohttpd
 /// built elsewhere. Nor is a NUL inside a value, which libmicrohttpd would cut the value at.
+///
+/// - Important: this leans on how libmicrohttpd 0.9.7x lays out a parsed head. Should a newer
+///   version parse elsewhere, sound requests would be refused as malformed, loudly: the
+///   integration tests (`test_framing.py`) send both sound and ambiguous heads.
 enum RequestHead {
     /// Why a head is refused, in words for the JSON error; nil when it is sound.
     static func problem(_ connection: OpaquePointer, method: UnsafePointer<CChar>, version: UnsafePointer<CChar>) -> String? {
