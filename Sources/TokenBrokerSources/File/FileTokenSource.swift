@@ -56,9 +56,7 @@ public enum JWTClaims {
         guard let expiry = expiry(of: token) else { return nil }
         let left = expiry.timeIntervalSince(now)
         guard left > 0 else {
-            let seconds = expiry.timeIntervalSince1970
-            let when = Int64(rounding: seconds, .down).map { RFC3339.writableSeconds.contains($0) } == true
-                ? "at \(RFC3339.string(from: expiry))" : "(exp \(seconds))"
+            let when = expiry.wholeSecondsSince1970 != nil ? "at \(RFC3339.string(from: expiry))" : "(exp \(expiry.timeIntervalSince1970))"
             throw .badResponse("the token expired \(when)")
         }
         guard left <= Double(TokenRules.maximumLifetimeSeconds), let lifetime = Duration.checkedSeconds(left) else {
