@@ -13,7 +13,8 @@ import TokenBrokerSources
 ///    (single flight, within the refresh window), and send the request once more. If no new
 ///    token comes, the first answer is passed on after all.
 ///
-/// Upstream unreachable: 502; upstream too slow: 504; both with the JSON error body.
+/// Upstream unreachable: 502; upstream too slow: 504; a token that cannot be a cookie value with
+/// `inject: cookie`: 502 `token_not_cookie_safe`; all with the JSON error body.
 final class ProxyExchange: UpstreamExchangeDelegate, @unchecked Sendable {
     enum Body {
         case buffered([UInt8])
@@ -102,6 +103,12 @@ final class ProxyExchange: UpstreamExchangeDelegate, @unchecked Sendable {
 
     private func send(_ token: ProxyAPI.Provider.Token) {
         let settings = route.configuration
+        if settings.inject == .cookie, !TokenRules.isCookieValue(token.token.accessToken) {
+            finish(with: .error(
+                502, "token_not_cookie_safe",
+                "proxy \(JSONText.quoted(name)): the token of provider \(JSONText.quoted(provider.name)) holds a character a cookie value cannot (RFC 6265), so it is not sent"))
+            return
+        }
         var request = UpstreamRequest(
             method: method, url: url,
             headers: ProxyHeaders.forward(

@@ -32,12 +32,16 @@ public struct CookieSettings: Sendable, Equatable {
         }
     }
 
-    /// `name=value`, ready for a `Cookie:` header.
-    public func cookieHeader(token: String) -> String { "\(tokenCookieName)=\(token)" }
+    /// `name=value`, ready for a `Cookie:` header; nil when the token is not a cookie value
+    /// (`TokenRules.isCookieValue`: a `;` in it would end the cookie and start another).
+    public func cookieHeader(token: String) -> String? {
+        TokenRules.isCookieValue(token) ? "\(tokenCookieName)=\(token)" : nil
+    }
 
-    /// A `Set-Cookie` line whose `Max-Age` matches the token's remaining life.
-    public func setCookieHeader(token: String, maxAge: Int?) -> String {
-        var line = cookieHeader(token: token)
+    /// A `Set-Cookie` line whose `Max-Age` matches the token's remaining life; nil when the
+    /// token is not a cookie value (`Domain=` or `Max-Age=` in it would set attributes).
+    public func setCookieHeader(token: String, maxAge: Int?) -> String? {
+        guard var line = cookieHeader(token: token) else { return nil }
         if let domainName { line += "; Domain=\(domainName)" }
         line += "; Path=\(tokenCookiePath)"
         if let maxAge { line += "; Max-Age=\(maxAge)" }

@@ -66,13 +66,23 @@ struct ObjectReader {
     /// A whole number inside `range`.
     mutating func int(_ key: String, _ range: ClosedRange<Int>) throws(ConfigurationError) -> Int? {
         guard let value = raw(key) else { return nil }
-        guard case .number(let number) = value, number.rounded() == number, abs(number) < 1e15 else {
-            throw ConfigurationError(key: keyPath(key), "must be a whole number in \(range.lowerBound)–\(range.upperBound), not \(value.typeName)")
+        return try Self.int(value, range, key: keyPath(key))
+    }
+
+    /// `value` as a whole number inside `range`, or an error naming `key`. Checked before it is
+    /// converted (`JSONValue.exactInt`): `1e19`, `-1e300` and `1.5` are errors, never a trap.
+    static func int(_ value: JSONValue, _ range: ClosedRange<Int>, key: String) throws(ConfigurationError) -> Int {
+        guard case .number(let number) = value else {
+            throw ConfigurationError(key: key, "must be a whole number in \(range.lowerBound)–\(range.upperBound), not \(value.typeName)")
         }
-        guard range.contains(Int(number)) else {
-            throw ConfigurationError(key: keyPath(key), "\(Int(number)) is out of range; allowed: \(range.lowerBound)–\(range.upperBound)")
+        guard number.rounded(.towardZero) == number else {
+            throw ConfigurationError(key: key, "must be a whole number in \(range.lowerBound)–\(range.upperBound), not \(number)")
         }
-        return Int(number)
+        guard let whole = value.exactInt, range.contains(whole) else {
+            let shown = value.exactInt.map { String($0) } ?? String(number)
+            throw ConfigurationError(key: key, "\(shown) is out of range; allowed: \(range.lowerBound)–\(range.upperBound)")
+        }
+        return whole
     }
 
     mutating func int(_ key: String, _ range: ClosedRange<Int>, default fallback: Int) throws(ConfigurationError) -> Int {

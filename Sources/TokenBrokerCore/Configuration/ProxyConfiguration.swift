@@ -77,10 +77,10 @@ public struct ProxyConfiguration: Sendable, Equatable {
         if let items = try reader.array("retryOn") {
             retryOn = []
             for item in items {
-                guard case .number(let number) = item.value, number == number.rounded(), (100...599).contains(Int(number)) else {
+                guard let status = item.value.exactInt, (100...599).contains(status) else {
                     throw ConfigurationError(key: item.path, "must be an HTTP status code, 100–599")
                 }
-                retryOn.append(Int(number))
+                retryOn.append(status)
             }
         }
         if let header = try reader.string("retryOnHeader") {

@@ -222,7 +222,7 @@ public final class BrokerMetrics: Sendable {
     }
 
     private static func number(_ value: Double) -> String {
-        value == value.rounded() && abs(value) < 1e15 ? String(Int64(value)) : String(value)
+        abs(value) < 1e15 ? Int64(exactly: value).map { String($0) } ?? String(value) : String(value)
     }
 }
 

@@ -158,7 +158,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         guard hasValidToken(at: now), let version = cached?.version else {
             return (CacheSummary(version: nil, stale: false, secondsLeft: nil, wasPaused: wasPaused), actions)
         }
-        let left = cached?.expiresAt.map { max(0, Int(now.duration(to: $0).components.seconds)) }
+        let left = cached?.expiresAt.map { TokenResponseBody.expiresIn(now.duration(to: $0)) }
         return (CacheSummary(version: version, stale: failures > 0, secondsLeft: left, wasPaused: wasPaused), actions)
     }
 

@@ -53,7 +53,7 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     ) {
         self.wallClock = wallClock
         self.configuration = configuration
-        self.source = source
+        self.source = TokenRules(for: configuration).applied(to: source)
         self.clock = clock
         self.events = events
         state = Mutex(State(machine: Machine(configuration: configuration, now: clock.now, jitter: jitter)))

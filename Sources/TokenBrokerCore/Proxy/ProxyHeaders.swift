@@ -67,7 +67,11 @@ public enum ProxyHeaders {
         headers.append((name, value))
     }
 
+    /// Puts `name=value` into the request's `Cookie` header. A token that is not a cookie value
+    /// (`TokenRules.isCookieValue`) is never put in: `tok;admin=1` would add a cookie of its
+    /// own. The proxy refuses such a token before it gets here (502 `token_not_cookie_safe`).
     private static func putCookie(_ headers: inout [(String, String)], name: String, value: String, overwrite: Bool) {
+        guard TokenRules.isCookieValue(value) else { return }
         guard let index = headers.firstIndex(where: { $0.0.lowercased() == "cookie" }) else {
             headers.append(("Cookie", "\(name)=\(value)"))
             return

@@ -8,17 +8,23 @@ public enum HTTPDate {
         // "Sun, 06 Nov 1994 08:49:37 GMT"
         let parts = text.split(separator: " ", omittingEmptySubsequences: false)
         guard parts.count == 6, parts[0].count == 4, parts[0].hasSuffix(","), weekdays.contains(String(parts[0].dropLast())),
-              parts[1].count == 2, let day = Int64(parts[1]), (1...31).contains(day),
+              let day = digits(parts[1], count: 2), (1...31).contains(day),
               let monthIndex = months.firstIndex(of: String(parts[2])),
-              parts[3].count == 4, let year = Int64(parts[3]),
+              let year = digits(parts[3], count: 4),
               parts[5] == "GMT"
         else { return nil }
         let clock = parts[4].split(separator: ":", omittingEmptySubsequences: false)
-        guard clock.count == 3, clock.allSatisfy({ $0.count == 2 }),
-              let hour = Int64(clock[0]), let minute = Int64(clock[1]), let second = Int64(clock[2]),
+        guard clock.count == 3,
+              let hour = digits(clock[0], count: 2), let minute = digits(clock[1], count: 2), let second = digits(clock[2], count: 2),
               hour < 24, minute < 60, second < 61
         else { return nil }
         let days = RFC3339.days(fromCivil: year, Int64(monthIndex + 1), day)
         return WallTime(timeIntervalSince1970: Double(days * 86_400 + hour * 3600 + minute * 60 + second))
+    }
+
+    /// Exactly `count` ASCII digits (no sign, no space), as a number.
+    private static func digits(_ text: Substring, count: Int) -> Int64? {
+        guard text.utf8.count == count, text.utf8.allSatisfy({ (0x30...0x39).contains($0) }) else { return nil }
+        return Int64(text)
     }
 }

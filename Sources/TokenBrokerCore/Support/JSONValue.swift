@@ -27,6 +27,13 @@ public enum JSONValue: Sendable, Equatable {
         }
     }
 
+    /// The number as an `Int`, when it is one exactly: whole and in range; nil for anything else
+    /// (`1.5`, `1e19`, `-1e300`, a string). Never traps, whatever the document holds.
+    public var exactInt: Int? {
+        guard case .number(let number) = self else { return nil }
+        return Int(exactly: number)
+    }
+
     /// The value at a JSON Pointer (RFC 6901), or nil when the pointer leads nowhere.
     public func value(atPointer pointer: String) -> JSONValue? {
         if pointer.isEmpty { return self }
@@ -39,13 +46,21 @@ public enum JSONValue: Sendable, Equatable {
                 guard let next = members[token] else { return nil }
                 current = next
             case .array(let items):
-                guard let index = Int(token), items.indices.contains(index) else { return nil }
+                guard let index = Self.arrayIndex(token), items.indices.contains(index) else { return nil }
                 current = items[index]
             default:
                 return nil
             }
         }
         return current
+    }
+
+    /// An array index as RFC 6901 writes it: `0`, or digits without a leading zero (no sign).
+    private static func arrayIndex(_ token: String) -> Int? {
+        guard !token.isEmpty, token.utf8.count <= 18, token.utf8.allSatisfy({ (0x30...0x39).contains($0) }),
+            token == "0" || !token.hasPrefix("0")
+        else { return nil }
+        return Int(token)
     }
 
     /// Undoes RFC 6901's escapes: `~1` is `/`, `~0` is `~`.

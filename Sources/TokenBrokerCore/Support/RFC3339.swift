@@ -3,8 +3,19 @@
 /// Written out by hand (Howard Hinnant's days-to-civil algorithm) so that it needs neither
 /// ICU nor a locale, and gives the same answer everywhere.
 public enum RFC3339 {
+    /// The instants RFC 3339 can write, in whole seconds since 1970: `0000-01-01T00:00:00Z`
+    /// to `9999-12-31T23:59:59Z`.
+    public static let writableSeconds: ClosedRange<Int64> = -62_167_219_200...253_402_300_799
+
+    /// The instant, to the second (rounded down).
+    ///
+    /// An instant RFC 3339 cannot write (before year 0, after year 9999, or not finite: an
+    /// issuer's `exp` of `1e300`, say) reads as the nearest end of `writableSeconds` (NaN as the
+    /// first), rather than stopping the process; tokens the broker serves never come near either end.
     public static func string(from date: WallTime) -> String {
-        let seconds = Int64(date.timeIntervalSince1970.rounded(.down))
+        let bounds = writableSeconds
+        let seconds = Int64(rounding: date.timeIntervalSince1970, .down).map { min(max($0, bounds.lowerBound), bounds.upperBound) }
+            ?? (date.timeIntervalSince1970 > 0 ? bounds.upperBound : bounds.lowerBound)
         let days = seconds >= 0 ? seconds / 86_400 : (seconds - 86_399) / 86_400
         let secondOfDay = seconds - days * 86_400
         let (year, month, day) = civil(fromDays: days)

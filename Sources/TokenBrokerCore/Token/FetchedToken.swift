@@ -2,7 +2,8 @@
 public struct FetchedToken: Sendable, Equatable {
     /// The secret itself. Never log it: log `TokenFingerprint` instead.
     public var accessToken: String
-    /// OAuth 2.0's `token_type`, normalised so that `bearer` reads `Bearer`.
+    /// OAuth 2.0's `token_type`, normalised (`TokenType`) so that `bearer` reads `Bearer`. A
+    /// name that is not a type name is kept as given, for `TokenRules` to refuse.
     public var tokenType: String
     /// How long the token lives from the moment it was fetched, or nil when it does not say.
     public var lifetime: Duration?
@@ -14,7 +15,7 @@ public struct FetchedToken: Sendable, Equatable {
     public init(accessToken: String, tokenType: String = "Bearer", lifetime: Duration?, scope: String? = nil, upstreamStatus: Int? = nil) {
         self.upstreamStatus = upstreamStatus
         self.accessToken = accessToken
-        self.tokenType = tokenType.lowercased() == "bearer" ? "Bearer" : tokenType
+        self.tokenType = TokenType.normalised(tokenType) ?? tokenType
         self.lifetime = lifetime
         self.scope = scope
     }

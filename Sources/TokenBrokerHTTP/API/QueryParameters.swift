@@ -29,7 +29,9 @@ enum QueryParameters {
         guard let seconds = number(text), seconds >= minimum else {
             throw BadRequest(error: "invalid_request", "timeout must be a whole number of seconds from \(minimum), such as timeout=30")
         }
-        return min(.seconds(Int64(seconds)), maximum)
+        // At most `maximumDigits` digits, so it fits an Int64 (checked all the same).
+        guard let whole = Int64(exactly: seconds) else { return maximum }
+        return min(.seconds(whole), maximum)
     }
 
     /// The version in `If-None-Match: "3"` (or `W/"3"`); nil when absent or not one of ours.

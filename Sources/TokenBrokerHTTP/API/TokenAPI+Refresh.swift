@@ -23,7 +23,7 @@ extension TokenAPI {
             return record(label, .response(endpoint.responses.response(for: token, stale: provider.status().stale, now: provider.clock.now)))
         case .excessive(let retryAfter):
             metrics.recordExcessiveRefresh(provider: provider.name)
-            let seconds = max(1, Int(retryAfter.components.seconds) + (retryAfter.components.attoseconds > 0 ? 1 : 0))
+            let seconds = max(1, Int(clamping: retryAfter.secondsRoundedUp))
             return record(label, .response(.error(
                 429, "excessive_refresh",
                 "provider \(JSONText.quoted(provider.name)) allows \(provider.configuration.forcedRefreshMaxAttempts) forced refreshes per \(provider.configuration.forcedRefreshWindowSec) s; try again in \(seconds) s",
@@ -53,14 +53,11 @@ enum RefreshRequestBody {
         if let unknown = members.keys.sorted().first(where: { $0 != "rejected_version" }) {
             throw BadRequest(error: "invalid_request", "unknown key \(JSONText.quoted(String(unknown.prefix(64)))) in the body; allowed: rejected_version")
         }
-        switch members["rejected_version"] {
-        case nil:
-            return nil
-        case .number(let number)? where number >= 0 && number == number.rounded() && number < 1e15:
-            return UInt64(number)
-        default:
-            throw BadRequest(error: "invalid_request", "rejected_version must be a whole number from 0 to 999999999999999, the version of the rejected token")
+        guard let value = members["rejected_version"] else { return nil }
+        if case .number(let number) = value, number < 1e15, let version = UInt64(exactly: number) {
+            return version
         }
+        throw BadRequest(error: "invalid_request", "rejected_version must be a whole number from 0 to 999999999999999, the version of the rejected token")
     }
 }
 

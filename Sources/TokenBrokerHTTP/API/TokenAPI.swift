@@ -165,7 +165,7 @@ public final class TokenAPI: HTTPHandler {
         if wasPaused || status.phase == "paused" {
             description += "; refresh was paused while idle and has resumed: wait for the new token at /token/ready"
         }
-        let retryAfter = status.lastError?.retryAfter.map { max(1, Int($0.components.seconds)) } ?? 1
+        let retryAfter = status.lastError?.retryAfter.map { max(1, Int(clamping: $0.secondsRoundedUp)) } ?? 1
         return .error(503, "token_unavailable", description, headers: [("Retry-After", String(retryAfter))])
     }
 }

@@ -29,12 +29,10 @@ public struct FileTokenSource: TokenSource {
         guard !token.contains(where: { $0.isWhitespace || $0.isNewline }) else {
             throw .badResponse("the token file holds more than one word")
         }
-        if let expiry = JWTClaims.expiry(of: token) {
-            let left = expiry.timeIntervalSince(now)
-            guard left > 0 else { throw .badResponse("the token in the file expired at \(RFC3339.string(from: expiry))") }
-            return FetchedToken(accessToken: token, lifetime: .milliseconds(Int64(left * 1000)))
-        }
-        return FetchedToken(accessToken: token, lifetime: configuration.lifetimeSec.map { .seconds($0) })
+        // The token's characters, length and lifetime are checked by the provider (`TokenRules`),
+        // as for every source.
+        let lifetime = try JWTClaims.lifetime(of: token, at: now) ?? configuration.lifetimeSec.map { .seconds($0) }
+        return FetchedToken(accessToken: token, lifetime: lifetime)
     }
 }
 
@@ -47,6 +45,24 @@ public enum JWTClaims {
             case .object(let claims)? = try? JSONValue(parsing: payload), case .number(let exp)? = claims["exp"]
         else { return nil }
         return WallTime(timeIntervalSince1970: exp)
+    }
+
+    /// How long the token lives from `now` by its `exp` claim; nil when it is not a JWT with one.
+    ///
+    /// `exp` is whatever number the token's writer put there (`1e16`, `-1e300`), so it is
+    /// checked before it becomes a duration: a token already expired, or one that claims to
+    /// live longer than `TokenRules.maximumLifetimeSeconds`, is a `bad_response`.
+    public static func lifetime(of token: String, at now: WallTime) throws(TokenFetchError) -> Duration? {
+        guard let expiry = expiry(of: token) else { return nil }
+        let left = expiry.timeIntervalSince(now)
+        guard left > 0 else {
+            let when = expiry.wholeSecondsSince1970 != nil ? "at \(RFC3339.string(from: expiry))" : "(exp \(expiry.timeIntervalSince1970))"
+            throw .badResponse("the token expired \(when)")
+        }
+        guard left <= Double(TokenRules.maximumLifetimeSeconds), let lifetime = Duration.checkedSeconds(left) else {
+            throw .badResponse("the token's exp is more than a year away (exp \(expiry.timeIntervalSince1970)); allowed: at most \(TokenRules.maximumLifetimeSeconds) s")
+        }
+        return lifetime
     }
 }
 

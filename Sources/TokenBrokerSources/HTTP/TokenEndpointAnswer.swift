@@ -12,8 +12,9 @@ import TokenBrokerCore
 /// | 5xx | `server_error`, with `Retry-After` |
 /// | other 4xx | `bad_response`, with the RFC 6749 §5.2 `error` code |
 enum TokenEndpointAnswer {
-    /// The longest lifetime accepted from an issuer: a year. Longer is treated as a broken answer.
-    static let maximumLifetime = 31_536_000
+    /// The longest lifetime accepted from an issuer: a year (`TokenRules`). Longer is treated as
+    /// a broken answer.
+    static let maximumLifetime = TokenRules.maximumLifetimeSeconds
 
     /// The answer's JSON object, or the classified error for everything else.
     static func document(_ response: UpstreamResponse) throws(TokenFetchError) -> [String: JSONValue] {
@@ -48,10 +49,12 @@ enum TokenEndpointAnswer {
         }
         var tokenType = "Bearer"
         if let value = members["token_type"] {
-            guard case .string(let type) = value, !type.isEmpty, type.count <= 32 else {
-                throw .badResponse("token_type is not a string", httpStatus: response.status)
+            guard case .string(let type) = value, let normalised = TokenType.normalised(type) else {
+                throw .badResponse(
+                    "token_type is not an RFC 6749 type name (letters, digits, '-', '.', '_'; at most \(TokenType.maximumLength))",
+                    httpStatus: response.status)
             }
-            tokenType = type
+            tokenType = normalised
         }
         let lifetime = try seconds(members["expires_in"], name: "expires_in", status: response.status) ?? defaultLifetime
         var scope: String?
@@ -60,24 +63,45 @@ enum TokenEndpointAnswer {
             accessToken: accessToken, tokenType: tokenType, lifetime: .seconds(lifetime), scope: scope, upstreamStatus: response.status)
     }
 
-    /// A lifetime in whole seconds, from a number or a string of digits; nil when absent.
+    /// A lifetime in whole seconds, 1 to `maximumLifetime`; nil when absent.
+    ///
+    /// RFC 6749 §A.14 writes `expires_in` as `1*DIGIT`: a JSON number that is a whole number
+    /// exactly (`300`, not `300.5` or `1e300`), or a string of ASCII digits only (`"300"`, not
+    /// `"+300"`, `"3e2"`, `"0x1p4"` or `" 300"`). Anything else is a `bad_response`.
     static func seconds(_ value: JSONValue?, name: String, status: Int) throws(TokenFetchError) -> Int? {
-        let number: Double
+        let whole: Int
         switch value {
-        case nil, .null?: return nil
-        case .number(let given)?: number = given
-        case .string(let text)? where Double(text) != nil: number = Double(text)!
-        default: throw .badResponse("\(name) is not a number", httpStatus: status)
+        case nil, .null?:
+            return nil
+        case .number(let number)? where number.rounded(.towardZero) == number:
+            guard let exact = Int(exactly: number), (1...maximumLifetime).contains(exact) else {
+                throw .badResponse("\(name) \(number) is out of range; allowed: 1–\(maximumLifetime) seconds", httpStatus: status)
+            }
+            whole = exact
+        case .string(let text)?:
+            guard let number = digits(text) else {
+                throw .badResponse("\(name) is a string other than digits; allowed: a whole number of seconds", httpStatus: status)
+            }
+            whole = number
+        default:
+            throw .badResponse("\(name) is not a whole number of seconds", httpStatus: status)
         }
-        guard number.isFinite, number >= 1, number <= Double(maximumLifetime) else {
-            throw .badResponse("\(name) \(number) is out of range; allowed: 1–\(maximumLifetime) seconds", httpStatus: status)
+        guard (1...maximumLifetime).contains(whole) else {
+            throw .badResponse("\(name) \(whole) is out of range; allowed: 1–\(maximumLifetime) seconds", httpStatus: status)
         }
-        return Int(number)
+        return whole
     }
 
-    /// Visible ASCII only, of a sane length: a token that could not travel in a header is refused.
+    /// `1*DIGIT` as a number; nil for anything else, or for more digits than a lifetime needs.
+    private static func digits(_ text: String) -> Int? {
+        guard (1...18).contains(text.utf8.count), text.utf8.allSatisfy({ (0x30...0x39).contains($0) }) else { return nil }
+        return Int(text)
+    }
+
+    /// Visible ASCII only, of a sane length (`TokenRules`): a token that could not travel in a
+    /// header is refused.
     static func isUsableToken(_ token: String) -> Bool {
-        !token.isEmpty && token.utf8.count <= 16 * 1024 && token.utf8.allSatisfy { $0 > 0x20 && $0 < 0x7F }
+        !token.isEmpty && token.utf8.count <= TokenRules.maximumTokenBytes && TokenRules.isVisibleASCII(token)
     }
 
     private static func errorCode(_ response: UpstreamResponse) -> String? {

@@ -39,9 +39,11 @@ public struct UpstreamResponse: Sendable {
     /// `retryAfter`, with a date read against `now`.
     public func retryAfter(now: WallTime) -> Duration? {
         guard let text = headers["retry-after"]?.trimmingCharacters(in: " \t") else { return nil }
-        if let seconds = Int(text), seconds >= 0 { return .seconds(min(seconds, 3600)) }
+        if !text.isEmpty, text.utf8.allSatisfy({ (0x30...0x39).contains($0) }) {
+            // delay-seconds = 1*DIGIT; more digits than an Int holds is still "a long time".
+            return .seconds(min(Int(text) ?? 3600, 3600))
+        }
         guard let date = HTTPDate.parse(text) else { return nil }
-        let seconds = date.timeIntervalSince(now).rounded(.up)
-        return .seconds(Int(min(max(seconds, 0), 3600)))
+        return .seconds(Int64(rounding: min(max(date.timeIntervalSince(now), 0), 3600), .up) ?? 0)
     }
 }

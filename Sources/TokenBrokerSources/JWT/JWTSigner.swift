@@ -27,7 +27,7 @@ public struct JWTSigner: TokenSource {
 
     /// Signs one token issued at `now`.
     public func mint(now: WallTime) throws(TokenFetchError) -> FetchedToken {
-        let issuedAt = Int64(now.timeIntervalSince1970.rounded(.down))
+        guard let issuedAt = now.wholeSecondsSince1970 else { throw .internalError("the clock reads a time a JWT cannot carry") }
         let header = JSONText.object([
             ("alg", JSONText.quoted(configuration.algorithm)), ("typ", JSONText.quoted("JWT")),
             ("kid", JSONText.quoted(keyID)),

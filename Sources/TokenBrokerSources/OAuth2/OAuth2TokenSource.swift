@@ -71,7 +71,7 @@ public struct OAuth2TokenSource: TokenSource {
     /// a unique jti, and a one-minute life (RFC 7523 §3).
     public func assertion(now: WallTime) throws(TokenFetchError) -> String {
         guard let key = assertionKey else { throw .configuration("no private key for private_key_jwt") }
-        let issuedAt = Int64(now.timeIntervalSince1970.rounded(.down))
+        guard let issuedAt = now.wholeSecondsSince1970 else { throw .internalError("the clock reads a time a JWT cannot carry") }
         var header: [(String, String)] = [("alg", JSONText.quoted(key.algorithm)), ("typ", JSONText.quoted("JWT"))]
         if let kid = configuration.keyID { header.append(("kid", JSONText.quoted(kid))) }
         let claims = JSONText.object([

@@ -1,0 +1,87 @@
+/// What every fetched token must be before a provider accepts it, whatever its source.
+///
+/// | rule | why |
+/// |---|---|
+/// | the token: 1–16384 bytes of visible ASCII (`%x21-7E`) | it travels in header fields; a control character, a space or a line break could end one or smuggle another in |
+/// | with `setTokenCookie`: RFC 6265 cookie-octets only | `;`, `,`, `"`, `\` would end the cookie, or add attributes such as `Domain=` |
+/// | `token_type`: an RFC 6749 type name (`TokenType`) | clients put it in front of the token in `Authorization` |
+/// | the lifetime, when there is one: more than 0, at most a year | an already expired token, or one that claims to live for ever, is a broken answer |
+///
+/// A token that breaks a rule is a `bad_response` fetch error: the provider keeps its previous
+/// token and retries, as for any failed fetch. Sources may refuse earlier with a more precise
+/// message (a missing `access_token`, an `exp` out of range), using the same definitions.
+public struct TokenRules: Sendable, Equatable {
+    /// The longest token accepted, in bytes.
+    public static let maximumTokenBytes = 16 * 1024
+    /// The longest lifetime accepted: a year, in seconds.
+    public static let maximumLifetimeSeconds = 31_536_000
+
+    /// The token must also be a cookie value (the provider's `setTokenCookie`).
+    public var cookieSafe: Bool
+
+    public init(cookieSafe: Bool = false) { self.cookieSafe = cookieSafe }
+
+    /// The rules for a provider's tokens, from its configuration.
+    public init(for configuration: ProviderConfiguration) {
+        self.init(cookieSafe: configuration.cookie.setTokenCookie)
+    }
+
+    /// The token unchanged, or the `bad_response` error that says which rule it breaks
+    /// (without the token itself, which is never logged).
+    public func checked(_ token: FetchedToken) throws(TokenFetchError) -> FetchedToken {
+        let value = token.accessToken
+        guard !value.isEmpty else { throw .badResponse("the token is empty", httpStatus: token.upstreamStatus) }
+        guard value.utf8.count <= Self.maximumTokenBytes else {
+            throw .badResponse("the token is longer than \(Self.maximumTokenBytes) bytes", httpStatus: token.upstreamStatus)
+        }
+        guard Self.isVisibleASCII(value) else {
+            throw .badResponse("the token holds a character other than visible ASCII", httpStatus: token.upstreamStatus)
+        }
+        if cookieSafe, !Self.isCookieValue(value) {
+            throw .badResponse(
+                "the token holds a character a cookie value cannot (space, '\"', ',', ';' or '\\'), and setTokenCookie is on",
+                httpStatus: token.upstreamStatus)
+        }
+        guard TokenType.normalised(token.tokenType) == token.tokenType else {
+            throw .badResponse("token_type is not an RFC 6749 type name (letters, digits, '-', '.', '_'; at most \(TokenType.maximumLength))", httpStatus: token.upstreamStatus)
+        }
+        if let lifetime = token.lifetime {
+            guard lifetime > .zero else { throw .badResponse("the token has already expired", httpStatus: token.upstreamStatus) }
+            guard lifetime <= .seconds(Self.maximumLifetimeSeconds) else {
+                throw .badResponse("the token's lifetime is longer than a year (\(Self.maximumLifetimeSeconds) s)", httpStatus: token.upstreamStatus)
+            }
+        }
+        return token
+    }
+
+    /// A source whose every token is checked against these rules before it is handed over.
+    public func applied(to source: any TokenSource) -> any TokenSource {
+        CheckedTokenSource(source: source, rules: self)
+    }
+
+    // MARK: - Characters
+
+    /// Only `%x21-7E`: no space, no control character, nothing outside ASCII.
+    public static func isVisibleASCII(_ text: String) -> Bool {
+        text.utf8.allSatisfy { $0 > 0x20 && $0 < 0x7F }
+    }
+
+    /// A non-empty run of RFC 6265 `cookie-octet`s (§4.1.1), the only cookie values the broker
+    /// writes: `%x21 / %x23-2B / %x2D-3A / %x3C-5B / %x5D-7E`, that is visible ASCII without
+    /// `"`, `,`, `;` and `\`.
+    public static func isCookieValue(_ text: String) -> Bool {
+        !text.isEmpty && text.utf8.allSatisfy { byte in
+            byte > 0x20 && byte < 0x7F && byte != 0x22 && byte != 0x2C && byte != 0x3B && byte != 0x5C
+        }
+    }
+}
+
+/// A source whose tokens pass `TokenRules` on their way out.
+private struct CheckedTokenSource: TokenSource {
+    let source: any TokenSource
+    let rules: TokenRules
+
+    func fetch() async throws(TokenFetchError) -> FetchedToken {
+        try rules.checked(await source.fetch())
+    }
+}
