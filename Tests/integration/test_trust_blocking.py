@@ -213,3 +213,26 @@ def test_a_refresh_while_the_issuer_fails_answers_as_the_long_poll_does():
             assert status == 200 and json.loads(body)["access_token"] != "good-1", body
     finally:
         issuer.close()
+
+
+def test_a_proxy_whose_token_is_refused_and_read_back_unchanged_answers_without_waiting(tmp_path):
+    """The proxy's retrier forces a refresh; a file read back unchanged is no new version, and the
+    refresh still ends with it, so the refused answer comes back at once, not after maxWaitSec."""
+    from test_proxy import ResourceServer
+
+    resource = ResourceServer()
+    try:
+        path = str(tmp_path / "token")
+        replace_with_text(path, "opaque-never-accepted\n")
+        config = {"maxWaitSec": 60, "proxies": [{"name": "api", "target": resource.base + "/api"}],
+                  "providers": [{"source": {"type": "file", "path": path}, "forcedRefreshMaxAttempts": 20}]}
+        with Broker(config) as broker:
+            resource.admin("/admin/reset", {})
+            resource.admin("/admin/config", {"jwks": broker.url("/.well-known/jwks.json"), "cookie": None, "header": None})
+            assert broker.get_json("/token/ready?timeout=10")[0]["version"] == 1
+            status, _, body = broker.request("GET", "/proxy/api/echo/x", timeout=15)
+            assert status == 401, body
+            assert broker.get_json("/token")[0]["version"] == 1
+            assert broker.fetches() >= 2, "the refusal forced a re-read"
+    finally:
+        resource.close()
