@@ -9,7 +9,7 @@ import os
 import subprocess
 import threading
 
-from broker import BINARY, Broker
+from broker import BINARY, Broker, run_broker
 from issuers.faulty import FaultyIssuer
 from test_http_api import wait_until
 
@@ -57,6 +57,17 @@ def test_a_fifo_at_a_file_sources_path_is_an_error_and_a_regular_file_there_is_s
         body, _ = broker.get_json("/token/ready?timeout=15", timeout=20)
         assert body["access_token"] == "opaque-token-value"
         assert broker.request("GET", "/readyz", listener="admin")[0] == 200
+
+
+def test_a_configuration_file_or_key_file_that_is_a_fifo_is_refused_at_once(tmp_path):
+    fifo = str(tmp_path / "fifo")
+    os.mkfifo(fifo, 0o600)
+    result = run_broker("--check-config", "--config", fifo, timeout=20)
+    assert result.returncode == 2 and f"cannot read configuration file {fifo}: is a FIFO, not a regular file" in result.stderr, result
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"providers": [{"source": {"type": "jwt", "keyFile": fifo}}]}))
+    result = run_broker("--config", str(config), env={"TOKEN_BROKER_LISTEN": "127.0.0.1:0", "TOKEN_BROKER_ADMIN_LISTEN": "127.0.0.1:0"}, timeout=20)
+    assert result.returncode == 2 and "is a FIFO, not a regular file" in result.stderr, result
 
 
 def test_a_fifo_as_client_keys_file_is_reported_and_reloads_go_on_once_it_is_replaced(tmp_path):
