@@ -222,7 +222,7 @@ final class ProxyExchange: UpstreamExchangeDelegate, @unchecked Sendable {
         case .current(let token):
             fresh = token
         case .refreshing(let after):
-            if case .token(let token, _) = await provider.onTokenReady(after: after ?? version, timeout: api.maxWait) { fresh = token }
+            if case .token(let token, _) = await provider.onTokenReady(after: after ?? version, timeout: api.maxWait, forRefresh: true) { fresh = token }
         case .excessive:
             fresh = nil
         }

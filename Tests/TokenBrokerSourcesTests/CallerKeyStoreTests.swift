@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Testing
 import TokenBrokerCore
 @testable import TokenBrokerSources
@@ -46,5 +47,58 @@ import TokenBrokerCore
         }
         #expect(store.reloadIfChanged() == nil, "a broken version is reported once")
         #expect(store.authorize("Bearer key-a", provider: "payments") == .allowed)
+    }
+
+    @Test func aFIFOInPlaceOfTheFileIsRefusedAndTheNextRegularFileIsLoaded() throws {
+        let directory = try TemporaryDirectory()
+        let path = directory.path("callers.json")
+        try write(#"{"keys": [{"name": "billing", "sha256": "\#(Self.hashA)", "providers": ["default"]}]}"#, to: path)
+        let store = try CallerKeyStore(path: path, knownProviders: ["default", "payments"])
+        try FileManager.default.removeItem(atPath: path)
+        #expect(mkfifo(path, 0o600) == 0)
+        guard case .failure(let error) = store.reloadIfChanged() else {
+            Issue.record("a FIFO was accepted")
+            return
+        }
+        #expect(error.description.contains("is a FIFO, not a regular file"), "\(error)")
+        #expect(store.authorize("Bearer key-a", provider: "default") == .allowed, "the previous list stays")
+        try FileManager.default.removeItem(atPath: path)
+        try write(#"{"keys": [{"name": "billing", "sha256": "\#(Self.hashA)", "providers": ["payments"]}]}"#, to: path)
+        #expect(store.reloadIfChanged() == .success(1))
+        #expect(store.authorize("Bearer key-a", provider: "payments") == .allowed)
+    }
+
+    @Test func aFileLargerThanTheLimitIsRefusedAtStart() throws {
+        let directory = try TemporaryDirectory()
+        let path = directory.path("callers.json")
+        try Data(repeating: 0x20, count: CallerKeyStore.maxFileBytes + 1).write(to: URL(fileURLWithPath: path))
+        #expect(throws: ConfigurationError.self) { try CallerKeyStore(path: path, knownProviders: ["default"]) }
+    }
+
+    /// `stop()` returns once the watch's task has ended: no reload runs after it, and what the
+    /// watch held (the store, its callback) is let go.
+    @Test func stopEndsTheWatchBeforeItReturns() async throws {
+        final class Marker: Sendable {}
+        let directory = try TemporaryDirectory()
+        let path = directory.path("callers.json")
+        try write(#"{"keys": []}"#, to: path)
+        var store: CallerKeyStore? = try CallerKeyStore(path: path, knownProviders: ["default"])
+        var marker: Marker? = Marker()
+        weak let watched = marker
+        weak let weakStore = store
+        let reloads = Mutex(0)
+        store!.watch(every: .milliseconds(10)) { [marker] _ in
+            _ = marker
+            reloads.withLock { $0 += 1 }
+        }
+        marker = nil
+        try write(#"{"keys": [{"name": "billing", "sha256": "\#(Self.hashA)", "providers": ["default"]}]}"#, to: path)
+        #expect(await eventually { reloads.withLock { $0 } == 1 })
+        #expect(store!.stop(), "the watch ended in time")
+        try write(#"{"keys": []}"#, to: path)
+        try await Task.sleep(for: .milliseconds(100))
+        #expect(reloads.withLock { $0 } == 1, "no reload after stop()")
+        store = nil
+        #expect(await eventually { watched == nil && weakStore == nil }, "nothing of the watch outlives it")
     }
 }

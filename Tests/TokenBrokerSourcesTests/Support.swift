@@ -52,3 +52,13 @@ enum DER {
         return [0x30, UInt8(body.count)] + body
     }
 }
+
+/// Polls `condition` every millisecond until it holds, for at most `seconds`; its last answer.
+func eventually(within seconds: Double = 10, _ condition: () -> Bool) async -> Bool {
+    let end = ContinuousClock.now.advanced(by: .milliseconds(Int(seconds * 1000)))
+    while ContinuousClock.now < end {
+        if condition() { return true }
+        try? await Task.sleep(for: .milliseconds(1))
+    }
+    return condition()
+}

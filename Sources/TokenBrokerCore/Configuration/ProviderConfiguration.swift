@@ -26,6 +26,10 @@ public struct ProviderConfiguration: Sendable, Equatable {
     public var forcedRefreshWindowSec: Int
     /// How token answers also carry the token as a cookie (the WAF SDK's `setTokenCookie` and friends).
     public var cookie: CookieSettings
+    /// The longest one fetch may take, in seconds; a fetch still running then counts as failed
+    /// (`timeout`) and is abandoned. Default: the source's `timeoutMsec` plus 5 s for `oauth2`
+    /// and `http`, 10 for `jwt` and `file`; 1–600.
+    public var fetchTimeoutSec: Int?
 
     public init(
         name: String = "default",
@@ -37,9 +41,11 @@ public struct ProviderConfiguration: Sendable, Equatable {
         pauseWhenIdle: Bool = true,
         forcedRefreshMaxAttempts: Int = 5,
         forcedRefreshWindowSec: Int = 30,
-        cookie: CookieSettings = CookieSettings()
+        cookie: CookieSettings = CookieSettings(),
+        fetchTimeoutSec: Int? = nil
     ) {
         self.cookie = cookie
+        self.fetchTimeoutSec = fetchTimeoutSec
         self.name = name
         self.source = source
         self.backgroundRefreshEnabled = backgroundRefreshEnabled
@@ -53,6 +59,17 @@ public struct ProviderConfiguration: Sendable, Equatable {
 
     /// `maxRetryCount`, or its default for the refresh mode.
     public var effectiveMaxRetryCount: Int { maxRetryCount ?? (backgroundRefreshEnabled ? 5 : 3) }
+
+    /// `fetchTimeoutSec`, or its default for the source: past the source's own upstream timeout,
+    /// so that an issuer's slowness is normally reported by the upstream client, with detail.
+    public var effectiveFetchTimeout: Duration {
+        if let fetchTimeoutSec { return .seconds(fetchTimeoutSec) }
+        switch source {
+        case .oauth2(let settings): return .milliseconds(settings.upstream.timeoutMsec) + .seconds(5)
+        case .http(let settings): return .milliseconds(settings.upstream.timeoutMsec) + .seconds(5)
+        case .jwt, .file: return .seconds(10)
+        }
+    }
 }
 
 extension ProviderConfiguration {
@@ -77,6 +94,7 @@ extension ProviderConfiguration {
         forcedRefreshMaxAttempts = try reader.int("forcedRefreshMaxAttempts", 1...100, default: forcedRefreshMaxAttempts)
         forcedRefreshWindowSec = try reader.int("forcedRefreshWindowSec", 1...3600, default: forcedRefreshWindowSec)
         cookie = try CookieSettings(reading: &reader)
+        fetchTimeoutSec = try reader.int("fetchTimeoutSec", 1...600)
         try reader.finish()
     }
 }

@@ -10,6 +10,9 @@
 /// | backoff 100 ms doubling for `maxRetryCount` failures, then every `maxErrorTokenRefreshDelayMsec` | `fetchFailed` |
 /// | pause after `tokenRefreshDelaySec` without activity; resume on the next read | `tick`, `noteActivity` |
 /// | one fetch in flight, shared by every waiter | `startFetchIfIdle` |
+/// | a fetch not done within `fetchTimeoutSec` fails as `timeout`; its late result is ignored | `tick`, `fetchSucceeded` |
+/// | a new version only for a new token: the same access token again only updates the expiry | `fetchSucceeded` |
+/// | a forced refresh's waiters are answered by its token, even the same one again | `addWaiter`, `fetchSucceeded` |
 /// | forced refresh only for the current version, 5 per 30 s | `forceRefresh` |
 /// | on demand: fetch per call, after `maxRetryCount` retries fall back to the previous valid token | `getToken`, `fetchFailed` |
 public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Instant.Duration == Duration {
@@ -29,8 +32,12 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
 
     /// What the owner must do after an event.
     public enum Action: Sendable {
-        /// Start one upstream fetch and report it back with `fetchSucceeded` or `fetchFailed`.
+        /// Start one upstream fetch and report it back with `fetchSucceeded` or `fetchFailed`,
+        /// naming it by `fetchNumber`, read when the action is carried out.
         case startFetch
+        /// The fetch numbered so took longer than `fetchTimeout`: it has been counted as failed
+        /// with this error; cancel it, and report the failure. Its result, if it ever comes, is ignored.
+        case abandonFetch(number: UInt64, TokenFetchError)
         /// Complete these waiters, all with the same outcome, outside the lock. One action for
         /// all the waiters a new token wakes: ten thousand of them are one list, not ten thousand actions.
         case complete(waiters: [UInt64], WaitOutcome)
@@ -53,8 +60,14 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
 
     private enum WaiterKind: Sendable { case ready, onDemand }
     private struct Waiter: Sendable {
+        /// The version the waiter has; it wants a newer one.
         var after: UInt64?
         var kind: WaiterKind
+        /// Without background refresh: the waiter wants a token fetched after it asked, so the
+        /// next successful fetch answers it even when it brings back the same token.
+        var wantsFetch: Bool
+        /// Waits for a forced refresh: the refresh's token answers it, even the same one again.
+        var forRefresh: Bool
     }
 
     // MARK: - Settings
@@ -63,6 +76,8 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     public let pauseWhenIdle: Bool
     public let retryPolicy: RetryPolicy
     public let schedule: RefreshSchedule
+    /// The longest one fetch may take before it counts as failed (`fetchTimeoutSec`).
+    public let fetchTimeout: Duration
     private let jitter: Jitter
 
     // MARK: - State
@@ -76,6 +91,10 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     public private(set) var lastError: TokenFetchError?
     /// When the next fetch is due (a refresh or a retry); nil when none is planned.
     public private(set) var fetchDueAt: Instant?
+    /// The number of the fetch in flight, or of the last one: results that name another are ignored.
+    public private(set) var fetchNumber: UInt64 = 0
+    /// When the fetch in flight is given up; nil when none is in flight.
+    public private(set) var fetchDeadline: Instant?
     private var lastActivity: Instant
     private var lastVersion: UInt64 = 0
     private var nextWaiterID: UInt64 = 0
@@ -93,20 +112,17 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         forcedWindow = ForcedRefreshWindow(
             interval: .seconds(configuration.forcedRefreshWindowSec),
             maximumAttempts: configuration.forcedRefreshMaxAttempts)
+        fetchTimeout = configuration.effectiveFetchTimeout
         self.jitter = jitter
         lastActivity = now
     }
 
     // MARK: - Reading
 
-    /// When the owner's single timer must next fire: the next fetch or the earliest waiter deadline.
+    /// When the owner's single timer must next fire: the next fetch, the deadline of the fetch
+    /// in flight, or the earliest waiter deadline.
     public var nextWakeup: Instant? {
-        switch (fetchDueAt, deadlines.earliest) {
-        case (let a?, let b?): min(a, b)
-        case (let a?, nil): a
-        case (nil, let b?): b
-        case (nil, nil): nil
-        }
+        [fetchDueAt, fetchDeadline, deadlines.earliest].compactMap { $0 }.min()
     }
 
     /// The cached token if it is still valid at `now`; never an expired one.
@@ -136,7 +152,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     public mutating func start(now: Instant) -> [Action] {
         lastActivity = now
         guard backgroundRefresh else { return [] }
-        return startFetchIfIdle()
+        return startFetchIfIdle(now: now)
     }
 
     /// `getToken` with background refresh: the cached token if valid, never waiting.
@@ -164,10 +180,15 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
 
     /// Registers a waiter for a valid token newer than `after` (`onTokenReady`).
     ///
-    /// - Parameter onDemand: true for `getToken` without background refresh: the waiter wants a
-    ///   token fetched for it and gives up when the retries run out.
+    /// - Parameters:
+    ///   - onDemand: true for `getToken` without background refresh: the waiter wants a token
+    ///     fetched for it and gives up when the retries run out.
+    ///   - forRefresh: true for the waiter of a forced refresh (`forceRefresh` said `refreshing`):
+    ///     the refresh's token answers it even when it is the same token again, which then keeps
+    ///     its version; a refresh that already succeeded answers it at once. A failing refresh
+    ///     keeps it waiting through the retries, as any waiter.
     /// - Returns: the waiter's id, and the actions, which may complete it at once.
-    public mutating func addWaiter(after requested: UInt64?, deadline: Instant, onDemand: Bool = false, now: Instant)
+    public mutating func addWaiter(after requested: UInt64?, deadline: Instant, onDemand: Bool = false, forRefresh: Bool = false, now: Instant)
         -> (id: UInt64, actions: [Action])
     {
         var actions = noteActivity(now: now)
@@ -175,7 +196,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         let id = nextWaiterID
         // Without background refresh every call wants a token fetched after it asked.
         let after = backgroundRefresh ? requested : max(requested ?? 0, lastVersion)
-        if let token = validToken(at: now), token.version > (after ?? 0) {
+        if let token = validToken(at: now), token.version > (after ?? 0) || (forRefresh && !isFetching && failures == 0) {
             actions.append(.complete(waiters: [id], .token(token, stale: isStale(at: now))))
             return (id, actions)
         }
@@ -183,12 +204,12 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
             actions.append(.complete(waiters: [id], .timedOut(current: validToken(at: now), lastError: lastError)))
             return (id, actions)
         }
-        waiters[id] = Waiter(after: after, kind: onDemand ? .onDemand : .ready)
+        waiters[id] = Waiter(after: requested, kind: onDemand ? .onDemand : .ready, wantsFetch: !backgroundRefresh, forRefresh: forRefresh)
         deadlines.insert(id, at: deadline)
         // Ask for a token now when nothing valid can satisfy the waiter, unless a fetch or a
         // retry is already planned: a failing issuer keeps its backoff however many wait.
         if !isFetching, fetchDueAt == nil, !backgroundRefresh || !hasValidToken(at: now) {
-            actions += startFetchIfIdle()
+            actions += startFetchIfIdle(now: now)
         }
         return (id, actions)
     }
@@ -207,20 +228,38 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         }
         if isFetching { return (.refreshing(after: cached?.version), actions) }
         if let wait = forcedWindow.admit(at: now) { return (.excessive(retryAfter: wait), actions) }
-        actions += startFetchIfIdle()
+        actions += startFetchIfIdle(now: now)
         return (.refreshing(after: cached?.version), actions)
     }
 
     /// The upstream fetch brought a token.
-    /// - Parameter wallTime: the wall-clock time of `now`, kept for `issued_at`.
-    public mutating func fetchSucceeded(_ token: FetchedToken, now: Instant, wallTime: WallTime) -> [Action] {
+    ///
+    /// A version is a new token: when the access token is the one cached (a file read again, an
+    /// issuer that hands out its current token until it nears expiry), the version, `issued_at`
+    /// and the rendered answers stay; only the expiry becomes the one just learned, and only
+    /// waiters that the cached token would answer now (it had expired, say) are woken.
+    /// - Parameters:
+    ///   - fetch: the `fetchNumber` of the fetch that brought it; a result of any other fetch
+    ///     (one abandoned at its deadline) is ignored. Nil: the fetch in flight, whichever it is.
+    ///   - wallTime: the wall-clock time of `now`, kept for `issued_at`.
+    public mutating func fetchSucceeded(_ token: FetchedToken, fetch: UInt64? = nil, now: Instant, wallTime: WallTime) -> [Action] {
+        guard isCurrent(fetch) else { return [] }
         isFetching = false
+        fetchDeadline = nil
         failures = 0
         lastError = nil
-        lastVersion += 1
-        let accepted = Token(
-            token: token, version: lastVersion, issuedAt: now,
-            expiresAt: token.lifetime.map { now.advanced(by: $0) }, issuedAtDate: wallTime)
+        let expiresAt = token.lifetime.map { now.advanced(by: $0) }
+        let accepted: Token
+        if var same = cached, same.token.accessToken == token.accessToken {
+            // Issued when first seen: the lifetime is counted from then to the new expiry.
+            same.token = token
+            same.token.lifetime = expiresAt.map { same.issuedAt.duration(to: $0) }
+            same.expiresAt = expiresAt
+            accepted = same
+        } else {
+            lastVersion += 1
+            accepted = Token(token: token, version: lastVersion, issuedAt: now, expiresAt: expiresAt, issuedAtDate: wallTime)
+        }
         cached = accepted
         if backgroundRefresh {
             fetchDueAt = now.advanced(by: schedule.refreshAfter(lifetime: token.lifetime, unit: jitter.next()))
@@ -232,7 +271,10 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         var woken: [UInt64] = []
         if valid {
             woken.reserveCapacity(waiters.count)
-            for (id, waiter) in waiters where accepted.version > (waiter.after ?? 0) { woken.append(id) }
+            for (id, waiter) in waiters
+            where accepted.version > (waiter.after ?? 0) || waiter.forRefresh || (waiter.wantsFetch && waiter.after == nil) {
+                woken.append(id)
+            }
         }
         if woken.count == waiters.count {
             waiters.removeAll()
@@ -244,8 +286,12 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     }
 
     /// The upstream fetch failed.
-    public mutating func fetchFailed(_ error: TokenFetchError, now: Instant) -> [Action] {
+    /// - Parameter fetch: as for `fetchSucceeded`: a failure of another fetch than the one in
+    ///   flight is ignored.
+    public mutating func fetchFailed(_ error: TokenFetchError, fetch: UInt64? = nil, now: Instant) -> [Action] {
+        guard isCurrent(fetch) else { return [] }
         isFetching = false
+        fetchDeadline = nil
         failures += 1
         lastError = error
         var actions: [Action] = []
@@ -267,9 +313,18 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         return actions
     }
 
-    /// The owner's timer fired: time out waiters, then start a due fetch or pause when idle.
+    /// The owner's timer fired: give up a fetch past its deadline, time out waiters, then start
+    /// a due fetch or pause when idle.
     public mutating func tick(now: Instant) -> [Action] {
         var actions: [Action] = []
+        if isFetching, let deadline = fetchDeadline, deadline <= now {
+            // No source holds the provider in `refreshing`: the fetch fails, and backoff follows.
+            let milliseconds = fetchTimeout.components.seconds * 1000 + fetchTimeout.components.attoseconds / 1_000_000_000_000_000
+            let error = TokenFetchError.timeout("the source did not finish within \(milliseconds) ms (fetchTimeoutSec)")
+            let number = fetchNumber
+            actions += fetchFailed(error, now: now)
+            actions.insert(.abandonFetch(number: number, error), at: 0)
+        }
         for id in deadlines.popDue(at: now) {
             guard waiters.removeValue(forKey: id) != nil else { continue }
             let current = validToken(at: now)
@@ -288,7 +343,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
             isPaused = true
             return actions
         }
-        return actions + startFetchIfIdle()
+        return actions + startFetchIfIdle(now: now)
     }
 
     /// Completes every waiter: the provider is going away.
@@ -297,6 +352,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         waiters.removeAll()
         deadlines.removeAll()
         fetchDueAt = nil
+        fetchDeadline = nil
         return actions
     }
 
@@ -314,7 +370,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
                 return []
             }
         }
-        return startFetchIfIdle()
+        return startFetchIfIdle(now: now)
     }
 
     /// Forgets every deadline once nobody waits, so that finished waiters leave no timer behind.
@@ -322,13 +378,21 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         if waiters.isEmpty { deadlines.removeAll() }
     }
 
-    /// Starts the single upstream fetch unless one is already in flight.
-    private mutating func startFetchIfIdle() -> [Action] {
+    /// Starts the single upstream fetch unless one is already in flight, with its deadline.
+    private mutating func startFetchIfIdle(now: Instant) -> [Action] {
         guard !isFetching else { return [] }
         isFetching = true
         isPaused = false
         fetchDueAt = nil
+        fetchNumber += 1
+        fetchDeadline = now.advanced(by: fetchTimeout)
         return [.startFetch]
+    }
+
+    /// Whether a result of fetch `number` is the one the machine waits for (nil: whichever is).
+    private func isCurrent(_ number: UInt64?) -> Bool {
+        guard let number else { return true }
+        return isFetching && number == fetchNumber
     }
 }
 

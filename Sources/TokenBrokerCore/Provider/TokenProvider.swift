@@ -4,7 +4,9 @@ import Synchronization
 ///
 /// The rules live in `ProviderStateMachine`; this class carries out its actions. It runs one
 /// upstream fetch at a time in a task of its own, keeps one timer for every deadline (the next
-/// refresh or retry, and the earliest waiter), and completes waiters outside its lock.
+/// refresh or retry, the fetch in flight, and the earliest waiter), and completes waiters
+/// outside its lock. A fetch past its deadline is cancelled and reported as a `timeout`; the
+/// provider does not wait for it to end.
 ///
 /// - Important: call `run()` from a task you own; the provider fetches nothing until then, and
 ///   shuts down (completing every waiter with `.shuttingDown`) when that task is cancelled.
@@ -41,6 +43,8 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         /// end calls them in the order the action listed the waiters.
         var completions: [(waiters: [Completion], outcome: WaitOutcome)] = []
         var cancelledTimer: Task<Void, Never>?
+        /// A fetch given up at its deadline: cancel it, and report the failure.
+        var abandoned: (fetch: Task<Void, Never>?, error: TokenFetchError, elapsed: Duration)?
     }
 
     /// - Parameters:
@@ -142,14 +146,18 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     }
 
     /// `onTokenReady`: waits for a valid token newer than `after`, at most `timeout`.
-    public func onTokenReady(after: UInt64? = nil, timeout: Duration) async -> WaitOutcome {
-        await wait(after: after, timeout: timeout, onDemand: false)
+    /// - Parameter forRefresh: the wait of a forced refresh, which its token ends even when it
+    ///   is the same token again (see `ProviderStateMachine.addWaiter`).
+    public func onTokenReady(after: UInt64? = nil, timeout: Duration, forRefresh: Bool = false) async -> WaitOutcome {
+        await wait(after: after, timeout: timeout, onDemand: false, forRefresh: forRefresh)
     }
 
     /// Registers a waiter that ends through `completion` (the callback form, for suspended
     /// HTTP connections). Returns an id for `removeWaiter`.
     @discardableResult
-    public func addWaiter(after: UInt64?, deadline: C.Instant, onDemand: Bool = false, completion: @escaping Completion)
+    public func addWaiter(
+        after: UInt64?, deadline: C.Instant, onDemand: Bool = false, forRefresh: Bool = false, completion: @escaping Completion
+    )
         -> UInt64
     {
         var work = Work()
@@ -158,7 +166,8 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
                 work.completions.append(([completion], .shuttingDown))
                 return 0
             }
-            let (id, actions) = state.machine.addWaiter(after: after, deadline: deadline, onDemand: onDemand, now: clock.now)
+            let (id, actions) = state.machine.addWaiter(
+                after: after, deadline: deadline, onDemand: onDemand, forRefresh: forRefresh, now: clock.now)
             state.completions[id] = completion
             collect(actions, into: &work, state: &state)
             return id
@@ -219,13 +228,13 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
 
     // MARK: - Carrying out actions
 
-    private func wait(after: UInt64?, timeout: Duration, onDemand: Bool) async -> WaitOutcome {
+    private func wait(after: UInt64?, timeout: Duration, onDemand: Bool, forRefresh: Bool = false) async -> WaitOutcome {
         // The waiter's id once registered, or `.max` when cancellation came first: whichever of
         // registration and cancellation runs second ends the waiter.
         let waiterID = Mutex<UInt64?>(nil)
         return await withTaskCancellationHandler {
             await withCheckedContinuation { (continuation: CheckedContinuation<WaitOutcome, Never>) in
-                let id = addWaiter(after: after, deadline: deadline(in: timeout), onDemand: onDemand) { outcome in
+                let id = addWaiter(after: after, deadline: deadline(in: timeout), onDemand: onDemand, forRefresh: forRefresh) { outcome in
                     continuation.resume(returning: outcome)
                 }
                 let cancelledAlready = waiterID.withLock { stored -> Bool in
@@ -267,8 +276,13 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         for action in actions {
             switch action {
             case .startFetch:
+                let number = state.machine.fetchNumber
                 state.fetchStartedAt = clock.now
-                state.fetch = Task { [self] in await fetchOnce() }
+                state.fetch = Task { [self] in await fetchOnce(number) }
+            case .abandonFetch(_, let error):
+                let elapsed = state.fetchStartedAt.map { $0.duration(to: clock.now) } ?? .zero
+                work.abandoned = (state.fetch, error, elapsed)
+                state.fetch = nil
             case .complete(let ids, let outcome):
                 var waiters: [Completion] = []
                 waiters.reserveCapacity(ids.count)
@@ -304,6 +318,10 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     /// is then freed by the thread that finishes that connection, not at the end of a batch.
     private func perform(_ work: inout Work) {
         work.cancelledTimer?.cancel()
+        if let abandoned = work.abandoned {
+            abandoned.fetch?.cancel()
+            events.fetched(name, .failure(abandoned.error), abandoned.elapsed)
+        }
         for index in work.completions.indices {
             let outcome = work.completions[index].outcome
             while let completion = work.completions[index].waiters.popLast() { completion(outcome) }
@@ -321,7 +339,8 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         perform(&work)
     }
 
-    private func fetchOnce() async {
+    /// Runs fetch `number` and reports its result, unless the fetch was given up meanwhile.
+    private func fetchOnce(_ number: UInt64) async {
         let result: Result<FetchedToken, TokenFetchError>
         do {
             result = .success(try await source.fetch())
@@ -332,17 +351,20 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         let started = state.withLock { $0.fetchStartedAt } ?? clock.now
         let elapsed = started.duration(to: clock.now)
         var version: UInt64?
+        var accepted = false
         apply { machine, now in
+            // A late result of a fetch abandoned at its deadline is not reported twice.
+            accepted = machine.isFetching && machine.fetchNumber == number
             switch result {
             case .success(let token):
-                let actions = machine.fetchSucceeded(token, now: now, wallTime: wallClock())
+                let actions = machine.fetchSucceeded(token, fetch: number, now: now, wallTime: wallClock())
                 version = machine.cached?.version
                 return actions
             case .failure(let error):
-                return machine.fetchFailed(error, now: now)
+                return machine.fetchFailed(error, fetch: number, now: now)
             }
         }
-        events.fetched(name, result.map { ($0, version ?? 0) }, elapsed)
+        if accepted { events.fetched(name, result.map { ($0, version ?? 0) }, elapsed) }
     }
 }
 

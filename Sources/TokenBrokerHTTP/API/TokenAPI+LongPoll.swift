@@ -3,12 +3,11 @@ import TokenBrokerCore
 extension TokenAPI {
     /// How a wait's outcome becomes an answer.
     enum WaitMode {
-        /// `/token/ready`: `conditional` when the client named a version it already has.
+        /// `/token/ready`, and `/token/refresh` (whose answer is the same): `conditional` when
+        /// the client named a version it already has.
         case ready(conditional: Bool)
         /// `/token` without background refresh.
         case onDemand
-        /// `/token/refresh`: a timeout means the refresh did not finish.
-        case refresh
     }
 
     /// `GET /token/ready?after=N&timeout=S` (or `If-None-Match: "N"`): answers 200 as soon as a
@@ -32,11 +31,12 @@ extension TokenAPI {
     }
 
     /// Suspends the request until the provider completes its waiter.
-    func wait(_ endpoint: Endpoint, after: UInt64?, timeout: Duration, mode: WaitMode, label: RequestCounter) -> HTTPReply {
+    /// - Parameter forRefresh: the wait of a forced refresh (see `ProviderStateMachine.addWaiter`).
+    func wait(_ endpoint: Endpoint, after: UInt64?, timeout: Duration, mode: WaitMode, forRefresh: Bool = false, label: RequestCounter) -> HTTPReply {
         let provider = endpoint.provider
         let deadline = provider.deadline(in: timeout)
         return .deferred { [self] responder in
-            let id = provider.addWaiter(after: after, deadline: deadline) { outcome in
+            let id = provider.addWaiter(after: after, deadline: deadline, forRefresh: forRefresh) { outcome in
                 self.answer(responder, self.waitAnswer(outcome, endpoint, mode: mode), route: label)
             }
             responder.onClose { provider.removeWaiter(id) }
@@ -69,8 +69,6 @@ extension TokenAPI {
                 return HTTPResponse(status: 304, body: [], headers: [("ETag", "\"\(current.version)\""), ("Cache-Control", "no-store")])
             case .ready(conditional: false), .onDemand:
                 return tokenAnswer(current, stale: provider.status().stale)
-            case .refresh:
-                return Self.unavailable(provider, reason: "the refresh of provider \(JSONText.quoted(provider.name)) did not finish in time")
             }
         case .timedOut(nil, _):
             return Self.unavailable(provider)

@@ -5,8 +5,11 @@ extension TokenAPI {
     ///
     /// A client whose token was refused downstream (401) asks for a new one. If N is the current
     /// version, or absent, the provider refreshes once for everybody (single flight) and the answer
-    /// comes as from `/token/ready`. If N is older, the current token comes back at once. Past
-    /// the refresh window: 429 `excessive_refresh` with `Retry-After`.
+    /// comes as from `/token/ready?after=N`: a newer token; when none came in time (the issuer
+    /// fails), 304 with the current `ETag` if N was sent, else the cached token, flagged stale
+    /// while refresh fails; 503 only when no valid token is cached. A refresh that brings back
+    /// the same token ends the wait with it, under its unchanged version. If N is older, the current
+    /// token comes back at once. Past the refresh window: 429 `excessive_refresh` with `Retry-After`.
     func refresh(_ endpoint: Endpoint, _ request: HTTPRequest, label: RequestCounter) -> HTTPReply {
         let rejected: UInt64?
         let timeout: Duration
@@ -29,7 +32,8 @@ extension TokenAPI {
                 "provider \(JSONText.quoted(provider.name)) allows \(provider.configuration.forcedRefreshMaxAttempts) forced refreshes per \(provider.configuration.forcedRefreshWindowSec) s; try again in \(seconds) s",
                 headers: [("Retry-After", String(seconds))])))
         case .refreshing(let after):
-            return wait(endpoint, after: after ?? rejected, timeout: timeout, mode: .refresh, label: label)
+            return wait(
+                endpoint, after: after ?? rejected, timeout: timeout, mode: .ready(conditional: rejected != nil), forRefresh: true, label: label)
         }
     }
 }

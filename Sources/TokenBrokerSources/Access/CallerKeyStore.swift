@@ -1,3 +1,4 @@
+import Dispatch
 import Glibc
 import Synchronization
 import TokenBrokerCore
@@ -13,7 +14,14 @@ public final class CallerKeyStore: CallerAuthorizing, @unchecked Sendable {
     public let path: String
     private let knownProviders: Set<String>
     private let state: Mutex<(list: CallerKeyList, identity: FileIdentity?)>
-    private let watcher = Mutex<Task<Void, Never>?>(nil)
+    private let watcher = Mutex<Watch?>(nil)
+
+    /// The running watch: its task, and what the task signals as it ends.
+    private struct Watch: @unchecked Sendable {
+        // DispatchSemaphore is thread-safe but not marked Sendable.
+        var task: Task<Void, Never>
+        var ended: DispatchSemaphore
+    }
 
     /// What happened at a re-read: the number of callers now listed, or why the file was refused.
     public typealias ReloadEvent = @Sendable (Result<Int, ConfigurationError>) -> Void
@@ -26,19 +34,39 @@ public final class CallerKeyStore: CallerAuthorizing, @unchecked Sendable {
         state = Mutex((try Self.read(path, knownProviders: knownProviders), identity))
     }
 
-    /// Starts looking for changes every `interval`, reporting each re-read to `onReload`.
+    /// Starts looking for changes every `interval`, reporting each re-read to `onReload`, until `stop()`.
     public func watch(every interval: Duration = .seconds(1), onReload: @escaping ReloadEvent) {
-        let task = Task.detached { [weak self] in
-            while !Task.isCancelled {
-                try? await Task.sleep(for: interval)
-                guard let store = self else { return }
-                if let event = store.reloadIfChanged() { onReload(event) }
+        let ended = DispatchSemaphore(value: 0)
+        // The task holds the store until it ends, and it ends when stop() cancels it.
+        let task = Task.detached { [self] in
+            defer { ended.signal() }
+            while true {
+                do {
+                    try await Task.sleep(for: interval)
+                } catch {
+                    return
+                }
+                if let event = reloadIfChanged() { onReload(event) }
             }
         }
-        watcher.withLock { $0 = task }
+        let replaced = watcher.withLock { watcher in
+            defer { watcher = Watch(task: task, ended: ended) }
+            return watcher
+        }
+        replaced?.task.cancel()
     }
 
-    public func stop() { watcher.withLock { $0?.cancel() } }
+    /// Stops the watch and waits until its task has ended, at most `limit`; true if it ended.
+    ///
+    /// - Important: blocks the calling thread: call it at shutdown, from outside Swift's
+    ///   cooperative pool (the broker calls it on the main thread).
+    @discardableResult
+    public func stop(waitingAtMost limit: Duration = .seconds(2)) -> Bool {
+        guard let watch = watcher.withLock({ watcher in defer { watcher = nil }; return watcher }) else { return true }
+        watch.task.cancel()
+        let milliseconds = Int(limit.components.seconds) * 1000 + Int(limit.components.attoseconds / 1_000_000_000_000_000)
+        return watch.ended.wait(timeout: .now() + .milliseconds(milliseconds)) == .success
+    }
 
     /// Re-reads the file if it changed since the last look; nil when it did not.
     public func reloadIfChanged() -> Result<Int, ConfigurationError>? {
@@ -80,12 +108,15 @@ public final class CallerKeyStore: CallerAuthorizing, @unchecked Sendable {
         return key
     }
 
+    /// The largest caller-keys file read: 4 MiB, some twenty thousand callers.
+    public static let maxFileBytes = 4 << 20
+
     private static func read(_ path: String, knownProviders: Set<String>) throws(ConfigurationError) -> CallerKeyList {
+        // Never waits (a FIFO is refused, not read) and never reads more than the limit.
         let bytes: [UInt8]
-        do {
-            bytes = try SecretFile.read(path)
-        } catch {
-            throw ConfigurationError(key: "clientKeysFile", "cannot read \(path)")
+        switch FileContents.read(path, limit: maxFileBytes) {
+        case .success(let contents): bytes = contents
+        case .failure(let error): throw ConfigurationError(key: "clientKeysFile", "cannot read \(path): \(error.reason)")
         }
         do {
             return try CallerKeyList(json: bytes, knownProviders: knownProviders)

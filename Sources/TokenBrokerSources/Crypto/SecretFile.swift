@@ -1,9 +1,15 @@
 import TokenBrokerCore
 
-/// Reads key and secret files.
+/// Reads key and secret files, through `FileContents`: never waiting on a FIFO or a device.
 public enum SecretFile {
-    public static func read(_ path: String) throws(TokenFetchError) -> [UInt8] {
-        switch FileContents.read(path) {
+    /// The largest key or secret file read when no other limit is given: 1 MiB, far above any
+    /// PEM key or secret.
+    public static let defaultLimit = 1 << 20
+
+    /// The file's bytes; a file that cannot be read, is not a regular file, or is larger than
+    /// `limit` is a `configuration` error naming the path.
+    public static func read(_ path: String, limit: Int = defaultLimit) throws(TokenFetchError) -> [UInt8] {
+        switch FileContents.read(path, limit: limit) {
         case .success(let bytes): return bytes
         case .failure(let error): throw .configuration("cannot read \(path): \(error.reason)")
         }

@@ -16,11 +16,12 @@ public struct FileTokenSource: TokenSource {
 
     /// Reads the file and works out the token's lifetime at `now`.
     public func read(now: WallTime) throws(TokenFetchError) -> FetchedToken {
+        // Never waits: a FIFO, a device or a directory at the path is refused, not read.
         let bytes: [UInt8]
-        do {
-            bytes = try SecretFile.read(configuration.path)
-        } catch {
-            throw .unreachable("cannot read the token file \(configuration.path)")
+        switch FileContents.read(configuration.path, limit: 64 * 1024) {
+        case .success(let contents): bytes = contents
+        case .failure(let error) where error.isTooLarge: throw .badResponse("the token file is larger than 64 KiB")
+        case .failure(let error): throw .unreachable("cannot read the token file \(configuration.path): \(error.reason)")
         }
         guard bytes.count <= 64 * 1024 else { throw .badResponse("the token file is larger than 64 KiB") }
         guard let text = String(validating: bytes, as: UTF8.self) else { throw .badResponse("the token file is not UTF-8") }

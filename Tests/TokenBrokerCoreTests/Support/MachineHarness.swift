@@ -14,6 +14,10 @@ struct MachineHarness {
     /// Instants at which each fetch was asked for.
     var fetchTimes: [Duration] = []
     var outcomes: [UInt64: Machine.WaitOutcome] = [:]
+    /// Fetches given up at their deadline, with the error they failed with.
+    var abandoned: [(number: UInt64, error: TokenFetchError)] = []
+    /// Tokens handed over so far, so that each `succeed()` brings a new one unless told otherwise.
+    var tokensIssued = 0
 
     init(_ configuration: ProviderConfiguration, jitter: Jitter = .fixed(0.5)) {
         machine = Machine(configuration: configuration, now: now, jitter: jitter)
@@ -27,6 +31,8 @@ struct MachineHarness {
                 fetchTimes.append(now.offset)
             case .complete(let ids, let outcome):
                 for id in ids { outcomes[id] = outcome }
+            case .abandonFetch(let number, let error):
+                abandoned.append((number, error))
             }
         }
     }
@@ -49,9 +55,11 @@ struct MachineHarness {
         now = Instant(offset: offset)
     }
 
-    mutating func succeed(lifetime: Duration? = .seconds(900)) {
-        record(machine.fetchSucceeded(
-            FetchedToken(accessToken: "token", lifetime: lifetime), now: now, wallTime: WallTime(timeIntervalSince1970: 0)))
+    /// The fetch in flight brings a new token, or `accessToken` when given (the same one again, say).
+    mutating func succeed(lifetime: Duration? = .seconds(900), accessToken: String? = nil, fetch: UInt64? = nil) {
+        tokensIssued += 1
+        let token = FetchedToken(accessToken: accessToken ?? "token-\(tokensIssued)", lifetime: lifetime)
+        record(machine.fetchSucceeded(token, fetch: fetch, now: now, wallTime: WallTime(timeIntervalSince1970: 0)))
     }
 
     mutating func fail(_ error: TokenFetchError = .serverError("boom", httpStatus: 503)) {
