@@ -27,7 +27,9 @@ public struct JWTSigner: TokenSource {
 
     /// Signs one token issued at `now`.
     public func mint(now: WallTime) throws(TokenFetchError) -> FetchedToken {
-        let issuedAt = Int64(now.timeIntervalSince1970.rounded(.down))
+        guard let issuedAt = Int64(exactly: now.timeIntervalSince1970.rounded(.down)) else {
+            throw .internalError("the system clock is out of range")
+        }
         let header = JSONText.object([
             ("alg", JSONText.quoted(configuration.algorithm)), ("typ", JSONText.quoted("JWT")),
             ("kid", JSONText.quoted(keyID)),
