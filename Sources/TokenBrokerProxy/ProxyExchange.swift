@@ -89,7 +89,13 @@ final class ProxyExchange: UpstreamExchangeDelegate, @unchecked Sendable {
     private func sendWhenTokenReady() async {
         let token: ProxyAPI.Provider.Token?
         if provider.configuration.backgroundRefreshEnabled {
-            if case .token(let ready, _) = await provider.onTokenReady(after: nil, timeout: api.maxWait) { token = ready } else { token = nil }
+            switch await provider.onTokenReady(after: nil, timeout: api.maxWait) {
+            case .token(let ready, _): token = ready
+            case .shuttingDown:
+                finish(with: HTTPServer.stopping)
+                return
+            case .timedOut, .exhausted: token = nil
+            }
         } else {
             token = await provider.getToken()?.token
         }

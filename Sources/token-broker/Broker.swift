@@ -40,6 +40,10 @@ enum Broker {
             Log.error("invalid configuration", ["problem": error.description])
             return 2
         }
+        if let problem = httpClientFailure(configuration) {
+            Log.error("cannot start", ["problem": problem])
+            return 1
+        }
         for (settings, (_, signer)) in zip(configuration.providers, sources) {
             if let signer {
                 Log.info("local signer ready", [
@@ -155,6 +159,17 @@ enum Broker {
         callers?.stop()
         Log.info("stopped")
         return 0
+    }
+
+    /// Why the HTTP client for issuers and proxy targets cannot run, when the configuration needs it.
+    private static func httpClientFailure(_ configuration: BrokerConfiguration) -> String? {
+        let needed = !configuration.proxies.isEmpty || configuration.providers.contains { provider in
+            switch provider.source {
+            case .oauth2, .http: true
+            case .jwt, .file: false
+            }
+        }
+        return needed ? UpstreamHTTPClient.shared.startFailure : nil
     }
 
     private static func address(_ configured: ListenAddress, _ port: UInt16) -> String {

@@ -3,46 +3,110 @@ import Synchronization
 import TokenBrokerCore
 import TokenBrokerSources
 
-/// `token-broker healthcheck [URL]`: exits 0 when `/healthz` answers 200, 1 otherwise.
+/// `token-broker healthcheck [--config FILE] [ADDRESS]`: exits 0 when the broker's admin
+/// listener answers `GET /healthz` with 200, 1 otherwise.
 ///
-/// For a container's HEALTHCHECK, so the image needs no curl. Without a URL it asks the admin
-/// listener named by `TOKEN_BROKER_ADMIN_LISTEN` (or the default), with 0.0.0.0 read as loopback;
-/// a `unix:` address is asked through its socket.
+/// For a container's HEALTHCHECK, so the image needs no curl. Without an address it asks the
+/// admin listener of the configuration the broker itself would run: the file from `--config`
+/// or `TOKEN_BROKER_CONFIG`, with `TOKEN_BROKER_ADMIN_LISTEN` applied over it, 0.0.0.0 and `::`
+/// read as loopback, and a `unix:` listener asked through its socket. So it checks the broker
+/// the configuration describes, and never some other process on the default port.
+///
+/// An address may be given instead: a URL (`http://127.0.0.1:9090`, where no path means
+/// `/healthz`) or `unix:/path/to/admin.sock`.
 enum HealthCheck {
-    static func run(arguments: [String]) -> Int32 {
+    /// Where to ask: the URL, and the Unix socket to connect through, if any.
+    struct Target: Equatable {
         var url: String
         var unixSocketPath: String?
-        if let given = arguments.first {
-            url = given
+    }
+
+    static func run(arguments: [String]) -> Int32 {
+        var configPath: String?
+        var given: String?
+        var index = 0
+        while index < arguments.count {
+            let argument = arguments[index]
+            if argument == "--config" {
+                index += 1
+                guard index < arguments.count else { return fail("--config needs a file") }
+                configPath = arguments[index]
+            } else if argument.hasPrefix("--config=") {
+                configPath = String(argument.dropFirst("--config=".count))
+            } else if argument.hasPrefix("-") || given != nil {
+                return fail("unknown argument \"\(argument)\"; usage: token-broker healthcheck [--config FILE] [URL | unix:/path]")
+            } else {
+                given = argument
+            }
+            index += 1
+        }
+        let target: Target
+        if let given {
+            guard let parsed = Self.target(given: given) else {
+                return fail("\"\(given)\" is neither an http:// URL nor unix:/path")
+            }
+            target = parsed
         } else {
-            let text = Environment.variables()["TOKEN_BROKER_ADMIN_LISTEN"] ?? BrokerConfiguration.defaultAdminListen
-            guard var address = try? ListenAddress(parsing: text) else {
-                Log.error("healthcheck: bad TOKEN_BROKER_ADMIN_LISTEN", ["value": text])
-                return 1
+            let environment = Environment.variables()
+            let configuration: BrokerConfiguration
+            do {
+                configuration = try Options.load(
+                    path: configPath ?? environment["TOKEN_BROKER_CONFIG"].flatMap { $0.isEmpty ? nil : $0 }, environment: environment)
+            } catch {
+                return fail("invalid configuration: \(error.description)")
             }
-            if address.host == "0.0.0.0" { address.host = "127.0.0.1" }
-            if address.host == "::" { address.host = "::1" }
-            url = "http://\(address)/healthz"
-            if let path = address.unixPath {
-                unixSocketPath = path
-                url = "http://localhost/healthz"
+            guard let found = Self.target(adminListen: configuration.adminListen) else {
+                return fail("the admin listener \(configuration.adminListen) has port 0 (picked at start); give the address")
             }
+            target = found
         }
         var settings = UpstreamConfiguration()
         settings.connectTimeoutMsec = 2000
         settings.timeoutMsec = 3000
-        var request = UpstreamRequest(method: "GET", url: url, settings: settings)
-        request.unixSocketPath = unixSocketPath
+        var request = UpstreamRequest(method: "GET", url: target.url, settings: settings)
+        request.unixSocketPath = target.unixSocketPath
+        let asked = target.unixSocketPath.map { "unix:" + $0 } ?? target.url
         switch waitFor(request) {
         case .success(let response) where response.status == 200:
             return 0
         case .success(let response):
-            Log.error("healthcheck failed", ["url": url, "status": String(response.status)])
+            Log.error("healthcheck failed", ["address": asked, "status": String(response.status)])
             return 1
         case .failure(let error):
-            Log.error("healthcheck failed", ["url": url, "problem": error.summary])
+            Log.error("healthcheck failed", ["address": asked, "problem": error.summary])
             return 1
         }
+    }
+
+    /// The admin listener as something to connect to; nil for port 0, which only the broker knows.
+    static func target(adminListen: ListenAddress) -> Target? {
+        var address = adminListen
+        if let path = address.unixPath { return Target(url: "http://localhost/healthz", unixSocketPath: path) }
+        guard address.port != 0 else { return nil }
+        if address.host == "0.0.0.0" { address.host = "127.0.0.1" }
+        if address.isIPv6, address.host == "::" || address.host.allSatisfy({ $0 == "0" || $0 == ":" }) { address.host = "::1" }
+        return Target(url: "http://\(address)/healthz", unixSocketPath: nil)
+    }
+
+    /// An address from the command line: `unix:/path`, or an http URL (no path means `/healthz`).
+    static func target(given text: String) -> Target? {
+        if text.hasPrefix("unix:") {
+            guard let address = try? ListenAddress(parsing: text) else { return nil }
+            return target(adminListen: address)
+        }
+        guard text.lowercased().hasPrefix("http://"), !text.contains(where: { $0 == " " || $0 == "\r" || $0 == "\n" }) else { return nil }
+        let rest = text.dropFirst("http://".count)
+        guard let slash = rest.firstIndex(of: "/") else {
+            guard !rest.isEmpty else { return nil }
+            return Target(url: text + "/healthz")
+        }
+        guard slash != rest.startIndex else { return nil }
+        return Target(url: rest[slash...] == "/" ? text + "healthz" : text)
+    }
+
+    private static func fail(_ problem: String) -> Int32 {
+        Log.error("healthcheck failed", ["problem": problem])
+        return 1
     }
 
     /// Sends one request and blocks the main thread until it is answered (this is a command, not the server).

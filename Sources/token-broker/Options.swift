@@ -1,8 +1,9 @@
 import Glibc
 import TokenBrokerCore
+import TokenBrokerSources
 
 /// The command line: `token-broker [--config FILE] [--check-config] [--help] [--version]`
-/// and `token-broker healthcheck [URL]`.
+/// and `token-broker healthcheck [--config FILE] [URL | unix:/path]`.
 enum Options {
     static let version = "0.1.0"
 
@@ -12,8 +13,11 @@ enum Options {
         Usage:
           token-broker [--config FILE]      run the broker (no file: the embedded default)
           token-broker --check-config [--config FILE]
-                                            check the configuration; exit 0 when valid, 2 otherwise
-          token-broker healthcheck [URL]    exit 0 when the admin listener's /healthz answers 200
+                                            check the configuration as start would (keys, caller
+                                            keys file, listen addresses), short of binding
+          token-broker healthcheck [--config FILE] [URL | unix:/path]
+                                            exit 0 when the configured admin listener's /healthz
+                                            answers 200 (or the one at URL; no path means /healthz)
           token-broker --help | --version
 
         Environment:
@@ -21,8 +25,26 @@ enum Options {
           TOKEN_BROKER_LISTEN         token listener, overriding the file (default 127.0.0.1:8080)
           TOKEN_BROKER_ADMIN_LISTEN   admin listener, overriding the file (default 127.0.0.1:9090)
 
-        The token listener serves GET /token and /.well-known/jwks.json; the admin listener
-        serves GET /healthz and /readyz. See README.md for the configuration reference.
+        Relative paths in the configuration file are read from the file's own directory.
+
+        Token listener:
+          GET  /token                 the current token (JSON)
+          GET  /token/ready           long-poll: waits for a token newer than ?after=VERSION
+          POST /token/refresh         the retrier: {"rejected_version": N} forces one refresh
+          the same three for any provider under /providers/{name}/token...
+          GET  /.well-known/jwks.json the local signer's public keys (public: no caller key)
+          ANY  /proxy/{name}/{path}   proxy mode: forwarded to the proxy's target with a token
+        Admin listener:
+          GET  /healthz, /readyz, /metrics (Prometheus)
+
+        Exit status:
+          0  stopped by SIGTERM or SIGINT (after letting requests in flight finish, at most 5 s);
+             the check or the health check passed
+          1  cannot start: a listener cannot bind (port busy, socket path taken) or a system
+             resource is missing; the health check failed
+          2  bad command line or configuration (the message names the key or the file)
+
+        See README.md for the configuration reference.
         """
 
     /// Runs the command and returns the exit status.
@@ -64,8 +86,13 @@ enum Options {
             return 2
         }
         if checkOnly {
+            // Everything start does short of binding: the listen addresses are parsed whole by
+            // now; here the keys are read and the sources built, and the caller keys file read.
             do {
                 _ = try Broker.makeSources(configuration)
+                if let path = configuration.clientKeysFile {
+                    _ = try CallerKeyStore(path: path, knownProviders: Set(configuration.providers.map(\.name)))
+                }
             } catch {
                 Log.error("invalid configuration", ["problem": error.description])
                 return 2
@@ -90,6 +117,7 @@ enum Options {
             } catch {
                 throw ConfigurationError(key: error.key, "\(error.message) (in \(path))")
             }
+            configuration.resolvePaths(relativeTo: BrokerConfiguration.directory(of: path))
         }
         try configuration.applyEnvironment(environment)
         return configuration

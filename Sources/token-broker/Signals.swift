@@ -12,10 +12,17 @@ enum Signals {
 
     /// Blocks SIGTERM and SIGINT in the calling thread and every thread it starts later, and
     /// ignores SIGPIPE (a client that hangs up must not kill the broker).
+    ///
+    /// Without the mask a stop signal could land on any thread and end the process at once,
+    /// with no drain; so a failure stops the broker before it starts.
     static func blockStopSignals() {
         var set = stopSignals
-        pthread_sigmask(SIG_BLOCK, &set, nil)
-        signal(SIGPIPE, SIG_IGN)
+        let status = pthread_sigmask(SIG_BLOCK, &set, nil)
+        guard status == 0 else {
+            Log.error("cannot start", ["problem": "cannot block SIGTERM and SIGINT: \(String(cString: strerror(status)))"])
+            exit(1)
+        }
+        signal(SIGPIPE, SIG_IGN)  // fails only for an invalid signal number
     }
 
     /// Waits for SIGTERM or SIGINT and returns its name.

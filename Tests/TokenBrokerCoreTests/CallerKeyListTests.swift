@@ -39,4 +39,22 @@ import Testing
             #expect(error.description.contains(needle), "\(error.description)")
         }
     }
+
+    @Test(arguments: [
+        (#"{"keys": [{"name": "a", "sha256": "zz", "providers": ["default"]}]}"#, "keys[0].sha256: is not a SHA-256"),
+        (#"{"keys": [{"name": "a", "sha256": "\#(hashA)0", "providers": ["default"]}]}"#, "keys[0].sha256: is not a SHA-256"),
+        (#"{"keys": [{"name": "a", "sha256": "\#(hashA)00", "providers": ["default"]}]}"#, "keys[0].sha256: is not a SHA-256"),
+        (#"{"keys": [{"name": "a", "providers": ["default"]}]}"#, "keys[0].sha256: is required"),
+        (#"{"keys": [{"name": "a b", "sha256": "\#(hashA)", "providers": ["default"]}]}"#, "keys[0].name: \"a b\" is not a caller name"),
+        (#"{"keys": [{"sha256": "\#(hashA)", "providers": ["default"]}]}"#, "keys[0].name: is required"),
+    ])
+    func aMalformedValueIsReportedAsMalformedAndAMissingOneAsRequired(_ json: String, _ needle: String) {
+        do {
+            _ = try list(json)
+            Issue.record("accepted \(json)")
+        } catch {
+            #expect(error.description.contains(needle), "\(error.description)")
+            #expect(!error.description.contains(Self.hashA), "the value is not repeated")
+        }
+    }
 }

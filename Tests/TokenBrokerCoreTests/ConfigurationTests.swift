@@ -95,9 +95,49 @@ import TokenBrokerCore
     }
 
     @Test(arguments: ["localhost:80", "127.0.0.1", "127.0.0.1:65536", "1.2.3:4", "[::1]9090", "01.2.3.4:5", "",
-                      "unix:relative.sock", "unix:", "unix:/dir/", "unix:/" + String(repeating: "a", count: 120)])
+                      "unix:relative.sock", "unix:", "unix:/dir/", "unix:/" + String(repeating: "a", count: 120),
+                      "[:::::]:8080", "[1:2:3:4:5:6:7:8:9]:80", "[::1::2]:80", "[12345::]:80", "[::1.2.3]:80", "[.]:80", "[fe80::1%eth0]:80"])
     func malformedListenAddressesAreRefused(_ text: String) {
         #expect(throws: ConfigurationError.self) { try ListenAddress(parsing: text) }
+    }
+
+    @Test(arguments: ["[::ffff:127.0.0.1]:80", "[2001:db8::1]:443", "[0:0:0:0:0:0:0:1]:8080", "[FE80::1]:1"])
+    func everyIPv6FormTheSystemAcceptsIsAccepted(_ text: String) throws {
+        #expect(try ListenAddress(parsing: text).description == text)
+    }
+
+    @Test func relativePathsAreResolvedAgainstTheConfigurationFilesDirectory() throws {
+        var configuration = try parse(#"""
+            {"clientKeysFile": "callers.json",
+             "providers": [
+               {"name": "a", "source": {"type": "jwt", "keyFile": "keys/key.pem"}},
+               {"name": "b", "source": {"type": "file", "path": "./token.txt"}},
+               {"name": "c", "source": {"type": "oauth2", "tokenURL": "https://issuer.example/token", "clientID": "x",
+                                        "clientSecretFile": "secret", "caFile": "/etc/ca.pem", "clientCertFile": "c.pem", "clientKeyFile": "k.pem"}},
+               {"name": "d", "source": {"type": "http", "url": "https://issuer.example/t", "headers": {"X-Key": {"file": "api-key"}, "X-Plain": "v"}}}],
+             "proxies": [{"name": "p", "target": "https://api.example/", "caFile": "ca.pem"}]}
+            """#)
+        configuration.resolvePaths(relativeTo: BrokerConfiguration.directory(of: "/etc/tb/config.json"))
+        #expect(configuration.clientKeysFile == "/etc/tb/callers.json")
+        guard case .jwt(let jwt) = configuration.providers[0].source, case .file(let file) = configuration.providers[1].source,
+              case .oauth2(let oauth2) = configuration.providers[2].source, case .http(let http) = configuration.providers[3].source else {
+            Issue.record("sources read wrongly")
+            return
+        }
+        #expect(jwt.keyFile == "/etc/tb/keys/key.pem")
+        #expect(file.path == "/etc/tb/./token.txt")
+        #expect(oauth2.clientSecretFile == "/etc/tb/secret")
+        #expect(oauth2.upstream.caFile == "/etc/ca.pem", "absolute paths are kept")
+        #expect(oauth2.upstream.clientCertFile == "/etc/tb/c.pem" && oauth2.upstream.clientKeyFile == "/etc/tb/k.pem")
+        #expect(http.headers["X-Key"] == .file("/etc/tb/api-key") && http.headers["X-Plain"] == .value("v"))
+        #expect(configuration.proxies[0].upstream.caFile == "/etc/tb/ca.pem")
+    }
+
+    @Test func theDirectoryOfAConfigurationFile() {
+        #expect(BrokerConfiguration.directory(of: "/etc/tb/config.json") == "/etc/tb")
+        #expect(BrokerConfiguration.directory(of: "/config.json") == "/")
+        #expect(BrokerConfiguration.directory(of: "config.json") == ".")
+        #expect(BrokerConfiguration.directory(of: "conf/config.json") == "conf")
     }
 }
 

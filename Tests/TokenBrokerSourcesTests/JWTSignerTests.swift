@@ -77,11 +77,87 @@ import TokenBrokerSources
         }
     }
 
+    /// 256-bit curves that are not P-256: OpenSSL reports 256 bits for them too, but no ES256
+    /// verifier accepts their signatures, and their JWK would claim `"crv":"P-256"`.
+    @Test(arguments: ["secp256k1", "brainpoolP256r1"])
+    func es256RefusesOtherCurvesOf256Bits(_ curve: String) throws {
+        let directory = try TemporaryDirectory()
+        let keyPath = directory.path("\(curve).pem")
+        try OpenSSL.run(["ecparam", "-name", curve, "-genkey", "-noout", "-out", keyPath])
+        #expect {
+            try JWTSigner(configuration: JWTSourceConfiguration(algorithm: "ES256", keyFile: keyPath))
+        } throws: { error in
+            (error as? TokenFetchError)?.detail.contains("\(curve).pem: the key does not fit ES256") == true
+        }
+        #expect {
+            try OAuth2TokenSource(configuration: Self.privateKeyJWT(keyPath))
+        } throws: { error in
+            (error as? TokenFetchError)?.detail.contains("\(curve).pem: the key does not fit") == true
+        }
+    }
+
+    @Test func es256AcceptsP256WrittenAsNamedCurveParameters() throws {
+        let directory = try TemporaryDirectory()
+        let keyPath = directory.path("p256.pem")
+        try OpenSSL.run(["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", keyPath])
+        let signer = try JWTSigner(configuration: JWTSourceConfiguration(algorithm: "ES256", keyFile: keyPath))
+        #expect(JWTSigner.jwks([signer]).contains(#""crv":"P-256""#))
+        _ = try OAuth2TokenSource(configuration: Self.privateKeyJWT(keyPath))
+    }
+
+    @Test func rs256RefusesRSAKeysUnder2048Bits() throws {
+        let directory = try TemporaryDirectory()
+        let keyPath = directory.path("rsa1024.pem")
+        try OpenSSL.run(["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:1024", "-out", keyPath])
+        #expect {
+            try JWTSigner(configuration: JWTSourceConfiguration(algorithm: "RS256", keyFile: keyPath))
+        } throws: { error in
+            (error as? TokenFetchError)?.detail.contains("rsa1024.pem: the key does not fit RS256") == true
+        }
+    }
+
+    /// OpenSSL's default pass-phrase callback reads the controlling terminal; the broker's never asks.
+    @Test(arguments: ["EC", "RSA"])
+    func aPassphraseProtectedKeyIsRefusedNamingTheFile(_ algorithm: String) throws {
+        let directory = try TemporaryDirectory()
+        let keyPath = directory.path("locked.pem")
+        let options = algorithm == "EC" ? ["-pkeyopt", "ec_paramgen_curve:P-256"] : ["-pkeyopt", "rsa_keygen_bits:2048"]
+        try OpenSSL.run(["genpkey", "-algorithm", algorithm] + options + ["-aes256", "-pass", "pass:x", "-out", keyPath])
+        #expect {
+            try JWTSigner(configuration: JWTSourceConfiguration(algorithm: algorithm == "EC" ? "ES256" : "RS256", keyFile: keyPath))
+        } throws: { error in
+            (error as? TokenFetchError)?.detail.contains("locked.pem: the key is protected by a pass phrase") == true
+        }
+        #expect {
+            try OAuth2TokenSource(configuration: Self.privateKeyJWT(keyPath))
+        } throws: { error in
+            (error as? TokenFetchError)?.detail.contains("locked.pem: the key is protected by a pass phrase") == true
+        }
+    }
+
+    private static func privateKeyJWT(_ keyPath: String) -> OAuth2SourceConfiguration {
+        var settings = OAuth2SourceConfiguration(tokenURL: "https://issuer.example/token", clientID: "client")
+        settings.clientAuth = "private_key_jwt"
+        settings.privateKeyFile = keyPath
+        return settings
+    }
+
+    @Test func hs256KeyIDIsAHashOfTheSecretsHashAsTheREADMESays() throws {
+        let directory = try TemporaryDirectory()
+        let secret = String(repeating: "s", count: 32)
+        try Data(secret.utf8).write(to: URL(fileURLWithPath: directory.path("secret")))
+        let signer = try JWTSigner(configuration: JWTSourceConfiguration(algorithm: "HS256", keyFile: directory.path("secret")))
+        try OpenSSL.run(["dgst", "-sha256", "-binary", "-out", directory.path("once"), directory.path("secret")])
+        try OpenSSL.run(["dgst", "-sha256", "-binary", "-out", directory.path("twice"), directory.path("once")])
+        let twice = [UInt8](try Data(contentsOf: URL(fileURLWithPath: directory.path("twice"))))
+        #expect(signer.keyID == Base64URL.encode(twice.prefix(16)))
+    }
+
     @Test func theThumbprintMatchesRFC7638sExample() throws {
         // RFC 7638 §3.1: this RSA key's thumbprint is NzbLsXh8uDCcd-6MNwXF4W_7noWXFZAfHkxZsRGC9Xs.
         let n = "0vx7agoebGcQSuuPiLJXZptN9nndrQmbXEps2aiAFbWhM78LhWx4cbbfAAtVT86zwu1RK7aPFFxuhDR1L6tSoc_BJECPebWKRXjBZCiFV4n3oknjhMstn64tZ_2W-5JsGY4Hc5n9yBXArwl93lqt7_RN5w6Cf0h4QyQ5v-65YGjQR0_FDW2QvzqY368QQMicAtaSqzs8KJZgnYb9c7d0zgdAZHzu6qMQvRL5hajrn1n91CbOpbISD08qNLyrdkt-bFTWhAI4vMQFh6WeZu0fM4lFd2NcRwr3XPksINHaQ-G_xBniIqbw0Ls1jF44-csFCur-kEgU8awapJzKnqDKgw"
         let canonical = #"{"e":"AQAB","kty":"RSA","n":"\#(n)"}"#
-        #expect(Base64URL.encode(Crypto.sha256(Array(canonical.utf8))) == "NzbLsXh8uDCcd-6MNwXF4W_7noWXFZAfHkxZsRGC9Xs")
+        #expect(Base64URL.encode(try Crypto.sha256(Array(canonical.utf8))) == "NzbLsXh8uDCcd-6MNwXF4W_7noWXFZAfHkxZsRGC9Xs")
     }
 
     @Test func fingerprintsMatchSha256sum() throws {

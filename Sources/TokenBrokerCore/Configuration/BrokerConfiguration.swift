@@ -88,6 +88,25 @@ public struct BrokerConfiguration: Sendable, Equatable {
         try validate()
     }
 
+    /// Resolves every relative file path (keys, secrets, token files, TLS files, `clientKeysFile`)
+    /// against `directory`, the configuration file's own, so that a configuration names the same
+    /// files whatever the working directory. Absolute paths are kept as written.
+    public mutating func resolvePaths(relativeTo directory: String) {
+        let resolve = { (path: String) -> String in
+            guard !path.isEmpty, !path.hasPrefix("/"), directory != "." else { return path }
+            return directory.hasSuffix("/") ? directory + path : directory + "/" + path
+        }
+        clientKeysFile = clientKeysFile.map(resolve)
+        for index in providers.indices { providers[index].source.resolvePaths(resolve) }
+        for index in proxies.indices { proxies[index].upstream.resolvePaths(resolve) }
+    }
+
+    /// The directory of a file path: `/etc/tb` for `/etc/tb/config.json`, `.` for `config.json`.
+    public static func directory(of path: String) -> String {
+        guard let slash = path.lastIndex(of: "/") else { return "." }
+        return slash == path.startIndex ? "/" : String(path[..<slash])
+    }
+
     /// Applies the environment's overrides, `TOKEN_BROKER_LISTEN` and `TOKEN_BROKER_ADMIN_LISTEN`.
     public mutating func applyEnvironment(_ environment: [String: String]) throws(ConfigurationError) {
         if let text = environment["TOKEN_BROKER_LISTEN"], !text.isEmpty {

@@ -1,3 +1,5 @@
+import Glibc
+
 /// Where a listener binds: an IPv4 or IPv6 literal and a port (0 picks a free one), or a Unix
 /// domain socket.
 ///
@@ -33,7 +35,9 @@ public struct ListenAddress: Sendable, Equatable, CustomStringConvertible {
             host = text[text.index(after: text.startIndex)..<close]
             portText = text[text.index(close, offsetBy: 2)...]
             isIPv6 = true
-            guard !host.isEmpty, host.allSatisfy({ $0.isHexDigit || $0 == ":" || $0 == "." }) else { throw problem }
+            // The system's own parser decides, so an address accepted here is one the listener can bind.
+            var parsed = in6_addr()
+            guard !host.isEmpty, !host.contains("%"), inet_pton(AF_INET6, String(host), &parsed) == 1 else { throw problem }
         } else {
             guard let colon = text.lastIndex(of: ":") else { throw problem }
             host = text[..<colon]

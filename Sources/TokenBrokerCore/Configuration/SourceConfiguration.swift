@@ -26,6 +26,30 @@ public enum SourceConfiguration: Sendable, Equatable {
         }
     }
 
+    /// Rewrites every file path this source reads with `resolve` (a relative path becomes one
+    /// under the configuration file's directory).
+    mutating func resolvePaths(_ resolve: (String) -> String) {
+        switch self {
+        case .jwt(var settings):
+            settings.keyFile = settings.keyFile.map(resolve)
+            self = .jwt(settings)
+        case .file(var settings):
+            settings.path = resolve(settings.path)
+            self = .file(settings)
+        case .oauth2(var settings):
+            settings.clientSecretFile = settings.clientSecretFile.map(resolve)
+            settings.privateKeyFile = settings.privateKeyFile.map(resolve)
+            settings.upstream.resolvePaths(resolve)
+            self = .oauth2(settings)
+        case .http(var settings):
+            settings.headers = settings.headers.mapValues { value in
+                if case .file(let path) = value { .file(resolve(path)) } else { value }
+            }
+            settings.upstream.resolvePaths(resolve)
+            self = .http(settings)
+        }
+    }
+
     init(reading reader: ObjectReader) throws(ConfigurationError) {
         var reader = reader
         let type = try reader.choice("type", Self.types, default: "jwt")
@@ -111,5 +135,14 @@ public struct FileSourceConfiguration: Sendable, Equatable {
         }
         self.path = path
         lifetimeSec = try reader.int("lifetimeSec", 1...86_400)
+    }
+}
+
+extension UpstreamConfiguration {
+    /// Rewrites the TLS files' paths with `resolve`.
+    mutating func resolvePaths(_ resolve: (String) -> String) {
+        caFile = caFile.map(resolve)
+        clientCertFile = clientCertFile.map(resolve)
+        clientKeyFile = clientKeyFile.map(resolve)
     }
 }

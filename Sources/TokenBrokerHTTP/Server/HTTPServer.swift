@@ -49,7 +49,10 @@ public final class HTTPServer: @unchecked Sendable {
     private let suspended = Mutex<Suspended>(Suspended())
     private let watcher: ConnectionWatcher
     private let requestsInFlight = Atomic<Int>(0)
+    /// Set when the grace ends: streams may no longer suspend their connection.
     private let stopping = Atomic<Bool>(false)
+    /// Set when shutting down begins: new requests are refused.
+    private let draining = Atomic<Bool>(false)
 
     /// Binds and starts serving at once.
     /// - Throws: `HTTPServerError` naming the address and the reason when it cannot bind.
@@ -145,24 +148,48 @@ public final class HTTPServer: @unchecked Sendable {
     /// After this many requests waited at once, memory is handed back once they are all answered.
     private static let trimAfterPeak = 1000
 
-    /// Stops accepting, answers every suspended request with `finalAnswer`, lets requests in
-    /// flight finish for up to `grace`, then stops the daemon.
+    /// Stops accepting, lets requests in flight finish for up to `grace`, answers what still
+    /// waits with `finalAnswer`, then stops the daemon.
+    ///
+    /// From the call on, new connections are refused (the listening socket is closed) and a new
+    /// request on a kept-alive connection gets 503 `shutting_down` with `Connection: close`.
+    /// Answers being prepared or streamed (a proxied exchange, a streamed body) keep going until
+    /// they end or the grace runs out. Waiters whose answer only the server can give are answered
+    /// with `finalAnswer` near the end of the grace; the broker answers its long-polls before
+    /// calling this, through its providers.
     public func shutDown(finalAnswer: HTTPResponse = HTTPServer.stopping, grace: Duration) {
         guard let daemon else { return }
-        stopping.store(true, ordering: .relaxed)
-        _ = MHD_quiesce_daemon(daemon)
-        for responder in suspended.withLock({ $0.all }) { responder.respond(finalAnswer) }
+        draining.store(true, ordering: .relaxed)
+        if MHD_quiesce_daemon(daemon) >= 0, listenSocket >= 0 {
+            // libmicrohttpd no longer polls the socket: close it, so that connections are refused
+            // now rather than left in the backlog until the end.
+            close(listenSocket)
+            listenSocket = -1
+            if let path = configuration.address.unixPath { unlink(path) }
+        }
         let clock = ContinuousClock()
         let end = clock.now.advanced(by: grace)
+        // The last quarter second (or less, for a short grace) is for the final answers to go out.
+        let drained = end.advanced(by: .zero - min(grace, .milliseconds(250)))
+        while inFlight > 0, clock.now < drained { usleep(10_000) }
+        stopping.store(true, ordering: .relaxed)
+        for responder in suspended.withLock({ $0.all }) { responder.respond(finalAnswer) }
         while inFlight > 0, clock.now < end { usleep(10_000) }
         // Anything suspended since must be resumed before MHD_stop_daemon.
         for responder in suspended.withLock({ $0.all }) { resume(responder) }
         MHD_stop_daemon(daemon)
         watcher.stop()
         self.daemon = nil
-        close(listenSocket)
-        if let path = configuration.address.unixPath { unlink(path) }
+        if listenSocket >= 0 {
+            close(listenSocket)
+            listenSocket = -1
+            if let path = configuration.address.unixPath { unlink(path) }
+        }
     }
+
+    /// The answer to a request that arrives while the server is stopping.
+    private static let refusedWhileStopping = HTTPResponse.error(
+        503, "shutting_down", "the broker is stopping", headers: [("Retry-After", "1"), ("Connection", "close")])
 
     // MARK: - libmicrohttpd callbacks
 
@@ -215,6 +242,7 @@ public final class HTTPServer: @unchecked Sendable {
             if responder.hasAnswer { resume(responder) }
             return CMicroHTTPD_yes()
         }
+        if draining.load(ordering: .relaxed) { return queue(Self.refusedWhileStopping, on: connection, nil) }
         Self.clock(of: connection)?.requestArrived()
         let request = HTTPRequest(
             method: String(cString: method), path: String(cString: url), body: state?.body ?? [],
@@ -245,6 +273,7 @@ public final class HTTPServer: @unchecked Sendable {
     }
 
     private func begin(_ state: RequestState, _ connection: OpaquePointer, url: UnsafePointer<CChar>, method: UnsafePointer<CChar>) -> MHD_Result {
+        if draining.load(ordering: .relaxed) { return queue(Self.refusedWhileStopping, on: connection, nil) }
         let request = HTTPRequest(
             method: String(cString: method), path: String(cString: url), body: [], bodyTooLarge: false,
             rawTarget: state.rawTarget, connection: connection)

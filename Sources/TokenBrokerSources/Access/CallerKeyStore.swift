@@ -87,7 +87,8 @@ public final class CallerKeyStore: CallerAuthorizing, @unchecked Sendable {
 
     public func authorize(_ authorization: String?, provider: String) -> CallerDecision {
         guard let key = Self.bearerKey(authorization) else { return .missingKey }
-        let digest = Crypto.sha256(key.utf8)
+        // A key that cannot be hashed matches no one.
+        guard let digest = try? Crypto.sha256(key.utf8) else { return .unknownKey }
         let entries = state.withLock { $0.list.entries }
         var match: CallerKeyList.Entry?
         for entry in entries {

@@ -1,36 +1,47 @@
 internal import COpenSSL
+import TokenBrokerCore
 
 /// Hashes, MACs, random bytes and constant-time comparison from OpenSSL's libcrypto.
+///
+/// Every call's result is checked: a digest or MAC that OpenSSL did not compute is an error,
+/// never the zeros it was initialised with (an HS256 token signed with zeros would verify under
+/// nothing, and a caller key hashed to zeros would match nothing by luck only).
 public enum Crypto {
     /// SHA-256 of `bytes`.
-    public static func sha256(_ bytes: some Collection<UInt8>) -> [UInt8] {
+    /// - Throws: `internalError` when OpenSSL cannot compute it (out of memory, a broken provider).
+    public static func sha256(_ bytes: some Collection<UInt8>) throws(TokenFetchError) -> [UInt8] {
         var digest = [UInt8](repeating: 0, count: 32)
         var length: UInt32 = 0
         let input = Array(bytes)
-        _ = input.withUnsafeBufferPointer { input in
+        let status = input.withUnsafeBufferPointer { input in
             EVP_Digest(input.baseAddress, input.count, &digest, &length, EVP_sha256(), nil)
         }
+        guard status == 1, length == 32 else { throw .internalError("SHA-256 failed: \(lastError())") }
         return digest
     }
 
     /// HMAC-SHA-256 of `message` under `key`.
-    public static func hmacSHA256(key: [UInt8], message: some Collection<UInt8>) -> [UInt8] {
+    /// - Throws: `internalError` when OpenSSL cannot compute it.
+    public static func hmacSHA256(key: [UInt8], message: some Collection<UInt8>) throws(TokenFetchError) -> [UInt8] {
         var mac = [UInt8](repeating: 0, count: 32)
         var length: UInt32 = 0
         let input = Array(message)
-        _ = key.withUnsafeBufferPointer { key in
+        guard let keyLength = Int32(exactly: key.count) else { throw .internalError("HMAC key too long") }
+        let result = key.withUnsafeBufferPointer { key in
             input.withUnsafeBufferPointer { input in
-                HMAC(EVP_sha256(), key.baseAddress, Int32(key.count), input.baseAddress, input.count, &mac, &length)
+                HMAC(EVP_sha256(), key.baseAddress, keyLength, input.baseAddress, input.count, &mac, &length)
             }
         }
+        guard result != nil, length == 32 else { throw .internalError("HMAC-SHA-256 failed: \(lastError())") }
         return mac
     }
 
     /// `count` bytes from OpenSSL's CSPRNG.
-    public static func randomBytes(_ count: Int) -> [UInt8] {
+    /// - Throws: `internalError` when the generator fails; never predictable bytes instead.
+    public static func randomBytes(_ count: Int) throws(TokenFetchError) -> [UInt8] {
         var bytes = [UInt8](repeating: 0, count: count)
-        guard RAND_bytes(&bytes, Int32(count)) == 1 else {
-            fatalError("OpenSSL's random generator failed; refusing to mint predictable values")
+        guard let length = Int32(exactly: count), RAND_bytes(&bytes, length) == 1 else {
+            throw .internalError("OpenSSL's random generator failed: \(lastError())")
         }
         return bytes
     }
@@ -57,7 +68,8 @@ public enum Crypto {
 /// Logs name tokens and keys by this, never by value.
 public enum Fingerprint {
     public static func of(_ secret: String) -> String {
-        let digest = Crypto.sha256(Array(secret.utf8))
+        // A log line must not fail for want of a hash; it then names no fingerprint, and never the secret.
+        guard let digest = try? Crypto.sha256(Array(secret.utf8)) else { return "sha256:unavailable" }
         return "sha256:" + digest.prefix(6).map { byte in
             let hex = String(byte, radix: 16)
             return byte < 16 ? "0" + hex : hex

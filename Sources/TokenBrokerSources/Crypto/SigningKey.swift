@@ -11,10 +11,25 @@ public final class SigningKey: @unchecked Sendable {
     private let pkey: OpaquePointer?
     private let secret: [UInt8]
 
-    private init(algorithm: String, pkey: OpaquePointer?, secret: [UInt8] = []) {
+    /// The public key as JWK members, read once when the key is loaded; nil for HS256.
+    private let publicMembers: [(String, String)]?
+    /// The key's id when none is configured, computed once when the key is loaded.
+    private let computedThumbprint: String
+
+    /// Takes ownership of `pkey`; frees it when reading its public half fails.
+    private init(algorithm: String, pkey: OpaquePointer?, secret: [UInt8] = []) throws(TokenFetchError) {
         self.algorithm = algorithm
         self.pkey = pkey
         self.secret = secret
+        do throws(TokenFetchError) {
+            var members: [(String, String)]?
+            if let pkey { members = try Self.publicMembers(of: pkey, algorithm: algorithm) }
+            publicMembers = members
+            computedThumbprint = try Self.thumbprint(members: members, secret: secret)
+        } catch {
+            if let pkey { EVP_PKEY_free(pkey) }
+            throw error
+        }
     }
 
     deinit { if let pkey { EVP_PKEY_free(pkey) } }
@@ -28,7 +43,7 @@ public final class SigningKey: @unchecked Sendable {
         default: throw .configuration("cannot generate a key for \(algorithm); give a keyFile")
         }
         guard let pkey else { throw .internalError("key generation failed: \(Crypto.lastError())") }
-        return SigningKey(algorithm: algorithm, pkey: pkey)
+        return try SigningKey(algorithm: algorithm, pkey: pkey)
     }
 
     /// A key read from `contents`: a PEM private key, or for HS256 the secret bytes themselves
@@ -40,31 +55,58 @@ public final class SigningKey: @unchecked Sendable {
             guard secret.count >= 32 else {
                 throw .configuration("\(path): an HS256 secret needs at least 32 bytes, found \(secret.count)")
             }
-            return SigningKey(algorithm: algorithm, pkey: nil, secret: secret)
+            return try SigningKey(algorithm: algorithm, pkey: nil, secret: secret)
         }
+        guard let length = Int32(exactly: contents.count) else { throw .configuration("\(path): not a PEM private key") }
+        // Never prompt: without a callback OpenSSL asks the controlling terminal for a pass
+        // phrase, and would wait there for ever. This one refuses and notes that it was asked.
+        var askedForPassphrase = false
         let pkey: OpaquePointer? = contents.withUnsafeBytes { raw in
-            guard let bio = BIO_new_mem_buf(raw.baseAddress, Int32(raw.count)) else { return nil }
+            guard let bio = BIO_new_mem_buf(raw.baseAddress, length) else { return nil }
             defer { BIO_free(bio) }
-            return PEM_read_bio_PrivateKey(bio, nil, nil, nil)
+            return withUnsafeMutablePointer(to: &askedForPassphrase) { asked in
+                PEM_read_bio_PrivateKey(bio, nil, refusePassphrase, asked)
+            }
         }
         guard let pkey else {
             ERR_clear_error()
+            if askedForPassphrase {
+                throw .configuration("\(path): the key is protected by a pass phrase; give it unencrypted (openssl pkey -in KEY -out PLAIN), readable only by the broker")
+            }
             throw .configuration("\(path): not a PEM private key")
         }
-        let key = SigningKey(algorithm: algorithm, pkey: pkey)
-        let type = EVP_PKEY_get_base_id(pkey)
-        switch algorithm {
-        case "ES256" where type == EVP_PKEY_EC && EVP_PKEY_get_bits(pkey) == 256: break
-        case "RS256" where type == EVP_PKEY_RSA && EVP_PKEY_get_bits(pkey) >= 2048: break
-        default:
-            throw .configuration("\(path): the key does not fit \(algorithm) (ES256 wants EC P-256, RS256 wants RSA of 2048 bits or more)")
+        guard Self.fits(pkey, algorithm: algorithm) else {
+            EVP_PKEY_free(pkey)
+            throw .configuration("\(path): the key does not fit \(algorithm) (ES256 wants EC on the P-256 curve, also called prime256v1 or secp256r1; RS256 wants RSA of 2048 bits or more)")
         }
-        return key
+        return try SigningKey(algorithm: algorithm, pkey: pkey)
+    }
+
+    /// Whether the key is what the algorithm needs: the P-256 curve itself for ES256 (other
+    /// 256-bit curves, such as secp256k1 or brainpoolP256r1, make signatures no ES256 verifier
+    /// accepts), RSA of 2048 bits or more for RS256.
+    private static func fits(_ pkey: OpaquePointer, algorithm: String) -> Bool {
+        switch algorithm {
+        case "ES256":
+            guard EVP_PKEY_get_base_id(pkey) == EVP_PKEY_EC else { return false }
+            var name = [CChar](repeating: 0, count: 64)
+            var length = 0
+            guard EVP_PKEY_get_group_name(pkey, &name, name.count, &length) == 1 else {
+                ERR_clear_error()
+                return false
+            }
+            let group = String(decoding: name.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+            return group == "prime256v1" || group == "P-256"
+        case "RS256":
+            return EVP_PKEY_get_base_id(pkey) == EVP_PKEY_RSA && EVP_PKEY_get_bits(pkey) >= 2048
+        default:
+            return false
+        }
     }
 
     /// Signs `message` and returns the JWS signature bytes (for ES256, raw r‖s, not DER).
     public func sign(_ message: [UInt8]) throws(TokenFetchError) -> [UInt8] {
-        guard let pkey else { return Crypto.hmacSHA256(key: secret, message: message) }
+        guard let pkey else { return try Crypto.hmacSHA256(key: secret, message: message) }
         guard let context = EVP_MD_CTX_new() else { throw .internalError("out of memory") }
         defer { EVP_MD_CTX_free(context) }
         guard EVP_DigestSignInit(context, nil, EVP_sha256(), nil, pkey) == 1 else {
@@ -84,35 +126,44 @@ public final class SigningKey: @unchecked Sendable {
 
     /// The public key as JWK members in RFC 7638 order (no `kid`, `use` or `alg`); nil for HS256,
     /// whose secret must never be published.
-    public func publicJWKMembers() -> [(String, String)]? {
-        guard let pkey else { return nil }
+    public func publicJWKMembers() -> [(String, String)]? { publicMembers }
+
+    /// The key's id when none is configured, base64url: for ES256 and RS256 the RFC 7638
+    /// thumbprint; for HS256 the first 16 bytes of SHA-256(SHA-256(secret)), which names the
+    /// secret without being a plain hash of it.
+    public func thumbprint() -> String { computedThumbprint }
+
+    private static func thumbprint(members: [(String, String)]?, secret: [UInt8]) throws(TokenFetchError) -> String {
+        guard let members else {
+            return Base64URL.encode(try Crypto.sha256(try Crypto.sha256(secret)).prefix(16))
+        }
+        let canonical = JSONText.object(members.map { ($0.0, JSONText.quoted($0.1)) })
+        return Base64URL.encode(try Crypto.sha256(Array(canonical.utf8)))
+    }
+
+    /// Reads the public half of an EC or RSA key as JWK members.
+    /// - Throws: `internalError` when OpenSSL cannot give a parameter (a key published without
+    ///   them would be a JWKS that verifies nothing).
+    private static func publicMembers(of pkey: OpaquePointer, algorithm: String) throws(TokenFetchError) -> [(String, String)] {
         if algorithm == "ES256" {
-            guard let x = bignum(pkey, "qx", width: 32), let y = bignum(pkey, "qy", width: 32) else { return nil }
+            let x = try bignum(pkey, "qx", width: 32), y = try bignum(pkey, "qy", width: 32)
             return [("crv", "P-256"), ("kty", "EC"), ("x", Base64URL.encode(x)), ("y", Base64URL.encode(y))]
         }
-        guard let n = bignum(pkey, "n", width: 0), let e = bignum(pkey, "e", width: 0) else { return nil }
+        let n = try bignum(pkey, "n", width: 0), e = try bignum(pkey, "e", width: 0)
         return [("e", Base64URL.encode(e)), ("kty", "RSA"), ("n", Base64URL.encode(n))]
     }
 
-    /// The RFC 7638 thumbprint, base64url: a stable key id. For HS256, a hash of the secret's hash.
-    public func thumbprint() -> String {
-        guard let members = publicJWKMembers() else {
-            return Base64URL.encode(Crypto.sha256(Crypto.sha256(secret)).prefix(16))
-        }
-        let canonical = JSONText.object(members.map { ($0.0, JSONText.quoted($0.1)) })
-        return Base64URL.encode(Crypto.sha256(Array(canonical.utf8)))
-    }
-
-    private func bignum(_ pkey: OpaquePointer, _ name: String, width: Int) -> [UInt8]? {
+    private static func bignum(_ pkey: OpaquePointer, _ name: String, width: Int) throws(TokenFetchError) -> [UInt8] {
         var number: OpaquePointer? = nil
         guard EVP_PKEY_get_bn_param(pkey, name, &number) == 1, let number else {
-            ERR_clear_error()
-            return nil
+            throw .internalError("cannot read the key's \(name): \(Crypto.lastError())")
         }
         defer { BN_free(number) }
         let length = width > 0 ? width : Int((BN_num_bits(number) + 7) / 8)
         var bytes = [UInt8](repeating: 0, count: length)
-        guard BN_bn2binpad(number, &bytes, Int32(length)) == Int32(length) else { return nil }
+        guard let padded = Int32(exactly: length), BN_bn2binpad(number, &bytes, padded) == padded else {
+            throw .internalError("the key's \(name) does not fit \(length) bytes")
+        }
         return bytes
     }
 
@@ -132,4 +183,11 @@ public final class SigningKey: @unchecked Sendable {
         else { throw .internalError("ECDSA signature out of range") }
         return raw
     }
+}
+
+/// The pass-phrase callback for reading keys: refuses (OpenSSL then fails the read) and records
+/// that a pass phrase was wanted, through the `Bool` its context points to.
+private let refusePassphrase: @convention(c) (UnsafeMutablePointer<CChar>?, Int32, Int32, UnsafeMutableRawPointer?) -> Int32 = { _, _, _, context in
+    context?.assumingMemoryBound(to: Bool.self).pointee = true
+    return -1
 }

@@ -13,7 +13,11 @@ import TokenBrokerCore
 public final class UpstreamHTTPClient: @unchecked Sendable {
     public static let shared = UpstreamHTTPClient()
 
-    private let multi: UnsafeMutableRawPointer
+    /// Nil only when the client could not start (then `startFailure` says why).
+    private let multi: UnsafeMutableRawPointer!
+    /// Why the client could not start (libcurl's set-up, its multi handle, or its thread); nil
+    /// when it runs. Written once, in `init`. The broker checks it at start and refuses to run.
+    public private(set) var startFailure: String?
     private let queue = Mutex<[Transfer]>([])
     /// Work for the curl thread on transfers already running: unpause, or cancel.
     private let commands = Mutex<[(UpstreamExchange, Command)]>([])
@@ -55,17 +59,32 @@ public final class UpstreamHTTPClient: @unchecked Sendable {
     }
 
     private init() {
-        curl_global_init(Int(CURL_GLOBAL_DEFAULT))
-        multi = curl_multi_init()!
+        let code = curl_global_init(Int(CURL_GLOBAL_DEFAULT))
+        guard code == CURLE_OK else {
+            multi = nil
+            startFailure = "libcurl could not initialise: \(String(cString: curl_easy_strerror(code)))"
+            return
+        }
+        guard let multi = curl_multi_init() else {
+            self.multi = nil
+            startFailure = "libcurl could not create its multi handle"
+            return
+        }
+        self.multi = multi
         let context = Unmanaged.passRetained(self).toOpaque()
-        pthread_create(&thread, nil, { context in
+        let status = pthread_create(&thread, nil, { context in
             Unmanaged<UpstreamHTTPClient>.fromOpaque(context!).takeRetainedValue().loop()
             return nil
         }, context)
+        if status != 0 {
+            Unmanaged<UpstreamHTTPClient>.fromOpaque(context).release()
+            startFailure = "cannot start the HTTP client's thread: \(String(cString: strerror(status)))"
+        }
     }
 
     /// Sends one request and waits for its answer, without holding any thread while it waits.
     public func send(_ request: UpstreamRequest) async throws(TokenFetchError) -> UpstreamResponse {
+        if let startFailure { throw .internalError(startFailure) }
         do {
             return try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<UpstreamResponse, any Error>) in
                 queue.withLock { $0.append(Transfer(request: request, continuation: continuation)) }
@@ -81,11 +100,16 @@ public final class UpstreamHTTPClient: @unchecked Sendable {
     /// Starts a streamed exchange: the answer's head, then its body, go to `exchange`'s delegate
     /// as they arrive, and a streamed request body is read from it as the upstream takes it.
     public func start(_ exchange: UpstreamExchange) {
+        if let startFailure {
+            exchange.delegate.upstreamFinished(.internalError(startFailure))
+            return
+        }
         queue.withLock { $0.append(Transfer(request: exchange.request, exchange: exchange)) }
         curl_multi_wakeup(multi)
     }
 
     func post(_ command: Command, for exchange: UpstreamExchange) {
+        guard startFailure == nil else { return }
         commands.withLock { $0.append((exchange, command)) }
         curl_multi_wakeup(multi)
     }

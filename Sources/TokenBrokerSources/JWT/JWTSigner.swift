@@ -39,7 +39,7 @@ public struct JWTSigner: TokenSource {
             ("iat", String(issuedAt)),
             ("nbf", String(issuedAt)),
             ("exp", String(issuedAt + Int64(configuration.lifetimeSec))),
-            ("jti", JSONText.quoted(Base64URL.encode(Crypto.randomBytes(16)))),
+            ("jti", JSONText.quoted(Base64URL.encode(try Crypto.randomBytes(16)))),
         ])
         let signingInput = Base64URL.encode(header) + "." + Base64URL.encode(claims)
         let signature = try key.sign(Array(signingInput.utf8))

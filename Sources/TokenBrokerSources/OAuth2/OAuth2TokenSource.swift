@@ -76,7 +76,7 @@ public struct OAuth2TokenSource: TokenSource {
         if let kid = configuration.keyID { header.append(("kid", JSONText.quoted(kid))) }
         let claims = JSONText.object([
             ("iss", JSONText.quoted(configuration.clientID)), ("sub", JSONText.quoted(configuration.clientID)),
-            ("aud", JSONText.quoted(configuration.tokenURL)), ("jti", JSONText.quoted(Base64URL.encode(Crypto.randomBytes(16)))),
+            ("aud", JSONText.quoted(configuration.tokenURL)), ("jti", JSONText.quoted(Base64URL.encode(try Crypto.randomBytes(16)))),
             ("iat", String(issuedAt)), ("exp", String(issuedAt + 60)),
         ])
         let input = Base64URL.encode(JSONText.object(header)) + "." + Base64URL.encode(claims)

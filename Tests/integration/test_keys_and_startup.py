@@ -1,0 +1,260 @@
+"""Keys, start-up, the command line: what the broker refuses before it serves, and how it is checked.
+
+Keys are made by the `openssl` command line and tokens verified by PyJWT, not by the broker's code.
+"""
+import base64
+import hashlib
+import json
+import os
+import pty
+import select
+import signal
+import subprocess
+import time
+
+import jwt
+import pytest
+
+from broker import BINARY, Broker, run_broker
+from test_http_api import wait_until
+
+
+def openssl(*args):
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def jwt_config(key_path, algorithm="ES256"):
+    return {"providers": [{"name": "default", "source": {"type": "jwt", "algorithm": algorithm, "keyFile": key_path}}]}
+
+
+def write_config(directory, config):
+    path = os.path.join(str(directory), "config.json")
+    with open(path, "w") as handle:
+        json.dump(config, handle)
+    return path
+
+
+def first_token(broker):
+    """The first token, once the provider has one (the listeners open before the first fetch ends)."""
+    assert wait_until(lambda: broker.request("GET", "/readyz", listener="admin")[0] == 200)
+    return broker.get_json("/token")[0]["access_token"]
+
+
+def b64url(data):
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+# Curves
+
+@pytest.mark.parametrize("curve", ["secp256k1", "brainpoolP256r1"])
+def test_es256_refuses_a_256_bit_key_on_another_curve_naming_the_file(tmp_path, curve):
+    key = str(tmp_path / f"{curve}.pem")
+    openssl("ecparam", "-name", curve, "-genkey", "-noout", "-out", key)
+    config = write_config(tmp_path, jwt_config(key))
+    for args in (["--check-config", "--config", config], ["--config", config]):
+        result = run_broker(*args, env={"TOKEN_BROKER_LISTEN": "127.0.0.1:0", "TOKEN_BROKER_ADMIN_LISTEN": "127.0.0.1:0"})
+        assert result.returncode == 2, result.stderr
+        assert f"{key}: the key does not fit ES256" in result.stderr
+
+
+def test_private_key_jwt_refuses_a_secp256k1_key_naming_the_file(tmp_path):
+    key = str(tmp_path / "k1.pem")
+    openssl("ecparam", "-name", "secp256k1", "-genkey", "-noout", "-out", key)
+    config = write_config(tmp_path, {"providers": [{"name": "default", "source": {
+        "type": "oauth2", "tokenURL": "http://127.0.0.1:9/token", "clientID": "c",
+        "clientAuth": "private_key_jwt", "privateKeyFile": key}}]})
+    result = run_broker("--check-config", "--config", config)
+    assert result.returncode == 2, result.stderr
+    assert f"{key}: the key does not fit" in result.stderr
+
+
+def test_a_p256_key_from_ecparam_signs_tokens_that_pyjwt_verifies(tmp_path):
+    key = str(tmp_path / "p256.pem")
+    openssl("ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", key)
+    with Broker(jwt_config(key)) as broker:
+        token = first_token(broker)
+        jwks, _ = broker.get_json("/.well-known/jwks.json")
+        [published] = jwks["keys"]
+        assert published["crv"] == "P-256"
+        claims = jwt.decode(token, jwt.PyJWK(published).key, algorithms=["ES256"], audience="token-broker")
+        assert claims["iss"] == "token-broker"
+
+
+# Pass phrases
+
+def test_a_passphrase_protected_key_under_a_terminal_fails_fast_naming_the_file(tmp_path):
+    """OpenSSL's default callback prompts on the controlling terminal and waits there for ever."""
+    key = str(tmp_path / "locked.pem")
+    openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-aes256", "-pass", "pass:x", "-out", key)
+    config = write_config(tmp_path, jwt_config(key))
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: its controlling terminal is the pty
+        os.execve(BINARY, [BINARY, "--config", config],
+                  {"PATH": "/usr/bin:/bin", "TOKEN_BROKER_LISTEN": "127.0.0.1:0", "TOKEN_BROKER_ADMIN_LISTEN": "127.0.0.1:0"})
+    output, status = b"", None
+    deadline = time.monotonic() + 15
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([fd], [], [], 0.2)
+            if ready:
+                try:
+                    output += os.read(fd, 4096)
+                except OSError:
+                    pass
+            done, raw = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status = os.waitstatus_to_exitcode(raw)
+                break
+    finally:
+        if status is None:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(fd)
+    text = output.decode(errors="replace")
+    assert status == 2, f"the broker did not exit within 15 s; it wrote: {text!r}"
+    assert "pass phrase" in text and key in text
+    assert "Enter PEM pass phrase" not in text
+
+
+# --check-config does what start does, short of binding
+
+@pytest.mark.parametrize("case", ["missing", "invalid", "unknown provider"])
+def test_check_config_refuses_a_caller_keys_file_that_start_would_refuse(tmp_path, case):
+    keys = tmp_path / "callers.json"
+    if case == "invalid":
+        keys.write_text("{not json")
+    elif case == "unknown provider":
+        keys.write_text(json.dumps({"keys": [{"name": "a", "sha256": "0" * 64, "providers": ["nope"]}]}))
+    config = write_config(tmp_path, {"clientKeysFile": str(keys)})
+    check = run_broker("--check-config", "--config", config)
+    start = run_broker("--config", config, env={"TOKEN_BROKER_LISTEN": "127.0.0.1:0", "TOKEN_BROKER_ADMIN_LISTEN": "127.0.0.1:0"})
+    assert start.returncode == 2, start.stderr
+    assert check.returncode == 2, check.stdout + check.stderr
+    assert "configuration OK" not in check.stdout
+    assert "clientKeysFile" in check.stderr
+
+
+def test_a_malformed_hash_is_reported_as_malformed_not_as_missing(tmp_path):
+    keys = tmp_path / "callers.json"
+    pasted_key = "the-key-itself-pasted-by-mistake"
+    keys.write_text(json.dumps({"keys": [{"name": "a", "sha256": pasted_key, "providers": ["*"]}]}))
+    result = run_broker("--check-config", "--config", write_config(tmp_path, {"clientKeysFile": str(keys)}))
+    assert result.returncode == 2
+    assert "keys[0].sha256: is not a SHA-256" in result.stderr and "is required" not in result.stderr
+    assert pasted_key not in result.stderr
+
+
+@pytest.mark.parametrize("address", ["[:::::]:8080", "[1:2:3:4:5:6:7:8:9]:8080", "[::1::2]:8080", "[fe80::1%lo]:8080"])
+def test_check_config_refuses_an_ipv6_listen_address_the_system_cannot_bind(tmp_path, address):
+    config = write_config(tmp_path, {"listen": address})
+    result = run_broker("--check-config", "--config", config)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "listen" in result.stderr and "is not a listen address" in result.stderr
+
+
+def test_check_config_accepts_an_ipv6_address_in_every_form_the_system_reads(tmp_path):
+    config = write_config(tmp_path, {"listen": "[0:0:0:0:0:0:0:1]:8080", "adminListen": "[::ffff:127.0.0.1]:9090"})
+    result = run_broker("--check-config", "--config", config)
+    assert result.returncode == 0, result.stderr
+
+
+# Relative paths
+
+def test_relative_paths_are_read_from_the_configuration_files_directory(tmp_path):
+    directory = tmp_path / "etc"
+    (directory / "keys").mkdir(parents=True)
+    openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", str(directory / "keys" / "key.pem"))
+    config = write_config(directory, jwt_config("keys/key.pem"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = subprocess.run([BINARY, "--check-config", "--config", config], capture_output=True, text=True, timeout=30,
+                            cwd=str(elsewhere), env={"PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr
+    with Broker(args=("--config", config)) as broker:
+        assert f'key={directory}/keys/key.pem' in broker.stderr()
+        token = first_token(broker)
+        public = subprocess.run(["openssl", "pkey", "-in", str(directory / "keys" / "key.pem"), "-pubout"],
+                                check=True, capture_output=True).stdout
+        jwt.decode(token, public, algorithms=["ES256"], audience="token-broker")
+
+
+def test_a_missing_relative_file_is_named_where_it_was_looked_for(tmp_path):
+    config = write_config(tmp_path, jwt_config("missing.pem"))
+    result = subprocess.run([BINARY, "--check-config", "--config", config], capture_output=True, text=True, timeout=30,
+                            cwd="/", env={"PATH": "/usr/bin:/bin"})
+    assert result.returncode == 2
+    assert f"cannot read {tmp_path}/missing.pem" in result.stderr
+
+
+# HS256's kid, as the README gives it
+
+def test_hs256_kid_is_the_first_16_bytes_of_sha256_of_sha256_of_the_secret(tmp_path):
+    secret = os.urandom(24).hex().encode()
+    (tmp_path / "secret").write_bytes(secret + b"\n")
+    with Broker(jwt_config(str(tmp_path / "secret"), "HS256")) as broker:
+        token = first_token(broker)
+        header = jwt.get_unverified_header(token)
+        assert header["kid"] == b64url(hashlib.sha256(hashlib.sha256(secret).digest()).digest()[:16])
+        jwt.decode(token, secret, algorithms=["HS256"], audience="token-broker")
+
+
+# The JWKS is public, as the README says
+
+def test_the_jwks_needs_no_caller_key_while_token_routes_do(tmp_path):
+    key = "k-" + os.urandom(8).hex()
+    keys = tmp_path / "callers.json"
+    keys.write_text(json.dumps({"keys": [{"name": "a", "sha256": hashlib.sha256(key.encode()).hexdigest(), "providers": ["*"]}]}))
+    with Broker({"clientKeysFile": str(keys)}) as broker:
+        status, _, body = broker.request("GET", "/.well-known/jwks.json")
+        assert status == 200 and json.loads(body)["keys"][0]["kty"] == "EC"
+        assert wait_until(lambda: broker.request("GET", "/readyz", listener="admin")[0] == 200)
+        status, _, _ = broker.request("GET", "/token")
+        assert status == 401
+        status, _, _ = broker.request("GET", "/token", headers={"Authorization": f"Bearer {key}"})
+        assert status == 200
+
+
+# --help
+
+def test_help_names_every_route_proxy_mode_and_the_exit_statuses():
+    result = run_broker("--help")
+    assert result.returncode == 0
+    for text in ("/token/ready", "/token/refresh", "/metrics", "/readyz", "/proxy/{name}/{path}", "jwks.json",
+                 "Exit status", "port busy", "healthcheck [--config FILE]"):
+        assert text in result.stdout, text
+
+
+# healthcheck follows the configuration
+
+def test_healthcheck_asks_the_admin_listener_the_configuration_names(tmp_path):
+    admin_socket = str(tmp_path / "admin.sock")
+    config = write_config(tmp_path, {"adminListen": f"unix:{admin_socket}"})
+    with Broker(args=("--config", config), admin=None) as broker:
+        assert broker.addresses["admin"] == f"unix:{admin_socket}"
+        for args, env in ((("healthcheck",), {"TOKEN_BROKER_CONFIG": config}),
+                          (("healthcheck", "--config", config), {}),
+                          ((f"healthcheck", f"--config={config}"), {}),
+                          (("healthcheck", f"unix:{admin_socket}"), {})):
+            result = run_broker(*args, env=env, timeout=10)
+            assert result.returncode == 0, (args, result.stderr)
+        assert broker.stop() == 0
+    result = run_broker("healthcheck", env={"TOKEN_BROKER_CONFIG": config}, timeout=10)
+    assert result.returncode == 1
+    assert f"unix:{admin_socket}" in result.stderr
+
+
+def test_healthcheck_applies_the_environments_admin_listen_over_the_file(tmp_path):
+    admin_socket = str(tmp_path / "admin.sock")
+    config = write_config(tmp_path, {"adminListen": "127.0.0.1:1"})
+    with Broker(args=("--config", config), admin=f"unix:{admin_socket}"):
+        result = run_broker("healthcheck", env={"TOKEN_BROKER_CONFIG": config, "TOKEN_BROKER_ADMIN_LISTEN": f"unix:{admin_socket}"},
+                            timeout=10)
+        assert result.returncode == 0, result.stderr
+        result = run_broker("healthcheck", env={"TOKEN_BROKER_CONFIG": config}, timeout=10)
+        assert result.returncode == 1 and "127.0.0.1:1" in result.stderr
+
+
+def test_healthcheck_given_a_url_without_a_path_asks_healthz(broker):
+    assert run_broker("healthcheck", f"http://{broker.addresses['admin']}", timeout=10).returncode == 0
+    assert run_broker("healthcheck", f"http://{broker.addresses['admin']}/", timeout=10).returncode == 0
+    assert run_broker("healthcheck", "ftp://127.0.0.1:1", timeout=10).returncode == 1

@@ -1,0 +1,88 @@
+"""SIGTERM drains: answers in flight finish (within the 5 s grace), new requests are refused,
+waiting long-polls get 503 shutting_down, and then the broker exits 0.
+
+Against the proxy tests' resource server, which verifies the broker's tokens with PyJWT.
+"""
+import json
+import signal
+import socket
+import threading
+
+import pytest
+
+from broker import GUARD
+from test_http_api import wait_until
+from test_proxy import ResourceServer, proxied_broker
+
+
+@pytest.fixture(scope="module")
+def resource():
+    server = ResourceServer()
+    yield server
+    server.close()
+
+
+def refused(broker):
+    host, port = broker._split("token")
+    try:
+        with socket.create_connection((host, port), timeout=2):
+            return False
+    except ConnectionRefusedError:
+        return True
+
+
+def test_sigterm_lets_a_slow_proxied_answer_finish_and_refuses_new_connections(resource):
+    with proxied_broker(resource) as broker:
+        assert wait_until(lambda: broker.request("GET", "/readyz", listener="admin")[0] == 200)
+        version = broker.get_json("/token")[0]["version"]
+        kept = broker.connection()
+        kept.request("GET", "/token", headers=GUARD)
+        assert kept.getresponse().read()
+        results = {}
+
+        def slow():
+            results["slow"] = broker.request("GET", "/proxy/api/slow?seconds=2", timeout=20)
+
+        def poll():
+            results["poll"] = broker.request("GET", f"/token/ready?after={version}&timeout=30", timeout=20)
+
+        threads = [threading.Thread(target=slow), threading.Thread(target=poll)]
+        for thread in threads:
+            thread.start()
+        assert wait_until(lambda: any(seen["target"].startswith("/api/slow") for seen in resource.stats()["seen"]))
+        assert wait_until(lambda: broker.metric("token_broker_longpoll_waiters", provider="default") == 1)
+        broker.process.send_signal(signal.SIGTERM)
+        assert wait_until(lambda: refused(broker), timeout=10), "a new connection was accepted after SIGTERM"
+        # A new request on a connection kept alive from before is refused, and the connection closed.
+        kept.request("GET", "/token", headers=GUARD)
+        answer = kept.getresponse()
+        assert answer.status == 503 and json.loads(answer.read())["error"] == "shutting_down"
+        assert answer.getheader("Connection", "").lower() == "close"
+        kept.close()
+        for thread in threads:
+            thread.join(20)
+        status, _, body = results["slow"]
+        assert (status, body) == (200, b"late"), "the proxied request in flight was cut short"
+        status, _, body = results["poll"]
+        assert status == 503 and json.loads(body)["error"] == "shutting_down"
+        assert broker.process.wait(timeout=15) == 0
+
+
+def test_sigterm_lets_a_streamed_answer_finish(resource):
+    total = 5 * 65536
+    with proxied_broker(resource) as broker:
+        connection = broker.connection(timeout=20)
+        connection.request("GET", f"/proxy/api/big?bytes={total}", headers=GUARD)
+        response = connection.getresponse()
+        assert response.status == 200
+        first = response.read(65536)  # the resource server holds the rest until released
+        assert len(first) == 65536
+        broker.process.send_signal(signal.SIGTERM)
+        assert wait_until(lambda: refused(broker), timeout=10)
+        resource.admin("/admin/release", {})
+        rest = response.read()
+        connection.close()
+        body = first + rest
+        assert len(body) == total, f"truncated at {len(body)} of {total} bytes"
+        assert body == bytes(i % 251 for i in range(total))
+        assert broker.process.wait(timeout=15) == 0
