@@ -127,9 +127,14 @@ AMBIGUOUS = {
     "two-equal-content-lengths": (b"Content-Length: 5\r\nContent-Length: 5\r\n", b"hello"),
     "content-length-list": (b"Content-Length: 5, 5\r\n", b"hello"),
     "content-length-sign": (b"Content-Length: +5\r\n", b"hello"),
+    "content-length-then-space": (b"Content-Length: 5 \r\n", b"hello"),
+    "content-length-too-long": (b"Content-Length: 1234567890123456789\r\n", b"hello"),
     "gzip-then-chunked": (b"Transfer-Encoding: gzip, chunked\r\n", b"0\r\n\r\n"),
     "chunked-then-identity": (b"Transfer-Encoding: chunked, identity\r\n", b"0\r\n\r\n"),
     "identity": (b"Transfer-Encoding: identity\r\n", b""),
+    "chunked-then-space": (b"Transfer-Encoding: chunked \r\n", b"0\r\n\r\n"),
+    "chunked-then-tab": (b"Transfer-Encoding: chunked\t\r\n", b"0\r\n\r\n"),
+    "two-hosts": (b"Host: y\r\n", b""),
     "two-transfer-encodings": (b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n", b"0\r\n\r\n"),
     "obs-fold": (b"X-Fold: a\r\n b\r\n", b""),
     "obs-fold-with-tab": (b"X-Fold: a\r\n\tb\r\n", b""),
@@ -143,7 +148,7 @@ AMBIGUOUS = {
 
 
 # libmicrohttpd refuses these itself, before the broker sees the request, with its own HTML body.
-REFUSED_BY_LIBRARY = {"content-length-list", "content-length-sign"}
+REFUSED_BY_LIBRARY = {"content-length-list", "content-length-sign", "content-length-then-space"}
 
 
 def assert_refused(answer, closed, json_body=True):
@@ -172,6 +177,13 @@ def test_ambiguous_heads_get_400_and_a_closed_connection_on_every_route(plain_br
     answer, closed = exchange(plain_broker.addresses["admin" if admin else "token"], request)
     assert_refused(answer, closed, json_body=case not in REFUSED_BY_LIBRARY)
     assert plain_broker.process.poll() is None
+
+
+def test_an_http_11_request_without_host_is_refused_and_an_http_10_one_is_not(plain_broker):
+    request = b"GET /token HTTP/1.1\r\n" + GUARD + b"\r\n"
+    assert_refused(*exchange(plain_broker.addresses["token"], request))
+    status, _, body = parse(exchange(plain_broker.addresses["token"], b"GET /token HTTP/1.0\r\n" + GUARD + b"\r\n")[0])
+    assert status == 200 and json.loads(body)["access_token"]
 
 
 def test_ambiguous_heads_do_not_stop_a_sound_request_on_the_next_connection(plain_broker):
@@ -278,3 +290,31 @@ def test_the_admin_listener_closes_idle_connections_after_connection_timeout():
             started = time.monotonic()
             assert connection.recv(1) == b""  # closed by the broker, not by this timeout
             assert time.monotonic() - started < 14
+
+
+def test_making_room_never_closes_a_connection_whose_request_head_has_arrived():
+    with Broker({"connectionLimit": 16}) as broker:
+        host, port = broker.addresses["token"].rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=20) as uploading:
+            uploading.sendall(b"POST /token/refresh HTTP/1.1\r\nHost: x\r\n" + GUARD
+                              + b"Content-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{")
+            time.sleep(0.3)
+            idle = []
+            try:
+                for _ in range(30):
+                    idle.append(socket.create_connection((host, int(port)), timeout=10))
+                    time.sleep(0.01)
+                time.sleep(0.5)
+                uploading.sendall(b"}")
+                received = b""
+                while True:
+                    chunk = uploading.recv(65536)
+                    if not chunk:
+                        break
+                    received += chunk
+            finally:
+                for connection in idle:
+                    connection.close()
+        status, _, body = parse(received)
+        assert status == 200, received
+        assert broker.metric("token_broker_connections_evicted_total", listener="token") >= 1

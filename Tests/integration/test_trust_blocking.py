@@ -247,3 +247,85 @@ def test_a_proxy_whose_token_is_refused_and_read_back_unchanged_answers_without_
             assert broker.fetches() >= 2, "the refusal forced a re-read"
     finally:
         resource.close()
+
+
+def test_the_same_token_read_again_is_served_with_its_new_expiry(tmp_path):
+    """The answer rendered for a version is not served again once the same token's expiry moved."""
+    import calendar
+    import time
+
+    path = str(tmp_path / "token")
+    replace_with_text(path, "opaque-1\n")
+    config = {"providers": [{"source": {"type": "file", "path": path, "lifetimeSec": 6}, "pauseWhenIdle": False}]}
+    with Broker(config) as broker:
+        broker.get_json("/token/ready?timeout=10")
+        broker.get_json("/token")  # renders (and keeps) the answer for the first expiry
+        reads = broker.metric("token_broker_refreshes_total", provider="default", result="success")
+        assert wait_until(lambda: broker.metric("token_broker_refreshes_total", provider="default", result="success") > reads,
+                          timeout=15), "the file was read again"
+        checked = 0
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            status, _, raw = broker.request("GET", "/token")
+            now = time.time()
+            if status == 200:
+                body = json.loads(raw)
+                assert body["version"] == 1
+                expires_at = calendar.timegm(time.strptime(body["expires_at"], "%Y-%m-%dT%H:%M:%SZ"))
+                # Both fields describe one expiry: expires_at is rounded down, expires_in up.
+                assert abs((expires_at - now) - body["expires_in"]) < 2, (body, now)
+                checked += 1
+            time.sleep(0.1)
+        assert checked >= 10
+
+
+def test_a_fetch_abandoned_at_its_deadline_closes_its_upstream_connection():
+    """An issuer that accepts and never answers holds at most the fetch in flight, not every abandoned one."""
+    import select
+    import socket
+    import time
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    accepted = []
+
+    def accept_all():
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            connection.setblocking(False)
+            accepted.append(connection)
+
+    threading.Thread(target=accept_all, daemon=True).start()
+
+    def still_open():
+        count = 0
+        for connection in list(accepted):
+            try:
+                while connection.recv(65536):
+                    pass
+            except BlockingIOError:
+                count += 1  # nothing more to read and not closed
+            except OSError:
+                pass
+        return count
+
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/token"
+    config = {"providers": [{"source": {"type": "http", "url": url, "timeoutMsec": 60000}, "fetchTimeoutSec": 1,
+                             "maxRetryCount": 10, "maxErrorTokenRefreshDelayMsec": 200, "pauseWhenIdle": False}]}
+    try:
+        with Broker(config) as broker:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and len(accepted) < 5:
+                time.sleep(0.1)
+            assert len(accepted) >= 5, "the provider went on trying"
+            time.sleep(0.5)
+            assert still_open() <= 2, f"{still_open()} of {len(accepted)} abandoned fetches still hold a connection"
+            assert broker.process.poll() is None
+    finally:
+        listener.close()
+        for connection in accepted:
+            connection.close()

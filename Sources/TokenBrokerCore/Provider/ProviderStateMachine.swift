@@ -172,10 +172,10 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         // On every cached read: the token's fields are read in place, never copied (a copy
         // retains its strings, whose counts the worker threads would contend for).
         guard hasValidToken(at: now), let version = cached?.version else {
-            return (CacheSummary(version: nil, stale: false, secondsLeft: nil, wasPaused: wasPaused), actions)
+            return (CacheSummary(version: nil, stale: false, secondsLeft: nil, renewal: 0, wasPaused: wasPaused), actions)
         }
         let left = cached?.expiresAt.map { TokenResponseBody.expiresIn(now.duration(to: $0)) }
-        return (CacheSummary(version: version, stale: failures > 0, secondsLeft: left, wasPaused: wasPaused), actions)
+        return (CacheSummary(version: version, stale: failures > 0, secondsLeft: left, renewal: cached?.renewal ?? 0, wasPaused: wasPaused), actions)
     }
 
     /// Registers a waiter for a valid token newer than `after` (`onTokenReady`).
@@ -255,6 +255,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
             same.token = token
             same.token.lifetime = expiresAt.map { same.issuedAt.duration(to: $0) }
             same.expiresAt = expiresAt
+            same.renewal &+= 1
             accepted = same
         } else {
             lastVersion += 1
@@ -403,6 +404,8 @@ public struct CacheSummary: Sendable, Equatable {
     public var stale: Bool
     /// Whole seconds until the token expires; nil for a token without expiry.
     public var secondsLeft: Int?
+    /// The token's `renewal`: a new expiry learned for the same token.
+    public var renewal: UInt64
     /// The read woke a provider paused while idle.
     public var wasPaused: Bool
 }

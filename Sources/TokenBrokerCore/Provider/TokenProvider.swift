@@ -116,7 +116,7 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
 
     /// `readCache` in plain values, for the request path: counts as activity, copies no token.
     public func readSummary() -> CacheSummary {
-        var summary = CacheSummary(version: nil, stale: false, secondsLeft: nil, wasPaused: false)
+        var summary = CacheSummary(version: nil, stale: false, secondsLeft: nil, renewal: 0, wasPaused: false)
         apply { machine, now in
             let read = machine.readCachedSummary(now: now)
             summary = read.summary

@@ -32,6 +32,9 @@ public struct CachedToken<Instant: InstantProtocol>: Sendable where Instant.Dura
     public var expiresAt: Instant?
     /// When it was fetched, by the wall clock, for `issued_at` and `expires_at`.
     public var issuedAtDate: WallTime
+    /// Grows by one each time the same token comes back with a new expiry (same version), so
+    /// that an answer rendered with the old expiry is not served again.
+    public var renewal: UInt64 = 0
 
     /// Whether the token may still be handed out at `now`.
     public func isValid(at now: Instant) -> Bool {

@@ -8,6 +8,8 @@ final class TokenResponseCache: Sendable {
         var version: UInt64
         var stale: Bool
         var expiresIn: Int?
+        /// The same token with a new expiry renders a new `expires_at`.
+        var renewal: UInt64
     }
 
     private struct Entry {
@@ -29,7 +31,7 @@ final class TokenResponseCache: Sendable {
     func response(for summary: CacheSummary, version: UInt64, token: () -> (CachedToken<ContinuousClock.Instant>, Bool)?, now: ContinuousClock.Instant)
         -> HTTPResponse?
     {
-        let key = Key(version: version, stale: summary.stale, expiresIn: summary.secondsLeft)
+        let key = Key(version: version, stale: summary.stale, expiresIn: summary.secondsLeft, renewal: summary.renewal)
         if let hit = current.withLock({ $0?.key == key ? $0?.response : nil }) { return hit }
         guard let (fresh, stale) = token() else { return nil }
         return response(for: fresh, stale: stale, now: now)
@@ -37,7 +39,7 @@ final class TokenResponseCache: Sendable {
 
     /// The answer for `token`, rendered only when its key changed.
     func response(for token: CachedToken<ContinuousClock.Instant>, stale: Bool, now: ContinuousClock.Instant) -> HTTPResponse {
-        let key = Key(version: token.version, stale: stale, expiresIn: TokenResponseBody.secondsLeft(token, at: now))
+        let key = Key(version: token.version, stale: stale, expiresIn: TokenResponseBody.secondsLeft(token, at: now), renewal: token.renewal)
         if let hit = current.withLock({ $0?.key == key ? $0?.response : nil }) { return hit }
         let response = Self.render(token, stale: stale, expiresIn: key.expiresIn, provider: providerName, cookie: cookie)
         current.withLock { $0 = Entry(key: key, response: response) }

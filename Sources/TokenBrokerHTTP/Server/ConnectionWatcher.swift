@@ -15,8 +15,9 @@ import Synchronization
 /// - **Room for new connections.** A client that opens connections and sends nothing would
 ///   otherwise fill the listener's connection limit until their deadlines pass, and a health
 ///   check would wait behind them. Past `evictAbove` open connections, each new one shuts down
-///   the connection that has waited longest for its next request. A request in progress or a
-///   suspended long-poll is never picked.
+///   the connection that has waited longest for its next request head. A connection whose head
+///   has arrived (its body still coming, its answer being made, a suspended long-poll) is never
+///   picked; one whose head is still trickling in cannot be told from an idle one, and may be.
 /// - **Memory after bursts.** After thousands of waiters, freed memory is handed back
 ///   (`malloc_trim`) once things are quiet, off the request path.
 ///
@@ -119,7 +120,7 @@ final class ConnectionWatcher: @unchecked Sendable {
             guard state.clocks.count > evictAbove else { return }
             var idlest: ConnectionClock?
             var earliest = Int64.max
-            for other in state.clocks.values where other !== clock && !other.evicted {
+            for other in state.clocks.values where other !== clock && !other.evicted && other.awaitsHead {
                 let due = other.dueMsec
                 if due != 0, due < earliest {
                     earliest = due
@@ -243,13 +244,23 @@ final class ConnectionClock: @unchecked Sendable {
     let fd: Int32
     /// Monotonic milliseconds by which the next request must have arrived; 0 when none is due.
     private let deadline = Atomic<Int64>(0)
+    /// Between requests: no head has arrived since the connection opened or was last answered.
+    private let headPending = Atomic<Bool>(true)
     /// Shut down to make room for a new connection; read and written under the watcher's lock.
     var evicted = false
 
     init(fd: Int32) { self.fd = fd }
 
-    func armDeadline(after milliseconds: Int64) { deadline.store(Self.nowMsec() + milliseconds, ordering: .relaxed) }
+    func armDeadline(after milliseconds: Int64) {
+        deadline.store(Self.nowMsec() + milliseconds, ordering: .relaxed)
+        headPending.store(true, ordering: .relaxed)
+    }
+    /// The request's head has arrived; its body may still be coming.
+    func headArrived() { headPending.store(false, ordering: .relaxed) }
     func requestArrived() { deadline.store(0, ordering: .relaxed) }
+
+    /// Waiting for a request head, so a candidate to make room.
+    var awaitsHead: Bool { headPending.load(ordering: .relaxed) }
 
     /// When the next request is due (so, the longer idle, the earlier); 0 while a request is in
     /// progress or waiting suspended.

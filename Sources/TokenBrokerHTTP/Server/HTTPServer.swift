@@ -208,6 +208,7 @@ public final class HTTPServer: @unchecked Sendable {
             // unless the head is refused, and then the connection closes anyway.
             requestsInFlight.add(1, ordering: .relaxed)
             requestContext.pointee = RequestState.headersOnly
+            Self.clock(of: connection)?.headArrived()
             if let problem = RequestHead.problem(connection, method: method, version: version) {
                 return queue(Self.refusedHead(problem), on: connection, nil)
             }
@@ -217,6 +218,7 @@ public final class HTTPServer: @unchecked Sendable {
         if let state, !state.begun {
             // First call of a request under the streaming prefix: decide about its body now.
             state.begun = true
+            Self.clock(of: connection)?.headArrived()
             if let problem = RequestHead.problem(connection, method: method, version: version) {
                 return queue(Self.refusedHead(problem), on: connection, nil)
             }

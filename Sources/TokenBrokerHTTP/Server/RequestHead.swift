@@ -20,7 +20,9 @@ import Glibc
 /// Every byte of that block must be explained by the request line, a `name:` then optional
 /// whitespace then the value for each header in order, and line ends. A folded line is not: its
 /// bytes sit in the block unclaimed, and the header it was joined to has a name libmicrohttpd
-/// built elsewhere. Nor is a NUL inside a value, which libmicrohttpd would cut the value at.
+/// built elsewhere. Nor is a NUL inside a value, which libmicrohttpd would cut the value at,
+/// with one exception the block cannot show: a NUL just before a bare LF reads as a CR (both
+/// are NULs by then), so `X-A: ab<NUL><LF>` is taken as `X-A: ab` ending in CRLF.
 ///
 /// - Important: this leans on how libmicrohttpd 0.9.7x lays out a parsed head. Should a newer
 ///   version parse elsewhere, sound requests would be refused as malformed, loudly: the
@@ -58,6 +60,7 @@ enum RequestHead {
         var contentLengthValid = true
         var transferEncodings = 0
         var transferEncodingChunked = true
+        var hosts = 0
 
         init(start: UnsafeRawPointer, size: Int) {
             self.start = start
@@ -108,26 +111,32 @@ enum RequestHead {
             return true
         }
 
+        /// Values are judged as libmicrohttpd reads them, leading whitespace gone and trailing
+        /// whitespace kept: `chunked ` is not `chunked` to it (it would read the body until the
+        /// connection closes), so it is not to the broker either.
         private mutating func noteFraming(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
             if HTTPSyntax.equalsIgnoringCase(name, "content-length") {
                 contentLengths += 1
-                let digits = HTTPSyntax.trimmingWhitespace(value)
-                contentLengthValid = contentLengthValid && !digits.isEmpty && digits.count <= 18
-                    && digits.allSatisfy { $0 >= 0x30 && $0 <= 0x39 }
+                contentLengthValid = contentLengthValid && !value.isEmpty && value.count <= 18
+                    && value.allSatisfy { $0 >= 0x30 && $0 <= 0x39 }
             } else if HTTPSyntax.equalsIgnoringCase(name, "transfer-encoding") {
                 transferEncodings += 1
-                transferEncodingChunked = transferEncodingChunked
-                    && HTTPSyntax.equalsIgnoringCase(UnsafeRawBufferPointer(rebasing: HTTPSyntax.trimmingWhitespace(value)), "chunked")
+                transferEncodingChunked = transferEncodingChunked && HTTPSyntax.equalsIgnoringCase(value, "chunked")
+            } else if HTTPSyntax.equalsIgnoringCase(name, "host") {
+                hosts += 1
             }
         }
 
-        /// RFC 9112 §6.1 and §6.3: exactly one way to find the body's end.
+        /// RFC 9112 §6.1 and §6.3: exactly one way to find the body's end; §3.2: one `Host`.
         func framingProblem(isHTTP10: Bool) -> String? {
+            if hosts > 1 || (hosts == 0 && !isHTTP10) {
+                return "an HTTP/1.1 request needs exactly one Host header (RFC 9112 §3.2)"
+            }
             if transferEncodings > 0 && contentLengths > 0 {
                 return "Content-Length and Transfer-Encoding together are refused (RFC 9112 §6.3)"
             }
             if contentLengths > 1 { return "more than one Content-Length is refused (RFC 9112 §6.3)" }
-            if !contentLengthValid { return "Content-Length must be digits only (RFC 9112 §6.2)" }
+            if !contentLengthValid { return "Content-Length must be 1 to 18 digits and nothing else (RFC 9112 §6.2)" }
             if transferEncodings > 1 || !transferEncodingChunked {
                 return "the only Transfer-Encoding accepted is one header of exactly \"chunked\" (RFC 9112 §6.1)"
             }
@@ -153,14 +162,6 @@ enum HTTPSyntax {
     /// A byte a field value may hold: visible ASCII, space, tab, or obs-text; no other control.
     static func isFieldValueByte(_ byte: UInt8) -> Bool {
         byte == 0x09 || (byte >= 0x20 && byte != 0x7F)
-    }
-
-    static func trimmingWhitespace(_ bytes: UnsafeRawBufferPointer) -> Slice<UnsafeRawBufferPointer> {
-        var lower = bytes.startIndex
-        var upper = bytes.endIndex
-        while lower < upper, bytes[lower] == 0x20 || bytes[lower] == 0x09 { lower += 1 }
-        while upper > lower, bytes[upper - 1] == 0x20 || bytes[upper - 1] == 0x09 { upper -= 1 }
-        return bytes[lower..<upper]
     }
 
     /// ASCII case-insensitive comparison with a lower-case literal.

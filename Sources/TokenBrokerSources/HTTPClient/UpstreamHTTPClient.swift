@@ -20,13 +20,18 @@ public final class UpstreamHTTPClient: @unchecked Sendable {
     public private(set) var startFailure: String?
     private let queue = Mutex<[Transfer]>([])
     /// Work for the curl thread on transfers already running: unpause, or cancel.
+    /// Buffered requests whose caller gave up: stopped at the curl thread's next turn.
+    private let abandoned = Mutex<[Transfer]>([])
     private let commands = Mutex<[(UpstreamExchange, Command)]>([])
     private var thread = pthread_t()
 
     enum Command { case resumeReceiving, resumeSending, cancel }
 
     /// One request in flight: its easy handle, what came back so far, and who waits.
-    final class Transfer {
+    ///
+    /// - Important: only the curl thread reads or changes it once queued; other threads only
+    ///   hand the reference over, through the queue's and the abandoned list's locks.
+    final class Transfer: @unchecked Sendable {
         let request: UpstreamRequest
         /// A buffered request's waiter; nil for a streamed exchange.
         let continuation: CheckedContinuation<UpstreamResponse, any Error>?
@@ -85,9 +90,21 @@ public final class UpstreamHTTPClient: @unchecked Sendable {
     /// Sends one request and waits for its answer, without holding any thread while it waits.
     public func send(_ request: UpstreamRequest) async throws(TokenFetchError) -> UpstreamResponse {
         if let startFailure { throw .internalError(startFailure) }
+        // A caller that gives up (a provider past its fetch deadline) stops the transfer too, so
+        // that abandoned requests do not pile up on the issuer until libcurl's own timeout.
+        let sent = Mutex<Transfer?>(nil)
         do {
-            return try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<UpstreamResponse, any Error>) in
-                queue.withLock { $0.append(Transfer(request: request, continuation: continuation)) }
+            return try await withTaskCancellationHandler {
+                try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<UpstreamResponse, any Error>) in
+                    let transfer = Transfer(request: request, continuation: continuation)
+                    sent.withLock { $0 = transfer }
+                    queue.withLock { $0.append(transfer) }
+                    if Task.isCancelled { abandoned.withLock { $0.append(transfer) } }
+                    curl_multi_wakeup(multi)
+                }
+            } onCancel: {
+                guard let transfer = sent.withLock({ $0 }) else { return }
+                abandoned.withLock { $0.append(transfer) }
                 curl_multi_wakeup(multi)
             }
         } catch let error as TokenFetchError {
@@ -156,6 +173,14 @@ public final class UpstreamHTTPClient: @unchecked Sendable {
                     transfer.cancelled = true
                     finish(transfer, CURLE_ABORTED_BY_CALLBACK)
                 }
+            }
+            for transfer in abandoned.withLock({ queued in defer { queued = [] }; return queued }) {
+                guard let easy = transfer.easy, active[easy] === transfer else { continue }  // finished already
+                active.removeValue(forKey: easy)
+                Self.forbidReuse(easy)
+                curl_multi_remove_handle(multi, easy)
+                transfer.cancelled = true
+                finish(transfer, CURLE_ABORTED_BY_CALLBACK)
             }
             var running: Int32 = 0
             curl_multi_perform(multi, &running)
@@ -275,8 +300,8 @@ public final class UpstreamHTTPClient: @unchecked Sendable {
         var length: curl_off_t = -1
         _ = CCurl_getinfo_offset(transfer.easy, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length)
         if !exchange.delegate.upstreamHead(status: status, headers: transfer.headerLines, length: length >= 0 ? Int64(length) : nil) {
+            // Writing nothing then fails the transfer, and libcurl closes a failed transfer's connection.
             exchange.stoppedOnPurpose = true
-            Self.forbidReuse(transfer.easy)
         }
     }
 
@@ -349,7 +374,8 @@ private let bodyCallback: curl_write_callback = { data, size, count, context in
 
 // A streamed request body goes to libcurl exactly as long as the exchange said (`bodyLength`, which
 // libcurl sends as Content-Length): never a byte more, and a body that ends short stops the
-// exchange and closes its connection. Without a length, libcurl frames the body itself (chunked).
+// exchange (libcurl closes the connection of a transfer aborted this way; options may not be set
+// from inside a callback). Without a length, libcurl frames the body itself (chunked).
 private let readCallback: curl_read_callback = { buffer, size, count, context in
     guard let buffer, let context else { return Int(CURL_READFUNC_ABORT) }
     let transfer = UpstreamHTTPClient.transfer(context)
@@ -367,7 +393,6 @@ private let readCallback: curl_read_callback = { buffer, size, count, context in
     case .end where exchange.bodyLength.map({ Int64($0) == transfer.bodySent }) ?? true:
         return 0
     case .end, .abort:
-        UpstreamHTTPClient.forbidReuse(transfer.easy)
         return Int(CURL_READFUNC_ABORT)
     case .wait:
         return Int(CURL_READFUNC_PAUSE)
