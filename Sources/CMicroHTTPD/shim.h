@@ -54,6 +54,13 @@ static inline struct MHD_OptionItem CMicroHTTPD_option_uri_log(CMicroHTTPD_uri_c
     return item;
 }
 
+// Like the ones above, for MHD_OPTION_EXTERNAL_LOGGER: libmicrohttpd's own messages, which can
+// quote a request's path, go through the broker's log instead of straight to stderr.
+static inline struct MHD_OptionItem CMicroHTTPD_option_logger(MHD_LogCallback callback, void *cls) {
+    struct MHD_OptionItem item = { MHD_OPTION_EXTERNAL_LOGGER, (intptr_t)callback, cls };
+    return item;
+}
+
 // MHD_get_connection_info is variadic; this asks it for the size of the request head (request
 // line and headers, as parsed in place), or 0 when it is not known.
 static inline size_t CMicroHTTPD_request_header_size(struct MHD_Connection *connection) {

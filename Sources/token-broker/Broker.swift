@@ -109,6 +109,7 @@ enum Broker {
             tokenSettings.connectionTimeoutSec = configuration.connectionTimeoutSec
             tokenSettings.connectionMemoryLimit = configuration.connectionMemoryKiB * 1024
             tokenSettings.unixSocketMode = configuration.unixSocketMode
+            tokenSettings.libraryLog = { Log.warning("libmicrohttpd", ["listener": "token", "detail": $0]) }
             if !configuration.proxies.isEmpty { tokenSettings.streamingPrefix = ProxyPath.prefix }
             let proxy = configuration.proxies.isEmpty ? nil : ProxyAPI(
                 proxies: configuration.proxies, providers: providers, maxWait: .seconds(configuration.maxWaitSec),
@@ -123,6 +124,7 @@ enum Broker {
             adminSettings.connectionTimeoutSec = configuration.connectionTimeoutSec
             adminSettings.threads = 1
             adminSettings.unixSocketMode = configuration.unixSocketMode
+            adminSettings.libraryLog = { Log.warning("libmicrohttpd", ["listener": "admin", "detail": $0]) }
             adminServer = try HTTPServer(configuration: adminSettings, handler: AdminAPI(providers: providers, metrics: metrics))
         } catch {
             Log.error("cannot start", ["problem": error.description])

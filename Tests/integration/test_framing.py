@@ -60,6 +60,10 @@ class RecordingHandler(BaseHTTPRequestHandler):
                                      "headers": [(k, v) for k, v in self.headers.items()], "body": body})
         answer = json.dumps({"path": self.path}).encode()
         self.send_response(200)
+        if self.path.endswith("/control-characters"):
+            self.send_header("X-Ctl", "a\x01b")
+            self.send_header("X-Del", "a\x7fb")
+            self.send_header("X-Fine", "a\tb")
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(answer)))
         self.end_headers()
@@ -318,3 +322,39 @@ def test_making_room_never_closes_a_connection_whose_request_head_has_arrived():
         status, _, body = parse(received)
         assert status == 200, received
         assert broker.metric("token_broker_connections_evicted_total", listener="token") >= 1
+
+
+def test_libmicrohttpds_own_messages_go_through_the_log_and_cannot_forge_a_line():
+    """libmicrohttpd quotes a request's path when it fails to send an answer; a path with %0a in
+    it must not start a line of its own that looks like the broker's."""
+    import struct
+
+    forged = "time=2026-01-01T00:00:00Z%20level=error%20msg=INJECTED"
+    request = f"GET /x%0a{forged} HTTP/1.1\r\nHost: x\r\n".encode() + GUARD + b"\r\n"
+    with Broker() as broker:
+        host, port = broker.addresses["token"].rsplit(":", 1)
+        for _ in range(20):
+            with socket.create_connection((host, int(port)), timeout=10) as connection:
+                connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                connection.sendall(request * 200)
+            time.sleep(0.2)
+            if "msg=libmicrohttpd" in broker.stderr():
+                break
+        log = broker.stderr()
+        assert "msg=libmicrohttpd" in log, "no send ever failed, so nothing was shown"
+        assert not any(line.startswith("time=2026-01-01") or "msg=INJECTED" in line.split(" detail=")[0]
+                       for line in log.splitlines()), log
+        assert all(line.startswith("time=") for line in log.splitlines()), log
+
+
+def test_answer_headers_with_control_characters_are_dropped_and_counted(tmp_path, upstream):
+    config, low_key, _ = two_callers(tmp_path, upstream)
+    with Broker(config) as broker:
+        answer, _ = exchange(broker.addresses["token"], b"GET /proxy/low/control-characters HTTP/1.1\r\nHost: x\r\n" + GUARD
+                             + b"Authorization: Bearer " + low_key.encode() + b"\r\nConnection: close\r\n\r\n")
+        head = answer.partition(b"\r\n\r\n")[0]
+        assert head.startswith(b"HTTP/1.1 200"), answer
+        assert b"x-fine: a\tb" in head.lower()
+        assert b"x-ctl" not in head.lower() and b"x-del" not in head.lower(), head
+        assert not any(byte < 0x20 and byte not in (0x09, 0x0a, 0x0d) or byte == 0x7f for byte in head)
+        assert broker.metric("token_broker_response_headers_dropped_total") == 2

@@ -14,7 +14,8 @@ public final class HTTPResponse: @unchecked Sendable {
     let stream: HTTPResponseStream?
 
     /// - Parameters:
-    ///   - headers: names and values; a value with CR or LF is dropped rather than sent.
+    ///   - headers: names and values; a header whose name is not an RFC 9110 token or whose value
+    ///     holds a control character other than tab is dropped rather than sent, and counted.
     public init(status: Int, body: [UInt8], headers: [(String, String)] = []) {
         self.status = status
         handle = body.withUnsafeBytes { raw in
@@ -41,7 +42,8 @@ public final class HTTPResponse: @unchecked Sendable {
 
     private static func add(_ headers: [(String, String)], to handle: OpaquePointer) {
         for (name, value) in headers {
-            let sendable = !(name + value).contains(where: { $0 == "\r" || $0 == "\n" || $0 == "\0" })
+            let sendable = !name.isEmpty && name.utf8.allSatisfy(HTTPSyntax.isTokenCharacter)
+                && value.utf8.allSatisfy(HTTPSyntax.isFieldValueByte)
             if !sendable || MHD_add_response_header(handle, name, value) != CMicroHTTPD_yes() {
                 droppedHeaderCount.add(1, ordering: .relaxed)
             }

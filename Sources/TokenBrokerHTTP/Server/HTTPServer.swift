@@ -33,6 +33,9 @@ public final class HTTPServer: @unchecked Sendable {
         public var maximumBodyBytes: Int = 64 * 1024
         /// The file mode of a Unix socket listener.
         public var unixSocketMode: UInt32 = 0o660
+        /// Where libmicrohttpd's own messages go (a failed send, a malformed request), one line
+        /// each; they may quote a client's path, so the sink must escape them. Nil: dropped.
+        public var libraryLog: (@Sendable (String) -> Void)?
         /// Requests whose target starts with this are shown to `HTTPHandler.begin` when their
         /// headers arrive, and carry their target as sent (`HTTPRequest.rawTarget`).
         public var streamingPrefix: String?
@@ -81,6 +84,7 @@ public final class HTTPServer: @unchecked Sendable {
             MHD_OptionItem(option: .LISTEN_BACKLOG_SIZE, value: 4096, ptr_value: nil),
             CMicroHTTPD_option_notify_completed(requestCompletedCallback, context),
             CMicroHTTPD_option_notify_connection(connectionNotifyCallback, context),
+            CMicroHTTPD_option_logger(libraryLogCallback, context),
         ]
         if configuration.streamingPrefix != nil {
             options.append(CMicroHTTPD_option_uri_log(requestTargetCallback, context))
@@ -436,6 +440,15 @@ private let requestCompletedCallback: MHD_RequestCompletedCallback = { cls, conn
 private let requestTargetCallback: CMicroHTTPD_uri_callback = { cls, uri, _ in
     guard let cls, let uri else { return nil }
     return HTTPServer.fromOpaque(cls).requestTarget(uri)
+}
+
+private let libraryLogCallback: MHD_LogCallback = { cls, format, arguments in
+    guard let cls, let format, let arguments, let log = HTTPServer.fromOpaque(cls).configuration.libraryLog else { return }
+    var buffer = [CChar](repeating: 0, count: 512)
+    _ = vsnprintf(&buffer, buffer.count, format, arguments)
+    var message = String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    while message.last == "\n" { message.removeLast() }
+    log(message)
 }
 
 private let connectionNotifyCallback: MHD_NotifyConnectionCallback = { cls, connection, socketContext, code in
