@@ -52,7 +52,8 @@ public final class ProxyAPI: ProxyHandling {
                 405, "method_not_allowed", "\(String(request.method.prefix(32))) is not forwarded; allowed: \(Self.methods.joined(separator: ", "))",
                 headers: [("Allow", Self.methods.joined(separator: ", "))]))
         }
-        let chunked = request.header("Transfer-Encoding").map { $0.lowercased().contains(bytes: "chunked") } ?? false
+        // The server has refused every Transfer-Encoding but exactly `chunked` (RequestHead).
+        let chunked = request.header("Transfer-Encoding") != nil
         let length = request.header("Content-Length").flatMap { Int($0) }
         if let length, length > settings.maxBodyBytes {
             metrics.recordProxied(proxy: settings.name, status: 413)
