@@ -9,6 +9,18 @@ sys.path.insert(0, os.path.dirname(__file__))
 from broker import Broker  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def no_sanitizer_reports():
+    """After each test, stops the brokers it left running and fails on any sanitizer report."""
+    Broker.started.clear()
+    yield
+    for broker in Broker.started:
+        if broker.process.poll() is None:
+            broker.stop()
+        broker.check_sanitizer_reports()
+    Broker.started.clear()
+
+
 @pytest.fixture
 def broker():
     """A broker on the embedded default, on ephemeral loopback ports."""
