@@ -21,7 +21,7 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     private let source: any TokenSource
     private let events: ProviderEvents
     private let wallClock: @Sendable () -> WallTime
-    private let state: Mutex<State>
+    private let state: Lock<State>
 
     private struct State: Sendable {
         var machine: Machine
@@ -56,7 +56,7 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         self.source = source
         self.clock = clock
         self.events = events
-        state = Mutex(State(machine: Machine(configuration: configuration, now: clock.now, jitter: jitter)))
+        state = Lock(State(machine: Machine(configuration: configuration, now: clock.now, jitter: jitter)))
     }
 
     // MARK: - Service
@@ -222,7 +222,7 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     private func wait(after: UInt64?, timeout: Duration, onDemand: Bool) async -> WaitOutcome {
         // The waiter's id once registered, or `.max` when cancellation came first: whichever of
         // registration and cancellation runs second ends the waiter.
-        let waiterID = Mutex<UInt64?>(nil)
+        let waiterID = Lock<UInt64?>(nil)
         return await withTaskCancellationHandler {
             await withCheckedContinuation { (continuation: CheckedContinuation<WaitOutcome, Never>) in
                 let id = addWaiter(after: after, deadline: deadline(in: timeout), onDemand: onDemand) { outcome in

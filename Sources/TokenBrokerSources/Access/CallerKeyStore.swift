@@ -12,8 +12,8 @@ import TokenBrokerCore
 public final class CallerKeyStore: CallerAuthorizing, @unchecked Sendable {
     public let path: String
     private let knownProviders: Set<String>
-    private let state: Mutex<(list: CallerKeyList, identity: FileIdentity?)>
-    private let watcher = Mutex<Task<Void, Never>?>(nil)
+    private let state: Lock<(list: CallerKeyList, identity: FileIdentity?)>
+    private let watcher = Lock<Task<Void, Never>?>(nil)
 
     /// What happened at a re-read: the number of callers now listed, or why the file was refused.
     public typealias ReloadEvent = @Sendable (Result<Int, ConfigurationError>) -> Void
@@ -23,7 +23,7 @@ public final class CallerKeyStore: CallerAuthorizing, @unchecked Sendable {
         self.path = path
         self.knownProviders = knownProviders
         let identity = FileIdentity(path)
-        state = Mutex((try Self.read(path, knownProviders: knownProviders), identity))
+        state = Lock((try Self.read(path, knownProviders: knownProviders), identity))
     }
 
     /// Starts looking for changes every `interval`, reporting each re-read to `onReload`.

@@ -14,9 +14,9 @@ public final class UpstreamHTTPClient: @unchecked Sendable {
     public static let shared = UpstreamHTTPClient()
 
     private let multi: UnsafeMutableRawPointer
-    private let queue = Mutex<[Transfer]>([])
+    private let queue = Lock<[Transfer]>([])
     /// Work for the curl thread on transfers already running: unpause, or cancel.
-    private let commands = Mutex<[(UpstreamExchange, Command)]>([])
+    private let commands = Lock<[(UpstreamExchange, Command)]>([])
     private var thread = pthread_t()
 
     enum Command { case resumeReceiving, resumeSending, cancel }
