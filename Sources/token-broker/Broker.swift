@@ -1,3 +1,4 @@
+import Dispatch
 import TokenBrokerCore
 import TokenBrokerHTTP
 import TokenBrokerProxy
@@ -149,8 +150,21 @@ enum Broker {
         adminServer.shutDown(grace: .seconds(1))
         for task in tasks { task.cancel() }
         callers?.stop()
+        // A provider's task ends once its fetch has: a fetch still running at exit would call
+        // OpenSSL after exit has torn it down (ThreadSanitizer saw EVP_Digest crash so).
+        waitForEnd(of: tasks, atMost: .seconds(5))
         Log.info("stopped")
         return 0
+    }
+
+    /// Blocks the calling thread (not one of Swift's pool) until every task has ended, or `limit` has passed.
+    private static func waitForEnd(of tasks: [Task<Void, Never>], atMost limit: Duration) {
+        let ended = DispatchSemaphore(value: 0)
+        Task.detached {
+            for task in tasks { await task.value }
+            ended.signal()
+        }
+        _ = ended.wait(timeout: .now() + .milliseconds(Int(limit.components.seconds) * 1000))
     }
 
     private static func address(_ configured: ListenAddress, _ port: UInt16) -> String {

@@ -71,6 +71,9 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
             continuation.finish()
         }
         shutDown()
+        // A fetch still running ends before this task does, so that whoever awaits the task
+        // knows no fetch is left (one running at exit would use OpenSSL after it is torn down).
+        await state.withLock { $0.fetch }?.value
     }
 
     /// Completes every waiter with `.shuttingDown` and stops the timer and any fetch.
@@ -82,7 +85,6 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
             work.cancelledTimer = state.timer
             state.timer = nil
             state.timerDeadline = nil
-            defer { state.fetch = nil }
             return state.fetch
         }
         fetch?.cancel()
