@@ -12,6 +12,8 @@ import tempfile
 import time
 
 BINARY = os.environ.get("TOKEN_BROKER_BIN", os.path.join(os.path.dirname(__file__), "../../.build/release/token-broker"))
+# Set by `make sanitize` ("address", "thread") when BINARY is a debug build with that sanitizer.
+SANITIZER = os.environ.get("TOKEN_BROKER_SANITIZER", "")
 LISTENING = re.compile(r"msg=listening listener=(token|admin) address=(\S+)")
 # The request guard's header, sent by default; tests of the guard leave it out.
 GUARD = {"Token-Broker-Request": "true"}
@@ -71,6 +73,8 @@ class Broker:
         self.checked = False
         Broker.started.append(self)
         self.addresses = self._wait_for_listeners()
+        if SANITIZER:
+            self._wait_for_first_fetches(config)
 
     def _wait_for_listeners(self, timeout=15):
         deadline = time.monotonic() + timeout
@@ -82,6 +86,27 @@ class Broker:
                 raise RuntimeError(f"broker exited with {self.process.returncode}:\n{self.stderr()}")
             time.sleep(0.02)
         raise RuntimeError(f"broker did not start listening in {timeout}s:\n{self.stderr()}")
+
+    def _wait_for_first_fetches(self, config, timeout=10):
+        """Waits until each provider that fetches at start has fetched once, or failed to.
+
+        A release build has its first token a few milliseconds after it listens, and tests count
+        on that; a sanitizer build takes up to twenty times as long. Only in sanitizer runs, and
+        never failing: a fetch that takes longer leaves the test to find out.
+        """
+        providers = (config or {}).get("providers") if isinstance(config, dict) else None
+        providers = providers or [{}]
+        if not isinstance(providers, list) or not all(isinstance(provider, dict) for provider in providers):
+            return
+        names = [provider.get("name", "default") for provider in providers
+                 if provider.get("backgroundRefreshEnabled", True) and not provider.get("pauseWhenIdle", False)]
+        fetched = [re.compile(rf'msg="token fetch(ed| failed)" provider={re.escape(str(name))}( |$)', re.M) for name in names]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.process.poll() is None:
+            log = self.stderr()
+            if all(pattern.search(log) for pattern in fetched):
+                return
+            time.sleep(0.01)
 
     def stderr(self):
         with open(self.log_path) as handle:
