@@ -36,7 +36,9 @@ for target in $TARGETS; do
         "$(find "$corpus" -type f | wc -l)" "$(sed -n 's/^stat::peak_rss_mb: *//p' "$log" | tail -1) MB peak RSS"
     if [ $status != 0 ]; then
         failed+=("$target")
-        grep -E -A12 '^(==[0-9]+==ERROR|Fatal error|.*Fatal error:|SUMMARY|.*Test unit written to)' "$log" | head -40 >&2
+        # The trap and the function it is in, or the sanitizer's summary; then where the input went.
+        grep -m1 -A1 'Swift runtime failure' "$log" | sed 's/^ *#[0-9]* 0x[0-9a-f]* in /    /' >&2
+        grep -E '^SUMMARY|Test unit written to|^Base64' "$log" >&2
     fi
 done
 if [ ${#failed[@]} != 0 ]; then
