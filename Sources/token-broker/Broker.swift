@@ -124,8 +124,9 @@ enum Broker {
             Log.error("cannot start", ["problem": error.description])
             return 1
         }
-        metrics.observeOpenConnections(listener: "token") { [tokenServer] in tokenServer.openConnections }
-        metrics.observeOpenConnections(listener: "admin") { [adminServer] in adminServer.openConnections }
+        // Weakly: a server's routes hold the metrics, so a strong capture would be a cycle.
+        metrics.observeOpenConnections(listener: "token") { [weak tokenServer] in tokenServer?.openConnections ?? 0 }
+        metrics.observeOpenConnections(listener: "admin") { [weak adminServer] in adminServer?.openConnections ?? 0 }
         let tasks = providers.map { provider in Task.detached { await provider.run() } }
         Log.info("listening", ["listener": "token", "address": address(configuration.listen, tokenServer.port)])
         Log.info("listening", ["listener": "admin", "address": address(configuration.adminListen, adminServer.port)])

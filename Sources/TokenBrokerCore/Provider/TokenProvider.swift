@@ -73,7 +73,9 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         shutDown()
         // A fetch still running ends before this task does, so that whoever awaits the task
         // knows no fetch is left (one running at exit would use OpenSSL after it is torn down).
+        // Then the provider lets go of it, since the task holds the provider.
         await state.withLock { $0.fetch }?.value
+        state.withLock { $0.fetch = nil }
     }
 
     /// Completes every waiter with `.shuttingDown` and stops the timer and any fetch.
