@@ -117,9 +117,12 @@ def main():
     refreshing.join(60)
     client_errors += [f"{name}: still running 60 s after the load stopped" for name, thread in
                       (("long-polls", poller), ("refresher", refreshing)) if thread.is_alive()]
-    time.sleep(2)  # let the last connections close
-    after = metrics(broker)
+    # Let the last connections close (at most 10 s): a descriptor still open after that is kept.
+    settle = time.monotonic() + 10
+    while open_fds(broker.pid) > fds_start and time.monotonic() < settle:
+        time.sleep(0.2)
     final = {"rss_mib": rss_mib(broker.pid), "fds": open_fds(broker.pid)}
+    after = metrics(broker)  # after counting descriptors: this request's own connection is one
     broker.stop()
 
     server_errors = sum(value for key, value in after.items() if key.startswith("token_broker_http_requests_total") and 'code="5' in key)
