@@ -2,7 +2,11 @@
 #
 #   make run    install what is missing, build in release mode, start the broker on its embedded default
 #   make test   the same set-up, then every test: Swift unit tests, integration tests against the
-#               real binary, the OpenAPI contract (schemathesis), and the container runtime check
+#               real binary, the OpenAPI contract (schemathesis), the container runtime check, and
+#               each fuzz target for 30 s
+#
+# Not part of `make test`: `make fuzz` (each fuzz target to a million inputs) and `make sanitize`
+# (the integration tests against AddressSanitizer and ThreadSanitizer builds), longer runs.
 #
 # Needs the Swift 6 toolchain on PATH and Debian 12 (root, or sudo, to install packages).
 
@@ -16,8 +20,19 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 RELEASE_FLAGS := -c release --static-swift-stdlib
 BIN := .build/release/token-broker
 VENV := .venv
+# Fuzzing (Fuzz/): libFuzzer targets, built only when TOKEN_BROKER_FUZZ is set (see Package.swift),
+# with the toolchain's libFuzzer and AddressSanitizer, into a build directory of their own.
+FUZZ_TARGETS := FuzzJSON FuzzConfiguration FuzzCallerKeys FuzzTokenAnswer FuzzFileToken FuzzQuery FuzzProxyPath
+FUZZ_BUILD := TOKEN_BROKER_FUZZ=1 $(SWIFT) build -c release --scratch-path .build/fuzz \
+              -Xswiftc -sanitize=fuzzer,address -Xswiftc -enable-testing -Xswiftc -use-ld=lld
+# Sanitizer runs: reports do not stop the broker, so that every one is in its log, where the
+# integration harness looks for them (Tests/integration/broker.py).
+ASAN_RUN_OPTIONS := TOKEN_BROKER_SANITIZER=address ASAN_OPTIONS=detect_leaks=1:halt_on_error=0 \
+                    LSAN_OPTIONS=suppressions=$(abspath Tests/sanitizers/lsan.supp)
+TSAN_RUN_OPTIONS := TOKEN_BROKER_SANITIZER=thread TSAN_OPTIONS=halt_on_error=0:second_deadlock_stack=1
 
-.PHONY: run test deps build unit-test integration-test contract-test container-check bench soak link-order clean
+.PHONY: run test deps build unit-test integration-test contract-test container-check fuzz fuzz-build sanitize \
+        bench soak link-order clean
 
 run: deps build
 	@echo "token-broker: token listener http://127.0.0.1:8080/token, admin http://127.0.0.1:9090/healthz (Ctrl-C stops it)"
@@ -28,6 +43,8 @@ test: deps build $(VENV)/.installed
 	TOKEN_BROKER_BIN=$(abspath $(BIN)) $(VENV)/bin/python -m pytest -q Tests/integration
 	Tests/contract/run.sh $(BIN) $(VENV)
 	$(SUDO) Tests/container/runtime-check.sh $(BIN)
+	$(MAKE) fuzz-build
+	FUZZ_TARGETS="$(FUZZ_TARGETS)" Fuzz/run.sh -max_total_time=30
 
 build: deps
 	$(SWIFT) build $(RELEASE_FLAGS)
@@ -43,6 +60,25 @@ contract-test: build $(VENV)/.installed
 
 container-check: build
 	$(SUDO) Tests/container/runtime-check.sh $(BIN)
+
+# Fuzz targets, each run until it has tried a million inputs (FUZZ_ARGS adds libFuzzer options);
+# fails on any crash, whose input is saved in .build/fuzz/crashes/. See Fuzz/run.sh.
+fuzz: fuzz-build
+	FUZZ_TARGETS="$(FUZZ_TARGETS)" Fuzz/run.sh -runs=1000000 $(FUZZ_ARGS)
+
+# One product at a time: a plain `swift build` would also build the broker itself for fuzzing.
+fuzz-build: deps
+	@for target in $(FUZZ_TARGETS); do echo "$(FUZZ_BUILD) --product $$target"; $(FUZZ_BUILD) --product $$target || exit 1; done
+
+# The integration tests against a debug build with AddressSanitizer (and LeakSanitizer), then
+# against one with ThreadSanitizer; any report in a broker's log fails its test.
+sanitize: deps $(VENV)/.installed
+	$(SWIFT) build -c debug -Xswiftc -sanitize=address --scratch-path .build/asan
+	$(ASAN_RUN_OPTIONS) TOKEN_BROKER_BIN=$(abspath .build/asan/debug/token-broker) \
+		$(VENV)/bin/python -m pytest -q -rs Tests/integration
+	$(SWIFT) build -c debug -Xswiftc -sanitize=thread --scratch-path .build/tsan
+	$(TSAN_RUN_OPTIONS) TOKEN_BROKER_BIN=$(abspath .build/tsan/debug/token-broker) \
+		$(VENV)/bin/python -m pytest -q -rs Tests/integration
 
 # Installs only the packages that are missing, so a second run touches nothing.
 deps:

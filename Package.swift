@@ -90,3 +90,27 @@ let package = Package(
     ],
     swiftLanguageModes: [.v6]
 )
+
+// Fuzzing (`make fuzz`): a libFuzzer target per input the broker reads from outside, in Fuzz/.
+// They exist only when TOKEN_BROKER_FUZZ is set, so that ordinary builds and tests never see
+// them; the Makefile sets it and builds them with `-sanitize=fuzzer,address`. libFuzzer brings
+// its own `main`, hence `-parse-as-library`; `@testable` reaches internal entry points, hence
+// `-enable-testing`.
+if Context.environment["TOKEN_BROKER_FUZZ"] != nil {
+    let fuzzTargets: [(name: String, dependencies: [Target.Dependency])] = [
+        ("FuzzJSON", ["TokenBrokerCore"]),
+        ("FuzzConfiguration", ["TokenBrokerCore"]),
+        ("FuzzCallerKeys", ["TokenBrokerCore"]),
+        ("FuzzTokenAnswer", ["TokenBrokerCore", "TokenBrokerSources"]),
+        ("FuzzFileToken", ["TokenBrokerCore", "TokenBrokerSources"]),
+        ("FuzzQuery", ["TokenBrokerHTTP"]),
+        ("FuzzProxyPath", ["TokenBrokerCore"]),
+    ]
+    package.targets.append(.systemLibrary(name: "CLibFuzzer", path: "Fuzz/CLibFuzzer"))
+    for target in fuzzTargets {
+        package.targets.append(.executableTarget(
+            name: target.name, dependencies: target.dependencies + ["CLibFuzzer"], path: "Fuzz/Targets/\(target.name)",
+            swiftSettings: [.unsafeFlags(["-parse-as-library"])]
+        ))
+    }
+}

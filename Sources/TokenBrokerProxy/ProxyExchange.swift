@@ -49,7 +49,7 @@ final class ProxyExchange: UpstreamExchangeDelegate, @unchecked Sendable {
     private let url: String
     private let headers: [(String, String)]
     private let body: Body
-    private let state = Mutex(State())
+    private let state = Lock(State())
 
     init(api: ProxyAPI, route: ProxyAPI.Route, method: String, url: String, headers: [(String, String)], body: Body) {
         self.api = api

@@ -1,3 +1,4 @@
+import Dispatch
 import TokenBrokerCore
 import TokenBrokerHTTP
 import TokenBrokerProxy
@@ -130,10 +131,11 @@ enum Broker {
             Log.error("cannot start", ["problem": error.description])
             return 1
         }
-        metrics.observeOpenConnections(listener: "token") { [tokenServer] in tokenServer.openConnections }
-        metrics.observeOpenConnections(listener: "admin") { [adminServer] in adminServer.openConnections }
-        metrics.observeEvictedConnections(listener: "token") { [tokenServer] in tokenServer.evictedConnections }
-        metrics.observeEvictedConnections(listener: "admin") { [adminServer] in adminServer.evictedConnections }
+        // Weakly: a server's routes hold the metrics, so a strong capture would be a cycle.
+        metrics.observeOpenConnections(listener: "token") { [weak tokenServer] in tokenServer?.openConnections ?? 0 }
+        metrics.observeOpenConnections(listener: "admin") { [weak adminServer] in adminServer?.openConnections ?? 0 }
+        metrics.observeEvictedConnections(listener: "token") { [weak tokenServer] in tokenServer?.evictedConnections ?? 0 }
+        metrics.observeEvictedConnections(listener: "admin") { [weak adminServer] in adminServer?.evictedConnections ?? 0 }
         metrics.observeDroppedResponseHeaders { HTTPResponse.droppedHeaders }
         let tasks = providers.map { provider in Task.detached { await provider.run() } }
         Log.info("listening", ["listener": "token", "address": address(configuration.listen, tokenServer.port)])
@@ -159,6 +161,9 @@ enum Broker {
         adminServer.shutDown(grace: .seconds(1))
         for task in tasks { task.cancel() }
         callers?.stop()
+        // A provider's task ends once its fetch has: a fetch still running at exit would call
+        // OpenSSL after exit has torn it down (ThreadSanitizer saw EVP_Digest crash so).
+        waitForEnd(of: tasks, atMost: .seconds(5))
         Log.info("stopped")
         return 0
     }
@@ -172,6 +177,16 @@ enum Broker {
             }
         }
         return needed ? UpstreamHTTPClient.shared.startFailure : nil
+    }
+
+    /// Blocks the calling thread (not one of Swift's pool) until every task has ended, or `limit` has passed.
+    private static func waitForEnd(of tasks: [Task<Void, Never>], atMost limit: Duration) {
+        let ended = DispatchSemaphore(value: 0)
+        Task.detached {
+            for task in tasks { await task.value }
+            ended.signal()
+        }
+        _ = ended.wait(timeout: .now() + .milliseconds(Int(limit.components.seconds) * 1000))
     }
 
     private static func address(_ configured: ListenAddress, _ port: UInt16) -> String {

@@ -111,7 +111,7 @@ enum HealthCheck {
 
     /// Sends one request and blocks the main thread until it is answered (this is a command, not the server).
     private static func waitFor(_ request: UpstreamRequest) -> Result<UpstreamResponse, TokenFetchError> {
-        let outcome = Mutex<Result<UpstreamResponse, TokenFetchError>?>(nil)
+        let outcome = Lock<Result<UpstreamResponse, TokenFetchError>?>(nil)
         let done = DispatchSemaphore(value: 0)
         Task {
             let result: Result<UpstreamResponse, TokenFetchError>

@@ -71,7 +71,7 @@ import TokenBrokerCore
     @Test func aProviderLeavesRefreshingWhenItsSourceNeverAnswers() async {
         let clock = ManualClock()
         let source = ScriptedSource(gated: true)
-        let reported = Mutex<[String]>([])
+        let reported = Lock<[String]>([])
         let events = ProviderEvents(fetched: { _, result, _ in
             reported.withLock { $0.append(result.failure?.description ?? "success") }
         })

@@ -146,8 +146,8 @@ import TokenBrokerCore
 
 /// Hands out the given tokens in order, the last one again and again.
 private final class ListSource: TokenSource {
-    private let state: Mutex<(tokens: [FetchedToken], fetches: Int)>
-    init(_ tokens: [FetchedToken]) { state = Mutex((tokens, 0)) }
+    private let state: Lock<(tokens: [FetchedToken], fetches: Int)>
+    init(_ tokens: [FetchedToken]) { state = Lock((tokens, 0)) }
     var fetches: Int { state.withLock { $0.fetches } }
 
     func fetch() async throws(TokenFetchError) -> FetchedToken {

@@ -86,7 +86,7 @@ import TokenBrokerCore
         var marker: Marker? = Marker()
         weak let watched = marker
         weak let weakStore = store
-        let reloads = Mutex(0)
+        let reloads = Lock(0)
         store!.watch(every: .milliseconds(10)) { [marker] _ in
             _ = marker
             reloads.withLock { $0 += 1 }

@@ -38,9 +38,9 @@ import TokenBrokerCore
 
 /// Hands out a fixed body once, then its end; records how the exchange finished.
 private final class Delegate: UpstreamExchangeDelegate, @unchecked Sendable {
-    private let state: Mutex<(body: [UInt8], done: Bool, error: TokenFetchError?)>
+    private let state: Lock<(body: [UInt8], done: Bool, error: TokenFetchError?)>
 
-    init(body: [UInt8]) { state = Mutex((body, false, nil)) }
+    init(body: [UInt8]) { state = Lock((body, false, nil)) }
 
     var error: TokenFetchError? { state.withLock { $0.error } }
 
@@ -73,7 +73,7 @@ private final class Delegate: UpstreamExchangeDelegate, @unchecked Sendable {
 private final class OneShotServer: @unchecked Sendable {
     let port: UInt16
     private let listener: Int32
-    private let bytes = Mutex<[UInt8]?>(nil)
+    private let bytes = Lock<[UInt8]?>(nil)
 
     init() throws {
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)

@@ -12,24 +12,57 @@ import tempfile
 import time
 
 BINARY = os.environ.get("TOKEN_BROKER_BIN", os.path.join(os.path.dirname(__file__), "../../.build/release/token-broker"))
+# Set by `make sanitize` ("address", "thread") when BINARY is a debug build with that sanitizer.
+SANITIZER = os.environ.get("TOKEN_BROKER_SANITIZER", "")
 LISTENING = re.compile(r"msg=listening listener=(token|admin) address=(\S+)")
 # The request guard's header, sent by default; tests of the guard leave it out.
 GUARD = {"Token-Broker-Request": "true"}
+# Settings of the sanitizers (`make sanitize`), handed on to every broker, whose environment is
+# otherwise built from nothing.
+SANITIZER_ENVIRONMENT = re.compile(r"^(ASAN|TSAN|LSAN|UBSAN|MSAN)_OPTIONS$|^LLVM_SYMBOLIZER_PATH$")
+# The first line of a sanitizer's report, in a broker's stderr. Looked for in every run, not only
+# in sanitizer builds, since it costs nothing.
+SANITIZER_REPORT = re.compile(
+    r"ERROR: AddressSanitizer|WARNING: ThreadSanitizer|ERROR: LeakSanitizer|runtime error: |SUMMARY: \w*Sanitizer")
+
+
+def base_environment():
+    """A broker's environment before a test adds to it: PATH and the sanitizers' settings."""
+    environment = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    environment.update({name: value for name, value in os.environ.items() if SANITIZER_ENVIRONMENT.match(name)})
+    return environment
+
+
+def check_sanitizer_reports(text, what="the broker"):
+    """Fails with the first report when `text` (a broker's stderr) holds a sanitizer's report."""
+    found = SANITIZER_REPORT.search(text)
+    if found:
+        start = text.rfind("\n", 0, found.start()) + 1
+        reports = len(SANITIZER_REPORT.findall(text))
+        excerpt = "\n".join(text[start:].splitlines()[:60])
+        raise AssertionError(f"{what} reported {reports} sanitizer finding(s); the first:\n{excerpt}")
 
 
 class Broker:
-    """One running broker process; use as a context manager."""
+    """One running broker process; use as a context manager.
 
-    def __init__(self, config=None, env=None, args=(), listen="127.0.0.1:0", admin="127.0.0.1:0"):
+    Its stderr is checked for sanitizer reports when it is stopped, and again by the test's
+    teardown (conftest.py), which also stops any broker a test left running.
+    """
+
+    # Every broker started, for the teardown's check.
+    started = []
+
+    def __init__(self, config=None, env=None, args=(), listen="127.0.0.1:0", admin="127.0.0.1:0", binary=None):
         self.workdir = tempfile.mkdtemp(prefix="token-broker-it-")
         self.log_path = os.path.join(self.workdir, "stderr.log")
-        command = [BINARY, *args]
+        command = [binary or BINARY, *args]
         if config is not None:
             config_path = os.path.join(self.workdir, "config.json")
             with open(config_path, "w") as handle:
                 json.dump(config, handle)
             command += ["--config", config_path]
-        environment = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        environment = base_environment()
         if listen:
             environment["TOKEN_BROKER_LISTEN"] = listen
         if admin:
@@ -37,7 +70,11 @@ class Broker:
         environment.update(env or {})
         self.log = open(self.log_path, "w+")
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=self.log, env=environment)
+        self.checked = False
+        Broker.started.append(self)
         self.addresses = self._wait_for_listeners()
+        if SANITIZER:
+            self._wait_for_first_fetches(config)
 
     def _wait_for_listeners(self, timeout=15):
         deadline = time.monotonic() + timeout
@@ -49,6 +86,27 @@ class Broker:
                 raise RuntimeError(f"broker exited with {self.process.returncode}:\n{self.stderr()}")
             time.sleep(0.02)
         raise RuntimeError(f"broker did not start listening in {timeout}s:\n{self.stderr()}")
+
+    def _wait_for_first_fetches(self, config, timeout=10):
+        """Waits until each provider that fetches at start has fetched once, or failed to.
+
+        A release build has its first token a few milliseconds after it listens, and tests count
+        on that; a sanitizer build takes up to twenty times as long. Only in sanitizer runs, and
+        never failing: a fetch that takes longer leaves the test to find out.
+        """
+        providers = (config or {}).get("providers") if isinstance(config, dict) else None
+        providers = providers or [{}]
+        if not isinstance(providers, list) or not all(isinstance(provider, dict) for provider in providers):
+            return
+        names = [provider.get("name", "default") for provider in providers
+                 if provider.get("backgroundRefreshEnabled", True) and not provider.get("pauseWhenIdle", False)]
+        fetched = [re.compile(rf'msg="token fetch(ed| failed)" provider={re.escape(str(name))}( |$)', re.M) for name in names]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.process.poll() is None:
+            log = self.stderr()
+            if all(pattern.search(log) for pattern in fetched):
+                return
+            time.sleep(0.01)
 
     def stderr(self):
         with open(self.log_path) as handle:
@@ -106,24 +164,39 @@ class Broker:
         if self.process.poll() is None:
             self.process.send_signal(sig)
         try:
-            return self.process.wait(timeout=timeout)
+            status = self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(timeout=5)
             raise AssertionError(f"broker did not stop within {timeout}s after {sig!r}")
+        self.check_sanitizer_reports()
+        return status
+
+    def check_sanitizer_reports(self):
+        """Fails when the broker's stderr holds a sanitizer's report; once, after it has exited."""
+        if self.checked:
+            return
+        self.checked = self.process.poll() is not None
+        check_sanitizer_reports(self.stderr(), f"the broker (log {self.log_path})")
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        if self.process.poll() is None:
-            self.stop()
-        self.log.close()
+        try:
+            if self.process.poll() is None:
+                self.stop()
+            elif exc[0] is None:
+                self.check_sanitizer_reports()
+        finally:
+            self.log.close()
         return False
 
 
 def run_broker(*args, env=None, timeout=30):
     """Runs the binary to completion (for --help, --check-config, healthcheck)."""
-    environment = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    environment = base_environment()
     environment.update(env or {})
-    return subprocess.run([BINARY, *args], capture_output=True, text=True, env=environment, timeout=timeout)
+    result = subprocess.run([BINARY, *args], capture_output=True, text=True, env=environment, timeout=timeout)
+    check_sanitizer_reports(result.stderr, f"token-broker {' '.join(args)}")
+    return result

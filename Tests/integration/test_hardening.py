@@ -250,7 +250,8 @@ def test_hostile_requests_get_the_right_status_and_leave_the_broker_healthy(shar
 
 
 def test_a_slow_loris_client_is_cut_off_by_the_connection_timeout():
-    with Broker({"connectionTimeoutSec": 2}) as broker:
+    timeout = 2
+    with Broker({"connectionTimeoutSec": timeout}) as broker:
         host, port = broker._split("token")
         with socket.create_connection((host, port), timeout=5) as connection:
             connection.settimeout(0.3)
@@ -270,14 +271,21 @@ def test_a_slow_loris_client_is_cut_off_by_the_connection_timeout():
                     break
                 if time.monotonic() - started > 20:
                     break
+            elapsed = time.monotonic() - started
             assert cut, "the broker kept a connection that dribbled its headers"
+            # The whole request must arrive within the timeout; the margin is generous on purpose.
+            assert elapsed <= timeout + 3, f"cut after {elapsed:.1f} s, with connectionTimeoutSec {timeout}"
         assert_healthy(broker)
 
 
 def test_ten_thousand_idle_connections_do_not_lock_out_new_clients():
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard < 10_200:
-        pytest.skip(f"the open-file limit ({hard}) is too low for 10,000 connections")
+        # In CI a test that cannot run is a failure: a skip there would go unseen.
+        message = f"the open-file limit ({hard}) is too low for 10,000 connections"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     idle = []
     with Broker() as broker:

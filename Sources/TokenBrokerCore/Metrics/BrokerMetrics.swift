@@ -36,7 +36,7 @@ public final class BrokerMetrics: Sendable {
         var c: String = ""
     }
 
-    private let state = Mutex(State())
+    private let state = Lock(State())
     private let version: String
 
     public init(version: String) { self.version = version }
@@ -231,7 +231,7 @@ public final class BrokerMetrics: Sendable {
 /// 200, by far the most common, is an atomic counter; other codes share a locked dictionary.
 public final class RequestCounter: Sendable {
     private let ok = Atomic<Int>(0)
-    private let others = Mutex<[Int: Int]>([:])
+    private let others = Lock<[Int: Int]>([:])
 
     public func record(status: Int) {
         if status == 200 {

@@ -1,6 +1,6 @@
 /// The provider's rules as a pure state machine: events in, actions out, no clock and no I/O.
 ///
-/// `TokenProvider` owns one inside a `Mutex` and carries out the actions it returns: start a
+/// `TokenProvider` owns one inside a `Lock` and carries out the actions it returns: start a
 /// fetch, arm the single timer, complete waiters. Every rule of the WAF SDK's token provider
 /// lives here, so that tests can drive it step by step at exact instants.
 ///

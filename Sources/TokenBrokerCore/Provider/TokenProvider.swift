@@ -23,7 +23,7 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     private let source: any TokenSource
     private let events: ProviderEvents
     private let wallClock: @Sendable () -> WallTime
-    private let state: Mutex<State>
+    private let state: Lock<State>
 
     private struct State: Sendable {
         var machine: Machine
@@ -60,7 +60,7 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         self.source = TokenRules(for: configuration).applied(to: source)
         self.clock = clock
         self.events = events
-        state = Mutex(State(machine: Machine(configuration: configuration, now: clock.now, jitter: jitter)))
+        state = Lock(State(machine: Machine(configuration: configuration, now: clock.now, jitter: jitter)))
     }
 
     // MARK: - Service
@@ -75,6 +75,11 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
             continuation.finish()
         }
         shutDown()
+        // A fetch still running ends before this task does, so that whoever awaits the task
+        // knows no fetch is left (one running at exit would use OpenSSL after it is torn down).
+        // Then the provider lets go of it, since the task holds the provider.
+        await state.withLock { $0.fetch }?.value
+        state.withLock { $0.fetch = nil }
     }
 
     /// Completes every waiter with `.shuttingDown` and stops the timer and any fetch.
@@ -86,7 +91,6 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
             work.cancelledTimer = state.timer
             state.timer = nil
             state.timerDeadline = nil
-            defer { state.fetch = nil }
             return state.fetch
         }
         fetch?.cancel()
@@ -231,7 +235,7 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     private func wait(after: UInt64?, timeout: Duration, onDemand: Bool, forRefresh: Bool = false) async -> WaitOutcome {
         // The waiter's id once registered, or `.max` when cancellation came first: whichever of
         // registration and cancellation runs second ends the waiter.
-        let waiterID = Mutex<UInt64?>(nil)
+        let waiterID = Lock<UInt64?>(nil)
         return await withTaskCancellationHandler {
             await withCheckedContinuation { (continuation: CheckedContinuation<WaitOutcome, Never>) in
                 let id = addWaiter(after: after, deadline: deadline(in: timeout), onDemand: onDemand, forRefresh: forRefresh) { outcome in

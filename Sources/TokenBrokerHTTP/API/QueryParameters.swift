@@ -50,7 +50,7 @@ enum QueryParameters {
         return value
     }
 
-    private static func number(_ text: some StringProtocol) -> UInt64? {
+    static func number(_ text: some StringProtocol) -> UInt64? {
         guard !text.isEmpty, text.count <= maximumDigits, text.utf8.allSatisfy({ $0 >= 48 && $0 <= 57 }) else { return nil }
         return UInt64(text)
     }

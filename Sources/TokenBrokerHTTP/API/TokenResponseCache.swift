@@ -17,7 +17,7 @@ final class TokenResponseCache: Sendable {
         var response: HTTPResponse
     }
 
-    private let current = Mutex<Entry?>(nil)
+    private let current = Lock<Entry?>(nil)
     private let providerName: String
     private let cookie: CookieSettings
 

@@ -1,6 +1,7 @@
 internal import CMicroHTTPD
 import Glibc
 import Synchronization
+import TokenBrokerCore
 
 /// One thread per listener that watches connections where libmicrohttpd does not:
 ///
@@ -32,7 +33,7 @@ import Synchronization
 final class ConnectionWatcher: @unchecked Sendable {
     private let epoll: Int32
     private let wakeup: Int32
-    private let state = Mutex<State>(State())
+    private let state = Lock<State>(State())
     private var thread = pthread_t()
     private let stopping = Atomic<Bool>(false)
     private let trimRequested = Atomic<Bool>(false)

@@ -1,5 +1,6 @@
 internal import CMicroHTTPD
 import Synchronization
+import TokenBrokerCore
 
 /// The way back to a suspended connection: give it a response and the connection resumes.
 ///
@@ -13,8 +14,8 @@ public final class HTTPResponder: Sendable {
         case closed
     }
 
-    private let phase = Mutex<Phase>(.waiting(onClose: nil))
-    private let endHandlers = Mutex<[@Sendable () -> Void]>([])
+    private let phase = Lock<Phase>(.waiting(onClose: nil))
+    private let endHandlers = Lock<[@Sendable () -> Void]>([])
     // Written once before the responder is handed out, then only read.
     nonisolated(unsafe) let connection: OpaquePointer
     /// The connection's socket, watched for hang-ups while suspended.

@@ -49,7 +49,7 @@ public final class HTTPServer: @unchecked Sendable {
     private let handler: any HTTPHandler
     private var daemon: OpaquePointer?
     private var listenSocket: Int32 = -1
-    private let suspended = Mutex<Suspended>(Suspended())
+    private let suspended = Lock<Suspended>(Suspended())
     private let watcher: ConnectionWatcher
     private let requestsInFlight = Atomic<Int>(0)
     /// Set when the grace ends: streams may no longer suspend their connection.

@@ -1,4 +1,5 @@
 import Synchronization
+import TokenBrokerCore
 
 /// Bodies that flow through the server instead of sitting in memory whole: a request body handed
 /// to a consumer as it arrives, and a response body sent to the client as a producer makes it.
@@ -67,7 +68,7 @@ public final class HTTPResponseStream: @unchecked Sendable {
         var responder: HTTPResponder?
     }
 
-    private let state = Mutex(State())
+    private let state = Lock(State())
     private let onDrained: @Sendable () -> Void
 
     /// - Parameter onDrained: called (on a server thread) when a paused producer may write again.
@@ -159,9 +160,9 @@ public final class HTTPRequestBodyStream: @unchecked Sendable {
         case tooLarge
     }
 
-    private let state = Mutex(State())
+    private let state = Lock(State())
     private let limit: Int
-    private let onAvailable = Mutex<(@Sendable () -> Void)?>(nil)
+    private let onAvailable = Lock<(@Sendable () -> Void)?>(nil)
 
     /// - Parameter limit: the most bytes accepted; beyond it the body is cut and reads say `tooLarge`.
     public init(limit: Int) { self.limit = limit }

@@ -13,8 +13,8 @@ import TokenBrokerCore
 public final class CallerKeyStore: CallerAuthorizing, @unchecked Sendable {
     public let path: String
     private let knownProviders: Set<String>
-    private let state: Mutex<(list: CallerKeyList, identity: FileIdentity?)>
-    private let watcher = Mutex<Watch?>(nil)
+    private let state: Lock<(list: CallerKeyList, identity: FileIdentity?)>
+    private let watcher = Lock<Watch?>(nil)
 
     /// The running watch: its task, and what the task signals as it ends.
     private struct Watch: @unchecked Sendable {
@@ -31,7 +31,7 @@ public final class CallerKeyStore: CallerAuthorizing, @unchecked Sendable {
         self.path = path
         self.knownProviders = knownProviders
         let identity = FileIdentity(path)
-        state = Mutex((try Self.read(path, knownProviders: knownProviders), identity))
+        state = Lock((try Self.read(path, knownProviders: knownProviders), identity))
     }
 
     /// Starts looking for changes every `interval`, reporting each re-read to `onReload`, until `stop()`.

@@ -18,11 +18,11 @@ public final class UpstreamHTTPClient: @unchecked Sendable {
     /// Why the client could not start (libcurl's set-up, its multi handle, or its thread); nil
     /// when it runs. Written once, in `init`. The broker checks it at start and refuses to run.
     public private(set) var startFailure: String?
-    private let queue = Mutex<[Transfer]>([])
+    private let queue = Lock<[Transfer]>([])
     /// Work for the curl thread on transfers already running: unpause, or cancel.
     /// Buffered requests whose caller gave up: stopped at the curl thread's next turn.
-    private let abandoned = Mutex<[Transfer]>([])
-    private let commands = Mutex<[(UpstreamExchange, Command)]>([])
+    private let abandoned = Lock<[Transfer]>([])
+    private let commands = Lock<[(UpstreamExchange, Command)]>([])
     private var thread = pthread_t()
 
     enum Command { case resumeReceiving, resumeSending, cancel }
@@ -92,7 +92,7 @@ public final class UpstreamHTTPClient: @unchecked Sendable {
         if let startFailure { throw .internalError(startFailure) }
         // A caller that gives up (a provider past its fetch deadline) stops the transfer too, so
         // that abandoned requests do not pile up on the issuer until libcurl's own timeout.
-        let sent = Mutex<Transfer?>(nil)
+        let sent = Lock<Transfer?>(nil)
         do {
             return try await withTaskCancellationHandler {
                 try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<UpstreamResponse, any Error>) in

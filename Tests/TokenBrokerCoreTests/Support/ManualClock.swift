@@ -26,7 +26,7 @@ final class ManualClock: Clock, Sendable {
         var cancelledBeforeSleeping: Set<Int> = []
     }
 
-    private let state = Mutex(State())
+    private let state = Lock(State())
 
     var now: Instant { state.withLock { $0.now } }
     var minimumResolution: Duration { .zero }

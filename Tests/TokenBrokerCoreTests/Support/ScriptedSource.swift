@@ -18,10 +18,10 @@ final class ScriptedSource: TokenSource {
         var parked: [CheckedContinuation<Void, Never>] = []
     }
 
-    private let state: Mutex<State>
+    private let state: Lock<State>
 
     init(_ answers: [Answer] = [.token(lifetime: .seconds(900))], gated: Bool = false) {
-        state = Mutex(State(answers: answers, gateOpen: !gated))
+        state = Lock(State(answers: answers, gateOpen: !gated))
     }
 
     var fetchCount: Int { state.withLock { $0.fetches } }
