@@ -73,8 +73,7 @@ class Broker:
         self.checked = False
         Broker.started.append(self)
         self.addresses = self._wait_for_listeners()
-        if SANITIZER:
-            self._wait_for_first_fetches(config)
+        self._wait_for_first_fetches(config)
 
     def _wait_for_listeners(self, timeout=15):
         deadline = time.monotonic() + timeout
@@ -90,9 +89,11 @@ class Broker:
     def _wait_for_first_fetches(self, config, timeout=10):
         """Waits until each provider that fetches at start has fetched once, or failed to.
 
-        A release build has its first token a few milliseconds after it listens, and tests count
-        on that; a sanitizer build takes up to twenty times as long. Only in sanitizer runs, and
-        never failing: a fetch that takes longer leaves the test to find out.
+        The broker listens before its first fetch (it answers 503 until then, as documented), and
+        most tests want a token at once: a release build has it a few milliseconds after it
+        listens, but on a loaded machine, or in a sanitizer build (up to twenty times slower), a
+        test's first request could come first. Never failing: a fetch that takes longer leaves
+        the test to find out.
         """
         providers = (config or {}).get("providers") if isinstance(config, dict) else None
         providers = providers or [{}]
