@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from broker import Broker
-from test_hardening import parse, write_keys
+from test_hardening import exchange, parse, write_keys
 
 
 class RecordingHandler(BaseHTTPRequestHandler):
@@ -99,26 +99,6 @@ def upstream():
     server = RecordingUpstream()
     yield server
     server.close()
-
-
-def exchange(address, data, timeout=10):
-    """Sends raw bytes; returns (everything received, whether the broker closed the connection)."""
-    host, port = address.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=timeout) as connection:
-        connection.sendall(data)
-        received = b""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                chunk = connection.recv(65536)
-            except ConnectionResetError:
-                return received, True
-            except socket.timeout:
-                return received, False
-            if not chunk:
-                return received, True
-            received += chunk
-        return received, False
 
 
 GUARD = b"Token-Broker-Request: true\r\n"

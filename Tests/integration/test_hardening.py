@@ -162,22 +162,29 @@ def test_a_unix_path_that_is_not_a_socket_is_refused(tmp_path):
 
 # Hostile input
 
-def raw(broker, data, timeout=10):
-    """Sends raw bytes on a new connection; returns everything the broker sent before closing."""
-    host, port = broker._split("token")
-    with socket.create_connection((host, port), timeout=timeout) as connection:
+def exchange(address, data, timeout=10):
+    """Sends raw bytes to host:port; returns (everything received, whether the broker closed the connection)."""
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as connection:
         connection.sendall(data)
         received = b""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
                 chunk = connection.recv(65536)
-            except (ConnectionResetError, socket.timeout):
-                break
+            except ConnectionResetError:
+                return received, True
+            except socket.timeout:
+                return received, False
             if not chunk:
-                break
+                return received, True
             received += chunk
-        return received
+        return received, False
+
+
+def raw(broker, data, timeout=10):
+    """Sends raw bytes on a new connection to the token listener; returns everything the broker sent."""
+    return exchange(broker.addresses["token"], data, timeout)[0]
 
 
 def parse(answer):
