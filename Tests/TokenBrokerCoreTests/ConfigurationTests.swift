@@ -6,15 +6,6 @@ import TokenBrokerCore
         try BrokerConfiguration(json: Array(json.utf8))
     }
 
-    private func problem(_ json: String) -> String? {
-        do {
-            _ = try parse(json)
-            return nil
-        } catch {
-            return error.description
-        }
-    }
-
     @Test func anEmptyDocumentGivesTheEmbeddedDefault() throws {
         let configuration = try parse("{}")
         #expect(configuration.listen.description == "127.0.0.1:8080")
@@ -39,35 +30,35 @@ import TokenBrokerCore
     }
 
     @Test func unknownKeysAreErrorsThatNameTheKeyAndTheAllowedOnes() {
-        let message = problem(#"{"providers": [{"name": "a", "maxRetryCont": 3}]}"#)
+        let message = configurationProblem(#"{"providers": [{"name": "a", "maxRetryCont": 3}]}"#)
         #expect(message?.hasPrefix("providers[0].maxRetryCont: unknown key; allowed: name, source,") == true)
-        #expect(problem(#"{"lisen": "127.0.0.1:1"}"#)?.hasPrefix("lisen: unknown key") == true)
-        #expect(problem(#"{"providers": [{"source": {"type": "jwt", "alg": "ES256"}}]}"#)?.hasPrefix("providers[0].source.alg: unknown key") == true)
+        #expect(configurationProblem(#"{"lisen": "127.0.0.1:1"}"#)?.hasPrefix("lisen: unknown key") == true)
+        #expect(configurationProblem(#"{"providers": [{"source": {"type": "jwt", "alg": "ES256"}}]}"#)?.hasPrefix("providers[0].source.alg: unknown key") == true)
     }
 
     @Test func valuesOutOfRangeNameTheKeyAndTheRange() {
-        #expect(problem(#"{"providers": [{"maxRetryCount": 11}]}"#) == "providers[0].maxRetryCount: 11 is out of range; allowed: 0–10")
-        #expect(problem(#"{"providers": [{"tokenRefreshDelaySec": 0}]}"#) == "providers[0].tokenRefreshDelaySec: 0 is out of range; allowed: 1–86400")
-        #expect(problem(#"{"providers": [{"maxErrorTokenRefreshDelayMsec": 30001}]}"#) == "providers[0].maxErrorTokenRefreshDelayMsec: 30001 is out of range; allowed: 1–30000")
-        #expect(problem(#"{"providers": [{"maxRetryCount": 2.5}]}"#)?.hasPrefix("providers[0].maxRetryCount: must be a whole number in 0–10") == true)
-        #expect(problem(#"{"providers": [{"source": {"algorithm": "none"}}]}"#) == #"providers[0].source.algorithm: unknown value "none"; allowed: ES256, RS256, HS256"#)
-        #expect(problem(#"{"providers": [{"source": {"type": "magic"}}]}"#) == #"providers[0].source.type: unknown value "magic"; allowed: jwt, oauth2, http, file"#)
+        #expect(configurationProblem(#"{"providers": [{"maxRetryCount": 11}]}"#) == "providers[0].maxRetryCount: 11 is out of range; allowed: 0–10")
+        #expect(configurationProblem(#"{"providers": [{"tokenRefreshDelaySec": 0}]}"#) == "providers[0].tokenRefreshDelaySec: 0 is out of range; allowed: 1–86400")
+        #expect(configurationProblem(#"{"providers": [{"maxErrorTokenRefreshDelayMsec": 30001}]}"#) == "providers[0].maxErrorTokenRefreshDelayMsec: 30001 is out of range; allowed: 1–30000")
+        #expect(configurationProblem(#"{"providers": [{"maxRetryCount": 2.5}]}"#)?.hasPrefix("providers[0].maxRetryCount: must be a whole number in 0–10") == true)
+        #expect(configurationProblem(#"{"providers": [{"source": {"algorithm": "none"}}]}"#) == #"providers[0].source.algorithm: unknown value "none"; allowed: ES256, RS256, HS256"#)
+        #expect(configurationProblem(#"{"providers": [{"source": {"type": "magic"}}]}"#) == #"providers[0].source.type: unknown value "magic"; allowed: jwt, oauth2, http, file"#)
     }
 
     @Test func wrongTypesAndBrokenJSONAreExplained() {
-        #expect(problem(#"{"providers": {}}"#) == "providers: must be an array, not an object")
-        #expect(problem(#"{"providers": [{"pauseWhenIdle": "yes"}]}"#) == "providers[0].pauseWhenIdle: must be true or false, not a string")
-        #expect(problem("{") != nil)
-        #expect(problem("[]") == "must be an object, not an array")
-        #expect(problem(#"{"providers": []}"#) == "providers: must list at least one provider")
+        #expect(configurationProblem(#"{"providers": {}}"#) == "providers: must be an array, not an object")
+        #expect(configurationProblem(#"{"providers": [{"pauseWhenIdle": "yes"}]}"#) == "providers[0].pauseWhenIdle: must be true or false, not a string")
+        #expect(configurationProblem("{") != nil)
+        #expect(configurationProblem("[]") == "must be an object, not an array")
+        #expect(configurationProblem(#"{"providers": []}"#) == "providers: must list at least one provider")
     }
 
     @Test func duplicateProviderNamesAreRefused() {
-        #expect(problem(#"{"providers": [{"name": "a"}, {"name": "a"}]}"#) == #"providers[1].name: duplicate provider name "a"; allowed: names unique across providers"#)
+        #expect(configurationProblem(#"{"providers": [{"name": "a"}, {"name": "a"}]}"#) == #"providers[1].name: duplicate provider name "a"; allowed: names unique across providers"#)
     }
 
     @Test func hs256NeedsAKeyFile() {
-        #expect(problem(#"{"providers": [{"source": {"algorithm": "HS256"}}]}"#)?.hasPrefix("providers[0].source.keyFile: is required with HS256") == true)
+        #expect(configurationProblem(#"{"providers": [{"source": {"algorithm": "HS256"}}]}"#)?.hasPrefix("providers[0].source.keyFile: is required with HS256") == true)
     }
 
     @Test func theEnvironmentOverridesTheListeners() throws {
@@ -142,29 +133,20 @@ import TokenBrokerCore
 }
 
 @Suite struct CookieAndSourceConfigurationTests {
-    private func problem(_ json: String) -> String? {
-        do {
-            _ = try BrokerConfiguration(json: Array(json.utf8))
-            return nil
-        } catch {
-            return error.description
-        }
-    }
-
     @Test func cookieSettingsAreReadAndChecked() throws {
         let configuration = try BrokerConfiguration(json: Array(#"{"providers": [{"setTokenCookie": true, "tokenCookieName": "t", "domainName": "a.test", "tokenCookiePath": "/x"}]}"#.utf8))
         let cookie = configuration.providers[0].cookie
         #expect(cookie.setCookieHeader(token: "abc", maxAge: 60) == "t=abc; Domain=a.test; Path=/x; Max-Age=60; Secure; HttpOnly; SameSite=Lax")
-        #expect(problem(#"{"providers": [{"tokenCookieName": "a b"}]}"#)?.hasPrefix("providers[0].tokenCookieName:") == true)
-        #expect(problem(#"{"providers": [{"domainName": "a.test; Secure"}]}"#)?.hasPrefix("providers[0].domainName:") == true)
-        #expect(problem(#"{"providers": [{"tokenCookiePath": "x"}]}"#) == #"providers[0].tokenCookiePath: must start with "/""#)
+        #expect(configurationProblem(#"{"providers": [{"tokenCookieName": "a b"}]}"#)?.hasPrefix("providers[0].tokenCookieName:") == true)
+        #expect(configurationProblem(#"{"providers": [{"domainName": "a.test; Secure"}]}"#)?.hasPrefix("providers[0].domainName:") == true)
+        #expect(configurationProblem(#"{"providers": [{"tokenCookiePath": "x"}]}"#) == #"providers[0].tokenCookiePath: must start with "/""#)
     }
 
     @Test func theFileSourceNeedsAPath() throws {
-        #expect(problem(#"{"providers": [{"source": {"type": "file"}}]}"#)?.hasPrefix("providers[0].source.path: is required") == true)
+        #expect(configurationProblem(#"{"providers": [{"source": {"type": "file"}}]}"#)?.hasPrefix("providers[0].source.path: is required") == true)
         let configuration = try BrokerConfiguration(json: Array(#"{"providers": [{"source": {"type": "file", "path": "/t", "lifetimeSec": 60}}]}"#.utf8))
         #expect(configuration.providers[0].source == .file(FileSourceConfiguration(path: "/t", lifetimeSec: 60)))
-        #expect(problem(#"{"providers": [{"source": {"type": "file", "path": "/t", "algorithm": "ES256"}}]}"#)?.hasPrefix("providers[0].source.algorithm: unknown key") == true)
+        #expect(configurationProblem(#"{"providers": [{"source": {"type": "file", "path": "/t", "algorithm": "ES256"}}]}"#)?.hasPrefix("providers[0].source.algorithm: unknown key") == true)
     }
 
     @Test func theRequestGuardIsOnUnlessTurnedOff() throws {

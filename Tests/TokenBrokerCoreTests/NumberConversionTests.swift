@@ -5,24 +5,15 @@ import TokenBrokerCore
 /// Numbers anyone may write (JSON doubles, issuers' claims) become integers only through checked
 /// conversions: out of range is an error or nil, never a trap.
 @Suite struct NumberConversionTests {
-    private func problem(_ json: String) -> String? {
-        do {
-            _ = try BrokerConfiguration(json: Array(json.utf8))
-            return nil
-        } catch {
-            return error.description
-        }
-    }
-
     @Test(arguments: ["1e19", "99999999999999999999", "1e300", "-1e19", "-1e300", "200.5", "9223372036854775807", "\"401\""])
     func retryOnValuesThatAreNoStatusCodeNameTheirKey(_ value: String) {
         let json = #"{"proxies": [{"name": "p", "target": "http://127.0.0.1:1", "retryOn": [401, "# + value + "]}]}"
-        #expect(problem(json) == "proxies[0].retryOn[1]: must be an HTTP status code, 100–599")
+        #expect(configurationProblem(json) == "proxies[0].retryOn[1]: must be an HTTP status code, 100–599")
     }
 
     @Test(arguments: ["1e19", "99999999999999999999", "1e300", "-1e19", "-1e300", "9223372036854775807", "-9223372036854775808"])
     func hugeWholeNumbersAreOutOfRangeNotATrap(_ value: String) {
-        let message = problem(#"{"providers": [{"maxRetryCount": "# + value + "}]}")
+        let message = configurationProblem(#"{"providers": [{"maxRetryCount": "# + value + "}]}")
         #expect(message?.hasPrefix("providers[0].maxRetryCount: ") == true)
         #expect(message?.hasSuffix("0–10") == true, "\(message ?? "")")
     }
