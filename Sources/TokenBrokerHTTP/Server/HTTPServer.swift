@@ -164,13 +164,9 @@ public final class HTTPServer: @unchecked Sendable {
     public func shutDown(finalAnswer: HTTPResponse = HTTPServer.stopping, grace: Duration) {
         guard let daemon else { return }
         draining.store(true, ordering: .relaxed)
-        if MHD_quiesce_daemon(daemon) >= 0, listenSocket >= 0 {
-            // libmicrohttpd no longer polls the socket: close it, so that connections are refused
-            // now rather than left in the backlog until the end.
-            close(listenSocket)
-            listenSocket = -1
-            if let path = configuration.address.unixPath { unlink(path) }
-        }
+        // libmicrohttpd no longer polls the socket: close it, so that connections are refused
+        // now rather than left in the backlog until the end.
+        if MHD_quiesce_daemon(daemon) >= 0 { closeListeningSocket() }
         let clock = ContinuousClock()
         let end = clock.now.advanced(by: grace)
         // The last quarter second (or less, for a short grace) is for the final answers to go out.
@@ -184,11 +180,15 @@ public final class HTTPServer: @unchecked Sendable {
         MHD_stop_daemon(daemon)
         watcher.stop()
         self.daemon = nil
-        if listenSocket >= 0 {
-            close(listenSocket)
-            listenSocket = -1
-            if let path = configuration.address.unixPath { unlink(path) }
-        }
+        closeListeningSocket()
+    }
+
+    /// Closes the listening socket (and removes a Unix socket's file), once.
+    private func closeListeningSocket() {
+        guard listenSocket >= 0 else { return }
+        close(listenSocket)
+        listenSocket = -1
+        if let path = configuration.address.unixPath { unlink(path) }
     }
 
     /// The answer to a request that arrives while the server is stopping.
@@ -212,21 +212,13 @@ public final class HTTPServer: @unchecked Sendable {
             // unless the head is refused, and then the connection closes anyway.
             requestsInFlight.add(1, ordering: .relaxed)
             requestContext.pointee = RequestState.headersOnly
-            Self.clock(of: connection)?.headArrived()
-            if let problem = RequestHead.problem(connection, method: method, version: version) {
-                return queue(Self.refusedHead(problem), on: connection, nil)
-            }
-            return CMicroHTTPD_yes()
+            return headArrived(connection, method: method, version: version) ?? CMicroHTTPD_yes()
         }
         let state = context == RequestState.headersOnly ? nil : RequestState.fromOpaque(context)
         if let state, !state.begun {
             // First call of a request under the streaming prefix: decide about its body now.
             state.begun = true
-            Self.clock(of: connection)?.headArrived()
-            if let problem = RequestHead.problem(connection, method: method, version: version) {
-                return queue(Self.refusedHead(problem), on: connection, nil)
-            }
-            return begin(state, connection, url: url, method: method)
+            return headArrived(connection, method: method, version: version) ?? begin(state, connection, url: url, method: method)
         }
         if uploadSize.pointee > 0 {
             let count = uploadSize.pointee
@@ -254,6 +246,14 @@ public final class HTTPServer: @unchecked Sendable {
             method: String(cString: method), path: String(cString: url), body: state?.body ?? [],
             bodyTooLarge: state?.tooLarge ?? false, rawTarget: state?.rawTarget, connection: connection)
         return reply(handler.handle(request), connection, streaming: false) { RequestState.attach(to: requestContext) }
+    }
+
+    /// A request's head is in: its connection is no longer one to close for room, and a head
+    /// `RequestHead` refuses is answered now (400, then the connection closes); nil when sound.
+    private func headArrived(_ connection: OpaquePointer, method: UnsafePointer<CChar>, version: UnsafePointer<CChar>) -> MHD_Result? {
+        Self.clock(of: connection)?.headArrived()
+        guard let problem = RequestHead.problem(connection, method: method, version: version) else { return nil }
+        return queue(Self.refusedHead(problem), on: connection, nil)
     }
 
     /// Carries out a handler's reply: queue it, or suspend the connection until the responder answers.
