@@ -139,22 +139,13 @@ public final class UpstreamHTTPClient: @unchecked Sendable {
         while true {
             for transfer in queue.withLock({ queued in defer { queued = [] }; return queued }) {
                 if let problem = prepare(transfer) {
-                    if let exchange = transfer.exchange {
-                        exchange.delegate.upstreamFinished(problem)
-                    } else {
-                        transfer.continuation?.resume(throwing: problem)
-                    }
+                    notStarted(transfer, problem)
                     continue
                 }
                 let added = curl_multi_add_handle(multi, transfer.easy)
                 guard added == CURLM_OK else {
-                    let problem = TokenFetchError.internalError("libcurl could not start the request: \(String(cString: curl_multi_strerror(added)))")
                     release(transfer)
-                    if let exchange = transfer.exchange {
-                        exchange.delegate.upstreamFinished(problem)
-                    } else {
-                        transfer.continuation?.resume(throwing: problem)
-                    }
+                    notStarted(transfer, .internalError("libcurl could not start the request: \(String(cString: curl_multi_strerror(added)))"))
                     continue
                 }
                 active[transfer.easy!] = transfer
@@ -168,19 +159,13 @@ public final class UpstreamHTTPClient: @unchecked Sendable {
                 case .cancel:
                     active.removeValue(forKey: easy)
                     streamed.removeValue(forKey: ObjectIdentifier(exchange))
-                    Self.forbidReuse(easy)
-                    curl_multi_remove_handle(multi, easy)
-                    transfer.cancelled = true
-                    finish(transfer, CURLE_ABORTED_BY_CALLBACK)
+                    stop(transfer, easy)
                 }
             }
             for transfer in abandoned.withLock({ queued in defer { queued = [] }; return queued }) {
                 guard let easy = transfer.easy, active[easy] === transfer else { continue }  // finished already
                 active.removeValue(forKey: easy)
-                Self.forbidReuse(easy)
-                curl_multi_remove_handle(multi, easy)
-                transfer.cancelled = true
-                finish(transfer, CURLE_ABORTED_BY_CALLBACK)
+                stop(transfer, easy)
             }
             var running: Int32 = 0
             curl_multi_perform(multi, &running)
@@ -196,6 +181,24 @@ public final class UpstreamHTTPClient: @unchecked Sendable {
             }
             curl_multi_poll(multi, nil, 0, 1000, nil)
         }
+    }
+
+    /// A transfer that could not be started: its waiter or its exchange learns why.
+    private func notStarted(_ transfer: Transfer, _ problem: TokenFetchError) {
+        if let exchange = transfer.exchange {
+            exchange.delegate.upstreamFinished(problem)
+        } else {
+            transfer.continuation?.resume(throwing: problem)
+        }
+    }
+
+    /// Stops a running transfer on purpose (cancelled, or its caller gave up): its connection is
+    /// closed, never reused, and its waiter or exchange is finished.
+    private func stop(_ transfer: Transfer, _ easy: UnsafeMutableRawPointer) {
+        Self.forbidReuse(easy)
+        curl_multi_remove_handle(multi, easy)
+        transfer.cancelled = true
+        finish(transfer, CURLE_ABORTED_BY_CALLBACK)
     }
 
     /// Builds the easy handle; returns an error instead when the request cannot be sent.
