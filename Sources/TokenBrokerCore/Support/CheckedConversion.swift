@@ -40,6 +40,22 @@ extension Duration {
         let (up, overflow) = seconds.addingReportingOverflow(1)
         return overflow ? .max : up
     }
+
+    /// The duration in seconds, with its fraction, for metrics and arithmetic in `Double`.
+    public var inSeconds: Double {
+        let (seconds, attoseconds) = components
+        return Double(seconds) + Double(attoseconds) / 1e18
+    }
+
+    /// Whole milliseconds, rounded toward zero, for logs and C interfaces that count them;
+    /// saturates at the ends of `Int64` rather than trapping.
+    public var wholeMilliseconds: Int64 {
+        let (seconds, attoseconds) = components
+        let (scaled, overflow) = seconds.multipliedReportingOverflow(by: 1000)
+        if overflow { return seconds < 0 ? .min : .max }
+        let (total, overflowAgain) = scaled.addingReportingOverflow(attoseconds / 1_000_000_000_000_000)
+        return overflowAgain ? (seconds < 0 ? .min : .max) : total
+    }
 }
 
 extension WallTime {

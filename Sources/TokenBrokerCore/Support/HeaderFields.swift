@@ -1,0 +1,38 @@
+/// HTTP header fields as name and value pairs, looked up by name the way HTTP compares names:
+/// ASCII letters without regard to case (RFC 9110, section 5.1), without lowercasing a copy.
+extension StringProtocol {
+    /// Whether the text equals `other`, ASCII letters compared without regard to case.
+    public func equalsIgnoringASCIICase(_ other: some StringProtocol) -> Bool {
+        var mine = utf8.makeIterator()
+        var theirs = other.utf8.makeIterator()
+        while true {
+            switch (mine.next(), theirs.next()) {
+            case (nil, nil): return true
+            case (let a?, let b?) where a == b || a.asciiLowercased == b.asciiLowercased: continue
+            default: return false
+            }
+        }
+    }
+}
+
+extension UInt8 {
+    /// The byte with an ASCII capital letter made small; any other byte unchanged.
+    public var asciiLowercased: UInt8 { self >= 0x41 && self <= 0x5A ? self | 0x20 : self }
+}
+
+extension Array where Element == (String, String) {
+    /// The value of the first field named `name` (compared without regard to case), or nil.
+    public func value(named name: String) -> String? {
+        first { $0.0.equalsIgnoringASCIICase(name) }?.1
+    }
+
+    /// Whether a field named `name` is present (compared without regard to case).
+    public func contains(named name: String) -> Bool {
+        contains { $0.0.equalsIgnoringASCIICase(name) }
+    }
+
+    /// Removes every field named `name` (compared without regard to case).
+    public mutating func removeAll(named name: String) {
+        removeAll { $0.0.equalsIgnoringASCIICase(name) }
+    }
+}
