@@ -2,13 +2,20 @@
 //
 // token-broker: fetches access tokens, keeps a fresh one cached, and serves it over HTTP.
 //
-// Layers, from the bottom up:
+// Layers, from the bottom up; each imports only those below it, and the C stays behind
+// `internal import`:
 //   CMicroHTTPD, COpenSSL, CCurl  system libraries from Debian, each behind a small shim.h
-//   TokenBrokerCore               pure Swift: tokens, configuration, the provider and its rules
-//   TokenBrokerSources            where tokens come from (the local JWT signer, upstream issuers)
-//   TokenBrokerHTTP               the libmicrohttpd server and the HTTP API on top of it
+//   CSystem                       system headers Glibc's Swift module leaves out (epoll, eventfd, malloc)
+//   TokenBrokerCore               pure Swift: tokens, configuration, the provider and its rules, metrics
+//   TokenBrokerCrypto             hashing, HMAC, random bytes, constant-time comparison (libcrypto)
+//   TokenBrokerUpstream           the HTTP client for issuers and proxy targets (libcurl)
+//   TokenBrokerSources            where tokens come from (the local JWT signer, upstream issuers, files)
+//   TokenBrokerServer             the libmicrohttpd server: listeners, suspended connections, streamed
+//                                 bodies; it knows no broker route and no broker error text
+//   TokenBrokerAPI                the routes of both listeners on a value-type request, caller keys, and
+//                                 every error answer
 //   TokenBrokerProxy              proxy mode: requests forwarded with a token, retried once when refused
-//   token-broker                  the executable: command line, wiring, signals
+//   token-broker                  the executable: command line, wiring, signals, allocator tuning
 //
 // No outside Swift packages: the toolchain and Debian's C libraries are all it needs.
 import PackageDescription
@@ -36,7 +43,6 @@ let compactLink: [LinkerSetting] = [
 
 let package = Package(
     name: "token-broker",
-    platforms: [.macOS(.v15)],
     products: [
         .executable(name: "token-broker", targets: ["token-broker"]),
     ],
@@ -56,37 +62,51 @@ let package = Package(
             pkgConfig: "libcurl",
             providers: [.apt(["libcurl4-openssl-dev"])]
         ),
+        .systemLibrary(name: "CSystem"),
         .target(name: "TokenBrokerCore", swiftSettings: optimized),
+        .target(name: "TokenBrokerCrypto", dependencies: ["TokenBrokerCore", "COpenSSL"], swiftSettings: optimized),
+        .target(name: "TokenBrokerUpstream", dependencies: ["TokenBrokerCore", "CCurl"], swiftSettings: optimized),
         .target(
             name: "TokenBrokerSources",
-            dependencies: ["TokenBrokerCore", "COpenSSL", "CCurl"],
+            dependencies: ["TokenBrokerCore", "TokenBrokerCrypto", "TokenBrokerUpstream", "COpenSSL"],
             swiftSettings: optimized
         ),
         .target(
-            name: "TokenBrokerHTTP",
-            dependencies: ["TokenBrokerCore", "CMicroHTTPD"],
+            name: "TokenBrokerServer",
+            dependencies: ["TokenBrokerCore", "CMicroHTTPD", "CSystem"],
+            swiftSettings: optimized
+        ),
+        .target(
+            name: "TokenBrokerAPI",
+            dependencies: ["TokenBrokerCore", "TokenBrokerCrypto", "TokenBrokerServer"],
             swiftSettings: optimized
         ),
         .target(
             name: "TokenBrokerProxy",
-            dependencies: ["TokenBrokerCore", "TokenBrokerSources", "TokenBrokerHTTP"],
+            dependencies: ["TokenBrokerCore", "TokenBrokerUpstream", "TokenBrokerServer", "TokenBrokerAPI"],
             swiftSettings: optimized
         ),
         .executableTarget(
             name: "token-broker",
-            dependencies: ["TokenBrokerCore", "TokenBrokerSources", "TokenBrokerHTTP", "TokenBrokerProxy"],
+            dependencies: [
+                "TokenBrokerCore", "TokenBrokerCrypto", "TokenBrokerUpstream", "TokenBrokerSources", "TokenBrokerServer",
+                "TokenBrokerAPI", "TokenBrokerProxy", "CSystem",
+            ],
             exclude: ["link-order.txt"],
             swiftSettings: optimized,
             linkerSettings: compactLink
         ),
-        .testTarget(
-            name: "TokenBrokerCoreTests",
-            dependencies: ["TokenBrokerCore"]
-        ),
+        // What the test targets share (the openssl command line, temporary folders, polling); tests only.
+        .target(name: "TokenBrokerTestSupport", path: "Tests/TestSupport"),
+        .testTarget(name: "TokenBrokerCoreTests", dependencies: ["TokenBrokerCore", "TokenBrokerTestSupport"]),
+
+        .testTarget(name: "TokenBrokerUpstreamTests", dependencies: ["TokenBrokerTestSupport", "TokenBrokerUpstream", "TokenBrokerCore"]),
         .testTarget(
             name: "TokenBrokerSourcesTests",
-            dependencies: ["TokenBrokerSources", "TokenBrokerCore"]
+            dependencies: ["TokenBrokerSources", "TokenBrokerCrypto", "TokenBrokerUpstream", "TokenBrokerCore", "TokenBrokerTestSupport"]
         ),
+        .testTarget(name: "TokenBrokerServerTests", dependencies: ["TokenBrokerTestSupport", "TokenBrokerServer", "TokenBrokerCore"]),
+        .testTarget(name: "TokenBrokerAPITests", dependencies: ["TokenBrokerTestSupport", "TokenBrokerAPI", "TokenBrokerServer", "TokenBrokerCore"]),
     ],
     swiftLanguageModes: [.v6]
 )
@@ -103,7 +123,7 @@ if Context.environment["TOKEN_BROKER_FUZZ"] != nil {
         ("FuzzCallerKeys", ["TokenBrokerCore"]),
         ("FuzzTokenAnswer", ["TokenBrokerCore", "TokenBrokerSources"]),
         ("FuzzFileToken", ["TokenBrokerCore", "TokenBrokerSources"]),
-        ("FuzzQuery", ["TokenBrokerHTTP"]),
+        ("FuzzQuery", ["TokenBrokerAPI"]),
         ("FuzzProxyPath", ["TokenBrokerCore"]),
     ]
     package.targets.append(.systemLibrary(name: "CLibFuzzer", path: "Fuzz/CLibFuzzer"))

@@ -7,11 +7,6 @@
 #include <stddef.h>
 #include <sys/socket.h>
 #include <microhttpd.h>
-// Not libmicrohttpd's, but used beside it: Glibc's Swift module leaves these headers out, and the
-// server's hang-up watcher needs them (epoll for suspended sockets, malloc_trim after bursts).
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
-#include <malloc.h>
 
 // MHD_start_daemon is variadic; Swift cannot call it, so all options travel in one MHD_OPTION_ARRAY.
 static inline struct MHD_Daemon *CMicroHTTPD_start_daemon(unsigned int flags,

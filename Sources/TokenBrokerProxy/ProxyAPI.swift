@@ -1,6 +1,7 @@
 import TokenBrokerCore
-import TokenBrokerHTTP
-import TokenBrokerSources
+import TokenBrokerAPI
+import TokenBrokerServer
+import TokenBrokerUpstream
 
 /// Proxy mode: `ANY /proxy/{name}/{path}` forwarded to the proxy's target with a provider's token
 /// added, and sent once more with a refreshed token when the answer says the token was refused.

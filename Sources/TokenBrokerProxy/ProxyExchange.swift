@@ -1,7 +1,8 @@
 import Synchronization
 import TokenBrokerCore
-import TokenBrokerHTTP
-import TokenBrokerSources
+import TokenBrokerAPI
+import TokenBrokerServer
+import TokenBrokerUpstream
 
 /// One proxied request, from the token to the last byte of the answer.
 ///

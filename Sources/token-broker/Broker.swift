@@ -1,8 +1,11 @@
 import Dispatch
 import TokenBrokerCore
-import TokenBrokerHTTP
+import TokenBrokerAPI
+import TokenBrokerServer
 import TokenBrokerProxy
 import TokenBrokerSources
+import TokenBrokerCrypto
+import TokenBrokerUpstream
 
 /// Wires the configuration into sources, providers and the two listeners; runs until a stop signal.
 enum Broker {

@@ -2,6 +2,7 @@ import Dispatch
 import Synchronization
 import TokenBrokerCore
 import TokenBrokerSources
+import TokenBrokerUpstream
 
 /// `token-broker healthcheck [--config FILE] [ADDRESS]`: exits 0 when the broker's admin
 /// listener answers `GET /healthz` with 200, 1 otherwise.

@@ -1,5 +1,6 @@
 import Glibc
 import TokenBrokerCore
+import TokenBrokerCrypto
 
 /// Log lines on stderr, one event a line, in logfmt:
 ///

@@ -1,6 +1,7 @@
 import Glibc
 import TokenBrokerCore
 import TokenBrokerSources
+import TokenBrokerAPI
 
 /// The command line: `token-broker [--config FILE] [--check-config] [--help] [--version]`
 /// and `token-broker healthcheck [--config FILE] [URL | unix:/path]`.

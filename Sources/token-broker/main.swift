@@ -7,7 +7,7 @@
 //   ProcessLimits.swift the open-file limit, and the start-up check of secret files' modes
 //   Environment.swift   the environment variables, read from environ
 import Glibc
-import TokenBrokerHTTP
+import TokenBrokerServer
 
 // Block the stop signals first, so every thread started later inherits the mask and only
 // the main thread, in sigwait, ever sees them.

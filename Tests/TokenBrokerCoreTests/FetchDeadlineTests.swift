@@ -1,5 +1,6 @@
 import Synchronization
 import Testing
+import TokenBrokerTestSupport
 import TokenBrokerCore
 
 /// Every fetch has a deadline of its own: no source holds a provider in `refreshing`.

@@ -1,4 +1,5 @@
 import Testing
+import TokenBrokerTestSupport
 import TokenBrokerCore
 
 /// A provider's `run()` ends only once its fetch has: the broker awaits the providers' tasks

@@ -1,5 +1,6 @@
 import Synchronization
 import Testing
+import TokenBrokerTestSupport
 import TokenBrokerCore
 
 /// The provider's driver on a manual clock: single flight, waiters, cancellation, timers.

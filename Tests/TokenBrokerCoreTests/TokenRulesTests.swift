@@ -1,5 +1,6 @@
 import Synchronization
 import Testing
+import TokenBrokerTestSupport
 import TokenBrokerCore
 
 /// The rules every fetched token meets before a provider accepts it, and the values that reach

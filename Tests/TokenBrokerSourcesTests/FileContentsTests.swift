@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TokenBrokerTestSupport
 import TokenBrokerCore
 @testable import TokenBrokerSources
 

@@ -1,7 +1,9 @@
 import Foundation
 import Testing
+import TokenBrokerTestSupport
 import TokenBrokerCore
 import TokenBrokerSources
+import TokenBrokerUpstream
 
 /// What issuers and token files may say in numbers and names: checked, never trusted.
 @Suite struct IssuerValueTests {

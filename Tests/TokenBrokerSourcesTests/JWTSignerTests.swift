@@ -1,7 +1,9 @@
 import Foundation
 import Testing
+import TokenBrokerTestSupport
 import TokenBrokerCore
 import TokenBrokerSources
+import TokenBrokerCrypto
 
 /// The local signer's tokens, checked by the `openssl` command line rather than by our own code.
 @Suite struct JWTSignerTests {

@@ -2,6 +2,7 @@ import Foundation
 import Testing
 import TokenBrokerCore
 import TokenBrokerSources
+import TokenBrokerUpstream
 
 /// How issuers' answers become tokens or classified errors (RFC 6749 §5.1 and §5.2).
 @Suite struct UpstreamAnswerTests {

@@ -1,5 +1,5 @@
 import CLibFuzzer
-@testable import TokenBrokerHTTP
+@testable import TokenBrokerAPI
 
 /// The values the token routes read from a query or an `If-None-Match`
 /// header (`after=3`, `timeout=30`, `"3"`), as libmicrohttpd hands them over, percent-decoded.

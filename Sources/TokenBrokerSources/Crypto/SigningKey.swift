@@ -1,5 +1,6 @@
 internal import COpenSSL
 import TokenBrokerCore
+import TokenBrokerCrypto
 
 /// A key that signs JWS: an EC P-256 or RSA private key in OpenSSL, or an HMAC secret.
 ///

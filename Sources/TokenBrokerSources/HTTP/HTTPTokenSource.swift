@@ -1,4 +1,5 @@
 import TokenBrokerCore
+import TokenBrokerUpstream
 
 /// A generic JSON token endpoint, `source.type: "http"`, for WAF-like and in-house token services.
 ///

@@ -1,4 +1,5 @@
 import TokenBrokerCore
+import TokenBrokerUpstream
 
 /// Reads an issuer's answer into a token or a classified error, never a bad token.
 ///

@@ -1,4 +1,5 @@
 import TokenBrokerCore
+import TokenBrokerCrypto
 
 /// The local signer (`source.type: "jwt"`): mints JWTs itself, in ES256, RS256 or HS256.
 ///

@@ -1,4 +1,6 @@
 import TokenBrokerCore
+import TokenBrokerCrypto
+import TokenBrokerUpstream
 
 /// The client-credentials grant (RFC 6749 §4.4), `source.type: "oauth2"`.
 ///

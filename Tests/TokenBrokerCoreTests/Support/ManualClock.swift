@@ -70,15 +70,3 @@ final class ManualClock: Clock, Sendable {
         for sleeper in woken { sleeper.continuation.resume() }
     }
 }
-
-/// Waits until `condition` holds, polling with real but short pauses; fails after `seconds`.
-///
-/// Only a generous bound for asynchronous hand-offs between tasks, never a timing assertion.
-func eventually(within seconds: Double = 10, _ condition: () -> Bool) async -> Bool {
-    let end = ContinuousClock.now.advanced(by: .milliseconds(Int(seconds * 1000)))
-    while ContinuousClock.now < end {
-        if condition() { return true }
-        try? await Task.sleep(for: .milliseconds(1))
-    }
-    return condition()
-}

@@ -1,5 +1,6 @@
 import Synchronization
 import TokenBrokerCore
+import TokenBrokerServer
 
 /// Keeps the rendered `/token` answer of one provider, so that it is built once per token
 /// version (and once per second of `expires_in`, which must not lie), not once per request.

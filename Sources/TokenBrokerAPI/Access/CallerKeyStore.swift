@@ -2,6 +2,7 @@ import Dispatch
 import Glibc
 import Synchronization
 import TokenBrokerCore
+import TokenBrokerCrypto
 
 /// The callers' keys from `clientKeysFile`, re-read when the file changes.
 ///

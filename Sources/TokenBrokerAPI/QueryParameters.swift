@@ -1,4 +1,5 @@
 import TokenBrokerCore
+import TokenBrokerServer
 
 /// A request the broker refuses, with the answer that says why.
 struct BadRequest: Error {

@@ -4,6 +4,8 @@
 /// cross-site request and a URL-fetching bug cannot add at all; and it must not carry
 /// `X-Forwarded-For`, which marks a request relayed by a proxy. Operators can turn it off with
 /// `"requestGuard": false`.
+import TokenBrokerServer
+
 enum RequestGuard {
     static let headerName = "Token-Broker-Request"
 

@@ -1,4 +1,5 @@
 import TokenBrokerCore
+import TokenBrokerServer
 
 extension TokenAPI {
     /// `GET /token`: the cached token with background refresh; without it, a token fetched for

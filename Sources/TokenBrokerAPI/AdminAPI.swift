@@ -1,4 +1,5 @@
 import TokenBrokerCore
+import TokenBrokerServer
 
 /// The admin listener's routes, on their own address so that they can be exposed to an
 /// orchestrator without exposing tokens.

@@ -7,6 +7,7 @@
 /// ```
 ///
 /// `"providers": ["*"]` allows every provider. A caller sends its key as `Authorization: Bearer <key>`.
+
 public struct CallerKeyList: Sendable, Equatable {
     public struct Entry: Sendable, Equatable {
         /// A label for logs and answers; never the key.

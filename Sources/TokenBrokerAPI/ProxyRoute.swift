@@ -1,4 +1,5 @@
 import TokenBrokerCore
+import TokenBrokerServer
 
 /// What the token listener needs from proxy mode (`TokenBrokerProxy`): the routes under
 /// `/proxy/{name}/`. The listener checks the target, the request guard and the caller first.

@@ -1,4 +1,5 @@
 import TokenBrokerCore
+import TokenBrokerServer
 
 extension TokenAPI {
     /// How a wait's outcome becomes an answer.

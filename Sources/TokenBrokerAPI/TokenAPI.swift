@@ -1,4 +1,5 @@
 import TokenBrokerCore
+import TokenBrokerServer
 
 /// The token listener's routes. Each token route exists for the default provider and, under
 /// `/providers/{name}`, for every provider by name.

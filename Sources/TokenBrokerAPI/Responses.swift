@@ -1,4 +1,5 @@
 import TokenBrokerCore
+import TokenBrokerServer
 
 /// The error answers every route shares, in the `{"error", "error_description"}` shape.
 enum Responses {

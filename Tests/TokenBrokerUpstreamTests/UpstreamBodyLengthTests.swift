@@ -2,7 +2,8 @@ import Foundation
 import Synchronization
 import Testing
 import TokenBrokerCore
-@testable import TokenBrokerSources
+
+@testable import TokenBrokerUpstream
 
 /// A streamed request body reaches the upstream exactly as long as declared, whatever the body's
 /// source has to give: a longer one would put a second request on a pooled connection.

@@ -1,8 +1,10 @@
 import Foundation
 import Synchronization
 import Testing
+import TokenBrokerTestSupport
 import TokenBrokerCore
-@testable import TokenBrokerSources
+
+@testable import TokenBrokerAPI
 
 /// The caller check: keys hashed and compared, the file re-read when it changes.
 @Suite struct CallerKeyStoreTests {

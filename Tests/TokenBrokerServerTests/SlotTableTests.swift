@@ -1,5 +1,5 @@
 import Testing
-import TokenBrokerCore
+@testable import TokenBrokerServer
 
 /// `SlotTable` against a plain `Set` of the same objects, through long random runs of adding
 /// and removing: it must hold exactly what the set holds, hand out each slot to one object at a

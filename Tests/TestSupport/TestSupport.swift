@@ -1,13 +1,15 @@
+// What several test targets share: the openssl command line, temporary folders, DER for
+// ECDSA signatures, and polling for a condition. A library for tests only; the broker never links it.
 import Foundation
 
 /// Runs the `openssl` command line: an implementation independent of the code under test.
-enum OpenSSL {
-    struct Failure: Error, CustomStringConvertible {
-        let description: String
+public enum OpenSSL {
+    public struct Failure: Error, CustomStringConvertible {
+        public let description: String
     }
 
     @discardableResult
-    static func run(_ arguments: [String]) throws -> String {
+    public static func run(_ arguments: [String]) throws -> String {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
         process.arguments = arguments
@@ -26,22 +28,22 @@ enum OpenSSL {
 }
 
 /// A folder that removes itself.
-final class TemporaryDirectory {
-    let url: URL
+public final class TemporaryDirectory {
+    public let url: URL
 
-    init() throws {
+    public init() throws {
         url = FileManager.default.temporaryDirectory.appendingPathComponent("token-broker-tests-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
     }
 
-    func path(_ name: String) -> String { url.appendingPathComponent(name).path }
+    public func path(_ name: String) -> String { url.appendingPathComponent(name).path }
 
     deinit { try? FileManager.default.removeItem(at: url) }
 }
 
 /// Just enough DER to hand OpenSSL an ECDSA signature: SEQUENCE { INTEGER r, INTEGER s }.
-enum DER {
-    static func ecdsaSignature(raw: [UInt8]) -> [UInt8] {
+public enum DER {
+    public static func ecdsaSignature(raw: [UInt8]) -> [UInt8] {
         func integer(_ bytes: ArraySlice<UInt8>) -> [UInt8] {
             var value = Array(bytes.drop { $0 == 0 })
             if value.isEmpty { value = [0] }
@@ -53,8 +55,10 @@ enum DER {
     }
 }
 
-/// Polls `condition` every millisecond until it holds, for at most `seconds`; its last answer.
-func eventually(within seconds: Double = 10, _ condition: () -> Bool) async -> Bool {
+/// Waits until `condition` holds, polling with real but short pauses; its last answer after `seconds`.
+///
+/// Only a generous bound for asynchronous hand-offs between tasks, never a timing assertion.
+public func eventually(within seconds: Double = 10, _ condition: () -> Bool) async -> Bool {
     let end = ContinuousClock.now.advanced(by: .milliseconds(Int(seconds * 1000)))
     while ContinuousClock.now < end {
         if condition() { return true }

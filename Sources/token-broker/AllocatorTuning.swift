@@ -1,4 +1,4 @@
-internal import CMicroHTTPD
+internal import CSystem
 
 /// How the C allocator is set up for a server whose memory comes in bursts of waiters.
 public enum AllocatorTuning {

@@ -1,4 +1,5 @@
 import TokenBrokerCore
+import TokenBrokerServer
 
 extension TokenAPI {
     /// `POST /token/refresh` with the optional body `{"rejected_version": N}`: the retrier.

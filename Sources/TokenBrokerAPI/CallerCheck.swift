@@ -1,4 +1,5 @@
 import TokenBrokerCore
+import TokenBrokerServer
 
 /// The answers to callers without a key, with an unknown key, or reading a provider outside
 /// their list. They name the caller and the provider, never the key.

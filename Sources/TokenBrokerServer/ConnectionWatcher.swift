@@ -1,4 +1,5 @@
 internal import CMicroHTTPD
+internal import CSystem
 import Glibc
 import Synchronization
 import TokenBrokerCore

@@ -53,7 +53,7 @@ public enum Crypto {
     }
 
     /// The last OpenSSL error as text, and clears the queue.
-    static func lastError() -> String {
+    public static func lastError() -> String {
         let code = ERR_get_error()
         ERR_clear_error()
         guard code != 0 else { return "unknown OpenSSL error" }

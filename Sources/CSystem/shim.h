@@ -1,0 +1,10 @@
+// System headers that Glibc's Swift module leaves out: epoll and eventfd for the server's
+// hang-up watcher, malloc.h for handing memory back after bursts and for allocator tuning.
+#ifndef CSYSTEM_SHIM_H
+#define CSYSTEM_SHIM_H
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <malloc.h>
+
+#endif
