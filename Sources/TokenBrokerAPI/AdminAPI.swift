@@ -19,6 +19,8 @@ public final class AdminAPI: HTTPHandler {
         self.metrics = metrics
     }
 
+    public func refusal(_ reason: ServerRefusal) -> HTTPResponse { Responses.refusal(reason) }
+
     public func handle(_ request: HTTPRequest) -> HTTPReply {
         let route: String
         let reply: HTTPReply

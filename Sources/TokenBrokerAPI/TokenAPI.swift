@@ -93,6 +93,8 @@ public final class TokenAPI: HTTPHandler {
         self.metrics = metrics
     }
 
+    public func refusal(_ reason: ServerRefusal) -> HTTPResponse { Responses.refusal(reason) }
+
     public func handle(_ request: HTTPRequest) -> HTTPReply {
         let path = request.path
         if request.rawTarget != nil { return proxied(request) }
@@ -146,7 +148,7 @@ public final class TokenAPI: HTTPHandler {
     }
 
     /// Answers a suspended request and counts it.
-    func answer(_ responder: HTTPResponder, _ response: HTTPResponse, route: RequestCounter) {
+    func answer(_ responder: any HTTPResponding, _ response: HTTPResponse, route: RequestCounter) {
         route.record(status: response.status)
         responder.respond(response)
     }

@@ -76,7 +76,7 @@ public final class ProxyAPI: ProxyHandling {
             return .response(Self.tooLarge(settings))
         }
         // The request is valid only now: copy what the exchange needs.
-        var headers = request.headers()
+        var headers = request.headers
         let hasBody = request.bodyStream != nil || !request.body.isEmpty
         if hasBody, !headers.contains(where: { $0.0.lowercased() == "content-type" }) {
             headers.append(("Content-Type", ""))  // an empty value tells libcurl not to add its own

@@ -37,7 +37,7 @@ final class ProxyExchange: UpstreamExchangeDelegate, @unchecked Sendable {
         var mode = Mode.waiting
         var attempt = 0
         var upstream: UpstreamExchange?
-        var responder: HTTPResponder?
+        var responder: (any HTTPResponding)?
         var clientGone = false
         var rejectedVersion: UInt64 = 0
     }
@@ -67,7 +67,7 @@ final class ProxyExchange: UpstreamExchangeDelegate, @unchecked Sendable {
     /// Whether the request can be sent a second time exactly as the first.
     private var replayable: Bool { if case .buffered = body { true } else { false } }
 
-    func start(_ responder: HTTPResponder) {
+    func start(_ responder: any HTTPResponding) {
         state.withLock { $0.responder = responder }
         responder.whenConnectionEnds { [self] in
             let upstream = state.withLock { state -> UpstreamExchange? in
@@ -93,7 +93,7 @@ final class ProxyExchange: UpstreamExchangeDelegate, @unchecked Sendable {
             switch await provider.onTokenReady(after: nil, timeout: api.maxWait) {
             case .token(let ready, _): token = ready
             case .shuttingDown:
-                finish(with: HTTPServer.stopping)
+                finish(with: Responses.shuttingDown)
                 return
             case .timedOut, .exhausted: token = nil
             }

@@ -10,6 +10,21 @@ public protocol HTTPHandler: Sendable {
     /// For requests under the server's `streamingPrefix` only: called when their headers have
     /// arrived, before any body, to say what to do with the body.
     func begin(_ request: HTTPRequest) -> BodyHandling
+
+    /// The answer to a request the server itself refuses: the server knows no error text, so
+    /// the handler words every answer. Called on a libmicrohttpd thread; keep it quick.
+    func refusal(_ reason: ServerRefusal) -> HTTPResponse
+}
+
+/// Why the server answers a request without its handler's routes.
+public enum ServerRefusal: Sendable, Equatable {
+    /// The request head is ambiguous or malformed (`RequestHead`); the answer must close the
+    /// connection (`Connection: close`), since where the body ends is not known.
+    case malformedHead(String)
+    /// A new request arrived while the server is stopping; the answer must close the connection.
+    case stopping
+    /// The answer to requests still waiting when the server stops.
+    case stopped
 }
 
 extension HTTPHandler {
@@ -31,5 +46,16 @@ public enum HTTPReply {
     /// Queue this response now.
     case response(HTTPResponse)
     /// Suspend the connection and call `start` with a responder that will resume it.
-    case deferred(_ start: @Sendable (HTTPResponder) -> Void)
+    case deferred(_ start: @Sendable (any HTTPResponding) -> Void)
+}
+
+/// The way back to a deferred request (`HTTPResponder` on a live connection; a recorder in tests).
+public protocol HTTPResponding: AnyObject, Sendable {
+    /// Answers the request and resumes its connection; a second answer, or one after the client
+    /// hung up, does nothing.
+    func respond(_ response: HTTPResponse)
+    /// Registers a cleanup to run once if the connection ends before an answer.
+    func onClose(_ cleanup: @escaping @Sendable () -> Void)
+    /// Registers work to run once when the connection ends, answered or not.
+    func whenConnectionEnds(_ work: @escaping @Sendable () -> Void)
 }

@@ -6,7 +6,7 @@ import TokenBrokerCore
 ///
 /// Answering twice, or after the client hung up, does nothing. `onClose` runs once when the
 /// connection ends without an answer (client gone or server stopping), to free what waits for it.
-public final class HTTPResponder: Sendable {
+public final class HTTPResponder: HTTPResponding {
     fileprivate enum Phase {
         case waiting(onClose: (@Sendable () -> Void)?)
         case answered(HTTPResponse)
@@ -91,7 +91,8 @@ public final class HTTPResponder: Sendable {
         server.resume(self)
     }
 
-    private static let clientGone = HTTPResponse.error(503, "client_closed", "the client closed the connection")
+    /// A placeholder answer that is never sent: it only resumes the connection, which then closes.
+    private static let clientGone = HTTPResponse(status: 503, body: [], headers: [("Connection", "close")])
 
     /// The connection ended; runs the cleanup if no answer was given.
     func connectionClosed() {

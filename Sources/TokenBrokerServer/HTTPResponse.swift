@@ -8,7 +8,13 @@ import TokenBrokerCore
 /// `HTTPResponse` may be queued on many connections at once, from any thread. The token
 /// routes keep one per token version instead of building a body per request.
 public final class HTTPResponse: @unchecked Sendable {
+    // @unchecked: every stored property is immutable; the libmicrohttpd response behind `handle`
+    // is reference-counted by libmicrohttpd and safe to queue from any thread.
     public let status: Int
+    /// The headers as given (before any is dropped as unsendable), for tests and logs.
+    public let headers: [(String, String)]
+    /// The body, for an answer built whole; empty for a streamed one.
+    public let body: [UInt8]
     let handle: OpaquePointer
     /// The body's producer, for a streamed answer (which is sent once).
     let stream: HTTPResponseStream?
@@ -18,6 +24,8 @@ public final class HTTPResponse: @unchecked Sendable {
     ///     holds a control character other than tab is dropped rather than sent, and counted.
     public init(status: Int, body: [UInt8], headers: [(String, String)] = []) {
         self.status = status
+        self.headers = headers
+        self.body = body
         handle = body.withUnsafeBytes { raw in
             CMicroHTTPD_response_copying(raw.count, raw.baseAddress)
         }
@@ -30,6 +38,8 @@ public final class HTTPResponse: @unchecked Sendable {
     ///   HTTP/1.1 clients get it chunked.
     public init(status: Int, headers: [(String, String)], stream: HTTPResponseStream, length: UInt64?) {
         self.status = status
+        self.headers = headers
+        body = []
         self.stream = stream
         let context = Unmanaged.passRetained(stream).toOpaque()
         handle = MHD_create_response_from_callback(length ?? UInt64.max, 32 * 1024, streamReader, context, streamReleaser)
@@ -55,14 +65,12 @@ public final class HTTPResponse: @unchecked Sendable {
     /// A JSON answer (`application/json`), with `Cache-Control: no-store` unless `headers` says otherwise.
     public convenience init(status: Int, json: String, headers: [(String, String)] = []) {
         var all: [(String, String)] = [("Content-Type", "application/json")]
-        if !headers.contains(where: { $0.0.lowercased() == "cache-control" }) { all.append(("Cache-Control", "no-store")) }
+        if !headers.contains(named: "Cache-Control") { all.append(("Cache-Control", "no-store")) }
         self.init(status: status, body: Array(json.utf8), headers: all + headers)
     }
 
-    /// The JSON error answer every route uses: `{"error": "...", "error_description": "..."}`.
-    public static func error(_ status: Int, _ error: String, _ description: String, headers: [(String, String)] = []) -> HTTPResponse {
-        HTTPResponse(status: status, json: JSONText.errorBody(error, description), headers: headers)
-    }
+    /// The body as text, for tests and logs.
+    public var bodyText: String { String(decoding: body, as: UTF8.self) }
 }
 
 

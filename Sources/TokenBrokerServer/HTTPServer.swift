@@ -103,16 +103,7 @@ public final class HTTPServer: @unchecked Sendable {
         }
     }
 
-    deinit { shutDown(finalAnswer: Self.stopping, grace: .zero) }
-
-    /// The answer to requests still waiting when the server stops, unless the caller gives one.
-    public static let stopping = HTTPResponse.error(503, "shutting_down", "the broker is stopping", headers: [("Retry-After", "1")])
-
-    /// The answer to a request whose head `RequestHead` refuses; the connection closes after it,
-    /// since where its body ends is not known.
-    static func refusedHead(_ problem: String) -> HTTPResponse {
-        .error(400, "invalid_request", problem, headers: [("Connection", "close")])
-    }
+    deinit { shutDown(grace: .zero) }
 
     /// Requests that are being answered or are waiting suspended.
     public var inFlight: Int { requestsInFlight.load(ordering: .relaxed) }
@@ -159,10 +150,11 @@ public final class HTTPServer: @unchecked Sendable {
     /// request on a kept-alive connection gets 503 `shutting_down` with `Connection: close`.
     /// Answers being prepared or streamed (a proxied exchange, a streamed body) keep going until
     /// they end or the grace runs out. Waiters whose answer only the server can give are answered
-    /// with `finalAnswer` near the end of the grace; the broker answers its long-polls before
-    /// calling this, through its providers.
-    public func shutDown(finalAnswer: HTTPResponse = HTTPServer.stopping, grace: Duration) {
+    /// with `finalAnswer` (by default the handler's `refusal(.stopped)`) near the end of the grace;
+    /// the broker answers its long-polls before calling this, through its providers.
+    public func shutDown(finalAnswer: HTTPResponse? = nil, grace: Duration) {
         guard let daemon else { return }
+        let finalAnswer = finalAnswer ?? handler.refusal(.stopped)
         draining.store(true, ordering: .relaxed)
         // libmicrohttpd no longer polls the socket: close it, so that connections are refused
         // now rather than left in the backlog until the end.
@@ -190,10 +182,6 @@ public final class HTTPServer: @unchecked Sendable {
         listenSocket = -1
         if let path = configuration.address.unixPath { unlink(path) }
     }
-
-    /// The answer to a request that arrives while the server is stopping.
-    private static let refusedWhileStopping = HTTPResponse.error(
-        503, "shutting_down", "the broker is stopping", headers: [("Retry-After", "1"), ("Connection", "close")])
 
     // MARK: - libmicrohttpd callbacks
 
@@ -240,11 +228,12 @@ public final class HTTPServer: @unchecked Sendable {
             if responder.hasAnswer { resume(responder) }
             return CMicroHTTPD_yes()
         }
-        if draining.load(ordering: .relaxed) { return queue(Self.refusedWhileStopping, on: connection, nil) }
+        if draining.load(ordering: .relaxed) { return queue(handler.refusal(.stopping), on: connection, nil) }
         Self.clock(of: connection)?.requestArrived()
         let request = HTTPRequest(
-            method: String(cString: method), path: String(cString: url), body: state?.body ?? [],
-            bodyTooLarge: state?.tooLarge ?? false, rawTarget: state?.rawTarget, connection: connection)
+            method: String(cString: method), path: String(cString: url), rawTarget: state?.rawTarget,
+            query: ConnectionValues.query(connection), headers: ConnectionValues.headers(connection),
+            body: state?.body ?? [], bodyTooLarge: state?.tooLarge ?? false)
         return reply(handler.handle(request), connection, streaming: false) { RequestState.attach(to: requestContext) }
     }
 
@@ -253,7 +242,7 @@ public final class HTTPServer: @unchecked Sendable {
     private func headArrived(_ connection: OpaquePointer, method: UnsafePointer<CChar>, version: UnsafePointer<CChar>) -> MHD_Result? {
         Self.clock(of: connection)?.headArrived()
         guard let problem = RequestHead.problem(connection, method: method, version: version) else { return nil }
-        return queue(Self.refusedHead(problem), on: connection, nil)
+        return queue(handler.refusal(.malformedHead(problem)), on: connection, nil)
     }
 
     /// Carries out a handler's reply: queue it, or suspend the connection until the responder answers.
@@ -279,10 +268,10 @@ public final class HTTPServer: @unchecked Sendable {
     }
 
     private func begin(_ state: RequestState, _ connection: OpaquePointer, url: UnsafePointer<CChar>, method: UnsafePointer<CChar>) -> MHD_Result {
-        if draining.load(ordering: .relaxed) { return queue(Self.refusedWhileStopping, on: connection, nil) }
-        let request = HTTPRequest(
-            method: String(cString: method), path: String(cString: url), body: [], bodyTooLarge: false,
-            rawTarget: state.rawTarget, connection: connection)
+        if draining.load(ordering: .relaxed) { return queue(handler.refusal(.stopping), on: connection, nil) }
+        var request = HTTPRequest(
+            method: String(cString: method), path: String(cString: url), rawTarget: state.rawTarget,
+            query: ConnectionValues.query(connection), headers: ConnectionValues.headers(connection))
         switch handler.begin(request) {
         case .buffer(let limit):
             state.bodyLimit = limit
@@ -293,10 +282,8 @@ public final class HTTPServer: @unchecked Sendable {
             // The body may take longer than the request deadline to arrive; its consumer paces it.
             Self.clock(of: connection)?.requestArrived()
             state.bodyStream = body
-            let streamed = HTTPRequest(
-                method: request.method, path: request.path, body: [], bodyTooLarge: false,
-                rawTarget: state.rawTarget, bodyStream: body, connection: connection)
-            return reply(handler.handle(streamed), connection, streaming: true) { state }
+            request.bodyStream = body
+            return reply(handler.handle(request), connection, streaming: true) { state }
         }
     }
 
