@@ -100,6 +100,7 @@ let package = Package(
         .target(name: "TokenBrokerTestSupport", path: "Tests/TestSupport"),
         .testTarget(name: "TokenBrokerCoreTests", dependencies: ["TokenBrokerCore", "TokenBrokerTestSupport"]),
 
+        .testTarget(name: "TokenBrokerCryptoTests", dependencies: ["TokenBrokerTestSupport", "TokenBrokerCrypto"]),
         .testTarget(name: "TokenBrokerUpstreamTests", dependencies: ["TokenBrokerTestSupport", "TokenBrokerUpstream", "TokenBrokerCore"]),
         .testTarget(
             name: "TokenBrokerSourcesTests",
