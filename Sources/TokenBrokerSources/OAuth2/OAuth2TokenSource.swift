@@ -23,7 +23,7 @@ public struct OAuth2TokenSource: TokenSource {
     }
 
     public func fetch() async throws(TokenFetchError) -> FetchedToken {
-        let response = try await client.send(try request(now: WallTime()))
+        let response = try await client.fetch(try request(now: WallTime()))
         return try Self.token(from: response, defaultLifetime: configuration.defaultLifetimeSec)
     }
 
