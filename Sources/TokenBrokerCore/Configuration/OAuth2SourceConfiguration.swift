@@ -9,7 +9,7 @@ public struct OAuth2SourceConfiguration: Sendable, Equatable {
     /// A file holding the client secret, read at every fetch so a rotated secret is picked up.
     public var clientSecretFile: String?
     /// How the client authenticates. Default `client_secret_basic`.
-    public var clientAuth: String = "client_secret_basic"
+    public var clientAuth: ClientAuth = .clientSecretBasic
     /// For `private_key_jwt` (RFC 7523): a PEM private key, RSA (RS256) or EC P-256 (ES256).
     public var privateKeyFile: String?
     /// For `private_key_jwt`: the assertion's `kid`. Default: none.
@@ -23,8 +23,6 @@ public struct OAuth2SourceConfiguration: Sendable, Equatable {
     /// The lifetime of a token whose answer has no `expires_in`, in seconds. Default 3600; 1–86400.
     public var defaultLifetimeSec: Int = 3600
     public var upstream = UpstreamConfiguration()
-
-    public static let clientAuthMethods = ["client_secret_basic", "client_secret_post", "private_key_jwt"]
 
     public init(tokenURL: String, clientID: String) {
         self.tokenURL = tokenURL
@@ -42,7 +40,7 @@ public struct OAuth2SourceConfiguration: Sendable, Equatable {
         self.init(tokenURL: tokenURL, clientID: clientID)
         clientSecret = try reader.string("clientSecret")
         clientSecretFile = try reader.string("clientSecretFile")
-        clientAuth = try reader.choice("clientAuth", Self.clientAuthMethods, default: clientAuth)
+        clientAuth = try reader.choice("clientAuth", default: clientAuth)
         privateKeyFile = try reader.string("privateKeyFile")
         keyID = try reader.string("kid")
         scope = try reader.string("scope")
@@ -60,7 +58,7 @@ public struct OAuth2SourceConfiguration: Sendable, Equatable {
         }
         defaultLifetimeSec = try reader.int("defaultLifetimeSec", 1...86_400, default: defaultLifetimeSec)
         upstream = try UpstreamConfiguration(reading: &reader)
-        if clientAuth == "private_key_jwt" {
+        if clientAuth == .privateKeyJWT {
             guard privateKeyFile != nil else {
                 throw ConfigurationError(key: reader.keyPath("privateKeyFile"), "is required with clientAuth \"private_key_jwt\"")
             }
