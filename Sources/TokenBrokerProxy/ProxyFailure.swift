@@ -31,25 +31,54 @@ enum ProxyFailure: Equatable {
         }
     }
 
-    /// The answer for a request to proxy `settings`, whose token comes from provider `provider`.
-    func response(_ settings: ProxyConfiguration, provider: String) -> HTTPResponse {
+    /// The answer's status.
+    var status: Int {
+        switch self {
+        case .methodNotAllowed: 405
+        case .bodyTooLarge: 413
+        case .tokenNotCookieSafe, .upstreamUnreachable: 502
+        case .upstreamTimeout: 504
+        }
+    }
+
+    /// The `error` code of the JSON body.
+    var code: String {
+        switch self {
+        case .methodNotAllowed: "method_not_allowed"
+        case .bodyTooLarge: "payload_too_large"
+        case .tokenNotCookieSafe: "token_not_cookie_safe"
+        case .upstreamTimeout: "upstream_timeout"
+        case .upstreamUnreachable: "upstream_unreachable"
+        }
+    }
+
+    /// Headers besides the JSON body's own: `Allow` with 405.
+    var headers: [(String, String)] {
+        if case .methodNotAllowed = self { return [("Allow", Self.allowed)] }
+        return []
+    }
+
+    /// The `error_description` for a request to proxy `settings`, whose token comes from `provider`.
+    func message(_ settings: ProxyConfiguration, provider: String) -> String {
         let proxy = JSONText.quoted(settings.name)
         switch self {
         case .methodNotAllowed(let method):
-            let allowed = ProxyAPI.methods.joined(separator: ", ")
-            return .error(
-                405, "method_not_allowed", "\(String(method.prefix(32))) is not forwarded; allowed: \(allowed)",
-                headers: [("Allow", allowed)])
+            return "\(String(method.prefix(32))) is not forwarded; allowed: \(Self.allowed)"
         case .bodyTooLarge:
-            return .error(413, "payload_too_large", "proxy \(proxy) accepts bodies up to \(settings.maxBodyBytes) bytes")
+            return "proxy \(proxy) accepts bodies up to \(settings.maxBodyBytes) bytes"
         case .tokenNotCookieSafe:
-            return .error(
-                502, "token_not_cookie_safe",
-                "proxy \(proxy): the token of provider \(JSONText.quoted(provider)) holds a character a cookie value cannot (RFC 6265), so it is not sent")
+            return "proxy \(proxy): the token of provider \(JSONText.quoted(provider)) holds a character a cookie value cannot (RFC 6265), so it is not sent"
         case .upstreamTimeout:
-            return .error(504, "upstream_timeout", "proxy \(proxy): the target did not answer within \(settings.upstream.timeoutMsec) ms")
+            return "proxy \(proxy): the target did not answer within \(settings.upstream.timeoutMsec) ms"
         case .upstreamUnreachable(let detail):
-            return .error(502, "upstream_unreachable", "proxy \(proxy): \(detail)")
+            return "proxy \(proxy): \(detail)"
         }
     }
+
+    /// The answer for a request to proxy `settings`, whose token comes from provider `provider`.
+    func response(_ settings: ProxyConfiguration, provider: String) -> HTTPResponse {
+        .error(status, code, message(settings, provider: provider), headers: headers)
+    }
+
+    private static var allowed: String { ProxyAPI.methods.joined(separator: ", ") }
 }
