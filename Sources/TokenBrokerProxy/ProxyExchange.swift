@@ -15,6 +15,9 @@ import TokenBrokerSources
 ///
 /// Upstream unreachable: 502; upstream too slow: 504; a token that cannot be a cookie value with
 /// `inject: cookie`: 502 `token_not_cookie_safe`; all with the JSON error body (`ProxyFailure`).
+///
+/// One lock, `state`: the upstream exchange, the response stream and the responder are called
+/// only after it is released, so their own locks are never taken inside it.
 final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
     enum Body: Sendable {
         case buffered([UInt8])
