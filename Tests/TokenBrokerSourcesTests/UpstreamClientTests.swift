@@ -105,16 +105,6 @@ import TokenBrokerSources
         #expect(await outcome.value == .stopped)
         #expect(await server.closedByPeer(timeout: .seconds(20)), "the connection is closed, not kept for reuse")
     }
-
-    /// Sources see the client's failures as fetch failures, with the texts logs and metrics show.
-    @Test func sourcesClassifyEachFailureWithTheSameTexts() {
-        #expect(TokenFetchError(.unreachable("Couldn't connect to server")).summary == "unreachable: Couldn't connect to server")
-        #expect(TokenFetchError(.timeout("Timeout was reached")).summary == "timeout: Timeout was reached")
-        #expect(TokenFetchError(.tooLarge(limit: 1024)).summary == "bad_response: the answer is larger than 1024 bytes")
-        #expect(TokenFetchError(.settingsRefused).summary == "configuration: libcurl refused the request's settings (check caFile and the client certificate)")
-        #expect(TokenFetchError(.clientFailure("curl_easy_init failed")).summary == "internal: curl_easy_init failed")
-        #expect(TokenFetchError(.stopped).description == "internal")
-    }
 }
 
 /// A loopback server for one connection: reads the request's head, then sends `answer` and
