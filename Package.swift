@@ -107,6 +107,10 @@ let package = Package(
             dependencies: ["TokenBrokerSources", "TokenBrokerCrypto", "TokenBrokerUpstream", "TokenBrokerCore", "TokenBrokerTestSupport"]
         ),
         .testTarget(name: "TokenBrokerServerTests", dependencies: ["TokenBrokerTestSupport", "TokenBrokerServer", "TokenBrokerCore"]),
+        .testTarget(
+            name: "TokenBrokerProxyTests",
+            dependencies: ["TokenBrokerTestSupport", "TokenBrokerProxy", "TokenBrokerUpstream", "TokenBrokerCore"]
+        ),
         .testTarget(name: "TokenBrokerAPITests", dependencies: ["TokenBrokerTestSupport", "TokenBrokerAPI", "TokenBrokerServer", "TokenBrokerCore"]),
     ],
     swiftLanguageModes: [.v6]
@@ -122,7 +126,7 @@ if Context.environment["TOKEN_BROKER_FUZZ"] != nil {
         ("FuzzJSON", ["TokenBrokerCore"]),
         ("FuzzConfiguration", ["TokenBrokerCore"]),
         ("FuzzCallerKeys", ["TokenBrokerCore"]),
-        ("FuzzTokenAnswer", ["TokenBrokerCore", "TokenBrokerSources"]),
+        ("FuzzTokenAnswer", ["TokenBrokerCore", "TokenBrokerUpstream", "TokenBrokerSources"]),
         ("FuzzFileToken", ["TokenBrokerCore", "TokenBrokerSources"]),
         ("FuzzQuery", ["TokenBrokerAPI"]),
         ("FuzzProxyPath", ["TokenBrokerCore"]),
