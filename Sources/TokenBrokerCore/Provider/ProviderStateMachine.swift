@@ -320,8 +320,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         var actions: [Action] = []
         if isFetching, let deadline = fetchDeadline, deadline <= now {
             // No source holds the provider in `refreshing`: the fetch fails, and backoff follows.
-            let milliseconds = fetchTimeout.components.seconds * 1000 + fetchTimeout.components.attoseconds / 1_000_000_000_000_000
-            let error = TokenFetchError.timeout("the source did not finish within \(milliseconds) ms (fetchTimeoutSec)")
+            let error = TokenFetchError.timeout("the source did not finish within \(fetchTimeout.wholeMilliseconds) ms (fetchTimeoutSec)")
             let number = fetchNumber
             actions += fetchFailed(error, now: now)
             actions.insert(.abandonFetch(number: number, error), at: 0)

@@ -46,6 +46,6 @@ public struct CachedToken<Instant: InstantProtocol>: Sendable where Instant.Dura
 extension CachedToken {
     /// When it expires by the wall clock, or nil for a token without expiry.
     public var expiresAtDate: WallTime? {
-        token.lifetime.map { issuedAtDate.addingTimeInterval(Double($0.components.seconds) + Double($0.components.attoseconds) / 1e18) }
+        token.lifetime.map { issuedAtDate.addingTimeInterval($0.inSeconds) }
     }
 }
