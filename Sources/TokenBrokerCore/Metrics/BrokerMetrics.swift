@@ -207,8 +207,8 @@ public final class BrokerMetrics: Sendable {
 
         family("token_broker_provider_state", "gauge", "1 for the provider's current state.")
         for status in statuses {
-            for state in ["fresh", "refreshing", "backing_off", "paused", "expired"] {
-                sample("token_broker_provider_state", [("provider", status.name), ("state", state)], status.phase == state ? "1" : "0")
+            for phase in ProviderPhase.allCases {
+                sample("token_broker_provider_state", [("provider", status.name), ("state", phase.rawValue)], status.phase == phase ? "1" : "0")
             }
         }
         return out

@@ -53,11 +53,6 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         case excessive(retryAfter: Duration)
     }
 
-    /// What the provider is doing, for readiness and metrics.
-    public enum Phase: String, Sendable {
-        case fresh, refreshing, backingOff = "backing_off", paused, expired
-    }
-
     private enum WaiterKind: Sendable { case ready, onDemand }
     private struct Waiter: Sendable {
         /// The version the waiter has; it wants a newer one.
@@ -139,7 +134,8 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
 
     public var waiterCount: Int { waiters.count }
 
-    public func phase(at now: Instant) -> Phase {
+    /// What the provider is doing at `now`, for readiness and metrics.
+    public func phase(at now: Instant) -> ProviderPhase {
         if isFetching { return .refreshing }
         if isPaused { return .paused }
         if failures > 0 { return hasValidToken(at: now) ? .backingOff : .expired }

@@ -216,7 +216,7 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
             let token = machine.validToken(at: now)
             return ProviderStatus(
                 name: name,
-                phase: machine.phase(at: now).rawValue,
+                phase: machine.phase(at: now),
                 version: token?.version,
                 stale: machine.isStale(at: now),
                 expiresIn: token?.expiresAt.map { now.duration(to: $0) },
@@ -398,8 +398,8 @@ public struct ProviderEvents: Sendable {
 /// A provider's published state: what readiness, metrics and error answers read.
 public struct ProviderStatus: Sendable {
     public var name: String
-    /// `fresh`, `refreshing`, `backing_off`, `paused` or `expired`.
-    public var phase: String
+    /// What the provider is doing; its raw value is `/readyz`'s `state`.
+    public var phase: ProviderPhase
     /// The valid token's version, or nil when there is none.
     public var version: UInt64?
     public var stale: Bool

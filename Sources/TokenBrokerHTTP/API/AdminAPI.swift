@@ -52,7 +52,7 @@ public final class AdminAPI: HTTPHandler {
         let detail = statuses.map { status in
             var members: [(String, String)] = [
                 ("name", JSONText.quoted(status.name)), ("ready", status.isReady ? "true" : "false"),
-                ("state", JSONText.quoted(status.phase)), ("stale", status.stale ? "true" : "false"),
+                ("state", JSONText.quoted(status.phase.rawValue)), ("stale", status.stale ? "true" : "false"),
             ]
             if let version = status.version { members.append(("version", String(version))) }
             if let left = status.expiresIn { members.append(("expires_in", String(TokenResponseBody.expiresIn(left)))) }
