@@ -67,7 +67,7 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
 
     /// Starts fetching, then waits until the calling task is cancelled, then shuts down.
     public func run() async {
-        apply { machine, now in machine.start(now: now) }
+        apply(ifShutDown: ()) { machine, now in ((), machine.start(now: now)) }
         let (stream, continuation) = AsyncStream<Never>.makeStream()
         await withTaskCancellationHandler {
             for await _ in stream {}
@@ -99,65 +99,52 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
 
     // MARK: - Reading
 
-    /// `getToken` with background refresh: the cached token if still valid, without waiting.
-    /// Counts as activity.
-    public func cachedToken() -> (token: Token, stale: Bool)? {
-        let read = readCache()
-        return read.token.map { ($0, read.stale) }
-    }
-
-    /// What one read of the cache saw: the valid token, if any, whether it is stale, and whether
-    /// the read woke a provider paused while idle (which then fetches if its token expired).
-    public func readCache() -> (token: Token?, stale: Bool, wasPaused: Bool) {
-        var result: (Token?, Bool, Bool) = (nil, false, false)
-        apply { machine, now in
-            let read = machine.readCachedToken(now: now)
-            result = (read.token, read.stale, read.wasPaused)
-            return read.actions
-        }
-        return result
-    }
-
-    /// `readCache` in plain values, for the request path: counts as activity, copies no token.
-    public func readSummary() -> CacheSummary {
-        var summary = CacheSummary(version: nil, stale: false, secondsLeft: nil, renewal: 0, wasPaused: false)
-        apply { machine, now in
-            let read = machine.readCachedSummary(now: now)
-            summary = read.summary
-            return read.actions
-        }
-        return summary
-    }
-
-    /// The valid cached token, without counting as activity (to render an answer already counted).
-    public func peekToken() -> (token: Token, stale: Bool)? {
-        let now = clock.now
-        return state.withLock { state in
-            state.machine.validToken(at: now).map { ($0, state.machine.isStale(at: now)) }
+    /// A request's read, under one lock: with background refresh, the valid token if newer than
+    /// `newerThan`, or why there is none; without it, `.onDemand`. With background refresh the
+    /// read counts as activity, so it resumes a provider paused while idle.
+    public func read(newerThan: UInt64 = 0) -> TokenRead<C.Instant> {
+        apply(ifShutDown: configuration.backgroundRefreshEnabled ? .unavailable(wasPaused: false) : .onDemand) { machine, now in
+            machine.read(newerThan: newerThan, now: now)
         }
     }
 
-    /// `getToken`: the cached token with background refresh; without it, a freshly fetched one,
-    /// waiting through the retries, then the previous valid token (stale), or nil.
-    public func getToken() async -> (token: Token, stale: Bool)? {
-        if configuration.backgroundRefreshEnabled { return cachedToken() }
-        let outcome = await wait(after: nil, timeout: .seconds(86_400 * 365), onDemand: true)
-        switch outcome {
-        case .token(let token, let stale): return (token, stale)
-        case .exhausted(let previous?, _): return (previous, true)
-        default: return nil
+    /// `addWaiter` for a task: waits for a valid token newer than `after`, at most `timeout`.
+    /// Cancelling the task ends the wait at once with `.cancelled`; the shared fetch goes on.
+    /// - Parameters:
+    ///   - onDemand: as for `addWaiter`: after `read` said `.onDemand`.
+    ///   - forRefresh: the wait of a forced refresh, which its token ends even when it is the
+    ///     same token again (see `ProviderStateMachine.addWaiter`).
+    public func onTokenReady(after: UInt64? = nil, timeout: Duration, onDemand: Bool = false, forRefresh: Bool = false) async -> WaitOutcome {
+        // The waiter's id once registered, or `.max` when cancellation came first: whichever of
+        // registration and cancellation runs second ends the waiter.
+        let waiterID = Lock<UInt64?>(nil)
+        return await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<WaitOutcome, Never>) in
+                let id = addWaiter(after: after, deadline: deadline(in: timeout), onDemand: onDemand, forRefresh: forRefresh) { outcome in
+                    continuation.resume(returning: outcome)
+                }
+                let cancelledAlready = waiterID.withLock { stored -> Bool in
+                    defer { stored = id }
+                    return stored == .max
+                }
+                if cancelledAlready { cancelWaiter(id) }
+            }
+        } onCancel: {
+            let id = waiterID.withLock { stored -> UInt64? in
+                defer { if stored == nil { stored = .max } }
+                return stored
+            }
+            if let id { cancelWaiter(id) }
         }
-    }
-
-    /// `onTokenReady`: waits for a valid token newer than `after`, at most `timeout`.
-    /// - Parameter forRefresh: the wait of a forced refresh, which its token ends even when it
-    ///   is the same token again (see `ProviderStateMachine.addWaiter`).
-    public func onTokenReady(after: UInt64? = nil, timeout: Duration, forRefresh: Bool = false) async -> WaitOutcome {
-        await wait(after: after, timeout: timeout, onDemand: false, forRefresh: forRefresh)
     }
 
     /// Registers a waiter that ends through `completion` (the callback form, for suspended
     /// HTTP connections). Returns an id for `removeWaiter`.
+    /// - Parameters:
+    ///   - after: the version the caller has; a valid token newer than it ends the wait.
+    ///   - onDemand: true after `read` said `.onDemand`: the waiter wants a token fetched for it,
+    ///     and gets the previous valid token (`.exhausted`) when the retries run out.
+    ///   - forRefresh: the wait of a forced refresh (see `ProviderStateMachine.addWaiter`).
     @discardableResult
     public func addWaiter(
         after: UInt64?, deadline: C.Instant, onDemand: Bool = false, forRefresh: Bool = false, completion: @escaping Completion
@@ -196,13 +183,10 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     /// `forceRefresh`, also saying whether this call started an upstream fetch (rather than
     /// joining one under way, or finding a newer token).
     public func forceRefreshStartingFetch(rejected: UInt64?) -> (decision: Machine.ForcedRefreshDecision, startedFetch: Bool) {
-        var decision = Machine.ForcedRefreshDecision.refreshing(after: nil)
-        var started = false
-        apply { machine, now in
+        let (decision, started) = apply(ifShutDown: (Machine.ForcedRefreshDecision.refreshing(after: nil), false)) { machine, now in
             let (answer, actions) = machine.forceRefresh(rejected: rejected, now: now)
-            decision = answer
-            started = actions.contains { if case .startFetch = $0 { true } else { false } }
-            return actions
+            let started = actions.contains { if case .startFetch = $0 { true } else { false } }
+            return ((answer, started), actions)
         }
         if case .excessive = decision { events.excessiveRefresh(name) }
         return (decision, started)
@@ -232,47 +216,27 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
 
     // MARK: - Carrying out actions
 
-    private func wait(after: UInt64?, timeout: Duration, onDemand: Bool, forRefresh: Bool = false) async -> WaitOutcome {
-        // The waiter's id once registered, or `.max` when cancellation came first: whichever of
-        // registration and cancellation runs second ends the waiter.
-        let waiterID = Lock<UInt64?>(nil)
-        return await withTaskCancellationHandler {
-            await withCheckedContinuation { (continuation: CheckedContinuation<WaitOutcome, Never>) in
-                let id = addWaiter(after: after, deadline: deadline(in: timeout), onDemand: onDemand, forRefresh: forRefresh) { outcome in
-                    continuation.resume(returning: outcome)
-                }
-                let cancelledAlready = waiterID.withLock { stored -> Bool in
-                    defer { stored = id }
-                    return stored == .max
-                }
-                if cancelledAlready { cancelWaiter(id) }
-            }
-        } onCancel: {
-            let id = waiterID.withLock { stored -> UInt64? in
-                defer { if stored == nil { stored = .max } }
-                return stored
-            }
-            if let id { cancelWaiter(id) }
-        }
-    }
-
-    /// Ends one waiter as timed out, leaving the shared fetch running for the others.
+    /// Ends one waiter as cancelled, leaving the shared fetch running for the others.
     private func cancelWaiter(_ id: UInt64) {
-        let (completion, lastError) = state.withLock { state -> (Completion?, TokenFetchError?) in
+        let completion = state.withLock { state -> Completion? in
             state.machine.removeWaiter(id)
-            return (state.completions.removeValue(forKey: id), state.machine.lastError)
+            return state.completions.removeValue(forKey: id)
         }
-        completion?(.timedOut(current: nil, lastError: lastError))
+        completion?(.cancelled)
     }
 
-    private func apply(_ event: (inout Machine, C.Instant) -> [Machine.Action]) {
+    /// Runs `event` on the machine under the lock, then carries out its actions; `ifShutDown`,
+    /// leaving the machine alone, once the provider has shut down.
+    private func apply<Result>(ifShutDown: Result, _ event: (inout Machine, C.Instant) -> (Result, [Machine.Action])) -> Result {
         var work = Work()
-        state.withLock { state in
-            guard !state.isShutDown else { return }
-            let actions = event(&state.machine, clock.now)
+        let result = state.withLock { state -> Result in
+            guard !state.isShutDown else { return ifShutDown }
+            let (result, actions) = event(&state.machine, clock.now)
             collect(actions, into: &work, state: &state)
+            return result
         }
         perform(&work)
+        return result
     }
 
     /// Turns actions into work, starts the fetch and re-arms the timer; called inside the lock.
@@ -354,18 +318,15 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         if Task.isCancelled { return }
         let started = state.withLock { $0.fetchStartedAt } ?? clock.now
         let elapsed = started.duration(to: clock.now)
-        var version: UInt64?
-        var accepted = false
-        apply { machine, now in
+        let (accepted, version) = apply(ifShutDown: (false, UInt64?.none)) { machine, now in
             // A late result of a fetch abandoned at its deadline is not reported twice.
-            accepted = machine.isFetching && machine.fetchNumber == number
+            let accepted = machine.isFetching && machine.fetchNumber == number
             switch result {
             case .success(let token):
                 let actions = machine.fetchSucceeded(token, fetch: number, now: now, wallTime: wallClock())
-                version = machine.cached?.version
-                return actions
+                return ((accepted, machine.cached?.version), actions)
             case .failure(let error):
-                return machine.fetchFailed(error, fetch: number, now: now)
+                return ((accepted, nil), machine.fetchFailed(error, fetch: number, now: now))
             }
         }
         if accepted { events.fetched(name, result.map { ($0, version ?? 0) }, elapsed) }
