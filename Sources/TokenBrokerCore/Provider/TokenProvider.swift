@@ -8,6 +8,11 @@ import Synchronization
 /// outside its lock. A fetch past its deadline is cancelled and reported as a `timeout`; the
 /// provider does not wait for it to end.
 ///
+/// Locking: one lock, `state`, guards the machine and the handles of the provider's tasks. While
+/// it is held the provider calls only the machine and its two clocks: waiters' completions,
+/// events, and the creation and cancellation of tasks come after it is released (`Work`, `perform`).
+/// The only other locks, `onTokenReady`'s one per call, are never held together with `state`.
+///
 /// - Important: call `run()` from a task you own; the provider fetches nothing until then, and
 ///   shuts down (completing every waiter with `.shuttingDown`) when that task is cancelled.
 public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duration {
@@ -45,6 +50,10 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         var cancelledTimer: Task<Void, Never>?
         /// A fetch given up at its deadline: cancel it, and report the failure.
         var abandoned: (fetch: Task<Void, Never>?, error: TokenFetchError, elapsed: Duration)?
+        /// The fetch the machine started, by number, to launch once the lock is released.
+        var fetchToStart: UInt64?
+        /// The timer to arm, for this instant and generation, once the lock is released.
+        var timerToArm: (deadline: C.Instant, generation: UInt64)?
     }
 
     /// - Parameters:
@@ -239,14 +248,14 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         return result
     }
 
-    /// Turns actions into work, starts the fetch and re-arms the timer; called inside the lock.
+    /// Turns actions into work, deciding the fetch to start and the timer to arm; called inside
+    /// the lock. The tasks themselves are created by `perform`, after it.
     private func collect(_ actions: [Machine.Action], into work: inout Work, state: inout State) {
         for action in actions {
             switch action {
             case .startFetch:
-                let number = state.machine.fetchNumber
                 state.fetchStartedAt = clock.now
-                state.fetch = Task { [self] in await fetchOnce(number) }
+                work.fetchToStart = state.machine.fetchNumber
             case .abandonFetch(_, let error):
                 let elapsed = state.fetchStartedAt.map { $0.duration(to: clock.now) } ?? .zero
                 work.abandoned = (state.fetch, error, elapsed)
@@ -264,36 +273,81 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         let wanted = state.machine.nextWakeup
         guard wanted != state.timerDeadline else { return }
         work.cancelledTimer = state.timer
+        state.timer = nil
         state.timerDeadline = wanted
         state.timerGeneration += 1
-        guard let wanted else {
-            state.timer = nil
-            return
-        }
-        let generation = state.timerGeneration
-        state.timer = Task { [self, clock] in
-            do {
-                try await clock.sleep(until: wanted, tolerance: nil)
-            } catch {
-                return
-            }
-            timerFired(generation)
-        }
+        if let wanted { work.timerToArm = (wanted, state.timerGeneration) }
     }
 
-    /// Cancels the replaced timer, then calls the completions, letting go of each once called
-    /// rather than when all are done: what one holds (a suspended connection's responder, say)
-    /// is then freed by the thread that finishes that connection, not at the end of a batch.
+    /// Cancels the replaced timer, starts the fetch and the timer `collect` decided on, then
+    /// calls the completions, letting go of each once called rather than when all are done: what
+    /// one holds (a suspended connection's responder, say) is then freed by the thread that
+    /// finishes that connection, not at the end of a batch.
     private func perform(_ work: inout Work) {
         work.cancelledTimer?.cancel()
         if let abandoned = work.abandoned {
             abandoned.fetch?.cancel()
             events.fetched(name, .failure(abandoned.error), abandoned.elapsed)
         }
+        if let timer = work.timerToArm { armTimer(until: timer.deadline, generation: timer.generation) }
+        if let number = work.fetchToStart { launchFetch(number) }
         for index in work.completions.indices {
             let outcome = work.completions[index].outcome
             while let completion = work.completions[index].waiters.popLast() { completion(outcome) }
         }
+    }
+
+    /// Starts the timer of `generation`, which `collect` decided on under the lock.
+    ///
+    /// Started after the lock, it is stored under the lock only if its generation is still the
+    /// current one, and cancelled at once otherwise. So however the store interleaves with a
+    /// newer `collect` (on another thread) or a shutdown, the stored timer is the newest one: a
+    /// newer `collect` cancels the handle stored before it, a timer stored after its generation
+    /// was replaced is refused, and `shutDown` sets `isShutDown` before it takes the handle. A
+    /// refused timer that fires all the same does nothing: `timerFired` ignores a generation that
+    /// is not current.
+    private func armTimer(until deadline: C.Instant, generation: UInt64) {
+        let timer = Task { [self, clock] in
+            do {
+                try await clock.sleep(until: deadline, tolerance: nil)
+            } catch {
+                return
+            }
+            timerFired(generation)
+        }
+        let stored = state.withLock { state -> Bool in
+            guard !state.isShutDown, state.timerGeneration == generation else { return false }
+            state.timer = timer
+            return true
+        }
+        if !stored { timer.cancel() }
+    }
+
+    /// Starts fetch `number`, which the machine started under the lock.
+    ///
+    /// Started after the lock, the task waits at a gate until its handle is stored, and the
+    /// handle is stored, under the lock, only while the provider runs and fetch `number` is still
+    /// the one in flight; otherwise the gate turns it away before it fetches anything. A shutdown
+    /// or a fetch deadline between the unlock and the store thus finds no handle to cancel, but
+    /// makes the store refuse; and no newer fetch can start until this one is no longer in
+    /// flight, which also makes the store refuse. Once stored, the handle is where `shutDown`, an
+    /// abandon at the deadline and `run()` find it, as if it had been created under the lock: no
+    /// fetch reaches the source that the provider could not cancel, or `run()` not await.
+    private func launchFetch(_ number: UInt64) {
+        let (gate, opener) = AsyncStream<Bool>.makeStream()
+        let fetch = Task { [self] in
+            var admission = gate.makeAsyncIterator()
+            guard await admission.next() == true else { return }
+            await fetchOnce(number)
+        }
+        let stored = state.withLock { state -> Bool in
+            guard !state.isShutDown, state.machine.isFetching, state.machine.fetchNumber == number else { return false }
+            state.fetch = fetch
+            return true
+        }
+        opener.yield(stored)
+        opener.finish()
+        if !stored { fetch.cancel() }
     }
 
     private func timerFired(_ generation: UInt64) {
