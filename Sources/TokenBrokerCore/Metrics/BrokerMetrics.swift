@@ -5,6 +5,9 @@ import Synchronization
 /// Labels take only bounded values (route names, status codes, provider names, error
 /// classifications), never a path or anything a client chose. Gauges that describe providers
 /// (seconds to expiry, waiters, state) are read from `ProviderStatus` at scrape time.
+///
+/// Locking: `state` and each `RequestCounter`'s own lock are never held together: `render`
+/// copies `state` and releases it before it reads the counters and calls the `observe…` readers.
 public final class BrokerMetrics: Sendable {
     /// Refresh-latency histogram bounds, in seconds.
     public static let latencyBuckets: [Double] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30]
@@ -111,7 +114,9 @@ public final class BrokerMetrics: Sendable {
         state.withLock { $0.upstreamCodes[Labels(owner: provider, value: String(code)), default: 0] += 1 }
     }
 
+    /// A token answer marked stale, served while refresh was failing.
     public func recordStaleServed(provider: String) { state.withLock { $0.staleServed[provider, default: 0] += 1 } }
+    /// A forced refresh that the refresh window refused.
     public func recordExcessiveRefresh(provider: String) { state.withLock { $0.excessive[provider, default: 0] += 1 } }
 
     // MARK: - Rendering
@@ -239,6 +244,7 @@ public final class RequestCounter: Sendable {
     private let ok = Atomic<Int>(0)
     private let others = Lock<[Int: Int]>([:])
 
+    /// One answer with `status`.
     public func record(status: Int) {
         if status == 200 {
             ok.add(1, ordering: .relaxed)

@@ -134,6 +134,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     /// Whether a valid token is cached; reads it in place, without a copy of the token.
     public func hasValidToken(at now: Instant) -> Bool { cached?.isValid(at: now) ?? false }
 
+    /// Waiters not yet completed.
     public var waiterCount: Int { waiters.count }
 
     /// What the provider is doing at `now`, for readiness and metrics.

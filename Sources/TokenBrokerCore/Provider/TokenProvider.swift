@@ -16,14 +16,20 @@ import Synchronization
 /// - Important: call `run()` from a task you own; the provider fetches nothing until then, and
 ///   shuts down (completing every waiter with `.shuttingDown`) when that task is cancelled.
 public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duration {
+    /// The rules, on the provider's clock.
     public typealias Machine = ProviderStateMachine<C.Instant>
+    /// A token as the provider hands it out.
     public typealias Token = CachedToken<C.Instant>
+    /// How a waiter ends.
     public typealias WaitOutcome = Machine.WaitOutcome
     /// Called once when a waiter ends, on whichever thread ended it.
     public typealias Completion = @Sendable (WaitOutcome) -> Void
 
+    /// The provider's settings, as configured.
     public let configuration: ProviderConfiguration
+    /// The configured name, in routes, logs and metrics.
     public var name: String { configuration.name }
+    /// The clock of its deadlines and token lifetimes.
     public let clock: C
     private let source: any TokenSource
     private let events: ProviderEvents
@@ -392,42 +398,4 @@ extension TokenProvider where C == ContinuousClock {
     public convenience init(configuration: ProviderConfiguration, source: any TokenSource, events: ProviderEvents = ProviderEvents()) {
         self.init(configuration: configuration, source: source, clock: ContinuousClock(), events: events)
     }
-}
-
-/// Hooks through which a provider reports what it did, for logs and metrics.
-public struct ProviderEvents: Sendable {
-    /// A fetch ended: the provider's name, the token and its version or the error, and how long it took.
-    public var fetched: @Sendable (String, Result<(FetchedToken, UInt64), TokenFetchError>, Duration) -> Void
-    /// A forced refresh was refused by the refresh window.
-    public var excessiveRefresh: @Sendable (String) -> Void
-
-    public init(
-        fetched: @escaping @Sendable (String, Result<(FetchedToken, UInt64), TokenFetchError>, Duration) -> Void = { _, _, _ in },
-        excessiveRefresh: @escaping @Sendable (String) -> Void = { _ in }
-    ) {
-        self.fetched = fetched
-        self.excessiveRefresh = excessiveRefresh
-    }
-}
-
-/// A provider's published state: what readiness, metrics and error answers read.
-public struct ProviderStatus: Sendable {
-    public var name: String
-    /// What the provider is doing; its raw value is `/readyz`'s `state`.
-    public var phase: ProviderPhase
-    /// The valid token's version, or nil when there is none.
-    public var version: UInt64?
-    public var stale: Bool
-    public var expiresIn: Duration?
-    public var lastError: TokenFetchError?
-    public var consecutiveFailures: Int
-    public var waiters: Int
-    public var backgroundRefresh: Bool
-
-    /// Whether the provider can answer `/token` now.
-    public var hasValidToken: Bool { version != nil }
-
-    /// What `/readyz` reports: with background refresh, a valid cached token (a paused provider
-    /// counts while its token lasts); on demand, that the last fetch, if any, succeeded.
-    public var isReady: Bool { backgroundRefresh ? hasValidToken : lastError == nil }
 }
