@@ -25,8 +25,8 @@ extension TokenAPI {
         }
         let provider = endpoint.provider
         // The common case needs no suspension: a newer valid token is already cached.
-        if provider.configuration.backgroundRefreshEnabled, let response = cachedAnswer(endpoint, newerThan: after ?? 0).0 {
-            return record(label, .response(response))
+        if case .token(let token, let stale, let secondsLeft) = provider.read(newerThan: after ?? 0) {
+            return record(label, .response(cachedAnswer(endpoint, token, stale: stale, secondsLeft: secondsLeft)))
         }
         return wait(endpoint, after: after, timeout: timeout, mode: .ready(conditional: after != nil), label: label)
     }
@@ -52,7 +52,7 @@ extension TokenAPI {
             if stale { metrics.recordStaleServed(provider: provider.name) }
             if case .onDemand = mode {
                 return TokenResponseCache.render(
-                    token, stale: stale, expiresIn: TokenResponseBody.secondsLeft(token, at: now), provider: provider.name,
+                    token, stale: stale, expiresIn: token.secondsLeft(at: now), provider: provider.name,
                     cookie: provider.configuration.cookie)
             }
             return endpoint.responses.response(for: token, stale: stale, now: now)
@@ -71,7 +71,8 @@ extension TokenAPI {
             case .ready(conditional: false), .onDemand:
                 return tokenAnswer(current, stale: provider.status().stale)
             }
-        case .timedOut(nil, _):
+        case .timedOut(nil, _), .cancelled:
+            // A cancelled waiter's connection is gone; it is answered as a wait without a token.
             return Self.unavailable(provider)
         case .shuttingDown:
             return Responses.shuttingDown

@@ -165,7 +165,7 @@ public final class TokenAPI: HTTPHandler {
         let status = provider.status()
         var description = reason ?? "provider \(JSONText.quoted(provider.name)) has no valid token"
         if let error = status.lastError { description += "; last upstream error: \(error.summary)" }
-        if wasPaused || status.phase == "paused" {
+        if wasPaused || status.phase == .paused {
             description += "; refresh was paused while idle and has resumed: wait for the new token at /token/ready"
         }
         let retryAfter = status.lastError?.retryAfter.map { max(1, Int(clamping: $0.secondsRoundedUp)) } ?? 1

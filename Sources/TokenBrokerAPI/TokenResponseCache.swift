@@ -27,24 +27,19 @@ final class TokenResponseCache: Sendable {
         self.cookie = cookie
     }
 
-    /// The answer for what `summary` saw, from the cache when its key is unchanged; otherwise
-    /// rendered from `token()`, which is called only then.
-    func response(for summary: CacheSummary, version: UInt64, token: () -> (CachedToken<ContinuousClock.Instant>, Bool)?, now: ContinuousClock.Instant)
-        -> HTTPResponse?
-    {
-        let key = Key(version: version, stale: summary.stale, expiresIn: summary.secondsLeft, renewal: summary.renewal)
+    /// The answer for `token` with `secondsLeft` (as `TokenProvider.read` returned them), from
+    /// the cache when its key is unchanged; rendered, and kept, only when it changed.
+    func response(for token: CachedToken<ContinuousClock.Instant>, stale: Bool, secondsLeft: Int?) -> HTTPResponse {
+        let key = Key(version: token.version, stale: stale, expiresIn: secondsLeft, renewal: token.renewal)
         if let hit = current.withLock({ $0?.key == key ? $0?.response : nil }) { return hit }
-        guard let (fresh, stale) = token() else { return nil }
-        return response(for: fresh, stale: stale, now: now)
-    }
-
-    /// The answer for `token`, rendered only when its key changed.
-    func response(for token: CachedToken<ContinuousClock.Instant>, stale: Bool, now: ContinuousClock.Instant) -> HTTPResponse {
-        let key = Key(version: token.version, stale: stale, expiresIn: TokenResponseBody.secondsLeft(token, at: now), renewal: token.renewal)
-        if let hit = current.withLock({ $0?.key == key ? $0?.response : nil }) { return hit }
-        let response = Self.render(token, stale: stale, expiresIn: key.expiresIn, provider: providerName, cookie: cookie)
+        let response = Self.render(token, stale: stale, expiresIn: secondsLeft, provider: providerName, cookie: cookie)
         current.withLock { $0 = Entry(key: key, response: response) }
         return response
+    }
+
+    /// The answer for `token` at `now`, rendered only when its key changed.
+    func response(for token: CachedToken<ContinuousClock.Instant>, stale: Bool, now: ContinuousClock.Instant) -> HTTPResponse {
+        response(for: token, stale: stale, secondsLeft: token.secondsLeft(at: now))
     }
 
     /// Renders one answer without caching it (tokens fetched on demand are each used once).

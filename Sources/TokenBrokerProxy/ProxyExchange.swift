@@ -83,25 +83,26 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
         if case .streamed(let stream, _) = body {
             stream.whenAvailable { [weak self] in self?.state.withLock { $0.upstream }?.resumeSending() }
         }
-        if let (token, _) = provider.cachedToken() {
-            send(token)
-            return
+        switch provider.read() {
+        case .token(let token, _, _): send(token)
+        case .unavailable: Task { await self.sendWhenTokenReady(onDemand: false) }
+        // Without background refresh the proxy reuses the last token fetched for it while valid.
+        case .onDemand(let cached?): send(cached)
+        case .onDemand(nil): Task { await self.sendWhenTokenReady(onDemand: true) }
         }
-        Task { await self.sendWhenTokenReady() }
     }
 
-    private func sendWhenTokenReady() async {
+    /// - Parameter onDemand: `read` said `.onDemand`: wait for a token fetched for this request.
+    private func sendWhenTokenReady(onDemand: Bool) async {
         let token: ProxyAPI.Provider.Token?
-        if provider.configuration.backgroundRefreshEnabled {
-            switch await provider.onTokenReady(after: nil, timeout: api.maxWait) {
-            case .token(let ready, _): token = ready
-            case .shuttingDown:
-                finish(with: Responses.shuttingDown)
-                return
-            case .timedOut, .exhausted: token = nil
-            }
-        } else {
-            token = await provider.getToken()?.token
+        switch await provider.onTokenReady(after: nil, timeout: api.maxWait, onDemand: onDemand) {
+        case .token(let ready, _): token = ready
+        // On demand, a fetch that used up its retries falls back to the previous valid token, as `/token` does.
+        case .exhausted(let previous?, _) where onDemand: token = previous
+        case .shuttingDown:
+            finish(with: Responses.shuttingDown)
+            return
+        case .timedOut, .exhausted, .cancelled: token = nil
         }
         guard let token else {
             finish(with: .error(503, "token_unavailable", "proxy \(JSONText.quoted(name)) has no token from provider \(JSONText.quoted(provider.name))",
