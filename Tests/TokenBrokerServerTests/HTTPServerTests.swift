@@ -1,3 +1,4 @@
+import Glibc
 import Testing
 import TokenBrokerCore
 import TokenBrokerTestSupport
@@ -228,6 +229,76 @@ struct HTTPServerTests {
         #expect(handled[0].rawTarget == "/up/small%21" && handled[0].bodyTooLarge && handled[0].body.isEmpty)
         #expect(handled[1].rawTarget == "/up/fits" && !handled[1].bodyTooLarge && handled[1].body == Array("1234".utf8))
         #expect(handled[2].rawTarget == nil && !handled[2].bodyTooLarge && handled[2].body == Array("12345".utf8))
+    }
+
+    // MARK: - Streamed bodies
+
+    @Test func streamedAnswerIsSentAsItsProducerWritesIt() async throws {
+        let stream = HTTPResponseStream(onDrained: {})
+        let handler = TestHandler { _ in .response(HTTPResponse(status: 200, headers: [], stream: stream, length: nil)) }
+        let server = try startServer(handler)
+        defer { server.shutDown(grace: .zero) }
+        let client = try TestHTTPClient(port: server.port)
+
+        try client.send("GET /stream HTTP/1.1\r\nHost: t\r\n\r\n")
+        #expect(await eventually { handler.handled.withLock { $0.count } == 1 })
+        // The server may already wait for bytes, its connection suspended: each write resumes it.
+        let producer = BackgroundWork {
+            for piece in ["hello", " ", "world"] {
+                _ = Array(piece.utf8).withUnsafeBytes { stream.write($0) }
+            }
+            stream.finish()
+        }
+        let response = try client.readResponse()
+
+        #expect(response.status == 200 && response.text == "hello world")
+        #expect(response.header("Transfer-Encoding")?.lowercased() == "chunked")
+        #expect(await eventually { producer.isDone })
+    }
+
+    @Test func streamedRequestBodyReachesItsConsumerWholeThroughPauses() async throws {
+        // Larger than a stream holds before its producer pauses, so the upload is suspended and resumed.
+        let size = 3 * StreamLimits.highWater + 12_345
+        let sent = (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 31) }
+        let handler = TestHandler(answer: { request in
+            guard let body = request.bodyStream else { return .response(TestHandler.text(500, "no stream")) }
+            return .deferred { responder in
+                _ = BackgroundWork { responder.respond(Self.consume(body)) }
+            }
+        }, begin: { _ in .stream(HTTPRequestBodyStream(limit: 4 * 1024 * 1024)) })
+        let server = try startServer(handler) { $0.streamingPrefix = "/up/" }
+        defer { server.shutDown(grace: .zero) }
+        let client = try TestHTTPClient(port: server.port)
+
+        try client.send("POST /up/load HTTP/1.1\r\nHost: t\r\nContent-Length: \(size)\r\n\r\n")
+        try client.send(sent)
+        let response = try client.readResponse()
+
+        #expect(response.status == 200)
+        #expect(response.text == "\(size) bytes, sum \(sent.reduce(0) { $0 &+ Int($1) &* 7 })")
+    }
+
+    /// Reads a streamed request body to its end, waiting politely (bounded) when it is behind, and
+    /// answers with its length and a checksum.
+    private static func consume(_ body: HTTPRequestBodyStream) -> HTTPResponse {
+        var buffer = [UInt8](repeating: 0, count: 16 * 1024)
+        var count = 0
+        var sum = 0
+        for _ in 0..<20_000 {
+            switch buffer.withUnsafeMutableBytes({ body.read(into: $0) }) {
+            case .bytes(let n):
+                count += n
+                sum = buffer[..<n].reduce(sum) { $0 &+ Int($1) &* 7 }
+            case .wait:
+                usleep(1_000)
+            case .end:
+                return TestHandler.text(200, "\(count) bytes, sum \(sum)")
+            case .tooLarge:
+                return TestHandler.text(413, "too large")
+            }
+        }
+        body.close()
+        return TestHandler.text(500, "the body did not end")
     }
 
     // MARK: - Response headers
