@@ -303,8 +303,8 @@ public final class HTTPServer: @unchecked Sendable {
         requestContext.pointee = nil
         requestsInFlight.subtract(1, ordering: .relaxed)
         guard let state = phase.state else { return }
-        // The context's reference; `state` keeps the object until the end of this call.
-        Unmanaged.passUnretained(state).release()
+        // The context's reference to the state, given back once the state is no longer needed.
+        defer { Unmanaged.passUnretained(state).release() }
         if let responder = state.responder {
             // Normally resumed (and so forgotten) already; the lock is taken only when not.
             if responder.suspendedSlot.load(ordering: .relaxed) >= 0 {
