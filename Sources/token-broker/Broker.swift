@@ -73,24 +73,7 @@ enum Broker {
             }
         }
         let metrics = BrokerMetrics(version: Options.version)
-        let events = ProviderEvents(
-            fetched: { name, result, elapsed in
-                metrics.recordFetch(provider: name, error: result.failure, duration: elapsed)
-                if case .success(let (token, _)) = result, let status = token.upstreamStatus {
-                    metrics.recordUpstreamStatus(provider: name, code: status)
-                }
-                switch result {
-                case .success(let (token, version)):
-                    Log.info("token fetched", [
-                        "provider": name, "version": String(version), "token": Fingerprint.of(token.accessToken),
-                        "lifetime_s": token.lifetime.map { String($0.components.seconds) } ?? "none",
-                        "took_ms": String(elapsed.components.seconds * 1000 + elapsed.components.attoseconds / 1_000_000_000_000_000),
-                    ])
-                case .failure(let error):
-                    Log.warning("token fetch failed", ["provider": name, "error": error.description, "detail": error.detail])
-                }
-            },
-            excessiveRefresh: { name in Log.warning("forced refresh refused: too many in the window", ["provider": name]) })
+        let events = ProviderEvents.logged(recordingIn: metrics)
         let providers = zip(configuration.providers, sources).map { settings, source in
             TokenProvider(configuration: settings, source: source.0, events: events)
         }
@@ -186,7 +169,7 @@ enum Broker {
             for task in tasks { await task.value }
             ended.signal()
         }
-        _ = ended.wait(timeout: .now() + .milliseconds(Int(limit.components.seconds) * 1000))
+        _ = ended.wait(timeout: .now() + .milliseconds(Int(clamping: limit.wholeMilliseconds)))
     }
 
     private static func address(_ configured: ListenAddress, _ port: UInt16) -> String {
