@@ -90,9 +90,7 @@ enum Options {
             // now; here the keys are read and the sources built, and the caller keys file read.
             do {
                 _ = try Broker.makeSources(configuration)
-                if let path = configuration.clientKeysFile {
-                    _ = try CallerKeyStore(path: path, knownProviders: Set(configuration.providers.map(\.name)))
-                }
+                _ = try Broker.loadCallerKeys(configuration)
             } catch {
                 Log.error("invalid configuration", ["problem": error.description])
                 return 2
