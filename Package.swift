@@ -87,6 +87,10 @@ let package = Package(
             name: "TokenBrokerSourcesTests",
             dependencies: ["TokenBrokerSources", "TokenBrokerCore"]
         ),
+        .testTarget(
+            name: "token-brokerTests",
+            dependencies: ["token-broker", "TokenBrokerCore"]
+        ),
     ],
     swiftLanguageModes: [.v6]
 )
