@@ -112,7 +112,10 @@ enum HealthCheck {
             guard let address = try? ListenAddress(parsing: text) else { return nil }
             return target(adminListen: address)
         }
-        guard text.lowercased().hasPrefix("http://"), !text.contains(where: { $0 == " " || $0 == "\r" || $0 == "\n" }) else { return nil }
+        // By scalar: "\r\n" is one Character, equal to neither "\r" nor "\n".
+        guard text.lowercased().hasPrefix("http://"), !text.unicodeScalars.contains(where: { $0 == " " || $0 == "\r" || $0 == "\n" }) else {
+            return nil
+        }
         let rest = text.dropFirst("http://".count)
         guard let slash = rest.firstIndex(of: "/") else {
             guard !rest.isEmpty else { return nil }

@@ -16,7 +16,7 @@ import TokenBrokerCore
         #expect(HealthCheck.target(given: given) == Target(url: url, unixSocketPath: nil))
     }
 
-    @Test(arguments: ["ftp://127.0.0.1:1", "https://127.0.0.1:9090", "127.0.0.1:9090", "http://", "http:///healthz", "http://a b:1", ""])
+    @Test(arguments: ["ftp://127.0.0.1:1", "https://127.0.0.1:9090", "127.0.0.1:9090", "http://", "http:///healthz", "http://a b:1", "http://a:1/\r\n", "http://a:1/x\ny", ""])
     func anythingElseIsRefused(_ given: String) {
         #expect(HealthCheck.target(given: given) == nil)
     }
