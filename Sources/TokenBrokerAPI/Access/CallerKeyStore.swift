@@ -11,7 +11,7 @@ import TokenBrokerCrypto
 /// nothing about which bytes or which entry matched. A background task looks at the file's
 /// identity (inode, size, modification time) once a second; a changed file that does not parse
 /// leaves the previous list in force.
-public final class CallerKeyStore: CallerAuthorizing, @unchecked Sendable {
+public final class CallerKeyStore: CallerAuthorizing, Sendable {
     public let path: String
     private let knownProviders: Set<String>
     private let state: Lock<(list: CallerKeyList, identity: FileIdentity?)>
@@ -65,8 +65,7 @@ public final class CallerKeyStore: CallerAuthorizing, @unchecked Sendable {
     public func stop(waitingAtMost limit: Duration = .seconds(2)) -> Bool {
         guard let watch = watcher.withLock({ watcher in defer { watcher = nil }; return watcher }) else { return true }
         watch.task.cancel()
-        let milliseconds = Int(limit.components.seconds) * 1000 + Int(limit.components.attoseconds / 1_000_000_000_000_000)
-        return watch.ended.wait(timeout: .now() + .milliseconds(milliseconds)) == .success
+        return watch.ended.wait(timeout: .now() + .milliseconds(Int(clamping: limit.wholeMilliseconds))) == .success
     }
 
     /// Re-reads the file if it changed since the last look; nil when it did not.
@@ -104,7 +103,7 @@ public final class CallerKeyStore: CallerAuthorizing, @unchecked Sendable {
     static func bearerKey(_ header: String?) -> Substring? {
         guard let header else { return nil }
         let text = Substring(header)
-        guard text.count > 7, text.prefix(7).lowercased() == "bearer " else { return nil }
+        guard text.count > 7, text.prefix(7).equalsIgnoringASCIICase("bearer ") else { return nil }
         let key = text.dropFirst(7).drop { $0 == " " }
         guard !key.isEmpty, !key.contains(" ") else { return nil }
         return key
