@@ -31,7 +31,7 @@ ASAN_RUN_OPTIONS := TOKEN_BROKER_SANITIZER=address ASAN_OPTIONS=detect_leaks=1:h
                     LSAN_OPTIONS=suppressions=$(abspath Tests/sanitizers/lsan.supp)
 TSAN_RUN_OPTIONS := TOKEN_BROKER_SANITIZER=thread TSAN_OPTIONS=halt_on_error=0:second_deadlock_stack=1
 
-.PHONY: run test deps build unit-test integration-test contract-test container-check fuzz fuzz-build sanitize \
+.PHONY: run test deps build lint format unit-test integration-test contract-test container-check fuzz fuzz-build sanitize \
         bench soak link-order clean
 
 run: deps build
@@ -48,6 +48,15 @@ test: deps build $(VENV)/.installed
 
 build: deps
 	$(SWIFT) build $(RELEASE_FLAGS)
+
+# The code as `swift format` (shipped with the toolchain) writes it, by the rules in .swift-format
+# (4 spaces, 120 columns): `make lint` fails on any drift, `make format` rewrites the files.
+SWIFT_FILES := Package.swift Sources Tests Fuzz bench
+lint:
+	$(SWIFT) format lint --strict --recursive --parallel $(SWIFT_FILES)
+
+format:
+	$(SWIFT) format format --in-place --recursive --parallel $(SWIFT_FILES)
 
 unit-test: deps
 	$(SWIFT) test

@@ -100,12 +100,17 @@ let package = Package(
         .target(name: "TokenBrokerTestSupport", path: "Tests/TestSupport"),
         .testTarget(name: "TokenBrokerCoreTests", dependencies: ["TokenBrokerCore", "TokenBrokerTestSupport"]),
 
+        .testTarget(name: "TokenBrokerCryptoTests", dependencies: ["TokenBrokerTestSupport", "TokenBrokerCrypto"]),
         .testTarget(name: "TokenBrokerUpstreamTests", dependencies: ["TokenBrokerTestSupport", "TokenBrokerUpstream", "TokenBrokerCore"]),
         .testTarget(
             name: "TokenBrokerSourcesTests",
             dependencies: ["TokenBrokerSources", "TokenBrokerCrypto", "TokenBrokerUpstream", "TokenBrokerCore", "TokenBrokerTestSupport"]
         ),
         .testTarget(name: "TokenBrokerServerTests", dependencies: ["TokenBrokerTestSupport", "TokenBrokerServer", "TokenBrokerCore"]),
+        .testTarget(
+            name: "TokenBrokerProxyTests",
+            dependencies: ["TokenBrokerTestSupport", "TokenBrokerProxy", "TokenBrokerUpstream", "TokenBrokerCore"]
+        ),
         .testTarget(name: "TokenBrokerAPITests", dependencies: ["TokenBrokerTestSupport", "TokenBrokerAPI", "TokenBrokerServer", "TokenBrokerCore"]),
     ],
     swiftLanguageModes: [.v6]
@@ -121,7 +126,7 @@ if Context.environment["TOKEN_BROKER_FUZZ"] != nil {
         ("FuzzJSON", ["TokenBrokerCore"]),
         ("FuzzConfiguration", ["TokenBrokerCore"]),
         ("FuzzCallerKeys", ["TokenBrokerCore"]),
-        ("FuzzTokenAnswer", ["TokenBrokerCore", "TokenBrokerSources"]),
+        ("FuzzTokenAnswer", ["TokenBrokerCore", "TokenBrokerUpstream", "TokenBrokerSources"]),
         ("FuzzFileToken", ["TokenBrokerCore", "TokenBrokerSources"]),
         ("FuzzQuery", ["TokenBrokerAPI"]),
         ("FuzzProxyPath", ["TokenBrokerCore"]),

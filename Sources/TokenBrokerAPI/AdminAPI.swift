@@ -55,10 +55,10 @@ public final class AdminAPI: HTTPHandler {
         let detail = statuses.map { status in
             var members: [(String, String)] = [
                 ("name", JSONText.quoted(status.name)), ("ready", status.isReady ? "true" : "false"),
-                ("state", JSONText.quoted(status.phase)), ("stale", status.stale ? "true" : "false"),
+                ("state", JSONText.quoted(status.phase.rawValue)), ("stale", status.stale ? "true" : "false"),
             ]
             if let version = status.version { members.append(("version", String(version))) }
-            if let left = status.expiresIn { members.append(("expires_in", String(TokenResponseBody.expiresIn(left)))) }
+            if let left = status.expiresIn { members.append(("expires_in", String(left.secondsLeft))) }
             if let error = status.lastError {
                 members.append(("last_error", JSONText.quoted(error.description)))
                 members.append(("last_error_description", JSONText.quoted(error.summary)))

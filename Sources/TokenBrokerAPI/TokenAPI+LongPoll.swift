@@ -52,7 +52,7 @@ extension TokenAPI {
             if stale { metrics.recordStaleServed(provider: provider.name) }
             if case .onDemand = mode {
                 return TokenResponseCache.render(
-                    token, stale: stale, expiresIn: TokenResponseBody.secondsLeft(token, at: now), provider: provider.name,
+                    token, stale: stale, expiresIn: token.secondsLeft(at: now), provider: provider.name,
                     cookie: provider.cookie)
             }
             return endpoint.responses.response(for: token, stale: stale, now: now)
@@ -71,7 +71,8 @@ extension TokenAPI {
             case .ready(conditional: false), .onDemand:
                 return tokenAnswer(current, stale: provider.status().stale)
             }
-        case .timedOut(nil, _):
+        case .timedOut(nil, _), .cancelled:
+            // A cancelled waiter's connection is gone; it is answered as a wait without a token.
             return Self.unavailable(provider)
         case .shuttingDown:
             return ErrorAnswer.shuttingDown.response

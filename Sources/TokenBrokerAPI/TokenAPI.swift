@@ -157,7 +157,7 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
     /// - Parameter wasPaused: the request found the provider paused while idle (and woke it).
     static func unavailable(_ provider: Provider, wasPaused: Bool = false) -> HTTPResponse {
         let status = provider.status()
-        return ErrorAnswer.tokenUnavailable(provider: provider.name, lastError: status.lastError, paused: wasPaused || status.phase == "paused")
+        return ErrorAnswer.tokenUnavailable(provider: provider.name, lastError: status.lastError, paused: wasPaused || status.phase == .paused)
             .response
     }
 }

@@ -39,7 +39,7 @@ final class TokenResponseCache<Instant: InstantProtocol>: Sendable where Instant
 
     /// The answer for `token` at `now`, rendered only when its key changed.
     func response(for token: CachedToken<Instant>, stale: Bool, now: Instant) -> HTTPResponse {
-        response(for: token, stale: stale, secondsLeft: TokenResponseBody.secondsLeft(token, at: now))
+        response(for: token, stale: stale, secondsLeft: token.secondsLeft(at: now))
     }
 
     /// Renders one answer without caching it (tokens fetched on demand are each used once).

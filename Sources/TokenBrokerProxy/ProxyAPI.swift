@@ -40,25 +40,28 @@ public final class ProxyAPI: ProxyHandling {
 
     public func provider(ofProxy name: String) -> String? { routes[name]?.provider.name }
 
+    /// The listener answers a name without a route (`404 unknown_proxy`) before it calls `begin` or
+    /// `handle`, since `provider(ofProxy:)` said nil: this bare 404 is never sent, and the error
+    /// answer exists once, with the listener.
+    private static var noRoute: HTTPResponse { HTTPResponse(status: 404, body: []) }
+
     /// Methods forwarded; TRACE (which echoes credentials back) and CONNECT (a tunnel) are not.
     static let methods = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
     public func begin(_ request: HTTPRequest, target: ProxyPath.Target) -> BodyHandling {
-        guard let route = routes[target.proxy] else { return .buffer(limit: nil) }
+        guard let route = routes[target.proxy] else { return .refuse(Self.noRoute) }
         let settings = route.configuration
         guard Self.methods.contains(request.method) else {
             metrics.recordProxied(proxy: settings.name, status: 405)
             requestCounter.record(status: 405)
-            return .refuse(.error(
-                405, "method_not_allowed", "\(String(request.method.prefix(32))) is not forwarded; allowed: \(Self.methods.joined(separator: ", "))",
-                headers: [("Allow", Self.methods.joined(separator: ", "))]))
+            return .refuse(ProxyFailure.methodNotAllowed(request.method).response(settings, provider: route.provider.name))
         }
         // The server has refused every Transfer-Encoding but exactly `chunked` (RequestHead).
         let chunked = request.header("Transfer-Encoding") != nil
         let length = request.header("Content-Length").flatMap { Int($0) }
         if let length, length > settings.maxBodyBytes {
             metrics.recordProxied(proxy: settings.name, status: 413)
-            return .refuse(Self.tooLarge(settings))
+            return .refuse(ProxyFailure.bodyTooLarge.response(settings, provider: route.provider.name))
         }
         if chunked || (length ?? 0) > settings.bufferBodyBytes {
             return .stream(HTTPRequestBodyStream(limit: settings.maxBodyBytes))
@@ -67,29 +70,23 @@ public final class ProxyAPI: ProxyHandling {
     }
 
     public func handle(_ request: HTTPRequest, target: ProxyPath.Target) -> HTTPReply {
-        guard let route = routes[target.proxy] else {
-            return .response(.error(404, "unknown_proxy", "no proxy is named \(JSONText.quoted(target.proxy))"))
-        }
+        guard let route = routes[target.proxy] else { return .response(Self.noRoute) }
         let settings = route.configuration
         if request.bodyTooLarge {
             metrics.recordProxied(proxy: settings.name, status: 413)
-            return .response(Self.tooLarge(settings))
+            return .response(ProxyFailure.bodyTooLarge.response(settings, provider: route.provider.name))
         }
         // The request is valid only now: copy what the exchange needs.
         var headers = request.headers
         let hasBody = request.bodyStream != nil || !request.body.isEmpty
-        if hasBody, !headers.contains(where: { $0.0.lowercased() == "content-type" }) {
+        if hasBody, !headers.contains(named: "Content-Type") {
             headers.append(("Content-Type", ""))  // an empty value tells libcurl not to add its own
         }
-        if !headers.contains(where: { $0.0.lowercased() == "accept" }) { headers.append(("Accept", "")) }
+        if !headers.contains(named: "Accept") { headers.append(("Accept", "")) }
         let exchange = ProxyExchange(
             api: self, route: route, method: request.method, url: settings.target.url(path: target.path, query: target.query),
             headers: headers, body: request.bodyStream.map { .streamed($0, length: request.header("Content-Length").flatMap { Int($0) }) }
                 ?? .buffered(request.body))
         return .deferred { responder in exchange.start(responder) }
-    }
-
-    static func tooLarge(_ settings: ProxyConfiguration) -> HTTPResponse {
-        .error(413, "payload_too_large", "proxy \(JSONText.quoted(settings.name)) accepts bodies up to \(settings.maxBodyBytes) bytes")
     }
 }

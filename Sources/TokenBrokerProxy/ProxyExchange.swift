@@ -15,9 +15,12 @@ import TokenBrokerUpstream
 ///    token comes, the first answer is passed on after all.
 ///
 /// Upstream unreachable: 502; upstream too slow: 504; a token that cannot be a cookie value with
-/// `inject: cookie`: 502 `token_not_cookie_safe`; all with the JSON error body.
-final class ProxyExchange: UpstreamExchangeDelegate, @unchecked Sendable {
-    enum Body {
+/// `inject: cookie`: 502 `token_not_cookie_safe`; all with the JSON error body (`ProxyFailure`).
+///
+/// One lock, `state`: the upstream exchange, the response stream and the responder are called
+/// only after it is released, so their own locks are never taken inside it.
+final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
+    enum Body: Sendable {
         case buffered([UInt8])
         case streamed(HTTPRequestBodyStream, length: Int?)
     }
@@ -80,25 +83,26 @@ final class ProxyExchange: UpstreamExchangeDelegate, @unchecked Sendable {
         if case .streamed(let stream, _) = body {
             stream.whenAvailable { [weak self] in self?.state.withLock { $0.upstream }?.resumeSending() }
         }
-        if let (token, _) = provider.cachedToken() {
-            send(token)
-            return
+        switch provider.read() {
+        case .token(let token, _, _): send(token)
+        case .unavailable: Task { await self.sendWhenTokenReady(onDemand: false) }
+        // Without background refresh the proxy reuses the last token fetched for it while valid.
+        case .onDemand(let cached?): send(cached)
+        case .onDemand(nil): Task { await self.sendWhenTokenReady(onDemand: true) }
         }
-        Task { await self.sendWhenTokenReady() }
     }
 
-    private func sendWhenTokenReady() async {
+    /// - Parameter onDemand: `read` said `.onDemand`: wait for a token fetched for this request.
+    private func sendWhenTokenReady(onDemand: Bool) async {
         let token: ProxyAPI.Provider.Token?
-        if provider.configuration.backgroundRefreshEnabled {
-            switch await provider.onTokenReady(after: nil, timeout: api.maxWait) {
-            case .token(let ready, _): token = ready
-            case .shuttingDown:
-                finish(with: Responses.shuttingDown)
-                return
-            case .timedOut, .exhausted: token = nil
-            }
-        } else {
-            token = await provider.getToken()?.token
+        switch await provider.onTokenReady(after: nil, timeout: api.maxWait, onDemand: onDemand) {
+        case .token(let ready, _): token = ready
+        // On demand, a fetch that used up its retries falls back to the previous valid token, as `/token` does.
+        case .exhausted(let previous?, _) where onDemand: token = previous
+        case .shuttingDown:
+            finish(with: Responses.shuttingDown)
+            return
+        case .timedOut, .exhausted, .cancelled: token = nil
         }
         guard let token else {
             finish(with: .error(503, "token_unavailable", "proxy \(JSONText.quoted(name)) has no token from provider \(JSONText.quoted(provider.name))",
@@ -111,9 +115,7 @@ final class ProxyExchange: UpstreamExchangeDelegate, @unchecked Sendable {
     private func send(_ token: ProxyAPI.Provider.Token) {
         let settings = route.configuration
         if settings.inject == .cookie, !TokenRules.isCookieValue(token.token.accessToken) {
-            finish(with: .error(
-                502, "token_not_cookie_safe",
-                "proxy \(JSONText.quoted(name)): the token of provider \(JSONText.quoted(provider.name)) holds a character a cookie value cannot (RFC 6265), so it is not sent"))
+            fail(.tokenNotCookieSafe)
             return
         }
         var request = UpstreamRequest(
@@ -146,7 +148,7 @@ final class ProxyExchange: UpstreamExchangeDelegate, @unchecked Sendable {
     func upstreamHead(status: Int, headers: [(String, String)], length: Int64?) -> Bool {
         let settings = route.configuration
         let refused = settings.retryOn.contains(status)
-            && (settings.retryOnHeader.map { wanted in headers.contains { $0.0.lowercased() == wanted } } ?? true)
+            && (settings.retryOnHeader.map { headers.contains(named: $0) } ?? true)
         let attempt = state.withLock { $0.attempt }
         if refused, attempt == 1, replayable {
             state.withLock { $0.mode = .collecting(status: status, headers: headers, body: []) }
@@ -179,7 +181,7 @@ final class ProxyExchange: UpstreamExchangeDelegate, @unchecked Sendable {
         return stream?.write(bytes) ?? true
     }
 
-    func upstreamFinished(_ error: TokenFetchError?) {
+    func upstreamFinished(_ error: UpstreamError?) {
         // Nobody reads a streamed body any more: let the rest of it drain, so the answer can go.
         if case .streamed(let stream, _) = body { stream.close() }
         let mode = state.withLock { state -> Mode in
@@ -195,11 +197,9 @@ final class ProxyExchange: UpstreamExchangeDelegate, @unchecked Sendable {
             Task { await self.retry(rejected: HTTPResponse(status: status, body: body, headers: ProxyHeaders.back(headers))) }
         case .collecting, .waiting:
             if case .streamed(let stream, _) = body, stream.isTooLarge {
-                finish(with: ProxyAPI.tooLarge(route.configuration))
-            } else if error?.description == "timeout" {
-                finish(with: .error(504, "upstream_timeout", "proxy \(JSONText.quoted(name)): the target did not answer within \(route.configuration.upstream.timeoutMsec) ms"))
+                fail(.bodyTooLarge)
             } else {
-                finish(with: .error(502, "upstream_unreachable", "proxy \(JSONText.quoted(name)): \(error?.summary ?? "the target gave no answer")"))
+                fail(ProxyFailure(upstream: error))
             }
         case .done:
             break
@@ -242,6 +242,10 @@ final class ProxyExchange: UpstreamExchangeDelegate, @unchecked Sendable {
     }
 
     // MARK: - Answering
+
+    private func fail(_ failure: ProxyFailure) {
+        finish(with: failure.response(route.configuration, provider: provider.name))
+    }
 
     private func finish(with response: HTTPResponse) {
         state.withLock { $0.mode = .done }

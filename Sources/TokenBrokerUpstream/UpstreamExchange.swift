@@ -5,6 +5,7 @@ import TokenBrokerCore
 /// as the client sends it, and the answer flows out as the upstream sends it.
 ///
 /// The delegate's methods run on the upstream client's thread; none may block.
+// Unchecked: `stoppedOnPurpose`, its one variable, is read and written on the curl thread alone.
 public final class UpstreamExchange: @unchecked Sendable {
     public let request: UpstreamRequest
     /// Whether the body is read from the delegate as it arrives, rather than taken from `request.body`.
@@ -38,7 +39,7 @@ public protocol UpstreamExchangeDelegate: AnyObject, Sendable {
     /// A piece of the body. Return false, taking nothing, to pause until `resumeReceiving`.
     func upstreamBody(_ bytes: UnsafeRawBufferPointer) -> Bool
     /// The exchange ended: nil when the whole answer came, else why not.
-    func upstreamFinished(_ error: TokenFetchError?)
+    func upstreamFinished(_ error: UpstreamError?)
     /// Bytes of a streamed request body.
     func upstreamReadBody(into buffer: UnsafeMutableRawBufferPointer) -> UpstreamBodyRead
 }

@@ -9,7 +9,11 @@ import TokenBrokerCore
 /// upstream fetch never blocks a server thread nor a thread of Swift's cooperative pool; callers
 /// simply `await`. TLS verification is always on, redirects are never followed, only http and
 /// https are spoken, bodies are capped, and `HTTPS_PROXY` / `NO_PROXY` are honoured as libcurl
-/// reads them from the environment.
+/// reads them from the environment. It knows nothing of tokens: a failure is an `UpstreamError`.
+///
+/// Locks: `queue`, `abandoned` and `commands` are each taken alone, never one inside another.
+// Unchecked: `multi` is a libcurl pointer and `startFailure` and `thread` are set only in `init`;
+// everything else that changes is behind a lock or touched by the curl thread alone.
 public final class UpstreamHTTPClient: @unchecked Sendable {
     public static let shared = UpstreamHTTPClient()
 
@@ -88,8 +92,8 @@ public final class UpstreamHTTPClient: @unchecked Sendable {
     }
 
     /// Sends one request and waits for its answer, without holding any thread while it waits.
-    public func send(_ request: UpstreamRequest) async throws(TokenFetchError) -> UpstreamResponse {
-        if let startFailure { throw .internalError(startFailure) }
+    public func send(_ request: UpstreamRequest) async throws(UpstreamError) -> UpstreamResponse {
+        if let startFailure { throw .clientFailure(startFailure) }
         // A caller that gives up (a provider past its fetch deadline) stops the transfer too, so
         // that abandoned requests do not pile up on the issuer until libcurl's own timeout.
         let sent = Lock<Transfer?>(nil)
@@ -107,10 +111,10 @@ public final class UpstreamHTTPClient: @unchecked Sendable {
                 abandoned.withLock { $0.append(transfer) }
                 curl_multi_wakeup(multi)
             }
-        } catch let error as TokenFetchError {
+        } catch let error as UpstreamError {
             throw error
         } catch {
-            throw .internalError("\(error)")
+            throw .clientFailure("\(error)")
         }
     }
 
@@ -118,7 +122,7 @@ public final class UpstreamHTTPClient: @unchecked Sendable {
     /// as they arrive, and a streamed request body is read from it as the upstream takes it.
     public func start(_ exchange: UpstreamExchange) {
         if let startFailure {
-            exchange.delegate.upstreamFinished(.internalError(startFailure))
+            exchange.delegate.upstreamFinished(.clientFailure(startFailure))
             return
         }
         queue.withLock { $0.append(Transfer(request: exchange.request, exchange: exchange)) }
@@ -145,7 +149,7 @@ public final class UpstreamHTTPClient: @unchecked Sendable {
                 let added = curl_multi_add_handle(multi, transfer.easy)
                 guard added == CURLM_OK else {
                     release(transfer)
-                    notStarted(transfer, .internalError("libcurl could not start the request: \(String(cString: curl_multi_strerror(added)))"))
+                    notStarted(transfer, .clientFailure("libcurl could not start the request: \(String(cString: curl_multi_strerror(added)))"))
                     continue
                 }
                 active[transfer.easy!] = transfer
@@ -184,7 +188,7 @@ public final class UpstreamHTTPClient: @unchecked Sendable {
     }
 
     /// A transfer that could not be started: its waiter or its exchange learns why.
-    private func notStarted(_ transfer: Transfer, _ problem: TokenFetchError) {
+    private func notStarted(_ transfer: Transfer, _ problem: UpstreamError) {
         if let exchange = transfer.exchange {
             exchange.delegate.upstreamFinished(problem)
         } else {
@@ -202,8 +206,8 @@ public final class UpstreamHTTPClient: @unchecked Sendable {
     }
 
     /// Builds the easy handle; returns an error instead when the request cannot be sent.
-    private func prepare(_ transfer: Transfer) -> TokenFetchError? {
-        guard let easy = curl_easy_init() else { return .internalError("curl_easy_init failed") }
+    private func prepare(_ transfer: Transfer) -> UpstreamError? {
+        guard let easy = curl_easy_init() else { return .clientFailure("curl_easy_init failed") }
         transfer.easy = easy
         let request = transfer.request
         let settings = request.settings
@@ -252,7 +256,7 @@ public final class UpstreamHTTPClient: @unchecked Sendable {
         set(CCurl_setopt_pointer(easy, CURLOPT_HEADERDATA, context))
         guard ok else {
             release(transfer)
-            return .configuration("libcurl refused the request's settings (check caFile and the client certificate)")
+            return .settingsRefused
         }
         return nil
     }
@@ -268,11 +272,13 @@ public final class UpstreamHTTPClient: @unchecked Sendable {
             let reason = String(cString: curl_easy_strerror(result))
             switch result {
             case CURLE_WRITE_ERROR where transfer.tooLarge:
-                continuation.resume(throwing: TokenFetchError.badResponse("the answer is larger than \(transfer.request.settings.maxResponseBytes) bytes"))
+                continuation.resume(throwing: UpstreamError.tooLarge(limit: transfer.request.settings.maxResponseBytes))
             case CURLE_OPERATION_TIMEDOUT:
-                continuation.resume(throwing: TokenFetchError.timeout(reason))
+                continuation.resume(throwing: UpstreamError.timeout(reason))
+            case _ where transfer.cancelled:
+                continuation.resume(throwing: UpstreamError.stopped)
             default:
-                continuation.resume(throwing: TokenFetchError.unreachable(reason))
+                continuation.resume(throwing: UpstreamError.unreachable(reason))
             }
             return
         }
@@ -289,7 +295,7 @@ public final class UpstreamHTTPClient: @unchecked Sendable {
         case CURLE_OPERATION_TIMEDOUT:
             exchange.delegate.upstreamFinished(.timeout(String(cString: curl_easy_strerror(result))))
         case _ where transfer.cancelled || exchange.stoppedOnPurpose:
-            exchange.delegate.upstreamFinished(.internalError("stopped"))
+            exchange.delegate.upstreamFinished(.stopped)
         default:
             exchange.delegate.upstreamFinished(.unreachable(String(cString: curl_easy_strerror(result))))
         }

@@ -51,7 +51,7 @@ enum Broker {
         for (settings, (_, signer)) in zip(configuration.providers, sources) {
             if let signer {
                 Log.info("local signer ready", [
-                    "provider": settings.name, "algorithm": signer.configuration.algorithm, "kid": signer.keyID,
+                    "provider": settings.name, "algorithm": signer.configuration.algorithm.rawValue, "kid": signer.keyID,
                     "key": signer.configuration.keyFile ?? "generated at start",
                 ])
             }

@@ -116,10 +116,10 @@ enum HealthCheck {
         let done = DispatchSemaphore(value: 0)
         Task {
             let result: Result<UpstreamResponse, TokenFetchError>
-            do throws(TokenFetchError) {
+            do throws(UpstreamError) {
                 result = .success(try await UpstreamHTTPClient.shared.send(request))
             } catch {
-                result = .failure(error)
+                result = .failure(TokenFetchError(error))
             }
             outcome.withLock { $0 = result }
             done.signal()

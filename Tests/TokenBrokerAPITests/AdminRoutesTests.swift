@@ -19,9 +19,9 @@ import TokenBrokerServer
 
     @Test func readyzIsReadyWhenEveryProviderCanAnswer() {
         let ready = FakeProvider(name: "a")
-        ready.state.withLock { $0.status = FakeProvider.status(name: "a", phase: "fresh", version: 3) }
+        ready.state.withLock { $0.status = FakeProvider.status(name: "a", phase: .fresh, version: 3) }
         let paused = FakeProvider(name: "b")
-        paused.state.withLock { $0.status = FakeProvider.status(name: "b", phase: "paused", version: 1, stale: true) }
+        paused.state.withLock { $0.status = FakeProvider.status(name: "b", phase: .paused, version: 1, stale: true) }
         let response = admin([ready, paused]).handle(request("/readyz", guarded: false)).immediate
         #expect(response?.status == 200)
         #expect(
@@ -32,10 +32,10 @@ import TokenBrokerServer
 
     @Test func readyzIs503WhileAProviderCannotAnswer() {
         let ready = FakeProvider(name: "a")
-        ready.state.withLock { $0.status = FakeProvider.status(name: "a", phase: "fresh", version: 3) }
+        ready.state.withLock { $0.status = FakeProvider.status(name: "a", phase: .fresh, version: 3) }
         let failing = FakeProvider(name: "b")
         failing.state.withLock {
-            $0.status = FakeProvider.status(name: "b", phase: "expired", lastError: .unreachable("connection refused"))
+            $0.status = FakeProvider.status(name: "b", phase: .expired, lastError: .unreachable("connection refused"))
         }
         let response = admin([ready, failing]).handle(request("/readyz", guarded: false)).immediate
         #expect(response?.status == 503)
@@ -53,7 +53,7 @@ import TokenBrokerServer
 
     @Test func metricsAreInPrometheusTextFormat() {
         let provider = FakeProvider()
-        provider.state.withLock { $0.status = FakeProvider.status(name: "default", phase: "fresh", version: 1) }
+        provider.state.withLock { $0.status = FakeProvider.status(name: "default", phase: .fresh, version: 1) }
         let api = admin([provider])
         _ = api.handle(request("/healthz", guarded: false))
         let response = api.handle(request("/metrics", guarded: false)).immediate

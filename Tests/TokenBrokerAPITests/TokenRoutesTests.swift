@@ -105,7 +105,8 @@ func tokenAPI(
 
     @Test func tokenOnDemandWaitsForAFetchMadeForIt() {
         let provider = FakeProvider()
-        provider.state.withLock { $0.read = .onDemand }
+        // The last token, still valid, is the proxy's to reuse: `/token` fetches one for each request.
+        provider.state.withLock { $0.read = .onDemand(cached: FakeProvider.token(version: 1)) }
         let api = tokenAPI([provider])
         let responder = RecordingResponder()
         #expect(api.handle(request("/token")).start(responder))
@@ -155,7 +156,7 @@ func tokenAPI(
         let provider = FakeProvider()
         provider.state.withLock {
             $0.read = .unavailable(wasPaused: false)
-            $0.status = FakeProvider.status(name: "default", phase: "backing_off", version: 4, stale: true)
+            $0.status = FakeProvider.status(name: "default", phase: .backingOff, version: 4, stale: true)
         }
         let api = tokenAPI([provider])
         let responder = RecordingResponder()

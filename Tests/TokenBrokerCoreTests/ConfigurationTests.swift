@@ -11,7 +11,7 @@ import TokenBrokerCore
         #expect(configuration.listen.description == "127.0.0.1:8080")
         #expect(configuration.adminListen.description == "127.0.0.1:9090")
         #expect(configuration.providers.map(\.name) == ["default"])
-        #expect(configuration.providers[0].source == .jwt(JWTSourceConfiguration(algorithm: "ES256", lifetimeSec: 900)))
+        #expect(configuration.providers[0].source == .jwt(JWTSourceConfiguration(algorithm: .es256, lifetimeSec: 900)))
         #expect(configuration.providers[0].tokenRefreshDelaySec == 300)
         #expect(configuration.providers[0].maxErrorTokenRefreshDelayMsec == 5000)
     }
@@ -26,7 +26,7 @@ import TokenBrokerCore
             """)
         guard case .jwt(let jwt) = configuration.providers[0].source else { return }
         #expect(jwt.audience == "api")
-        #expect(jwt.algorithm == "RS256")
+        #expect(jwt.algorithm == .rs256)
     }
 
     @Test func unknownKeysAreErrorsThatNameTheKeyAndTheAllowedOnes() {
@@ -42,6 +42,10 @@ import TokenBrokerCore
         #expect(configurationProblem(#"{"providers": [{"maxErrorTokenRefreshDelayMsec": 30001}]}"#) == "providers[0].maxErrorTokenRefreshDelayMsec: 30001 is out of range; allowed: 1–30000")
         #expect(configurationProblem(#"{"providers": [{"maxRetryCount": 2.5}]}"#)?.hasPrefix("providers[0].maxRetryCount: must be a whole number in 0–10") == true)
         #expect(configurationProblem(#"{"providers": [{"source": {"algorithm": "none"}}]}"#) == #"providers[0].source.algorithm: unknown value "none"; allowed: ES256, RS256, HS256"#)
+        #expect(configurationProblem(#"{"providers": [{"source": {"type": "oauth2", "tokenURL": "https://i.example/t", "clientID": "c", "clientSecret": "s", "clientAuth": "tls_client_auth"}}]}"#) == #"providers[0].source.clientAuth: unknown value "tls_client_auth"; allowed: client_secret_basic, client_secret_post, private_key_jwt"#)
+        #expect(configurationProblem(#"{"providers": [{"source": {"type": "oauth2", "tokenURL": "https://i.example/t", "clientID": "c", "clientAuth": "client_secret_post"}}]}"#) == #"providers[0].source.clientSecretFile: give exactly one of clientSecret and clientSecretFile with clientAuth "client_secret_post""#)
+        #expect(configurationProblem(#"{"providers": [{"source": {"type": "oauth2", "tokenURL": "https://i.example/t", "clientID": "c", "clientAuth": "private_key_jwt"}}]}"#) == #"providers[0].source.privateKeyFile: is required with clientAuth "private_key_jwt""#)
+        #expect(configurationProblem(#"{"providers": [{"source": {"algorithm": "HS256"}}]}"#)?.hasPrefix("providers[0].source.keyFile: is required with HS256") == true)
         #expect(configurationProblem(#"{"providers": [{"source": {"type": "magic"}}]}"#) == #"providers[0].source.type: unknown value "magic"; allowed: jwt, oauth2, http, file"#)
     }
 

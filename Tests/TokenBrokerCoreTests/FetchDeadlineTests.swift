@@ -82,11 +82,11 @@ import TokenBrokerCore
         defer { service.cancel() }
         let waiter = Task { await provider.onTokenReady(timeout: .seconds(60)) }
         #expect(await eventually { source.parkedCount == 1 && provider.status().waiters == 1 && clock.sleeperCount == 1 })
-        #expect(provider.status().phase == "refreshing")
+        #expect(provider.status().phase == .refreshing)
         clock.advance(by: .milliseconds(4999))
-        #expect(provider.status().phase == "refreshing")
+        #expect(provider.status().phase == .refreshing)
         clock.advance(by: .milliseconds(1))
-        #expect(await eventually { provider.status().phase == "expired" })
+        #expect(await eventually { provider.status().phase == .expired })
         #expect(provider.status().lastError?.description == "timeout")
         #expect(reported.withLock { $0 } == ["timeout"])
 

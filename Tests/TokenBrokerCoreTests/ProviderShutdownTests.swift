@@ -26,3 +26,56 @@ struct ProviderShutdownTests {
         #expect(order.withLock { $0 } == ["fetch let through", "run ended"])
     }
 }
+
+/// A source that counts the fetches that reached it and those that ended, and takes a few
+/// scheduler turns over each, as a real fetch takes a while.
+private final class CountingSource: TokenSource {
+    private let counts = Lock((started: 0, ended: 0))
+
+    var started: Int { counts.withLock { $0.started } }
+    var ended: Int { counts.withLock { $0.ended } }
+
+    func fetch() async throws(TokenFetchError) -> FetchedToken {
+        let number = counts.withLock { counts -> Int in
+            counts.started += 1
+            return counts.started
+        }
+        for _ in 0..<5 { await Task.yield() }
+        counts.withLock { $0.ended += 1 }
+        return FetchedToken(accessToken: "token-\(number)", lifetime: .seconds(900))
+    }
+}
+
+extension ProviderShutdownTests {
+    /// Fetches start from callers' threads (each on-demand waiter asks for one) while the
+    /// provider shuts down, many times over. The provider starts a fetch's task after its lock:
+    /// however a shutdown falls between the two, when `run()` ends no fetch is at the source, and
+    /// none reaches it afterwards.
+    @Test func noFetchIsAtTheSourceAfterRunEndsWhileCallersStartFetches() async {
+        for _ in 0..<20 {
+            let source = CountingSource()
+            let provider = TokenProvider(
+                configuration: ProviderConfiguration(backgroundRefreshEnabled: false), source: source, clock: ManualClock())
+            let service = Task { await provider.run() }
+            let callers = Task {
+                await withTaskGroup(of: Void.self) { group in
+                    for _ in 0..<8 {
+                        group.addTask {
+                            for _ in 0..<1000 {
+                                if case .shuttingDown = await provider.onTokenReady(timeout: .seconds(30), onDemand: true) { return }
+                            }
+                        }
+                    }
+                }
+            }
+            #expect(await eventually { source.ended >= 3 })
+            service.cancel()
+            await service.value
+            let started = source.started
+            #expect(started == source.ended, "run() ended while a fetch was at the source")
+            await callers.value
+            for _ in 0..<20 { await Task.yield() }
+            #expect(source.started == started, "a fetch reached the source after run() ended")
+        }
+    }
+}

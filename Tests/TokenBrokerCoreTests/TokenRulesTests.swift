@@ -92,17 +92,17 @@ import TokenBrokerCore
     // MARK: - expires_in
 
     @Test func expiresInRoundsUpSoThatAValidTokenNeverReadsZero() {
-        #expect(TokenResponseBody.expiresIn(.milliseconds(1)) == 1)
-        #expect(TokenResponseBody.expiresIn(.milliseconds(999)) == 1)
-        #expect(TokenResponseBody.expiresIn(.seconds(1)) == 1)
-        #expect(TokenResponseBody.expiresIn(.milliseconds(1001)) == 2)
-        #expect(TokenResponseBody.expiresIn(.seconds(900)) == 900)
-        #expect(TokenResponseBody.expiresIn(.zero) == 0)
-        #expect(TokenResponseBody.expiresIn(.seconds(-3)) == 0)
+        #expect(Duration.milliseconds(1).secondsLeft == 1)
+        #expect(Duration.milliseconds(999).secondsLeft == 1)
+        #expect(Duration.seconds(1).secondsLeft == 1)
+        #expect(Duration.milliseconds(1001).secondsLeft == 2)
+        #expect(Duration.seconds(900).secondsLeft == 900)
+        #expect(Duration.zero.secondsLeft == 0)
+        #expect(Duration.seconds(-3).secondsLeft == 0)
     }
 
     /// In its last second, a token's answer says 1 s left, in `expires_in` and in `Max-Age`, and
-    /// the provider's own summary (the cache key of that answer) agrees.
+    /// the provider's own read (the cache key of that answer) agrees.
     @Test func inATokensLastSecondTheAnswerSaysOneSecondLeft() throws {
         let clock = ManualClock()
         let start = clock.now
@@ -111,11 +111,15 @@ import TokenBrokerCore
         _ = machine.fetchSucceeded(FetchedToken(accessToken: "t", lifetime: .seconds(10)), now: start, wallTime: WallTime(timeIntervalSince1970: 1_800_000_000))
         let lastSecond = start.advanced(by: .milliseconds(9_400))
         let cached = try #require(machine.validToken(at: lastSecond))
-        #expect(TokenResponseBody.secondsLeft(cached, at: lastSecond) == 1)
-        #expect(machine.readCachedSummary(now: lastSecond).summary.secondsLeft == 1)
+        #expect(cached.secondsLeft(at: lastSecond) == 1)
+        guard case .token(_, _, let secondsLeft) = machine.read(now: lastSecond).read else {
+            Issue.record("the provider should serve its token in its last second")
+            return
+        }
+        #expect(secondsLeft == 1)
         var cookie = CookieSettings()
         cookie.setTokenCookie = true
-        let body = TokenResponseBody.render(cached, stale: false, expiresIn: TokenResponseBody.secondsLeft(cached, at: lastSecond), provider: "p", cookie: cookie)
+        let body = TokenResponseBody.render(cached, stale: false, expiresIn: cached.secondsLeft(at: lastSecond), provider: "p", cookie: cookie)
         #expect(body.contains(bytes: #""expires_in":1,"#))
         #expect(body.contains(bytes: "Max-Age=1;"))
         #expect(machine.validToken(at: start.advanced(by: .seconds(10))) == nil, "at its expiry it is no longer served")
@@ -140,7 +144,11 @@ import TokenBrokerCore
         #expect(await eventually { provider.status().lastError != nil })
         let status = provider.status()
         #expect(status.lastError?.description == "bad_response")
-        #expect(status.version == 1 && provider.cachedToken()?.token.token.accessToken == "good")
+        guard case .token(let token, _, _) = provider.read() else {
+            Issue.record("the previous token should still be served")
+            return
+        }
+        #expect(status.version == 1 && token.token.accessToken == "good")
         #expect(source.fetches >= 2)
     }
 }

@@ -32,6 +32,16 @@ import TokenBrokerSources
         _ = (directory, other)
     }
 
+    /// White space in Unicode's sense around the token goes, as written by editors and `echo`;
+    /// inside it, it makes two words.
+    @Test func whiteSpaceAroundTheTokenIsTrimmedInUnicodesSense() throws {
+        let (file, directory) = try source("\t\u{00A0}\u{2028} opaque-value\r\n\u{3000}\n")
+        #expect(try file.read(now: WallTime()).accessToken == "opaque-value")
+        let (split, other) = try source(" opaque\u{00A0}value \n")
+        #expect { try split.read(now: WallTime()) } throws: { ($0 as? TokenFetchError)?.detail == "the token file holds more than one word" }
+        _ = (directory, other)
+    }
+
     @Test(arguments: [nil, "", "   \n", "two words"])
     func missingEmptyOrMalformedFilesAreClassifiedErrors(_ contents: String?) throws {
         let (file, directory) = try source(contents)

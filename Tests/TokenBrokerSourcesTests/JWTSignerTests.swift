@@ -7,11 +7,11 @@ import TokenBrokerCrypto
 
 /// The local signer's tokens, checked by the `openssl` command line rather than by our own code.
 @Suite struct JWTSignerTests {
-    @Test(arguments: ["ES256", "RS256"])
-    func tokensSignedWithAKeyFileVerifyWithOpenSSL(_ algorithm: String) throws {
+    @Test(arguments: [JWSAlgorithm.es256, .rs256])
+    func tokensSignedWithAKeyFileVerifyWithOpenSSL(_ algorithm: JWSAlgorithm) throws {
         let directory = try TemporaryDirectory()
         let keyPath = directory.path("key.pem")
-        let generate = algorithm == "ES256"
+        let generate = algorithm == .es256
             ? ["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", keyPath]
             : ["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", keyPath]
         try OpenSSL.run(generate)
@@ -23,7 +23,7 @@ import TokenBrokerCrypto
         #expect(parts.count == 3)
 
         var signature = try #require(Base64URL.decode(parts[2]))
-        if algorithm == "ES256" {
+        if algorithm == .es256 {
             #expect(signature.count == 64)
             signature = DER.ecdsaSignature(raw: signature)
         }
@@ -40,7 +40,7 @@ import TokenBrokerCrypto
         #expect(claims?["exp"] as? Int == 1_800_000_600)
         #expect((claims?["jti"] as? String)?.isEmpty == false)
         let header = try JSONSerialization.jsonObject(with: Data(try #require(Base64URL.decode(parts[0])))) as? [String: Any]
-        #expect(header?["alg"] as? String == algorithm)
+        #expect(header?["alg"] as? String == algorithm.rawValue)
         #expect(header?["kid"] as? String == signer.keyID)
         #expect(token.lifetime == .seconds(600))
     }
@@ -49,7 +49,7 @@ import TokenBrokerCrypto
         let directory = try TemporaryDirectory()
         let secret = String(repeating: "k", count: 40)
         try Data((secret + "\n").utf8).write(to: URL(fileURLWithPath: directory.path("secret")))
-        let signer = try JWTSigner(configuration: JWTSourceConfiguration(algorithm: "HS256", keyFile: directory.path("secret")))
+        let signer = try JWTSigner(configuration: JWTSourceConfiguration(algorithm: .hs256, keyFile: directory.path("secret")))
         let parts = try signer.mint(now: WallTime()).accessToken.split(separator: ".").map(String.init)
         try Data((parts[0] + "." + parts[1]).utf8).write(to: URL(fileURLWithPath: directory.path("input")))
         let output = try OpenSSL.run(["dgst", "-sha256", "-hmac", secret, "-binary", "-out", directory.path("mac"), directory.path("input")])
@@ -70,12 +70,12 @@ import TokenBrokerCrypto
         let keyPath = directory.path("rsa.pem")
         try OpenSSL.run(["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", keyPath])
         #expect {
-            try JWTSigner(configuration: JWTSourceConfiguration(algorithm: "ES256", keyFile: keyPath))
+            try JWTSigner(configuration: JWTSourceConfiguration(algorithm: .es256, keyFile: keyPath))
         } throws: { error in
             (error as? TokenFetchError)?.detail.contains("rsa.pem: the key does not fit ES256") == true
         }
         #expect(throws: TokenFetchError.self) {
-            try JWTSigner(configuration: JWTSourceConfiguration(algorithm: "ES256", keyFile: directory.path("missing.pem")))
+            try JWTSigner(configuration: JWTSourceConfiguration(algorithm: .es256, keyFile: directory.path("missing.pem")))
         }
     }
 
@@ -87,7 +87,7 @@ import TokenBrokerCrypto
         let keyPath = directory.path("\(curve).pem")
         try OpenSSL.run(["ecparam", "-name", curve, "-genkey", "-noout", "-out", keyPath])
         #expect {
-            try JWTSigner(configuration: JWTSourceConfiguration(algorithm: "ES256", keyFile: keyPath))
+            try JWTSigner(configuration: JWTSourceConfiguration(algorithm: .es256, keyFile: keyPath))
         } throws: { error in
             (error as? TokenFetchError)?.detail.contains("\(curve).pem: the key does not fit ES256") == true
         }
@@ -102,7 +102,7 @@ import TokenBrokerCrypto
         let directory = try TemporaryDirectory()
         let keyPath = directory.path("p256.pem")
         try OpenSSL.run(["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", keyPath])
-        let signer = try JWTSigner(configuration: JWTSourceConfiguration(algorithm: "ES256", keyFile: keyPath))
+        let signer = try JWTSigner(configuration: JWTSourceConfiguration(algorithm: .es256, keyFile: keyPath))
         #expect(JWTSigner.jwks([signer]).contains(#""crv":"P-256""#))
         _ = try OAuth2TokenSource(configuration: Self.privateKeyJWT(keyPath))
     }
@@ -112,7 +112,7 @@ import TokenBrokerCrypto
         let keyPath = directory.path("rsa1024.pem")
         try OpenSSL.run(["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:1024", "-out", keyPath])
         #expect {
-            try JWTSigner(configuration: JWTSourceConfiguration(algorithm: "RS256", keyFile: keyPath))
+            try JWTSigner(configuration: JWTSourceConfiguration(algorithm: .rs256, keyFile: keyPath))
         } throws: { error in
             (error as? TokenFetchError)?.detail.contains("rsa1024.pem: the key does not fit RS256") == true
         }
@@ -126,7 +126,7 @@ import TokenBrokerCrypto
         let options = algorithm == "EC" ? ["-pkeyopt", "ec_paramgen_curve:P-256"] : ["-pkeyopt", "rsa_keygen_bits:2048"]
         try OpenSSL.run(["genpkey", "-algorithm", algorithm] + options + ["-aes256", "-pass", "pass:x", "-out", keyPath])
         #expect {
-            try JWTSigner(configuration: JWTSourceConfiguration(algorithm: algorithm == "EC" ? "ES256" : "RS256", keyFile: keyPath))
+            try JWTSigner(configuration: JWTSourceConfiguration(algorithm: algorithm == "EC" ? .es256 : .rs256, keyFile: keyPath))
         } throws: { error in
             (error as? TokenFetchError)?.detail.contains("locked.pem: the key is protected by a pass phrase") == true
         }
@@ -139,7 +139,7 @@ import TokenBrokerCrypto
 
     private static func privateKeyJWT(_ keyPath: String) -> OAuth2SourceConfiguration {
         var settings = OAuth2SourceConfiguration(tokenURL: "https://issuer.example/token", clientID: "client")
-        settings.clientAuth = "private_key_jwt"
+        settings.clientAuth = .privateKeyJWT
         settings.privateKeyFile = keyPath
         return settings
     }
@@ -148,7 +148,7 @@ import TokenBrokerCrypto
         let directory = try TemporaryDirectory()
         let secret = String(repeating: "s", count: 32)
         try Data(secret.utf8).write(to: URL(fileURLWithPath: directory.path("secret")))
-        let signer = try JWTSigner(configuration: JWTSourceConfiguration(algorithm: "HS256", keyFile: directory.path("secret")))
+        let signer = try JWTSigner(configuration: JWTSourceConfiguration(algorithm: .hs256, keyFile: directory.path("secret")))
         try OpenSSL.run(["dgst", "-sha256", "-binary", "-out", directory.path("once"), directory.path("secret")])
         try OpenSSL.run(["dgst", "-sha256", "-binary", "-out", directory.path("twice"), directory.path("once")])
         let twice = [UInt8](try Data(contentsOf: URL(fileURLWithPath: directory.path("twice"))))

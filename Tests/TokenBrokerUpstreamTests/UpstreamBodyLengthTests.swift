@@ -39,15 +39,15 @@ import TokenBrokerCore
 
 /// Hands out a fixed body once, then its end; records how the exchange finished.
 private final class Delegate: UpstreamExchangeDelegate, @unchecked Sendable {
-    private let state: Lock<(body: [UInt8], done: Bool, error: TokenFetchError?)>
+    private let state: Lock<(body: [UInt8], done: Bool, error: UpstreamError?)>
 
     init(body: [UInt8]) { state = Lock((body, false, nil)) }
 
-    var error: TokenFetchError? { state.withLock { $0.error } }
+    var error: UpstreamError? { state.withLock { $0.error } }
 
     func upstreamHead(status: Int, headers: [(String, String)], length: Int64?) -> Bool { true }
     func upstreamBody(_ bytes: UnsafeRawBufferPointer) -> Bool { true }
-    func upstreamFinished(_ error: TokenFetchError?) { state.withLock { $0.done = true; $0.error = error } }
+    func upstreamFinished(_ error: UpstreamError?) { state.withLock { $0.done = true; $0.error = error } }
 
     func upstreamReadBody(into buffer: UnsafeMutableRawBufferPointer) -> UpstreamBodyRead {
         state.withLock { state in

@@ -11,6 +11,8 @@ import TokenBrokerCrypto
 /// nothing about which bytes or which entry matched. A background task looks at the file's
 /// identity (inode, size, modification time) once a second; a changed file that does not parse
 /// leaves the previous list in force.
+///
+/// Locks: `state` and `watcher` are each taken alone, never one inside the other.
 public final class CallerKeyStore: CallerAuthorizing, Sendable {
     public let path: String
     private let knownProviders: Set<String>

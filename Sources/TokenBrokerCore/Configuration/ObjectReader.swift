@@ -55,6 +55,13 @@ struct ObjectReader {
         return value
     }
 
+    /// `choice` for an enum whose raw values are the allowed texts, listed in the order of its cases.
+    mutating func choice<Value: RawRepresentable & CaseIterable>(
+        _ key: String, default fallback: Value
+    ) throws(ConfigurationError) -> Value where Value.RawValue == String {
+        Value(rawValue: try choice(key, Value.allCases.map(\.rawValue), default: fallback.rawValue)) ?? fallback
+    }
+
     mutating func bool(_ key: String, default fallback: Bool) throws(ConfigurationError) -> Bool {
         guard let value = raw(key) else { return fallback }
         guard case .bool(let flag) = value else {

@@ -70,7 +70,7 @@ public enum SourceConfiguration: Sendable, Equatable {
 /// The local JWT signer (`source.type: "jwt"`).
 public struct JWTSourceConfiguration: Sendable, Equatable {
     /// The JWS algorithm. Default `ES256`; allowed `ES256`, `RS256`, `HS256`.
-    public var algorithm: String
+    public var algorithm: JWSAlgorithm
     /// A PEM private key (ES256, RS256) or a file of secret bytes (HS256). Default: none, and a
     /// key is generated at start.
     public var keyFile: String?
@@ -85,10 +85,8 @@ public struct JWTSourceConfiguration: Sendable, Equatable {
     /// The token's lifetime in seconds (`exp - iat`). Default 900; 1–86400.
     public var lifetimeSec: Int
 
-    public static let algorithms = ["ES256", "RS256", "HS256"]
-
     public init(
-        algorithm: String = "ES256", keyFile: String? = nil, keyID: String? = nil, issuer: String = "token-broker",
+        algorithm: JWSAlgorithm = .es256, keyFile: String? = nil, keyID: String? = nil, issuer: String = "token-broker",
         audience: String = "token-broker", subject: String = "token-broker", lifetimeSec: Int = 900
     ) {
         self.algorithm = algorithm
@@ -102,14 +100,14 @@ public struct JWTSourceConfiguration: Sendable, Equatable {
 
     init(reading reader: inout ObjectReader) throws(ConfigurationError) {
         self.init()
-        algorithm = try reader.choice("algorithm", Self.algorithms, default: algorithm)
+        algorithm = try reader.choice("algorithm", default: algorithm)
         keyFile = try reader.string("keyFile")
         keyID = try reader.string("kid")
         issuer = try reader.string("issuer", default: issuer)
         audience = try reader.string("audience", default: audience)
         subject = try reader.string("subject", default: subject)
         lifetimeSec = try reader.int("lifetimeSec", 1...86_400, default: lifetimeSec)
-        if algorithm == "HS256", keyFile == nil {
+        if algorithm == .hs256, keyFile == nil {
             // A generated HMAC secret could verify nothing outside the broker: no JWKS carries it.
             throw ConfigurationError(key: reader.keyPath("keyFile"), "is required with HS256; allowed: a file holding at least 32 secret bytes")
         }

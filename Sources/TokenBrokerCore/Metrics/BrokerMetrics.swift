@@ -5,6 +5,9 @@ import Synchronization
 /// Labels take only bounded values (route names, status codes, provider names, error
 /// classifications), never a path or anything a client chose. Gauges that describe providers
 /// (seconds to expiry, waiters, state) are read from `ProviderStatus` at scrape time.
+///
+/// Locking: `state` and each `RequestCounter`'s own lock are never held together: `render`
+/// copies `state` and releases it before it reads the counters and calls the `observe…` readers.
 public final class BrokerMetrics: Sendable {
     /// Refresh-latency histogram bounds, in seconds.
     public static let latencyBuckets: [Double] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30]
@@ -16,7 +19,7 @@ public final class BrokerMetrics: Sendable {
     }
 
     private struct State {
-        var counters: [Labels: RequestCounter] = [:]
+        var counters: [RouteKey: RequestCounter] = [:]
         var refreshes: [Labels: Int] = [:]
         var latency: [String: Histogram] = [:]
         var upstreamCodes: [Labels: Int] = [:]
@@ -30,10 +33,16 @@ public final class BrokerMetrics: Sendable {
         var proxyRefreshes: [String: Int] = [:]
     }
 
+    /// The key of a route's request counter.
+    private struct RouteKey: Hashable {
+        var listener: String
+        var route: String
+    }
+
+    /// The key of a two-label counter: whose (a provider or a proxy), and what (a result or a status code).
     private struct Labels: Hashable {
-        var a: String
-        var b: String
-        var c: String = ""
+        var owner: String
+        var value: String
     }
 
     private let state = Lock(State())
@@ -52,7 +61,7 @@ public final class BrokerMetrics: Sendable {
     /// under a lock of its own, with no string work per request.
     public func counter(listener: String, route: String) -> RequestCounter {
         state.withLock { state in
-            let key = Labels(a: listener, b: route)
+            let key = RouteKey(listener: listener, route: route)
             if let existing = state.counters[key] { return existing }
             let counter = RequestCounter()
             state.counters[key] = counter
@@ -62,7 +71,7 @@ public final class BrokerMetrics: Sendable {
 
     /// One proxied request, by the status its client got (or 0 when the connection was cut).
     public func recordProxied(proxy: String, status: Int) {
-        state.withLock { $0.proxied[Labels(a: proxy, b: String(status)), default: 0] += 1 }
+        state.withLock { $0.proxied[Labels(owner: proxy, value: String(status)), default: 0] += 1 }
     }
 
     /// A proxied request sent again after its token was refused.
@@ -88,24 +97,26 @@ public final class BrokerMetrics: Sendable {
 
     /// One finished upstream fetch.
     public func recordFetch(provider: String, error: TokenFetchError?, duration: Duration) {
-        let seconds = Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
+        let seconds = duration.inSeconds
         state.withLock { state in
-            state.refreshes[Labels(a: provider, b: error?.description ?? "success"), default: 0] += 1
+            state.refreshes[Labels(owner: provider, value: error?.description ?? "success"), default: 0] += 1
             var histogram = state.latency[provider] ?? Histogram()
             for (index, bound) in Self.latencyBuckets.enumerated() where seconds <= bound { histogram.counts[index] += 1 }
             histogram.total += 1
             histogram.sum += seconds
             state.latency[provider] = histogram
-            if let code = error?.httpStatus { state.upstreamCodes[Labels(a: provider, b: String(code)), default: 0] += 1 }
+            if let code = error?.httpStatus { state.upstreamCodes[Labels(owner: provider, value: String(code)), default: 0] += 1 }
         }
     }
 
     /// An upstream answer's status code, for fetches that succeeded over HTTP.
     public func recordUpstreamStatus(provider: String, code: Int) {
-        state.withLock { $0.upstreamCodes[Labels(a: provider, b: String(code)), default: 0] += 1 }
+        state.withLock { $0.upstreamCodes[Labels(owner: provider, value: String(code)), default: 0] += 1 }
     }
 
+    /// A token answer marked stale, served while refresh was failing.
     public func recordStaleServed(provider: String) { state.withLock { $0.staleServed[provider, default: 0] += 1 } }
+    /// A forced refresh that the refresh window refused.
     public func recordExcessiveRefresh(provider: String) { state.withLock { $0.excessive[provider, default: 0] += 1 } }
 
     // MARK: - Rendering
@@ -129,8 +140,8 @@ public final class BrokerMetrics: Sendable {
         /// A counter family with two labels, sorted by them.
         func counters(_ name: String, _ help: String, labels: (String, String), _ values: [Labels: Int]) {
             family(name, "counter", help)
-            for (key, count) in values.sorted(by: { ($0.key.a, $0.key.b) < ($1.key.a, $1.key.b) }) {
-                sample(name, [(labels.0, key.a), (labels.1, key.b)], String(count))
+            for (key, count) in values.sorted(by: { ($0.key.owner, $0.key.value) < ($1.key.owner, $1.key.value) }) {
+                sample(name, [(labels.0, key.owner), (labels.1, key.value)], String(count))
             }
         }
 
@@ -138,9 +149,9 @@ public final class BrokerMetrics: Sendable {
         sample("token_broker_build_info", [("version", version)], "1")
 
         family("token_broker_http_requests_total", "counter", "Answered requests by listener, route and status code.")
-        for (key, counter) in snapshot.counters.sorted(by: { ($0.key.a, $0.key.b) < ($1.key.a, $1.key.b) }) {
+        for (key, counter) in snapshot.counters.sorted(by: { ($0.key.listener, $0.key.route) < ($1.key.listener, $1.key.route) }) {
             for (status, count) in counter.counts.sorted(by: { $0.key < $1.key }) {
-                sample("token_broker_http_requests_total", [("listener", key.a), ("route", key.b), ("code", String(status))], String(count))
+                sample("token_broker_http_requests_total", [("listener", key.listener), ("route", key.route), ("code", String(status))], String(count))
             }
         }
 
@@ -189,7 +200,7 @@ public final class BrokerMetrics: Sendable {
         family("token_broker_token_expiry_seconds", "gauge", "Seconds until the cached token expires (absent without a valid token with expiry).")
         for status in statuses {
             if let left = status.expiresIn {
-                sample("token_broker_token_expiry_seconds", [("provider", status.name)], Self.number(Double(left.components.seconds) + Double(left.components.attoseconds) / 1e18))
+                sample("token_broker_token_expiry_seconds", [("provider", status.name)], Self.number(left.inSeconds))
             }
         }
 
@@ -201,8 +212,8 @@ public final class BrokerMetrics: Sendable {
 
         family("token_broker_provider_state", "gauge", "1 for the provider's current state.")
         for status in statuses {
-            for state in ["fresh", "refreshing", "backing_off", "paused", "expired"] {
-                sample("token_broker_provider_state", [("provider", status.name), ("state", state)], status.phase == state ? "1" : "0")
+            for phase in ProviderPhase.allCases {
+                sample("token_broker_provider_state", [("provider", status.name), ("state", phase.rawValue)], status.phase == phase ? "1" : "0")
             }
         }
         return out
@@ -233,6 +244,7 @@ public final class RequestCounter: Sendable {
     private let ok = Atomic<Int>(0)
     private let others = Lock<[Int: Int]>([:])
 
+    /// One answer with `status`.
     public func record(status: Int) {
         if status == 200 {
             ok.add(1, ordering: .relaxed)

@@ -6,7 +6,6 @@ struct DeadlineQueue<Instant: Comparable & Sendable>: Sendable {
     private var heap: [(deadline: Instant, id: UInt64)] = []
 
     var earliest: Instant? { heap.first?.deadline }
-    var isEmpty: Bool { heap.isEmpty }
 
     mutating func insert(_ id: UInt64, at deadline: Instant) {
         heap.append((deadline, id))

@@ -14,7 +14,7 @@
 /// | a new version only for a new token: the same access token again only updates the expiry | `fetchSucceeded` |
 /// | a forced refresh's waiters are answered by its token, even the same one again | `addWaiter`, `fetchSucceeded` |
 /// | forced refresh only for the current version, 5 per 30 s | `forceRefresh` |
-/// | on demand: fetch per call, after `maxRetryCount` retries fall back to the previous valid token | `getToken`, `fetchFailed` |
+/// | on demand: fetch per call, after `maxRetryCount` retries fall back to the previous valid token | `addWaiter`, `fetchFailed` |
 public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Instant.Duration == Duration {
     public typealias Token = CachedToken<Instant>
 
@@ -28,6 +28,8 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         case timedOut(current: Token?, lastError: TokenFetchError?)
         /// The provider is shutting down.
         case shuttingDown
+        /// The waiting task was cancelled (`TokenProvider.onTokenReady`); the machine never reports it.
+        case cancelled
     }
 
     /// What the owner must do after an event.
@@ -51,11 +53,6 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         case refreshing(after: UInt64?)
         /// Too many forced refreshes in the window: try again after the given time.
         case excessive(retryAfter: Duration)
-    }
-
-    /// What the provider is doing, for readiness and metrics.
-    public enum Phase: String, Sendable {
-        case fresh, refreshing, backingOff = "backing_off", paused, expired
     }
 
     private enum WaiterKind: Sendable { case ready, onDemand }
@@ -137,9 +134,11 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     /// Whether a valid token is cached; reads it in place, without a copy of the token.
     public func hasValidToken(at now: Instant) -> Bool { cached?.isValid(at: now) ?? false }
 
+    /// Waiters not yet completed.
     public var waiterCount: Int { waiters.count }
 
-    public func phase(at now: Instant) -> Phase {
+    /// What the provider is doing at `now`, for readiness and metrics.
+    public func phase(at now: Instant) -> ProviderPhase {
         if isFetching { return .refreshing }
         if isPaused { return .paused }
         if failures > 0 { return hasValidToken(at: now) ? .backingOff : .expired }
@@ -155,34 +154,24 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         return startFetchIfIdle(now: now)
     }
 
-    /// `getToken` with background refresh: the cached token if valid, never waiting.
+    /// A request's read: with background refresh, the valid token if newer than `newerThan`,
+    /// never waiting; without it, `.onDemand` with the last token while valid, and nothing changes.
     ///
-    /// Counts as activity, so it resumes a paused provider; `wasPaused` says it did.
-    public mutating func readCachedToken(now: Instant) -> (token: Token?, stale: Bool, wasPaused: Bool, actions: [Action]) {
+    /// With background refresh it counts as activity, so it resumes a paused provider
+    /// (`.unavailable(wasPaused: true)` says it did when there is no token to serve).
+    public mutating func read(newerThan: UInt64 = 0, now: Instant) -> (read: TokenRead<Instant>, actions: [Action]) {
+        guard backgroundRefresh else { return (.onDemand(cached: validToken(at: now)), []) }
         let wasPaused = isPaused
         let actions = noteActivity(now: now)
-        return (validToken(at: now), isStale(at: now), wasPaused, actions)
+        guard let token = validToken(at: now), token.version > newerThan else { return (.unavailable(wasPaused: wasPaused), actions) }
+        return (.token(token, stale: failures > 0, secondsLeft: token.secondsLeft(at: now)), actions)
     }
 
-    /// `readCachedToken` without copying the token: its version, staleness and whole seconds
-    /// left. For the request path, which renders a token's answer only when its version changes.
-    public mutating func readCachedSummary(now: Instant) -> (summary: CacheSummary, actions: [Action]) {
-        let wasPaused = isPaused
-        let actions = noteActivity(now: now)
-        // On every cached read: the token's fields are read in place, never copied (a copy
-        // retains its strings, whose counts the worker threads would contend for).
-        guard hasValidToken(at: now), let version = cached?.version else {
-            return (CacheSummary(version: nil, stale: false, secondsLeft: nil, renewal: 0, wasPaused: wasPaused), actions)
-        }
-        let left = cached?.expiresAt.map { TokenResponseBody.expiresIn(now.duration(to: $0)) }
-        return (CacheSummary(version: version, stale: failures > 0, secondsLeft: left, renewal: cached?.renewal ?? 0, wasPaused: wasPaused), actions)
-    }
-
-    /// Registers a waiter for a valid token newer than `after` (`onTokenReady`).
+    /// Registers a waiter for a valid token newer than `after` (`TokenProvider.addWaiter`).
     ///
     /// - Parameters:
-    ///   - onDemand: true for `getToken` without background refresh: the waiter wants a token
-    ///     fetched for it and gives up when the retries run out.
+    ///   - onDemand: true for a request without background refresh (`TokenRead.onDemand`): the
+    ///     waiter wants a token fetched for it and gives up when the retries run out.
     ///   - forRefresh: true for the waiter of a forced refresh (`forceRefresh` said `refreshing`):
     ///     the refresh's token answers it even when it is the same token again, which then keeps
     ///     its version; a refresh that already succeeded answers it at once. A failing refresh
@@ -297,7 +286,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         lastError = error
         var actions: [Action] = []
         if !backgroundRefresh, retryPolicy.isExhausted(afterFailures: failures) {
-            // On demand, getToken stops here with the previous token, if still valid.
+            // On demand, the waiters stop here with the previous token, if still valid.
             let previous = validToken(at: now)
             let givenUp = waiters.compactMap { id, waiter in waiter.kind == .onDemand ? id : nil }
             for id in givenUp { waiters[id] = nil }
@@ -320,8 +309,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         var actions: [Action] = []
         if isFetching, let deadline = fetchDeadline, deadline <= now {
             // No source holds the provider in `refreshing`: the fetch fails, and backoff follows.
-            let milliseconds = fetchTimeout.components.seconds * 1000 + fetchTimeout.components.attoseconds / 1_000_000_000_000_000
-            let error = TokenFetchError.timeout("the source did not finish within \(milliseconds) ms (fetchTimeoutSec)")
+            let error = TokenFetchError.timeout("the source did not finish within \(fetchTimeout.wholeMilliseconds) ms (fetchTimeoutSec)")
             let number = fetchNumber
             actions += fetchFailed(error, now: now)
             actions.insert(.abandonFetch(number: number, error), at: 0)
@@ -395,17 +383,4 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         guard let number else { return true }
         return isFetching && number == fetchNumber
     }
-}
-
-/// What a read of the cache saw, in plain values: no token is copied.
-public struct CacheSummary: Sendable, Equatable {
-    /// The valid token's version, or nil when there is none.
-    public var version: UInt64?
-    public var stale: Bool
-    /// Whole seconds until the token expires; nil for a token without expiry.
-    public var secondsLeft: Int?
-    /// The token's `renewal`: a new expiry learned for the same token.
-    public var renewal: UInt64
-    /// The read woke a provider paused while idle.
-    public var wasPaused: Bool
 }

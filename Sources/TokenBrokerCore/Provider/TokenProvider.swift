@@ -8,17 +8,28 @@ import Synchronization
 /// outside its lock. A fetch past its deadline is cancelled and reported as a `timeout`; the
 /// provider does not wait for it to end.
 ///
+/// Locking: one lock, `state`, guards the machine and the handles of the provider's tasks. While
+/// it is held the provider calls only the machine and its two clocks: waiters' completions,
+/// events, and the creation and cancellation of tasks come after it is released (`Work`, `perform`).
+/// The only other locks, `onTokenReady`'s one per call, are never held together with `state`.
+///
 /// - Important: call `run()` from a task you own; the provider fetches nothing until then, and
 ///   shuts down (completing every waiter with `.shuttingDown`) when that task is cancelled.
 public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duration {
+    /// The rules, on the provider's clock.
     public typealias Machine = ProviderStateMachine<C.Instant>
+    /// A token as the provider hands it out.
     public typealias Token = CachedToken<C.Instant>
+    /// How a waiter ends.
     public typealias WaitOutcome = Machine.WaitOutcome
     /// Called once when a waiter ends, on whichever thread ended it.
     public typealias Completion = @Sendable (WaitOutcome) -> Void
 
+    /// The provider's settings, as configured.
     public let configuration: ProviderConfiguration
+    /// The configured name, in routes, logs and metrics.
     public var name: String { configuration.name }
+    /// The clock of its deadlines and token lifetimes.
     public let clock: C
     private let source: any TokenSource
     private let events: ProviderEvents
@@ -45,6 +56,10 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         var cancelledTimer: Task<Void, Never>?
         /// A fetch given up at its deadline: cancel it, and report the failure.
         var abandoned: (fetch: Task<Void, Never>?, error: TokenFetchError, elapsed: Duration)?
+        /// The fetch the machine started, by number, to launch once the lock is released.
+        var fetchToStart: UInt64?
+        /// The timer to arm, for this instant and generation, once the lock is released.
+        var timerToArm: (deadline: C.Instant, generation: UInt64)?
     }
 
     /// - Parameters:
@@ -67,7 +82,7 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
 
     /// Starts fetching, then waits until the calling task is cancelled, then shuts down.
     public func run() async {
-        apply { machine, now in machine.start(now: now) }
+        apply(ifShutDown: ()) { machine, now in ((), machine.start(now: now)) }
         let (stream, continuation) = AsyncStream<Never>.makeStream()
         await withTaskCancellationHandler {
             for await _ in stream {}
@@ -99,65 +114,52 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
 
     // MARK: - Reading
 
-    /// `getToken` with background refresh: the cached token if still valid, without waiting.
-    /// Counts as activity.
-    public func cachedToken() -> (token: Token, stale: Bool)? {
-        let read = readCache()
-        return read.token.map { ($0, read.stale) }
-    }
-
-    /// What one read of the cache saw: the valid token, if any, whether it is stale, and whether
-    /// the read woke a provider paused while idle (which then fetches if its token expired).
-    public func readCache() -> (token: Token?, stale: Bool, wasPaused: Bool) {
-        var result: (Token?, Bool, Bool) = (nil, false, false)
-        apply { machine, now in
-            let read = machine.readCachedToken(now: now)
-            result = (read.token, read.stale, read.wasPaused)
-            return read.actions
-        }
-        return result
-    }
-
-    /// `readCache` in plain values, for the request path: counts as activity, copies no token.
-    public func readSummary() -> CacheSummary {
-        var summary = CacheSummary(version: nil, stale: false, secondsLeft: nil, renewal: 0, wasPaused: false)
-        apply { machine, now in
-            let read = machine.readCachedSummary(now: now)
-            summary = read.summary
-            return read.actions
-        }
-        return summary
-    }
-
-    /// The valid cached token, without counting as activity (to render an answer already counted).
-    public func peekToken() -> (token: Token, stale: Bool)? {
-        let now = clock.now
-        return state.withLock { state in
-            state.machine.validToken(at: now).map { ($0, state.machine.isStale(at: now)) }
+    /// A request's read, under one lock: with background refresh, the valid token if newer than
+    /// `newerThan`, or why there is none; without it, `.onDemand` with the last token while valid. With background refresh the
+    /// read counts as activity, so it resumes a provider paused while idle.
+    public func read(newerThan: UInt64 = 0) -> TokenRead<C.Instant> {
+        apply(ifShutDown: configuration.backgroundRefreshEnabled ? .unavailable(wasPaused: false) : .onDemand(cached: nil)) { machine, now in
+            machine.read(newerThan: newerThan, now: now)
         }
     }
 
-    /// `getToken`: the cached token with background refresh; without it, a freshly fetched one,
-    /// waiting through the retries, then the previous valid token (stale), or nil.
-    public func getToken() async -> (token: Token, stale: Bool)? {
-        if configuration.backgroundRefreshEnabled { return cachedToken() }
-        let outcome = await wait(after: nil, timeout: .seconds(86_400 * 365), onDemand: true)
-        switch outcome {
-        case .token(let token, let stale): return (token, stale)
-        case .exhausted(let previous?, _): return (previous, true)
-        default: return nil
+    /// `addWaiter` for a task: waits for a valid token newer than `after`, at most `timeout`.
+    /// Cancelling the task ends the wait at once with `.cancelled`; the shared fetch goes on.
+    /// - Parameters:
+    ///   - onDemand: as for `addWaiter`: after `read` said `.onDemand`.
+    ///   - forRefresh: the wait of a forced refresh, which its token ends even when it is the
+    ///     same token again (see `ProviderStateMachine.addWaiter`).
+    public func onTokenReady(after: UInt64? = nil, timeout: Duration, onDemand: Bool = false, forRefresh: Bool = false) async -> WaitOutcome {
+        // The waiter's id once registered, or `.max` when cancellation came first: whichever of
+        // registration and cancellation runs second ends the waiter.
+        let waiterID = Lock<UInt64?>(nil)
+        return await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<WaitOutcome, Never>) in
+                let id = addWaiter(after: after, deadline: deadline(in: timeout), onDemand: onDemand, forRefresh: forRefresh) { outcome in
+                    continuation.resume(returning: outcome)
+                }
+                let cancelledAlready = waiterID.withLock { stored -> Bool in
+                    defer { stored = id }
+                    return stored == .max
+                }
+                if cancelledAlready { cancelWaiter(id) }
+            }
+        } onCancel: {
+            let id = waiterID.withLock { stored -> UInt64? in
+                defer { if stored == nil { stored = .max } }
+                return stored
+            }
+            if let id { cancelWaiter(id) }
         }
-    }
-
-    /// `onTokenReady`: waits for a valid token newer than `after`, at most `timeout`.
-    /// - Parameter forRefresh: the wait of a forced refresh, which its token ends even when it
-    ///   is the same token again (see `ProviderStateMachine.addWaiter`).
-    public func onTokenReady(after: UInt64? = nil, timeout: Duration, forRefresh: Bool = false) async -> WaitOutcome {
-        await wait(after: after, timeout: timeout, onDemand: false, forRefresh: forRefresh)
     }
 
     /// Registers a waiter that ends through `completion` (the callback form, for suspended
     /// HTTP connections). Returns an id for `removeWaiter`.
+    /// - Parameters:
+    ///   - after: the version the caller has; a valid token newer than it ends the wait.
+    ///   - onDemand: true after `read` said `.onDemand`: the waiter wants a token fetched for it,
+    ///     and gets the previous valid token (`.exhausted`) when the retries run out.
+    ///   - forRefresh: the wait of a forced refresh (see `ProviderStateMachine.addWaiter`).
     @discardableResult
     public func addWaiter(
         after: UInt64?, deadline: C.Instant, onDemand: Bool = false, forRefresh: Bool = false, completion: @escaping Completion
@@ -196,13 +198,10 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     /// `forceRefresh`, also saying whether this call started an upstream fetch (rather than
     /// joining one under way, or finding a newer token).
     public func forceRefreshStartingFetch(rejected: UInt64?) -> (decision: Machine.ForcedRefreshDecision, startedFetch: Bool) {
-        var decision = Machine.ForcedRefreshDecision.refreshing(after: nil)
-        var started = false
-        apply { machine, now in
+        let (decision, started) = apply(ifShutDown: (Machine.ForcedRefreshDecision.refreshing(after: nil), false)) { machine, now in
             let (answer, actions) = machine.forceRefresh(rejected: rejected, now: now)
-            decision = answer
-            started = actions.contains { if case .startFetch = $0 { true } else { false } }
-            return actions
+            let started = actions.contains { if case .startFetch = $0 { true } else { false } }
+            return ((answer, started), actions)
         }
         if case .excessive = decision { events.excessiveRefresh(name) }
         return (decision, started)
@@ -216,7 +215,7 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
             let token = machine.validToken(at: now)
             return ProviderStatus(
                 name: name,
-                phase: machine.phase(at: now).rawValue,
+                phase: machine.phase(at: now),
                 version: token?.version,
                 stale: machine.isStale(at: now),
                 expiresIn: token?.expiresAt.map { now.duration(to: $0) },
@@ -232,57 +231,37 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
 
     // MARK: - Carrying out actions
 
-    private func wait(after: UInt64?, timeout: Duration, onDemand: Bool, forRefresh: Bool = false) async -> WaitOutcome {
-        // The waiter's id once registered, or `.max` when cancellation came first: whichever of
-        // registration and cancellation runs second ends the waiter.
-        let waiterID = Lock<UInt64?>(nil)
-        return await withTaskCancellationHandler {
-            await withCheckedContinuation { (continuation: CheckedContinuation<WaitOutcome, Never>) in
-                let id = addWaiter(after: after, deadline: deadline(in: timeout), onDemand: onDemand, forRefresh: forRefresh) { outcome in
-                    continuation.resume(returning: outcome)
-                }
-                let cancelledAlready = waiterID.withLock { stored -> Bool in
-                    defer { stored = id }
-                    return stored == .max
-                }
-                if cancelledAlready { cancelWaiter(id) }
-            }
-        } onCancel: {
-            let id = waiterID.withLock { stored -> UInt64? in
-                defer { if stored == nil { stored = .max } }
-                return stored
-            }
-            if let id { cancelWaiter(id) }
-        }
-    }
-
-    /// Ends one waiter as timed out, leaving the shared fetch running for the others.
+    /// Ends one waiter as cancelled, leaving the shared fetch running for the others.
     private func cancelWaiter(_ id: UInt64) {
-        let (completion, lastError) = state.withLock { state -> (Completion?, TokenFetchError?) in
+        let completion = state.withLock { state -> Completion? in
             state.machine.removeWaiter(id)
-            return (state.completions.removeValue(forKey: id), state.machine.lastError)
+            return state.completions.removeValue(forKey: id)
         }
-        completion?(.timedOut(current: nil, lastError: lastError))
+        completion?(.cancelled)
     }
 
-    private func apply(_ event: (inout Machine, C.Instant) -> [Machine.Action]) {
+    /// Runs `event` on the machine under the lock, then carries out its actions; `ifShutDown`,
+    /// leaving the machine alone, once the provider has shut down.
+    private func apply<Result>(ifShutDown: Result, _ event: (inout Machine, C.Instant) -> (Result, [Machine.Action])) -> Result {
         var work = Work()
-        state.withLock { state in
-            guard !state.isShutDown else { return }
-            let actions = event(&state.machine, clock.now)
+        let result = state.withLock { state -> Result in
+            guard !state.isShutDown else { return ifShutDown }
+            let (result, actions) = event(&state.machine, clock.now)
             collect(actions, into: &work, state: &state)
+            return result
         }
         perform(&work)
+        return result
     }
 
-    /// Turns actions into work, starts the fetch and re-arms the timer; called inside the lock.
+    /// Turns actions into work, deciding the fetch to start and the timer to arm; called inside
+    /// the lock. The tasks themselves are created by `perform`, after it.
     private func collect(_ actions: [Machine.Action], into work: inout Work, state: inout State) {
         for action in actions {
             switch action {
             case .startFetch:
-                let number = state.machine.fetchNumber
                 state.fetchStartedAt = clock.now
-                state.fetch = Task { [self] in await fetchOnce(number) }
+                work.fetchToStart = state.machine.fetchNumber
             case .abandonFetch(_, let error):
                 let elapsed = state.fetchStartedAt.map { $0.duration(to: clock.now) } ?? .zero
                 work.abandoned = (state.fetch, error, elapsed)
@@ -300,36 +279,81 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         let wanted = state.machine.nextWakeup
         guard wanted != state.timerDeadline else { return }
         work.cancelledTimer = state.timer
+        state.timer = nil
         state.timerDeadline = wanted
         state.timerGeneration += 1
-        guard let wanted else {
-            state.timer = nil
-            return
-        }
-        let generation = state.timerGeneration
-        state.timer = Task { [self, clock] in
-            do {
-                try await clock.sleep(until: wanted, tolerance: nil)
-            } catch {
-                return
-            }
-            timerFired(generation)
-        }
+        if let wanted { work.timerToArm = (wanted, state.timerGeneration) }
     }
 
-    /// Cancels the replaced timer, then calls the completions, letting go of each once called
-    /// rather than when all are done: what one holds (a suspended connection's responder, say)
-    /// is then freed by the thread that finishes that connection, not at the end of a batch.
+    /// Cancels the replaced timer, starts the fetch and the timer `collect` decided on, then
+    /// calls the completions, letting go of each once called rather than when all are done: what
+    /// one holds (a suspended connection's responder, say) is then freed by the thread that
+    /// finishes that connection, not at the end of a batch.
     private func perform(_ work: inout Work) {
         work.cancelledTimer?.cancel()
         if let abandoned = work.abandoned {
             abandoned.fetch?.cancel()
             events.fetched(name, .failure(abandoned.error), abandoned.elapsed)
         }
+        if let timer = work.timerToArm { armTimer(until: timer.deadline, generation: timer.generation) }
+        if let number = work.fetchToStart { launchFetch(number) }
         for index in work.completions.indices {
             let outcome = work.completions[index].outcome
             while let completion = work.completions[index].waiters.popLast() { completion(outcome) }
         }
+    }
+
+    /// Starts the timer of `generation`, which `collect` decided on under the lock.
+    ///
+    /// Started after the lock, it is stored under the lock only if its generation is still the
+    /// current one, and cancelled at once otherwise. So however the store interleaves with a
+    /// newer `collect` (on another thread) or a shutdown, the stored timer is the newest one: a
+    /// newer `collect` cancels the handle stored before it, a timer stored after its generation
+    /// was replaced is refused, and `shutDown` sets `isShutDown` before it takes the handle. A
+    /// refused timer that fires all the same does nothing: `timerFired` ignores a generation that
+    /// is not current.
+    private func armTimer(until deadline: C.Instant, generation: UInt64) {
+        let timer = Task { [self, clock] in
+            do {
+                try await clock.sleep(until: deadline, tolerance: nil)
+            } catch {
+                return
+            }
+            timerFired(generation)
+        }
+        let stored = state.withLock { state -> Bool in
+            guard !state.isShutDown, state.timerGeneration == generation else { return false }
+            state.timer = timer
+            return true
+        }
+        if !stored { timer.cancel() }
+    }
+
+    /// Starts fetch `number`, which the machine started under the lock.
+    ///
+    /// Started after the lock, the task waits at a gate until its handle is stored, and the
+    /// handle is stored, under the lock, only while the provider runs and fetch `number` is still
+    /// the one in flight; otherwise the gate turns it away before it fetches anything. A shutdown
+    /// or a fetch deadline between the unlock and the store thus finds no handle to cancel, but
+    /// makes the store refuse; and no newer fetch can start until this one is no longer in
+    /// flight, which also makes the store refuse. Once stored, the handle is where `shutDown`, an
+    /// abandon at the deadline and `run()` find it, as if it had been created under the lock: no
+    /// fetch reaches the source that the provider could not cancel, or `run()` not await.
+    private func launchFetch(_ number: UInt64) {
+        let (gate, opener) = AsyncStream<Bool>.makeStream()
+        let fetch = Task { [self] in
+            var admission = gate.makeAsyncIterator()
+            guard await admission.next() == true else { return }
+            await fetchOnce(number)
+        }
+        let stored = state.withLock { state -> Bool in
+            guard !state.isShutDown, state.machine.isFetching, state.machine.fetchNumber == number else { return false }
+            state.fetch = fetch
+            return true
+        }
+        opener.yield(stored)
+        opener.finish()
+        if !stored { fetch.cancel() }
     }
 
     private func timerFired(_ generation: UInt64) {
@@ -354,18 +378,15 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         if Task.isCancelled { return }
         let started = state.withLock { $0.fetchStartedAt } ?? clock.now
         let elapsed = started.duration(to: clock.now)
-        var version: UInt64?
-        var accepted = false
-        apply { machine, now in
+        let (accepted, version) = apply(ifShutDown: (false, UInt64?.none)) { machine, now in
             // A late result of a fetch abandoned at its deadline is not reported twice.
-            accepted = machine.isFetching && machine.fetchNumber == number
+            let accepted = machine.isFetching && machine.fetchNumber == number
             switch result {
             case .success(let token):
                 let actions = machine.fetchSucceeded(token, fetch: number, now: now, wallTime: wallClock())
-                version = machine.cached?.version
-                return actions
+                return ((accepted, machine.cached?.version), actions)
             case .failure(let error):
-                return machine.fetchFailed(error, fetch: number, now: now)
+                return ((accepted, nil), machine.fetchFailed(error, fetch: number, now: now))
             }
         }
         if accepted { events.fetched(name, result.map { ($0, version ?? 0) }, elapsed) }
@@ -377,42 +398,4 @@ extension TokenProvider where C == ContinuousClock {
     public convenience init(configuration: ProviderConfiguration, source: any TokenSource, events: ProviderEvents = ProviderEvents()) {
         self.init(configuration: configuration, source: source, clock: ContinuousClock(), events: events)
     }
-}
-
-/// Hooks through which a provider reports what it did, for logs and metrics.
-public struct ProviderEvents: Sendable {
-    /// A fetch ended: the provider's name, the token and its version or the error, and how long it took.
-    public var fetched: @Sendable (String, Result<(FetchedToken, UInt64), TokenFetchError>, Duration) -> Void
-    /// A forced refresh was refused by the refresh window.
-    public var excessiveRefresh: @Sendable (String) -> Void
-
-    public init(
-        fetched: @escaping @Sendable (String, Result<(FetchedToken, UInt64), TokenFetchError>, Duration) -> Void = { _, _, _ in },
-        excessiveRefresh: @escaping @Sendable (String) -> Void = { _ in }
-    ) {
-        self.fetched = fetched
-        self.excessiveRefresh = excessiveRefresh
-    }
-}
-
-/// A provider's published state: what readiness, metrics and error answers read.
-public struct ProviderStatus: Sendable {
-    public var name: String
-    /// `fresh`, `refreshing`, `backing_off`, `paused` or `expired`.
-    public var phase: String
-    /// The valid token's version, or nil when there is none.
-    public var version: UInt64?
-    public var stale: Bool
-    public var expiresIn: Duration?
-    public var lastError: TokenFetchError?
-    public var consecutiveFailures: Int
-    public var waiters: Int
-    public var backgroundRefresh: Bool
-
-    /// Whether the provider can answer `/token` now.
-    public var hasValidToken: Bool { version != nil }
-
-    /// What `/readyz` reports: with background refresh, a valid cached token (a paused provider
-    /// counts while its token lasts); on demand, that the last fetch, if any, succeeded.
-    public var isReady: Bool { backgroundRefresh ? hasValidToken : lastError == nil }
 }

@@ -21,7 +21,7 @@ public enum ProxyHeaders {
     ) -> [(String, String)] {
         let dropped = droppedNames(headers).union(["host", "content-length", "expect", "token-broker-request"])
         var out = headers.filter { !dropped.contains($0.0.lowercased()) && !isProxyHeader($0.0) }
-        if callerKeyInAuthorization { out.removeAll { $0.0.lowercased() == "authorization" } }
+        if callerKeyInAuthorization { out.removeAll(named: "Authorization") }
         switch injection {
         case .authorization:
             put(&out, name: "Authorization", value: "Bearer " + token, overwrite: overwrite)
@@ -50,7 +50,7 @@ public enum ProxyHeaders {
     /// Hop-by-hop names, and every name listed in `Connection`.
     private static func droppedNames(_ headers: [(String, String)]) -> Set<String> {
         var names = hopByHop
-        for (name, value) in headers where name.lowercased() == "connection" {
+        for (name, value) in headers where name.equalsIgnoringASCIICase("Connection") {
             for option in value.split(separator: ",") {
                 names.insert(option.trimmingCharacters(in: " \t").lowercased())
             }
@@ -59,10 +59,9 @@ public enum ProxyHeaders {
     }
 
     private static func put(_ headers: inout [(String, String)], name: String, value: String, overwrite: Bool) {
-        let lower = name.lowercased()
-        if headers.contains(where: { $0.0.lowercased() == lower }) {
+        if headers.contains(named: name) {
             guard overwrite else { return }
-            headers.removeAll { $0.0.lowercased() == lower }
+            headers.removeAll(named: name)
         }
         headers.append((name, value))
     }
@@ -72,7 +71,7 @@ public enum ProxyHeaders {
     /// own. The proxy refuses such a token before it gets here (502 `token_not_cookie_safe`).
     private static func putCookie(_ headers: inout [(String, String)], name: String, value: String, overwrite: Bool) {
         guard TokenRules.isCookieValue(value) else { return }
-        guard let index = headers.firstIndex(where: { $0.0.lowercased() == "cookie" }) else {
+        guard let index = headers.firstIndex(where: { $0.0.equalsIgnoringASCIICase("Cookie") }) else {
             headers.append(("Cookie", "\(name)=\(value)"))
             return
         }

@@ -1,12 +1,19 @@
 /// Small text helpers that Foundation would otherwise provide.
 extension StringProtocol {
-    /// The text without leading and trailing characters from `set`, such as `" \t"`.
-    public func trimmingCharacters(in set: String) -> String {
-        var scalars = Substring(self)
-        while let first = scalars.first, set.contains(first) { scalars.removeFirst() }
-        while let last = scalars.last, set.contains(last) { scalars.removeLast() }
-        return String(scalars)
+    /// The text without the leading and trailing characters for which `isTrimmed` holds: the one
+    /// trimmer, which the two below name for their common uses.
+    public func trimming(while isTrimmed: (Character) -> Bool) -> String {
+        var characters = Substring(self)
+        while let first = characters.first, isTrimmed(first) { characters.removeFirst() }
+        while let last = characters.last, isTrimmed(last) { characters.removeLast() }
+        return String(characters)
     }
+
+    /// The text without leading and trailing characters from `set`, such as `" \t"`.
+    public func trimmingCharacters(in set: String) -> String { trimming { set.contains($0) } }
+
+    /// The text without leading and trailing white space in Unicode's sense, line ends included.
+    public func trimmingWhitespace() -> String { trimming { $0.isWhitespace } }
 }
 
 extension StringProtocol {

@@ -41,11 +41,25 @@ public struct CachedToken<Instant: InstantProtocol>: Sendable where Instant.Dura
         guard let expiresAt else { return true }
         return now < expiresAt
     }
+
+    /// Whole seconds it has left at `now`, as `expires_in` and `Max-Age` show them
+    /// (`Duration.secondsLeft`); nil for a token without expiry. The one place its remaining life is computed.
+    public func secondsLeft(at now: Instant) -> Int? {
+        expiresAt.map { now.duration(to: $0).secondsLeft }
+    }
+}
+
+extension Duration {
+    /// A remaining life in whole seconds, as `expires_in` and `Max-Age` show it: a fraction counts
+    /// as a whole second (0.3 s reads 1), so that a token still valid never reads 0, which would
+    /// say it has expired. 0 once the duration is not positive: a provider hands a token out only
+    /// while `now < expiresAt` (`CachedToken.isValid`), so it then has none.
+    public var secondsLeft: Int { self > .zero ? Int(clamping: secondsRoundedUp) : 0 }
 }
 
 extension CachedToken {
     /// When it expires by the wall clock, or nil for a token without expiry.
     public var expiresAtDate: WallTime? {
-        token.lifetime.map { issuedAtDate.addingTimeInterval(Double($0.components.seconds) + Double($0.components.attoseconds) / 1e18) }
+        token.lifetime.map { issuedAtDate.addingTimeInterval($0.inSeconds) }
     }
 }

@@ -6,9 +6,13 @@
 ///
 /// `expires_in` and `expires_at` are left out for a token without expiry.
 public enum TokenResponseBody {
-    /// - Parameter cookie: when `setTokenCookie` is on, `cookie` and `set_cookie` are added. A
-    ///   provider with `setTokenCookie` accepts only tokens that are cookie values (`TokenRules`);
-    ///   should another ever reach here, the two are left out rather than written broken.
+    /// The body of an answer with `cached`.
+    ///
+    /// - Parameters:
+    ///   - expiresIn: the token's `CachedToken.secondsLeft(at:)` when the answer is rendered.
+    ///   - cookie: when `setTokenCookie` is on, `cookie` and `set_cookie` are added. A provider
+    ///     with `setTokenCookie` accepts only tokens that are cookie values (`TokenRules`); should
+    ///     another ever reach here, the two are left out rather than written broken.
     public static func render<Instant>(
         _ cached: CachedToken<Instant>, stale: Bool, expiresIn: Int?, provider: String, cookie: CookieSettings = CookieSettings()
     ) -> String {
@@ -30,19 +34,5 @@ public enum TokenResponseBody {
             members.append(("set_cookie", JSONText.quoted(line)))
         }
         return JSONText.object(members)
-    }
-
-    /// Whole seconds from `now` until the token expires (`expiresIn(_:)`); nil without expiry.
-    public static func secondsLeft<Instant>(_ cached: CachedToken<Instant>, at now: Instant) -> Int? {
-        guard let expiresAt = cached.expiresAt else { return nil }
-        return expiresIn(now.duration(to: expiresAt))
-    }
-
-    /// `expires_in` and `Max-Age` for a token with `left` to live: whole seconds, a fraction
-    /// counted as a whole second (0.3 s reads 1), so that a token that is still valid never
-    /// reads 0, which would say it has expired. 0 once `left` is not positive: a provider hands
-    /// a token out only while `now < expiresAt` (`CachedToken.isValid`), so it then has none.
-    public static func expiresIn(_ left: Duration) -> Int {
-        left > .zero ? Int(clamping: left.secondsRoundedUp) : 0
     }
 }

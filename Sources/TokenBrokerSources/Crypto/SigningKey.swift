@@ -8,7 +8,7 @@ import TokenBrokerCrypto
 /// sign from several threads at once.
 public final class SigningKey: @unchecked Sendable {
     /// The JWS algorithm: `ES256`, `RS256` or `HS256`.
-    public let algorithm: String
+    public let algorithm: JWSAlgorithm
     private let pkey: OpaquePointer?
     private let secret: [UInt8]
 
@@ -18,7 +18,7 @@ public final class SigningKey: @unchecked Sendable {
     private let computedThumbprint: String
 
     /// Takes ownership of `pkey`; frees it when reading its public half fails.
-    private init(algorithm: String, pkey: OpaquePointer?, secret: [UInt8] = []) throws(TokenFetchError) {
+    private init(algorithm: JWSAlgorithm, pkey: OpaquePointer?, secret: [UInt8] = []) throws(TokenFetchError) {
         self.algorithm = algorithm
         self.pkey = pkey
         self.secret = secret
@@ -36,12 +36,12 @@ public final class SigningKey: @unchecked Sendable {
     deinit { if let pkey { EVP_PKEY_free(pkey) } }
 
     /// A new key generated at start: P-256 for ES256, 2048-bit RSA for RS256.
-    public static func generate(algorithm: String) throws(TokenFetchError) -> SigningKey {
+    public static func generate(algorithm: JWSAlgorithm) throws(TokenFetchError) -> SigningKey {
         let pkey: OpaquePointer?
         switch algorithm {
-        case "ES256": pkey = COpenSSL_generate_ec_key("P-256")
-        case "RS256": pkey = COpenSSL_generate_rsa_key(2048)
-        default: throw .configuration("cannot generate a key for \(algorithm); give a keyFile")
+        case .es256: pkey = COpenSSL_generate_ec_key("P-256")
+        case .rs256: pkey = COpenSSL_generate_rsa_key(2048)
+        case .hs256: throw .configuration("cannot generate a key for \(algorithm); give a keyFile")
         }
         guard let pkey else { throw .internalError("key generation failed: \(Crypto.lastError())") }
         return try SigningKey(algorithm: algorithm, pkey: pkey)
@@ -49,8 +49,8 @@ public final class SigningKey: @unchecked Sendable {
 
     /// A key read from `contents`: a PEM private key, or for HS256 the secret bytes themselves
     /// (one trailing newline is dropped, since `echo` adds one).
-    public static func load(algorithm: String, contents: [UInt8], path: String) throws(TokenFetchError) -> SigningKey {
-        if algorithm == "HS256" {
+    public static func load(algorithm: JWSAlgorithm, contents: [UInt8], path: String) throws(TokenFetchError) -> SigningKey {
+        if algorithm == .hs256 {
             var secret = contents
             if secret.last == UInt8(ascii: "\n") { secret.removeLast() }
             guard secret.count >= 32 else {
@@ -86,9 +86,9 @@ public final class SigningKey: @unchecked Sendable {
     /// Whether the key is what the algorithm needs: the P-256 curve itself for ES256 (other
     /// 256-bit curves, such as secp256k1 or brainpoolP256r1, make signatures no ES256 verifier
     /// accepts), RSA of 2048 bits or more for RS256.
-    private static func fits(_ pkey: OpaquePointer, algorithm: String) -> Bool {
+    private static func fits(_ pkey: OpaquePointer, algorithm: JWSAlgorithm) -> Bool {
         switch algorithm {
-        case "ES256":
+        case .es256:
             guard EVP_PKEY_get_base_id(pkey) == EVP_PKEY_EC else { return false }
             var name = [CChar](repeating: 0, count: 64)
             var length = 0
@@ -98,9 +98,9 @@ public final class SigningKey: @unchecked Sendable {
             }
             let group = String(decoding: name.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
             return group == "prime256v1" || group == "P-256"
-        case "RS256":
+        case .rs256:
             return EVP_PKEY_get_base_id(pkey) == EVP_PKEY_RSA && EVP_PKEY_get_bits(pkey) >= 2048
-        default:
+        case .hs256:
             return false
         }
     }
@@ -122,7 +122,7 @@ public final class SigningKey: @unchecked Sendable {
             throw .internalError("signing failed: \(Crypto.lastError())")
         }
         signature.removeLast(signature.count - length)
-        return algorithm == "ES256" ? try Self.rawECDSA(fromDER: signature) : signature
+        return algorithm == .es256 ? try Self.rawECDSA(fromDER: signature) : signature
     }
 
     /// The public key as JWK members in RFC 7638 order (no `kid`, `use` or `alg`); nil for HS256,
@@ -145,8 +145,8 @@ public final class SigningKey: @unchecked Sendable {
     /// Reads the public half of an EC or RSA key as JWK members.
     /// - Throws: `internalError` when OpenSSL cannot give a parameter (a key published without
     ///   them would be a JWKS that verifies nothing).
-    private static func publicMembers(of pkey: OpaquePointer, algorithm: String) throws(TokenFetchError) -> [(String, String)] {
-        if algorithm == "ES256" {
+    private static func publicMembers(of pkey: OpaquePointer, algorithm: JWSAlgorithm) throws(TokenFetchError) -> [(String, String)] {
+        if algorithm == .es256 {
             let x = try bignum(pkey, "qx", width: 32), y = try bignum(pkey, "qy", width: 32)
             return [("crv", "P-256"), ("kty", "EC"), ("x", Base64URL.encode(x)), ("y", Base64URL.encode(y))]
         }

@@ -27,7 +27,7 @@ public struct HTTPTokenSource: TokenSource {
         let request = UpstreamRequest(
             method: configuration.method, url: configuration.url, headers: headers,
             body: Array((configuration.body ?? "").utf8), settings: configuration.upstream)
-        let response = try await client.send(request)
+        let response = try await client.fetch(request)
         return try token(from: response, now: WallTime())
     }
 

@@ -30,7 +30,7 @@ public struct JWTSigner: TokenSource {
     public func mint(now: WallTime) throws(TokenFetchError) -> FetchedToken {
         guard let issuedAt = now.wholeSecondsSince1970 else { throw .internalError("the clock reads a time a JWT cannot carry") }
         let header = JSONText.object([
-            ("alg", JSONText.quoted(configuration.algorithm)), ("typ", JSONText.quoted("JWT")),
+            ("alg", JSONText.quoted(configuration.algorithm.rawValue)), ("typ", JSONText.quoted("JWT")),
             ("kid", JSONText.quoted(keyID)),
         ])
         let claims = JSONText.object([
@@ -54,7 +54,7 @@ public struct JWTSigner: TokenSource {
         guard let members = key.publicJWKMembers() else { return nil }
         return JSONText.object(members.map { ($0.0, JSONText.quoted($0.1)) } + [
             ("kid", JSONText.quoted(keyID)), ("use", JSONText.quoted("sig")),
-            ("alg", JSONText.quoted(configuration.algorithm)),
+            ("alg", JSONText.quoted(configuration.algorithm.rawValue)),
         ])
     }
 

@@ -15,9 +15,9 @@ public struct OAuth2TokenSource: TokenSource {
     public init(configuration: OAuth2SourceConfiguration, client: UpstreamHTTPClient = .shared) throws(TokenFetchError) {
         self.configuration = configuration
         self.client = client
-        if configuration.clientAuth == "private_key_jwt", let path = configuration.privateKeyFile {
+        if configuration.clientAuth == .privateKeyJWT, let path = configuration.privateKeyFile {
             let contents = try SecretFile.read(path)
-            let algorithm = (try? SigningKey.load(algorithm: "ES256", contents: contents, path: path)) != nil ? "ES256" : "RS256"
+            let algorithm: JWSAlgorithm = (try? SigningKey.load(algorithm: .es256, contents: contents, path: path)) != nil ? .es256 : .rs256
             assertionKey = try SigningKey.load(algorithm: algorithm, contents: contents, path: path)
         } else {
             assertionKey = nil
@@ -25,7 +25,7 @@ public struct OAuth2TokenSource: TokenSource {
     }
 
     public func fetch() async throws(TokenFetchError) -> FetchedToken {
-        let response = try await client.send(try request(now: WallTime()))
+        let response = try await client.fetch(try request(now: WallTime()))
         return try Self.token(from: response, defaultLifetime: configuration.defaultLifetimeSec)
     }
 
@@ -45,15 +45,15 @@ public struct OAuth2TokenSource: TokenSource {
             ("Content-Type", "application/x-www-form-urlencoded"), ("Accept", "application/json"),
         ]
         switch configuration.clientAuth {
-        case "client_secret_post":
+        case .clientSecretPost:
             form += [("client_id", configuration.clientID), ("client_secret", try secret())]
-        case "private_key_jwt":
+        case .privateKeyJWT:
             form += [
                 ("client_id", configuration.clientID),
                 ("client_assertion_type", "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"),
                 ("client_assertion", try assertion(now: now)),
             ]
-        default:
+        case .clientSecretBasic:
             // RFC 6749 §2.3.1: both parts form-encoded before Base64.
             let credentials = FormEncoding.escape(configuration.clientID) + ":" + FormEncoding.escape(try secret())
             headers.append(("Authorization", "Basic " + Self.base64(Array(credentials.utf8))))
@@ -74,7 +74,7 @@ public struct OAuth2TokenSource: TokenSource {
     public func assertion(now: WallTime) throws(TokenFetchError) -> String {
         guard let key = assertionKey else { throw .configuration("no private key for private_key_jwt") }
         guard let issuedAt = now.wholeSecondsSince1970 else { throw .internalError("the clock reads a time a JWT cannot carry") }
-        var header: [(String, String)] = [("alg", JSONText.quoted(key.algorithm)), ("typ", JSONText.quoted("JWT"))]
+        var header: [(String, String)] = [("alg", JSONText.quoted(key.algorithm.rawValue)), ("typ", JSONText.quoted("JWT"))]
         if let kid = configuration.keyID { header.append(("kid", JSONText.quoted(kid))) }
         let claims = JSONText.object([
             ("iss", JSONText.quoted(configuration.clientID)), ("sub", JSONText.quoted(configuration.clientID)),

@@ -42,7 +42,7 @@ final class FakeProvider: TokenProviding {
 
     /// A status as a provider would publish it.
     static func status(
-        name: String, phase: String = "expired", version: UInt64? = nil, stale: Bool = false, lastError: TokenFetchError? = nil,
+        name: String, phase: ProviderPhase = .expired, version: UInt64? = nil, stale: Bool = false, lastError: TokenFetchError? = nil,
         backgroundRefresh: Bool = true
     ) -> ProviderStatus {
         ProviderStatus(

@@ -66,10 +66,13 @@ struct MachineHarness {
         record(machine.fetchFailed(error, now: now))
     }
 
-    mutating func read() -> (token: Machine.Token?, stale: Bool) {
-        let result = machine.readCachedToken(now: now)
+    /// A request's read at the current instant (`ProviderStateMachine.read`), its actions recorded:
+    /// the token it would serve, if any.
+    mutating func read(newerThan: UInt64 = 0) -> (token: Machine.Token?, stale: Bool) {
+        let result = machine.read(newerThan: newerThan, now: now)
         record(result.actions)
-        return (result.token, result.stale)
+        guard case .token(let token, let stale, _) = result.read else { return (nil, false) }
+        return (token, stale)
     }
 
     mutating func wait(after: UInt64?, for timeout: Duration, onDemand: Bool = false) -> UInt64 {
