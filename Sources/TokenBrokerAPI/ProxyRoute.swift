@@ -16,6 +16,7 @@ extension TokenAPI {
     /// `begin` for targets under `/proxy/`: refuse what may not pass before any body is read.
     /// The server calls it for every such request before `handle`, so admission happens here only.
     /// Without proxies the server streams no prefix and never calls it; the body is then read whole.
+    @_specialize(where Provider == TokenProvider<ContinuousClock>)
     public func begin(_ request: HTTPRequest) -> BodyHandling {
         guard let proxy else { return .buffer(limit: nil) }
         guard let raw = request.rawTarget else {

@@ -13,7 +13,9 @@ import TokenBrokerServer
 /// | `ANY /proxy/{name}/{path}` | proxy mode: forwarded with a token (`ProxyRoute.swift`) |
 ///
 /// Token routes pass the request guard first (`RequestGuard`), then, when callers have keys
-/// (`clientKeysFile`), the caller check (`CallerCheck`).
+/// (`clientKeysFile`), the caller check (`CallerCheck`). Error answers are worded in `ErrorAnswer`.
+///
+/// `Provider` is the broker's `TokenProvider` in service, and a provider of a test's making in unit tests.
 public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
 
     /// One provider and what its routes keep.
@@ -96,6 +98,10 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
 
     public func refusal(_ reason: ServerRefusal) -> HTTPResponse { ErrorAnswer.refusal(reason).response }
 
+    // The server calls this through `HTTPHandler`, whose witness is generic: the attribute makes
+    // it dispatch to a version specialised for the broker's own provider, so that the request
+    // path runs no generic code (as it did when the routes named `TokenProvider` themselves).
+    @_specialize(where Provider == TokenProvider<ContinuousClock>)
     public func handle(_ request: HTTPRequest) -> HTTPReply {
         let path = request.path
         if let proxy, let target = request.rawTarget { return proxied(request, target: target, proxy: proxy) }

@@ -5,11 +5,14 @@ import TokenBrokerCore
 extension TokenProvider: TokenProviding {
     public typealias Instant = C.Instant
 
+    /// `configuration.cookie`.
     public var cookie: CookieSettings { configuration.cookie }
 
+    /// `configuration.forcedRefreshMaxAttempts` and `forcedRefreshWindowSec`.
     public var forcedRefreshLimit: (attempts: Int, windowSeconds: Int) {
         (configuration.forcedRefreshMaxAttempts, configuration.forcedRefreshWindowSec)
     }
 
+    /// `clock.now`.
     public var now: C.Instant { clock.now }
 }
