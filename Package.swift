@@ -112,6 +112,10 @@ let package = Package(
             dependencies: ["TokenBrokerTestSupport", "TokenBrokerProxy", "TokenBrokerUpstream", "TokenBrokerCore"]
         ),
         .testTarget(name: "TokenBrokerAPITests", dependencies: ["TokenBrokerTestSupport", "TokenBrokerAPI", "TokenBrokerServer", "TokenBrokerCore"]),
+        .testTarget(
+            name: "token-brokerTests",
+            dependencies: ["token-broker", "TokenBrokerCore", "TokenBrokerTestSupport"]
+        ),
     ],
     swiftLanguageModes: [.v6]
 )

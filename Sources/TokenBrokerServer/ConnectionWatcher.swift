@@ -32,6 +32,7 @@ import TokenBrokerCore
 /// - Important: `closed` must be called before libmicrohttpd closes the socket (its
 ///   `MHD_CONNECTION_NOTIFY_CLOSED` is), so that a reused descriptor is never taken for the old one.
 final class ConnectionWatcher: @unchecked Sendable {
+    // @unchecked: only `thread` is mutable: set in `init` before the watcher is shared, read once by `stop`.
     private let epoll: Int32
     private let wakeup: Int32
     private let state = Lock<State>(State())
@@ -130,7 +131,7 @@ final class ConnectionWatcher: @unchecked Sendable {
                 }
             }
             guard let idlest else { return }
-            idlest.evicted = true
+            idlest.markEvicted()
             state.evicted += 1
             shutdown(idlest.fd, Int32(SHUT_RDWR))
         }
@@ -235,47 +236,5 @@ final class ConnectionWatcher: @unchecked Sendable {
                 hungUp(event.data.u64)?.clientHungUp()
             }
         }
-    }
-}
-
-/// A connection's request deadline, kept in libmicrohttpd's socket context.
-///
-/// The request path touches it twice per request, each time with one atomic store: cleared
-/// when the request has arrived whole, set again when the answer is done.
-final class ConnectionClock: @unchecked Sendable {
-    let fd: Int32
-    /// Monotonic milliseconds by which the next request must have arrived; 0 when none is due.
-    private let deadline = Atomic<Int64>(0)
-    /// Between requests: no head has arrived since the connection opened or was last answered.
-    private let headPending = Atomic<Bool>(true)
-    /// Shut down to make room for a new connection; read and written under the watcher's lock.
-    var evicted = false
-
-    init(fd: Int32) { self.fd = fd }
-
-    func armDeadline(after milliseconds: Int64) {
-        deadline.store(Self.nowMsec() + milliseconds, ordering: .relaxed)
-        headPending.store(true, ordering: .relaxed)
-    }
-    /// The request's head has arrived; its body may still be coming.
-    func headArrived() { headPending.store(false, ordering: .relaxed) }
-    func requestArrived() { deadline.store(0, ordering: .relaxed) }
-
-    /// Waiting for a request head, so a candidate to make room.
-    var awaitsHead: Bool { headPending.load(ordering: .relaxed) }
-
-    /// When the next request is due (so, the longer idle, the earlier); 0 while a request is in
-    /// progress or waiting suspended.
-    var dueMsec: Int64 { deadline.load(ordering: .relaxed) }
-
-    func isLate(_ now: Int64) -> Bool {
-        let due = deadline.load(ordering: .relaxed)
-        return due != 0 && now > due
-    }
-
-    static func nowMsec() -> Int64 {
-        var time = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &time)
-        return Int64(time.tv_sec) * 1000 + Int64(time.tv_nsec) / 1_000_000
     }
 }

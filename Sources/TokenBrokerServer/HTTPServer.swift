@@ -13,42 +13,21 @@ import TokenBrokerCore
 /// - Important: call `shutDown` before releasing the server; it answers every suspended
 ///   connection first, since libmicrohttpd must not be stopped with connections suspended.
 public final class HTTPServer: @unchecked Sendable {
-    /// How the daemon is set up. Every limit is explicit.
-    public struct Configuration: Sendable {
-        public var address: ListenAddress
-        /// `MHD_OPTION_CONNECTION_LIMIT`: open connections at most. Past fifteen sixteenths of it,
-        /// each new connection closes the one that has waited longest for its next request.
-        public var connectionLimit: Int = 10_000
-        /// `MHD_OPTION_CONNECTION_MEMORY_LIMIT`: each connection's buffer for the request line,
-        /// headers and the answer's headers; larger request headers get 431. It is also most of
-        /// what a waiting long-poll costs, so it is small: 4 KiB holds about 3 KiB of headers.
-        public var connectionMemoryLimit: Int = 4 * 1024
-        /// `MHD_OPTION_CONNECTION_TIMEOUT`: seconds an idle connection is kept; also the longest
-        /// a request may take to arrive whole (`ConnectionWatcher`). Suspended connections do
-        /// not time out by themselves.
-        public var connectionTimeoutSec: Int = 30
-        /// Threads polling connections.
-        public var threads: Int = 2
-        /// Request bodies longer than this are answered with 413.
-        public var maximumBodyBytes: Int = 64 * 1024
-        /// The file mode of a Unix socket listener.
-        public var unixSocketMode: UInt32 = 0o660
-        /// Where libmicrohttpd's own messages go (a failed send, a malformed request), one line
-        /// each; they may quote a client's path, so the sink must escape them. Nil: dropped.
-        public var libraryLog: (@Sendable (String) -> Void)?
-        /// Requests whose target starts with this are shown to `HTTPHandler.begin` when their
-        /// headers arrive, and carry their target as sent (`HTTPRequest.rawTarget`).
-        public var streamingPrefix: String?
-
-        public init(address: ListenAddress) { self.address = address }
-    }
+    // @unchecked: `daemon` and `listenSocket` change only in `init` and `shutDown`, never on libmicrohttpd's threads.
 
     public let configuration: Configuration
     /// The port actually bound (the configured one, or the one picked for port 0).
-    public private(set) var port: UInt16 = 0
+    public let port: UInt16
     private let handler: any HTTPHandler
     private var daemon: OpaquePointer?
     private var listenSocket: Int32 = -1
+    /// The suspended connections.
+    ///
+    /// Lock order: a stream's lock (`HTTPResponseStream`, `HTTPRequestBodyStream`), then this
+    /// one: a stream suspends its connection (`suspendForStream`) while holding its own lock.
+    /// Never the other way round: nothing is called out of this lock (shutting down copies the
+    /// responders out before answering them), and `MHD_suspend_connection` and
+    /// `MHD_resume_connection` are called after it is released.
     private let suspended = Lock<Suspended>(Suspended())
     private let watcher: ConnectionWatcher
     private let requestsInFlight = Atomic<Int>(0)
@@ -111,8 +90,6 @@ public final class HTTPServer: @unchecked Sendable {
     public var openConnections: Int { watcher.openConnections }
     /// Idle connections closed to make room for new ones since start.
     public var evictedConnections: Int { watcher.evictedConnections }
-    /// Requests waiting suspended.
-    public var suspendedCount: Int { suspended.withLock { $0.count } }
 
     /// The suspended requests, each in a slot its responder knows (parking and resuming one
     /// costs no hashing, and resuming allocates nothing), and the most there were since the
@@ -185,28 +162,28 @@ public final class HTTPServer: @unchecked Sendable {
 
     // MARK: - libmicrohttpd callbacks
 
-    fileprivate static func fromOpaque(_ pointer: UnsafeMutableRawPointer) -> HTTPServer {
-        Unmanaged<HTTPServer>.fromOpaque(pointer).takeUnretainedValue()
-    }
-
     /// The access handler: called once when headers arrive, once per body chunk, and once at the end.
-    fileprivate func access(
+    func access(
         _ connection: OpaquePointer, url: UnsafePointer<CChar>, method: UnsafePointer<CChar>, version: UnsafePointer<CChar>,
         uploadData: UnsafePointer<CChar>?, uploadSize: UnsafeMutablePointer<Int>,
         requestContext: UnsafeMutablePointer<UnsafeMutableRawPointer?>
     ) -> MHD_Result {
-        guard let context = requestContext.pointee else {
+        let state: RequestState?
+        switch RequestPhase(requestContext.pointee) {
+        case .awaitingHead:
             // First call: headers only. Answering now would lose keep-alive; come back later,
             // unless the head is refused, and then the connection closes anyway.
             requestsInFlight.add(1, ordering: .relaxed)
-            requestContext.pointee = RequestState.headersOnly
+            requestContext.pointee = RequestPhase.headRead.context
             return headArrived(connection, method: method, version: version) ?? CMicroHTTPD_yes()
-        }
-        let state = context == RequestState.headersOnly ? nil : RequestState.fromOpaque(context)
-        if let state, !state.begun {
+        case .targetRead(let streaming):
             // First call of a request under the streaming prefix: decide about its body now.
-            state.begun = true
-            return headArrived(connection, method: method, version: version) ?? begin(state, connection, url: url, method: method)
+            requestContext.pointee = RequestPhase.underway(streaming).context
+            return headArrived(connection, method: method, version: version) ?? begin(streaming, connection, url: url, method: method)
+        case .headRead:
+            state = nil
+        case .underway(let underway):
+            state = underway
         }
         if uploadSize.pointee > 0 {
             let count = uploadSize.pointee
@@ -319,13 +296,15 @@ public final class HTTPServer: @unchecked Sendable {
         if trim { watcher.requestMemoryTrim() }
     }
 
-    fileprivate func completed(_ connection: OpaquePointer?, _ requestContext: UnsafeMutablePointer<UnsafeMutableRawPointer?>) {
+    func completed(_ connection: OpaquePointer?, _ requestContext: UnsafeMutablePointer<UnsafeMutableRawPointer?>) {
         if let connection, let clock = Self.clock(of: connection) { watcher.answered(clock) }
-        guard let context = requestContext.pointee else { return }
+        let phase = RequestPhase(requestContext.pointee)
+        if case .awaitingHead = phase { return }
         requestContext.pointee = nil
         requestsInFlight.subtract(1, ordering: .relaxed)
-        guard context != RequestState.headersOnly else { return }
-        let state = Unmanaged<RequestState>.fromOpaque(context).takeRetainedValue()
+        guard let state = phase.state else { return }
+        // The context's reference to the state, given back once the state is no longer needed.
+        defer { Unmanaged.passUnretained(state).release() }
         if let responder = state.responder {
             // Normally resumed (and so forgotten) already; the lock is taken only when not.
             if responder.suspendedSlot.load(ordering: .relaxed) >= 0 {
@@ -338,7 +317,7 @@ public final class HTTPServer: @unchecked Sendable {
 
 extension HTTPServer {
     /// A connection opened or closed: its `ConnectionClock` lives in the socket context between the two.
-    fileprivate func connectionChanged(
+    func connectionChanged(
         _ connection: OpaquePointer, socketContext: UnsafeMutablePointer<UnsafeMutableRawPointer?>, opened: Bool
     ) {
         if opened {
@@ -353,93 +332,15 @@ extension HTTPServer {
 
     /// A request line was read: requests under the streaming prefix get their state now, with
     /// the target as sent. Others get nothing, as before.
-    fileprivate func requestTarget(_ uri: UnsafePointer<CChar>) -> UnsafeMutableRawPointer? {
+    func requestTarget(_ uri: UnsafePointer<CChar>) -> UnsafeMutableRawPointer? {
         guard let prefix = configuration.streamingPrefix, strncmp(uri, prefix, prefix.utf8.count) == 0 else { return nil }
         let state = RequestState()
         state.rawTarget = String(cString: uri)
-        state.begun = false
         requestsInFlight.add(1, ordering: .relaxed)
-        return Unmanaged.passRetained(state).toOpaque()
+        return RequestPhase.targetRead(state).retainingContext
     }
 
-    fileprivate static func clock(of connection: OpaquePointer) -> ConnectionClock? {
+    private static func clock(of connection: OpaquePointer) -> ConnectionClock? {
         CMicroHTTPD_socket_context(connection).map { Unmanaged<ConnectionClock>.fromOpaque($0).takeUnretainedValue() }
     }
-}
-
-/// Why a listener could not start: the address and the system's reason.
-public struct HTTPServerError: Error, CustomStringConvertible {
-    public let address: ListenAddress
-    public let reason: String
-    public var description: String { "cannot listen on \(address): \(reason)" }
-}
-
-/// What a request carries between calls of the access handler, when it needs more than nothing.
-final class RequestState {
-    /// Marks a request that has only had its headers read: no allocation for the common case.
-    nonisolated(unsafe) static let headersOnly = UnsafeMutableRawPointer.allocate(byteCount: 1, alignment: 1)
-
-    var body: [UInt8] = []
-    var tooLarge = false
-    var responder: HTTPResponder?
-    /// For requests under the streaming prefix: the target as sent, and whether `begin` ran.
-    var rawTarget: String?
-    var begun = true
-    var bodyLimit: Int?
-    var bodyStream: HTTPRequestBodyStream?
-
-    static func fromOpaque(_ pointer: UnsafeMutableRawPointer) -> RequestState {
-        Unmanaged<RequestState>.fromOpaque(pointer).takeUnretainedValue()
-    }
-
-    /// The request's state, created on first need; the request context holds one reference.
-    static func attach(to requestContext: UnsafeMutablePointer<UnsafeMutableRawPointer?>) -> RequestState {
-        if let context = requestContext.pointee, context != headersOnly { return fromOpaque(context) }
-        let state = RequestState()
-        requestContext.pointee = Unmanaged.passRetained(state).toOpaque()
-        return state
-    }
-
-    func append(_ data: UnsafePointer<CChar>?, count: Int, limit: Int) {
-        guard let data, !tooLarge else { return }
-        guard body.count + count <= limit else {
-            tooLarge = true
-            body = []
-            return
-        }
-        data.withMemoryRebound(to: UInt8.self, capacity: count) { body.append(contentsOf: UnsafeBufferPointer(start: $0, count: count)) }
-    }
-}
-
-// Top-level C callbacks: they capture nothing and find the server through their context pointer.
-
-private let accessHandlerCallback: MHD_AccessHandlerCallback = { cls, connection, url, method, version, uploadData, uploadSize, requestContext in
-    guard let cls, let connection, let url, let method, let version, let uploadSize, let requestContext else { return CMicroHTTPD_no() }
-    return HTTPServer.fromOpaque(cls).access(
-        connection, url: url, method: method, version: version, uploadData: uploadData, uploadSize: uploadSize, requestContext: requestContext)
-}
-
-private let requestCompletedCallback: MHD_RequestCompletedCallback = { cls, connection, requestContext, _ in
-    guard let cls, let requestContext else { return }
-    HTTPServer.fromOpaque(cls).completed(connection, requestContext)
-}
-
-private let requestTargetCallback: CMicroHTTPD_uri_callback = { cls, uri, _ in
-    guard let cls, let uri else { return nil }
-    return HTTPServer.fromOpaque(cls).requestTarget(uri)
-}
-
-private let libraryLogCallback: MHD_LogCallback = { cls, format, arguments in
-    guard let cls, let format, let arguments, let log = HTTPServer.fromOpaque(cls).configuration.libraryLog else { return }
-    var buffer = [CChar](repeating: 0, count: 512)
-    _ = vsnprintf(&buffer, buffer.count, format, arguments)
-    var message = String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
-    while message.last == "\n" { message.removeLast() }
-    log(message)
-}
-
-private let connectionNotifyCallback: MHD_NotifyConnectionCallback = { cls, connection, socketContext, code in
-    guard let cls, let connection, let socketContext else { return }
-    // MHD_CONNECTION_NOTIFY_STARTED is 0; its Swift name differs across libmicrohttpd versions.
-    HTTPServer.fromOpaque(cls).connectionChanged(connection, socketContext: socketContext, opened: code.rawValue == 0)
 }

@@ -58,7 +58,7 @@ enum StreamLimits {
 ///
 /// The producer calls `write` (false: full, pause and wait for `onDrained`), then `finish`. If the
 /// client goes away first, `onClientGone` runs once so the producer can stop.
-public final class HTTPResponseStream: @unchecked Sendable {
+public final class HTTPResponseStream: Sendable {
     private struct State {
         var queue = ByteQueue()
         var finished = false
@@ -68,6 +68,9 @@ public final class HTTPResponseStream: @unchecked Sendable {
         var responder: HTTPResponder?
     }
 
+    /// Lock order: this lock, then the server's lock of suspended connections (`read` suspends
+    /// the connection through `suspendForStream` while holding it); nothing else is taken under
+    /// it, and `onDrained` and resuming run after it is released.
     private let state = Lock(State())
     private let onDrained: @Sendable () -> Void
 
@@ -138,7 +141,7 @@ public final class HTTPResponseStream: @unchecked Sendable {
 }
 
 /// A request body that a consumer on another thread reads as it arrives.
-public final class HTTPRequestBodyStream: @unchecked Sendable {
+public final class HTTPRequestBodyStream: Sendable {
     private struct State {
         var queue = ByteQueue()
         var received = 0
@@ -160,6 +163,9 @@ public final class HTTPRequestBodyStream: @unchecked Sendable {
         case tooLarge
     }
 
+    /// Lock order: this lock, then the server's lock of suspended connections (`append`
+    /// suspends the connection through `suspendForStream` while holding it). `onAvailable` is
+    /// never taken under it, and resuming runs after it is released.
     private let state = Lock(State())
     private let limit: Int
     private let onAvailable = Lock<(@Sendable () -> Void)?>(nil)

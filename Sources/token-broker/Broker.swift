@@ -8,8 +8,72 @@ import TokenBrokerCrypto
 import TokenBrokerUpstream
 
 /// Wires the configuration into sources, providers and the two listeners; runs until a stop signal.
+///
+/// `run` reads as the list of its steps; each step is a function below, in the order it runs.
 enum Broker {
-    /// The sources for each provider, in order. Loads key files; generates keys where none is given.
+    /// A provider on the real clock.
+    typealias Provider = TokenProvider<ContinuousClock>
+
+    /// The two HTTP servers: the token listener and the admin listener.
+    struct Listeners {
+        let token: HTTPServer
+        let admin: HTTPServer
+    }
+
+    /// What `start` set going, for `stop` to end.
+    struct Running {
+        let listeners: Listeners
+        let providerTasks: [Task<Void, Never>]
+        let callers: CallerKeyStore?
+    }
+
+    /// Starts the broker and serves until SIGTERM or SIGINT; returns the exit status (0 stopped,
+    /// 1 cannot start, 2 bad configuration).
+    static func run(_ configuration: BrokerConfiguration) -> Int32 {
+        let sources: [(any TokenSource, JWTSigner?)]
+        do {
+            sources = try makeSources(configuration)
+        } catch {
+            Log.error("invalid configuration", ["problem": error.description])
+            return 2
+        }
+        if let problem = httpClientFailure(configuration) {
+            Log.error("cannot start", ["problem": problem])
+            return 1
+        }
+        logSigners(configuration, sources)
+        warnAboutExposedSecretFiles(configuration)
+        let callers: CallerKeyStore?
+        do {
+            callers = try loadCallerKeys(configuration)
+        } catch {
+            Log.error("invalid configuration", ["problem": error.description])
+            return 2
+        }
+        if let callers { Log.info("caller keys loaded", ["file": callers.path, "callers": String(callers.count)]) }
+        let metrics = BrokerMetrics(version: Options.version)
+        let providers = makeProviders(configuration, sources, metrics: metrics)
+        warnAboutOpenFileLimit(configuration)
+        let listeners: Listeners
+        do {
+            listeners = try openListeners(
+                configuration, providers: providers, jwks: JWTSigner.jwks(sources.compactMap(\.1)), callers: callers, metrics: metrics)
+        } catch {
+            Log.error("cannot start", ["problem": error.description])
+            return 1
+        }
+        let running = start(providers, listeners: listeners, callers: callers)
+        announce(configuration, listeners: listeners, callers: callers)
+        Log.info("stopping", ["signal": Signals.waitForStop()])
+        stop(running)
+        Log.info("stopped")
+        return 0
+    }
+
+    // MARK: - Steps, in order
+
+    /// The source for each provider, in order, with its local signer if it has one; reads key
+    /// files, and generates keys where none is given.
     static func makeSources(_ configuration: BrokerConfiguration) throws(ConfigurationError) -> [(any TokenSource, JWTSigner?)] {
         var sources: [(any TokenSource, JWTSigner?)] = []
         for (index, provider) in configuration.providers.enumerated() {
@@ -36,141 +100,6 @@ enum Broker {
         return sources
     }
 
-    static func run(_ configuration: BrokerConfiguration) -> Int32 {
-        let sources: [(any TokenSource, JWTSigner?)]
-        do {
-            sources = try makeSources(configuration)
-        } catch {
-            Log.error("invalid configuration", ["problem": error.description])
-            return 2
-        }
-        if let problem = httpClientFailure(configuration) {
-            Log.error("cannot start", ["problem": problem])
-            return 1
-        }
-        for (settings, (_, signer)) in zip(configuration.providers, sources) {
-            if let signer {
-                Log.info("local signer ready", [
-                    "provider": settings.name, "algorithm": signer.configuration.algorithm.rawValue, "kid": signer.keyID,
-                    "key": signer.configuration.keyFile ?? "generated at start",
-                ])
-            }
-        }
-        for (path, mode) in SecretFilePermissions.exposed(configuration.providers.flatMap(\.source.secretFiles)) {
-            Log.warning("a secret file can be read by other users; consider chmod 600", ["path": path, "mode": mode])
-        }
-        var callers: CallerKeyStore?
-        if let path = configuration.clientKeysFile {
-            do {
-                callers = try CallerKeyStore(path: path, knownProviders: Set(configuration.providers.map(\.name)))
-            } catch {
-                Log.error("invalid configuration", ["problem": error.description])
-                return 2
-            }
-            Log.info("caller keys loaded", ["file": path, "callers": String(callers!.count)])
-            callers!.watch { result in
-                switch result {
-                case .success(let count): Log.info("caller keys reloaded", ["file": path, "callers": String(count)])
-                case .failure(let error): Log.error("caller keys not reloaded; the previous list stays", ["problem": error.description])
-                }
-            }
-        }
-        let metrics = BrokerMetrics(version: Options.version)
-        let events = ProviderEvents(
-            fetched: { name, result, elapsed in
-                metrics.recordFetch(provider: name, error: result.failure, duration: elapsed)
-                if case .success(let (token, _)) = result, let status = token.upstreamStatus {
-                    metrics.recordUpstreamStatus(provider: name, code: status)
-                }
-                switch result {
-                case .success(let (token, version)):
-                    Log.info("token fetched", [
-                        "provider": name, "version": String(version), "token": Fingerprint.of(token.accessToken),
-                        "lifetime_s": token.lifetime.map { String($0.components.seconds) } ?? "none",
-                        "took_ms": String(elapsed.components.seconds * 1000 + elapsed.components.attoseconds / 1_000_000_000_000_000),
-                    ])
-                case .failure(let error):
-                    Log.warning("token fetch failed", ["provider": name, "error": error.description, "detail": error.detail])
-                }
-            },
-            excessiveRefresh: { name in Log.warning("forced refresh refused: too many in the window", ["provider": name]) })
-        let providers = zip(configuration.providers, sources).map { settings, source in
-            TokenProvider(configuration: settings, source: source.0, events: events)
-        }
-        let jwks = JWTSigner.jwks(sources.compactMap(\.1))
-
-        let openFiles = ProcessLimits.raiseOpenFileLimit()
-        if openFiles < UInt64(configuration.connectionLimit) + 64 {
-            Log.warning("the open-file limit is below the connection limit", [
-                "open_files": String(openFiles), "connectionLimit": String(configuration.connectionLimit),
-            ])
-        }
-        let tokenServer: HTTPServer
-        let adminServer: HTTPServer
-        do {
-            var tokenSettings = HTTPServer.Configuration(address: configuration.listen)
-            tokenSettings.connectionLimit = configuration.connectionLimit
-            tokenSettings.connectionTimeoutSec = configuration.connectionTimeoutSec
-            tokenSettings.connectionMemoryLimit = configuration.connectionMemoryKiB * 1024
-            tokenSettings.unixSocketMode = configuration.unixSocketMode
-            tokenSettings.libraryLog = { Log.warning("libmicrohttpd", ["listener": "token", "detail": $0]) }
-            if !configuration.proxies.isEmpty { tokenSettings.streamingPrefix = ProxyPath.prefix }
-            let proxy = configuration.proxies.isEmpty ? nil : ProxyAPI(
-                proxies: configuration.proxies, providers: providers, maxWait: .seconds(configuration.maxWaitSec),
-                callerKeysInAuthorization: callers != nil, metrics: metrics)
-            tokenServer = try HTTPServer(
-                configuration: tokenSettings,
-                handler: TokenAPI(
-                    providers: providers, jwks: jwks, maxWait: .seconds(configuration.maxWaitSec),
-                    requestGuard: configuration.requestGuard, callers: callers, proxy: proxy, metrics: metrics))
-            var adminSettings = HTTPServer.Configuration(address: configuration.adminListen)
-            adminSettings.connectionLimit = 256
-            adminSettings.connectionTimeoutSec = configuration.connectionTimeoutSec
-            adminSettings.threads = 1
-            adminSettings.unixSocketMode = configuration.unixSocketMode
-            adminSettings.libraryLog = { Log.warning("libmicrohttpd", ["listener": "admin", "detail": $0]) }
-            adminServer = try HTTPServer(configuration: adminSettings, handler: AdminAPI(providers: providers, metrics: metrics))
-        } catch {
-            Log.error("cannot start", ["problem": error.description])
-            return 1
-        }
-        // Weakly: a server's routes hold the metrics, so a strong capture would be a cycle.
-        metrics.observeOpenConnections(listener: "token") { [weak tokenServer] in tokenServer?.openConnections ?? 0 }
-        metrics.observeOpenConnections(listener: "admin") { [weak adminServer] in adminServer?.openConnections ?? 0 }
-        metrics.observeEvictedConnections(listener: "token") { [weak tokenServer] in tokenServer?.evictedConnections ?? 0 }
-        metrics.observeEvictedConnections(listener: "admin") { [weak adminServer] in adminServer?.evictedConnections ?? 0 }
-        metrics.observeDroppedResponseHeaders { HTTPResponse.droppedHeaders }
-        let tasks = providers.map { provider in Task.detached { await provider.run() } }
-        Log.info("listening", ["listener": "token", "address": address(configuration.listen, tokenServer.port)])
-        Log.info("listening", ["listener": "admin", "address": address(configuration.adminListen, adminServer.port)])
-        for proxy in configuration.proxies {
-            Log.info("proxy ready", [
-                "proxy": proxy.name, "target": proxy.target.description,
-                "provider": proxy.provider ?? configuration.providers[0].name,
-            ])
-        }
-        if !configuration.requestGuard {
-            Log.warning("the request guard is off: token routes accept requests without Token-Broker-Request")
-        }
-        if !configuration.listen.isLoopback, callers == nil {
-            Log.warning("the token listener is reachable from other machines and callers need no key (see clientKeysFile)", ["address": configuration.listen.description])
-        }
-
-        let signal = Signals.waitForStop()
-        Log.info("stopping", ["signal": signal])
-        // Waiters learn first (503 shutting_down), then the listeners drain and stop.
-        for provider in providers { provider.shutDown() }
-        tokenServer.shutDown(grace: .seconds(5))
-        adminServer.shutDown(grace: .seconds(1))
-        for task in tasks { task.cancel() }
-        callers?.stop()
-        // A provider's task ends once its fetch has: a fetch still running at exit would call
-        // OpenSSL after exit has torn it down (ThreadSanitizer saw EVP_Digest crash so).
-        waitForEnd(of: tasks, atMost: .seconds(5))
-        Log.info("stopped")
-        return 0
-    }
-
     /// Why the HTTP client for issuers and proxy targets cannot run, when the configuration needs it.
     private static func httpClientFailure(_ configuration: BrokerConfiguration) -> String? {
         let needed = !configuration.proxies.isEmpty || configuration.providers.contains { provider in
@@ -182,6 +111,142 @@ enum Broker {
         return needed ? UpstreamHTTPClient.shared.startFailure : nil
     }
 
+    /// Logs each local signer: its provider, algorithm, key id and key file.
+    private static func logSigners(_ configuration: BrokerConfiguration, _ sources: [(any TokenSource, JWTSigner?)]) {
+        for (settings, (_, signer)) in zip(configuration.providers, sources) {
+            guard let signer else { continue }
+            Log.info("local signer ready", [
+                "provider": settings.name, "algorithm": signer.configuration.algorithm.rawValue, "kid": signer.keyID,
+                "key": signer.configuration.keyFile ?? "generated at start",
+            ])
+        }
+    }
+
+    /// Warns about each secret file that other users can read.
+    private static func warnAboutExposedSecretFiles(_ configuration: BrokerConfiguration) {
+        for (path, mode) in SecretFilePermissions.exposed(configuration.providers.flatMap(\.source.secretFiles)) {
+            Log.warning("a secret file can be read by other users; consider chmod 600", ["path": path, "mode": mode])
+        }
+    }
+
+    /// The callers' keys from `clientKeysFile`, read once; nil when the configuration names no file.
+    static func loadCallerKeys(_ configuration: BrokerConfiguration) throws(ConfigurationError) -> CallerKeyStore? {
+        guard let path = configuration.clientKeysFile else { return nil }
+        return try CallerKeyStore(path: path, knownProviders: Set(configuration.providers.map(\.name)))
+    }
+
+    /// One provider per configured one, each reporting its fetches to the log and `metrics`.
+    private static func makeProviders(
+        _ configuration: BrokerConfiguration, _ sources: [(any TokenSource, JWTSigner?)], metrics: BrokerMetrics
+    ) -> [Provider] {
+        let events = ProviderEvents.logged(recordingIn: metrics)
+        return zip(configuration.providers, sources).map { settings, source in
+            Provider(configuration: settings, source: source.0, events: events)
+        }
+    }
+
+    /// Raises the open-file limit, and warns when it stays below what the connection limit needs.
+    private static func warnAboutOpenFileLimit(_ configuration: BrokerConfiguration) {
+        let openFiles = ProcessLimits.raiseOpenFileLimit()
+        if openFiles < UInt64(configuration.connectionLimit) + 64 {
+            Log.warning("the open-file limit is below the connection limit", [
+                "open_files": String(openFiles), "connectionLimit": String(configuration.connectionLimit),
+            ])
+        }
+    }
+
+    /// Binds both listeners with their routes (the proxy's too, when configured), and lets the
+    /// metrics read their connection counts.
+    private static func openListeners(
+        _ configuration: BrokerConfiguration, providers: [Provider], jwks: String, callers: CallerKeyStore?, metrics: BrokerMetrics
+    ) throws(HTTPServerError) -> Listeners {
+        var tokenSettings = HTTPServer.Configuration(address: configuration.listen)
+        tokenSettings.connectionLimit = configuration.connectionLimit
+        tokenSettings.connectionTimeoutSec = configuration.connectionTimeoutSec
+        tokenSettings.connectionMemoryLimit = configuration.connectionMemoryKiB * 1024
+        tokenSettings.unixSocketMode = configuration.unixSocketMode
+        tokenSettings.libraryLog = { Log.warning("libmicrohttpd", ["listener": "token", "detail": $0]) }
+        if !configuration.proxies.isEmpty { tokenSettings.streamingPrefix = ProxyPath.prefix }
+        let proxy = configuration.proxies.isEmpty ? nil : ProxyAPI(
+            proxies: configuration.proxies, providers: providers, maxWait: .seconds(configuration.maxWaitSec),
+            callerKeysInAuthorization: callers != nil, metrics: metrics)
+        let tokenServer = try HTTPServer(
+            configuration: tokenSettings,
+            handler: TokenAPI(
+                providers: providers, jwks: jwks, maxWait: .seconds(configuration.maxWaitSec),
+                requestGuard: configuration.requestGuard, callers: callers, proxy: proxy, metrics: metrics))
+        var adminSettings = HTTPServer.Configuration(address: configuration.adminListen)
+        adminSettings.connectionLimit = 256
+        adminSettings.connectionTimeoutSec = configuration.connectionTimeoutSec
+        adminSettings.threads = 1
+        adminSettings.unixSocketMode = configuration.unixSocketMode
+        adminSettings.libraryLog = { Log.warning("libmicrohttpd", ["listener": "admin", "detail": $0]) }
+        let adminServer = try HTTPServer(configuration: adminSettings, handler: AdminAPI(providers: providers, metrics: metrics))
+        // Weakly: a server's routes hold the metrics, so a strong capture would be a cycle.
+        metrics.observeOpenConnections(listener: "token") { [weak tokenServer] in tokenServer?.openConnections ?? 0 }
+        metrics.observeOpenConnections(listener: "admin") { [weak adminServer] in adminServer?.openConnections ?? 0 }
+        metrics.observeEvictedConnections(listener: "token") { [weak tokenServer] in tokenServer?.evictedConnections ?? 0 }
+        metrics.observeEvictedConnections(listener: "admin") { [weak adminServer] in adminServer?.evictedConnections ?? 0 }
+        metrics.observeDroppedResponseHeaders { HTTPResponse.droppedHeaders }
+        return Listeners(token: tokenServer, admin: adminServer)
+    }
+
+    /// Runs each provider in a task of its own, and starts watching the caller keys file.
+    private static func start(_ providers: [Provider], listeners: Listeners, callers: CallerKeyStore?) -> Running {
+        let tasks = providers.map { provider in Task.detached { await provider.run() } }
+        if let callers {
+            let path = callers.path
+            callers.watch { result in
+                switch result {
+                case .success(let count): Log.info("caller keys reloaded", ["file": path, "callers": String(count)])
+                case .failure(let error): Log.error("caller keys not reloaded; the previous list stays", ["problem": error.description])
+                }
+            }
+        }
+        return Running(listeners: listeners, providerTasks: tasks, callers: callers)
+    }
+
+    /// Logs the addresses bound and the proxies ready, and warns about a configuration left open.
+    private static func announce(_ configuration: BrokerConfiguration, listeners: Listeners, callers: CallerKeyStore?) {
+        Log.info("listening", ["listener": "token", "address": address(configuration.listen, listeners.token.port)])
+        Log.info("listening", ["listener": "admin", "address": address(configuration.adminListen, listeners.admin.port)])
+        for proxy in configuration.proxies {
+            Log.info("proxy ready", [
+                "proxy": proxy.name, "target": proxy.target.description,
+                "provider": proxy.provider ?? configuration.providers[0].name,
+            ])
+        }
+        if !configuration.requestGuard {
+            Log.warning("the request guard is off: token routes accept requests without Token-Broker-Request")
+        }
+        if !configuration.listen.isLoopback, callers == nil {
+            Log.warning(
+                "the token listener is reachable from other machines and callers need no key (see clientKeysFile)",
+                ["address": configuration.listen.description])
+        }
+    }
+
+    /// Stops what `start` set going, in the order that matters; the one way the broker stops.
+    ///
+    /// 1. Each provider task is cancelled, and the provider shuts down as its task sees that:
+    ///    its waiters (long-polls, proxied requests waiting for a token) are answered
+    ///    503 `shutting_down` then, not left to the listener's last answer at the end of the grace.
+    /// 2. The listeners drain: they refuse new connections and give answers in flight, those
+    ///    waiters' among them, up to 5 s (token) and 1 s (admin) to go out.
+    /// 3. The provider tasks end, each once its fetch has: a fetch still running at exit would
+    ///    call OpenSSL after exit has torn it down (ThreadSanitizer saw EVP_Digest crash so).
+    /// 4. The caller-key watcher stops, last: the token routes read the store until their
+    ///    listener has stopped.
+    private static func stop(_ running: Running) {
+        for task in running.providerTasks { task.cancel() }
+        running.listeners.token.shutDown(grace: .seconds(5))
+        running.listeners.admin.shutDown(grace: .seconds(1))
+        waitForEnd(of: running.providerTasks, atMost: .seconds(5))
+        running.callers?.stop()
+    }
+
+    // MARK: - Helpers
+
     /// Blocks the calling thread (not one of Swift's pool) until every task has ended, or `limit` has passed.
     private static func waitForEnd(of tasks: [Task<Void, Never>], atMost limit: Duration) {
         let ended = DispatchSemaphore(value: 0)
@@ -189,9 +254,10 @@ enum Broker {
             for task in tasks { await task.value }
             ended.signal()
         }
-        _ = ended.wait(timeout: .now() + .milliseconds(Int(limit.components.seconds) * 1000))
+        _ = ended.wait(timeout: .now() + .milliseconds(Int(clamping: limit.wholeMilliseconds)))
     }
 
+    /// The address as bound: the configured one, with the port the system picked for port 0.
     private static func address(_ configured: ListenAddress, _ port: UInt16) -> String {
         guard configured.unixPath == nil else { return configured.description }
         var bound = configured

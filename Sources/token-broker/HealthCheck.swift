@@ -22,29 +22,24 @@ enum HealthCheck {
         var unixSocketPath: String?
     }
 
-    static func run(arguments: [String]) -> Int32 {
+    /// What the arguments give: the configuration file, and the address to ask, if any.
+    struct Arguments: Equatable {
         var configPath: String?
-        var given: String?
-        var index = 0
-        while index < arguments.count {
-            let argument = arguments[index]
-            if argument == "--config" {
-                index += 1
-                guard index < arguments.count else { return fail("--config needs a file") }
-                configPath = arguments[index]
-            } else if argument.hasPrefix("--config=") {
-                configPath = String(argument.dropFirst("--config=".count))
-            } else if argument.hasPrefix("-") || given != nil {
-                return fail("unknown argument \"\(argument)\"; usage: token-broker healthcheck [--config FILE] [URL | unix:/path]")
-            } else {
-                given = argument
-            }
-            index += 1
+        var address: String?
+    }
+
+    /// Asks the admin listener and returns the exit status: 0 when it answers 200, else 1.
+    static func run(arguments: [String]) -> Int32 {
+        let given: Arguments
+        do {
+            given = try parse(arguments)
+        } catch {
+            return fail(error.description)
         }
         let target: Target
-        if let given {
-            guard let parsed = Self.target(given: given) else {
-                return fail("\"\(given)\" is neither an http:// URL nor unix:/path")
+        if let address = given.address {
+            guard let parsed = Self.target(given: address) else {
+                return fail("\"\(address)\" is neither an http:// URL nor unix:/path")
             }
             target = parsed
         } else {
@@ -52,7 +47,7 @@ enum HealthCheck {
             let configuration: BrokerConfiguration
             do {
                 configuration = try Options.load(
-                    path: configPath ?? environment["TOKEN_BROKER_CONFIG"].flatMap { $0.isEmpty ? nil : $0 }, environment: environment)
+                    path: Options.configurationPath(given: given.configPath, environment: environment), environment: environment)
             } catch {
                 return fail("invalid configuration: \(error.description)")
             }
@@ -79,6 +74,29 @@ enum HealthCheck {
         }
     }
 
+    /// Reads `[--config FILE] [URL | unix:/path]`, in any order; at most one address.
+    static func parse(_ arguments: [String]) throws(Options.Problem) -> Arguments {
+        var parsed = Arguments()
+        var index = 0
+        while index < arguments.count {
+            let argument = arguments[index]
+            if argument == "--config" {
+                index += 1
+                guard index < arguments.count else { throw Options.Problem(description: "--config needs a file") }
+                parsed.configPath = arguments[index]
+            } else if argument.hasPrefix("--config=") {
+                parsed.configPath = String(argument.dropFirst("--config=".count))
+            } else if argument.hasPrefix("-") || parsed.address != nil {
+                throw Options.Problem(
+                    description: "unknown argument \"\(argument)\"; usage: token-broker healthcheck [--config FILE] [URL | unix:/path]")
+            } else {
+                parsed.address = argument
+            }
+            index += 1
+        }
+        return parsed
+    }
+
     /// The admin listener as something to connect to; nil for port 0, which only the broker knows.
     static func target(adminListen: ListenAddress) -> Target? {
         var address = adminListen
@@ -95,7 +113,10 @@ enum HealthCheck {
             guard let address = try? ListenAddress(parsing: text) else { return nil }
             return target(adminListen: address)
         }
-        guard text.lowercased().hasPrefix("http://"), !text.contains(where: { $0 == " " || $0 == "\r" || $0 == "\n" }) else { return nil }
+        // By scalar: "\r\n" is one Character, equal to neither "\r" nor "\n".
+        guard text.lowercased().hasPrefix("http://"), !text.unicodeScalars.contains(where: { $0 == " " || $0 == "\r" || $0 == "\n" }) else {
+            return nil
+        }
         let rest = text.dropFirst("http://".count)
         guard let slash = rest.firstIndex(of: "/") else {
             guard !rest.isEmpty else { return nil }

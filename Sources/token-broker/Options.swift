@@ -48,60 +48,100 @@ enum Options {
         See README.md for the configuration reference.
         """
 
+    /// What the command line asks for.
+    enum Command: Equatable {
+        /// `--help` or `-h`: print the usage.
+        case help
+        /// `--version`: print the version.
+        case version
+        /// Run the broker, or with `checkOnly` only check its configuration; the file from
+        /// `--config`, when given.
+        case broker(configPath: String?, checkOnly: Bool)
+        /// `healthcheck`, with the arguments after it (`HealthCheck` reads them).
+        case healthCheck(arguments: [String])
+    }
+
+    /// Why a command line was refused, as the usage message says it.
+    struct Problem: Error, Equatable, CustomStringConvertible {
+        var description: String
+    }
+
     /// Runs the command and returns the exit status.
     static func run(arguments: [String]) -> Int32 {
-        var configPath: String?
-        var checkOnly = false
-        var index = 0
-        if arguments.first == "healthcheck" {
-            return HealthCheck.run(arguments: Array(arguments.dropFirst()))
-        }
-        while index < arguments.count {
-            let argument = arguments[index]
-            switch argument {
-            case "--help", "-h":
-                print(help)
-                return 0
-            case "--version":
-                print("token-broker \(version)")
-                return 0
-            case "--check-config":
-                checkOnly = true
-            case "--config":
-                index += 1
-                guard index < arguments.count else { return usage("--config needs a file") }
-                configPath = arguments[index]
-            case _ where argument.hasPrefix("--config="):
-                configPath = String(argument.dropFirst("--config=".count))
-            default:
-                return usage("unknown argument \"\(argument)\"")
-            }
-            index += 1
-        }
-        let environment = Environment.variables()
-        let configuration: BrokerConfiguration
+        let command: Command
         do {
-            configuration = try load(path: configPath ?? environment["TOKEN_BROKER_CONFIG"].flatMap { $0.isEmpty ? nil : $0 }, environment: environment)
+            command = try parse(arguments)
         } catch {
-            Log.error("invalid configuration", ["problem": error.description])
-            return 2
+            return usage(error.description)
         }
-        if checkOnly {
-            // Everything start does short of binding: the listen addresses are parsed whole by
-            // now; here the keys are read and the sources built, and the caller keys file read.
+        switch command {
+        case .help:
+            print(help)
+            return 0
+        case .version:
+            print("token-broker \(version)")
+            return 0
+        case .healthCheck(let arguments):
+            return HealthCheck.run(arguments: arguments)
+        case .broker(let configPath, let checkOnly):
+            let environment = Environment.variables()
+            let configuration: BrokerConfiguration
             do {
-                _ = try Broker.makeSources(configuration)
-                if let path = configuration.clientKeysFile {
-                    _ = try CallerKeyStore(path: path, knownProviders: Set(configuration.providers.map(\.name)))
-                }
+                configuration = try load(path: configurationPath(given: configPath, environment: environment), environment: environment)
+                if checkOnly { try check(configuration) }
             } catch {
                 Log.error("invalid configuration", ["problem": error.description])
                 return 2
             }
+            guard checkOnly else { return Broker.run(configuration) }
             print("configuration OK: \(configuration.providers.count) provider(s), token listener \(configuration.listen), admin listener \(configuration.adminListen)")
             return 0
         }
-        return Broker.run(configuration)
+    }
+
+    /// Reads the arguments in order: the first `--help` or `--version` wins, unless a bad
+    /// argument comes before it.
+    static func parse(_ arguments: [String]) throws(Problem) -> Command {
+        if arguments.first == "healthcheck" {
+            return .healthCheck(arguments: Array(arguments.dropFirst()))
+        }
+        var configPath: String?
+        var checkOnly = false
+        var index = 0
+        while index < arguments.count {
+            let argument = arguments[index]
+            switch argument {
+            case "--help", "-h":
+                return .help
+            case "--version":
+                return .version
+            case "--check-config":
+                checkOnly = true
+            case "--config":
+                index += 1
+                guard index < arguments.count else { throw Problem(description: "--config needs a file") }
+                configPath = arguments[index]
+            case _ where argument.hasPrefix("--config="):
+                configPath = String(argument.dropFirst("--config=".count))
+            default:
+                throw Problem(description: "unknown argument \"\(argument)\"")
+            }
+            index += 1
+        }
+        return .broker(configPath: configPath, checkOnly: checkOnly)
+    }
+
+    /// The configuration file to read: the one given, else `TOKEN_BROKER_CONFIG` unless it is
+    /// empty, else none (the embedded default).
+    static func configurationPath(given: String?, environment: [String: String]) -> String? {
+        given ?? environment["TOKEN_BROKER_CONFIG"].flatMap { $0.isEmpty ? nil : $0 }
+    }
+
+    /// `--check-config`: everything start does short of binding. The listen addresses are parsed
+    /// whole by `load`; here the keys are read, the sources built and the caller keys file read.
+    static func check(_ configuration: BrokerConfiguration) throws(ConfigurationError) {
+        _ = try Broker.makeSources(configuration)
+        _ = try Broker.loadCallerKeys(configuration)
     }
 
     /// Reads the file, if any, then applies the environment's overrides.

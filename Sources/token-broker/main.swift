@@ -1,11 +1,12 @@
 // token-broker: the executable. Everything it does is in the files beside this one:
-//   Options.swift       the command line
-//   Broker.swift        wiring configuration, sources, providers and listeners; start and stop
-//   Signals.swift       SIGTERM and SIGINT, blocked before any thread starts
-//   Log.swift           log lines on stderr, with fingerprints instead of secrets
-//   HealthCheck.swift   `token-broker healthcheck`, for container HEALTHCHECKs without curl
-//   ProcessLimits.swift the open-file limit, and the start-up check of secret files' modes
-//   Environment.swift   the environment variables, read from environ
+//   Options.swift          the command line
+//   Broker.swift           wiring configuration, sources, providers and listeners; start and stop
+//   ProviderLogging.swift  what providers report, as log lines and metrics
+//   Signals.swift          SIGTERM and SIGINT, blocked before any thread starts
+//   Log.swift              log lines on stderr, with fingerprints instead of secrets
+//   HealthCheck.swift      `token-broker healthcheck`, for container HEALTHCHECKs without curl
+//   ProcessLimits.swift    the open-file limit, and the start-up check of secret files' modes
+//   Environment.swift      the environment variables, read from environ
 import Glibc
 import TokenBrokerServer
 

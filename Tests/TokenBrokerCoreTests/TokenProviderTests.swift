@@ -121,3 +121,23 @@ import TokenBrokerCore
         source.open()
     }
 }
+
+/// What a fetch reports (metrics, the log line) is recorded before any waiter hears of its token,
+/// so that a client that reads `/metrics` after its answer finds the fetch counted.
+@Suite struct FetchReportOrderTests {
+    @Test func aFetchIsReportedBeforeItsWaitersAreAnswered() async {
+        let reported = Atomic<Int>(0)
+        let seenByWaiter = Atomic<Int>(-1)
+        let events = ProviderEvents(fetched: { _, _, _ in reported.add(1, ordering: .sequentiallyConsistent) })
+        let provider = TokenProvider(
+            configuration: ProviderConfiguration(backgroundRefreshEnabled: false), source: ScriptedSource(), clock: ManualClock(),
+            events: events)
+        let service = Task { await provider.run() }
+        defer { service.cancel() }
+        provider.addWaiter(after: nil, deadline: provider.deadline(in: .seconds(30)), onDemand: true) { _ in
+            seenByWaiter.store(reported.load(ordering: .sequentiallyConsistent), ordering: .sequentiallyConsistent)
+        }
+        #expect(await eventually { seenByWaiter.load(ordering: .sequentiallyConsistent) >= 0 })
+        #expect(seenByWaiter.load(ordering: .sequentiallyConsistent) == 1, "the waiter was answered before the fetch was reported")
+    }
+}

@@ -242,7 +242,12 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
 
     /// Runs `event` on the machine under the lock, then carries out its actions; `ifShutDown`,
     /// leaving the machine alone, once the provider has shut down.
-    private func apply<Result>(ifShutDown: Result, _ event: (inout Machine, C.Instant) -> (Result, [Machine.Action])) -> Result {
+    /// - Parameter report: runs after the lock and before any waiter is completed, so that what
+    ///   it records (a fetch's metrics and log line) is there before any answer that follows from it.
+    private func apply<Result>(
+        ifShutDown: Result, _ event: (inout Machine, C.Instant) -> (Result, [Machine.Action]),
+        report: ((Result) -> Void)? = nil
+    ) -> Result {
         var work = Work()
         let result = state.withLock { state -> Result in
             guard !state.isShutDown else { return ifShutDown }
@@ -250,6 +255,7 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
             collect(actions, into: &work, state: &state)
             return result
         }
+        report?(result)
         perform(&work)
         return result
     }
@@ -378,7 +384,7 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         if Task.isCancelled { return }
         let started = state.withLock { $0.fetchStartedAt } ?? clock.now
         let elapsed = started.duration(to: clock.now)
-        let (accepted, version) = apply(ifShutDown: (false, UInt64?.none)) { machine, now in
+        apply(ifShutDown: (false, UInt64?.none)) { machine, now in
             // A late result of a fetch abandoned at its deadline is not reported twice.
             let accepted = machine.isFetching && machine.fetchNumber == number
             switch result {
@@ -388,8 +394,9 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
             case .failure(let error):
                 return ((accepted, nil), machine.fetchFailed(error, fetch: number, now: now))
             }
+        } report: { [self] accepted, version in
+            if accepted { events.fetched(name, result.map { ($0, version ?? 0) }, elapsed) }
         }
-        if accepted { events.fetched(name, result.map { ($0, version ?? 0) }, elapsed) }
     }
 }
 

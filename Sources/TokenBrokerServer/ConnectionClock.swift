@@ -1,0 +1,51 @@
+import Glibc
+import Synchronization
+
+/// A connection's request deadline, kept in libmicrohttpd's socket context.
+///
+/// The request path touches it twice per request, each time with one atomic store: cleared
+/// when the request has arrived whole, set again when the answer is done. Every field is
+/// immutable or atomic, so it is shared between libmicrohttpd's threads and the watcher's.
+final class ConnectionClock: Sendable {
+    let fd: Int32
+    /// Monotonic milliseconds by which the next request must have arrived; 0 when none is due.
+    private let deadline = Atomic<Int64>(0)
+    /// Between requests: no head has arrived since the connection opened or was last answered.
+    private let headPending = Atomic<Bool>(true)
+    /// Shut down to make room for a new connection. Changed under the watcher's lock, so that
+    /// two new connections never pick the same one; atomic only to be shared without `@unchecked`.
+    private let evictedFlag = Atomic<Bool>(false)
+
+    init(fd: Int32) { self.fd = fd }
+
+    /// Whether the watcher shut this connection down to make room.
+    var evicted: Bool { evictedFlag.load(ordering: .relaxed) }
+    /// Marks the connection as shut down to make room.
+    func markEvicted() { evictedFlag.store(true, ordering: .relaxed) }
+
+    func armDeadline(after milliseconds: Int64) {
+        deadline.store(Self.nowMsec() + milliseconds, ordering: .relaxed)
+        headPending.store(true, ordering: .relaxed)
+    }
+    /// The request's head has arrived; its body may still be coming.
+    func headArrived() { headPending.store(false, ordering: .relaxed) }
+    func requestArrived() { deadline.store(0, ordering: .relaxed) }
+
+    /// Waiting for a request head, so a candidate to make room.
+    var awaitsHead: Bool { headPending.load(ordering: .relaxed) }
+
+    /// When the next request is due (so, the longer idle, the earlier); 0 while a request is in
+    /// progress or waiting suspended.
+    var dueMsec: Int64 { deadline.load(ordering: .relaxed) }
+
+    func isLate(_ now: Int64) -> Bool {
+        let due = deadline.load(ordering: .relaxed)
+        return due != 0 && now > due
+    }
+
+    static func nowMsec() -> Int64 {
+        var time = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &time)
+        return Int64(time.tv_sec) * 1000 + Int64(time.tv_nsec) / 1_000_000
+    }
+}

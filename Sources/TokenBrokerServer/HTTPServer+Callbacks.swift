@@ -1,0 +1,42 @@
+// libmicrohttpd's callbacks into `HTTPServer`: top-level closures that capture nothing and find
+// the server through their context pointer (the server, unretained: it outlives its daemon).
+internal import CMicroHTTPD
+import Glibc
+
+extension HTTPServer {
+    /// The server a callback's context pointer stands for.
+    static func fromOpaque(_ pointer: UnsafeMutableRawPointer) -> HTTPServer {
+        Unmanaged<HTTPServer>.fromOpaque(pointer).takeUnretainedValue()
+    }
+}
+
+let accessHandlerCallback: MHD_AccessHandlerCallback = { cls, connection, url, method, version, uploadData, uploadSize, requestContext in
+    guard let cls, let connection, let url, let method, let version, let uploadSize, let requestContext else { return CMicroHTTPD_no() }
+    return HTTPServer.fromOpaque(cls).access(
+        connection, url: url, method: method, version: version, uploadData: uploadData, uploadSize: uploadSize, requestContext: requestContext)
+}
+
+let requestCompletedCallback: MHD_RequestCompletedCallback = { cls, connection, requestContext, _ in
+    guard let cls, let requestContext else { return }
+    HTTPServer.fromOpaque(cls).completed(connection, requestContext)
+}
+
+let requestTargetCallback: CMicroHTTPD_uri_callback = { cls, uri, _ in
+    guard let cls, let uri else { return nil }
+    return HTTPServer.fromOpaque(cls).requestTarget(uri)
+}
+
+let libraryLogCallback: MHD_LogCallback = { cls, format, arguments in
+    guard let cls, let format, let arguments, let log = HTTPServer.fromOpaque(cls).configuration.libraryLog else { return }
+    var buffer = [CChar](repeating: 0, count: 512)
+    _ = vsnprintf(&buffer, buffer.count, format, arguments)
+    var message = String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    while message.last == "\n" { message.removeLast() }
+    log(message)
+}
+
+let connectionNotifyCallback: MHD_NotifyConnectionCallback = { cls, connection, socketContext, code in
+    guard let cls, let connection, let socketContext else { return }
+    // MHD_CONNECTION_NOTIFY_STARTED is 0; its Swift name differs across libmicrohttpd versions.
+    HTTPServer.fromOpaque(cls).connectionChanged(connection, socketContext: socketContext, opened: code.rawValue == 0)
+}

@@ -1,0 +1,33 @@
+import TokenBrokerCore
+
+extension HTTPServer {
+    /// How the daemon is set up. Every limit is explicit.
+    public struct Configuration: Sendable {
+        public var address: ListenAddress
+        /// `MHD_OPTION_CONNECTION_LIMIT`: open connections at most. Past fifteen sixteenths of it,
+        /// each new connection closes the one that has waited longest for its next request.
+        public var connectionLimit: Int = 10_000
+        /// `MHD_OPTION_CONNECTION_MEMORY_LIMIT`: each connection's buffer for the request line,
+        /// headers and the answer's headers; larger request headers get 431. It is also most of
+        /// what a waiting long-poll costs, so it is small: 4 KiB holds about 3 KiB of headers.
+        public var connectionMemoryLimit: Int = 4 * 1024
+        /// `MHD_OPTION_CONNECTION_TIMEOUT`: seconds an idle connection is kept; also the longest
+        /// a request may take to arrive whole (`ConnectionWatcher`). Suspended connections do
+        /// not time out by themselves.
+        public var connectionTimeoutSec: Int = 30
+        /// Threads polling connections.
+        public var threads: Int = 2
+        /// Request bodies longer than this are answered with 413.
+        public var maximumBodyBytes: Int = 64 * 1024
+        /// The file mode of a Unix socket listener.
+        public var unixSocketMode: UInt32 = 0o660
+        /// Where libmicrohttpd's own messages go (a failed send, a malformed request), one line
+        /// each; they may quote a client's path, so the sink must escape them. Nil: dropped.
+        public var libraryLog: (@Sendable (String) -> Void)?
+        /// Requests whose target starts with this are shown to `HTTPHandler.begin` when their
+        /// headers arrive, and carry their target as sent (`HTTPRequest.rawTarget`).
+        public var streamingPrefix: String?
+
+        public init(address: ListenAddress) { self.address = address }
+    }
+}

@@ -1,0 +1,329 @@
+import Glibc
+import Testing
+import TokenBrokerCore
+import TokenBrokerTestSupport
+@testable import TokenBrokerServer
+
+/// `HTTPServer` on 127.0.0.1 with a small test handler, no broker: what the server hands its
+/// handler, how it keeps, suspends and resumes connections, and the answers it asks the handler
+/// for (a malformed head, a request while stopping, the final answer). A plain socket client
+/// plays the other side, so what is checked is what goes over the wire.
+///
+/// Serialized: each test blocks its thread on a socket for a moment, and one at a time is enough.
+@Suite(.serialized)
+struct HTTPServerTests {
+    // MARK: - Requests as values
+
+    @Test func requestArrivesAsAValueWithMethodPathQueryHeadersInOrderAndBody() throws {
+        let handler = TestHandler()
+        let server = try startServer(handler)
+        defer { server.shutDown(grace: .zero) }
+        let client = try TestHTTPClient(port: server.port)
+
+        try client.send(
+            "POST /echo/a%20b?x=1&nul=a%00b&x=2 HTTP/1.1\r\nHost: test\r\nX-First: one\r\nx-second: two\r\n"
+                + "X-First: three\r\nContent-Length: 5\r\n\r\nhello")
+        let response = try client.readResponse()
+
+        #expect(response.status == 200 && response.text == "ok")
+        let request = try #require(handler.handled.withLock { $0.first })
+        #expect(request.method == "POST")
+        #expect(request.path == "/echo/a b")
+        #expect(request.rawTarget == nil, "only requests under the streaming prefix carry their target as sent")
+        #expect(request.query.map(\.0) == ["x", "nul", "x"])
+        #expect(request.query.map(\.1) == ["1", "a\u{0}b", "2"], "a decoded NUL stays in the value")
+        #expect(request.query("nul") == "a\u{0}b" && request.queryCount("x") == 2)
+        #expect(request.headers.map(\.0) == ["Host", "X-First", "x-second", "X-First", "Content-Length"])
+        #expect(request.headers.map(\.1) == ["test", "one", "two", "three", "5"])
+        #expect(request.header("x-first") == "one")
+        #expect(request.body == Array("hello".utf8) && !request.bodyTooLarge)
+    }
+
+    @Test func bodyPastMaximumBodyBytesArrivesMarkedTooLargeAndEmpty() throws {
+        let handler = TestHandler()
+        let server = try startServer(handler) { $0.maximumBodyBytes = 8 }
+        defer { server.shutDown(grace: .zero) }
+        let client = try TestHTTPClient(port: server.port)
+
+        try client.send("POST /fits HTTP/1.1\r\nHost: t\r\nContent-Length: 8\r\n\r\n12345678")
+        _ = try client.readResponse()
+        try client.send("POST /over HTTP/1.1\r\nHost: t\r\nContent-Length: 9\r\n\r\n123456789")
+        _ = try client.readResponse()
+
+        let requests = handler.handled.withLock { $0 }
+        try #require(requests.count == 2)
+        #expect(requests[0].path == "/fits" && requests[0].body == Array("12345678".utf8) && !requests[0].bodyTooLarge)
+        #expect(requests[1].path == "/over" && requests[1].body.isEmpty && requests[1].bodyTooLarge)
+    }
+
+    @Test func keepAliveServesTwoRequestsOnOneConnection() throws {
+        let handler = TestHandler { request in .response(TestHandler.text(200, "answer to \(request.path)")) }
+        let server = try startServer(handler)
+        defer { server.shutDown(grace: .zero) }
+        let client = try TestHTTPClient(port: server.port)
+
+        try client.send("GET /one HTTP/1.1\r\nHost: t\r\n\r\n")
+        let first = try client.readResponse()
+        try client.send("GET /two HTTP/1.1\r\nHost: t\r\n\r\n")
+        let second = try client.readResponse()
+
+        #expect(first.status == 200 && first.text == "answer to /one")
+        #expect(second.status == 200 && second.text == "answer to /two")
+        #expect(handler.handled.withLock { $0.map(\.path) } == ["/one", "/two"])
+        #expect(server.openConnections == 1)
+    }
+
+    // MARK: - Deferred answers
+
+    @Test func deferredAnswerResumesTheConnectionAndIsSent() async throws {
+        let handler = TestHandler.deferring()
+        let server = try startServer(handler)
+        defer { server.shutDown(grace: .zero) }
+        let client = try TestHTTPClient(port: server.port)
+
+        try client.send("GET /wait HTTP/1.1\r\nHost: t\r\n\r\n")
+        #expect(await eventually { handler.deferred.count == 1 })
+        #expect(server.inFlight == 1)
+        handler.deferred[0].respond(TestHandler.text(200, "later"))
+        let response = try client.readResponse()
+        #expect(response.status == 200 && response.text == "later")
+
+        // The resumed connection is kept alive, and can wait again.
+        try client.send("GET /again HTTP/1.1\r\nHost: t\r\n\r\n")
+        #expect(await eventually { handler.deferred.count == 2 })
+        handler.deferred[1].respond(TestHandler.text(201, "again"))
+        let second = try client.readResponse()
+        #expect(second.status == 201 && second.text == "again")
+        #expect(await eventually { server.inFlight == 0 })
+    }
+
+    @Test func clientHangingUpWhileDeferredRunsOnClose() async throws {
+        let handler = TestHandler.deferring()
+        let server = try startServer(handler)
+        defer { server.shutDown(grace: .zero) }
+        let client = try TestHTTPClient(port: server.port)
+        try client.send("GET /wait HTTP/1.1\r\nHost: t\r\n\r\n")
+        #expect(await eventually { handler.deferred.count == 1 })
+        let closed = Lock<Int>(0)
+        handler.deferred[0].onClose { closed.withLock { $0 += 1 } }
+
+        client.close()
+
+        #expect(await eventually { closed.withLock { $0 } == 1 })
+        #expect(await eventually { server.inFlight == 0 && server.openConnections == 0 })
+        // An answer after the hang-up does nothing, and the cleanup does not run again.
+        handler.deferred[0].respond(TestHandler.text(200, "too late"))
+        #expect(closed.withLock { $0 } == 1)
+    }
+
+    // MARK: - Shutting down
+
+    @Test func shutDownAnswersADeferredRequestWithTheHandlersStoppedAnswer() async throws {
+        let handler = TestHandler.deferring()
+        let server = try startServer(handler)
+        let client = try TestHTTPClient(port: server.port)
+        try client.send("GET /wait HTTP/1.1\r\nHost: t\r\n\r\n")
+        #expect(await eventually { handler.deferred.count == 1 })
+
+        let shutdown = BackgroundWork { server.shutDown(grace: .milliseconds(500)) }
+        let response = try client.readResponse()
+
+        #expect(response.status == 503 && response.text == "stopped")
+        #expect(handler.refusals.withLock { $0 } == [.stopped])
+        #expect(await eventually(within: 30) { shutdown.isDone })
+    }
+
+    @Test func requestDuringTheDrainGetsTheHandlersStoppingAnswerWhileAnswersInFlightGoOn() async throws {
+        let handler = TestHandler.deferring("/wait")
+        let server = try startServer(handler)
+        let waiting = try TestHTTPClient(port: server.port)
+        try waiting.send("GET /wait HTTP/1.1\r\nHost: t\r\n\r\n")
+        #expect(await eventually { handler.deferred.count == 1 })
+        let kept = try TestHTTPClient(port: server.port)
+        try kept.send("GET /now HTTP/1.1\r\nHost: t\r\n\r\n")
+        #expect(try kept.readResponse().status == 200)
+
+        // The grace is long: the drain lasts until the waiting request is answered below.
+        let shutdown = BackgroundWork { server.shutDown(grace: .seconds(60)) }
+        #expect(await eventually { !TestHTTPClient.canConnect(port: server.port) }, "new connections are refused")
+        try kept.send("GET /late HTTP/1.1\r\nHost: t\r\n\r\n")
+        let late = try kept.readResponse()
+
+        #expect(late.status == 503 && late.text == "stopping")
+        #expect(kept.isClosedByServer())
+        // The final answer (`.stopped`) is asked for when shutting down begins; `.stopping` once, for `/late`.
+        #expect(handler.refusals.withLock { $0.filter { $0 == .stopping }.count } == 1)
+        #expect(!handler.handled.withLock { $0.map(\.path) }.contains("/late"))
+
+        handler.deferred[0].respond(TestHandler.text(200, "done"))
+        let answer = try waiting.readResponse()
+        #expect(answer.status == 200 && answer.text == "done")
+        #expect(await eventually(within: 30) { shutdown.isDone })
+    }
+
+    // MARK: - What the server refuses itself
+
+    @Test func malformedHeadGetsTheHandlersAnswerAndTheConnectionCloses() throws {
+        let handler = TestHandler()
+        let server = try startServer(handler)
+        defer { server.shutDown(grace: .zero) }
+        let client = try TestHTTPClient(port: server.port)
+
+        try client.send(
+            "POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
+        let response = try client.readResponse()
+
+        #expect(response.status == 400)
+        let refusals = handler.refusals.withLock { $0 }
+        try #require(refusals.count == 1)
+        guard case .malformedHead(let problem) = refusals[0] else {
+            Issue.record("refused as \(refusals[0]), not as a malformed head")
+            return
+        }
+        #expect(!problem.isEmpty && response.text == "malformed: \(problem)")
+        #expect(handler.handled.withLock { $0.isEmpty }, "no route sees a malformed request")
+        #expect(client.isClosedByServer())
+    }
+
+    // MARK: - The streaming prefix
+
+    @Test func beginSeesTheHeadBeforeTheBodyAndRefuseAnswersWithoutReadingIt() throws {
+        let handler = TestHandler(begin: { request in
+            request.path == "/up/refuse"
+                ? .refuse(TestHandler.text(413, "refused", headers: [("Connection", "close")])) : .buffer(limit: 4)
+        })
+        let server = try startServer(handler) { $0.streamingPrefix = "/up/" }
+        defer { server.shutDown(grace: .zero) }
+        let client = try TestHTTPClient(port: server.port)
+
+        // The head promises a body that never comes: only an answer given before it can arrive.
+        try client.send("PUT /up/refuse?q=%41 HTTP/1.1\r\nHost: t\r\nContent-Length: 100000\r\n\r\n")
+        let response = try client.readResponse()
+
+        #expect(response.status == 413 && response.text == "refused")
+        let seen = handler.begun.withLock { $0 }
+        try #require(seen.count == 1)
+        #expect(seen[0].method == "PUT" && seen[0].path == "/up/refuse")
+        #expect(seen[0].rawTarget == "/up/refuse?q=%41" && seen[0].query("q") == "A")
+        #expect(seen[0].headers.map(\.0) == ["Host", "Content-Length"])
+        #expect(handler.handled.withLock { $0.isEmpty }, "a refused request is not handled")
+        #expect(client.isClosedByServer())
+    }
+
+    @Test func bufferLimitFromBeginAppliesUnderThePrefixAndOtherPathsSkipBegin() throws {
+        let handler = TestHandler(begin: { _ in .buffer(limit: 4) })
+        let server = try startServer(handler) { $0.streamingPrefix = "/up/" }
+        defer { server.shutDown(grace: .zero) }
+        let client = try TestHTTPClient(port: server.port)
+
+        try client.send("POST /up/small%21 HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\n12345")
+        _ = try client.readResponse()
+        try client.send("POST /up/fits HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\n\r\n1234")
+        _ = try client.readResponse()
+        try client.send("POST /other HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\n12345")
+        _ = try client.readResponse()
+
+        #expect(handler.begun.withLock { $0.map(\.path) } == ["/up/small!", "/up/fits"])
+        let handled = handler.handled.withLock { $0 }
+        try #require(handled.count == 3)
+        #expect(handled[0].rawTarget == "/up/small%21" && handled[0].bodyTooLarge && handled[0].body.isEmpty)
+        #expect(handled[1].rawTarget == "/up/fits" && !handled[1].bodyTooLarge && handled[1].body == Array("1234".utf8))
+        #expect(handled[2].rawTarget == nil && !handled[2].bodyTooLarge && handled[2].body == Array("12345".utf8))
+    }
+
+    // MARK: - Streamed bodies
+
+    @Test func streamedAnswerIsSentAsItsProducerWritesIt() async throws {
+        let stream = HTTPResponseStream(onDrained: {})
+        let handler = TestHandler { _ in .response(HTTPResponse(status: 200, headers: [], stream: stream, length: nil)) }
+        let server = try startServer(handler)
+        defer { server.shutDown(grace: .zero) }
+        let client = try TestHTTPClient(port: server.port)
+
+        try client.send("GET /stream HTTP/1.1\r\nHost: t\r\n\r\n")
+        #expect(await eventually { handler.handled.withLock { $0.count } == 1 })
+        // The server may already wait for bytes, its connection suspended: each write resumes it.
+        let producer = BackgroundWork {
+            for piece in ["hello", " ", "world"] {
+                _ = Array(piece.utf8).withUnsafeBytes { stream.write($0) }
+            }
+            stream.finish()
+        }
+        let response = try client.readResponse()
+
+        #expect(response.status == 200 && response.text == "hello world")
+        #expect(response.header("Transfer-Encoding")?.lowercased() == "chunked")
+        #expect(await eventually { producer.isDone })
+    }
+
+    @Test func streamedRequestBodyReachesItsConsumerWholeThroughPauses() async throws {
+        // Larger than a stream holds before its producer pauses, so the upload is suspended and resumed.
+        let size = 3 * StreamLimits.highWater + 12_345
+        let sent = (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 31) }
+        let handler = TestHandler(answer: { request in
+            guard let body = request.bodyStream else { return .response(TestHandler.text(500, "no stream")) }
+            return .deferred { responder in
+                _ = BackgroundWork { responder.respond(Self.consume(body)) }
+            }
+        }, begin: { _ in .stream(HTTPRequestBodyStream(limit: 4 * 1024 * 1024)) })
+        let server = try startServer(handler) { $0.streamingPrefix = "/up/" }
+        defer { server.shutDown(grace: .zero) }
+        let client = try TestHTTPClient(port: server.port)
+
+        try client.send("POST /up/load HTTP/1.1\r\nHost: t\r\nContent-Length: \(size)\r\n\r\n")
+        try client.send(sent)
+        let response = try client.readResponse()
+
+        #expect(response.status == 200)
+        #expect(response.text == "\(size) bytes, sum \(sent.reduce(0) { $0 &+ Int($1) &* 7 })")
+    }
+
+    /// Reads a streamed request body to its end, waiting politely (bounded) when it is behind, and
+    /// answers with its length and a checksum.
+    private static func consume(_ body: HTTPRequestBodyStream) -> HTTPResponse {
+        var buffer = [UInt8](repeating: 0, count: 16 * 1024)
+        var count = 0
+        var sum = 0
+        for _ in 0..<20_000 {
+            switch buffer.withUnsafeMutableBytes({ body.read(into: $0) }) {
+            case .bytes(let n):
+                count += n
+                sum = buffer[..<n].reduce(sum) { $0 &+ Int($1) &* 7 }
+            case .wait:
+                usleep(1_000)
+            case .end:
+                return TestHandler.text(200, "\(count) bytes, sum \(sum)")
+            case .tooLarge:
+                return TestHandler.text(413, "too large")
+            }
+        }
+        body.close()
+        return TestHandler.text(500, "the body did not end")
+    }
+
+    // MARK: - Response headers
+
+    @Test func responseHeadersWithABadNameOrAControlCharacterAreDroppedAndCounted() throws {
+        let before = HTTPResponse.droppedHeaders
+        let answer = HTTPResponse(status: 200, body: Array("ok".utf8), headers: [
+            ("X-Good", "1"), ("Bad Name", "x"), ("X-Ctl", "a\u{1}b"), ("X-Split", "a\r\nX-Injected: 1"),
+            ("", "empty"), ("X-Tab", "a\tb"), ("X-Last", "2"),
+        ])
+        // Other suites may drop headers at the same time: the count grows by at least these four.
+        #expect(HTTPResponse.droppedHeaders - before >= 4)
+        #expect(answer.headers.count == 7, "the headers stay readable as given")
+        let handler = TestHandler { _ in .response(answer) }
+        let server = try startServer(handler)
+        defer { server.shutDown(grace: .zero) }
+        let client = try TestHTTPClient(port: server.port)
+
+        try client.send("GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+        let response = try client.readResponse()
+
+        #expect(response.status == 200 && response.text == "ok")
+        #expect(response.header("X-Good") == "1" && response.header("X-Tab") == "a\tb" && response.header("X-Last") == "2")
+        let names = Set(response.headers.map { $0.0.lowercased() })
+        #expect(names.isDisjoint(with: ["bad name", "x-ctl", "x-split", "x-injected", ""]))
+        #expect(!response.headers.contains { $0.1 == "empty" })
+    }
+}

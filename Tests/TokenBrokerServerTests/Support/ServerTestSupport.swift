@@ -1,0 +1,30 @@
+// What the server tests share: a server on a loopback port, and blocking work kept off the cooperative pool.
+import Foundation
+import Synchronization
+import TokenBrokerCore
+import TokenBrokerServer
+
+/// Starts a server on 127.0.0.1, on a port the kernel picks, with `handler`.
+func startServer(
+    _ handler: TestHandler, configure: (inout HTTPServer.Configuration) -> Void = { _ in }
+) throws -> HTTPServer {
+    var configuration = HTTPServer.Configuration(address: try ListenAddress(parsing: "127.0.0.1:0"))
+    configure(&configuration)
+    return try HTTPServer(configuration: configuration, handler: handler)
+}
+
+/// Work that may block (such as `HTTPServer.shutDown`), run on a thread of its own so that it
+/// never holds one of Swift's cooperative threads.
+final class BackgroundWork: Sendable {
+    private let done = Atomic<Bool>(false)
+
+    init(_ work: @escaping @Sendable () -> Void) {
+        Thread.detachNewThread {
+            work()
+            self.done.store(true, ordering: .releasing)
+        }
+    }
+
+    /// Whether the work has returned.
+    var isDone: Bool { done.load(ordering: .acquiring) }
+}

@@ -1,0 +1,126 @@
+import Testing
+import TokenBrokerCore
+@testable import token_broker
+
+/// `Broker.makeSources` and `Broker.loadCallerKeys`, which start and `--check-config` share: what
+/// they refuse becomes "invalid configuration" and exit status 2.
+@Suite struct BrokerTests {
+    /// The problem `makeSources` reports for `providers` (a JSON array), or nil when it builds them.
+    private func sourceProblem(_ providers: String) throws -> ConfigurationError? {
+        let settings = try configuration(#"{"providers": \#(providers)}"#)
+        do {
+            _ = try Broker.makeSources(settings)
+            return nil
+        } catch {
+            return error
+        }
+    }
+
+    @Test func eachKindIsBuiltAndOnlyTheLocalSignerComesWithOne() throws {
+        let directory = try TemporaryDirectory()
+        let sources = try Broker.makeSources(try configuration(#"""
+            {"providers": [
+                {"name": "signed", "source": {"type": "jwt"}},
+                {"name": "file", "source": {"type": "file", "path": "\#(directory.path("token"))"}},
+                {"name": "oauth", "source": {"type": "oauth2", "tokenURL": "http://127.0.0.1:1/token", "clientID": "c",
+                                             "clientSecretFile": "\#(directory.path("secret"))"}},
+                {"name": "http", "source": {"type": "http", "url": "http://127.0.0.1:1/token"}}
+            ]}
+            """#))
+        #expect(sources.count == 4)
+        #expect(sources.map { $0.1 != nil } == [true, false, false, false])
+        #expect(sources[0].1?.configuration.algorithm == .es256)
+    }
+
+    @Test func filesReadAtEachFetchAreNotReadAtStart() throws {
+        // A token file and a client secret file may appear later (a mounted secret): start does not
+        // refuse them; each fetch reads them.
+        let directory = try TemporaryDirectory()
+        #expect(try sourceProblem(#"[{"source": {"type": "file", "path": "\#(directory.path("absent"))"}}]"#) == nil)
+        #expect(try sourceProblem(#"""
+            [{"source": {"type": "oauth2", "tokenURL": "http://127.0.0.1:1/token", "clientID": "c",
+                         "clientSecretFile": "\#(directory.path("absent"))"}}]
+            """#) == nil)
+    }
+
+    @Test func aMissingSigningKeyIsNamedUnderItsProvidersSource() throws {
+        let directory = try TemporaryDirectory()
+        let missing = directory.path("missing.pem")
+        let problem = try sourceProblem(#"[{"name": "a"}, {"name": "b", "source": {"keyFile": "\#(missing)"}}]"#)
+        #expect(problem?.key == "providers[1].source")
+        #expect(problem?.message.hasPrefix("cannot read \(missing): ") == true, "\(String(describing: problem))")
+    }
+
+    @Test(arguments: ["ES256", "RS256"])
+    func aKeyFileThatHoldsNoKeyIsRefused(_ algorithm: String) throws {
+        let directory = try TemporaryDirectory()
+        let path = try directory.write("key.pem", "not a key\n")
+        let problem = try sourceProblem(#"[{"source": {"algorithm": "\#(algorithm)", "keyFile": "\#(path)"}}]"#)
+        #expect(problem?.key == "providers[0].source")
+        #expect(problem?.message.contains(path) == true, "\(String(describing: problem))")
+    }
+
+    @Test func aShortHS256SecretIsRefused() throws {
+        let directory = try TemporaryDirectory()
+        let path = try directory.write("secret", "too short\n")
+        let problem = try sourceProblem(#"[{"source": {"algorithm": "HS256", "keyFile": "\#(path)"}}]"#)
+        #expect(problem?.key == "providers[0].source")
+        #expect(problem != nil)
+    }
+
+    @Test func aPrivateKeyJWTClientsKeyIsReadAtStart() throws {
+        let directory = try TemporaryDirectory()
+        let missing = directory.path("client.pem")
+        func oauth2(_ keyFile: String) -> String {
+            #"""
+            [{"source": {"type": "oauth2", "tokenURL": "http://127.0.0.1:1/token", "clientID": "c",
+                         "clientAuth": "private_key_jwt", "privateKeyFile": "\#(keyFile)"}}]
+            """#
+        }
+        let absent = try sourceProblem(oauth2(missing))
+        #expect(absent?.key == "providers[0].source")
+        #expect(absent?.message.hasPrefix("cannot read \(missing): ") == true, "\(String(describing: absent))")
+        let garbage = try directory.write("garbage.pem", "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n")
+        let refused = try sourceProblem(oauth2(garbage))
+        #expect(refused?.key == "providers[0].source")
+        #expect(refused?.message.contains(garbage) == true, "\(String(describing: refused))")
+    }
+
+    @Test func withoutAKeysFileThereIsNoCallerKeyStore() throws {
+        #expect(try Broker.loadCallerKeys(try configuration("{}")) == nil)
+    }
+
+    @Test func aKeysFileIsReadForTheConfiguredProviders() throws {
+        let directory = try TemporaryDirectory()
+        let keys = try directory.write(
+            "callers.json", #"{"keys": [{"name": "a", "sha256": "\#(String(repeating: "ab", count: 32))", "providers": ["default"]}]}"#)
+        let store = try Broker.loadCallerKeys(try configuration(#"{"clientKeysFile": "\#(keys)"}"#))
+        #expect(store?.count == 1)
+        #expect(store?.path == keys)
+    }
+
+    @Test func aMissingOrWrongKeysFileIsRefusedNamingClientKeysFile() throws {
+        let directory = try TemporaryDirectory()
+        let missing = directory.path("callers.json")
+        let unknown = try directory.write(
+            "unknown.json", #"{"keys": [{"name": "a", "sha256": "\#(String(repeating: "ab", count: 32))", "providers": ["nope"]}]}"#)
+        for path in [missing, unknown] {
+            let settings = try configuration(#"{"clientKeysFile": "\#(path)"}"#)
+            do {
+                _ = try Broker.loadCallerKeys(settings)
+                Issue.record("\(path) was accepted")
+            } catch {
+                #expect(error.description.hasPrefix("clientKeysFile"), "\(error)")
+            }
+            #expect(throws: ConfigurationError.self) { try Options.check(settings) }
+        }
+    }
+
+    @Test func checkConfigBuildsTheSourcesAsStartWould() throws {
+        let directory = try TemporaryDirectory()
+        #expect(throws: ConfigurationError.self) {
+            try Options.check(try configuration(#"{"providers": [{"source": {"keyFile": "\#(directory.path("none.pem"))"}}]}"#))
+        }
+        try Options.check(try configuration(#"{"providers": [{"name": "a"}, {"name": "b", "source": {"algorithm": "RS256"}}]}"#))
+    }
+}

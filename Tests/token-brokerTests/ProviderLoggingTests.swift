@@ -1,0 +1,21 @@
+import Testing
+import TokenBrokerCore
+@testable import token_broker
+
+/// The provider's events as the broker wires them: each fetch counted in the metrics (and logged).
+@Suite struct ProviderLoggingTests {
+    private func lines(_ metrics: BrokerMetrics, _ name: String) -> [String] {
+        metrics.render(statuses: []).split(separator: "\n").map(String.init).filter { $0.hasPrefix(name + "{") }
+    }
+
+    @Test func aFetchIsCountedWithItsResultAndTheIssuersStatus() {
+        let metrics = BrokerMetrics(version: "test")
+        let events = ProviderEvents.logged(recordingIn: metrics)
+        let token = FetchedToken(accessToken: "secret-value", lifetime: .milliseconds(59_600), upstreamStatus: 200)
+        events.fetched("api", .success((token, 3)), .milliseconds(1_234))
+        events.fetched("api", .failure(.timeout("the issuer did not answer")), .seconds(5))
+        events.fetched("local", .success((FetchedToken(accessToken: "t", lifetime: nil), 1)), .zero)
+        #expect(lines(metrics, "token_broker_refreshes_total").count == 3)
+        #expect(lines(metrics, "token_broker_upstream_responses_total") == [#"token_broker_upstream_responses_total{provider="api",code="200"} 1"#])
+    }
+}
