@@ -70,7 +70,8 @@ public enum ErrorAnswer: Sendable, Equatable {
 
     // MARK: Proxy mode
 
-    /// The path under `/proxy/` is malformed or escapes its proxy's base path (400).
+    /// The path under `/proxy/` is malformed or escapes its proxy's base path (400). The routes
+    /// never send it for `.notUnderProxy` (no proxy's name: 404 `notFound`) or `.absoluteForm` (`absoluteForm`).
     case invalidProxyPath(ProxyPath.Problem)
     /// `/proxy/{name}/` names no proxy (404 `unknown_proxy`).
     case unknownProxy(name: String)
@@ -174,7 +175,7 @@ public enum ErrorAnswer: Sendable, Equatable {
             Self.unavailableText(provider: provider, lastError: lastError, paused: paused)
         case .excessiveRefresh(let provider, let attempts, let window, let retryAfter):
             "provider \(JSONText.quoted(provider)) allows \(attempts) forced refreshes per \(window) s; try again in \(Self.seconds(retryAfter)) s"
-        case .invalidProxyPath(.badCharacters), .invalidProxyPath(.notUnderProxy):
+        case .invalidProxyPath(.badCharacters), .invalidProxyPath(.notUnderProxy):  // the second is never sent
             "the path or query has characters that are not allowed raw (RFC 3986), or a bad percent-escape"
         case .invalidProxyPath(.escapesRoot):
             "the path climbs above the proxy's base path"
