@@ -23,6 +23,7 @@ enum Broker {
     /// What `start` set going, for `stop` to end.
     struct Running {
         let listeners: Listeners
+        let providers: [Provider]
         let providerTasks: [Task<Void, Never>]
         let callers: CallerKeyStore?
     }
@@ -203,7 +204,7 @@ enum Broker {
                 }
             }
         }
-        return Running(listeners: listeners, providerTasks: tasks, callers: callers)
+        return Running(listeners: listeners, providers: providers, providerTasks: tasks, callers: callers)
     }
 
     /// Logs the addresses bound and the proxies ready, and warns about a configuration left open.
@@ -228,9 +229,9 @@ enum Broker {
 
     /// Stops what `start` set going, in the order that matters; the one way the broker stops.
     ///
-    /// 1. Each provider task is cancelled, and the provider shuts down as its task sees that:
-    ///    its waiters (long-polls, proxied requests waiting for a token) are answered
-    ///    503 `shutting_down` then, not left to the listener's last answer at the end of the grace.
+    /// 1. Each provider shuts down: its waiters (long-polls, proxied requests waiting for a
+    ///    token) are answered 503 `shutting_down` now, on this thread, before any listener
+    ///    drains; its timer and fetch stop, and its task's `run()` returns.
     /// 2. The listeners drain: they refuse new connections and give answers in flight, those
     ///    waiters' among them, up to 5 s (token) and 1 s (admin) to go out.
     /// 3. The provider tasks end, each once its fetch has: a fetch still running at exit would
@@ -238,7 +239,7 @@ enum Broker {
     /// 4. The caller-key watcher stops, last: the token routes read the store until their
     ///    listener has stopped.
     private static func stop(_ running: Running) {
-        for task in running.providerTasks { task.cancel() }
+        for provider in running.providers { provider.shutDown() }
         running.listeners.token.shutDown(grace: .seconds(5))
         running.listeners.admin.shutDown(grace: .seconds(1))
         waitForEnd(of: running.providerTasks, atMost: .seconds(5))

@@ -25,6 +25,45 @@ struct ProviderShutdownTests {
         await opener.value
         #expect(order.withLock { $0 } == ["fetch let through", "run ended"])
     }
+
+    /// `shutDown()` is the one way to stop a provider: it answers the waiters at once, on the
+    /// caller's thread, and ends `run()` without the task being cancelled.
+    @Test func shutDownAnswersWaitersAtOnceAndEndsRun() async {
+        let source = ScriptedSource(gated: true)
+        let provider = TokenProvider(configuration: ProviderConfiguration(), source: source, clock: ManualClock(), jitter: .fixed(0.5))
+        let ended = Lock(false)
+        let service = Task {
+            await provider.run()
+            ended.withLock { $0 = true }
+        }
+        let heard = Lock<Provider.WaitOutcome?>(nil)
+        provider.addWaiter(after: nil, deadline: provider.deadline(in: .seconds(30))) { outcome in heard.withLock { $0 = outcome } }
+        provider.shutDown()
+        guard case .shuttingDown = heard.withLock({ $0 }) else {
+            Issue.record("the waiter is answered before shutDown returns")
+            return
+        }
+        // The fetch in flight ends (a gated one only when let through); then run() returns.
+        source.open()
+        #expect(await eventually { ended.withLock { $0 } }, "run() ends without its task being cancelled")
+        service.cancel()
+    }
+
+    /// A provider shut down before its task runs ends `run()` as soon as it starts.
+    @Test func runEndsAtOnceWhenShutDownCameFirst() async {
+        let provider = TokenProvider(configuration: ProviderConfiguration(), source: ScriptedSource(), clock: ManualClock())
+        provider.shutDown()
+        let service = Task { await provider.run() }
+        let ended = Lock(false)
+        Task {
+            await service.value
+            ended.withLock { $0 = true }
+        }
+        #expect(await eventually { ended.withLock { $0 } })
+        service.cancel()
+    }
+
+    typealias Provider = TokenProvider<ManualClock>
 }
 
 /// A source that counts the fetches that reached it and those that ended, and takes a few

@@ -27,7 +27,9 @@ def refused(broker):
     try:
         with socket.create_connection((host, port), timeout=2):
             return False
-    except ConnectionRefusedError:
+    # A connection that reached the backlog just as the broker closed its listening socket is
+    # reset rather than refused: not served either way.
+    except (ConnectionRefusedError, ConnectionResetError):
         return True
 
 

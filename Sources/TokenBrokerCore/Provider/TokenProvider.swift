@@ -45,6 +45,8 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         var fetch: Task<Void, Never>?
         var fetchStartedAt: C.Instant?
         var isShutDown = false
+        /// Ends `run()`'s wait: finished by `shutDown()` or by cancelling `run()`'s task.
+        var runEnds: AsyncStream<Never>.Continuation?
     }
 
     /// What the lock hands back to be done outside it.
@@ -80,10 +82,16 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
 
     // MARK: - Service
 
-    /// Starts fetching, then waits until the calling task is cancelled, then shuts down.
+    /// Starts fetching, then waits until `shutDown()` is called or the calling task is cancelled,
+    /// then shuts down and returns once any fetch in flight has ended.
     public func run() async {
         apply(ifShutDown: ()) { machine, now in ((), machine.start(now: now)) }
         let (stream, continuation) = AsyncStream<Never>.makeStream()
+        let alreadyShutDown = state.withLock { state -> Bool in
+            state.runEnds = continuation
+            return state.isShutDown
+        }
+        if alreadyShutDown { continuation.finish() }
         await withTaskCancellationHandler {
             for await _ in stream {}
         } onCancel: {
@@ -97,19 +105,20 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         state.withLock { $0.fetch = nil }
     }
 
-    /// Completes every waiter with `.shuttingDown` and stops the timer and any fetch.
+    /// Completes every waiter with `.shuttingDown`, stops the timer and any fetch, and ends `run()`.
     public func shutDown() {
         var work = Work()
-        let fetch = state.withLock { state -> Task<Void, Never>? in
+        let (fetch, runEnds) = state.withLock { state -> (Task<Void, Never>?, AsyncStream<Never>.Continuation?) in
             state.isShutDown = true
             collect(state.machine.shutDown(), into: &work, state: &state)
             work.cancelledTimer = state.timer
             state.timer = nil
             state.timerDeadline = nil
-            return state.fetch
+            return (state.fetch, state.runEnds)
         }
         fetch?.cancel()
         perform(&work)
+        runEnds?.finish()
     }
 
     // MARK: - Reading
