@@ -10,16 +10,16 @@ import TokenBrokerServer
 /// | `GET /readyz` | 200 when every provider has a valid token, or is paused and still holds one; else 503 |
 /// | `GET /metrics` | Prometheus text format 0.0.4 |
 public final class AdminAPI: HTTPHandler {
-    private let providers: [TokenAPI.Provider]
+    private let providers: [any TokenProviding]
     private let metrics: BrokerMetrics
     private let healthy = HTTPResponse(status: 200, json: #"{"status":"ok"}"#)
 
-    public init(providers: [TokenAPI.Provider], metrics: BrokerMetrics) {
+    public init(providers: [any TokenProviding], metrics: BrokerMetrics) {
         self.providers = providers
         self.metrics = metrics
     }
 
-    public func refusal(_ reason: ServerRefusal) -> HTTPResponse { Responses.refusal(reason) }
+    public func refusal(_ reason: ServerRefusal) -> HTTPResponse { ErrorAnswer.refusal(reason).response }
 
     public func handle(_ request: HTTPRequest) -> HTTPReply {
         let route: String
@@ -27,16 +27,16 @@ public final class AdminAPI: HTTPHandler {
         switch request.path {
         case "/healthz":
             route = "/healthz"
-            reply = TokenAPI.only(["GET", "HEAD"], request) ?? .response(healthy)
+            reply = Methods.only(Methods.read, request) ?? .response(healthy)
         case "/readyz":
             route = "/readyz"
-            reply = TokenAPI.only(["GET", "HEAD"], request) ?? .response(readiness())
+            reply = Methods.only(Methods.read, request) ?? .response(readiness())
         case "/metrics":
             route = "/metrics"
-            reply = TokenAPI.only(["GET", "HEAD"], request) ?? .response(exposition())
+            reply = Methods.only(Methods.read, request) ?? .response(exposition())
         default:
             route = "other"
-            reply = .response(Responses.notFound(request.path))
+            reply = .response(ErrorAnswer.notFound(path: request.path).response)
         }
         if case .response(let response) = reply { metrics.recordRequest(listener: "admin", route: route, status: response.status) }
         return reply

@@ -15,48 +15,51 @@ public protocol ProxyHandling: Sendable {
 extension TokenAPI {
     /// `begin` for targets under `/proxy/`: refuse what may not pass before any body is read.
     /// The server calls it for every such request before `handle`, so admission happens here only.
+    /// Without proxies the server streams no prefix and never calls it; the body is then read whole.
+    @_specialize(where Provider == TokenProvider<ContinuousClock>)
     public func begin(_ request: HTTPRequest) -> BodyHandling {
-        switch proxyTarget(request, admitting: true) {
-        case .pass(let target, let proxy): return proxy.begin(request, target: target)
+        guard let proxy else { return .buffer(limit: nil) }
+        guard let raw = request.rawTarget else {
+            // The server hands requests under its streaming prefix over with their raw target.
+            proxyCounter.record(status: 404)
+            return .refuse(ErrorAnswer.notFound(path: request.path).response)
+        }
+        switch proxyTarget(request, raw: raw, proxy: proxy, admitting: true) {
+        case .pass(let target): return proxy.begin(request, target: target)
         case .refuse(let refusal):
-            proxyCounter.record(status: refusal.status)
-            return .refuse(refusal)
+            let response = refusal.response
+            proxyCounter.record(status: response.status)
+            return .refuse(response)
         }
     }
 
     /// A proxied request, after `begin` admitted it: the guard and the caller's key are not checked twice.
-    func proxied(_ request: HTTPRequest) -> HTTPReply {
-        switch proxyTarget(request, admitting: false) {
-        case .pass(let target, let proxy): return proxy.handle(request, target: target)
-        case .refuse(let refusal): return record(proxyCounter, .response(refusal))
+    /// Reached only with proxies configured (`proxy` is not nil), so every `/proxy/{name}/` is
+    /// either a proxy's or an `unknown_proxy`.
+    func proxied(_ request: HTTPRequest, target raw: String, proxy: any ProxyHandling) -> HTTPReply {
+        switch proxyTarget(request, raw: raw, proxy: proxy, admitting: false) {
+        case .pass(let target): return proxy.handle(request, target: target)
+        case .refuse(let refusal): return record(proxyCounter, .response(refusal.response))
         }
     }
 
-    /// The checked target and the proxy, or the refusal: a malformed or escaping path, an
-    /// unknown proxy, the request guard, the caller check.
+    /// The checked target, or the refusal: a malformed or escaping path, an unknown proxy, the
+    /// request guard, the caller check.
     private enum Admission {
-        case pass(ProxyPath.Target, any ProxyHandling)
-        case refuse(HTTPResponse)
+        case pass(ProxyPath.Target)
+        case refuse(ErrorAnswer)
     }
 
-    private func proxyTarget(_ request: HTTPRequest, admitting: Bool) -> Admission {
-        guard let raw = request.rawTarget else { return .refuse(Responses.notFound(request.path)) }
+    private func proxyTarget(_ request: HTTPRequest, raw: String, proxy: any ProxyHandling, admitting: Bool) -> Admission {
         let target: ProxyPath.Target
         switch ProxyPath.parse(raw) {
         case .success(let parsed): target = parsed
-        case .failure(.absoluteForm): return .refuse(Responses.absoluteForm)
-        case .failure(.notUnderProxy): return .refuse(Responses.notFound(request.path))
-        case .failure(.badCharacters):
-            return .refuse(.error(400, "invalid_request", "the path or query has characters that are not allowed raw (RFC 3986), or a bad percent-escape"))
-        case .failure(.escapesRoot):
-            return .refuse(.error(400, "invalid_request", "the path climbs above the proxy's base path"))
-        case .failure(.encodedSeparator):
-            return .refuse(.error(400, "invalid_request", "a path segment hides a slash, backslash, NUL, CR or LF in a percent-escape"))
+        case .failure(.absoluteForm): return .refuse(.absoluteForm)
+        case .failure(.notUnderProxy): return .refuse(.notFound(path: request.path))
+        case .failure(let problem): return .refuse(.invalidProxyPath(problem))
         }
-        guard let proxy, let provider = proxy.provider(ofProxy: target.proxy) else {
-            return .refuse(.error(404, "unknown_proxy", "no proxy is named \(JSONText.quoted(String(target.proxy.prefix(64))))"))
-        }
+        guard let provider = proxy.provider(ofProxy: target.proxy) else { return .refuse(.unknownProxy(name: target.proxy)) }
         if admitting, let refusal = admit(request, provider: provider) { return .refuse(refusal) }
-        return .pass(target, proxy)
+        return .pass(target)
     }
 }

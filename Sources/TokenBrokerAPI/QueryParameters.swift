@@ -3,11 +3,9 @@ import TokenBrokerServer
 
 /// A request the broker refuses, with the answer that says why.
 struct BadRequest: Error {
-    let response: HTTPResponse
+    let answer: ErrorAnswer
 
-    init(status: Int = 400, error: String, _ description: String) {
-        response = .error(status, error, description)
-    }
+    init(_ answer: ErrorAnswer) { self.answer = answer }
 }
 
 /// Reads and checks the query parameters of the token routes; a bad one is a 400 naming it.
@@ -19,7 +17,7 @@ enum QueryParameters {
     static func version(_ name: String, _ request: HTTPRequest) throws(BadRequest) -> UInt64? {
         guard let text = try single(name, request) else { return nil }
         guard let value = number(text) else {
-            throw BadRequest(error: "invalid_request", "\(name) must be a whole number from 0, such as \(name)=3")
+            throw BadRequest(.notAWholeNumber(parameter: name))
         }
         return value
     }
@@ -28,7 +26,7 @@ enum QueryParameters {
     static func timeout(_ request: HTTPRequest, minimum: UInt64 = 0, maximum: Duration) throws(BadRequest) -> Duration {
         guard let text = try single("timeout", request) else { return min(.seconds(30), maximum) }
         guard let seconds = number(text), seconds >= minimum else {
-            throw BadRequest(error: "invalid_request", "timeout must be a whole number of seconds from \(minimum), such as timeout=30")
+            throw BadRequest(.invalidTimeout(minimum: minimum))
         }
         // At most `maximumDigits` digits, so it fits an Int64 (checked all the same).
         guard let whole = Int64(exactly: seconds) else { return maximum }
@@ -37,7 +35,7 @@ enum QueryParameters {
 
     /// The version in `If-None-Match: "3"` (or `W/"3"`); nil when absent or not one of ours.
     static func entityTagVersion(_ header: String?) -> UInt64? {
-        guard var text = header?.split(separator: ",").first.map({ $0.trimmingSpaces }) else { return nil }
+        guard var text = header?.split(separator: ",").first.map({ Substring($0.trimmingCharacters(in: " \t")) }) else { return nil }
         if text.hasPrefix("W/") { text = text.dropFirst(2) }
         guard text.count >= 3, text.first == "\"", text.last == "\"" else { return nil }
         return number(text.dropFirst().dropLast())
@@ -46,7 +44,7 @@ enum QueryParameters {
     private static func single(_ name: String, _ request: HTTPRequest) throws(BadRequest) -> String? {
         guard let value = request.query(name) else { return nil }
         if request.queryCount(name) > 1 {
-            throw BadRequest(error: "invalid_request", "\(name) is given more than once")
+            throw BadRequest(.repeatedParameter(name))
         }
         return value
     }
@@ -54,11 +52,5 @@ enum QueryParameters {
     static func number(_ text: some StringProtocol) -> UInt64? {
         guard !text.isEmpty, text.count <= maximumDigits, text.utf8.allSatisfy({ $0 >= 48 && $0 <= 57 }) else { return nil }
         return UInt64(text)
-    }
-}
-
-extension Substring {
-    fileprivate var trimmingSpaces: Substring {
-        drop { $0 == " " || $0 == "\t" }.reversed().drop { $0 == " " || $0 == "\t" }.reversed().reduce(into: Substring()) { $0.append($1) }
     }
 }

@@ -9,15 +9,10 @@ import TokenBrokerServer
 enum RequestGuard {
     static let headerName = "Token-Broker-Request"
 
-    private static let missing = HTTPResponse.error(
-        403, "missing_request_header", "token routes need the request header \"\(headerName): true\"")
-    private static let forwarded = HTTPResponse.error(
-        403, "forwarded_request", "requests relayed by a proxy (with X-Forwarded-For) are refused")
-
     /// Nil when the request may pass, else the 403 to send.
-    static func check(_ request: HTTPRequest) -> HTTPResponse? {
-        if request.header("X-Forwarded-For") != nil { return forwarded }
-        guard request.header(headerName) == "true" else { return missing }
+    static func check(_ request: HTTPRequest) -> ErrorAnswer? {
+        if request.header("X-Forwarded-For") != nil { return .forwardedRequest }
+        guard request.header(headerName) == "true" else { return .missingRequestHeader }
         return nil
     }
 }

@@ -21,7 +21,7 @@ extension TokenAPI {
             after = try QueryParameters.version("after", request) ?? QueryParameters.entityTagVersion(request.header("If-None-Match"))
             timeout = try QueryParameters.timeout(request, maximum: maxWait)
         } catch {
-            return record(label, .response(error.response))
+            return record(label, .response(error.answer.response))
         }
         let provider = endpoint.provider
         // The common case needs no suspension: a newer valid token is already cached.
@@ -37,7 +37,7 @@ extension TokenAPI {
         let provider = endpoint.provider
         let deadline = provider.deadline(in: timeout)
         return .deferred { [self] responder in
-            let id = provider.addWaiter(after: after, deadline: deadline, forRefresh: forRefresh) { outcome in
+            let id = provider.addWaiter(after: after, deadline: deadline, onDemand: false, forRefresh: forRefresh) { outcome in
                 self.answer(responder, self.waitAnswer(outcome, endpoint, mode: mode), route: label)
             }
             responder.onClose { provider.removeWaiter(id) }
@@ -45,15 +45,15 @@ extension TokenAPI {
     }
 
     /// The answer to a finished wait.
-    func waitAnswer(_ outcome: Provider.WaitOutcome, _ endpoint: Endpoint, mode: WaitMode) -> HTTPResponse {
+    func waitAnswer(_ outcome: ProviderStateMachine<Provider.Instant>.WaitOutcome, _ endpoint: Endpoint, mode: WaitMode) -> HTTPResponse {
         let provider = endpoint.provider
-        let now = provider.clock.now
-        func tokenAnswer(_ token: Provider.Token, stale: Bool) -> HTTPResponse {
+        let now = provider.now
+        func tokenAnswer(_ token: CachedToken<Provider.Instant>, stale: Bool) -> HTTPResponse {
             if stale { metrics.recordStaleServed(provider: provider.name) }
             if case .onDemand = mode {
                 return TokenResponseCache.render(
                     token, stale: stale, expiresIn: token.secondsLeft(at: now), provider: provider.name,
-                    cookie: provider.configuration.cookie)
+                    cookie: provider.cookie)
             }
             return endpoint.responses.response(for: token, stale: stale, now: now)
         }
@@ -75,7 +75,7 @@ extension TokenAPI {
             // A cancelled waiter's connection is gone; it is answered as a wait without a token.
             return Self.unavailable(provider)
         case .shuttingDown:
-            return Responses.shuttingDown
+            return ErrorAnswer.shuttingDown.response
         }
     }
 }

@@ -19,19 +19,18 @@ extension TokenAPI {
             // A refresh always gets a moment to finish: 0 would only ever answer "not in time".
             timeout = try QueryParameters.timeout(request, minimum: 1, maximum: maxWait)
         } catch {
-            return record(label, .response(error.response))
+            return record(label, .response(error.answer.response))
         }
         let provider = endpoint.provider
         switch provider.forceRefresh(rejected: rejected) {
         case .current(let token):
-            return record(label, .response(endpoint.responses.response(for: token, stale: provider.status().stale, now: provider.clock.now)))
+            return record(label, .response(endpoint.responses.response(for: token, stale: provider.status().stale, now: provider.now)))
         case .excessive(let retryAfter):
             metrics.recordExcessiveRefresh(provider: provider.name)
-            let seconds = max(1, Int(clamping: retryAfter.secondsRoundedUp))
-            return record(label, .response(.error(
-                429, "excessive_refresh",
-                "provider \(JSONText.quoted(provider.name)) allows \(provider.configuration.forcedRefreshMaxAttempts) forced refreshes per \(provider.configuration.forcedRefreshWindowSec) s; try again in \(seconds) s",
-                headers: [("Retry-After", String(seconds))])))
+            let limit = provider.forcedRefreshLimit
+            let answer = ErrorAnswer.excessiveRefresh(
+                provider: provider.name, attempts: limit.attempts, windowSeconds: limit.windowSeconds, retryAfter: retryAfter)
+            return record(label, .response(answer.response))
         case .refreshing(let after):
             return wait(
                 endpoint, after: after ?? rejected, timeout: timeout, mode: .ready(conditional: rejected != nil), forRefresh: true, label: label)
@@ -43,26 +42,26 @@ extension TokenAPI {
 enum RefreshRequestBody {
     static func rejectedVersion(_ request: HTTPRequest) throws(BadRequest) -> UInt64? {
         if request.bodyTooLarge {
-            throw BadRequest(status: 413, error: "payload_too_large", "the body is larger than the broker accepts")
+            throw BadRequest(.bodyTooLarge)
         }
         guard request.body.contains(where: { !$0.isWhitespace }) else { return nil }
         let document: JSONValue
         do {
             document = try JSONValue(parsing: request.body)
         } catch {
-            throw BadRequest(error: "invalid_request", "the body must be a JSON object such as {\"rejected_version\": 3}")
+            throw BadRequest(.refreshBodyNotObject)
         }
         guard case .object(let members) = document else {
-            throw BadRequest(error: "invalid_request", "the body must be a JSON object such as {\"rejected_version\": 3}")
+            throw BadRequest(.refreshBodyNotObject)
         }
         if let unknown = members.keys.sorted().first(where: { $0 != "rejected_version" }) {
-            throw BadRequest(error: "invalid_request", "unknown key \(JSONText.quoted(String(unknown.prefix(64)))) in the body; allowed: rejected_version")
+            throw BadRequest(.refreshBodyUnknownKey(unknown))
         }
         guard let value = members["rejected_version"] else { return nil }
         if case .number(let number) = value, number < 1e15, let version = UInt64(exactly: number) {
             return version
         }
-        throw BadRequest(error: "invalid_request", "rejected_version must be a whole number from 0 to 999999999999999, the version of the rejected token")
+        throw BadRequest(.invalidRejectedVersion)
     }
 }
 

@@ -16,16 +16,16 @@ extension TokenAPI {
         }
         let deadline = provider.deadline(in: maxWait)
         return .deferred { [self] responder in
-            let id = provider.addWaiter(after: nil, deadline: deadline, onDemand: true) { outcome in
+            let id = provider.addWaiter(after: nil, deadline: deadline, onDemand: true, forRefresh: false) { outcome in
                 self.answer(responder, self.waitAnswer(outcome, endpoint, mode: .onDemand), route: label)
             }
             responder.onClose { provider.removeWaiter(id) }
         }
     }
 
-    /// The answer for a token `read` found (built once per version and second), counting it
+    /// The answer for a token the read found (built once per version and second), counting it
     /// when stale.
-    func cachedAnswer(_ endpoint: Endpoint, _ token: Provider.Token, stale: Bool, secondsLeft: Int?) -> HTTPResponse {
+    func cachedAnswer(_ endpoint: Endpoint, _ token: CachedToken<Provider.Instant>, stale: Bool, secondsLeft: Int?) -> HTTPResponse {
         if stale { metrics.recordStaleServed(provider: endpoint.provider.name) }
         return endpoint.responses.response(for: token, stale: stale, secondsLeft: secondsLeft)
     }

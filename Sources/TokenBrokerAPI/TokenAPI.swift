@@ -13,18 +13,19 @@ import TokenBrokerServer
 /// | `ANY /proxy/{name}/{path}` | proxy mode: forwarded with a token (`ProxyRoute.swift`) |
 ///
 /// Token routes pass the request guard first (`RequestGuard`), then, when callers have keys
-/// (`clientKeysFile`), the caller check (`CallerCheck`).
-public final class TokenAPI: HTTPHandler {
-    public typealias Provider = TokenProvider<ContinuousClock>
+/// (`clientKeysFile`), the caller check (`CallerCheck`). Error answers are worded in `ErrorAnswer`.
+///
+/// `Provider` is the broker's `TokenProvider` in service, and a provider of a test's making in unit tests.
+public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
 
     /// One provider and what its routes keep.
     struct Endpoint: Sendable {
         let provider: Provider
-        let responses: TokenResponseCache
+        let responses: TokenResponseCache<Provider.Instant>
         /// Request counters of `/token`, `/token/ready` and `/token/refresh`, in `Route` order.
         let counters: [RequestCounter]
 
-        init(provider: Provider, responses: TokenResponseCache, routePrefix: String, metrics: BrokerMetrics) {
+        init(provider: Provider, responses: TokenResponseCache<Provider.Instant>, routePrefix: String, metrics: BrokerMetrics) {
             self.provider = provider
             self.responses = responses
             counters = Route.allCases.map { metrics.counter(listener: "token", route: routePrefix + $0.rawValue) }
@@ -52,6 +53,8 @@ public final class TokenAPI: HTTPHandler {
     let metrics: BrokerMetrics
     private let guardRequests: Bool
     private let callers: (any CallerAuthorizing)?
+    /// Proxy mode's routes, present only when proxies are configured (the server then streams
+    /// requests under `/proxy/` to `begin`, with their raw target).
     let proxy: (any ProxyHandling)?
     let proxyCounter: RequestCounter
     private let jwks: HTTPResponse
@@ -75,7 +78,7 @@ public final class TokenAPI: HTTPHandler {
         for provider in providers {
             endpoints[provider.name] = Endpoint(
                 provider: provider,
-                responses: TokenResponseCache(providerName: provider.name, cookie: provider.configuration.cookie),
+                responses: TokenResponseCache(providerName: provider.name, cookie: provider.cookie),
                 routePrefix: "/providers/{name}", metrics: metrics)
         }
         self.endpoints = endpoints
@@ -93,23 +96,27 @@ public final class TokenAPI: HTTPHandler {
         self.metrics = metrics
     }
 
-    public func refusal(_ reason: ServerRefusal) -> HTTPResponse { Responses.refusal(reason) }
+    public func refusal(_ reason: ServerRefusal) -> HTTPResponse { ErrorAnswer.refusal(reason).response }
 
+    // The server calls this through `HTTPHandler`, whose witness is generic: the attribute makes
+    // it dispatch to a version specialised for the broker's own provider, so that the request
+    // path runs no generic code (as it did when the routes named `TokenProvider` themselves).
+    @_specialize(where Provider == TokenProvider<ContinuousClock>)
     public func handle(_ request: HTTPRequest) -> HTTPReply {
         let path = request.path
-        if request.rawTarget != nil { return proxied(request) }
-        guard path.hasPrefix("/") else { return record(otherCounter, .response(Responses.absoluteForm)) }
+        if let proxy, let target = request.rawTarget { return proxied(request, target: target, proxy: proxy) }
+        guard path.hasPrefix("/") else { return record(otherCounter, .response(ErrorAnswer.absoluteForm.response)) }
         if path == "/.well-known/jwks.json" {
-            return record(jwksCounter, Self.only(["GET", "HEAD"], request) ?? .response(jwks))
+            return record(jwksCounter, Methods.only(Methods.read, request) ?? .response(jwks))
         }
         var endpoint = defaultEndpoint
         var rest = Substring(path)
         if path.hasPrefix("/providers/") {
             let tail = path.dropFirst("/providers/".count)
             let name = tail.prefix { $0 != "/" }
-            guard name.count < tail.count else { return record(otherCounter, .response(Responses.notFound(path))) }
+            guard name.count < tail.count else { return record(otherCounter, .response(ErrorAnswer.notFound(path: path).response)) }
             guard let named = endpoints[String(name)] else {
-                return record(unknownProviderCounter, .response(.error(404, "unknown_provider", "no provider is named \(JSONText.quoted(String(name.prefix(64))))")))
+                return record(unknownProviderCounter, .response(ErrorAnswer.unknownProvider(name: String(name)).response))
             }
             endpoint = named
             rest = tail[name.endIndex...]
@@ -119,12 +126,11 @@ public final class TokenAPI: HTTPHandler {
         case "/token": route = .token
         case "/token/ready": route = .ready
         case "/token/refresh": route = .refresh
-        default: return record(otherCounter, .response(Responses.notFound(path)))
+        default: return record(otherCounter, .response(ErrorAnswer.notFound(path: path).response))
         }
         let label = endpoint.counter(route)
-        let methods = route == .refresh ? ["POST"] : ["GET", "HEAD"]
-        if let refusal = Self.only(methods, request) { return record(label, refusal) }
-        if let refusal = admit(request, provider: endpoint.provider.name) { return record(label, .response(refusal)) }
+        if let refusal = Methods.only(route == .refresh ? Methods.post : Methods.read, request) { return record(label, refusal) }
+        if let refusal = admit(request, provider: endpoint.provider.name) { return record(label, .response(refusal.response)) }
         switch route {
         case .token: return token(endpoint, label: label)
         case .ready: return ready(endpoint, request, label: label)
@@ -135,7 +141,7 @@ public final class TokenAPI: HTTPHandler {
     // MARK: - Shared helpers
 
     /// Nil when the request passes the request guard and the caller check, else the refusal.
-    func admit(_ request: HTTPRequest, provider: String) -> HTTPResponse? {
+    func admit(_ request: HTTPRequest, provider: String) -> ErrorAnswer? {
         if guardRequests, let refusal = RequestGuard.check(request) { return refusal }
         if let callers { return CallerCheck.refusal(callers.authorize(request.header("Authorization"), provider: provider), provider: provider) }
         return nil
@@ -153,22 +159,11 @@ public final class TokenAPI: HTTPHandler {
         responder.respond(response)
     }
 
-    /// Nil when the method is allowed, else the 405 answer with `Allow`.
-    static func only(_ methods: [String], _ request: HTTPRequest) -> HTTPReply? {
-        guard !methods.contains(request.method) else { return nil }
-        return .response(Responses.methodNotAllowed(request.method, allow: methods))
-    }
-
     /// The 503 for a provider without a valid token, saying why when it knows.
     /// - Parameter wasPaused: the request found the provider paused while idle (and woke it).
-    static func unavailable(_ provider: Provider, reason: String? = nil, wasPaused: Bool = false) -> HTTPResponse {
+    static func unavailable(_ provider: Provider, wasPaused: Bool = false) -> HTTPResponse {
         let status = provider.status()
-        var description = reason ?? "provider \(JSONText.quoted(provider.name)) has no valid token"
-        if let error = status.lastError { description += "; last upstream error: \(error.summary)" }
-        if wasPaused || status.phase == .paused {
-            description += "; refresh was paused while idle and has resumed: wait for the new token at /token/ready"
-        }
-        let retryAfter = status.lastError?.retryAfter.map { max(1, Int(clamping: $0.secondsRoundedUp)) } ?? 1
-        return .error(503, "token_unavailable", description, headers: [("Retry-After", String(retryAfter))])
+        return ErrorAnswer.tokenUnavailable(provider: provider.name, lastError: status.lastError, paused: wasPaused || status.phase == .paused)
+            .response
     }
 }

@@ -4,7 +4,7 @@ import TokenBrokerServer
 
 /// Keeps the rendered `/token` answer of one provider, so that it is built once per token
 /// version (and once per second of `expires_in`, which must not lie), not once per request.
-final class TokenResponseCache: Sendable {
+final class TokenResponseCache<Instant: InstantProtocol>: Sendable where Instant.Duration == Duration {
     private struct Key: Equatable {
         var version: UInt64
         var stale: Bool
@@ -27,9 +27,9 @@ final class TokenResponseCache: Sendable {
         self.cookie = cookie
     }
 
-    /// The answer for `token` with `secondsLeft` (as `TokenProvider.read` returned them), from
+    /// The answer for `token` with `secondsLeft` (as the provider's read returned them), from
     /// the cache when its key is unchanged; rendered, and kept, only when it changed.
-    func response(for token: CachedToken<ContinuousClock.Instant>, stale: Bool, secondsLeft: Int?) -> HTTPResponse {
+    func response(for token: CachedToken<Instant>, stale: Bool, secondsLeft: Int?) -> HTTPResponse {
         let key = Key(version: token.version, stale: stale, expiresIn: secondsLeft, renewal: token.renewal)
         if let hit = current.withLock({ $0?.key == key ? $0?.response : nil }) { return hit }
         let response = Self.render(token, stale: stale, expiresIn: secondsLeft, provider: providerName, cookie: cookie)
@@ -38,14 +38,12 @@ final class TokenResponseCache: Sendable {
     }
 
     /// The answer for `token` at `now`, rendered only when its key changed.
-    func response(for token: CachedToken<ContinuousClock.Instant>, stale: Bool, now: ContinuousClock.Instant) -> HTTPResponse {
+    func response(for token: CachedToken<Instant>, stale: Bool, now: Instant) -> HTTPResponse {
         response(for: token, stale: stale, secondsLeft: token.secondsLeft(at: now))
     }
 
     /// Renders one answer without caching it (tokens fetched on demand are each used once).
-    static func render(
-        _ token: CachedToken<ContinuousClock.Instant>, stale: Bool, expiresIn: Int?, provider: String, cookie: CookieSettings
-    ) -> HTTPResponse {
+    static func render(_ token: CachedToken<Instant>, stale: Bool, expiresIn: Int?, provider: String, cookie: CookieSettings) -> HTTPResponse {
         HTTPResponse(
             status: 200,
             json: TokenResponseBody.render(token, stale: stale, expiresIn: expiresIn, provider: provider, cookie: cookie),

@@ -67,7 +67,7 @@ public final class CallerKeyStore: CallerAuthorizing, Sendable {
     public func stop(waitingAtMost limit: Duration = .seconds(2)) -> Bool {
         guard let watch = watcher.withLock({ watcher in defer { watcher = nil }; return watcher }) else { return true }
         watch.task.cancel()
-        return watch.ended.wait(timeout: .now() + .milliseconds(Int(limit.wholeMilliseconds))) == .success
+        return watch.ended.wait(timeout: .now() + .milliseconds(Int(clamping: limit.wholeMilliseconds))) == .success
     }
 
     /// Re-reads the file if it changed since the last look; nil when it did not.

@@ -1,3 +1,5 @@
+import TokenBrokerCore
+
 /// The JSON that `/token` answers with, using OAuth 2.0's field names (RFC 6749 §5.1):
 ///
 ///     {"access_token":"eyJ…","token_type":"Bearer","expires_in":899,

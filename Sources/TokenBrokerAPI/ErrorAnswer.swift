@@ -1,0 +1,282 @@
+// Every error the broker answers over HTTP, with its status, `error` code, description and
+// headers, in one place: both listeners' routes, the server's own refusals, and proxy mode.
+import TokenBrokerCore
+import TokenBrokerServer
+
+/// An error answer, in the `{"error": "...", "error_description": "..."}` shape: what each one
+/// says and which headers (`Allow`, `Retry-After`, `WWW-Authenticate`, `Connection: close`) it carries.
+///
+/// Routes build error answers only through `response`; answers that never vary are built once.
+public enum ErrorAnswer: Sendable, Equatable {
+    // MARK: Routing
+
+    /// No route for the path (404 `not_found`).
+    case notFound(path: String)
+    /// The route exists, the method does not (405 `method_not_allowed`, with `Allow`).
+    case methodNotAllowed(method: String, allow: [String])
+    /// A request target in absolute form (`GET http://host/path`): the broker is not a forward proxy.
+    case absoluteForm
+    /// `/providers/{name}/...` names no provider (404 `unknown_provider`).
+    case unknownProvider(name: String)
+
+    // MARK: The server's refusals (`ServerRefusal`)
+
+    /// An ambiguous or malformed request head; the connection closes, since where the body ends is not known.
+    case malformedHead(problem: String)
+    /// A request still waiting when the broker stops (503, `Retry-After: 1`).
+    case shuttingDown
+    /// A new request while the broker stops (503, `Retry-After: 1`); the connection closes after it.
+    case refusedWhileStopping
+
+    // MARK: Who may ask
+
+    /// The request guard: `Token-Broker-Request: true` is missing (403).
+    case missingRequestHeader
+    /// The request guard: the request was relayed by a proxy (`X-Forwarded-For`) (403).
+    case forwardedRequest
+    /// Callers have keys and none was sent (401, with `WWW-Authenticate`).
+    case missingCallerKey
+    /// The key sent is not listed (401, with `WWW-Authenticate` saying `invalid_token`).
+    case invalidCallerKey
+    /// The caller may not read this provider (403); names the caller, never the key.
+    case providerNotAllowed(caller: String, provider: String)
+
+    // MARK: Query and body of the token routes
+
+    /// A query parameter that must be a whole number (`after`) is not one.
+    case notAWholeNumber(parameter: String)
+    /// `timeout` is not a whole number of seconds from `minimum`.
+    case invalidTimeout(minimum: UInt64)
+    /// A query parameter given more than once.
+    case repeatedParameter(String)
+    /// The `/token/refresh` body is longer than the broker reads (413).
+    case bodyTooLarge
+    /// The `/token/refresh` body is not a JSON object.
+    case refreshBodyNotObject
+    /// The `/token/refresh` body has a key other than `rejected_version`.
+    case refreshBodyUnknownKey(String)
+    /// `rejected_version` is not a whole number in range.
+    case invalidRejectedVersion
+
+    // MARK: Tokens
+
+    /// The provider has no valid token (503 `token_unavailable`, with `Retry-After`): says why
+    /// when it knows (the last upstream error, a pause that the request ended).
+    /// - Parameters:
+    ///   - paused: the provider was, or the request found it, paused while idle.
+    case tokenUnavailable(provider: String, lastError: TokenFetchError?, paused: Bool)
+    /// A forced refresh past the refresh window (429 `excessive_refresh`, with `Retry-After`).
+    case excessiveRefresh(provider: String, attempts: Int, windowSeconds: Int, retryAfter: Duration)
+
+    // MARK: Proxy mode
+
+    /// The path under `/proxy/` is malformed or escapes its proxy's base path (400). The routes
+    /// never send it for `.notUnderProxy` (no proxy's name: 404 `notFound`) or `.absoluteForm` (`absoluteForm`).
+    case invalidProxyPath(ProxyPath.Problem)
+    /// `/proxy/{name}/` names no proxy (404 `unknown_proxy`).
+    case unknownProxy(name: String)
+    /// A method proxy mode does not forward (405 `method_not_allowed`, with `Allow`).
+    case methodNotForwarded(method: String, allow: [String])
+    /// A body longer than the proxy's `maxBodyBytes` (413 `payload_too_large`).
+    case proxyBodyTooLarge(proxy: String, maxBytes: Int)
+    /// No token could be had for the proxied request (503 `token_unavailable`, `Retry-After: 1`).
+    case proxyTokenUnavailable(proxy: String, provider: String)
+    /// The token cannot be sent as a cookie (502 `token_not_cookie_safe`).
+    case tokenNotCookieSafe(proxy: String, provider: String)
+    /// The proxy's target did not answer in time (504 `upstream_timeout`).
+    case upstreamTimeout(proxy: String, timeoutMsec: Int)
+    /// The proxy's target could not be reached (502 `upstream_unreachable`); `problem` is the
+    /// upstream error's summary, when there was one.
+    case upstreamUnreachable(proxy: String, problem: String?)
+
+    /// The HTTP status.
+    public var status: Int {
+        switch self {
+        case .notFound, .unknownProvider, .unknownProxy: 404
+        case .methodNotAllowed, .methodNotForwarded: 405
+        case .absoluteForm, .malformedHead, .notAWholeNumber, .invalidTimeout, .repeatedParameter, .refreshBodyNotObject,
+            .refreshBodyUnknownKey, .invalidRejectedVersion, .invalidProxyPath:
+            400
+        case .shuttingDown, .refusedWhileStopping, .tokenUnavailable, .proxyTokenUnavailable: 503
+        case .missingRequestHeader, .forwardedRequest, .providerNotAllowed: 403
+        case .missingCallerKey, .invalidCallerKey: 401
+        case .bodyTooLarge, .proxyBodyTooLarge: 413
+        case .excessiveRefresh: 429
+        case .tokenNotCookieSafe, .upstreamUnreachable: 502
+        case .upstreamTimeout: 504
+        }
+    }
+
+    /// The `error` member: a short code clients branch on.
+    public var code: String {
+        switch self {
+        case .notFound: "not_found"
+        case .methodNotAllowed, .methodNotForwarded: "method_not_allowed"
+        case .absoluteForm, .malformedHead, .notAWholeNumber, .invalidTimeout, .repeatedParameter, .refreshBodyNotObject,
+            .refreshBodyUnknownKey, .invalidRejectedVersion, .invalidProxyPath:
+            "invalid_request"
+        case .unknownProvider: "unknown_provider"
+        case .shuttingDown, .refusedWhileStopping: "shutting_down"
+        case .missingRequestHeader: "missing_request_header"
+        case .forwardedRequest: "forwarded_request"
+        case .missingCallerKey: "missing_caller_key"
+        case .invalidCallerKey: "invalid_caller_key"
+        case .providerNotAllowed: "provider_not_allowed"
+        case .bodyTooLarge, .proxyBodyTooLarge: "payload_too_large"
+        case .tokenUnavailable, .proxyTokenUnavailable: "token_unavailable"
+        case .excessiveRefresh: "excessive_refresh"
+        case .unknownProxy: "unknown_proxy"
+        case .tokenNotCookieSafe: "token_not_cookie_safe"
+        case .upstreamTimeout: "upstream_timeout"
+        case .upstreamUnreachable: "upstream_unreachable"
+        }
+    }
+
+    /// The `error_description` member: what went wrong, in words, never holding a secret.
+    public var description: String {
+        switch self {
+        case .notFound(let path):
+            "no route for \(String(path.prefix(200)))"
+        case .methodNotAllowed(let method, let allow):
+            "\(String(method.prefix(32))) is not allowed here; allowed: \(allow.joined(separator: ", "))"
+        case .absoluteForm:
+            "request targets must be paths (origin form); absolute URLs are refused"
+        case .unknownProvider(let name):
+            "no provider is named \(JSONText.quoted(String(name.prefix(64))))"
+        case .malformedHead(let problem):
+            problem
+        case .shuttingDown, .refusedWhileStopping:
+            "the broker is stopping"
+        case .missingRequestHeader:
+            "token routes need the request header \"\(RequestGuard.headerName): true\""
+        case .forwardedRequest:
+            "requests relayed by a proxy (with X-Forwarded-For) are refused"
+        case .missingCallerKey:
+            "token routes need a caller key: send Authorization: Bearer <key>"
+        case .invalidCallerKey:
+            "the caller key is not listed in clientKeysFile"
+        case .providerNotAllowed(let caller, let provider):
+            "caller \(JSONText.quoted(caller)) may not read provider \(JSONText.quoted(provider))"
+        case .notAWholeNumber(let name):
+            "\(name) must be a whole number from 0, such as \(name)=3"
+        case .invalidTimeout(let minimum):
+            "timeout must be a whole number of seconds from \(minimum), such as timeout=30"
+        case .repeatedParameter(let name):
+            "\(name) is given more than once"
+        case .bodyTooLarge:
+            "the body is larger than the broker accepts"
+        case .refreshBodyNotObject:
+            "the body must be a JSON object such as {\"rejected_version\": 3}"
+        case .refreshBodyUnknownKey(let key):
+            "unknown key \(JSONText.quoted(String(key.prefix(64)))) in the body; allowed: rejected_version"
+        case .invalidRejectedVersion:
+            "rejected_version must be a whole number from 0 to 999999999999999, the version of the rejected token"
+        case .tokenUnavailable(let provider, let lastError, let paused):
+            Self.unavailableText(provider: provider, lastError: lastError, paused: paused)
+        case .excessiveRefresh(let provider, let attempts, let window, let retryAfter):
+            "provider \(JSONText.quoted(provider)) allows \(attempts) forced refreshes per \(window) s; try again in \(Self.seconds(retryAfter)) s"
+        case .invalidProxyPath(.badCharacters), .invalidProxyPath(.notUnderProxy):  // the second is never sent
+            "the path or query has characters that are not allowed raw (RFC 3986), or a bad percent-escape"
+        case .invalidProxyPath(.escapesRoot):
+            "the path climbs above the proxy's base path"
+        case .invalidProxyPath(.encodedSeparator):
+            "a path segment hides a slash, backslash, NUL, CR or LF in a percent-escape"
+        case .invalidProxyPath(.absoluteForm):
+            ErrorAnswer.absoluteForm.description
+        case .unknownProxy(let name):
+            "no proxy is named \(JSONText.quoted(String(name.prefix(64))))"
+        case .methodNotForwarded(let method, let allow):
+            "\(String(method.prefix(32))) is not forwarded; allowed: \(allow.joined(separator: ", "))"
+        case .proxyBodyTooLarge(let proxy, let maxBytes):
+            "proxy \(JSONText.quoted(proxy)) accepts bodies up to \(maxBytes) bytes"
+        case .proxyTokenUnavailable(let proxy, let provider):
+            "proxy \(JSONText.quoted(proxy)) has no token from provider \(JSONText.quoted(provider))"
+        case .tokenNotCookieSafe(let proxy, let provider):
+            "proxy \(JSONText.quoted(proxy)): the token of provider \(JSONText.quoted(provider)) holds a character a cookie value cannot (RFC 6265), so it is not sent"
+        case .upstreamTimeout(let proxy, let timeoutMsec):
+            "proxy \(JSONText.quoted(proxy)): the target did not answer within \(timeoutMsec) ms"
+        case .upstreamUnreachable(let proxy, let problem):
+            "proxy \(JSONText.quoted(proxy)): \(problem ?? "the target gave no answer")"
+        }
+    }
+
+    /// The headers the answer carries besides `Content-Type` and `Cache-Control`.
+    public var headers: [(String, String)] {
+        switch self {
+        case .methodNotAllowed(_, let allow), .methodNotForwarded(_, let allow):
+            [("Allow", allow.joined(separator: ", "))]
+        case .malformedHead:
+            [("Connection", "close")]
+        case .shuttingDown, .proxyTokenUnavailable:
+            [("Retry-After", "1")]
+        case .refusedWhileStopping:
+            [("Retry-After", "1"), ("Connection", "close")]
+        case .missingCallerKey:
+            [("WWW-Authenticate", "Bearer realm=\"token-broker\"")]
+        case .invalidCallerKey:
+            [("WWW-Authenticate", "Bearer realm=\"token-broker\", error=\"invalid_token\"")]
+        case .tokenUnavailable(_, let lastError, _):
+            [("Retry-After", String(lastError?.retryAfter.map(Self.seconds) ?? 1))]
+        case .excessiveRefresh(_, _, _, let retryAfter):
+            [("Retry-After", String(Self.seconds(retryAfter)))]
+        default:
+            []
+        }
+    }
+
+    /// The answer to send. Answers that never vary are built once and shared.
+    public var response: HTTPResponse {
+        switch self {
+        case .absoluteForm: Self.absoluteFormResponse
+        case .shuttingDown: Self.shuttingDownResponse
+        case .refusedWhileStopping: Self.refusedWhileStoppingResponse
+        case .missingRequestHeader: Self.missingRequestHeaderResponse
+        case .forwardedRequest: Self.forwardedRequestResponse
+        case .missingCallerKey: Self.missingCallerKeyResponse
+        case .invalidCallerKey: Self.invalidCallerKeyResponse
+        default: build()
+        }
+    }
+
+    /// The answer, built now.
+    private func build() -> HTTPResponse {
+        HTTPResponse(status: status, json: JSONText.errorBody(code, description), headers: headers)
+    }
+
+    private static let absoluteFormResponse = ErrorAnswer.absoluteForm.build()
+    private static let shuttingDownResponse = ErrorAnswer.shuttingDown.build()
+    private static let refusedWhileStoppingResponse = ErrorAnswer.refusedWhileStopping.build()
+    private static let missingRequestHeaderResponse = ErrorAnswer.missingRequestHeader.build()
+    private static let forwardedRequestResponse = ErrorAnswer.forwardedRequest.build()
+    private static let missingCallerKeyResponse = ErrorAnswer.missingCallerKey.build()
+    private static let invalidCallerKeyResponse = ErrorAnswer.invalidCallerKey.build()
+
+    /// The answer to a request the server refuses itself, worded for both listeners.
+    public static func refusal(_ reason: ServerRefusal) -> ErrorAnswer {
+        switch reason {
+        case .malformedHead(let problem): .malformedHead(problem: problem)
+        case .stopping: .refusedWhileStopping
+        case .stopped: .shuttingDown
+        }
+    }
+
+    /// A wait in whole seconds for `Retry-After` and the texts that quote it: at least 1.
+    private static func seconds(_ duration: Duration) -> Int { max(1, Int(clamping: duration.secondsRoundedUp)) }
+
+    private static func unavailableText(provider: String, lastError: TokenFetchError?, paused: Bool) -> String {
+        var description = "provider \(JSONText.quoted(provider)) has no valid token"
+        if let lastError { description += "; last upstream error: \(lastError.summary)" }
+        if paused { description += "; refresh was paused while idle and has resumed: wait for the new token at /token/ready" }
+        return description
+    }
+}
+
+extension HTTPResponse {
+    /// The JSON error answer in the `{"error": "...", "error_description": "..."}` shape.
+    ///
+    /// - Note: routes use `ErrorAnswer`, which words every answer; this stays for proxy mode until
+    ///   it words its answers through `ErrorAnswer` too.
+    public static func error(_ status: Int, _ error: String, _ description: String, headers: [(String, String)] = []) -> HTTPResponse {
+        HTTPResponse(status: status, json: JSONText.errorBody(error, description), headers: headers)
+    }
+}

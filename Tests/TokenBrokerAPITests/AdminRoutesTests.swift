@@ -1,0 +1,75 @@
+// The admin listener's routes: /healthz, /readyz, /metrics, and what is not one of them.
+import Testing
+@testable import TokenBrokerAPI
+@testable import TokenBrokerCore
+import TokenBrokerServer
+
+@Suite struct AdminRoutesTests {
+    private func admin(_ providers: [FakeProvider]) -> AdminAPI {
+        AdminAPI(providers: providers, metrics: BrokerMetrics(version: "test"))
+    }
+
+    @Test func healthzAnswersWhileTheProcessRuns() {
+        let api = admin([FakeProvider()])
+        let response = api.handle(request("/healthz", guarded: false)).immediate
+        #expect(response?.status == 200 && response?.bodyText == #"{"status":"ok"}"#)
+        #expect(response?.header("Content-Type") == "application/json")
+        #expect(api.handle(request("HEAD", "/healthz", guarded: false)).immediate?.status == 200)
+    }
+
+    @Test func readyzIsReadyWhenEveryProviderCanAnswer() {
+        let ready = FakeProvider(name: "a")
+        ready.state.withLock { $0.status = FakeProvider.status(name: "a", phase: .fresh, version: 3) }
+        let paused = FakeProvider(name: "b")
+        paused.state.withLock { $0.status = FakeProvider.status(name: "b", phase: .paused, version: 1, stale: true) }
+        let response = admin([ready, paused]).handle(request("/readyz", guarded: false)).immediate
+        #expect(response?.status == 200)
+        #expect(
+            response?.bodyText
+                == #"{"ready":true,"providers":[{"name":"a","ready":true,"state":"fresh","stale":false,"version":3},"#
+                + #"{"name":"b","ready":true,"state":"paused","stale":true,"version":1}]}"#)
+    }
+
+    @Test func readyzIs503WhileAProviderCannotAnswer() {
+        let ready = FakeProvider(name: "a")
+        ready.state.withLock { $0.status = FakeProvider.status(name: "a", phase: .fresh, version: 3) }
+        let failing = FakeProvider(name: "b")
+        failing.state.withLock {
+            $0.status = FakeProvider.status(name: "b", phase: .expired, lastError: .unreachable("connection refused"))
+        }
+        let response = admin([ready, failing]).handle(request("/readyz", guarded: false)).immediate
+        #expect(response?.status == 503)
+        #expect(response?.bool("ready") == false)
+        guard case .array(let providers)? = response?.members["providers"], providers.count == 2,
+            case .object(let second) = providers[1]
+        else {
+            Issue.record("no provider detail")
+            return
+        }
+        #expect(second["ready"] == .bool(false) && second["state"] == .string("expired"))
+        #expect(second["last_error"] == .string("unreachable"))
+        #expect(second["version"] == nil)
+    }
+
+    @Test func metricsAreInPrometheusTextFormat() {
+        let provider = FakeProvider()
+        provider.state.withLock { $0.status = FakeProvider.status(name: "default", phase: .fresh, version: 1) }
+        let api = admin([provider])
+        _ = api.handle(request("/healthz", guarded: false))
+        let response = api.handle(request("/metrics", guarded: false)).immediate
+        #expect(response?.status == 200)
+        #expect(response?.header("Content-Type") == "text/plain; version=0.0.4; charset=utf-8")
+        #expect(response?.header("Cache-Control") == "no-store")
+        #expect(response?.bodyText.contains(bytes: #"route="/healthz""#) == true)
+    }
+
+    @Test func otherPathsAre404AndOtherMethods405() {
+        let api = admin([FakeProvider()])
+        let missing = api.handle(request("/token", guarded: false)).immediate
+        expectError(missing, 404, "not_found")
+        #expect(missing?.string("error_description") == "no route for /token")
+        for path in ["/healthz", "/readyz", "/metrics"] {
+            expectError(api.handle(request("POST", path, guarded: false)).immediate, 405, "method_not_allowed", headers: ["Allow": "GET, HEAD"])
+        }
+    }
+}

@@ -1,0 +1,103 @@
+// The token listener's admission of requests under /proxy/: the path rules, the request guard and
+// caller keys before any body is read, against proxy mode of the test's making.
+import Synchronization
+import Testing
+@testable import TokenBrokerAPI
+import TokenBrokerCore
+import TokenBrokerServer
+
+/// Proxy mode with one proxy, `api`, reading provider `default`; it records what reaches it.
+final class FakeProxy: ProxyHandling {
+    let begun = Mutex<[ProxyPath.Target]>([])
+    let handled = Mutex<[ProxyPath.Target]>([])
+
+    func provider(ofProxy name: String) -> String? { name == "api" ? "default" : nil }
+
+    func begin(_ request: HTTPRequest, target: ProxyPath.Target) -> BodyHandling {
+        begun.withLock { $0.append(target) }
+        return .buffer(limit: 7)
+    }
+
+    func handle(_ request: HTTPRequest, target: ProxyPath.Target) -> HTTPReply {
+        handled.withLock { $0.append(target) }
+        return .response(HTTPResponse(status: 202, body: []))
+    }
+}
+
+extension BodyHandling {
+    /// The refusal, when the body is refused.
+    var refusal: HTTPResponse? {
+        if case .refuse(let response) = self { return response }
+        return nil
+    }
+
+    /// The limit, when the body is to be read whole.
+    var bufferLimit: Int?? {
+        if case .buffer(let limit) = self { return .some(limit) }
+        return nil
+    }
+}
+
+@Suite struct ProxyRouteTests {
+    private func proxied(_ raw: String, method: String = "POST", headers: [(String, String)] = [], guarded: Bool = true) -> HTTPRequest {
+        request(method, String(raw.prefix { $0 != "?" }), headers: headers, rawTarget: raw, guarded: guarded)
+    }
+
+    @Test func anAdmittedRequestReachesItsProxy() {
+        let proxy = FakeProxy()
+        let api = tokenAPI(proxy: proxy)
+        #expect(api.begin(proxied("/proxy/api/a/./b?x=1")).bufferLimit == .some(7))
+        let begun = proxy.begun.withLock { $0 }
+        #expect(begun.map(\.proxy) == ["api"] && begun.map(\.path) == ["/a/b"] && begun.map(\.query) == ["x=1"])
+        // After `begin`, the guard and the caller are not checked again.
+        #expect(api.handle(proxied("/proxy/api/a", guarded: false)).immediate?.status == 202)
+        #expect(proxy.handled.withLock { $0.map(\.path) } == ["/a"])
+    }
+
+    @Test func malformedOrEscapingPathsAre400() {
+        let proxy = FakeProxy()
+        let api = tokenAPI(proxy: proxy)
+        let cases = [
+            ("/proxy/api/a b", "the path or query has characters that are not allowed raw (RFC 3986), or a bad percent-escape"),
+            ("/proxy/api/%zz", "the path or query has characters that are not allowed raw (RFC 3986), or a bad percent-escape"),
+            ("/proxy/api/../../etc", "the path climbs above the proxy's base path"),
+            ("/proxy/api/a%2Fb", "a path segment hides a slash, backslash, NUL, CR or LF in a percent-escape"),
+        ]
+        for (raw, description) in cases {
+            let refusal = api.begin(proxied(raw)).refusal
+            expectError(refusal, 400, "invalid_request")
+            #expect(refusal?.string("error_description") == description, "\(raw)")
+            expectError(api.handle(proxied(raw)).immediate, 400, "invalid_request")
+        }
+        expectError(api.begin(proxied("http://evil/proxy/api/")).refusal, 400, "invalid_request")
+        expectError(api.begin(proxied("/proxy/")).refusal, 404, "not_found")
+        #expect(proxy.begun.withLock { $0 }.isEmpty && proxy.handled.withLock { $0 }.isEmpty)
+    }
+
+    @Test func anUnknownProxyIs404() {
+        let api = tokenAPI(proxy: FakeProxy())
+        let refusal = api.begin(proxied("/proxy/nope/x")).refusal
+        expectError(refusal, 404, "unknown_proxy")
+        #expect(refusal?.string("error_description") == #"no proxy is named "nope""#)
+        expectError(api.handle(proxied("/proxy/nope/x")).immediate, 404, "unknown_proxy")
+    }
+
+    @Test func theGuardAndCallerKeysComeBeforeTheBody() {
+        let proxy = FakeProxy()
+        let api = tokenAPI(callers: FakeCallers(), proxy: proxy)
+        expectError(api.begin(proxied("/proxy/api/x", guarded: false)).refusal, 403, "missing_request_header")
+        expectError(api.begin(proxied("/proxy/api/x", headers: [("X-Forwarded-For", "1")])).refusal, 403, "forwarded_request")
+        expectError(
+            api.begin(proxied("/proxy/api/x")).refusal, 401, "missing_caller_key",
+            headers: ["WWW-Authenticate": #"Bearer realm="token-broker""#])
+        expectError(api.begin(proxied("/proxy/api/x", headers: [("Authorization", "Bearer billing")])).refusal, 403, "provider_not_allowed")
+        #expect(proxy.begun.withLock { $0 }.isEmpty)
+        #expect(api.begin(proxied("/proxy/api/x", headers: [("Authorization", "Bearer good")])).bufferLimit == .some(7))
+    }
+
+    @Test func withoutProxiesTheProxyPathIsNoRoute() {
+        let api = tokenAPI()
+        expectError(api.handle(request("/proxy/api/x")).immediate, 404, "not_found")
+        #expect(api.begin(request("/proxy/api/x", rawTarget: "/proxy/api/x")).bufferLimit == .some(nil))
+    }
+}
