@@ -109,7 +109,7 @@ let package = Package(
         .testTarget(name: "TokenBrokerServerTests", dependencies: ["TokenBrokerTestSupport", "TokenBrokerServer", "TokenBrokerCore"]),
         .testTarget(
             name: "TokenBrokerProxyTests",
-            dependencies: ["TokenBrokerTestSupport", "TokenBrokerProxy", "TokenBrokerUpstream", "TokenBrokerCore"]
+            dependencies: ["TokenBrokerTestSupport", "TokenBrokerProxy", "TokenBrokerAPI", "TokenBrokerUpstream", "TokenBrokerCore"]
         ),
         .testTarget(name: "TokenBrokerAPITests", dependencies: ["TokenBrokerTestSupport", "TokenBrokerAPI", "TokenBrokerServer", "TokenBrokerCore"]),
         .testTarget(
@@ -133,7 +133,7 @@ if Context.environment["TOKEN_BROKER_FUZZ"] != nil {
         ("FuzzTokenAnswer", ["TokenBrokerCore", "TokenBrokerUpstream", "TokenBrokerSources"]),
         ("FuzzFileToken", ["TokenBrokerCore", "TokenBrokerSources"]),
         ("FuzzQuery", ["TokenBrokerAPI"]),
-        ("FuzzProxyPath", ["TokenBrokerCore"]),
+        ("FuzzProxyPath", ["TokenBrokerProxy"]),
     ]
     package.targets.append(.systemLibrary(name: "CLibFuzzer", path: "Fuzz/CLibFuzzer"))
     for target in fuzzTargets {

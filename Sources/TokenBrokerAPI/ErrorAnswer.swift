@@ -72,7 +72,7 @@ public enum ErrorAnswer: Sendable, Equatable {
 
     /// The path under `/proxy/` is malformed or escapes its proxy's base path (400). The routes
     /// never send it for `.notUnderProxy` (no proxy's name: 404 `notFound`) or `.absoluteForm` (`absoluteForm`).
-    case invalidProxyPath(ProxyPath.Problem)
+    case invalidProxyPath(ProxyPathProblem)
     /// `/proxy/{name}/` names no proxy (404 `unknown_proxy`).
     case unknownProxy(name: String)
     /// A method proxy mode does not forward (405 `method_not_allowed`, with `Allow`).
@@ -268,15 +268,5 @@ public enum ErrorAnswer: Sendable, Equatable {
         if let lastError { description += "; last upstream error: \(lastError.summary)" }
         if paused { description += "; refresh was paused while idle and has resumed: wait for the new token at /token/ready" }
         return description
-    }
-}
-
-extension HTTPResponse {
-    /// The JSON error answer in the `{"error": "...", "error_description": "..."}` shape.
-    ///
-    /// - Note: routes use `ErrorAnswer`, which words every answer; this stays for proxy mode until
-    ///   it words its answers through `ErrorAnswer` too.
-    public static func error(_ status: Int, _ error: String, _ description: String, headers: [(String, String)] = []) -> HTTPResponse {
-        HTTPResponse(status: status, json: JSONText.errorBody(error, description), headers: headers)
     }
 }

@@ -4,12 +4,14 @@ import TokenBrokerServer
 /// What the token listener needs from proxy mode (`TokenBrokerProxy`): the routes under
 /// `/proxy/{name}/`. The listener checks the target, the request guard and the caller first.
 public protocol ProxyHandling: Sendable {
+    /// The request target as sent, split and checked by proxy mode's rules (no open proxy).
+    func target(_ rawTarget: String) -> Result<ProxyRequestTarget, ProxyPathProblem>
     /// The provider whose token the named proxy adds; nil when no proxy has this name.
     func provider(ofProxy name: String) -> String?
     /// The request's headers have arrived: how to take its body.
-    func begin(_ request: HTTPRequest, target: ProxyPath.Target) -> BodyHandling
+    func begin(_ request: HTTPRequest, target: ProxyRequestTarget) -> BodyHandling
     /// Forward the request (its body read whole, or flowing in through `request.bodyStream`).
-    func handle(_ request: HTTPRequest, target: ProxyPath.Target) -> HTTPReply
+    func handle(_ request: HTTPRequest, target: ProxyRequestTarget) -> HTTPReply
 }
 
 extension TokenAPI {
@@ -46,13 +48,13 @@ extension TokenAPI {
     /// The checked target, or the refusal: a malformed or escaping path, an unknown proxy, the
     /// request guard, the caller check.
     private enum Admission {
-        case pass(ProxyPath.Target)
+        case pass(ProxyRequestTarget)
         case refuse(ErrorAnswer)
     }
 
     private func proxyTarget(_ request: HTTPRequest, raw: String, proxy: any ProxyHandling, admitting: Bool) -> Admission {
-        let target: ProxyPath.Target
-        switch ProxyPath.parse(raw) {
+        let target: ProxyRequestTarget
+        switch proxy.target(raw) {
         case .success(let parsed): target = parsed
         case .failure(.absoluteForm): return .refuse(.absoluteForm)
         case .failure(.notUnderProxy): return .refuse(.notFound(path: request.path))

@@ -38,6 +38,8 @@ public final class ProxyAPI: ProxyHandling {
         requestCounter = metrics.counter(listener: "token", route: "/proxy/{name}")
     }
 
+    public func target(_ rawTarget: String) -> Result<ProxyRequestTarget, ProxyPathProblem> { ProxyPath.parse(rawTarget) }
+
     public func provider(ofProxy name: String) -> String? { routes[name]?.provider.name }
 
     /// The listener answers a name without a route (`404 unknown_proxy`) before it calls `begin` or
@@ -48,7 +50,7 @@ public final class ProxyAPI: ProxyHandling {
     /// Methods forwarded; TRACE (which echoes credentials back) and CONNECT (a tunnel) are not.
     static let methods = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
-    public func begin(_ request: HTTPRequest, target: ProxyPath.Target) -> BodyHandling {
+    public func begin(_ request: HTTPRequest, target: ProxyRequestTarget) -> BodyHandling {
         guard let route = routes[target.proxy] else { return .refuse(Self.noRoute) }
         let settings = route.configuration
         guard Self.methods.contains(request.method) else {
@@ -69,7 +71,7 @@ public final class ProxyAPI: ProxyHandling {
         return .buffer(limit: settings.bufferBodyBytes)
     }
 
-    public func handle(_ request: HTTPRequest, target: ProxyPath.Target) -> HTTPReply {
+    public func handle(_ request: HTTPRequest, target: ProxyRequestTarget) -> HTTPReply {
         guard let route = routes[target.proxy] else { return .response(Self.noRoute) }
         let settings = route.configuration
         if request.bodyTooLarge {

@@ -100,13 +100,12 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
         // On demand, a fetch that used up its retries falls back to the previous valid token, as `/token` does.
         case .exhausted(let previous?, _) where onDemand: token = previous
         case .shuttingDown:
-            finish(with: Responses.shuttingDown)
+            finish(with: ErrorAnswer.shuttingDown.response)
             return
         case .timedOut, .exhausted, .cancelled: token = nil
         }
         guard let token else {
-            finish(with: .error(503, "token_unavailable", "proxy \(JSONText.quoted(name)) has no token from provider \(JSONText.quoted(provider.name))",
-                                headers: [("Retry-After", "1")]))
+            finish(with: ErrorAnswer.proxyTokenUnavailable(proxy: name, provider: provider.name).response)
             return
         }
         send(token)

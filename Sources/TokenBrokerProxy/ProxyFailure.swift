@@ -3,9 +3,8 @@ import TokenBrokerAPI
 import TokenBrokerServer
 import TokenBrokerUpstream
 
-/// Why a proxied request gets the broker's own answer instead of its target's, and that answer.
-///
-/// Every answer is the JSON error body; the texts name the proxy, never the token.
+/// Why a proxied request gets the broker's own answer instead of its target's. Its words are
+/// `ErrorAnswer`'s, with every other error answer; they name the proxy, never the token.
 enum ProxyFailure: Equatable {
     /// The method is not forwarded (TRACE, CONNECT, anything unknown): 405 with `Allow`.
     case methodNotAllowed(String)
@@ -32,54 +31,20 @@ enum ProxyFailure: Equatable {
         }
     }
 
-    /// The answer's status.
-    var status: Int {
+    /// The error answer (`ErrorAnswer`, where every answer's text lives) for a request to proxy
+    /// `settings`, whose token comes from provider `provider`.
+    func answer(_ settings: ProxyConfiguration, provider: String) -> ErrorAnswer {
         switch self {
-        case .methodNotAllowed: 405
-        case .bodyTooLarge: 413
-        case .tokenNotCookieSafe, .upstreamUnreachable: 502
-        case .upstreamTimeout: 504
+        case .methodNotAllowed(let method): .methodNotForwarded(method: method, allow: ProxyAPI.methods)
+        case .bodyTooLarge: .proxyBodyTooLarge(proxy: settings.name, maxBytes: settings.maxBodyBytes)
+        case .tokenNotCookieSafe: .tokenNotCookieSafe(proxy: settings.name, provider: provider)
+        case .upstreamTimeout: .upstreamTimeout(proxy: settings.name, timeoutMsec: settings.upstream.timeoutMsec)
+        case .upstreamUnreachable(let detail): .upstreamUnreachable(proxy: settings.name, problem: detail)
         }
     }
 
-    /// The `error` code of the JSON body.
-    var code: String {
-        switch self {
-        case .methodNotAllowed: "method_not_allowed"
-        case .bodyTooLarge: "payload_too_large"
-        case .tokenNotCookieSafe: "token_not_cookie_safe"
-        case .upstreamTimeout: "upstream_timeout"
-        case .upstreamUnreachable: "upstream_unreachable"
-        }
-    }
-
-    /// Headers besides the JSON body's own: `Allow` with 405.
-    var headers: [(String, String)] {
-        if case .methodNotAllowed = self { return [("Allow", Self.allowed)] }
-        return []
-    }
-
-    /// The `error_description` for a request to proxy `settings`, whose token comes from `provider`.
-    func message(_ settings: ProxyConfiguration, provider: String) -> String {
-        let proxy = JSONText.quoted(settings.name)
-        switch self {
-        case .methodNotAllowed(let method):
-            return "\(String(method.prefix(32))) is not forwarded; allowed: \(Self.allowed)"
-        case .bodyTooLarge:
-            return "proxy \(proxy) accepts bodies up to \(settings.maxBodyBytes) bytes"
-        case .tokenNotCookieSafe:
-            return "proxy \(proxy): the token of provider \(JSONText.quoted(provider)) holds a character a cookie value cannot (RFC 6265), so it is not sent"
-        case .upstreamTimeout:
-            return "proxy \(proxy): the target did not answer within \(settings.upstream.timeoutMsec) ms"
-        case .upstreamUnreachable(let detail):
-            return "proxy \(proxy): \(detail)"
-        }
-    }
-
-    /// The answer for a request to proxy `settings`, whose token comes from provider `provider`.
+    /// The answer as sent.
     func response(_ settings: ProxyConfiguration, provider: String) -> HTTPResponse {
-        .error(status, code, message(settings, provider: provider), headers: headers)
+        answer(settings, provider: provider).response
     }
-
-    private static var allowed: String { ProxyAPI.methods.joined(separator: ", ") }
 }

@@ -64,7 +64,6 @@ import TokenBrokerServer
     @Test func constantAnswersAreBuiltOnce() {
         #expect(ErrorAnswer.shuttingDown.response === ErrorAnswer.shuttingDown.response)
         #expect(ErrorAnswer.missingRequestHeader.response === ErrorAnswer.missingRequestHeader.response)
-        #expect(Responses.shuttingDown === ErrorAnswer.shuttingDown.response)
     }
 
     @Test func descriptionsQuoteWhatTheyNameAndCutLongInput() {

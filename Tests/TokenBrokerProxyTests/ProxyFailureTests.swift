@@ -1,5 +1,6 @@
 import Testing
 import TokenBrokerCore
+import TokenBrokerAPI
 import TokenBrokerUpstream
 @testable import TokenBrokerProxy
 
@@ -35,22 +36,23 @@ import TokenBrokerUpstream
              #"proxy "orders": unreachable: Couldn't connect to server"#),
         ]
         for (failure, status, code, message) in expected {
-            #expect(failure.status == status)
-            #expect(failure.code == code)
-            #expect(failure.message(settings, provider: "partner") == message)
-            #expect(failure.headers.isEmpty)
+            let answer = failure.answer(settings, provider: "partner")
+            #expect(answer.status == status)
+            #expect(answer.code == code)
+            #expect(answer.description == message)
+            #expect(answer.headers.isEmpty)
             #expect(failure.response(settings, provider: "partner").status == status)
         }
     }
 
     @Test func aMethodNotForwardedIs405WithAllowListingTheOnesThatAre() {
-        let failure = ProxyFailure.methodNotAllowed("TRACE")
+        let failure = ProxyFailure.methodNotAllowed("TRACE").answer(settings, provider: "partner")
         #expect(failure.status == 405)
         #expect(failure.code == "method_not_allowed")
-        #expect(failure.message(settings, provider: "partner") == "TRACE is not forwarded; allowed: GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
+        #expect(failure.description == "TRACE is not forwarded; allowed: GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
         #expect(failure.headers.count == 1)
         #expect(failure.headers.first?.0 == "Allow" && failure.headers.first?.1 == "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
-        let long = ProxyFailure.methodNotAllowed(String(repeating: "M", count: 100)).message(settings, provider: "partner")
+        let long = ProxyFailure.methodNotAllowed(String(repeating: "M", count: 100)).answer(settings, provider: "partner").description
         #expect(long.hasPrefix(String(repeating: "M", count: 32) + " is not forwarded"), "a long method is cut to 32 characters")
     }
 }

@@ -1,5 +1,5 @@
 import CLibFuzzer
-import TokenBrokerCore
+import TokenBrokerProxy
 
 /// Any bytes as the request target of a proxied request.
 ///

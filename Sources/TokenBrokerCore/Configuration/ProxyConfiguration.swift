@@ -138,7 +138,7 @@ public struct ProxyTarget: Sendable, Equatable, CustomStringConvertible {
               text.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F && $0 != UInt8(ascii: "?") && $0 != UInt8(ascii: "#") && $0 != UInt8(ascii: "\\") })
         else { throw problem }
         while path.hasSuffix("/") { path.removeLast() }
-        guard ProxyPath.segments(of: path)?.allSatisfy({ $0 != "." && $0 != ".." }) ?? false else { throw problem }
+        guard PathSegments.of(path)?.allSatisfy({ $0 != "." && $0 != ".." }) ?? false else { throw problem }
         self.scheme = scheme
         self.authority = String(authority)
         self.basePath = path

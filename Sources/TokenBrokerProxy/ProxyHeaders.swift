@@ -1,3 +1,4 @@
+import TokenBrokerCore
 /// Which headers cross the proxy, and how the token is put in (Alamofire's RequestAdapter).
 ///
 /// Hop-by-hop headers (RFC 9110 §7.6.1) and those the `Connection` header names stay behind in

@@ -1,5 +1,7 @@
 import Testing
 @testable import TokenBrokerCore
+@testable import TokenBrokerProxy
+import TokenBrokerAPI
 
 /// The rules that keep proxy mode from being an open proxy, and the headers that cross it.
 @Suite struct ProxyRulesTests {

@@ -1,3 +1,6 @@
+import TokenBrokerCore
+import TokenBrokerAPI
+
 /// The rules that keep `/proxy/{name}/{path}` from becoming an open proxy, applied to the request
 /// target exactly as the client sent it (not percent-decoded).
 ///
@@ -9,21 +12,10 @@
 ///   backslash (`%2f`, `%5c`) or an encoded NUL, CR or LF is refused too, so that no upstream
 ///   can be tricked into seeing a different path than the broker checked.
 public enum ProxyPath {
-    /// A request target, split: the proxy's name, the normalised path under it (starting with
-    /// "/"), and the query as sent.
-    public struct Target: Equatable, Sendable {
-        public let proxy: String
-        public let path: String
-        public let query: String?
-    }
-
-    public enum Problem: Error, Equatable {
-        case absoluteForm
-        case notUnderProxy
-        case badCharacters
-        case escapesRoot
-        case encodedSeparator
-    }
+    /// A request target, split and checked (the type the token listener hands back to `ProxyAPI`).
+    public typealias Target = ProxyRequestTarget
+    /// Why a target may not pass, in the words `ErrorAnswer` answers with.
+    public typealias Problem = ProxyPathProblem
 
     public static let prefix = "/proxy/"
 
@@ -38,7 +30,7 @@ public enum ProxyPath {
         let name = pathPart.prefix { $0 != "/" }
         guard !name.isEmpty else { return .failure(.notUnderProxy) }
         let below = String(pathPart.dropFirst(name.count))
-        guard let segments = segments(of: below) else { return .failure(.encodedSeparator) }
+        guard let segments = PathSegments.of(below) else { return .failure(.encodedSeparator) }
         var resolved: [Substring] = []
         for segment in segments {
             switch segment {
@@ -55,22 +47,6 @@ public enum ProxyPath {
         var path = "/" + resolved.joined(separator: "/")
         if directory, !resolved.isEmpty { path += "/" }
         return .success(Target(proxy: String(name), path: path, query: query))
-    }
-
-    /// The segments of a path (which starts with "/" or is empty), with `%2e` read as "."; nil
-    /// when a segment hides a separator or a control character in a percent-escape.
-    static func segments(of path: String) -> [Substring]? {
-        guard !path.isEmpty else { return [] }
-        var out: [Substring] = []
-        for segment in path.dropFirst().split(separator: "/", omittingEmptySubsequences: false) {
-            let lower = segment.lowercased()
-            for forbidden in ["%2f", "%5c", "%00", "%0a", "%0d"] where lower.contains(bytes: forbidden) { return nil }
-            let dots = lower.replacingAll("%2e", with: ".")
-            out.append(dots == "." || dots == ".." ? Substring(dots) : segment)
-        }
-        // "/a/" splits into ["a", ""]: the empty last segment only marks the trailing slash.
-        if out.last?.isEmpty == true { out.removeLast() }
-        return out
     }
 
     /// RFC 3986 `pchar`, "/", "?" and "%": unreserved, sub-delims, ":" and "@".
@@ -97,17 +73,5 @@ public enum ProxyPath {
             }
         }
         return true
-    }
-}
-
-extension String {
-    fileprivate func replacingAll(_ target: String, with replacement: String) -> String {
-        var out = ""
-        var rest = Substring(self)
-        while let range = rest.firstRange(ofBytes: target) {
-            out += rest[..<range.lowerBound] + replacement
-            rest = rest[range.upperBound...]
-        }
-        return out + rest
     }
 }
