@@ -35,16 +35,17 @@ let optimized: [SwiftSetting] = [
 //   drag in the rest of the text. Functions are compiled into sections of their own for this.
 let linkOrder = String(#filePath.dropLast("Package.swift".count)) + "Sources/token-broker/link-order.txt"
 let compactLink: [LinkerSetting] = [
-    .unsafeFlags([
-        "-use-ld=lld", "-Xlinker", "-z", "-Xlinker", "pack-relative-relocs",
-        "-Xlinker", "--symbol-ordering-file=\(linkOrder)", "-Xlinker", "--no-warn-symbol-ordering",
-    ], .when(configuration: .release))
+    .unsafeFlags(
+        [
+            "-use-ld=lld", "-Xlinker", "-z", "-Xlinker", "pack-relative-relocs",
+            "-Xlinker", "--symbol-ordering-file=\(linkOrder)", "-Xlinker", "--no-warn-symbol-ordering",
+        ], .when(configuration: .release))
 ]
 
 let package = Package(
     name: "token-broker",
     products: [
-        .executable(name: "token-broker", targets: ["token-broker"]),
+        .executable(name: "token-broker", targets: ["token-broker"])
     ],
     targets: [
         .systemLibrary(
@@ -89,7 +90,8 @@ let package = Package(
         .executableTarget(
             name: "token-broker",
             dependencies: [
-                "TokenBrokerCore", "TokenBrokerCrypto", "TokenBrokerUpstream", "TokenBrokerSources", "TokenBrokerServer",
+                "TokenBrokerCore", "TokenBrokerCrypto", "TokenBrokerUpstream", "TokenBrokerSources",
+                "TokenBrokerServer",
                 "TokenBrokerAPI", "TokenBrokerProxy", "CSystem",
             ],
             exclude: ["link-order.txt"],
@@ -101,17 +103,29 @@ let package = Package(
         .testTarget(name: "TokenBrokerCoreTests", dependencies: ["TokenBrokerCore", "TokenBrokerTestSupport"]),
 
         .testTarget(name: "TokenBrokerCryptoTests", dependencies: ["TokenBrokerTestSupport", "TokenBrokerCrypto"]),
-        .testTarget(name: "TokenBrokerUpstreamTests", dependencies: ["TokenBrokerTestSupport", "TokenBrokerUpstream", "TokenBrokerCore"]),
+        .testTarget(
+            name: "TokenBrokerUpstreamTests",
+            dependencies: ["TokenBrokerTestSupport", "TokenBrokerUpstream", "TokenBrokerCore"]),
         .testTarget(
             name: "TokenBrokerSourcesTests",
-            dependencies: ["TokenBrokerSources", "TokenBrokerCrypto", "TokenBrokerUpstream", "TokenBrokerCore", "TokenBrokerTestSupport"]
+            dependencies: [
+                "TokenBrokerSources", "TokenBrokerCrypto", "TokenBrokerUpstream", "TokenBrokerCore",
+                "TokenBrokerTestSupport",
+            ]
         ),
-        .testTarget(name: "TokenBrokerServerTests", dependencies: ["TokenBrokerTestSupport", "TokenBrokerServer", "TokenBrokerCore"]),
+        .testTarget(
+            name: "TokenBrokerServerTests",
+            dependencies: ["TokenBrokerTestSupport", "TokenBrokerServer", "TokenBrokerCore"]),
         .testTarget(
             name: "TokenBrokerProxyTests",
-            dependencies: ["TokenBrokerTestSupport", "TokenBrokerProxy", "TokenBrokerAPI", "TokenBrokerUpstream", "TokenBrokerCore"]
+            dependencies: [
+                "TokenBrokerTestSupport", "TokenBrokerProxy", "TokenBrokerAPI", "TokenBrokerUpstream",
+                "TokenBrokerCore",
+            ]
         ),
-        .testTarget(name: "TokenBrokerAPITests", dependencies: ["TokenBrokerTestSupport", "TokenBrokerAPI", "TokenBrokerServer", "TokenBrokerCore"]),
+        .testTarget(
+            name: "TokenBrokerAPITests",
+            dependencies: ["TokenBrokerTestSupport", "TokenBrokerAPI", "TokenBrokerServer", "TokenBrokerCore"]),
         .testTarget(
             name: "token-brokerTests",
             dependencies: ["token-broker", "TokenBrokerCore", "TokenBrokerTestSupport"]
@@ -137,9 +151,11 @@ if Context.environment["TOKEN_BROKER_FUZZ"] != nil {
     ]
     package.targets.append(.systemLibrary(name: "CLibFuzzer", path: "Fuzz/CLibFuzzer"))
     for target in fuzzTargets {
-        package.targets.append(.executableTarget(
-            name: target.name, dependencies: target.dependencies + ["CLibFuzzer"], path: "Fuzz/Targets/\(target.name)",
-            swiftSettings: [.unsafeFlags(["-parse-as-library"])]
-        ))
+        package.targets.append(
+            .executableTarget(
+                name: target.name, dependencies: target.dependencies + ["CLibFuzzer"],
+                path: "Fuzz/Targets/\(target.name)",
+                swiftSettings: [.unsafeFlags(["-parse-as-library"])]
+            ))
     }
 }

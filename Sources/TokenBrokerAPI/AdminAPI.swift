@@ -38,7 +38,9 @@ public final class AdminAPI: HTTPHandler {
             route = "other"
             reply = .response(ErrorAnswer.notFound(path: request.path).response)
         }
-        if case .response(let response) = reply { metrics.recordRequest(listener: "admin", route: route, status: response.status) }
+        if case .response(let response) = reply {
+            metrics.recordRequest(listener: "admin", route: route, status: response.status)
+        }
         return reply
     }
 
@@ -65,7 +67,9 @@ public final class AdminAPI: HTTPHandler {
             }
             return JSONText.object(members)
         }
-        let body = JSONText.object([("ready", ready ? "true" : "false"), ("providers", "[" + detail.joined(separator: ",") + "]")])
+        let body = JSONText.object([
+            ("ready", ready ? "true" : "false"), ("providers", "[" + detail.joined(separator: ",") + "]"),
+        ])
         return HTTPResponse(status: ready ? 200 : 503, json: body)
     }
 }

@@ -94,7 +94,8 @@ public enum ErrorAnswer: Sendable, Equatable {
         switch self {
         case .notFound, .unknownProvider, .unknownProxy: 404
         case .methodNotAllowed, .methodNotForwarded: 405
-        case .absoluteForm, .malformedHead, .notAWholeNumber, .invalidTimeout, .repeatedParameter, .refreshBodyNotObject,
+        case .absoluteForm, .malformedHead, .notAWholeNumber, .invalidTimeout, .repeatedParameter,
+            .refreshBodyNotObject,
             .refreshBodyUnknownKey, .invalidRejectedVersion, .invalidProxyPath:
             400
         case .shuttingDown, .refusedWhileStopping, .tokenUnavailable, .proxyTokenUnavailable: 503
@@ -112,7 +113,8 @@ public enum ErrorAnswer: Sendable, Equatable {
         switch self {
         case .notFound: "not_found"
         case .methodNotAllowed, .methodNotForwarded: "method_not_allowed"
-        case .absoluteForm, .malformedHead, .notAWholeNumber, .invalidTimeout, .repeatedParameter, .refreshBodyNotObject,
+        case .absoluteForm, .malformedHead, .notAWholeNumber, .invalidTimeout, .repeatedParameter,
+            .refreshBodyNotObject,
             .refreshBodyUnknownKey, .invalidRejectedVersion, .invalidProxyPath:
             "invalid_request"
         case .unknownProvider: "unknown_provider"
@@ -266,7 +268,9 @@ public enum ErrorAnswer: Sendable, Equatable {
     private static func unavailableText(provider: String, lastError: TokenFetchError?, paused: Bool) -> String {
         var description = "provider \(JSONText.quoted(provider)) has no valid token"
         if let lastError { description += "; last upstream error: \(lastError.summary)" }
-        if paused { description += "; refresh was paused while idle and has resumed: wait for the new token at /token/ready" }
+        if paused {
+            description += "; refresh was paused while idle and has resumed: wait for the new token at /token/ready"
+        }
         return description
     }
 }

@@ -52,7 +52,9 @@ extension TokenAPI {
         case refuse(ErrorAnswer)
     }
 
-    private func proxyTarget(_ request: HTTPRequest, raw: String, proxy: any ProxyHandling, admitting: Bool) -> Admission {
+    private func proxyTarget(_ request: HTTPRequest, raw: String, proxy: any ProxyHandling, admitting: Bool)
+        -> Admission
+    {
         let target: ProxyRequestTarget
         switch proxy.target(raw) {
         case .success(let parsed): target = parsed
@@ -60,7 +62,9 @@ extension TokenAPI {
         case .failure(.notUnderProxy): return .refuse(.notFound(path: request.path))
         case .failure(let problem): return .refuse(.invalidProxyPath(problem))
         }
-        guard let provider = proxy.provider(ofProxy: target.proxy) else { return .refuse(.unknownProxy(name: target.proxy)) }
+        guard let provider = proxy.provider(ofProxy: target.proxy) else {
+            return .refuse(.unknownProxy(name: target.proxy))
+        }
         if admitting, let refusal = admit(request, provider: provider) { return .refuse(refusal) }
         return .pass(target)
     }

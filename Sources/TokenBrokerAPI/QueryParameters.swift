@@ -35,7 +35,9 @@ enum QueryParameters {
 
     /// The version in `If-None-Match: "3"` (or `W/"3"`); nil when absent or not one of ours.
     static func entityTagVersion(_ header: String?) -> UInt64? {
-        guard var text = header?.split(separator: ",").first.map({ Substring($0.trimmingCharacters(in: " \t")) }) else { return nil }
+        guard var text = header?.split(separator: ",").first.map({ Substring($0.trimmingCharacters(in: " \t")) }) else {
+            return nil
+        }
         if text.hasPrefix("W/") { text = text.dropFirst(2) }
         guard text.count >= 3, text.first == "\"", text.last == "\"" else { return nil }
         return number(text.dropFirst().dropLast())
@@ -50,7 +52,9 @@ enum QueryParameters {
     }
 
     static func number(_ text: some StringProtocol) -> UInt64? {
-        guard !text.isEmpty, text.count <= maximumDigits, text.utf8.allSatisfy({ $0 >= 48 && $0 <= 57 }) else { return nil }
+        guard !text.isEmpty, text.count <= maximumDigits, text.utf8.allSatisfy({ $0 >= 48 && $0 <= 57 }) else {
+            return nil
+        }
         return UInt64(text)
     }
 }

@@ -18,7 +18,9 @@ extension TokenAPI {
         let after: UInt64?
         let timeout: Duration
         do {
-            after = try QueryParameters.version("after", request) ?? QueryParameters.entityTagVersion(request.header("If-None-Match"))
+            after =
+                try QueryParameters.version("after", request)
+                ?? QueryParameters.entityTagVersion(request.header("If-None-Match"))
             timeout = try QueryParameters.timeout(request, maximum: maxWait)
         } catch {
             return record(label, .response(error.answer.response))
@@ -33,11 +35,15 @@ extension TokenAPI {
 
     /// Suspends the request until the provider completes its waiter.
     /// - Parameter forRefresh: the wait of a forced refresh (see `ProviderStateMachine.addWaiter`).
-    func wait(_ endpoint: Endpoint, after: UInt64?, timeout: Duration, mode: WaitMode, forRefresh: Bool = false, label: RequestCounter) -> HTTPReply {
+    func wait(
+        _ endpoint: Endpoint, after: UInt64?, timeout: Duration, mode: WaitMode, forRefresh: Bool = false,
+        label: RequestCounter
+    ) -> HTTPReply {
         let provider = endpoint.provider
         let deadline = provider.deadline(in: timeout)
         return .deferred { [self] responder in
-            let id = provider.addWaiter(after: after, deadline: deadline, onDemand: false, forRefresh: forRefresh) { outcome in
+            let id = provider.addWaiter(after: after, deadline: deadline, onDemand: false, forRefresh: forRefresh) {
+                outcome in
                 self.answer(responder, self.waitAnswer(outcome, endpoint, mode: mode), route: label)
             }
             responder.onClose { provider.removeWaiter(id) }
@@ -45,7 +51,9 @@ extension TokenAPI {
     }
 
     /// The answer to a finished wait.
-    func waitAnswer(_ outcome: ProviderStateMachine<Provider.Instant>.WaitOutcome, _ endpoint: Endpoint, mode: WaitMode) -> HTTPResponse {
+    func waitAnswer(_ outcome: ProviderStateMachine<Provider.Instant>.WaitOutcome, _ endpoint: Endpoint, mode: WaitMode)
+        -> HTTPResponse
+    {
         let provider = endpoint.provider
         let now = provider.now
         func tokenAnswer(_ token: CachedToken<Provider.Instant>, stale: Bool) -> HTTPResponse {
@@ -67,7 +75,8 @@ extension TokenAPI {
         case .timedOut(let current?, _):
             switch mode {
             case .ready(conditional: true):
-                return HTTPResponse(status: 304, body: [], headers: [("ETag", "\"\(current.version)\""), ("Cache-Control", "no-store")])
+                return HTTPResponse(
+                    status: 304, body: [], headers: [("ETag", "\"\(current.version)\""), ("Cache-Control", "no-store")])
             case .ready(conditional: false), .onDemand:
                 return tokenAnswer(current, stale: provider.status().stale)
             }

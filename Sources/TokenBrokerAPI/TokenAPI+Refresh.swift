@@ -24,16 +24,20 @@ extension TokenAPI {
         let provider = endpoint.provider
         switch provider.forceRefresh(rejected: rejected) {
         case .current(let token):
-            return record(label, .response(endpoint.responses.response(for: token, stale: provider.status().stale, now: provider.now)))
+            return record(
+                label,
+                .response(endpoint.responses.response(for: token, stale: provider.status().stale, now: provider.now)))
         case .excessive(let retryAfter):
             metrics.recordExcessiveRefresh(provider: provider.name)
             let limit = provider.forcedRefreshLimit
             let answer = ErrorAnswer.excessiveRefresh(
-                provider: provider.name, attempts: limit.attempts, windowSeconds: limit.windowSeconds, retryAfter: retryAfter)
+                provider: provider.name, attempts: limit.attempts, windowSeconds: limit.windowSeconds,
+                retryAfter: retryAfter)
             return record(label, .response(answer.response))
         case .refreshing(let after):
             return wait(
-                endpoint, after: after ?? rejected, timeout: timeout, mode: .ready(conditional: rejected != nil), forRefresh: true, label: label)
+                endpoint, after: after ?? rejected, timeout: timeout, mode: .ready(conditional: rejected != nil),
+                forRefresh: true, label: label)
         }
     }
 }

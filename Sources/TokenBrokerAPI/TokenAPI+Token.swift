@@ -25,7 +25,9 @@ extension TokenAPI {
 
     /// The answer for a token the read found (built once per version and second), counting it
     /// when stale.
-    func cachedAnswer(_ endpoint: Endpoint, _ token: CachedToken<Provider.Instant>, stale: Bool, secondsLeft: Int?) -> HTTPResponse {
+    func cachedAnswer(_ endpoint: Endpoint, _ token: CachedToken<Provider.Instant>, stale: Bool, secondsLeft: Int?)
+        -> HTTPResponse
+    {
         if stale { metrics.recordStaleServed(provider: endpoint.provider.name) }
         return endpoint.responses.response(for: token, stale: stale, secondsLeft: secondsLeft)
     }

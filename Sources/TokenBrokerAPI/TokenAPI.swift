@@ -25,7 +25,10 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
         /// Request counters of `/token`, `/token/ready` and `/token/refresh`, in `Route` order.
         let counters: [RequestCounter]
 
-        init(provider: Provider, responses: TokenResponseCache<Provider.Instant>, routePrefix: String, metrics: BrokerMetrics) {
+        init(
+            provider: Provider, responses: TokenResponseCache<Provider.Instant>, routePrefix: String,
+            metrics: BrokerMetrics
+        ) {
             self.provider = provider
             self.responses = responses
             counters = Route.allCases.map { metrics.counter(listener: "token", route: routePrefix + $0.rawValue) }
@@ -36,7 +39,9 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
 
     /// A token route, as the router found it.
     enum Route: String, CaseIterable {
-        case token = "/token", ready = "/token/ready", refresh = "/token/refresh"
+        case token = "/token"
+        case ready = "/token/ready"
+        case refresh = "/token/refresh"
 
         var index: Int {
             switch self {
@@ -83,7 +88,8 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
         }
         self.endpoints = endpoints
         defaultEndpoint = Endpoint(
-            provider: providers[0], responses: endpoints[providers[0].name]!.responses, routePrefix: "", metrics: metrics)
+            provider: providers[0], responses: endpoints[providers[0].name]!.responses, routePrefix: "",
+            metrics: metrics)
         jwksCounter = metrics.counter(listener: "token", route: "/.well-known/jwks.json")
         unknownProviderCounter = metrics.counter(listener: "token", route: "/providers/{name}")
         otherCounter = metrics.counter(listener: "token", route: "other")
@@ -114,9 +120,12 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
         if path.hasPrefix("/providers/") {
             let tail = path.dropFirst("/providers/".count)
             let name = tail.prefix { $0 != "/" }
-            guard name.count < tail.count else { return record(otherCounter, .response(ErrorAnswer.notFound(path: path).response)) }
+            guard name.count < tail.count else {
+                return record(otherCounter, .response(ErrorAnswer.notFound(path: path).response))
+            }
             guard let named = endpoints[String(name)] else {
-                return record(unknownProviderCounter, .response(ErrorAnswer.unknownProvider(name: String(name)).response))
+                return record(
+                    unknownProviderCounter, .response(ErrorAnswer.unknownProvider(name: String(name)).response))
             }
             endpoint = named
             rest = tail[name.endIndex...]
@@ -129,8 +138,12 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
         default: return record(otherCounter, .response(ErrorAnswer.notFound(path: path).response))
         }
         let label = endpoint.counter(route)
-        if let refusal = Methods.only(route == .refresh ? Methods.post : Methods.read, request) { return record(label, refusal) }
-        if let refusal = admit(request, provider: endpoint.provider.name) { return record(label, .response(refusal.response)) }
+        if let refusal = Methods.only(route == .refresh ? Methods.post : Methods.read, request) {
+            return record(label, refusal)
+        }
+        if let refusal = admit(request, provider: endpoint.provider.name) {
+            return record(label, .response(refusal.response))
+        }
         switch route {
         case .token: return token(endpoint, label: label)
         case .ready: return ready(endpoint, request, label: label)
@@ -143,7 +156,10 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
     /// Nil when the request passes the request guard and the caller check, else the refusal.
     func admit(_ request: HTTPRequest, provider: String) -> ErrorAnswer? {
         if guardRequests, let refusal = RequestGuard.check(request) { return refusal }
-        if let callers { return CallerCheck.refusal(callers.authorize(request.header("Authorization"), provider: provider), provider: provider) }
+        if let callers {
+            return CallerCheck.refusal(
+                callers.authorize(request.header("Authorization"), provider: provider), provider: provider)
+        }
         return nil
     }
 
@@ -163,7 +179,9 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
     /// - Parameter wasPaused: the request found the provider paused while idle (and woke it).
     static func unavailable(_ provider: Provider, wasPaused: Bool = false) -> HTTPResponse {
         let status = provider.status()
-        return ErrorAnswer.tokenUnavailable(provider: provider.name, lastError: status.lastError, paused: wasPaused || status.phase == .paused)
-            .response
+        return ErrorAnswer.tokenUnavailable(
+            provider: provider.name, lastError: status.lastError, paused: wasPaused || status.phase == .paused
+        )
+        .response
     }
 }

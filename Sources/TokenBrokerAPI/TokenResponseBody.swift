@@ -16,14 +16,17 @@ public enum TokenResponseBody {
     ///     with `setTokenCookie` accepts only tokens that are cookie values (`TokenRules`); should
     ///     another ever reach here, the two are left out rather than written broken.
     public static func render<Instant>(
-        _ cached: CachedToken<Instant>, stale: Bool, expiresIn: Int?, provider: String, cookie: CookieSettings = CookieSettings()
+        _ cached: CachedToken<Instant>, stale: Bool, expiresIn: Int?, provider: String,
+        cookie: CookieSettings = CookieSettings()
     ) -> String {
         var members: [(String, String)] = [
             ("access_token", JSONText.quoted(cached.token.accessToken)),
             ("token_type", JSONText.quoted(cached.token.tokenType)),
         ]
         if let expiresIn { members.append(("expires_in", String(expiresIn))) }
-        if let expiresAt = cached.expiresAtDate { members.append(("expires_at", JSONText.quoted(RFC3339.string(from: expiresAt)))) }
+        if let expiresAt = cached.expiresAtDate {
+            members.append(("expires_at", JSONText.quoted(RFC3339.string(from: expiresAt))))
+        }
         members.append(("issued_at", JSONText.quoted(RFC3339.string(from: cached.issuedAtDate))))
         if let scope = cached.token.scope { members.append(("scope", JSONText.quoted(scope))) }
         members.append(("version", String(cached.version)))

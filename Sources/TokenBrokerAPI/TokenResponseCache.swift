@@ -43,10 +43,13 @@ final class TokenResponseCache<Instant: InstantProtocol>: Sendable where Instant
     }
 
     /// Renders one answer without caching it (tokens fetched on demand are each used once).
-    static func render(_ token: CachedToken<Instant>, stale: Bool, expiresIn: Int?, provider: String, cookie: CookieSettings) -> HTTPResponse {
+    static func render(
+        _ token: CachedToken<Instant>, stale: Bool, expiresIn: Int?, provider: String, cookie: CookieSettings
+    ) -> HTTPResponse {
         HTTPResponse(
             status: 200,
-            json: TokenResponseBody.render(token, stale: stale, expiresIn: expiresIn, provider: provider, cookie: cookie),
+            json: TokenResponseBody.render(
+                token, stale: stale, expiresIn: expiresIn, provider: provider, cookie: cookie),
             headers: [("ETag", "\"\(token.version)\"")])
     }
 }

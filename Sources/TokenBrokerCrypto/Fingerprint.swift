@@ -8,9 +8,10 @@ public enum Fingerprint {
     public static func of(_ secret: String) -> String {
         // A log line must not fail for want of a hash; it then names no fingerprint, and never the secret.
         guard let digest = try? Crypto.sha256(Array(secret.utf8)) else { return "sha256:unavailable" }
-        return "sha256:" + digest.prefix(6).map { byte in
-            let hex = String(byte, radix: 16)
-            return byte < 16 ? "0" + hex : hex
-        }.joined()
+        return "sha256:"
+            + digest.prefix(6).map { byte in
+                let hex = String(byte, radix: 16)
+                return byte < 16 ? "0" + hex : hex
+            }.joined()
     }
 }

@@ -1,5 +1,5 @@
-import TokenBrokerCore
 import TokenBrokerAPI
+import TokenBrokerCore
 import TokenBrokerServer
 import TokenBrokerUpstream
 
@@ -25,7 +25,10 @@ public final class ProxyAPI: ProxyHandling {
     /// `Authorization` carries caller keys for the broker itself: it never goes upstream.
     let callerKeysInAuthorization: Bool
 
-    public init(proxies: [ProxyConfiguration], providers: [Provider], maxWait: Duration, callerKeysInAuthorization: Bool, metrics: BrokerMetrics) {
+    public init(
+        proxies: [ProxyConfiguration], providers: [Provider], maxWait: Duration, callerKeysInAuthorization: Bool,
+        metrics: BrokerMetrics
+    ) {
         var routes: [String: Route] = [:]
         for proxy in proxies {
             let provider = providers.first { $0.name == proxy.provider } ?? providers[0]
@@ -38,7 +41,9 @@ public final class ProxyAPI: ProxyHandling {
         requestCounter = metrics.counter(listener: "token", route: "/proxy/{name}")
     }
 
-    public func target(_ rawTarget: String) -> Result<ProxyRequestTarget, ProxyPathProblem> { ProxyPath.parse(rawTarget) }
+    public func target(_ rawTarget: String) -> Result<ProxyRequestTarget, ProxyPathProblem> {
+        ProxyPath.parse(rawTarget)
+    }
 
     public func provider(ofProxy name: String) -> String? { routes[name]?.provider.name }
 
@@ -56,7 +61,8 @@ public final class ProxyAPI: ProxyHandling {
         guard Self.methods.contains(request.method) else {
             metrics.recordProxied(proxy: settings.name, status: 405)
             requestCounter.record(status: 405)
-            return .refuse(ProxyFailure.methodNotAllowed(request.method).response(settings, provider: route.provider.name))
+            return .refuse(
+                ProxyFailure.methodNotAllowed(request.method).response(settings, provider: route.provider.name))
         }
         // The server has refused every Transfer-Encoding but exactly `chunked` (RequestHead).
         let chunked = request.header("Transfer-Encoding") != nil
@@ -86,8 +92,10 @@ public final class ProxyAPI: ProxyHandling {
         }
         if !headers.contains(named: "Accept") { headers.append(("Accept", "")) }
         let exchange = ProxyExchange(
-            api: self, route: route, method: request.method, url: settings.target.url(path: target.path, query: target.query),
-            headers: headers, body: request.bodyStream.map { .streamed($0, length: request.header("Content-Length").flatMap { Int($0) }) }
+            api: self, route: route, method: request.method,
+            url: settings.target.url(path: target.path, query: target.query),
+            headers: headers,
+            body: request.bodyStream.map { .streamed($0, length: request.header("Content-Length").flatMap { Int($0) }) }
                 ?? .buffered(request.body))
         return .deferred { responder in exchange.start(responder) }
     }

@@ -1,6 +1,6 @@
 import Synchronization
-import TokenBrokerCore
 import TokenBrokerAPI
+import TokenBrokerCore
 import TokenBrokerServer
 import TokenBrokerUpstream
 
@@ -121,7 +121,8 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
             method: method, url: url,
             headers: ProxyHeaders.forward(
                 headers, token: token.token.accessToken, injection: settings.inject, overwrite: settings.overwrite,
-                cookieName: provider.configuration.cookie.tokenCookieName, callerKeyInAuthorization: api.callerKeysInAuthorization),
+                cookieName: provider.configuration.cookie.tokenCookieName,
+                callerKeyInAuthorization: api.callerKeysInAuthorization),
             settings: settings.upstream)
         let upstream: UpstreamExchange
         switch body {
@@ -146,7 +147,8 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
 
     func upstreamHead(status: Int, headers: [(String, String)], length: Int64?) -> Bool {
         let settings = route.configuration
-        let refused = settings.retryOn.contains(status)
+        let refused =
+            settings.retryOn.contains(status)
             && (settings.retryOnHeader.map { headers.contains(named: $0) } ?? true)
         let attempt = state.withLock { $0.attempt }
         if refused, attempt == 1, replayable {
@@ -193,7 +195,10 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
         case .streaming(let stream):
             stream.finish(failed: error != nil)
         case .collecting(let status, let headers, let body) where error == nil:
-            Task { await self.retry(rejected: HTTPResponse(status: status, body: body, headers: ProxyHeaders.back(headers))) }
+            Task {
+                await self.retry(
+                    rejected: HTTPResponse(status: status, body: body, headers: ProxyHeaders.back(headers)))
+            }
         case .collecting, .waiting:
             if case .streamed(let stream, _) = body, stream.isTooLarge {
                 fail(.bodyTooLarge)
@@ -228,7 +233,11 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
         case .current(let token):
             fresh = token
         case .refreshing(let after):
-            if case .token(let token, _) = await provider.onTokenReady(after: after ?? version, timeout: api.maxWait, forRefresh: true) { fresh = token }
+            if case .token(let token, _) = await provider.onTokenReady(
+                after: after ?? version, timeout: api.maxWait, forRefresh: true)
+            {
+                fresh = token
+            }
         case .excessive:
             fresh = nil
         }

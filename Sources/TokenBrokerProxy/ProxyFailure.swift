@@ -1,5 +1,5 @@
-import TokenBrokerCore
 import TokenBrokerAPI
+import TokenBrokerCore
 import TokenBrokerServer
 import TokenBrokerUpstream
 
@@ -23,10 +23,12 @@ enum ProxyFailure: Equatable {
         switch error {
         case nil: self = .upstreamUnreachable("the target gave no answer")
         case .timeout?: self = .upstreamTimeout
-        case .unreachable(let detail)?: self = .upstreamUnreachable(detail.isEmpty ? "unreachable" : "unreachable: \(detail)")
+        case .unreachable(let detail)?:
+            self = .upstreamUnreachable(detail.isEmpty ? "unreachable" : "unreachable: \(detail)")
         case .clientFailure(let detail)?: self = .upstreamUnreachable("internal: \(detail)")
         case .settingsRefused?: self = .upstreamUnreachable("configuration: \(UpstreamError.settingsRefusedDetail)")
-        case .tooLarge(let limit)?: self = .upstreamUnreachable("bad_response: the answer is larger than \(limit) bytes")
+        case .tooLarge(let limit)?:
+            self = .upstreamUnreachable("bad_response: the answer is larger than \(limit) bytes")
         case .stopped?: self = .upstreamUnreachable("internal: stopped")
         }
     }

@@ -1,4 +1,5 @@
 import TokenBrokerCore
+
 /// Which headers cross the proxy, and how the token is put in (Alamofire's RequestAdapter).
 ///
 /// Hop-by-hop headers (RFC 9110 §7.6.1) and those the `Connection` header names stay behind in
@@ -76,7 +77,9 @@ public enum ProxyHeaders {
             headers.append(("Cookie", "\(name)=\(value)"))
             return
         }
-        var pairs = headers[index].1.split(separator: ";").map { $0.trimmingCharacters(in: " \t") }.filter { !$0.isEmpty }
+        var pairs = headers[index].1.split(separator: ";").map { $0.trimmingCharacters(in: " \t") }.filter {
+            !$0.isEmpty
+        }
         let existing = pairs.firstIndex { $0.hasPrefix(name + "=") }
         switch existing {
         case .some where !overwrite: return

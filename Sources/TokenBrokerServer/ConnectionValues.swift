@@ -16,12 +16,18 @@ enum ConnectionValues {
     private static func collect(_ connection: OpaquePointer, _ kind: MHD_ValueKind) -> [(String, String)] {
         var collected: [(String, String)] = []
         withUnsafeMutablePointer(to: &collected) { pointer in
-            _ = MHD_get_connection_values_n(connection, kind, { cls, _, key, keyLength, value, valueLength in
-                guard let cls, let key else { return CMicroHTTPD_yes() }
-                let list = cls.assumingMemoryBound(to: [(String, String)].self)
-                list.pointee.append((ConnectionValues.text(key, keyLength), value.map { ConnectionValues.text($0, valueLength) } ?? ""))
-                return CMicroHTTPD_yes()
-            }, pointer)
+            _ = MHD_get_connection_values_n(
+                connection, kind,
+                { cls, _, key, keyLength, value, valueLength in
+                    guard let cls, let key else { return CMicroHTTPD_yes() }
+                    let list = cls.assumingMemoryBound(to: [(String, String)].self)
+                    list.pointee.append(
+                        (
+                            ConnectionValues.text(key, keyLength),
+                            value.map { ConnectionValues.text($0, valueLength) } ?? ""
+                        ))
+                    return CMicroHTTPD_yes()
+                }, pointer)
         }
         return collected
     }

@@ -68,11 +68,13 @@ final class ConnectionWatcher: @unchecked Sendable {
             throw WatcherError(call: "epoll_ctl", code: code)
         }
         let context = Unmanaged.passRetained(self).toOpaque()
-        let started = pthread_create(&thread, nil, { context in
-            let watcher = Unmanaged<ConnectionWatcher>.fromOpaque(context!).takeRetainedValue()
-            watcher.loop()
-            return nil
-        }, context)
+        let started = pthread_create(
+            &thread, nil,
+            { context in
+                let watcher = Unmanaged<ConnectionWatcher>.fromOpaque(context!).takeRetainedValue()
+                watcher.loop()
+                return nil
+            }, context)
         guard started == 0 else {
             Unmanaged<ConnectionWatcher>.fromOpaque(context).release()
             close(epoll)
@@ -188,7 +190,9 @@ final class ConnectionWatcher: @unchecked Sendable {
     private func hungUp(_ key: UInt64) -> HTTPResponder? {
         let fd = Int32(bitPattern: UInt32(truncatingIfNeeded: key))
         return state.withLock { state -> HTTPResponder? in
-            guard let registration = state.registered[fd], Self.eventKey(fd, registration.serial) == key else { return nil }
+            guard let registration = state.registered[fd], Self.eventKey(fd, registration.serial) == key else {
+                return nil
+            }
             state.registered[fd] = nil
             epoll_ctl(epoll, EPOLL_CTL_DEL, fd, nil)
             return registration.responder

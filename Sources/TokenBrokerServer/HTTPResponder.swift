@@ -102,7 +102,10 @@ public final class HTTPResponder: HTTPResponding {
             return nil
         }
         cleanup?()
-        for work in endHandlers.withLock({ handlers in defer { handlers = [] }; return handlers }) { work() }
+        for work in endHandlers.withLock({ handlers in
+            defer { handlers = [] }
+            return handlers
+        }) { work() }
     }
 }
 

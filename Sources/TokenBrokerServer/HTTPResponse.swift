@@ -42,7 +42,8 @@ public final class HTTPResponse: @unchecked Sendable {
         body = []
         self.stream = stream
         let context = Unmanaged.passRetained(stream).toOpaque()
-        handle = MHD_create_response_from_callback(length ?? UInt64.max, 32 * 1024, streamReader, context, streamReleaser)
+        handle = MHD_create_response_from_callback(
+            length ?? UInt64.max, 32 * 1024, streamReader, context, streamReleaser)
         Self.add(headers, to: handle)
     }
 
@@ -52,7 +53,8 @@ public final class HTTPResponse: @unchecked Sendable {
 
     private static func add(_ headers: [(String, String)], to handle: OpaquePointer) {
         for (name, value) in headers {
-            let sendable = !name.isEmpty && name.utf8.allSatisfy(HTTPSyntax.isTokenCharacter)
+            let sendable =
+                !name.isEmpty && name.utf8.allSatisfy(HTTPSyntax.isTokenCharacter)
                 && value.utf8.allSatisfy(HTTPSyntax.isFieldValueByte)
             if !sendable || MHD_add_response_header(handle, name, value) != CMicroHTTPD_yes() {
                 droppedHeaderCount.add(1, ordering: .relaxed)
@@ -72,7 +74,6 @@ public final class HTTPResponse: @unchecked Sendable {
     /// The body as text, for tests and logs.
     public var bodyText: String { String(decoding: body, as: UTF8.self) }
 }
-
 
 // libmicrohttpd's content reader for streamed answers: the context is the retained stream.
 private let streamReader: MHD_ContentReaderCallback = { context, _, buffer, max in

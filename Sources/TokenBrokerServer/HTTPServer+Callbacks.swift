@@ -10,10 +10,14 @@ extension HTTPServer {
     }
 }
 
-let accessHandlerCallback: MHD_AccessHandlerCallback = { cls, connection, url, method, version, uploadData, uploadSize, requestContext in
-    guard let cls, let connection, let url, let method, let version, let uploadSize, let requestContext else { return CMicroHTTPD_no() }
+let accessHandlerCallback: MHD_AccessHandlerCallback = {
+    cls, connection, url, method, version, uploadData, uploadSize, requestContext in
+    guard let cls, let connection, let url, let method, let version, let uploadSize, let requestContext else {
+        return CMicroHTTPD_no()
+    }
     return HTTPServer.fromOpaque(cls).access(
-        connection, url: url, method: method, version: version, uploadData: uploadData, uploadSize: uploadSize, requestContext: requestContext)
+        connection, url: url, method: method, version: version, uploadData: uploadData, uploadSize: uploadSize,
+        requestContext: requestContext)
 }
 
 let requestCompletedCallback: MHD_RequestCompletedCallback = { cls, connection, requestContext, _ in
@@ -27,7 +31,9 @@ let requestTargetCallback: CMicroHTTPD_uri_callback = { cls, uri, _ in
 }
 
 let libraryLogCallback: MHD_LogCallback = { cls, format, arguments in
-    guard let cls, let format, let arguments, let log = HTTPServer.fromOpaque(cls).configuration.libraryLog else { return }
+    guard let cls, let format, let arguments, let log = HTTPServer.fromOpaque(cls).configuration.libraryLog else {
+        return
+    }
     var buffer = [CChar](repeating: 0, count: 512)
     _ = vsnprintf(&buffer, buffer.count, format, arguments)
     var message = String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)

@@ -58,7 +58,8 @@ public final class HTTPServer: @unchecked Sendable {
         var options: [MHD_OptionItem] = [
             MHD_OptionItem(option: .LISTEN_SOCKET, value: Int(listenSocket), ptr_value: nil),
             MHD_OptionItem(option: .CONNECTION_LIMIT, value: configuration.connectionLimit, ptr_value: nil),
-            MHD_OptionItem(option: .CONNECTION_MEMORY_LIMIT, value: configuration.connectionMemoryLimit, ptr_value: nil),
+            MHD_OptionItem(
+                option: .CONNECTION_MEMORY_LIMIT, value: configuration.connectionMemoryLimit, ptr_value: nil),
             MHD_OptionItem(option: .CONNECTION_TIMEOUT, value: configuration.connectionTimeoutSec, ptr_value: nil),
             MHD_OptionItem(option: .LISTEN_BACKLOG_SIZE, value: 4096, ptr_value: nil),
             CMicroHTTPD_option_notify_completed(requestCompletedCallback, context),
@@ -164,7 +165,8 @@ public final class HTTPServer: @unchecked Sendable {
 
     /// The access handler: called once when headers arrive, once per body chunk, and once at the end.
     func access(
-        _ connection: OpaquePointer, url: UnsafePointer<CChar>, method: UnsafePointer<CChar>, version: UnsafePointer<CChar>,
+        _ connection: OpaquePointer, url: UnsafePointer<CChar>, method: UnsafePointer<CChar>,
+        version: UnsafePointer<CChar>,
         uploadData: UnsafePointer<CChar>?, uploadSize: UnsafeMutablePointer<Int>,
         requestContext: UnsafeMutablePointer<UnsafeMutableRawPointer?>
     ) -> MHD_Result {
@@ -179,7 +181,8 @@ public final class HTTPServer: @unchecked Sendable {
         case .targetRead(let streaming):
             // First call of a request under the streaming prefix: decide about its body now.
             requestContext.pointee = RequestPhase.underway(streaming).context
-            return headArrived(connection, method: method, version: version) ?? begin(streaming, connection, url: url, method: method)
+            return headArrived(connection, method: method, version: version)
+                ?? begin(streaming, connection, url: url, method: method)
         case .headRead:
             state = nil
         case .underway(let underway):
@@ -216,7 +219,9 @@ public final class HTTPServer: @unchecked Sendable {
 
     /// A request's head is in: its connection is no longer one to close for room, and a head
     /// `RequestHead` refuses is answered now (400, then the connection closes); nil when sound.
-    private func headArrived(_ connection: OpaquePointer, method: UnsafePointer<CChar>, version: UnsafePointer<CChar>) -> MHD_Result? {
+    private func headArrived(_ connection: OpaquePointer, method: UnsafePointer<CChar>, version: UnsafePointer<CChar>)
+        -> MHD_Result?
+    {
         Self.clock(of: connection)?.headArrived()
         guard let problem = RequestHead.problem(connection, method: method, version: version) else { return nil }
         return queue(handler.refusal(.malformedHead(problem)), on: connection, nil)
@@ -230,7 +235,8 @@ public final class HTTPServer: @unchecked Sendable {
         case .response(let response):
             return queue(response, on: connection, nil)
         case .deferred(let start):
-            let responder = HTTPResponder(connection: connection, fd: CMicroHTTPD_connection_fd(connection), server: self)
+            let responder = HTTPResponder(
+                connection: connection, fd: CMicroHTTPD_connection_fd(connection), server: self)
             let state = state()
             state.responder = responder
             state.bodyStream?.attach(responder)
@@ -244,7 +250,9 @@ public final class HTTPServer: @unchecked Sendable {
         }
     }
 
-    private func begin(_ state: RequestState, _ connection: OpaquePointer, url: UnsafePointer<CChar>, method: UnsafePointer<CChar>) -> MHD_Result {
+    private func begin(
+        _ state: RequestState, _ connection: OpaquePointer, url: UnsafePointer<CChar>, method: UnsafePointer<CChar>
+    ) -> MHD_Result {
         if draining.load(ordering: .relaxed) { return queue(handler.refusal(.stopping), on: connection, nil) }
         var request = HTTPRequest(
             method: String(cString: method), path: String(cString: url), rawTarget: state.rawTarget,
@@ -264,9 +272,13 @@ public final class HTTPServer: @unchecked Sendable {
         }
     }
 
-    private func queue(_ response: HTTPResponse, on connection: OpaquePointer, _ responder: HTTPResponder?) -> MHD_Result {
+    private func queue(_ response: HTTPResponse, on connection: OpaquePointer, _ responder: HTTPResponder?)
+        -> MHD_Result
+    {
         if let stream = response.stream {
-            stream.attach(responder ?? HTTPResponder(connection: connection, fd: CMicroHTTPD_connection_fd(connection), server: self))
+            stream.attach(
+                responder
+                    ?? HTTPResponder(connection: connection, fd: CMicroHTTPD_connection_fd(connection), server: self))
         }
         return MHD_queue_response(connection, UInt32(response.status), response.handle)
     }
@@ -333,7 +345,9 @@ extension HTTPServer {
     /// A request line was read: requests under the streaming prefix get their state now, with
     /// the target as sent. Others get nothing, as before.
     func requestTarget(_ uri: UnsafePointer<CChar>) -> UnsafeMutableRawPointer? {
-        guard let prefix = configuration.streamingPrefix, strncmp(uri, prefix, prefix.utf8.count) == 0 else { return nil }
+        guard let prefix = configuration.streamingPrefix, strncmp(uri, prefix, prefix.utf8.count) == 0 else {
+            return nil
+        }
         let state = RequestState()
         state.rawTarget = String(cString: uri)
         requestsInFlight.add(1, ordering: .relaxed)

@@ -6,4 +6,3 @@ public struct HTTPServerError: Error, CustomStringConvertible {
     public let reason: String
     public var description: String { "cannot listen on \(address): \(reason)" }
 }
-

@@ -27,7 +27,8 @@ struct ByteQueue {
             let chunk = chunks[0]
             let n = min(chunk.count - head, destination.count - written)
             chunk.withUnsafeBytes { source in
-                destination.baseAddress!.advanced(by: written).copyMemory(from: source.baseAddress!.advanced(by: head), byteCount: n)
+                destination.baseAddress!.advanced(by: written).copyMemory(
+                    from: source.baseAddress!.advanced(by: head), byteCount: n)
             }
             written += n
             head += n
@@ -221,7 +222,9 @@ public final class HTTPRequestBodyStream: Sendable {
             if state.received > limit { state.tooLarge = true }
             guard !state.closed, !state.tooLarge else { return Self.takeWaiting(&state) }
             state.queue.append(bytes)
-            if state.queue.count >= StreamLimits.highWater, let responder = state.responder, responder.suspendForStream() {
+            if state.queue.count >= StreamLimits.highWater, let responder = state.responder,
+                responder.suspendForStream()
+            {
                 state.producerSuspended = true
             }
             return Self.takeWaiting(&state)

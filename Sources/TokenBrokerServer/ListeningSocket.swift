@@ -21,7 +21,8 @@ enum ListeningSocket {
             storage.sin6_family = sa_family_t(AF_INET6)
             storage.sin6_port = address.port.bigEndian
             // An IPv6 listener must not also take IPv4 connections the address did not name.
-            guard setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_V6ONLY, &yes, socklen_t(MemoryLayout<Int32>.size)) == 0 else {
+            guard setsockopt(fd, Int32(IPPROTO_IPV6), IPV6_V6ONLY, &yes, socklen_t(MemoryLayout<Int32>.size)) == 0
+            else {
                 let error = failure(address)
                 Glibc.close(fd)
                 throw error
@@ -31,7 +32,9 @@ enum ListeningSocket {
                 throw HTTPServerError(address: address, reason: "not an IPv6 address")
             }
             result = withUnsafePointer(to: &storage) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in6>.size)) }
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                    bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in6>.size))
+                }
             }
         } else {
             var storage = sockaddr_in()
@@ -42,7 +45,9 @@ enum ListeningSocket {
                 throw HTTPServerError(address: address, reason: "not an IPv4 address")
             }
             result = withUnsafePointer(to: &storage) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                    bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+                }
             }
         }
         guard result == 0, listen(fd, 4096) == 0 else {
@@ -55,7 +60,8 @@ enum ListeningSocket {
 
     /// A Unix socket at `path`. A socket file left by a broker that is gone is replaced; a live
     /// one, or a file that is not a socket, is refused.
-    private static func openUnix(_ path: String, mode: UInt32, address: ListenAddress) throws(HTTPServerError) -> Int32 {
+    private static func openUnix(_ path: String, mode: UInt32, address: ListenAddress) throws(HTTPServerError) -> Int32
+    {
         var status = stat()
         if lstat(path, &status) == 0 {
             guard status.st_mode & S_IFMT == S_IFSOCK else {
@@ -81,7 +87,8 @@ enum ListeningSocket {
         return fd
     }
 
-    private static func withUnixAddress(_ path: String, _ body: (UnsafePointer<sockaddr>, socklen_t) -> Int32) -> Int32 {
+    private static func withUnixAddress(_ path: String, _ body: (UnsafePointer<sockaddr>, socklen_t) -> Int32) -> Int32
+    {
         var storage = sockaddr_un()
         storage.sun_family = sa_family_t(AF_UNIX)
         let bytes = Array(path.utf8)
@@ -104,9 +111,13 @@ enum ListeningSocket {
         let family = storage.ss_family
         return withUnsafePointer(to: &storage) { pointer in
             if family == sa_family_t(AF_INET6) {
-                return pointer.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) { UInt16(bigEndian: $0.pointee.sin6_port) }
+                return pointer.withMemoryRebound(to: sockaddr_in6.self, capacity: 1) {
+                    UInt16(bigEndian: $0.pointee.sin6_port)
+                }
             }
-            return pointer.withMemoryRebound(to: sockaddr_in.self, capacity: 1) { UInt16(bigEndian: $0.pointee.sin_port) }
+            return pointer.withMemoryRebound(to: sockaddr_in.self, capacity: 1) {
+                UInt16(bigEndian: $0.pointee.sin_port)
+            }
         }
     }
 

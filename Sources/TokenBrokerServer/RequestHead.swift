@@ -29,7 +29,9 @@ import Glibc
 ///   integration tests (`test_framing.py`) send both sound and ambiguous heads.
 enum RequestHead {
     /// Why a head is refused, in words for the JSON error; nil when it is sound.
-    static func problem(_ connection: OpaquePointer, method: UnsafePointer<CChar>, version: UnsafePointer<CChar>) -> String? {
+    static func problem(_ connection: OpaquePointer, method: UnsafePointer<CChar>, version: UnsafePointer<CChar>)
+        -> String?
+    {
         let size = CMicroHTTPD_request_header_size(connection)
         guard size > 0 else { return "the request head could not be read" }
         var scan = Scan(start: UnsafeRawPointer(method), size: size)
@@ -91,12 +93,13 @@ enum RequestHead {
             }
             let nameBytes = UnsafeRawBufferPointer(start: name, count: nameCount)
             guard nameCount > 0, nameBytes.allSatisfy(HTTPSyntax.isTokenCharacter) else {
-                problem = "a header name is empty or holds characters other than letters, digits and !#$%&'*+-.^_`|~ (RFC 9110 §5.1)"
+                problem =
+                    "a header name is empty or holds characters other than letters, digits and !#$%&'*+-.^_`|~ (RFC 9110 §5.1)"
                 return false
             }
             // The colon (now a NUL), then optional whitespace, then the value.
             guard byte(nameOffset + nameCount) == 0,
-                  (nameOffset + nameCount + 1..<valueOffset).allSatisfy({ byte($0) == 0x20 || byte($0) == 0x09 })
+                (nameOffset + nameCount + 1..<valueOffset).allSatisfy({ byte($0) == 0x20 || byte($0) == 0x09 })
             else {
                 problem = "a header line is malformed"
                 return false
@@ -117,7 +120,8 @@ enum RequestHead {
         private mutating func noteFraming(name: UnsafeRawBufferPointer, value: UnsafeRawBufferPointer) {
             if HTTPSyntax.equalsIgnoringCase(name, "content-length") {
                 contentLengths += 1
-                contentLengthValid = contentLengthValid && !value.isEmpty && value.count <= 18
+                contentLengthValid =
+                    contentLengthValid && !value.isEmpty && value.count <= 18
                     && value.allSatisfy { $0 >= 0x30 && $0 <= 0x39 }
             } else if HTTPSyntax.equalsIgnoringCase(name, "transfer-encoding") {
                 transferEncodings += 1
@@ -153,8 +157,9 @@ enum HTTPSyntax {
         switch byte {
         case 0x30...0x39, 0x41...0x5A, 0x61...0x7A: true
         case UInt8(ascii: "!"), UInt8(ascii: "#"), UInt8(ascii: "$"), UInt8(ascii: "%"), UInt8(ascii: "&"),
-             UInt8(ascii: "'"), UInt8(ascii: "*"), UInt8(ascii: "+"), UInt8(ascii: "-"), UInt8(ascii: "."),
-             UInt8(ascii: "^"), UInt8(ascii: "_"), UInt8(ascii: "`"), UInt8(ascii: "|"), UInt8(ascii: "~"): true
+            UInt8(ascii: "'"), UInt8(ascii: "*"), UInt8(ascii: "+"), UInt8(ascii: "-"), UInt8(ascii: "."),
+            UInt8(ascii: "^"), UInt8(ascii: "_"), UInt8(ascii: "`"), UInt8(ascii: "|"), UInt8(ascii: "~"):
+            true
         default: false
         }
     }
@@ -183,6 +188,7 @@ private let headerVisitor: MHD_KeyValueIteratorN = { cls, _, key, keySize, value
     let scan = cls.assumingMemoryBound(to: RequestHead.Scan.self)
     // A header with no value at all has none to place; an empty one sits where the line ends.
     let valuePointer = value.map(UnsafeRawPointer.init) ?? UnsafeRawPointer(key) + keySize + 1
-    let keep = scan.pointee.visit(name: UnsafeRawPointer(key), nameCount: keySize, value: valuePointer, valueCount: value == nil ? 0 : valueSize)
+    let keep = scan.pointee.visit(
+        name: UnsafeRawPointer(key), nameCount: keySize, value: valuePointer, valueCount: value == nil ? 0 : valueSize)
     return keep ? CMicroHTTPD_yes() : CMicroHTTPD_no()
 }

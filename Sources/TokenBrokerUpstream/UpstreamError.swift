@@ -19,5 +19,6 @@ public enum UpstreamError: Error, Sendable, Equatable {
     case stopped
 
     /// What libcurl is told when it refuses the settings, for the callers' messages.
-    public static let settingsRefusedDetail = "libcurl refused the request's settings (check caFile and the client certificate)"
+    public static let settingsRefusedDetail =
+        "libcurl refused the request's settings (check caFile and the client certificate)"
 }

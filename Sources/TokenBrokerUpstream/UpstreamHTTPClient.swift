@@ -81,10 +81,12 @@ public final class UpstreamHTTPClient: @unchecked Sendable {
         }
         self.multi = multi
         let context = Unmanaged.passRetained(self).toOpaque()
-        let status = pthread_create(&thread, nil, { context in
-            Unmanaged<UpstreamHTTPClient>.fromOpaque(context!).takeRetainedValue().loop()
-            return nil
-        }, context)
+        let status = pthread_create(
+            &thread, nil,
+            { context in
+                Unmanaged<UpstreamHTTPClient>.fromOpaque(context!).takeRetainedValue().loop()
+                return nil
+            }, context)
         if status != 0 {
             Unmanaged<UpstreamHTTPClient>.fromOpaque(context).release()
             startFailure = "cannot start the HTTP client's thread: \(String(cString: strerror(status)))"
@@ -99,7 +101,8 @@ public final class UpstreamHTTPClient: @unchecked Sendable {
         let sent = Lock<Transfer?>(nil)
         do {
             return try await withTaskCancellationHandler {
-                try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<UpstreamResponse, any Error>) in
+                try await withCheckedThrowingContinuation {
+                    (continuation: CheckedContinuation<UpstreamResponse, any Error>) in
                     let transfer = Transfer(request: request, continuation: continuation)
                     sent.withLock { $0 = transfer }
                     queue.withLock { $0.append(transfer) }
@@ -141,7 +144,10 @@ public final class UpstreamHTTPClient: @unchecked Sendable {
         var active: [UnsafeMutableRawPointer: Transfer] = [:]
         var streamed: [ObjectIdentifier: Transfer] = [:]
         while true {
-            for transfer in queue.withLock({ queued in defer { queued = [] }; return queued }) {
+            for transfer in queue.withLock({ queued in
+                defer { queued = [] }
+                return queued
+            }) {
                 if let problem = prepare(transfer) {
                     notStarted(transfer, problem)
                     continue
@@ -149,13 +155,19 @@ public final class UpstreamHTTPClient: @unchecked Sendable {
                 let added = curl_multi_add_handle(multi, transfer.easy)
                 guard added == CURLM_OK else {
                     release(transfer)
-                    notStarted(transfer, .clientFailure("libcurl could not start the request: \(String(cString: curl_multi_strerror(added)))"))
+                    notStarted(
+                        transfer,
+                        .clientFailure(
+                            "libcurl could not start the request: \(String(cString: curl_multi_strerror(added)))"))
                     continue
                 }
                 active[transfer.easy!] = transfer
                 if let exchange = transfer.exchange { streamed[ObjectIdentifier(exchange)] = transfer }
             }
-            for (exchange, command) in commands.withLock({ queued in defer { queued = [] }; return queued }) {
+            for (exchange, command) in commands.withLock({ queued in
+                defer { queued = [] }
+                return queued
+            }) {
                 guard let transfer = streamed[ObjectIdentifier(exchange)], let easy = transfer.easy else { continue }
                 switch command {
                 case .resumeReceiving, .resumeSending:
@@ -166,7 +178,10 @@ public final class UpstreamHTTPClient: @unchecked Sendable {
                     stop(transfer, easy)
                 }
             }
-            for transfer in abandoned.withLock({ queued in defer { queued = [] }; return queued }) {
+            for transfer in abandoned.withLock({ queued in
+                defer { queued = [] }
+                return queued
+            }) {
                 guard let easy = transfer.easy, active[easy] === transfer else { continue }  // finished already
                 active.removeValue(forKey: easy)
                 stop(transfer, easy)
@@ -242,7 +257,10 @@ public final class UpstreamHTTPClient: @unchecked Sendable {
         } else {
             transfer.bodyCopy = request.body.map { CChar(bitPattern: $0) }
             set(CCurl_setopt_long(easy, CURLOPT_POSTFIELDSIZE, request.body.count))
-            set(transfer.bodyCopy.withUnsafeMutableBufferPointer { CCurl_setopt_pointer(easy, CURLOPT_POSTFIELDS, $0.baseAddress) })
+            set(
+                transfer.bodyCopy.withUnsafeMutableBufferPointer {
+                    CCurl_setopt_pointer(easy, CURLOPT_POSTFIELDS, $0.baseAddress)
+                })
         }
         for (name, value) in request.headers where !(name + value).contains(where: { $0 == "\r" || $0 == "\n" }) {
             transfer.headerList = curl_slist_append(transfer.headerList, "\(name): \(value)")
@@ -308,7 +326,9 @@ public final class UpstreamHTTPClient: @unchecked Sendable {
         _ = CCurl_getinfo_long(transfer.easy, CURLINFO_RESPONSE_CODE, &status)
         var length: curl_off_t = -1
         _ = CCurl_getinfo_offset(transfer.easy, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length)
-        if !exchange.delegate.upstreamHead(status: status, headers: transfer.headerLines, length: length >= 0 ? Int64(length) : nil) {
+        if !exchange.delegate.upstreamHead(
+            status: status, headers: transfer.headerLines, length: length >= 0 ? Int64(length) : nil)
+        {
             // Writing nothing then fails the transfer, and libcurl closes a failed transfer's connection.
             exchange.stoppedOnPurpose = true
         }
@@ -332,24 +352,33 @@ public final class UpstreamHTTPClient: @unchecked Sendable {
         Unmanaged<Transfer>.fromOpaque(context).takeUnretainedValue()
     }
 
-    fileprivate static func appendBody(_ context: UnsafeMutableRawPointer, _ data: UnsafeMutablePointer<CChar>, _ length: Int) -> Int {
+    fileprivate static func appendBody(
+        _ context: UnsafeMutableRawPointer, _ data: UnsafeMutablePointer<CChar>, _ length: Int
+    ) -> Int {
         let transfer = transfer(context)
         if let exchange = transfer.exchange {
             if !transfer.headDelivered { shared.deliverHead(transfer, exchange) }
             if exchange.stoppedOnPurpose { return 0 }
-            return exchange.delegate.upstreamBody(UnsafeRawBufferPointer(start: data, count: length)) ? length : Int(CURL_WRITEFUNC_PAUSE)
+            return exchange.delegate.upstreamBody(UnsafeRawBufferPointer(start: data, count: length))
+                ? length : Int(CURL_WRITEFUNC_PAUSE)
         }
         guard transfer.body.count + length <= transfer.request.settings.maxResponseBytes else {
             transfer.tooLarge = true
             return 0
         }
-        data.withMemoryRebound(to: UInt8.self, capacity: length) { transfer.body.append(contentsOf: UnsafeBufferPointer(start: $0, count: length)) }
+        data.withMemoryRebound(to: UInt8.self, capacity: length) {
+            transfer.body.append(contentsOf: UnsafeBufferPointer(start: $0, count: length))
+        }
         return length
     }
 
-    fileprivate static func appendHeader(_ context: UnsafeMutableRawPointer, _ data: UnsafeMutablePointer<CChar>, _ length: Int) -> Int {
+    fileprivate static func appendHeader(
+        _ context: UnsafeMutableRawPointer, _ data: UnsafeMutablePointer<CChar>, _ length: Int
+    ) -> Int {
         let transfer = transfer(context)
-        let line = data.withMemoryRebound(to: UInt8.self, capacity: length) { String(decoding: UnsafeBufferPointer(start: $0, count: length), as: UTF8.self) }
+        let line = data.withMemoryRebound(to: UInt8.self, capacity: length) {
+            String(decoding: UnsafeBufferPointer(start: $0, count: length), as: UTF8.self)
+        }
         if line.hasPrefix("HTTP/") {
             transfer.headers = [:]  // a new response (after 100 Continue): forget the interim one's headers
             transfer.headerLines = []

@@ -11,7 +11,10 @@ public struct UpstreamRequest: Sendable {
     /// Connect to this Unix socket instead of the URL's host (the URL still gives path and `Host`).
     public var unixSocketPath: String?
 
-    public init(method: String = "POST", url: String, headers: [(String, String)] = [], body: [UInt8] = [], settings: UpstreamConfiguration) {
+    public init(
+        method: String = "POST", url: String, headers: [(String, String)] = [], body: [UInt8] = [],
+        settings: UpstreamConfiguration
+    ) {
         self.method = method
         self.url = url
         self.headers = headers

@@ -1,10 +1,10 @@
 import Dispatch
-import TokenBrokerCore
 import TokenBrokerAPI
-import TokenBrokerServer
-import TokenBrokerProxy
-import TokenBrokerSources
+import TokenBrokerCore
 import TokenBrokerCrypto
+import TokenBrokerProxy
+import TokenBrokerServer
+import TokenBrokerSources
 import TokenBrokerUpstream
 
 /// Wires the configuration into sources, providers and the two listeners; runs until a stop signal.
@@ -58,7 +58,8 @@ enum Broker {
         let listeners: Listeners
         do {
             listeners = try openListeners(
-                configuration, providers: providers, jwks: JWTSigner.jwks(sources.compactMap(\.1)), callers: callers, metrics: metrics)
+                configuration, providers: providers, jwks: JWTSigner.jwks(sources.compactMap(\.1)), callers: callers,
+                metrics: metrics)
         } catch {
             Log.error("cannot start", ["problem": error.description])
             return 1
@@ -75,7 +76,9 @@ enum Broker {
 
     /// The source for each provider, in order, with its local signer if it has one; reads key
     /// files, and generates keys where none is given.
-    static func makeSources(_ configuration: BrokerConfiguration) throws(ConfigurationError) -> [(any TokenSource, JWTSigner?)] {
+    static func makeSources(_ configuration: BrokerConfiguration) throws(ConfigurationError) -> [(
+        any TokenSource, JWTSigner?
+    )] {
         var sources: [(any TokenSource, JWTSigner?)] = []
         for (index, provider) in configuration.providers.enumerated() {
             switch provider.source {
@@ -103,12 +106,14 @@ enum Broker {
 
     /// Why the HTTP client for issuers and proxy targets cannot run, when the configuration needs it.
     private static func httpClientFailure(_ configuration: BrokerConfiguration) -> String? {
-        let needed = !configuration.proxies.isEmpty || configuration.providers.contains { provider in
-            switch provider.source {
-            case .oauth2, .http: true
-            case .jwt, .file: false
+        let needed =
+            !configuration.proxies.isEmpty
+            || configuration.providers.contains { provider in
+                switch provider.source {
+                case .oauth2, .http: true
+                case .jwt, .file: false
+                }
             }
-        }
         return needed ? UpstreamHTTPClient.shared.startFailure : nil
     }
 
@@ -116,10 +121,13 @@ enum Broker {
     private static func logSigners(_ configuration: BrokerConfiguration, _ sources: [(any TokenSource, JWTSigner?)]) {
         for (settings, (_, signer)) in zip(configuration.providers, sources) {
             guard let signer else { continue }
-            Log.info("local signer ready", [
-                "provider": settings.name, "algorithm": signer.configuration.algorithm.rawValue, "kid": signer.keyID,
-                "key": signer.configuration.keyFile ?? "generated at start",
-            ])
+            Log.info(
+                "local signer ready",
+                [
+                    "provider": settings.name, "algorithm": signer.configuration.algorithm.rawValue,
+                    "kid": signer.keyID,
+                    "key": signer.configuration.keyFile ?? "generated at start",
+                ])
         }
     }
 
@@ -150,16 +158,19 @@ enum Broker {
     private static func warnAboutOpenFileLimit(_ configuration: BrokerConfiguration) {
         let openFiles = ProcessLimits.raiseOpenFileLimit()
         if openFiles < UInt64(configuration.connectionLimit) + 64 {
-            Log.warning("the open-file limit is below the connection limit", [
-                "open_files": String(openFiles), "connectionLimit": String(configuration.connectionLimit),
-            ])
+            Log.warning(
+                "the open-file limit is below the connection limit",
+                [
+                    "open_files": String(openFiles), "connectionLimit": String(configuration.connectionLimit),
+                ])
         }
     }
 
     /// Binds both listeners with their routes (the proxy's too, when configured), and lets the
     /// metrics read their connection counts.
     private static func openListeners(
-        _ configuration: BrokerConfiguration, providers: [Provider], jwks: String, callers: CallerKeyStore?, metrics: BrokerMetrics
+        _ configuration: BrokerConfiguration, providers: [Provider], jwks: String, callers: CallerKeyStore?,
+        metrics: BrokerMetrics
     ) throws(HTTPServerError) -> Listeners {
         var tokenSettings = HTTPServer.Configuration(address: configuration.listen)
         tokenSettings.connectionLimit = configuration.connectionLimit
@@ -168,9 +179,12 @@ enum Broker {
         tokenSettings.unixSocketMode = configuration.unixSocketMode
         tokenSettings.libraryLog = { Log.warning("libmicrohttpd", ["listener": "token", "detail": $0]) }
         if !configuration.proxies.isEmpty { tokenSettings.streamingPrefix = ProxyPath.prefix }
-        let proxy = configuration.proxies.isEmpty ? nil : ProxyAPI(
-            proxies: configuration.proxies, providers: providers, maxWait: .seconds(configuration.maxWaitSec),
-            callerKeysInAuthorization: callers != nil, metrics: metrics)
+        let proxy =
+            configuration.proxies.isEmpty
+            ? nil
+            : ProxyAPI(
+                proxies: configuration.proxies, providers: providers, maxWait: .seconds(configuration.maxWaitSec),
+                callerKeysInAuthorization: callers != nil, metrics: metrics)
         let tokenServer = try HTTPServer(
             configuration: tokenSettings,
             handler: TokenAPI(
@@ -182,12 +196,17 @@ enum Broker {
         adminSettings.threads = 1
         adminSettings.unixSocketMode = configuration.unixSocketMode
         adminSettings.libraryLog = { Log.warning("libmicrohttpd", ["listener": "admin", "detail": $0]) }
-        let adminServer = try HTTPServer(configuration: adminSettings, handler: AdminAPI(providers: providers, metrics: metrics))
+        let adminServer = try HTTPServer(
+            configuration: adminSettings, handler: AdminAPI(providers: providers, metrics: metrics))
         // Weakly: a server's routes hold the metrics, so a strong capture would be a cycle.
         metrics.observeOpenConnections(listener: "token") { [weak tokenServer] in tokenServer?.openConnections ?? 0 }
         metrics.observeOpenConnections(listener: "admin") { [weak adminServer] in adminServer?.openConnections ?? 0 }
-        metrics.observeEvictedConnections(listener: "token") { [weak tokenServer] in tokenServer?.evictedConnections ?? 0 }
-        metrics.observeEvictedConnections(listener: "admin") { [weak adminServer] in adminServer?.evictedConnections ?? 0 }
+        metrics.observeEvictedConnections(listener: "token") { [weak tokenServer] in
+            tokenServer?.evictedConnections ?? 0
+        }
+        metrics.observeEvictedConnections(listener: "admin") { [weak adminServer] in
+            adminServer?.evictedConnections ?? 0
+        }
         metrics.observeDroppedResponseHeaders { HTTPResponse.droppedHeaders }
         return Listeners(token: tokenServer, admin: adminServer)
     }
@@ -200,7 +219,8 @@ enum Broker {
             callers.watch { result in
                 switch result {
                 case .success(let count): Log.info("caller keys reloaded", ["file": path, "callers": String(count)])
-                case .failure(let error): Log.error("caller keys not reloaded; the previous list stays", ["problem": error.description])
+                case .failure(let error):
+                    Log.error("caller keys not reloaded; the previous list stays", ["problem": error.description])
                 }
             }
         }
@@ -210,12 +230,15 @@ enum Broker {
     /// Logs the addresses bound and the proxies ready, and warns about a configuration left open.
     private static func announce(_ configuration: BrokerConfiguration, listeners: Listeners, callers: CallerKeyStore?) {
         Log.info("listening", ["listener": "token", "address": address(configuration.listen, listeners.token.port)])
-        Log.info("listening", ["listener": "admin", "address": address(configuration.adminListen, listeners.admin.port)])
+        Log.info(
+            "listening", ["listener": "admin", "address": address(configuration.adminListen, listeners.admin.port)])
         for proxy in configuration.proxies {
-            Log.info("proxy ready", [
-                "proxy": proxy.name, "target": proxy.target.description,
-                "provider": proxy.provider ?? configuration.providers[0].name,
-            ])
+            Log.info(
+                "proxy ready",
+                [
+                    "proxy": proxy.name, "target": proxy.target.description,
+                    "provider": proxy.provider ?? configuration.providers[0].name,
+                ])
         }
         if !configuration.requestGuard {
             Log.warning("the request guard is off: token routes accept requests without Token-Broker-Request")

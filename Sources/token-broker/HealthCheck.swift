@@ -47,12 +47,14 @@ enum HealthCheck {
             let configuration: BrokerConfiguration
             do {
                 configuration = try Options.load(
-                    path: Options.configurationPath(given: given.configPath, environment: environment), environment: environment)
+                    path: Options.configurationPath(given: given.configPath, environment: environment),
+                    environment: environment)
             } catch {
                 return fail("invalid configuration: \(error.description)")
             }
             guard let found = Self.target(adminListen: configuration.adminListen) else {
-                return fail("the admin listener \(configuration.adminListen) has port 0 (picked at start); give the address")
+                return fail(
+                    "the admin listener \(configuration.adminListen) has port 0 (picked at start); give the address")
             }
             target = found
         }
@@ -88,7 +90,9 @@ enum HealthCheck {
                 parsed.configPath = String(argument.dropFirst("--config=".count))
             } else if argument.hasPrefix("-") || parsed.address != nil {
                 throw Options.Problem(
-                    description: "unknown argument \"\(argument)\"; usage: token-broker healthcheck [--config FILE] [URL | unix:/path]")
+                    description:
+                        "unknown argument \"\(argument)\"; usage: token-broker healthcheck [--config FILE] [URL | unix:/path]"
+                )
             } else {
                 parsed.address = argument
             }
@@ -103,7 +107,9 @@ enum HealthCheck {
         if let path = address.unixPath { return Target(url: "http://localhost/healthz", unixSocketPath: path) }
         guard address.port != 0 else { return nil }
         if address.host == "0.0.0.0" { address.host = "127.0.0.1" }
-        if address.isIPv6, address.host == "::" || address.host.allSatisfy({ $0 == "0" || $0 == ":" }) { address.host = "::1" }
+        if address.isIPv6, address.host == "::" || address.host.allSatisfy({ $0 == "0" || $0 == ":" }) {
+            address.host = "::1"
+        }
         return Target(url: "http://\(address)/healthz", unixSocketPath: nil)
     }
 
@@ -114,7 +120,9 @@ enum HealthCheck {
             return target(adminListen: address)
         }
         // By scalar: "\r\n" is one Character, equal to neither "\r" nor "\n".
-        guard text.lowercased().hasPrefix("http://"), !text.unicodeScalars.contains(where: { $0 == " " || $0 == "\r" || $0 == "\n" }) else {
+        guard text.lowercased().hasPrefix("http://"),
+            !text.unicodeScalars.contains(where: { $0 == " " || $0 == "\r" || $0 == "\n" })
+        else {
             return nil
         }
         let rest = text.dropFirst("http://".count)

@@ -1,7 +1,7 @@
 import Glibc
+import TokenBrokerAPI
 import TokenBrokerCore
 import TokenBrokerSources
-import TokenBrokerAPI
 
 /// The command line: `token-broker [--config FILE] [--check-config] [--help] [--version]`
 /// and `token-broker healthcheck [--config FILE] [URL | unix:/path]`.
@@ -87,14 +87,17 @@ enum Options {
             let environment = Environment.variables()
             let configuration: BrokerConfiguration
             do {
-                configuration = try load(path: configurationPath(given: configPath, environment: environment), environment: environment)
+                configuration = try load(
+                    path: configurationPath(given: configPath, environment: environment), environment: environment)
                 if checkOnly { try check(configuration) }
             } catch {
                 Log.error("invalid configuration", ["problem": error.description])
                 return 2
             }
             guard checkOnly else { return Broker.run(configuration) }
-            print("configuration OK: \(configuration.providers.count) provider(s), token listener \(configuration.listen), admin listener \(configuration.adminListen)")
+            print(
+                "configuration OK: \(configuration.providers.count) provider(s), token listener \(configuration.listen), admin listener \(configuration.adminListen)"
+            )
             return 0
         }
     }
@@ -151,7 +154,8 @@ enum Options {
             let data: [UInt8]
             switch FileContents.read(path) {
             case .success(let bytes): data = bytes
-            case .failure(let error): throw ConfigurationError(key: "", "cannot read configuration file \(path): \(error.reason)")
+            case .failure(let error):
+                throw ConfigurationError(key: "", "cannot read configuration file \(path): \(error.reason)")
             }
             do {
                 configuration = try BrokerConfiguration(json: data)

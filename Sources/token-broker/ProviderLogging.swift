@@ -13,16 +13,21 @@ extension ProviderEvents {
                 switch result {
                 case .success(let (token, version)):
                     if let status = token.upstreamStatus { metrics.recordUpstreamStatus(provider: name, code: status) }
-                    Log.info("token fetched", [
-                        "provider": name, "version": String(version), "token": Fingerprint.of(token.accessToken),
-                        // Whole seconds, the fraction dropped: a token that lives 59.6 s logs 59.
-                        "lifetime_s": token.lifetime.map { String($0.components.seconds) } ?? "none",
-                        "took_ms": String(elapsed.wholeMilliseconds),
-                    ])
+                    Log.info(
+                        "token fetched",
+                        [
+                            "provider": name, "version": String(version), "token": Fingerprint.of(token.accessToken),
+                            // Whole seconds, the fraction dropped: a token that lives 59.6 s logs 59.
+                            "lifetime_s": token.lifetime.map { String($0.components.seconds) } ?? "none",
+                            "took_ms": String(elapsed.wholeMilliseconds),
+                        ])
                 case .failure(let error):
-                    Log.warning("token fetch failed", ["provider": name, "error": error.description, "detail": error.detail])
+                    Log.warning(
+                        "token fetch failed", ["provider": name, "error": error.description, "detail": error.detail])
                 }
             },
-            excessiveRefresh: { name in Log.warning("forced refresh refused: too many in the window", ["provider": name]) })
+            excessiveRefresh: { name in
+                Log.warning("forced refresh refused: too many in the window", ["provider": name])
+            })
     }
 }

@@ -19,7 +19,8 @@ enum Signals {
         var set = stopSignals
         let status = pthread_sigmask(SIG_BLOCK, &set, nil)
         guard status == 0 else {
-            Log.error("cannot start", ["problem": "cannot block SIGTERM and SIGINT: \(String(cString: strerror(status)))"])
+            Log.error(
+                "cannot start", ["problem": "cannot block SIGTERM and SIGINT: \(String(cString: strerror(status)))"])
             exit(1)
         }
         signal(SIGPIPE, SIG_IGN)  // fails only for an invalid signal number

@@ -1,8 +1,9 @@
 // The admin listener's routes: /healthz, /readyz, /metrics, and what is not one of them.
 import Testing
+import TokenBrokerServer
+
 @testable import TokenBrokerAPI
 @testable import TokenBrokerCore
-import TokenBrokerServer
 
 @Suite struct AdminRoutesTests {
     private func admin(_ providers: [FakeProvider]) -> AdminAPI {
@@ -69,7 +70,9 @@ import TokenBrokerServer
         expectError(missing, 404, "not_found")
         #expect(missing?.string("error_description") == "no route for /token")
         for path in ["/healthz", "/readyz", "/metrics"] {
-            expectError(api.handle(request("POST", path, guarded: false)).immediate, 405, "method_not_allowed", headers: ["Allow": "GET, HEAD"])
+            expectError(
+                api.handle(request("POST", path, guarded: false)).immediate, 405, "method_not_allowed",
+                headers: ["Allow": "GET, HEAD"])
         }
     }
 }

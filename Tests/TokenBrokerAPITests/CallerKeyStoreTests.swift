@@ -1,8 +1,8 @@
 import Foundation
 import Synchronization
 import Testing
-import TokenBrokerTestSupport
 import TokenBrokerCore
+import TokenBrokerTestSupport
 
 @testable import TokenBrokerAPI
 
@@ -110,20 +110,26 @@ import TokenBrokerCore
     @Test func theStoreDecidesWhoReadsWhichProvider() throws {
         let directory = try TemporaryDirectory()
         let path = directory.path("callers.json")
-        try Data(#"{"keys": [{"name": "billing", "sha256": "\#(CallerKeyStoreTests.hashA)", "providers": ["default"]}]}"#.utf8)
-            .write(to: URL(fileURLWithPath: path))
+        try Data(
+            #"{"keys": [{"name": "billing", "sha256": "\#(CallerKeyStoreTests.hashA)", "providers": ["default"]}]}"#
+                .utf8
+        )
+        .write(to: URL(fileURLWithPath: path))
         let store = try CallerKeyStore(path: path, knownProviders: ["default", "payments"])
         let first = FakeProvider(name: "default")
         first.state.withLock { $0.read = .token(FakeProvider.token(), stale: false, secondsLeft: nil) }
         let api = tokenAPI([first, FakeProvider(name: "payments")], callers: store)
         #expect(api.handle(request("/token", headers: [("Authorization", "Bearer key-a")])).immediate?.status == 200)
         expectError(
-            api.handle(request("/providers/payments/token", headers: [("Authorization", "Bearer key-a")])).immediate, 403,
+            api.handle(request("/providers/payments/token", headers: [("Authorization", "Bearer key-a")])).immediate,
+            403,
             "provider_not_allowed")
         expectError(
-            api.handle(request("/token", headers: [("Authorization", "Bearer key-b")])).immediate, 401, "invalid_caller_key",
+            api.handle(request("/token", headers: [("Authorization", "Bearer key-b")])).immediate, 401,
+            "invalid_caller_key",
             headers: ["WWW-Authenticate": #"Bearer realm="token-broker", error="invalid_token""#])
         expectError(
-            api.handle(request("/token")).immediate, 401, "missing_caller_key", headers: ["WWW-Authenticate": #"Bearer realm="token-broker""#])
+            api.handle(request("/token")).immediate, 401, "missing_caller_key",
+            headers: ["WWW-Authenticate": #"Bearer realm="token-broker""#])
     }
 }

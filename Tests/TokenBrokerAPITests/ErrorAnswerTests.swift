@@ -1,8 +1,9 @@
 // Every error answer: status, `error` code, description and the headers that matter.
 import Testing
-@testable import TokenBrokerAPI
 import TokenBrokerCore
 import TokenBrokerServer
+
+@testable import TokenBrokerAPI
 
 @Suite struct ErrorAnswerTests {
     /// Each answer with its status, code and headers; descriptions where they hold values.
@@ -17,7 +18,10 @@ import TokenBrokerServer
         (.missingRequestHeader, 403, "missing_request_header", [:]),
         (.forwardedRequest, 403, "forwarded_request", [:]),
         (.missingCallerKey, 401, "missing_caller_key", ["WWW-Authenticate": #"Bearer realm="token-broker""#]),
-        (.invalidCallerKey, 401, "invalid_caller_key", ["WWW-Authenticate": #"Bearer realm="token-broker", error="invalid_token""#]),
+        (
+            .invalidCallerKey, 401, "invalid_caller_key",
+            ["WWW-Authenticate": #"Bearer realm="token-broker", error="invalid_token""#]
+        ),
         (.providerNotAllowed(caller: "c", provider: "p"), 403, "provider_not_allowed", [:]),
         (.notAWholeNumber(parameter: "after"), 400, "invalid_request", [:]),
         (.invalidTimeout(minimum: 0), 400, "invalid_request", [:]),
@@ -26,17 +30,27 @@ import TokenBrokerServer
         (.refreshBodyNotObject, 400, "invalid_request", [:]),
         (.refreshBodyUnknownKey("k"), 400, "invalid_request", [:]),
         (.invalidRejectedVersion, 400, "invalid_request", [:]),
-        (.tokenUnavailable(provider: "p", lastError: nil, paused: false), 503, "token_unavailable", ["Retry-After": "1"]),
         (
-            .tokenUnavailable(provider: "p", lastError: .rateLimited("x", httpStatus: 429, retryAfter: .seconds(42)), paused: false),
+            .tokenUnavailable(provider: "p", lastError: nil, paused: false), 503, "token_unavailable",
+            ["Retry-After": "1"]
+        ),
+        (
+            .tokenUnavailable(
+                provider: "p", lastError: .rateLimited("x", httpStatus: 429, retryAfter: .seconds(42)), paused: false),
             503, "token_unavailable", ["Retry-After": "42"]
         ),
-        (.excessiveRefresh(provider: "p", attempts: 5, windowSeconds: 30, retryAfter: .milliseconds(1)), 429, "excessive_refresh", ["Retry-After": "1"]),
+        (
+            .excessiveRefresh(provider: "p", attempts: 5, windowSeconds: 30, retryAfter: .milliseconds(1)), 429,
+            "excessive_refresh", ["Retry-After": "1"]
+        ),
         (.invalidProxyPath(.badCharacters), 400, "invalid_request", [:]),
         (.invalidProxyPath(.escapesRoot), 400, "invalid_request", [:]),
         (.invalidProxyPath(.encodedSeparator), 400, "invalid_request", [:]),
         (.unknownProxy(name: "x"), 404, "unknown_proxy", [:]),
-        (.methodNotForwarded(method: "TRACE", allow: ["GET", "POST"]), 405, "method_not_allowed", ["Allow": "GET, POST"]),
+        (
+            .methodNotForwarded(method: "TRACE", allow: ["GET", "POST"]), 405, "method_not_allowed",
+            ["Allow": "GET, POST"]
+        ),
         (.proxyBodyTooLarge(proxy: "api", maxBytes: 10), 413, "payload_too_large", [:]),
         (.proxyTokenUnavailable(proxy: "api", provider: "p"), 503, "token_unavailable", ["Retry-After": "1"]),
         (.tokenNotCookieSafe(proxy: "api", provider: "p"), 502, "token_not_cookie_safe", [:]),
@@ -56,9 +70,11 @@ import TokenBrokerServer
     @Test func theBodyIsTheErrorShapeByteForByte() {
         #expect(
             ErrorAnswer.missingCallerKey.response.bodyText
-                == #"{"error":"missing_caller_key","error_description":"token routes need a caller key: send Authorization: Bearer <key>"}"#)
+                == #"{"error":"missing_caller_key","error_description":"token routes need a caller key: send Authorization: Bearer <key>"}"#
+        )
         #expect(
-            ErrorAnswer.notFound(path: #"/a"b"#).response.bodyText == #"{"error":"not_found","error_description":"no route for /a\"b"}"#)
+            ErrorAnswer.notFound(path: #"/a"b"#).response.bodyText
+                == #"{"error":"not_found","error_description":"no route for /a\"b"}"#)
     }
 
     @Test func constantAnswersAreBuiltOnce() {
@@ -67,33 +83,63 @@ import TokenBrokerServer
     }
 
     @Test func descriptionsQuoteWhatTheyNameAndCutLongInput() {
-        #expect(ErrorAnswer.notFound(path: String(repeating: "a", count: 300)).description.count == "no route for ".count + 200)
-        #expect(ErrorAnswer.unknownProvider(name: String(repeating: "n", count: 100)).description == "no provider is named \"\(String(repeating: "n", count: 64))\"")
-        #expect(ErrorAnswer.methodNotAllowed(method: String(repeating: "M", count: 40), allow: ["POST"]).description
-            == "\(String(repeating: "M", count: 32)) is not allowed here; allowed: POST")
-        #expect(ErrorAnswer.refreshBodyUnknownKey("a\"b").description == #"unknown key "a\"b" in the body; allowed: rejected_version"#)
-        #expect(ErrorAnswer.excessiveRefresh(provider: "p", attempts: 5, windowSeconds: 30, retryAfter: .seconds(3)).description
-            == #"provider "p" allows 5 forced refreshes per 30 s; try again in 3 s"#)
+        #expect(
+            ErrorAnswer.notFound(path: String(repeating: "a", count: 300)).description.count == "no route for ".count
+                + 200)
+        #expect(
+            ErrorAnswer.unknownProvider(name: String(repeating: "n", count: 100)).description
+                == "no provider is named \"\(String(repeating: "n", count: 64))\"")
+        #expect(
+            ErrorAnswer.methodNotAllowed(method: String(repeating: "M", count: 40), allow: ["POST"]).description
+                == "\(String(repeating: "M", count: 32)) is not allowed here; allowed: POST")
+        #expect(
+            ErrorAnswer.refreshBodyUnknownKey("a\"b").description
+                == #"unknown key "a\"b" in the body; allowed: rejected_version"#)
+        #expect(
+            ErrorAnswer.excessiveRefresh(provider: "p", attempts: 5, windowSeconds: 30, retryAfter: .seconds(3))
+                .description
+                == #"provider "p" allows 5 forced refreshes per 30 s; try again in 3 s"#)
     }
 
     /// Proxy mode's answers, worded as proxy mode words them today.
     @Test func proxyAnswersKeepTheirWords() {
-        #expect(ErrorAnswer.methodNotForwarded(method: "TRACE", allow: ["GET", "HEAD"]).description == "TRACE is not forwarded; allowed: GET, HEAD")
-        #expect(ErrorAnswer.proxyBodyTooLarge(proxy: "api", maxBytes: 1024).description == #"proxy "api" accepts bodies up to 1024 bytes"#)
-        #expect(ErrorAnswer.proxyTokenUnavailable(proxy: "api", provider: "p").description == #"proxy "api" has no token from provider "p""#)
+        #expect(
+            ErrorAnswer.methodNotForwarded(method: "TRACE", allow: ["GET", "HEAD"]).description
+                == "TRACE is not forwarded; allowed: GET, HEAD")
+        #expect(
+            ErrorAnswer.proxyBodyTooLarge(proxy: "api", maxBytes: 1024).description
+                == #"proxy "api" accepts bodies up to 1024 bytes"#)
+        #expect(
+            ErrorAnswer.proxyTokenUnavailable(proxy: "api", provider: "p").description
+                == #"proxy "api" has no token from provider "p""#)
         #expect(
             ErrorAnswer.tokenNotCookieSafe(proxy: "api", provider: "p").description
-                == #"proxy "api": the token of provider "p" holds a character a cookie value cannot (RFC 6265), so it is not sent"#)
-        #expect(ErrorAnswer.upstreamTimeout(proxy: "api", timeoutMsec: 2500).description == #"proxy "api": the target did not answer within 2500 ms"#)
-        #expect(ErrorAnswer.upstreamUnreachable(proxy: "api", problem: nil).description == #"proxy "api": the target gave no answer"#)
-        #expect(ErrorAnswer.upstreamUnreachable(proxy: "api", problem: "refused").description == #"proxy "api": refused"#)
+                == #"proxy "api": the token of provider "p" holds a character a cookie value cannot (RFC 6265), so it is not sent"#
+        )
+        #expect(
+            ErrorAnswer.upstreamTimeout(proxy: "api", timeoutMsec: 2500).description
+                == #"proxy "api": the target did not answer within 2500 ms"#)
+        #expect(
+            ErrorAnswer.upstreamUnreachable(proxy: "api", problem: nil).description
+                == #"proxy "api": the target gave no answer"#)
+        #expect(
+            ErrorAnswer.upstreamUnreachable(proxy: "api", problem: "refused").description == #"proxy "api": refused"#)
     }
 
     @Test func theUnavailableTextSaysWhy() {
-        #expect(ErrorAnswer.tokenUnavailable(provider: "p", lastError: nil, paused: false).description == #"provider "p" has no valid token"#)
+        #expect(
+            ErrorAnswer.tokenUnavailable(provider: "p", lastError: nil, paused: false).description
+                == #"provider "p" has no valid token"#)
         let paused = ErrorAnswer.tokenUnavailable(provider: "p", lastError: nil, paused: true).description
-        #expect(paused == #"provider "p" has no valid token; refresh was paused while idle and has resumed: wait for the new token at /token/ready"#)
-        let failing = ErrorAnswer.tokenUnavailable(provider: "p", lastError: .unreachable("refused"), paused: false).description
-        #expect(failing == #"provider "p" has no valid token; last upstream error: \#(TokenFetchError.unreachable("refused").summary)"#)
+        #expect(
+            paused
+                == #"provider "p" has no valid token; refresh was paused while idle and has resumed: wait for the new token at /token/ready"#
+        )
+        let failing = ErrorAnswer.tokenUnavailable(provider: "p", lastError: .unreachable("refused"), paused: false)
+            .description
+        #expect(
+            failing
+                == #"provider "p" has no valid token; last upstream error: \#(TokenFetchError.unreachable("refused").summary)"#
+        )
     }
 }

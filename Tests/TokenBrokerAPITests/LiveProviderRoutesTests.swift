@@ -2,10 +2,11 @@
 // making: the honest check that the routes and the provider's read, waiters and retrier fit.
 import Synchronization
 import Testing
-import TokenBrokerTestSupport
-@testable import TokenBrokerAPI
 import TokenBrokerCore
 import TokenBrokerServer
+import TokenBrokerTestSupport
+
+@testable import TokenBrokerAPI
 
 /// A source that hands out `tok-1`, `tok-2`, ... and counts its fetches.
 final class CountingSource: TokenSource {
@@ -37,7 +38,8 @@ final class CountingSource: TokenSource {
         if configuration.backgroundRefreshEnabled {
             #expect(await eventually { provider.status().version == 1 })
         }
-        let api = TokenAPI(providers: [provider], jwks: "{}", maxWait: .seconds(30), metrics: BrokerMetrics(version: "test"))
+        let api = TokenAPI(
+            providers: [provider], jwks: "{}", maxWait: .seconds(30), metrics: BrokerMetrics(version: "test"))
         try await body(provider, api)
         running.cancel()
         await running.value
@@ -54,10 +56,13 @@ final class CountingSource: TokenSource {
     @Test func tokenServesTheCachedTokenWithItsETagAndCookieLine() async throws {
         var cookie = CookieSettings()
         cookie.setTokenCookie = true
-        try await withProvider(ProviderConfiguration(cookie: cookie), source: CountingSource(lifetime: .seconds(900))) { _, api in
+        try await withProvider(ProviderConfiguration(cookie: cookie), source: CountingSource(lifetime: .seconds(900))) {
+            _, api in
             let response = api.handle(request("/token")).immediate
             #expect(response?.status == 200)
-            #expect(response?.string("access_token") == "tok-1" && response?.int("version") == 1 && response?.bool("stale") == false)
+            #expect(
+                response?.string("access_token") == "tok-1" && response?.int("version") == 1
+                    && response?.bool("stale") == false)
             #expect((899...900).contains(response?.int("expires_in") ?? 0))
             #expect(response?.header("ETag") == "\"1\"")
             #expect(response?.string("cookie") == "aws-waf-token=tok-1")
@@ -79,8 +84,10 @@ final class CountingSource: TokenSource {
     @Test func refreshBringsTheNextVersion() async throws {
         let source = CountingSource()
         try await withProvider(ProviderConfiguration(), source: source) { _, api in
-            let response = await answer(api.handle(request("POST", "/token/refresh", body: #"{"rejected_version": 1}"#)))
-            #expect(response?.status == 200 && response?.int("version") == 2 && response?.string("access_token") == "tok-2")
+            let response = await answer(
+                api.handle(request("POST", "/token/refresh", body: #"{"rejected_version": 1}"#)))
+            #expect(
+                response?.status == 200 && response?.int("version") == 2 && response?.string("access_token") == "tok-2")
             #expect(response?.header("ETag") == "\"2\"")
             // An older version than the current one: the current token at once.
             let current = api.handle(request("POST", "/token/refresh", body: #"{"rejected_version": 1}"#)).immediate
@@ -90,13 +97,17 @@ final class CountingSource: TokenSource {
     }
 
     @Test func refreshPastTheWindowIs429() async throws {
-        try await withProvider(ProviderConfiguration(forcedRefreshMaxAttempts: 1, forcedRefreshWindowSec: 60)) { _, api in
+        try await withProvider(ProviderConfiguration(forcedRefreshMaxAttempts: 1, forcedRefreshWindowSec: 60)) {
+            _, api in
             let first = await answer(api.handle(request("POST", "/token/refresh")))
             #expect(first?.status == 200 && first?.int("version") == 2)
             let second = api.handle(request("POST", "/token/refresh")).immediate
-            expectError(second, 429, "excessive_refresh", headers: ["Retry-After": second?.header("Retry-After") ?? "?"])
+            expectError(
+                second, 429, "excessive_refresh", headers: ["Retry-After": second?.header("Retry-After") ?? "?"])
             #expect((1...60).contains(Int(second?.header("Retry-After") ?? "") ?? 0))
-            #expect(second?.string("error_description")?.hasPrefix(#"provider "default" allows 1 forced refreshes per 60 s; try again in "#) == true)
+            #expect(
+                second?.string("error_description")?.hasPrefix(
+                    #"provider "default" allows 1 forced refreshes per 60 s; try again in "#) == true)
         }
     }
 

@@ -2,9 +2,10 @@
 // caller keys before any body is read, against proxy mode of the test's making.
 import Synchronization
 import Testing
-@testable import TokenBrokerAPI
 import TokenBrokerCore
 import TokenBrokerServer
+
+@testable import TokenBrokerAPI
 
 /// Proxy mode with one proxy, `api`, reading provider `default`; it records what reaches it.
 /// Its path rules are the test's: the targets in `problems` are refused so, any other is split
@@ -22,9 +23,10 @@ final class FakeProxy: ProxyHandling {
         let rest = rawTarget.dropFirst("/proxy/".count)
         let pathAndQuery = rest.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false)
         let name = pathAndQuery[0].prefix { $0 != "/" }
-        return .success(ProxyRequestTarget(
-            proxy: String(name), path: String(pathAndQuery[0].dropFirst(name.count)),
-            query: pathAndQuery.count > 1 ? String(pathAndQuery[1]) : nil))
+        return .success(
+            ProxyRequestTarget(
+                proxy: String(name), path: String(pathAndQuery[0].dropFirst(name.count)),
+                query: pathAndQuery.count > 1 ? String(pathAndQuery[1]) : nil))
     }
 
     func provider(ofProxy name: String) -> String? { name == "api" ? "default" : nil }
@@ -55,7 +57,9 @@ extension BodyHandling {
 }
 
 @Suite struct ProxyRouteTests {
-    private func proxied(_ raw: String, method: String = "POST", headers: [(String, String)] = [], guarded: Bool = true) -> HTTPRequest {
+    private func proxied(_ raw: String, method: String = "POST", headers: [(String, String)] = [], guarded: Bool = true)
+        -> HTTPRequest
+    {
         request(method, String(raw.prefix { $0 != "?" }), headers: headers, rawTarget: raw, guarded: guarded)
     }
 
@@ -74,7 +78,10 @@ extension BodyHandling {
         let proxy = FakeProxy()
         let api = tokenAPI(proxy: proxy)
         let cases = [
-            ("/proxy/api/a b", "the path or query has characters that are not allowed raw (RFC 3986), or a bad percent-escape"),
+            (
+                "/proxy/api/a b",
+                "the path or query has characters that are not allowed raw (RFC 3986), or a bad percent-escape"
+            ),
             ("/proxy/api/../../etc", "the path climbs above the proxy's base path"),
             ("/proxy/api/a%2Fb", "a path segment hides a slash, backslash, NUL, CR or LF in a percent-escape"),
         ]
@@ -101,11 +108,14 @@ extension BodyHandling {
         let proxy = FakeProxy()
         let api = tokenAPI(callers: FakeCallers(), proxy: proxy)
         expectError(api.begin(proxied("/proxy/api/x", guarded: false)).refusal, 403, "missing_request_header")
-        expectError(api.begin(proxied("/proxy/api/x", headers: [("X-Forwarded-For", "1")])).refusal, 403, "forwarded_request")
+        expectError(
+            api.begin(proxied("/proxy/api/x", headers: [("X-Forwarded-For", "1")])).refusal, 403, "forwarded_request")
         expectError(
             api.begin(proxied("/proxy/api/x")).refusal, 401, "missing_caller_key",
             headers: ["WWW-Authenticate": #"Bearer realm="token-broker""#])
-        expectError(api.begin(proxied("/proxy/api/x", headers: [("Authorization", "Bearer billing")])).refusal, 403, "provider_not_allowed")
+        expectError(
+            api.begin(proxied("/proxy/api/x", headers: [("Authorization", "Bearer billing")])).refusal, 403,
+            "provider_not_allowed")
         #expect(proxy.begun.withLock { $0 }.isEmpty)
         #expect(api.begin(proxied("/proxy/api/x", headers: [("Authorization", "Bearer good")])).bufferLimit == .some(7))
     }

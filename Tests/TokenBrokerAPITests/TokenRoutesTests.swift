@@ -1,9 +1,10 @@
 // The token listener's routes, run on value requests against a fake provider: routing, methods,
 // the request guard, caller keys, /token, /token/ready and /token/refresh.
 import Testing
+import TokenBrokerServer
+
 @testable import TokenBrokerAPI
 @testable import TokenBrokerCore
-import TokenBrokerServer
 
 /// A caller check of the test's making: `Bearer good` may read everything, `Bearer billing` nothing.
 struct FakeCallers: CallerAuthorizing {
@@ -23,7 +24,8 @@ func tokenAPI(
     proxy: (any ProxyHandling)? = nil, metrics: BrokerMetrics = BrokerMetrics(version: "test")
 ) -> TokenAPI<FakeProvider> {
     TokenAPI(
-        providers: providers, jwks: #"{"keys":[]}"#, maxWait: .seconds(30), requestGuard: requestGuard, callers: callers,
+        providers: providers, jwks: #"{"keys":[]}"#, maxWait: .seconds(30), requestGuard: requestGuard,
+        callers: callers,
         proxy: proxy, metrics: metrics)
 }
 
@@ -83,13 +85,16 @@ func tokenAPI(
         provider.state.withLock { $0.read = .token(FakeProvider.token("abc"), stale: false, secondsLeft: 600) }
         let response = tokenAPI([provider]).handle(request("/token")).immediate
         #expect(response?.string("cookie") == "aws-waf-token=abc")
-        #expect(response?.string("set_cookie") == "aws-waf-token=abc; Path=/; Max-Age=600; Secure; HttpOnly; SameSite=Lax")
+        #expect(
+            response?.string("set_cookie") == "aws-waf-token=abc; Path=/; Max-Age=600; Secure; HttpOnly; SameSite=Lax")
     }
 
     @Test func tokenWithoutAValidTokenIs503WithRetryAfterAndSaysWhy() {
         let provider = FakeProvider()
         provider.state.withLock { $0.read = .unavailable(wasPaused: false) }
-        expectError(tokenAPI([provider]).handle(request("/token")).immediate, 503, "token_unavailable", headers: ["Retry-After": "1"])
+        expectError(
+            tokenAPI([provider]).handle(request("/token")).immediate, 503, "token_unavailable",
+            headers: ["Retry-After": "1"])
 
         let limited = TokenFetchError.rateLimited("slow down", httpStatus: 429, retryAfter: .milliseconds(6500))
         provider.state.withLock {
@@ -100,7 +105,9 @@ func tokenAPI(
         expectError(response, 503, "token_unavailable", headers: ["Retry-After": "7"])
         let description = response?.string("error_description") ?? ""
         #expect(description.hasPrefix(#"provider "default" has no valid token; last upstream error: "#))
-        #expect(description.hasSuffix("refresh was paused while idle and has resumed: wait for the new token at /token/ready"))
+        #expect(
+            description.hasSuffix(
+                "refresh was paused while idle and has resumed: wait for the new token at /token/ready"))
     }
 
     @Test func tokenOnDemandWaitsForAFetchMadeForIt() {
@@ -142,7 +149,9 @@ func tokenAPI(
         let provider = FakeProvider()
         provider.state.withLock { $0.read = .token(FakeProvider.token(version: 1), stale: false, secondsLeft: nil) }
         let responder = RecordingResponder()
-        #expect(tokenAPI([provider]).handle(request("/token/ready", query: [("after", "1"), ("timeout", "5")])).start(responder))
+        #expect(
+            tokenAPI([provider]).handle(request("/token/ready", query: [("after", "1"), ("timeout", "5")])).start(
+                responder))
         let waiter = provider.onlyWaiter
         #expect(waiter?.waiter.after == 1 && waiter?.waiter.onDemand == false && waiter?.waiter.forRefresh == false)
         provider.completeWaiters(.token(FakeProvider.token("tok-2", version: 2), stale: false))
@@ -207,7 +216,8 @@ func tokenAPI(
         let api = tokenAPI()
         let cases: [[(String, String)]] = [
             [("after", "x")], [("after", "-1")], [("after", "")], [("after", "1%00")], [("after", "1234567890123456")],
-            [("after", "1"), ("after", "2")], [("timeout", "abc")], [("timeout", "-1")], [("timeout", "1"), ("timeout", "1")],
+            [("after", "1"), ("after", "2")], [("timeout", "abc")], [("timeout", "-1")],
+            [("timeout", "1"), ("timeout", "1")],
         ]
         for query in cases {
             let response = api.handle(request("/token/ready", query: query)).immediate
@@ -226,7 +236,8 @@ func tokenAPI(
         provider.state.withLock { $0.refresh = .current(FakeProvider.token(version: 9)) }
         let api = tokenAPI([provider])
         let accepted: [(String, UInt64?)] = [
-            ("", nil), (" \r\n\t", nil), ("{}", nil), (#"{"rejected_version": 3}"#, 3), (#" {"rejected_version":0} "#, 0),
+            ("", nil), (" \r\n\t", nil), ("{}", nil), (#"{"rejected_version": 3}"#, 3),
+            (#" {"rejected_version":0} "#, 0),
             (#"{"rejected_version": 999999999999999}"#, 999_999_999_999_999),
         ]
         for (body, _) in accepted {
@@ -243,13 +254,15 @@ func tokenAPI(
             expectError(api.handle(request("POST", "/token/refresh", body: body)).immediate, 400, "invalid_request")
         }
         let unknownKey = api.handle(request("POST", "/token/refresh", body: #"{"other": 1}"#)).immediate
-        #expect(unknownKey?.string("error_description") == #"unknown key "other" in the body; allowed: rejected_version"#)
+        #expect(
+            unknownKey?.string("error_description") == #"unknown key "other" in the body; allowed: rejected_version"#)
         #expect(provider.state.withLock { $0.refreshes.count } == accepted.count)
     }
 
     @Test func refreshBodyTooLargeIs413() {
         let provider = FakeProvider()
-        let response = tokenAPI([provider]).handle(request("POST", "/token/refresh", body: "{", bodyTooLarge: true)).immediate
+        let response = tokenAPI([provider]).handle(request("POST", "/token/refresh", body: "{", bodyTooLarge: true))
+            .immediate
         expectError(response, 413, "payload_too_large")
         #expect(response?.string("error_description") == "the body is larger than the broker accepts")
         #expect(provider.state.withLock { $0.refreshes }.isEmpty)
@@ -261,8 +274,12 @@ func tokenAPI(
         let metrics = BrokerMetrics(version: "test")
         let response = tokenAPI([provider], metrics: metrics).handle(request("POST", "/token/refresh")).immediate
         expectError(response, 429, "excessive_refresh", headers: ["Retry-After": "3"])
-        #expect(response?.string("error_description") == #"provider "default" allows 5 forced refreshes per 30 s; try again in 3 s"#)
-        #expect(metrics.render(statuses: []).contains(bytes: #"token_broker_excessive_refreshes_total{provider="default"} 1"#))
+        #expect(
+            response?.string("error_description")
+                == #"provider "default" allows 5 forced refreshes per 30 s; try again in 3 s"#)
+        #expect(
+            metrics.render(statuses: []).contains(
+                bytes: #"token_broker_excessive_refreshes_total{provider="default"} 1"#))
     }
 
     @Test func refreshWaitsForTheNewTokenAnd304sWhenNoneCame() {
@@ -287,7 +304,9 @@ func tokenAPI(
     @Test func refreshRefusesATimeoutOfZero() {
         let response = tokenAPI().handle(request("POST", "/token/refresh", query: [("timeout", "0")])).immediate
         expectError(response, 400, "invalid_request")
-        #expect(response?.string("error_description") == "timeout must be a whole number of seconds from 1, such as timeout=30")
+        #expect(
+            response?.string("error_description")
+                == "timeout must be a whole number of seconds from 1, such as timeout=30")
     }
 
     // MARK: Routing
@@ -295,14 +314,18 @@ func tokenAPI(
     @Test func providersAreReachedByName() {
         let first = FakeProvider(name: "default")
         let second = FakeProvider(name: "payments")
-        second.state.withLock { $0.read = .token(FakeProvider.token("pay", version: 5), stale: false, secondsLeft: nil) }
+        second.state.withLock {
+            $0.read = .token(FakeProvider.token("pay", version: 5), stale: false, secondsLeft: nil)
+        }
         let api = tokenAPI([first, second])
         let named = api.handle(request("/providers/payments/token")).immediate
-        #expect(named?.status == 200 && named?.string("access_token") == "pay" && named?.string("provider") == "payments")
+        #expect(
+            named?.status == 200 && named?.string("access_token") == "pay" && named?.string("provider") == "payments")
         #expect(first.state.withLock { $0.reads }.isEmpty)
         #expect(api.handle(request("POST", "/providers/payments/token/refresh")).start(RecordingResponder()))
         #expect(second.state.withLock { $0.refreshes } == [nil])
-        #expect(api.handle(request("/providers/payments/token/ready", query: [("after", "5")])).start(RecordingResponder()))
+        #expect(
+            api.handle(request("/providers/payments/token/ready", query: [("after", "5")])).start(RecordingResponder()))
         #expect(second.state.withLock { $0.waiters.count } == 2)
 
         let unknown = api.handle(request("/providers/nope/token")).immediate
@@ -317,7 +340,9 @@ func tokenAPI(
         let response = api.handle(request("/.well-known/jwks.json", guarded: false)).immediate
         #expect(response?.status == 200 && response?.bodyText == #"{"keys":[]}"#)
         #expect(response?.header("Cache-Control") == "public, max-age=300")
-        expectError(api.handle(request("POST", "/.well-known/jwks.json")).immediate, 405, "method_not_allowed", headers: ["Allow": "GET, HEAD"])
+        expectError(
+            api.handle(request("POST", "/.well-known/jwks.json")).immediate, 405, "method_not_allowed",
+            headers: ["Allow": "GET, HEAD"])
     }
 
     @Test func unknownPathsAre404AndWrongMethods405() {
@@ -326,8 +351,12 @@ func tokenAPI(
         expectError(missing, 404, "not_found")
         #expect(missing?.string("error_description") == "no route for /nope")
         for method in ["POST", "PUT", "DELETE"] {
-            expectError(api.handle(request(method, "/token")).immediate, 405, "method_not_allowed", headers: ["Allow": "GET, HEAD"])
-            expectError(api.handle(request(method, "/token/ready")).immediate, 405, "method_not_allowed", headers: ["Allow": "GET, HEAD"])
+            expectError(
+                api.handle(request(method, "/token")).immediate, 405, "method_not_allowed",
+                headers: ["Allow": "GET, HEAD"])
+            expectError(
+                api.handle(request(method, "/token/ready")).immediate, 405, "method_not_allowed",
+                headers: ["Allow": "GET, HEAD"])
         }
         let get = api.handle(request("GET", "/token/refresh")).immediate
         expectError(get, 405, "method_not_allowed", headers: ["Allow": "POST"])
@@ -337,7 +366,9 @@ func tokenAPI(
     @Test func absoluteFormTargetsAreRefused() {
         let response = tokenAPI().handle(request("http://example.com/token")).immediate
         expectError(response, 400, "invalid_request")
-        #expect(response?.string("error_description") == "request targets must be paths (origin form); absolute URLs are refused")
+        #expect(
+            response?.string("error_description")
+                == "request targets must be paths (origin form); absolute URLs are refused")
     }
 
     // MARK: Who may ask
@@ -348,15 +379,25 @@ func tokenAPI(
         let api = tokenAPI([provider])
         for path in ["/token", "/token/ready", "/providers/default/token"] {
             expectError(api.handle(request(path, guarded: false)).immediate, 403, "missing_request_header")
-            expectError(api.handle(request(path, headers: [("token-broker-request", "yes")], guarded: false)).immediate, 403, "missing_request_header")
-            expectError(api.handle(request(path, headers: [("X-Forwarded-For", "10.0.0.1")])).immediate, 403, "forwarded_request")
+            expectError(
+                api.handle(request(path, headers: [("token-broker-request", "yes")], guarded: false)).immediate, 403,
+                "missing_request_header")
+            expectError(
+                api.handle(request(path, headers: [("X-Forwarded-For", "10.0.0.1")])).immediate, 403,
+                "forwarded_request")
         }
-        expectError(api.handle(request("POST", "/token/refresh", guarded: false)).immediate, 403, "missing_request_header")
+        expectError(
+            api.handle(request("POST", "/token/refresh", guarded: false)).immediate, 403, "missing_request_header")
         // Header names in any case.
-        #expect(api.handle(request("/token", headers: [("TOKEN-BROKER-REQUEST", "true")], guarded: false)).immediate?.status == 200)
+        #expect(
+            api.handle(request("/token", headers: [("TOKEN-BROKER-REQUEST", "true")], guarded: false)).immediate?.status
+                == 200)
         #expect(provider.state.withLock { $0.reads }.count == 1)
         // Turned off, neither is asked for.
-        #expect(tokenAPI([provider], requestGuard: false).handle(request("/token", headers: [("X-Forwarded-For", "1")], guarded: false)).immediate?.status == 200)
+        #expect(
+            tokenAPI([provider], requestGuard: false).handle(
+                request("/token", headers: [("X-Forwarded-For", "1")], guarded: false)
+            ).immediate?.status == 200)
     }
 
     @Test func callerKeysAreChecked() {
@@ -367,9 +408,11 @@ func tokenAPI(
             api.handle(request("/token")).immediate, 401, "missing_caller_key",
             headers: ["WWW-Authenticate": #"Bearer realm="token-broker""#])
         expectError(
-            api.handle(request("/token", headers: [("Authorization", "Bearer nobody")])).immediate, 401, "invalid_caller_key",
+            api.handle(request("/token", headers: [("Authorization", "Bearer nobody")])).immediate, 401,
+            "invalid_caller_key",
             headers: ["WWW-Authenticate": #"Bearer realm="token-broker", error="invalid_token""#])
-        let forbidden = api.handle(request("POST", "/token/refresh", headers: [("authorization", "Bearer billing")])).immediate
+        let forbidden = api.handle(request("POST", "/token/refresh", headers: [("authorization", "Bearer billing")]))
+            .immediate
         expectError(forbidden, 403, "provider_not_allowed")
         #expect(forbidden?.string("error_description") == #"caller "billing" may not read provider "default""#)
         #expect(api.handle(request("/token", headers: [("Authorization", "Bearer good")])).immediate?.status == 200)
@@ -381,12 +424,15 @@ func tokenAPI(
     // MARK: The server's refusals
 
     @Test func serverRefusalsAreWordedByBothListeners() {
-        let handlers: [any HTTPHandler] = [tokenAPI(), AdminAPI(providers: [FakeProvider()], metrics: BrokerMetrics(version: "t"))]
+        let handlers: [any HTTPHandler] = [
+            tokenAPI(), AdminAPI(providers: [FakeProvider()], metrics: BrokerMetrics(version: "t")),
+        ]
         for handler in handlers {
             let malformed = handler.refusal(.malformedHead("two Content-Length headers"))
             expectError(malformed, 400, "invalid_request", headers: ["Connection": "close"])
             #expect(malformed.string("error_description") == "two Content-Length headers")
-            expectError(handler.refusal(.stopping), 503, "shutting_down", headers: ["Retry-After": "1", "Connection": "close"])
+            expectError(
+                handler.refusal(.stopping), 503, "shutting_down", headers: ["Retry-After": "1", "Connection": "close"])
             expectError(handler.refusal(.stopped), 503, "shutting_down", headers: ["Retry-After": "1"])
         }
     }

@@ -1,4 +1,5 @@
 import Testing
+
 @testable import TokenBrokerCore
 
 /// `clientKeysFile` parsing. The hashes are SHA-256 of "key-a" and "key-b", computed with
@@ -13,11 +14,15 @@ import Testing
     }
 
     @Test func entriesListTheirProvidersOrAllOfThem() throws {
-        let keys = try list(#"{"keys": [{"name": "billing", "sha256": "\#(Self.hashA)", "providers": ["default"]}, {"name": "ops", "sha256": "\#(Self.hashB.uppercased())", "providers": ["*"]}]}"#)
+        let keys = try list(
+            #"{"keys": [{"name": "billing", "sha256": "\#(Self.hashA)", "providers": ["default"]}, {"name": "ops", "sha256": "\#(Self.hashB.uppercased())", "providers": ["*"]}]}"#
+        )
         #expect(keys.entries.count == 2)
         #expect(keys.entries[0].mayRead("default") && !keys.entries[0].mayRead("payments"))
         #expect(keys.entries[1].mayRead("payments") && keys.entries[1].mayRead("anything"))
-        #expect(keys.entries[0].digest.count == 32 && keys.entries[0].digest[0] == 0xF1 && keys.entries[0].digest[31] == 0xF4)
+        #expect(
+            keys.entries[0].digest.count == 32 && keys.entries[0].digest[0] == 0xF1
+                && keys.entries[0].digest[31] == 0xF4)
     }
 
     @Test(arguments: [
@@ -25,10 +30,19 @@ import Testing
         (#"{"keys": [], "extra": 1}"#, "extra: unknown key"),
         (#"{"keys": [{"name": "a", "sha256": "zz", "providers": ["default"]}]}"#, "keys[0].sha256"),
         (#"{"keys": [{"name": "a", "sha256": "\#(hashA)", "providers": []}]}"#, "keys[0].providers"),
-        (#"{"keys": [{"name": "a", "sha256": "\#(hashA)", "providers": ["billing"]}]}"#, "no provider is named \"billing\""),
+        (
+            #"{"keys": [{"name": "a", "sha256": "\#(hashA)", "providers": ["billing"]}]}"#,
+            "no provider is named \"billing\""
+        ),
         (#"{"keys": [{"name": "a b", "sha256": "\#(hashA)", "providers": ["default"]}]}"#, "keys[0].name"),
-        (#"{"keys": [{"name": "a", "sha256": "\#(hashA)", "providers": ["default"]}, {"name": "b", "sha256": "\#(hashA)", "providers": ["default"]}]}"#, "listed twice"),
-        (#"{"keys": [{"name": "a", "key": "plaintext", "sha256": "\#(hashA)", "providers": ["default"]}]}"#, "keys[0].key: unknown key"),
+        (
+            #"{"keys": [{"name": "a", "sha256": "\#(hashA)", "providers": ["default"]}, {"name": "b", "sha256": "\#(hashA)", "providers": ["default"]}]}"#,
+            "listed twice"
+        ),
+        (
+            #"{"keys": [{"name": "a", "key": "plaintext", "sha256": "\#(hashA)", "providers": ["default"]}]}"#,
+            "keys[0].key: unknown key"
+        ),
         ("not json", "not valid JSON"),
     ])
     func badFilesAreRefusedNamingTheProblem(_ json: String, _ needle: String) {
@@ -42,10 +56,19 @@ import Testing
 
     @Test(arguments: [
         (#"{"keys": [{"name": "a", "sha256": "zz", "providers": ["default"]}]}"#, "keys[0].sha256: is not a SHA-256"),
-        (#"{"keys": [{"name": "a", "sha256": "\#(hashA)0", "providers": ["default"]}]}"#, "keys[0].sha256: is not a SHA-256"),
-        (#"{"keys": [{"name": "a", "sha256": "\#(hashA)00", "providers": ["default"]}]}"#, "keys[0].sha256: is not a SHA-256"),
+        (
+            #"{"keys": [{"name": "a", "sha256": "\#(hashA)0", "providers": ["default"]}]}"#,
+            "keys[0].sha256: is not a SHA-256"
+        ),
+        (
+            #"{"keys": [{"name": "a", "sha256": "\#(hashA)00", "providers": ["default"]}]}"#,
+            "keys[0].sha256: is not a SHA-256"
+        ),
         (#"{"keys": [{"name": "a", "providers": ["default"]}]}"#, "keys[0].sha256: is required"),
-        (#"{"keys": [{"name": "a b", "sha256": "\#(hashA)", "providers": ["default"]}]}"#, "keys[0].name: \"a b\" is not a caller name"),
+        (
+            #"{"keys": [{"name": "a b", "sha256": "\#(hashA)", "providers": ["default"]}]}"#,
+            "keys[0].name: \"a b\" is not a caller name"
+        ),
         (#"{"keys": [{"sha256": "\#(hashA)", "providers": ["default"]}]}"#, "keys[0].name: is required"),
     ])
     func aMalformedValueIsReportedAsMalformedAndAMissingOneAsRequired(_ json: String, _ needle: String) {

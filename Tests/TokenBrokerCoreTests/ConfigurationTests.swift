@@ -17,7 +17,8 @@ import TokenBrokerCore
     }
 
     @Test func theIssuesExampleIsAccepted() throws {
-        let configuration = try parse("""
+        let configuration = try parse(
+            """
             {"listen": "127.0.0.1:8080", "adminListen": "127.0.0.1:9090",
              "providers": [{"name": "default",
                "source": {"type": "jwt", "algorithm": "RS256", "issuer": "token-broker", "audience": "api", "lifetimeSec": 900},
@@ -33,44 +34,83 @@ import TokenBrokerCore
         let message = configurationProblem(#"{"providers": [{"name": "a", "maxRetryCont": 3}]}"#)
         #expect(message?.hasPrefix("providers[0].maxRetryCont: unknown key; allowed: name, source,") == true)
         #expect(configurationProblem(#"{"lisen": "127.0.0.1:1"}"#)?.hasPrefix("lisen: unknown key") == true)
-        #expect(configurationProblem(#"{"providers": [{"source": {"type": "jwt", "alg": "ES256"}}]}"#)?.hasPrefix("providers[0].source.alg: unknown key") == true)
+        #expect(
+            configurationProblem(#"{"providers": [{"source": {"type": "jwt", "alg": "ES256"}}]}"#)?.hasPrefix(
+                "providers[0].source.alg: unknown key") == true)
     }
 
     @Test func valuesOutOfRangeNameTheKeyAndTheRange() {
-        #expect(configurationProblem(#"{"providers": [{"maxRetryCount": 11}]}"#) == "providers[0].maxRetryCount: 11 is out of range; allowed: 0–10")
-        #expect(configurationProblem(#"{"providers": [{"tokenRefreshDelaySec": 0}]}"#) == "providers[0].tokenRefreshDelaySec: 0 is out of range; allowed: 1–86400")
-        #expect(configurationProblem(#"{"providers": [{"maxErrorTokenRefreshDelayMsec": 30001}]}"#) == "providers[0].maxErrorTokenRefreshDelayMsec: 30001 is out of range; allowed: 1–30000")
-        #expect(configurationProblem(#"{"providers": [{"maxRetryCount": 2.5}]}"#)?.hasPrefix("providers[0].maxRetryCount: must be a whole number in 0–10") == true)
-        #expect(configurationProblem(#"{"providers": [{"source": {"algorithm": "none"}}]}"#) == #"providers[0].source.algorithm: unknown value "none"; allowed: ES256, RS256, HS256"#)
-        #expect(configurationProblem(#"{"providers": [{"source": {"type": "oauth2", "tokenURL": "https://i.example/t", "clientID": "c", "clientSecret": "s", "clientAuth": "tls_client_auth"}}]}"#) == #"providers[0].source.clientAuth: unknown value "tls_client_auth"; allowed: client_secret_basic, client_secret_post, private_key_jwt"#)
-        #expect(configurationProblem(#"{"providers": [{"source": {"type": "oauth2", "tokenURL": "https://i.example/t", "clientID": "c", "clientAuth": "client_secret_post"}}]}"#) == #"providers[0].source.clientSecretFile: give exactly one of clientSecret and clientSecretFile with clientAuth "client_secret_post""#)
-        #expect(configurationProblem(#"{"providers": [{"source": {"type": "oauth2", "tokenURL": "https://i.example/t", "clientID": "c", "clientAuth": "private_key_jwt"}}]}"#) == #"providers[0].source.privateKeyFile: is required with clientAuth "private_key_jwt""#)
-        #expect(configurationProblem(#"{"providers": [{"source": {"algorithm": "HS256"}}]}"#)?.hasPrefix("providers[0].source.keyFile: is required with HS256") == true)
-        #expect(configurationProblem(#"{"providers": [{"source": {"type": "magic"}}]}"#) == #"providers[0].source.type: unknown value "magic"; allowed: jwt, oauth2, http, file"#)
+        #expect(
+            configurationProblem(#"{"providers": [{"maxRetryCount": 11}]}"#)
+                == "providers[0].maxRetryCount: 11 is out of range; allowed: 0–10")
+        #expect(
+            configurationProblem(#"{"providers": [{"tokenRefreshDelaySec": 0}]}"#)
+                == "providers[0].tokenRefreshDelaySec: 0 is out of range; allowed: 1–86400")
+        #expect(
+            configurationProblem(#"{"providers": [{"maxErrorTokenRefreshDelayMsec": 30001}]}"#)
+                == "providers[0].maxErrorTokenRefreshDelayMsec: 30001 is out of range; allowed: 1–30000")
+        #expect(
+            configurationProblem(#"{"providers": [{"maxRetryCount": 2.5}]}"#)?.hasPrefix(
+                "providers[0].maxRetryCount: must be a whole number in 0–10") == true)
+        #expect(
+            configurationProblem(#"{"providers": [{"source": {"algorithm": "none"}}]}"#)
+                == #"providers[0].source.algorithm: unknown value "none"; allowed: ES256, RS256, HS256"#)
+        #expect(
+            configurationProblem(
+                #"{"providers": [{"source": {"type": "oauth2", "tokenURL": "https://i.example/t", "clientID": "c", "clientSecret": "s", "clientAuth": "tls_client_auth"}}]}"#
+            )
+                == #"providers[0].source.clientAuth: unknown value "tls_client_auth"; allowed: client_secret_basic, client_secret_post, private_key_jwt"#
+        )
+        #expect(
+            configurationProblem(
+                #"{"providers": [{"source": {"type": "oauth2", "tokenURL": "https://i.example/t", "clientID": "c", "clientAuth": "client_secret_post"}}]}"#
+            )
+                == #"providers[0].source.clientSecretFile: give exactly one of clientSecret and clientSecretFile with clientAuth "client_secret_post""#
+        )
+        #expect(
+            configurationProblem(
+                #"{"providers": [{"source": {"type": "oauth2", "tokenURL": "https://i.example/t", "clientID": "c", "clientAuth": "private_key_jwt"}}]}"#
+            ) == #"providers[0].source.privateKeyFile: is required with clientAuth "private_key_jwt""#)
+        #expect(
+            configurationProblem(#"{"providers": [{"source": {"algorithm": "HS256"}}]}"#)?.hasPrefix(
+                "providers[0].source.keyFile: is required with HS256") == true)
+        #expect(
+            configurationProblem(#"{"providers": [{"source": {"type": "magic"}}]}"#)
+                == #"providers[0].source.type: unknown value "magic"; allowed: jwt, oauth2, http, file"#)
     }
 
     @Test func wrongTypesAndBrokenJSONAreExplained() {
         #expect(configurationProblem(#"{"providers": {}}"#) == "providers: must be an array, not an object")
-        #expect(configurationProblem(#"{"providers": [{"pauseWhenIdle": "yes"}]}"#) == "providers[0].pauseWhenIdle: must be true or false, not a string")
+        #expect(
+            configurationProblem(#"{"providers": [{"pauseWhenIdle": "yes"}]}"#)
+                == "providers[0].pauseWhenIdle: must be true or false, not a string")
         #expect(configurationProblem("{") != nil)
         #expect(configurationProblem("[]") == "must be an object, not an array")
         #expect(configurationProblem(#"{"providers": []}"#) == "providers: must list at least one provider")
     }
 
     @Test func duplicateProviderNamesAreRefused() {
-        #expect(configurationProblem(#"{"providers": [{"name": "a"}, {"name": "a"}]}"#) == #"providers[1].name: duplicate provider name "a"; allowed: names unique across providers"#)
+        #expect(
+            configurationProblem(#"{"providers": [{"name": "a"}, {"name": "a"}]}"#)
+                == #"providers[1].name: duplicate provider name "a"; allowed: names unique across providers"#)
     }
 
     @Test func hs256NeedsAKeyFile() {
-        #expect(configurationProblem(#"{"providers": [{"source": {"algorithm": "HS256"}}]}"#)?.hasPrefix("providers[0].source.keyFile: is required with HS256") == true)
+        #expect(
+            configurationProblem(#"{"providers": [{"source": {"algorithm": "HS256"}}]}"#)?.hasPrefix(
+                "providers[0].source.keyFile: is required with HS256") == true)
     }
 
     @Test func theEnvironmentOverridesTheListeners() throws {
         var configuration = try parse(#"{"listen": "127.0.0.1:1000", "adminListen": "127.0.0.1:1001"}"#)
-        try configuration.applyEnvironment(["TOKEN_BROKER_LISTEN": "[::1]:0", "TOKEN_BROKER_ADMIN_LISTEN": "0.0.0.0:9999"])
+        try configuration.applyEnvironment([
+            "TOKEN_BROKER_LISTEN": "[::1]:0", "TOKEN_BROKER_ADMIN_LISTEN": "0.0.0.0:9999",
+        ])
         #expect(configuration.listen.description == "[::1]:0")
         #expect(configuration.adminListen.description == "0.0.0.0:9999")
-        #expect(throws: ConfigurationError.self) { try configuration.applyEnvironment(["TOKEN_BROKER_LISTEN": "localhost:80"]) }
+        #expect(throws: ConfigurationError.self) {
+            try configuration.applyEnvironment(["TOKEN_BROKER_LISTEN": "localhost:80"])
+        }
     }
 
     @Test(arguments: ["127.0.0.1:8080", "0.0.0.0:0", "[::1]:9090", "[::]:1", "unix:/run/token-broker/token.sock"])
@@ -86,12 +126,17 @@ import TokenBrokerCore
         for mode in ["0777x", "0500", "640x", "rw-", "01777"] {
             #expect(throws: ConfigurationError.self) { try parse(#"{"unixSocketMode": "\#(mode)"}"#) }
         }
-        #expect(throws: ConfigurationError.self) { try parse(#"{"listen": "unix:/a.sock", "adminListen": "unix:/a.sock"}"#) }
+        #expect(throws: ConfigurationError.self) {
+            try parse(#"{"listen": "unix:/a.sock", "adminListen": "unix:/a.sock"}"#)
+        }
     }
 
-    @Test(arguments: ["localhost:80", "127.0.0.1", "127.0.0.1:65536", "1.2.3:4", "[::1]9090", "01.2.3.4:5", "",
-                      "unix:relative.sock", "unix:", "unix:/dir/", "unix:/" + String(repeating: "a", count: 120),
-                      "[:::::]:8080", "[1:2:3:4:5:6:7:8:9]:80", "[::1::2]:80", "[12345::]:80", "[::1.2.3]:80", "[.]:80", "[fe80::1%eth0]:80"])
+    @Test(arguments: [
+        "localhost:80", "127.0.0.1", "127.0.0.1:65536", "1.2.3:4", "[::1]9090", "01.2.3.4:5", "",
+        "unix:relative.sock", "unix:", "unix:/dir/", "unix:/" + String(repeating: "a", count: 120),
+        "[:::::]:8080", "[1:2:3:4:5:6:7:8:9]:80", "[::1::2]:80", "[12345::]:80", "[::1.2.3]:80", "[.]:80",
+        "[fe80::1%eth0]:80",
+    ])
     func malformedListenAddressesAreRefused(_ text: String) {
         #expect(throws: ConfigurationError.self) { try ListenAddress(parsing: text) }
     }
@@ -102,7 +147,8 @@ import TokenBrokerCore
     }
 
     @Test func relativePathsAreResolvedAgainstTheConfigurationFilesDirectory() throws {
-        var configuration = try parse(#"""
+        var configuration = try parse(
+            #"""
             {"clientKeysFile": "callers.json",
              "providers": [
                {"name": "a", "source": {"type": "jwt", "keyFile": "keys/key.pem"}},
@@ -114,8 +160,11 @@ import TokenBrokerCore
             """#)
         configuration.resolvePaths(relativeTo: BrokerConfiguration.directory(of: "/etc/tb/config.json"))
         #expect(configuration.clientKeysFile == "/etc/tb/callers.json")
-        guard case .jwt(let jwt) = configuration.providers[0].source, case .file(let file) = configuration.providers[1].source,
-              case .oauth2(let oauth2) = configuration.providers[2].source, case .http(let http) = configuration.providers[3].source else {
+        guard case .jwt(let jwt) = configuration.providers[0].source,
+            case .file(let file) = configuration.providers[1].source,
+            case .oauth2(let oauth2) = configuration.providers[2].source,
+            case .http(let http) = configuration.providers[3].source
+        else {
             Issue.record("sources read wrongly")
             return
         }
@@ -138,19 +187,35 @@ import TokenBrokerCore
 
 @Suite struct CookieAndSourceConfigurationTests {
     @Test func cookieSettingsAreReadAndChecked() throws {
-        let configuration = try BrokerConfiguration(json: Array(#"{"providers": [{"setTokenCookie": true, "tokenCookieName": "t", "domainName": "a.test", "tokenCookiePath": "/x"}]}"#.utf8))
+        let configuration = try BrokerConfiguration(
+            json: Array(
+                #"{"providers": [{"setTokenCookie": true, "tokenCookieName": "t", "domainName": "a.test", "tokenCookiePath": "/x"}]}"#
+                    .utf8))
         let cookie = configuration.providers[0].cookie
-        #expect(cookie.setCookieHeader(token: "abc", maxAge: 60) == "t=abc; Domain=a.test; Path=/x; Max-Age=60; Secure; HttpOnly; SameSite=Lax")
-        #expect(configurationProblem(#"{"providers": [{"tokenCookieName": "a b"}]}"#)?.hasPrefix("providers[0].tokenCookieName:") == true)
-        #expect(configurationProblem(#"{"providers": [{"domainName": "a.test; Secure"}]}"#)?.hasPrefix("providers[0].domainName:") == true)
-        #expect(configurationProblem(#"{"providers": [{"tokenCookiePath": "x"}]}"#) == #"providers[0].tokenCookiePath: must start with "/""#)
+        #expect(
+            cookie.setCookieHeader(token: "abc", maxAge: 60)
+                == "t=abc; Domain=a.test; Path=/x; Max-Age=60; Secure; HttpOnly; SameSite=Lax")
+        #expect(
+            configurationProblem(#"{"providers": [{"tokenCookieName": "a b"}]}"#)?.hasPrefix(
+                "providers[0].tokenCookieName:") == true)
+        #expect(
+            configurationProblem(#"{"providers": [{"domainName": "a.test; Secure"}]}"#)?.hasPrefix(
+                "providers[0].domainName:") == true)
+        #expect(
+            configurationProblem(#"{"providers": [{"tokenCookiePath": "x"}]}"#)
+                == #"providers[0].tokenCookiePath: must start with "/""#)
     }
 
     @Test func theFileSourceNeedsAPath() throws {
-        #expect(configurationProblem(#"{"providers": [{"source": {"type": "file"}}]}"#)?.hasPrefix("providers[0].source.path: is required") == true)
-        let configuration = try BrokerConfiguration(json: Array(#"{"providers": [{"source": {"type": "file", "path": "/t", "lifetimeSec": 60}}]}"#.utf8))
+        #expect(
+            configurationProblem(#"{"providers": [{"source": {"type": "file"}}]}"#)?.hasPrefix(
+                "providers[0].source.path: is required") == true)
+        let configuration = try BrokerConfiguration(
+            json: Array(#"{"providers": [{"source": {"type": "file", "path": "/t", "lifetimeSec": 60}}]}"#.utf8))
         #expect(configuration.providers[0].source == .file(FileSourceConfiguration(path: "/t", lifetimeSec: 60)))
-        #expect(configurationProblem(#"{"providers": [{"source": {"type": "file", "path": "/t", "algorithm": "ES256"}}]}"#)?.hasPrefix("providers[0].source.algorithm: unknown key") == true)
+        #expect(
+            configurationProblem(#"{"providers": [{"source": {"type": "file", "path": "/t", "algorithm": "ES256"}}]}"#)?
+                .hasPrefix("providers[0].source.algorithm: unknown key") == true)
     }
 
     @Test func theRequestGuardIsOnUnlessTurnedOff() throws {

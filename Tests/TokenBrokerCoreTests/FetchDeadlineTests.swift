@@ -1,7 +1,7 @@
 import Synchronization
 import Testing
-import TokenBrokerTestSupport
 import TokenBrokerCore
+import TokenBrokerTestSupport
 
 /// Every fetch has a deadline of its own: no source holds a provider in `refreshing`.
 @Suite struct FetchDeadlineTests {
@@ -52,7 +52,9 @@ import TokenBrokerCore
         var upstream = OAuth2SourceConfiguration(tokenURL: "https://issuer.test/token", clientID: "c")
         upstream.upstream.timeoutMsec = 2500
         #expect(ProviderConfiguration(source: .oauth2(upstream)).effectiveFetchTimeout == .milliseconds(7500))
-        #expect(ProviderConfiguration(source: .file(FileSourceConfiguration(path: "/t"))).effectiveFetchTimeout == .seconds(10))
+        #expect(
+            ProviderConfiguration(source: .file(FileSourceConfiguration(path: "/t"))).effectiveFetchTimeout
+                == .seconds(10))
         #expect(ProviderConfiguration().effectiveFetchTimeout == .seconds(10))
         #expect(ProviderConfiguration(fetchTimeoutSec: 3).effectiveFetchTimeout == .seconds(3))
     }
@@ -77,11 +79,13 @@ import TokenBrokerCore
             reported.withLock { $0.append(result.failure?.description ?? "success") }
         })
         let provider = TokenProvider(
-            configuration: ProviderConfiguration(fetchTimeoutSec: 5), source: source, clock: clock, jitter: .fixed(0.5), events: events)
+            configuration: ProviderConfiguration(fetchTimeoutSec: 5), source: source, clock: clock, jitter: .fixed(0.5),
+            events: events)
         let service = Task { await provider.run() }
         defer { service.cancel() }
         let waiter = Task { await provider.onTokenReady(timeout: .seconds(60)) }
-        #expect(await eventually { source.parkedCount == 1 && provider.status().waiters == 1 && clock.sleeperCount == 1 })
+        #expect(
+            await eventually { source.parkedCount == 1 && provider.status().waiters == 1 && clock.sleeperCount == 1 })
         #expect(provider.status().phase == .refreshing)
         clock.advance(by: .milliseconds(4999))
         #expect(provider.status().phase == .refreshing)

@@ -22,12 +22,22 @@ struct LockTests {
         var handles: [pthread_t] = []
         for _ in 0..<threads {
             var handle = pthread_t()
-            let context = Unmanaged.passRetained(Box { for _ in 0..<increments { counter.withLock { $0[0] += 1; $0[1] = $0[0] } } })
-            let status = pthread_create(&handle, nil, { context in
-                let box = Unmanaged<Box>.fromOpaque(context!).takeRetainedValue()
-                box.body()
-                return nil
-            }, context.toOpaque())
+            let context = Unmanaged.passRetained(
+                Box {
+                    for _ in 0..<increments {
+                        counter.withLock {
+                            $0[0] += 1
+                            $0[1] = $0[0]
+                        }
+                    }
+                })
+            let status = pthread_create(
+                &handle, nil,
+                { context in
+                    let box = Unmanaged<Box>.fromOpaque(context!).takeRetainedValue()
+                    box.body()
+                    return nil
+                }, context.toOpaque())
             #expect(status == 0)
             handles.append(handle)
         }
@@ -49,7 +59,11 @@ struct LockTests {
     @Test func withLockReturnsAndRethrowsWhatItsBodyDoes() {
         struct Refused: Error {}
         let lock = Lock(1)
-        #expect(lock.withLock { value -> Int in value += 1; return value * 10 } == 20)
+        #expect(
+            lock.withLock { value -> Int in
+                value += 1
+                return value * 10
+            } == 20)
         #expect(throws: Refused.self) { try lock.withLock { _ throws(Refused) in throw Refused() } }
         #expect(lock.withLock { $0 } == 2)
     }

@@ -5,13 +5,17 @@ import TokenBrokerCore
 /// Numbers anyone may write (JSON doubles, issuers' claims) become integers only through checked
 /// conversions: out of range is an error or nil, never a trap.
 @Suite struct NumberConversionTests {
-    @Test(arguments: ["1e19", "99999999999999999999", "1e300", "-1e19", "-1e300", "200.5", "9223372036854775807", "\"401\""])
+    @Test(arguments: [
+        "1e19", "99999999999999999999", "1e300", "-1e19", "-1e300", "200.5", "9223372036854775807", "\"401\"",
+    ])
     func retryOnValuesThatAreNoStatusCodeNameTheirKey(_ value: String) {
         let json = #"{"proxies": [{"name": "p", "target": "http://127.0.0.1:1", "retryOn": [401, "# + value + "]}]}"
         #expect(configurationProblem(json) == "proxies[0].retryOn[1]: must be an HTTP status code, 100–599")
     }
 
-    @Test(arguments: ["1e19", "99999999999999999999", "1e300", "-1e19", "-1e300", "9223372036854775807", "-9223372036854775808"])
+    @Test(arguments: [
+        "1e19", "99999999999999999999", "1e300", "-1e19", "-1e300", "9223372036854775807", "-9223372036854775808",
+    ])
     func hugeWholeNumbersAreOutOfRangeNotATrap(_ value: String) {
         let message = configurationProblem(#"{"providers": [{"maxRetryCount": "# + value + "}]}")
         #expect(message?.hasPrefix("providers[0].maxRetryCount: ") == true)
@@ -22,7 +26,10 @@ import TokenBrokerCore
         #expect(JSONValue.number(42).exactInt == 42)
         #expect(JSONValue.number(-0.0).exactInt == 0)
         #expect(JSONValue.number(-7).exactInt == -7)
-        for bad: JSONValue in [.number(1.5), .number(1e19), .number(-1e19), .number(1e300), .number(9_223_372_036_854_775_807), .string("3"), .null] {
+        for bad: JSONValue in [
+            .number(1.5), .number(1e19), .number(-1e19), .number(1e300), .number(9_223_372_036_854_775_807),
+            .string("3"), .null,
+        ] {
             #expect(bad.exactInt == nil, "\(bad)")
         }
     }
@@ -81,8 +88,10 @@ import TokenBrokerCore
 
     @Test func httpDateFieldsAreDigitsOnly() {
         #expect(HTTPDate.parse("Sun, 06 Nov 1994 08:49:37 GMT") != nil)
-        for bad in ["Sun, +6 Nov 1994 08:49:37 GMT", "Sun, 06 Nov +994 08:49:37 GMT", "Sun, 06 Nov 1994 -1:49:37 GMT",
-                    "Sun, 06 Nov 1994 08:+9:37 GMT", "Sun, 06 Nov 1994 08:49:-7 GMT"] {
+        for bad in [
+            "Sun, +6 Nov 1994 08:49:37 GMT", "Sun, 06 Nov +994 08:49:37 GMT", "Sun, 06 Nov 1994 -1:49:37 GMT",
+            "Sun, 06 Nov 1994 08:+9:37 GMT", "Sun, 06 Nov 1994 08:49:-7 GMT",
+        ] {
             #expect(HTTPDate.parse(bad) == nil, "\(bad)")
         }
     }

@@ -1,13 +1,14 @@
 import Testing
-import TokenBrokerTestSupport
 import TokenBrokerCore
+import TokenBrokerTestSupport
 
 /// A provider's `run()` ends only once its fetch has: the broker awaits the providers' tasks
 /// before it exits, and a fetch still running then would use OpenSSL after exit tore it down.
 struct ProviderShutdownTests {
     @Test func runEndsAfterTheFetchInFlightNotBefore() async {
         let source = ScriptedSource(gated: true)
-        let provider = TokenProvider(configuration: ProviderConfiguration(), source: source, clock: ManualClock(), jitter: .fixed(0.5))
+        let provider = TokenProvider(
+            configuration: ProviderConfiguration(), source: source, clock: ManualClock(), jitter: .fixed(0.5))
         let order = Lock<[String]>([])
         let service = Task {
             await provider.run()
@@ -30,14 +31,17 @@ struct ProviderShutdownTests {
     /// caller's thread, and ends `run()` without the task being cancelled.
     @Test func shutDownAnswersWaitersAtOnceAndEndsRun() async {
         let source = ScriptedSource(gated: true)
-        let provider = TokenProvider(configuration: ProviderConfiguration(), source: source, clock: ManualClock(), jitter: .fixed(0.5))
+        let provider = TokenProvider(
+            configuration: ProviderConfiguration(), source: source, clock: ManualClock(), jitter: .fixed(0.5))
         let ended = Lock(false)
         let service = Task {
             await provider.run()
             ended.withLock { $0 = true }
         }
         let heard = Lock<Provider.WaitOutcome?>(nil)
-        provider.addWaiter(after: nil, deadline: provider.deadline(in: .seconds(30))) { outcome in heard.withLock { $0 = outcome } }
+        provider.addWaiter(after: nil, deadline: provider.deadline(in: .seconds(30))) { outcome in
+            heard.withLock { $0 = outcome }
+        }
         provider.shutDown()
         guard case .shuttingDown = heard.withLock({ $0 }) else {
             Issue.record("the waiter is answered before shutDown returns")
@@ -51,7 +55,8 @@ struct ProviderShutdownTests {
 
     /// A provider shut down before its task runs ends `run()` as soon as it starts.
     @Test func runEndsAtOnceWhenShutDownCameFirst() async {
-        let provider = TokenProvider(configuration: ProviderConfiguration(), source: ScriptedSource(), clock: ManualClock())
+        let provider = TokenProvider(
+            configuration: ProviderConfiguration(), source: ScriptedSource(), clock: ManualClock())
         provider.shutDown()
         let service = Task { await provider.run() }
         let ended = Lock(false)
@@ -94,14 +99,19 @@ extension ProviderShutdownTests {
         for _ in 0..<20 {
             let source = CountingSource()
             let provider = TokenProvider(
-                configuration: ProviderConfiguration(backgroundRefreshEnabled: false), source: source, clock: ManualClock())
+                configuration: ProviderConfiguration(backgroundRefreshEnabled: false), source: source,
+                clock: ManualClock())
             let service = Task { await provider.run() }
             let callers = Task {
                 await withTaskGroup(of: Void.self) { group in
                     for _ in 0..<8 {
                         group.addTask {
                             for _ in 0..<1000 {
-                                if case .shuttingDown = await provider.onTokenReady(timeout: .seconds(30), onDemand: true) { return }
+                                if case .shuttingDown = await provider.onTokenReady(
+                                    timeout: .seconds(30), onDemand: true)
+                                {
+                                    return
+                                }
                             }
                         }
                     }

@@ -69,7 +69,8 @@ import TokenBrokerCore
             harness.start()
             harness.succeed(lifetime: .seconds(60))
             let wait = harness.nextFetchDelay!
-            #expect(abs(Double(wait.components.seconds) + Double(wait.components.attoseconds) / 1e18 - expected) < 0.001)
+            #expect(
+                abs(Double(wait.components.seconds) + Double(wait.components.attoseconds) / 1e18 - expected) < 0.001)
         }
         // A one-second token is renewed before its expiry minus the safety margin.
         var harness = MachineHarness(ProviderConfiguration(tokenRefreshDelaySec: 300), jitter: .fixed(0.999_999))
@@ -171,12 +172,14 @@ import TokenBrokerCore
     }
 
     @Test func onTokenReadyWithoutBackgroundRefreshKeepsTryingAtTheSlowCadence() {
-        var harness = MachineHarness(ProviderConfiguration(backgroundRefreshEnabled: false, maxErrorTokenRefreshDelayMsec: 2000))
+        var harness = MachineHarness(
+            ProviderConfiguration(backgroundRefreshEnabled: false, maxErrorTokenRefreshDelayMsec: 2000))
         let id = harness.wait(after: nil, for: .seconds(60))
         harness.fail()
         harness.runTimers(until: .seconds(11)) { $0.fail() }
         // 100, 200, 400 ms of backoff, then every 2 s: fetches at 0, .1, .3, .7, 2.7, 4.7, 6.7, 8.7, 10.7.
-        #expect(harness.fetchTimes == [0, 100, 300, 700, 2700, 4700, 6700, 8700, 10700].map { Duration.milliseconds($0) })
+        #expect(
+            harness.fetchTimes == [0, 100, 300, 700, 2700, 4700, 6700, 8700, 10700].map { Duration.milliseconds($0) })
         #expect(harness.outcomes[id] == nil, "onTokenReady keeps waiting")
         harness.runTimers(until: .seconds(13)) { $0.succeed() }
         guard case .token? = harness.outcomes[id] else {
@@ -256,7 +259,9 @@ import TokenBrokerCore
         let hasty = harness.wait(after: 1, for: .seconds(5))
         #expect(harness.outcomes.isEmpty)
         harness.runTimers(until: .seconds(61)) { $0.succeed() }
-        guard case .timedOut(let current, _)? = harness.outcomes[hasty], case .token(let token, _)? = harness.outcomes[patient] else {
+        guard case .timedOut(let current, _)? = harness.outcomes[hasty],
+            case .token(let token, _)? = harness.outcomes[patient]
+        else {
             Issue.record("expected one timeout and one token")
             return
         }
@@ -282,7 +287,8 @@ import TokenBrokerCore
             return
         }
         let woken = harness.machine.fetchSucceeded(
-            FetchedToken(accessToken: "two", lifetime: .seconds(900)), now: harness.now, wallTime: WallTime(timeIntervalSince1970: 0))
+            FetchedToken(accessToken: "two", lifetime: .seconds(900)), now: harness.now,
+            wallTime: WallTime(timeIntervalSince1970: 0))
         guard woken.count == 1, case .complete(let ids, .token(let token, stale: false)) = woken[0] else {
             Issue.record("expected one completion for all woken waiters, got \(woken)")
             return

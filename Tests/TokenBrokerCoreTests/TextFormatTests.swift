@@ -17,7 +17,9 @@ import TokenBrokerCore
         formatter.timeZone = TimeZone(identifier: "UTC")
         for day in stride(from: -1000, through: 40_000, by: 37) {
             let date = Date(timeIntervalSince1970: Double(day) * 86_400 + 12_345)
-            #expect(RFC3339.string(from: WallTime(timeIntervalSince1970: date.timeIntervalSince1970)) == formatter.string(from: date))
+            #expect(
+                RFC3339.string(from: WallTime(timeIntervalSince1970: date.timeIntervalSince1970))
+                    == formatter.string(from: date))
         }
     }
 
@@ -32,8 +34,10 @@ import TokenBrokerCore
             let text = formatter.string(from: Date(timeIntervalSince1970: seconds))
             #expect(HTTPDate.parse(text) == WallTime(timeIntervalSince1970: seconds), "\(text)")
         }
-        for bad in ["Sun, 06 Nov 1994 08:49:37 UTC", "Sunday, 06-Nov-94 08:49:37 GMT", "Sun Nov  6 08:49:37 1994",
-                    "Sun, 6 Nov 1994 08:49:37 GMT", "Sun, 06 Nov 1994 24:00:00 GMT", "Sun, 06 Foo 1994 08:49:37 GMT", "120"] {
+        for bad in [
+            "Sun, 06 Nov 1994 08:49:37 UTC", "Sunday, 06-Nov-94 08:49:37 GMT", "Sun Nov  6 08:49:37 1994",
+            "Sun, 6 Nov 1994 08:49:37 GMT", "Sun, 06 Nov 1994 24:00:00 GMT", "Sun, 06 Foo 1994 08:49:37 GMT", "120",
+        ] {
             #expect(HTTPDate.parse(bad) == nil, "\(bad)")
         }
     }
@@ -89,8 +93,16 @@ import TokenBrokerCore
     @Test func byteSearchAgreesWithTheStandardLibrarysSearch() {
         let alphabet = ["a", "b", "%", "2", "f"]
         var needles = alphabet
-        for first in alphabet { for second in alphabet { needles.append(first + second); for third in ["a", "%", "f"] { needles.append(first + second + third) } } }
-        let texts = ["", "a", "ab%2fba", "%2f%2F%2f", "aaab", "ffff2", "b%a%2%2fa", "ba", String(repeating: "ab%", count: 20) + "2f", "x/é/%2f/ü"]
+        for first in alphabet {
+            for second in alphabet {
+                needles.append(first + second)
+                for third in ["a", "%", "f"] { needles.append(first + second + third) }
+            }
+        }
+        let texts = [
+            "", "a", "ab%2fba", "%2f%2F%2f", "aaab", "ffff2", "b%a%2%2fa", "ba",
+            String(repeating: "ab%", count: 20) + "2f", "x/é/%2f/ü",
+        ]
         var checked = 0
         for text in texts {
             for needle in needles {
@@ -99,7 +111,8 @@ import TokenBrokerCore
                 #expect(mine == theirs, "\(needle) in \(text)")
                 #expect(text.contains(bytes: needle) == text.contains(needle))
                 let sub = text.dropFirst(min(2, text.count))
-                #expect(sub.firstRange(ofBytes: needle) == sub.firstRange(of: needle), "\(needle) in the rest of \(text)")
+                #expect(
+                    sub.firstRange(ofBytes: needle) == sub.firstRange(of: needle), "\(needle) in the rest of \(text)")
                 checked += 1
             }
         }

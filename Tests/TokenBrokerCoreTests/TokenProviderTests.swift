@@ -1,12 +1,14 @@
 import Synchronization
 import Testing
-import TokenBrokerTestSupport
 import TokenBrokerCore
+import TokenBrokerTestSupport
 
 /// The provider's driver on a manual clock: single flight, waiters, cancellation, timers.
 @Suite struct TokenProviderTests {
     /// Starts `provider.run()` in a task the test owns, and stops it at the end.
-    private func withRunning<T>(_ provider: TokenProvider<ManualClock>, _ body: () async throws -> T) async rethrows -> T {
+    private func withRunning<T>(_ provider: TokenProvider<ManualClock>, _ body: () async throws -> T) async rethrows
+        -> T
+    {
         let service = Task { await provider.run() }
         defer { service.cancel() }
         return try await body()
@@ -14,12 +16,15 @@ import TokenBrokerCore
 
     @Test func singleFlightUnderAThousandConcurrentCallersAtColdStart() async {
         let source = ScriptedSource(gated: true)
-        let provider = TokenProvider(configuration: ProviderConfiguration(), source: source, clock: ManualClock(), jitter: .fixed(0.5))
+        let provider = TokenProvider(
+            configuration: ProviderConfiguration(), source: source, clock: ManualClock(), jitter: .fixed(0.5))
         await withRunning(provider) {
             let versions = await withTaskGroup(of: UInt64?.self) { group in
                 for _ in 0..<1000 {
                     group.addTask {
-                        if case .token(let token, _) = await provider.onTokenReady(timeout: .seconds(30)) { return token.version }
+                        if case .token(let token, _) = await provider.onTokenReady(timeout: .seconds(30)) {
+                            return token.version
+                        }
                         return nil
                     }
                 }
@@ -42,7 +47,9 @@ import TokenBrokerCore
                 for _ in 0..<1000 {
                     group.addTask {
                         guard case .onDemand = provider.read() else { return "read should say on demand" }
-                        if case .token(let token, _) = await provider.onTokenReady(timeout: .seconds(30), onDemand: true) {
+                        if case .token(let token, _) = await provider.onTokenReady(
+                            timeout: .seconds(30), onDemand: true)
+                        {
                             return token.token.accessToken
                         }
                         return nil
@@ -82,9 +89,13 @@ import TokenBrokerCore
 
     @Test func theTimerRefreshesOnTheManualClockAndBacksOffAfterFailures() async {
         let clock = ManualClock()
-        let source = ScriptedSource([.token(lifetime: .seconds(100)), .failure(.unreachable("down")), .failure(.unreachable("down")), .token(lifetime: .seconds(100))])
+        let source = ScriptedSource([
+            .token(lifetime: .seconds(100)), .failure(.unreachable("down")), .failure(.unreachable("down")),
+            .token(lifetime: .seconds(100)),
+        ])
         let provider = TokenProvider(
-            configuration: ProviderConfiguration(tokenRefreshDelaySec: 300), source: source, clock: clock, jitter: .fixed(0.5))
+            configuration: ProviderConfiguration(tokenRefreshDelaySec: 300), source: source, clock: clock,
+            jitter: .fixed(0.5))
         await withRunning(provider) {
             #expect(await eventually { provider.status().version == 1 })
             // 80 % of 100 s: the refresh-ahead point.
@@ -130,7 +141,8 @@ import TokenBrokerCore
         let seenByWaiter = Atomic<Int>(-1)
         let events = ProviderEvents(fetched: { _, _, _ in reported.add(1, ordering: .sequentiallyConsistent) })
         let provider = TokenProvider(
-            configuration: ProviderConfiguration(backgroundRefreshEnabled: false), source: ScriptedSource(), clock: ManualClock(),
+            configuration: ProviderConfiguration(backgroundRefreshEnabled: false), source: ScriptedSource(),
+            clock: ManualClock(),
             events: events)
         let service = Task { await provider.run() }
         defer { service.cancel() }
@@ -138,6 +150,8 @@ import TokenBrokerCore
             seenByWaiter.store(reported.load(ordering: .sequentiallyConsistent), ordering: .sequentiallyConsistent)
         }
         #expect(await eventually { seenByWaiter.load(ordering: .sequentiallyConsistent) >= 0 })
-        #expect(seenByWaiter.load(ordering: .sequentiallyConsistent) == 1, "the waiter was answered before the fetch was reported")
+        #expect(
+            seenByWaiter.load(ordering: .sequentiallyConsistent) == 1,
+            "the waiter was answered before the fetch was reported")
     }
 }

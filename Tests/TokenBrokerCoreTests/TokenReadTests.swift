@@ -11,7 +11,10 @@ import TokenBrokerCore
         harness.start()
         harness.succeed(lifetime: .seconds(100))
         harness.now = Instant(offset: .milliseconds(10_500))
-        guard case .token(let token, let stale, let secondsLeft) = harness.machine.read(newerThan: 0, now: harness.now).read else {
+        guard
+            case .token(let token, let stale, let secondsLeft) = harness.machine.read(newerThan: 0, now: harness.now)
+                .read
+        else {
             Issue.record("a valid token newer than 0 is served")
             return
         }
@@ -80,14 +83,16 @@ import TokenBrokerCore
     /// A provider that has shut down serves nothing and starts nothing: `.unavailable` with
     /// background refresh; `.onDemand` without, whose waiter then hears `.shuttingDown`.
     @Test func aProviderThatShutDownReadsAsBefore() async {
-        let cached = TokenProvider(configuration: ProviderConfiguration(), source: ScriptedSource(), clock: ManualClock(), jitter: .fixed(0.5))
+        let cached = TokenProvider(
+            configuration: ProviderConfiguration(), source: ScriptedSource(), clock: ManualClock(), jitter: .fixed(0.5))
         cached.shutDown()
         guard case .unavailable(wasPaused: false) = cached.read() else {
             Issue.record("a provider that shut down has no token to serve")
             return
         }
         let onDemand = TokenProvider(
-            configuration: ProviderConfiguration(backgroundRefreshEnabled: false), source: ScriptedSource(), clock: ManualClock())
+            configuration: ProviderConfiguration(backgroundRefreshEnabled: false), source: ScriptedSource(),
+            clock: ManualClock())
         onDemand.shutDown()
         guard case .onDemand = onDemand.read() else {
             Issue.record("the rule holds after shutdown")

@@ -1,7 +1,7 @@
 import Synchronization
 import Testing
-import TokenBrokerTestSupport
 import TokenBrokerCore
+import TokenBrokerTestSupport
 
 /// The rules every fetched token meets before a provider accepts it, and the values that reach
 /// headers: cookies, `token_type`, `expires_in`.
@@ -19,12 +19,14 @@ import TokenBrokerCore
         let token = FetchedToken(accessToken: "eyJ.abc-_~+/=.sig", lifetime: .seconds(900))
         #expect(try TokenRules(cookieSafe: true).checked(token) == token)
         #expect(failure(FetchedToken(accessToken: "t", lifetime: nil)) == nil, "no expiry is allowed")
-        #expect(failure(FetchedToken(accessToken: "t", lifetime: .seconds(31_536_000))) == nil, "exactly a year is allowed")
+        #expect(
+            failure(FetchedToken(accessToken: "t", lifetime: .seconds(31_536_000))) == nil, "exactly a year is allowed")
         #expect(failure(FetchedToken(accessToken: String(repeating: "a", count: 16 * 1024), lifetime: nil)) == nil)
     }
 
     @Test(arguments: [
-        "", "a b", "a\tb", "tab\u{0}nul", "del\u{7F}", "caf\u{E9}", "line\r\nX-Injected: 1", String(repeating: "a", count: 16 * 1024 + 1),
+        "", "a b", "a\tb", "tab\u{0}nul", "del\u{7F}", "caf\u{E9}", "line\r\nX-Injected: 1",
+        String(repeating: "a", count: 16 * 1024 + 1),
         String(repeating: "a", count: 64 * 1024),
     ])
     func tokensThatCannotTravelInAHeaderAreBadResponses(_ value: String) {
@@ -71,7 +73,8 @@ import TokenBrokerCore
     // MARK: - token_type
 
     @Test(arguments: [
-        ("bearer", "Bearer"), ("BEARER", "Bearer"), ("Bearer", "Bearer"), ("dpop", "DPoP"), ("n_a", "N_A"), ("pop", "PoP"),
+        ("bearer", "Bearer"), ("BEARER", "Bearer"), ("Bearer", "Bearer"), ("dpop", "DPoP"), ("n_a", "N_A"),
+        ("pop", "PoP"),
         ("Example-Type.v2_x", "example-type.v2_x"),
     ])
     func tokenTypesAreCaseInsensitiveAndServedNormalised(_ sent: String, _ served: String) {
@@ -80,8 +83,10 @@ import TokenBrokerCore
     }
 
     @Test(arguments: [
-        "", "Bearer\r\nX-Injected: 1", "Bearer\u{0}", "Bear er", "urn:example:type", "https://vendor.example/type", "b~x", "a+b", "a/b",
-        "B\u{300}", String(repeating: "\u{301}", count: 2000), "B" + String(repeating: "\u{301}", count: 2000), String(repeating: "a", count: 65),
+        "", "Bearer\r\nX-Injected: 1", "Bearer\u{0}", "Bear er", "urn:example:type", "https://vendor.example/type",
+        "b~x", "a+b", "a/b",
+        "B\u{300}", String(repeating: "\u{301}", count: 2000), "B" + String(repeating: "\u{301}", count: 2000),
+        String(repeating: "a", count: 65),
         "Beárer",
     ])
     func tokenTypesThatAreNoRFC6749NameAreRefused(_ sent: String) {
@@ -106,9 +111,12 @@ import TokenBrokerCore
     @Test func inATokensLastSecondTheReadSaysOneSecondLeft() throws {
         let clock = ManualClock()
         let start = clock.now
-        var machine = ProviderStateMachine<ManualClock.Instant>(configuration: ProviderConfiguration(), now: start, jitter: .fixed(0.5))
+        var machine = ProviderStateMachine<ManualClock.Instant>(
+            configuration: ProviderConfiguration(), now: start, jitter: .fixed(0.5))
         _ = machine.start(now: start)
-        _ = machine.fetchSucceeded(FetchedToken(accessToken: "t", lifetime: .seconds(10)), now: start, wallTime: WallTime(timeIntervalSince1970: 1_800_000_000))
+        _ = machine.fetchSucceeded(
+            FetchedToken(accessToken: "t", lifetime: .seconds(10)), now: start,
+            wallTime: WallTime(timeIntervalSince1970: 1_800_000_000))
         let lastSecond = start.advanced(by: .milliseconds(9_400))
         let cached = try #require(machine.validToken(at: lastSecond))
         #expect(cached.secondsLeft(at: lastSecond) == 1)
@@ -131,7 +139,8 @@ import TokenBrokerCore
         ])
         var configuration = ProviderConfiguration()
         configuration.cookie.setTokenCookie = true
-        let provider = TokenProvider(configuration: configuration, source: source, clock: ManualClock(), jitter: .fixed(0.5))
+        let provider = TokenProvider(
+            configuration: configuration, source: source, clock: ManualClock(), jitter: .fixed(0.5))
         let service = Task { await provider.run() }
         defer { service.cancel() }
         #expect(await eventually { provider.status().version == 1 })

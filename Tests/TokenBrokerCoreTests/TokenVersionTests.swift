@@ -18,7 +18,9 @@ import TokenBrokerCore
         #expect(harness.outcomes[waiter] == nil, "a waiter after version 1 is not woken for it")
         #expect(harness.machine.cached?.issuedAt == Instant(offset: .zero), "issued when first seen")
         #expect(harness.machine.cached?.expiresAt == refetchedAt.advanced(by: .seconds(100)), "the expiry just learned")
-        #expect(harness.machine.cached?.token.lifetime == Instant(offset: .zero).duration(to: refetchedAt.advanced(by: .seconds(100))))
+        #expect(
+            harness.machine.cached?.token.lifetime
+                == Instant(offset: .zero).duration(to: refetchedAt.advanced(by: .seconds(100))))
         #expect(harness.machine.fetchDueAt != nil, "refresh goes on as after any fetch")
 
         harness.tick(at: harness.machine.fetchDueAt!.offset)
@@ -81,7 +83,8 @@ import TokenBrokerCore
         }
         #expect(harness.fetchesStarted == 2)
         let longPoll = harness.wait(after: 1, for: .seconds(60))
-        let (refresh, actions) = harness.machine.addWaiter(after: 1, deadline: harness.now.advanced(by: .seconds(60)), forRefresh: true, now: harness.now)
+        let (refresh, actions) = harness.machine.addWaiter(
+            after: 1, deadline: harness.now.advanced(by: .seconds(60)), forRefresh: true, now: harness.now)
         harness.record(actions)
         #expect(harness.outcomes[refresh] == nil, "the refresh is under way")
         harness.succeed(accessToken: "same")
@@ -95,7 +98,8 @@ import TokenBrokerCore
         // A refresh whose fetch finished before its wait was registered is answered at once.
         _ = harness.forceRefresh(rejected: 1)
         harness.succeed(accessToken: "same")
-        let (late, lateActions) = harness.machine.addWaiter(after: 1, deadline: harness.now.advanced(by: .seconds(60)), forRefresh: true, now: harness.now)
+        let (late, lateActions) = harness.machine.addWaiter(
+            after: 1, deadline: harness.now.advanced(by: .seconds(60)), forRefresh: true, now: harness.now)
         harness.record(lateActions)
         guard case .token(let again, _)? = harness.outcomes[late] else {
             Issue.record("a finished refresh answers its wait at once")

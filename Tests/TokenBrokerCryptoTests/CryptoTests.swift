@@ -27,7 +27,8 @@ import TokenBrokerTestSupport
     @Test func hmacSHA256MatchesOpenSSL() throws {
         let key = Array("a key that is not hex".utf8)
         let message = Array("header.payload".utf8)
-        let expected = try Self.openssl(["-sha256", "-mac", "HMAC", "-macopt", "hexkey:" + Self.hex(key)], message: message)
+        let expected = try Self.openssl(
+            ["-sha256", "-mac", "HMAC", "-macopt", "hexkey:" + Self.hex(key)], message: message)
         #expect(Self.hex(try Crypto.hmacSHA256(key: key, message: message)) == expected)
     }
 

@@ -1,21 +1,23 @@
 import Testing
+import TokenBrokerAPI
+
 @testable import TokenBrokerCore
 @testable import TokenBrokerProxy
-import TokenBrokerAPI
 
 /// The rules that keep proxy mode from being an open proxy, and the headers that cross it.
 @Suite struct ProxyRulesTests {
-    @Test(arguments: [
-        ("/proxy/api/", "api", "/", nil),
-        ("/proxy/api/a/b", "api", "/a/b", nil),
-        ("/proxy/api/a/b/", "api", "/a/b/", nil),
-        ("/proxy/api/a/./b/../c?x=1&y=%2F", "api", "/a/c", "x=1&y=%2F"),
-        ("/proxy/api/a/%2e%2E/b", "api", "/b", nil),
-        ("/proxy/api/a/b/..", "api", "/a/", nil),
-        ("/proxy/api/a%20b/c:d@e", "api", "/a%20b/c:d@e", nil),
-        ("/proxy/api", "api", "/", nil),
-        ("/proxy/api?q", "api", "/", "q"),
-    ] as [(String, String, String, String?)])
+    @Test(
+        arguments: [
+            ("/proxy/api/", "api", "/", nil),
+            ("/proxy/api/a/b", "api", "/a/b", nil),
+            ("/proxy/api/a/b/", "api", "/a/b/", nil),
+            ("/proxy/api/a/./b/../c?x=1&y=%2F", "api", "/a/c", "x=1&y=%2F"),
+            ("/proxy/api/a/%2e%2E/b", "api", "/b", nil),
+            ("/proxy/api/a/b/..", "api", "/a/", nil),
+            ("/proxy/api/a%20b/c:d@e", "api", "/a%20b/c:d@e", nil),
+            ("/proxy/api", "api", "/", nil),
+            ("/proxy/api?q", "api", "/", "q"),
+        ] as [(String, String, String, String?)])
     func targetsInsideTheProxyAreNormalised(_ raw: String, _ proxy: String, _ path: String, _ query: String?) throws {
         let target = try ProxyPath.parse(raw).get()
         #expect(target == ProxyPath.Target(proxy: proxy, path: path, query: query))
@@ -47,7 +49,9 @@ import TokenBrokerAPI
     @Test func theTargetIsCheckedAndJoined() throws {
         let target = try ProxyTarget(parsing: "https://api.example.com:8443/v1/")
         #expect(target.url(path: "/users/7", query: "a=1") == "https://api.example.com:8443/v1/users/7?a=1")
-        for bad in ["ftp://x", "https://user@x/", "https://x/?q", "https://x/#f", "https://x/a/../b", "https://", "https://x /"] {
+        for bad in [
+            "ftp://x", "https://user@x/", "https://x/?q", "https://x/#f", "https://x/a/../b", "https://", "https://x /",
+        ] {
             #expect(throws: ConfigurationError.self) { try ProxyTarget(parsing: bad) }
         }
     }
@@ -55,16 +59,26 @@ import TokenBrokerAPI
     @Test func theTokenGoesInAsConfiguredAndHopByHopHeadersStay() {
         let sent: [(String, String)] = [
             ("Host", "evil"), ("Connection", "keep-alive, X-Private"), ("X-Private", "p"), ("Keep-Alive", "5"),
-            ("Token-Broker-Request", "true"), ("Authorization", "Bearer caller"), ("Cookie", "a=1; tok=old"), ("Accept", "*/*"),
+            ("Token-Broker-Request", "true"), ("Authorization", "Bearer caller"), ("Cookie", "a=1; tok=old"),
+            ("Accept", "*/*"),
             ("Transfer-Encoding", "chunked"), ("Content-Length", "3"), ("TE", "trailers"),
         ]
-        func forwarded(_ injection: ProxyConfiguration.Injection, overwrite: Bool = true, callerKey: Bool = false) -> [String: String] {
-            Dictionary(ProxyHeaders.forward(sent, token: "T", injection: injection, overwrite: overwrite, cookieName: "tok",
-                                            callerKeyInAuthorization: callerKey).map { ($0.0.lowercased(), $0.1) }) { a, _ in a }
+        func forwarded(_ injection: ProxyConfiguration.Injection, overwrite: Bool = true, callerKey: Bool = false)
+            -> [String: String]
+        {
+            Dictionary(
+                ProxyHeaders.forward(
+                    sent, token: "T", injection: injection, overwrite: overwrite, cookieName: "tok",
+                    callerKeyInAuthorization: callerKey
+                ).map { ($0.0.lowercased(), $0.1) }
+            ) { a, _ in a }
         }
         let bearer = forwarded(.authorization)
         #expect(bearer["authorization"] == "Bearer T" && bearer["accept"] == "*/*")
-        for gone in ["host", "connection", "x-private", "keep-alive", "token-broker-request", "transfer-encoding", "content-length", "te"] {
+        for gone in [
+            "host", "connection", "x-private", "keep-alive", "token-broker-request", "transfer-encoding",
+            "content-length", "te",
+        ] {
             #expect(bearer[gone] == nil, "\(gone)")
         }
         #expect(forwarded(.authorization, overwrite: false)["authorization"] == "Bearer caller")
@@ -74,23 +88,38 @@ import TokenBrokerAPI
         #expect(forwarded(.header("X-Token"))["x-token"] == "T")
         #expect(forwarded(.header("X-Token"), callerKey: true)["authorization"] == nil)
 
-        let back = ProxyHeaders.back([("Content-Length", "9"), ("Set-Cookie", "a"), ("Set-Cookie", "b"), ("Connection", "X-H"), ("X-H", "1"), ("Date", "d")])
+        let back = ProxyHeaders.back([
+            ("Content-Length", "9"), ("Set-Cookie", "a"), ("Set-Cookie", "b"), ("Connection", "X-H"), ("X-H", "1"),
+            ("Date", "d"),
+        ])
         #expect(back.map(\.0) == ["Set-Cookie", "Set-Cookie"])
     }
 
     @Test func proxiesAreConfiguredStrictly() throws {
-        let good = #"{"proxies": [{"name": "api", "target": "https://api.example.com/v1", "inject": "header:X-Api-Token", "overwrite": false, "retryOn": [202, 405], "retryOnHeader": "X-Amzn-Waf-Action"}]}"#
+        let good =
+            #"{"proxies": [{"name": "api", "target": "https://api.example.com/v1", "inject": "header:X-Api-Token", "overwrite": false, "retryOn": [202, 405], "retryOnHeader": "X-Amzn-Waf-Action"}]}"#
         let proxy = try BrokerConfiguration(json: Array(good.utf8)).proxies[0]
         #expect(proxy.inject == .header("X-Api-Token") && !proxy.overwrite && proxy.retryOn == [202, 405])
-        #expect(proxy.retryOnHeader == "x-amzn-waf-action" && proxy.upstream.timeoutMsec == 30_000 && proxy.bufferBodyBytes == 65_536)
+        #expect(
+            proxy.retryOnHeader == "x-amzn-waf-action" && proxy.upstream.timeoutMsec == 30_000
+                && proxy.bufferBodyBytes == 65_536)
         let problems = [
             (#"{"proxies": [{"name": "api"}]}"#, "proxies[0].target: is required"),
             (#"{"proxies": [{"name": "a/b", "target": "http://x"}]}"#, "proxies[0].name"),
             (#"{"proxies": [{"name": "a", "target": "http://x", "inject": "header:Host"}]}"#, "cannot carry the token"),
-            (#"{"proxies": [{"name": "a", "target": "http://x", "inject": "query"}]}"#, "allowed: authorization, cookie, header:<name>"),
+            (
+                #"{"proxies": [{"name": "a", "target": "http://x", "inject": "query"}]}"#,
+                "allowed: authorization, cookie, header:<name>"
+            ),
             (#"{"proxies": [{"name": "a", "target": "http://x", "retryOn": [999]}]}"#, "proxies[0].retryOn[0]"),
-            (#"{"proxies": [{"name": "a", "target": "http://x", "provider": "nope"}]}"#, "no provider is named \"nope\""),
-            (#"{"proxies": [{"name": "a", "target": "http://x"}, {"name": "a", "target": "http://y"}]}"#, "duplicate proxy name"),
+            (
+                #"{"proxies": [{"name": "a", "target": "http://x", "provider": "nope"}]}"#,
+                "no provider is named \"nope\""
+            ),
+            (
+                #"{"proxies": [{"name": "a", "target": "http://x"}, {"name": "a", "target": "http://y"}]}"#,
+                "duplicate proxy name"
+            ),
             (#"{"proxies": [{"name": "a", "target": "http://x", "retry": [401]}]}"#, "proxies[0].retry: unknown key"),
         ]
         for (json, needle) in problems {

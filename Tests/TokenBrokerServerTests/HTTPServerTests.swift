@@ -2,6 +2,7 @@ import Glibc
 import Testing
 import TokenBrokerCore
 import TokenBrokerTestSupport
+
 @testable import TokenBrokerServer
 
 /// `HTTPServer` on 127.0.0.1 with a small test handler, no broker: what the server hands its
@@ -235,7 +236,8 @@ struct HTTPServerTests {
 
     @Test func streamedAnswerIsSentAsItsProducerWritesIt() async throws {
         let stream = HTTPResponseStream(onDrained: {})
-        let handler = TestHandler { _ in .response(HTTPResponse(status: 200, headers: [], stream: stream, length: nil)) }
+        let handler = TestHandler { _ in .response(HTTPResponse(status: 200, headers: [], stream: stream, length: nil))
+        }
         let server = try startServer(handler)
         defer { server.shutDown(grace: .zero) }
         let client = try TestHTTPClient(port: server.port)
@@ -260,12 +262,13 @@ struct HTTPServerTests {
         // Larger than a stream holds before its producer pauses, so the upload is suspended and resumed.
         let size = 3 * StreamLimits.highWater + 12_345
         let sent = (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 31) }
-        let handler = TestHandler(answer: { request in
-            guard let body = request.bodyStream else { return .response(TestHandler.text(500, "no stream")) }
-            return .deferred { responder in
-                _ = BackgroundWork { responder.respond(Self.consume(body)) }
-            }
-        }, begin: { _ in .stream(HTTPRequestBodyStream(limit: 4 * 1024 * 1024)) })
+        let handler = TestHandler(
+            answer: { request in
+                guard let body = request.bodyStream else { return .response(TestHandler.text(500, "no stream")) }
+                return .deferred { responder in
+                    _ = BackgroundWork { responder.respond(Self.consume(body)) }
+                }
+            }, begin: { _ in .stream(HTTPRequestBodyStream(limit: 4 * 1024 * 1024)) })
         let server = try startServer(handler) { $0.streamingPrefix = "/up/" }
         defer { server.shutDown(grace: .zero) }
         let client = try TestHTTPClient(port: server.port)
@@ -305,10 +308,12 @@ struct HTTPServerTests {
 
     @Test func responseHeadersWithABadNameOrAControlCharacterAreDroppedAndCounted() throws {
         let before = HTTPResponse.droppedHeaders
-        let answer = HTTPResponse(status: 200, body: Array("ok".utf8), headers: [
-            ("X-Good", "1"), ("Bad Name", "x"), ("X-Ctl", "a\u{1}b"), ("X-Split", "a\r\nX-Injected: 1"),
-            ("", "empty"), ("X-Tab", "a\tb"), ("X-Last", "2"),
-        ])
+        let answer = HTTPResponse(
+            status: 200, body: Array("ok".utf8),
+            headers: [
+                ("X-Good", "1"), ("Bad Name", "x"), ("X-Ctl", "a\u{1}b"), ("X-Split", "a\r\nX-Injected: 1"),
+                ("", "empty"), ("X-Tab", "a\tb"), ("X-Last", "2"),
+            ])
         // Other suites may drop headers at the same time: the count grows by at least these four.
         #expect(HTTPResponse.droppedHeaders - before >= 4)
         #expect(answer.headers.count == 7, "the headers stay readable as given")
@@ -321,7 +326,8 @@ struct HTTPServerTests {
         let response = try client.readResponse()
 
         #expect(response.status == 200 && response.text == "ok")
-        #expect(response.header("X-Good") == "1" && response.header("X-Tab") == "a\tb" && response.header("X-Last") == "2")
+        #expect(
+            response.header("X-Good") == "1" && response.header("X-Tab") == "a\tb" && response.header("X-Last") == "2")
         let names = Set(response.headers.map { $0.0.lowercased() })
         #expect(names.isDisjoint(with: ["bad name", "x-ctl", "x-split", "x-injected", ""]))
         #expect(!response.headers.contains { $0.1 == "empty" })

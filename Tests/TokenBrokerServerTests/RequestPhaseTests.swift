@@ -1,4 +1,5 @@
 import Testing
+
 @testable import TokenBrokerServer
 
 /// `RequestPhase` in the one pointer libmicrohttpd keeps per request: each phase reads back as
@@ -23,7 +24,8 @@ struct RequestPhaseTests {
         let targetRead = RequestPhase.targetRead(state).context
         let underway = RequestPhase.underway(state).context
         #expect(targetRead != underway)
-        guard case .targetRead(let read) = RequestPhase(targetRead), case .underway(let going) = RequestPhase(underway) else {
+        guard case .targetRead(let read) = RequestPhase(targetRead), case .underway(let going) = RequestPhase(underway)
+        else {
             Issue.record("a state's phase did not read back")
             return
         }

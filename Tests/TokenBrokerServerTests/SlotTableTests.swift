@@ -1,4 +1,5 @@
 import Testing
+
 @testable import TokenBrokerServer
 
 /// `SlotTable` against a plain `Set` of the same objects, through long random runs of adding

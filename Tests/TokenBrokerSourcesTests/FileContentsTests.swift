@@ -1,14 +1,16 @@
 import Foundation
 import Testing
-import TokenBrokerTestSupport
 import TokenBrokerCore
+import TokenBrokerTestSupport
+
 @testable import TokenBrokerSources
 
 /// Files are read without ever waiting: what is not a regular file is refused, sizes are capped.
 @Suite struct FileContentsTests {
     /// Runs `read` on a thread of its own and waits at most 5 s for it, so that a read that
     /// blocks fails the test instead of hanging it.
-    private func boundedRead(_ path: String, limit: Int = FileContents.defaultLimit) -> Result<[UInt8], FileReadError>? {
+    private func boundedRead(_ path: String, limit: Int = FileContents.defaultLimit) -> Result<[UInt8], FileReadError>?
+    {
         let done = DispatchSemaphore(value: 0)
         let box = ResultBox()
         Thread.detachNewThread {
@@ -36,7 +38,9 @@ import TokenBrokerCore
         #expect(result.failure?.reason == "is a FIFO, not a regular file")
     }
 
-    @Test(arguments: [("/dev/zero", "is a character device, not a regular file"), ("/", "is a directory, not a regular file")])
+    @Test(arguments: [
+        ("/dev/zero", "is a character device, not a regular file"), ("/", "is a directory, not a regular file"),
+    ])
     func devicesAndDirectoriesAreRefused(_ path: String, _ reason: String) {
         guard let result = boundedRead(path) else {
             Issue.record("reading \(path) blocked")
@@ -69,7 +73,9 @@ import TokenBrokerCore
         let path = directory.path("token")
         #expect(mkfifo(path, 0o600) == 0)
         let source = FileTokenSource(configuration: FileSourceConfiguration(path: path))
-        #expect(throws: TokenFetchError.unreachable("cannot read the token file \(path): is a FIFO, not a regular file")) {
+        #expect(
+            throws: TokenFetchError.unreachable("cannot read the token file \(path): is a FIFO, not a regular file")
+        ) {
             try source.read(now: WallTime())
         }
     }

@@ -1,14 +1,18 @@
 import Foundation
 import Testing
-import TokenBrokerTestSupport
 import TokenBrokerCore
 import TokenBrokerSources
+import TokenBrokerTestSupport
 
 @Suite struct FileTokenSourceTests {
     private func source(_ contents: String?, lifetimeSec: Int? = nil) throws -> (FileTokenSource, TemporaryDirectory) {
         let directory = try TemporaryDirectory()
         if let contents { try Data(contents.utf8).write(to: URL(fileURLWithPath: directory.path("token"))) }
-        return (FileTokenSource(configuration: FileSourceConfiguration(path: directory.path("token"), lifetimeSec: lifetimeSec)), directory)
+        return (
+            FileTokenSource(
+                configuration: FileSourceConfiguration(path: directory.path("token"), lifetimeSec: lifetimeSec)),
+            directory
+        )
     }
 
     @Test func aJWTsExpiryComesFromItsExpClaim() throws {
@@ -38,7 +42,9 @@ import TokenBrokerSources
         let (file, directory) = try source("\t\u{00A0}\u{2028} opaque-value\r\n\u{3000}\n")
         #expect(try file.read(now: WallTime()).accessToken == "opaque-value")
         let (split, other) = try source(" opaque\u{00A0}value \n")
-        #expect { try split.read(now: WallTime()) } throws: { ($0 as? TokenFetchError)?.detail == "the token file holds more than one word" }
+        #expect { try split.read(now: WallTime()) } throws: {
+            ($0 as? TokenFetchError)?.detail == "the token file holds more than one word"
+        }
         _ = (directory, other)
     }
 

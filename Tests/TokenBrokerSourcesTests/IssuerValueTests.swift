@@ -1,8 +1,8 @@
 import Foundation
 import Testing
-import TokenBrokerTestSupport
 import TokenBrokerCore
 import TokenBrokerSources
+import TokenBrokerTestSupport
 import TokenBrokerUpstream
 
 /// What issuers and token files may say in numbers and names: checked, never trusted.
@@ -24,7 +24,8 @@ import TokenBrokerUpstream
 
     @Test(arguments: [(#""300""#, 300), ("300", 300), (#""0300""#, 300), ("31536000", 31_536_000), ("1", 1)])
     func expiresInIsDigitsOrAWholeNumber(_ value: String, _ seconds: Int) throws {
-        let token = try OAuth2TokenSource.token(from: answer(#"{"access_token":"a","expires_in":"# + value + "}"), defaultLifetime: 3600)
+        let token = try OAuth2TokenSource.token(
+            from: answer(#"{"access_token":"a","expires_in":"# + value + "}"), defaultLifetime: 3600)
         #expect(token.lifetime == .seconds(seconds))
     }
 
@@ -39,14 +40,17 @@ import TokenBrokerUpstream
     // MARK: - token_type
 
     @Test func tokenTypeIsServedNormalised() throws {
-        let token = try OAuth2TokenSource.token(from: answer(#"{"access_token":"a","token_type":"BEARER"}"#), defaultLifetime: 60)
+        let token = try OAuth2TokenSource.token(
+            from: answer(#"{"access_token":"a","token_type":"BEARER"}"#), defaultLifetime: 60)
         #expect(token.tokenType == "Bearer")
-        let dpop = try OAuth2TokenSource.token(from: answer(#"{"access_token":"a","token_type":"dpop"}"#), defaultLifetime: 60)
+        let dpop = try OAuth2TokenSource.token(
+            from: answer(#"{"access_token":"a","token_type":"dpop"}"#), defaultLifetime: 60)
         #expect(dpop.tokenType == "DPoP")
     }
 
     @Test(arguments: [
-        #""Bearer\r\nX-Injected: 1""#, #""Bearer\u0000""#, "\"B" + String(repeating: "\u{301}", count: 2000) + "\"", #""""#, "7",
+        #""Bearer\r\nX-Injected: 1""#, #""Bearer\u0000""#, "\"B" + String(repeating: "\u{301}", count: 2000) + "\"",
+        #""""#, "7",
         #""urn:ietf:params:oauth:token-type:jwt""#, #""Bearer x""#,
     ])
     func tokenTypeThatIsNoTypeNameIsABadResponse(_ value: String) {
@@ -62,7 +66,8 @@ import TokenBrokerUpstream
         settings.expiresAtPointer = "/exp"
         let source = HTTPTokenSource(configuration: settings)
         #expect(throws: TokenFetchError.self) {
-            try source.token(from: answer(#"{"t":"tok","exp":"# + exp + "}"), now: WallTime(timeIntervalSince1970: 1_800_000_000))
+            try source.token(
+                from: answer(#"{"t":"tok","exp":"# + exp + "}"), now: WallTime(timeIntervalSince1970: 1_800_000_000))
         }
     }
 
@@ -71,13 +76,17 @@ import TokenBrokerUpstream
     /// A JWT with the given payload, as text; the signature is not checked by the file source.
     private func jwt(payload: String) -> String {
         func encode(_ text: String) -> String {
-            Data(text.utf8).base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
-                .replacingOccurrences(of: "=", with: "")
+            Data(text.utf8).base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(
+                of: "/", with: "_"
+            )
+            .replacingOccurrences(of: "=", with: "")
         }
         return encode(#"{"alg":"none"}"#) + "." + encode(payload) + ".c2ln"
     }
 
-    private func fetch(_ contents: String, lifetimeSec: Int? = nil, now: WallTime = WallTime(timeIntervalSince1970: 1_800_000_000))
+    private func fetch(
+        _ contents: String, lifetimeSec: Int? = nil, now: WallTime = WallTime(timeIntervalSince1970: 1_800_000_000)
+    )
         throws(TokenFetchError) -> FetchedToken
     {
         let directory: TemporaryDirectory
@@ -88,7 +97,8 @@ import TokenBrokerUpstream
             throw .internalError("cannot write the test file")
         }
         defer { _ = directory }
-        let file = FileTokenSource(configuration: FileSourceConfiguration(path: directory.path("token"), lifetimeSec: lifetimeSec))
+        let file = FileTokenSource(
+            configuration: FileSourceConfiguration(path: directory.path("token"), lifetimeSec: lifetimeSec))
         return try TokenRules().checked(try file.read(now: now))
     }
 
@@ -102,7 +112,10 @@ import TokenBrokerUpstream
     }
 
     /// Payloads whose `exp` no 64-bit duration holds used to stop the broker (SIGILL) at refresh.
-    @Test(arguments: [#"{"exp":1e16}"#, #"{"exp":-1e300}"#, #"{"exp":-1e19}"#, #"{"exp":1e300}"#, #"{"exp":1e19}"#, #"{"exp":9223372036854775807}"#])
+    @Test(arguments: [
+        #"{"exp":1e16}"#, #"{"exp":-1e300}"#, #"{"exp":-1e19}"#, #"{"exp":1e300}"#, #"{"exp":1e19}"#,
+        #"{"exp":9223372036854775807}"#,
+    ])
     func anExpNoDurationHoldsIsABadResponse(_ payload: String) {
         #expect(fileFailure(jwt(payload: payload))?.description == "bad_response")
     }
@@ -112,11 +125,15 @@ import TokenBrokerUpstream
         #expect(fileFailure(jwt(payload: #"{"exp":\#(now + 100 * 31_536_000)}"#))?.description == "bad_response")
         #expect(fileFailure(jwt(payload: #"{"exp":\#(now + 31_536_001)}"#))?.description == "bad_response")
         #expect(try fetch(jwt(payload: #"{"exp":\#(now + 31_536_000)}"#)).lifetime == .seconds(31_536_000))
-        #expect(fileFailure(jwt(payload: #"{"exp":\#(now)}"#))?.description == "bad_response", "an expired token is refused")
+        #expect(
+            fileFailure(jwt(payload: #"{"exp":\#(now)}"#))?.description == "bad_response", "an expired token is refused"
+        )
     }
 
     /// The file source gets the rules of `oauth2` and `http`: visible ASCII, at most 16 KiB.
-    @Test(arguments: ["tok\u{1}en", "tok\u{0}en", "tok\u{7F}en", "caf\u{E9}", String(repeating: "a", count: 16 * 1024 + 1)])
+    @Test(arguments: [
+        "tok\u{1}en", "tok\u{0}en", "tok\u{7F}en", "caf\u{E9}", String(repeating: "a", count: 16 * 1024 + 1),
+    ])
     func aFileTokenThatCannotTravelInAHeaderIsABadResponse(_ contents: String) {
         #expect(fileFailure(contents, lifetimeSec: 60)?.description == "bad_response")
     }

@@ -1,9 +1,9 @@
 import Foundation
 import Testing
-import TokenBrokerTestSupport
 import TokenBrokerCore
-import TokenBrokerSources
 import TokenBrokerCrypto
+import TokenBrokerSources
+import TokenBrokerTestSupport
 
 /// The local signer's tokens, checked by the `openssl` command line rather than by our own code.
 @Suite struct JWTSignerTests {
@@ -11,13 +11,16 @@ import TokenBrokerCrypto
     func tokensSignedWithAKeyFileVerifyWithOpenSSL(_ algorithm: JWSAlgorithm) throws {
         let directory = try TemporaryDirectory()
         let keyPath = directory.path("key.pem")
-        let generate = algorithm == .es256
+        let generate =
+            algorithm == .es256
             ? ["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", keyPath]
             : ["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", keyPath]
         try OpenSSL.run(generate)
         try OpenSSL.run(["pkey", "-in", keyPath, "-pubout", "-out", directory.path("public.pem")])
 
-        let signer = try JWTSigner(configuration: JWTSourceConfiguration(algorithm: algorithm, keyFile: keyPath, audience: "api", lifetimeSec: 600))
+        let signer = try JWTSigner(
+            configuration: JWTSourceConfiguration(
+                algorithm: algorithm, keyFile: keyPath, audience: "api", lifetimeSec: 600))
         let token = try signer.mint(now: WallTime(timeIntervalSince1970: 1_800_000_000))
         let parts = token.accessToken.split(separator: ".").map(String.init)
         #expect(parts.count == 3)
@@ -30,16 +33,19 @@ import TokenBrokerCrypto
         try Data((parts[0] + "." + parts[1]).utf8).write(to: URL(fileURLWithPath: directory.path("input")))
         try Data(signature).write(to: URL(fileURLWithPath: directory.path("signature")))
         let verdict = try OpenSSL.run([
-            "dgst", "-sha256", "-verify", directory.path("public.pem"), "-signature", directory.path("signature"), directory.path("input"),
+            "dgst", "-sha256", "-verify", directory.path("public.pem"), "-signature", directory.path("signature"),
+            directory.path("input"),
         ])
         #expect(verdict.contains("Verified OK"))
 
-        let claims = try JSONSerialization.jsonObject(with: Data(try #require(Base64URL.decode(parts[1])))) as? [String: Any]
+        let claims =
+            try JSONSerialization.jsonObject(with: Data(try #require(Base64URL.decode(parts[1])))) as? [String: Any]
         #expect(claims?["aud"] as? String == "api")
         #expect(claims?["iat"] as? Int == 1_800_000_000)
         #expect(claims?["exp"] as? Int == 1_800_000_600)
         #expect((claims?["jti"] as? String)?.isEmpty == false)
-        let header = try JSONSerialization.jsonObject(with: Data(try #require(Base64URL.decode(parts[0])))) as? [String: Any]
+        let header =
+            try JSONSerialization.jsonObject(with: Data(try #require(Base64URL.decode(parts[0])))) as? [String: Any]
         #expect(header?["alg"] as? String == algorithm.rawValue)
         #expect(header?["kid"] as? String == signer.keyID)
         #expect(token.lifetime == .seconds(600))
@@ -49,10 +55,13 @@ import TokenBrokerCrypto
         let directory = try TemporaryDirectory()
         let secret = String(repeating: "k", count: 40)
         try Data((secret + "\n").utf8).write(to: URL(fileURLWithPath: directory.path("secret")))
-        let signer = try JWTSigner(configuration: JWTSourceConfiguration(algorithm: .hs256, keyFile: directory.path("secret")))
+        let signer = try JWTSigner(
+            configuration: JWTSourceConfiguration(algorithm: .hs256, keyFile: directory.path("secret")))
         let parts = try signer.mint(now: WallTime()).accessToken.split(separator: ".").map(String.init)
         try Data((parts[0] + "." + parts[1]).utf8).write(to: URL(fileURLWithPath: directory.path("input")))
-        let output = try OpenSSL.run(["dgst", "-sha256", "-hmac", secret, "-binary", "-out", directory.path("mac"), directory.path("input")])
+        let output = try OpenSSL.run([
+            "dgst", "-sha256", "-hmac", secret, "-binary", "-out", directory.path("mac"), directory.path("input"),
+        ])
         _ = output
         let expected = try Data(contentsOf: URL(fileURLWithPath: directory.path("mac")))
         #expect(Base64URL.decode(parts[2]) == [UInt8](expected))
@@ -75,7 +84,8 @@ import TokenBrokerCrypto
             (error as? TokenFetchError)?.detail.contains("rsa.pem: the key does not fit ES256") == true
         }
         #expect(throws: TokenFetchError.self) {
-            try JWTSigner(configuration: JWTSourceConfiguration(algorithm: .es256, keyFile: directory.path("missing.pem")))
+            try JWTSigner(
+                configuration: JWTSourceConfiguration(algorithm: .es256, keyFile: directory.path("missing.pem")))
         }
     }
 
@@ -123,10 +133,13 @@ import TokenBrokerCrypto
     func aPassphraseProtectedKeyIsRefusedNamingTheFile(_ algorithm: String) throws {
         let directory = try TemporaryDirectory()
         let keyPath = directory.path("locked.pem")
-        let options = algorithm == "EC" ? ["-pkeyopt", "ec_paramgen_curve:P-256"] : ["-pkeyopt", "rsa_keygen_bits:2048"]
-        try OpenSSL.run(["genpkey", "-algorithm", algorithm] + options + ["-aes256", "-pass", "pass:x", "-out", keyPath])
+        let options =
+            algorithm == "EC" ? ["-pkeyopt", "ec_paramgen_curve:P-256"] : ["-pkeyopt", "rsa_keygen_bits:2048"]
+        try OpenSSL.run(
+            ["genpkey", "-algorithm", algorithm] + options + ["-aes256", "-pass", "pass:x", "-out", keyPath])
         #expect {
-            try JWTSigner(configuration: JWTSourceConfiguration(algorithm: algorithm == "EC" ? .es256 : .rs256, keyFile: keyPath))
+            try JWTSigner(
+                configuration: JWTSourceConfiguration(algorithm: algorithm == "EC" ? .es256 : .rs256, keyFile: keyPath))
         } throws: { error in
             (error as? TokenFetchError)?.detail.contains("locked.pem: the key is protected by a pass phrase") == true
         }
@@ -148,7 +161,8 @@ import TokenBrokerCrypto
         let directory = try TemporaryDirectory()
         let secret = String(repeating: "s", count: 32)
         try Data(secret.utf8).write(to: URL(fileURLWithPath: directory.path("secret")))
-        let signer = try JWTSigner(configuration: JWTSourceConfiguration(algorithm: .hs256, keyFile: directory.path("secret")))
+        let signer = try JWTSigner(
+            configuration: JWTSourceConfiguration(algorithm: .hs256, keyFile: directory.path("secret")))
         try OpenSSL.run(["dgst", "-sha256", "-binary", "-out", directory.path("once"), directory.path("secret")])
         try OpenSSL.run(["dgst", "-sha256", "-binary", "-out", directory.path("twice"), directory.path("once")])
         let twice = [UInt8](try Data(contentsOf: URL(fileURLWithPath: directory.path("twice"))))
@@ -157,9 +171,11 @@ import TokenBrokerCrypto
 
     @Test func theThumbprintMatchesRFC7638sExample() throws {
         // RFC 7638 §3.1: this RSA key's thumbprint is NzbLsXh8uDCcd-6MNwXF4W_7noWXFZAfHkxZsRGC9Xs.
-        let n = "0vx7agoebGcQSuuPiLJXZptN9nndrQmbXEps2aiAFbWhM78LhWx4cbbfAAtVT86zwu1RK7aPFFxuhDR1L6tSoc_BJECPebWKRXjBZCiFV4n3oknjhMstn64tZ_2W-5JsGY4Hc5n9yBXArwl93lqt7_RN5w6Cf0h4QyQ5v-65YGjQR0_FDW2QvzqY368QQMicAtaSqzs8KJZgnYb9c7d0zgdAZHzu6qMQvRL5hajrn1n91CbOpbISD08qNLyrdkt-bFTWhAI4vMQFh6WeZu0fM4lFd2NcRwr3XPksINHaQ-G_xBniIqbw0Ls1jF44-csFCur-kEgU8awapJzKnqDKgw"
+        let n =
+            "0vx7agoebGcQSuuPiLJXZptN9nndrQmbXEps2aiAFbWhM78LhWx4cbbfAAtVT86zwu1RK7aPFFxuhDR1L6tSoc_BJECPebWKRXjBZCiFV4n3oknjhMstn64tZ_2W-5JsGY4Hc5n9yBXArwl93lqt7_RN5w6Cf0h4QyQ5v-65YGjQR0_FDW2QvzqY368QQMicAtaSqzs8KJZgnYb9c7d0zgdAZHzu6qMQvRL5hajrn1n91CbOpbISD08qNLyrdkt-bFTWhAI4vMQFh6WeZu0fM4lFd2NcRwr3XPksINHaQ-G_xBniIqbw0Ls1jF44-csFCur-kEgU8awapJzKnqDKgw"
         let canonical = #"{"e":"AQAB","kty":"RSA","n":"\#(n)"}"#
-        #expect(Base64URL.encode(try Crypto.sha256(Array(canonical.utf8))) == "NzbLsXh8uDCcd-6MNwXF4W_7noWXFZAfHkxZsRGC9Xs")
+        #expect(
+            Base64URL.encode(try Crypto.sha256(Array(canonical.utf8))) == "NzbLsXh8uDCcd-6MNwXF4W_7noWXFZAfHkxZsRGC9Xs")
     }
 
     @Test func fingerprintsMatchSha256sum() throws {

@@ -20,20 +20,31 @@ import TokenBrokerUpstream
     }
 
     @Test func aGoodAnswerGivesTheTokenWithItsLifetimeAndNormalisedType() throws {
-        let token = try OAuth2TokenSource.token(from: answer(200, #"{"access_token":"abc","token_type":"bearer","expires_in":120,"scope":"read"}"#), defaultLifetime: 3600)
-        #expect(token == FetchedToken(accessToken: "abc", tokenType: "Bearer", lifetime: .seconds(120), scope: "read", upstreamStatus: 200))
-        let noExpiry = try OAuth2TokenSource.token(from: answer(200, #"{"access_token":"abc","token_type":"Bearer"}"#), defaultLifetime: 77)
+        let token = try OAuth2TokenSource.token(
+            from: answer(200, #"{"access_token":"abc","token_type":"bearer","expires_in":120,"scope":"read"}"#),
+            defaultLifetime: 3600)
+        #expect(
+            token
+                == FetchedToken(
+                    accessToken: "abc", tokenType: "Bearer", lifetime: .seconds(120), scope: "read", upstreamStatus: 200
+                ))
+        let noExpiry = try OAuth2TokenSource.token(
+            from: answer(200, #"{"access_token":"abc","token_type":"Bearer"}"#), defaultLifetime: 77)
         #expect(noExpiry.lifetime == .seconds(77))
-        let stringExpiry = try OAuth2TokenSource.token(from: answer(200, #"{"access_token":"abc","expires_in":"60"}"#), defaultLifetime: 77)
+        let stringExpiry = try OAuth2TokenSource.token(
+            from: answer(200, #"{"access_token":"abc","expires_in":"60"}"#), defaultLifetime: 77)
         #expect(stringExpiry.lifetime == .seconds(60))
     }
 
     @Test(arguments: [
         (200, "<html>portal</html>", "bad_response"), (200, #"{"token_type":"Bearer"}"#, "bad_response"),
-        (200, #"{"access_token":"a","expires_in":-1}"#, "bad_response"), (200, #"{"access_token":"a","expires_in":0}"#, "bad_response"),
-        (200, #"{"access_token":"a","expires_in":1e12}"#, "bad_response"), (200, #"{"access_token":"has space"}"#, "bad_response"),
+        (200, #"{"access_token":"a","expires_in":-1}"#, "bad_response"),
+        (200, #"{"access_token":"a","expires_in":0}"#, "bad_response"),
+        (200, #"{"access_token":"a","expires_in":1e12}"#, "bad_response"),
+        (200, #"{"access_token":"has space"}"#, "bad_response"),
         (200, #"{"access_token":""}"#, "bad_response"), (302, "", "bad_response"),
-        (400, #"{"error":"invalid_client"}"#, "credentials_rejected"), (400, #"{"error":"invalid_scope"}"#, "bad_response"),
+        (400, #"{"error":"invalid_client"}"#, "credentials_rejected"),
+        (400, #"{"error":"invalid_scope"}"#, "bad_response"),
         (401, #"{"error":"invalid_client"}"#, "credentials_rejected"), (403, "", "credentials_rejected"),
         (429, #"{"error":"slow_down"}"#, "rate_limited"), (503, "", "server_error"), (500, "oops", "server_error"),
     ])
@@ -43,7 +54,9 @@ import TokenBrokerUpstream
 
     @Test func retryAfterIsReadInSecondsOrAsAnHTTPDate() {
         let now = WallTime(timeIntervalSince1970: 784_111_717)  // Sun, 06 Nov 1994 08:48:37 GMT
-        func retryAfter(_ value: String) -> Duration? { UpstreamResponse(status: 503, headers: ["retry-after": value], body: []).retryAfter(now: now) }
+        func retryAfter(_ value: String) -> Duration? {
+            UpstreamResponse(status: 503, headers: ["retry-after": value], body: []).retryAfter(now: now)
+        }
         #expect(retryAfter("120") == .seconds(120))
         #expect(retryAfter(" 0 ") == .seconds(0))
         #expect(retryAfter("999999") == .seconds(3600), "capped at an hour")
@@ -54,7 +67,10 @@ import TokenBrokerUpstream
 
     @Test func errorsKeepTheIssuersCodeAndRetryAfter() {
         do {
-            _ = try OAuth2TokenSource.token(from: answer(429, #"{"error":"slow_down","error_description":"too many"}"#, headers: ["retry-after": "7"]), defaultLifetime: 1)
+            _ = try OAuth2TokenSource.token(
+                from: answer(
+                    429, #"{"error":"slow_down","error_description":"too many"}"#, headers: ["retry-after": "7"]),
+                defaultLifetime: 1)
             Issue.record("a 429 must not give a token")
         } catch {
             #expect(error.retryAfter == .seconds(7))
@@ -71,8 +87,12 @@ import TokenBrokerUpstream
         let now = WallTime(timeIntervalSince1970: 1_800_000_000)
         let token = try source.token(from: answer(200, #"{"data":{"token":"t-1","exp":1800000090}}"#), now: now)
         #expect(token.accessToken == "t-1" && token.lifetime == .seconds(90))
-        #expect(throws: TokenFetchError.self) { try source.token(from: answer(200, #"{"data":{"exp":1800000090}}"#), now: now) }
-        #expect(throws: TokenFetchError.self) { try source.token(from: answer(200, #"{"data":{"token":"t","exp":1700000000}}"#), now: now) }
+        #expect(throws: TokenFetchError.self) {
+            try source.token(from: answer(200, #"{"data":{"exp":1800000090}}"#), now: now)
+        }
+        #expect(throws: TokenFetchError.self) {
+            try source.token(from: answer(200, #"{"data":{"token":"t","exp":1700000000}}"#), now: now)
+        }
     }
 
     @Test func clientSecretBasicFormEncodesThenBase64s() throws {
@@ -84,7 +104,9 @@ import TokenBrokerUpstream
         let authorization = request.headers.first { $0.0 == "Authorization" }?.1
         // RFC 6749 §2.3.1: "my+client:p%40ss%3Aword", then Base64.
         #expect(authorization == "Basic " + Data("my+client:p%40ss%3Aword".utf8).base64EncodedString())
-        #expect(String(decoding: request.body, as: UTF8.self)
-            == "grant_type=client_credentials&scope=read+write&resource=https%3A%2F%2Fa.test&resource=https%3A%2F%2Fb.test")
+        #expect(
+            String(decoding: request.body, as: UTF8.self)
+                == "grant_type=client_credentials&scope=read+write&resource=https%3A%2F%2Fa.test&resource=https%3A%2F%2Fb.test"
+        )
     }
 }

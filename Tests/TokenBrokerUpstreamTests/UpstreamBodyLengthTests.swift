@@ -12,8 +12,10 @@ import TokenBrokerCore
         let server = try OneShotServer()
         let smuggled = Array("helloGET /admin/delete-everything HTTP/1.1\r\nHost: upstream\r\nX-Swallow: ".utf8)
         let delegate = Delegate(body: smuggled)
-        let request = UpstreamRequest(method: "POST", url: "http://127.0.0.1:\(server.port)/upload", settings: UpstreamConfiguration())
-        UpstreamHTTPClient.shared.start(UpstreamExchange(request: request, streamsBody: true, bodyLength: 5, delegate: delegate))
+        let request = UpstreamRequest(
+            method: "POST", url: "http://127.0.0.1:\(server.port)/upload", settings: UpstreamConfiguration())
+        UpstreamHTTPClient.shared.start(
+            UpstreamExchange(request: request, streamsBody: true, bodyLength: 5, delegate: delegate))
         let received = try #require(await server.received(timeout: .seconds(20)))
         let text = String(decoding: received, as: UTF8.self)
         let parts = text.components(separatedBy: "\r\n\r\n")
@@ -27,8 +29,10 @@ import TokenBrokerCore
     @Test func aStreamedBodyThatEndsShortStopsTheExchange() async throws {
         let server = try OneShotServer()
         let delegate = Delegate(body: Array("abc".utf8))
-        let request = UpstreamRequest(method: "POST", url: "http://127.0.0.1:\(server.port)/upload", settings: UpstreamConfiguration())
-        UpstreamHTTPClient.shared.start(UpstreamExchange(request: request, streamsBody: true, bodyLength: 10, delegate: delegate))
+        let request = UpstreamRequest(
+            method: "POST", url: "http://127.0.0.1:\(server.port)/upload", settings: UpstreamConfiguration())
+        UpstreamHTTPClient.shared.start(
+            UpstreamExchange(request: request, streamsBody: true, bodyLength: 10, delegate: delegate))
         let received = try #require(await server.received(timeout: .seconds(20)))
         let body = String(decoding: received, as: UTF8.self).components(separatedBy: "\r\n\r\n").last ?? ""
         #expect(body == "abc", "the upstream saw the connection end after what there was")
@@ -47,7 +51,12 @@ private final class Delegate: UpstreamExchangeDelegate, @unchecked Sendable {
 
     func upstreamHead(status: Int, headers: [(String, String)], length: Int64?) -> Bool { true }
     func upstreamBody(_ bytes: UnsafeRawBufferPointer) -> Bool { true }
-    func upstreamFinished(_ error: UpstreamError?) { state.withLock { $0.done = true; $0.error = error } }
+    func upstreamFinished(_ error: UpstreamError?) {
+        state.withLock {
+            $0.done = true
+            $0.error = error
+        }
+    }
 
     func upstreamReadBody(into buffer: UnsafeMutableRawBufferPointer) -> UpstreamBodyRead {
         state.withLock { state in
@@ -95,7 +104,10 @@ private final class OneShotServer: @unchecked Sendable {
 
     private func serve() {
         let connection = accept(listener, nil, nil)
-        defer { close(connection); close(listener) }
+        defer {
+            close(connection)
+            close(listener)
+        }
         var timeout = timeval(tv_sec: 1, tv_usec: 0)
         setsockopt(connection, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
         var received: [UInt8] = []

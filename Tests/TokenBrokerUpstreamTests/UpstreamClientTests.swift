@@ -7,7 +7,9 @@ import TokenBrokerUpstream
 /// The upstream client's own behaviour: how it reads an answer's head, what it refuses to do,
 /// and how each way an exchange can fail is reported. The servers are on 127.0.0.1 only.
 @Suite struct UpstreamClientTests {
-    private func request(_ server: CannedServer, _ configure: (inout UpstreamConfiguration) -> Void = { _ in }) -> UpstreamRequest {
+    private func request(_ server: CannedServer, _ configure: (inout UpstreamConfiguration) -> Void = { _ in })
+        -> UpstreamRequest
+    {
         var settings = UpstreamConfiguration()
         configure(&settings)
         return UpstreamRequest(method: "GET", url: "http://127.0.0.1:\(server.port)/token", settings: settings)
@@ -24,18 +26,19 @@ import TokenBrokerUpstream
     }
 
     @Test func theFinalAnswersHeadersAreKeptByLowerCaseNameWithoutSurroundingSpace() async throws {
-        let server = try CannedServer(answer: """
-            HTTP/1.1 100 Continue\r
-            X-Interim: yes\r
-            \r
-            HTTP/1.1 429 Too Many Requests\r
-            RETRY-after:   7 \r
-            X-Mixed-Case:\tvalue with spaces\t\r
-            Content-Length: 2\r
-            Connection: close\r
-            \r
-            ok
-            """)
+        let server = try CannedServer(
+            answer: """
+                HTTP/1.1 100 Continue\r
+                X-Interim: yes\r
+                \r
+                HTTP/1.1 429 Too Many Requests\r
+                RETRY-after:   7 \r
+                X-Mixed-Case:\tvalue with spaces\t\r
+                Content-Length: 2\r
+                Connection: close\r
+                \r
+                ok
+                """)
         let response = try await UpstreamHTTPClient.shared.send(request(server))
         #expect(response.status == 429)
         #expect(response.headers["x-mixed-case"] == "value with spaces")
@@ -48,7 +51,8 @@ import TokenBrokerUpstream
     }
 
     @Test func aRedirectIsHandedBackNotFollowed() async throws {
-        let server = try CannedServer(answer: "HTTP/1.1 302 Found\r\nLocation: http://127.0.0.1:1/elsewhere\r\nContent-Length: 0\r\n\r\n")
+        let server = try CannedServer(
+            answer: "HTTP/1.1 302 Found\r\nLocation: http://127.0.0.1:1/elsewhere\r\nContent-Length: 0\r\n\r\n")
         let response = try await UpstreamHTTPClient.shared.send(request(server))
         #expect(response.status == 302)
         #expect(response.headers["location"] == "http://127.0.0.1:1/elsewhere")
@@ -56,7 +60,8 @@ import TokenBrokerUpstream
 
     @Test func aBodyLongerThanTheLimitIsTooLarge() async throws {
         let body = String(repeating: "x", count: 5000)
-        let server = try CannedServer(answer: "HTTP/1.1 200 OK\r\nContent-Length: 5000\r\nConnection: close\r\n\r\n" + body)
+        let server = try CannedServer(
+            answer: "HTTP/1.1 200 OK\r\nContent-Length: 5000\r\nConnection: close\r\n\r\n" + body)
         let error = await failure(of: request(server) { $0.maxResponseBytes = 1024 })
         #expect(error == .tooLarge(limit: 1024))
     }
@@ -73,7 +78,8 @@ import TokenBrokerUpstream
 
     @Test func aRefusedConnectionIsUnreachable() async throws {
         let port = try CannedServer.closedPort()
-        let error = await failure(of: UpstreamRequest(method: "GET", url: "http://127.0.0.1:\(port)/", settings: UpstreamConfiguration()))
+        let error = await failure(
+            of: UpstreamRequest(method: "GET", url: "http://127.0.0.1:\(port)/", settings: UpstreamConfiguration()))
         guard case .unreachable(let detail)? = error else {
             Issue.record("expected unreachable, got \(String(describing: error))")
             return
@@ -148,7 +154,10 @@ private final class CannedServer: Sendable {
 
     private func serve(_ listener: Int32, answer: String?) {
         let connection = accept(listener, nil, nil)
-        defer { close(connection); close(listener) }
+        defer {
+            close(connection)
+            close(listener)
+        }
         var timeout = timeval(tv_sec: 1, tv_usec: 0)
         setsockopt(connection, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
         var received: [UInt8] = []
@@ -196,5 +205,7 @@ private final class CannedServer: Sendable {
 }
 
 extension [UInt8] {
-    fileprivate func ends(with text: String) -> Bool { count >= text.utf8.count && suffix(text.utf8.count).elementsEqual(text.utf8) }
+    fileprivate func ends(with text: String) -> Bool {
+        count >= text.utf8.count && suffix(text.utf8.count).elementsEqual(text.utf8)
+    }
 }

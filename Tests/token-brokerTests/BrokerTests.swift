@@ -1,5 +1,6 @@
 import Testing
 import TokenBrokerCore
+
 @testable import token_broker
 
 /// `Broker.makeSources` and `Broker.loadCallerKeys`, which start and `--check-config` share: what
@@ -18,15 +19,17 @@ import TokenBrokerCore
 
     @Test func eachKindIsBuiltAndOnlyTheLocalSignerComesWithOne() throws {
         let directory = try TemporaryDirectory()
-        let sources = try Broker.makeSources(try configuration(#"""
-            {"providers": [
-                {"name": "signed", "source": {"type": "jwt"}},
-                {"name": "file", "source": {"type": "file", "path": "\#(directory.path("token"))"}},
-                {"name": "oauth", "source": {"type": "oauth2", "tokenURL": "http://127.0.0.1:1/token", "clientID": "c",
-                                             "clientSecretFile": "\#(directory.path("secret"))"}},
-                {"name": "http", "source": {"type": "http", "url": "http://127.0.0.1:1/token"}}
-            ]}
-            """#))
+        let sources = try Broker.makeSources(
+            try configuration(
+                #"""
+                {"providers": [
+                    {"name": "signed", "source": {"type": "jwt"}},
+                    {"name": "file", "source": {"type": "file", "path": "\#(directory.path("token"))"}},
+                    {"name": "oauth", "source": {"type": "oauth2", "tokenURL": "http://127.0.0.1:1/token", "clientID": "c",
+                                                 "clientSecretFile": "\#(directory.path("secret"))"}},
+                    {"name": "http", "source": {"type": "http", "url": "http://127.0.0.1:1/token"}}
+                ]}
+                """#))
         #expect(sources.count == 4)
         #expect(sources.map { $0.1 != nil } == [true, false, false, false])
         #expect(sources[0].1?.configuration.algorithm == .es256)
@@ -37,10 +40,12 @@ import TokenBrokerCore
         // refuse them; each fetch reads them.
         let directory = try TemporaryDirectory()
         #expect(try sourceProblem(#"[{"source": {"type": "file", "path": "\#(directory.path("absent"))"}}]"#) == nil)
-        #expect(try sourceProblem(#"""
-            [{"source": {"type": "oauth2", "tokenURL": "http://127.0.0.1:1/token", "clientID": "c",
-                         "clientSecretFile": "\#(directory.path("absent"))"}}]
-            """#) == nil)
+        #expect(
+            try sourceProblem(
+                #"""
+                [{"source": {"type": "oauth2", "tokenURL": "http://127.0.0.1:1/token", "clientID": "c",
+                             "clientSecretFile": "\#(directory.path("absent"))"}}]
+                """#) == nil)
     }
 
     @Test func aMissingSigningKeyIsNamedUnderItsProvidersSource() throws {
@@ -80,7 +85,8 @@ import TokenBrokerCore
         let absent = try sourceProblem(oauth2(missing))
         #expect(absent?.key == "providers[0].source")
         #expect(absent?.message.hasPrefix("cannot read \(missing): ") == true, "\(String(describing: absent))")
-        let garbage = try directory.write("garbage.pem", "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n")
+        let garbage = try directory.write(
+            "garbage.pem", "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n")
         let refused = try sourceProblem(oauth2(garbage))
         #expect(refused?.key == "providers[0].source")
         #expect(refused?.message.contains(garbage) == true, "\(String(describing: refused))")
@@ -93,7 +99,8 @@ import TokenBrokerCore
     @Test func aKeysFileIsReadForTheConfiguredProviders() throws {
         let directory = try TemporaryDirectory()
         let keys = try directory.write(
-            "callers.json", #"{"keys": [{"name": "a", "sha256": "\#(String(repeating: "ab", count: 32))", "providers": ["default"]}]}"#)
+            "callers.json",
+            #"{"keys": [{"name": "a", "sha256": "\#(String(repeating: "ab", count: 32))", "providers": ["default"]}]}"#)
         let store = try Broker.loadCallerKeys(try configuration(#"{"clientKeysFile": "\#(keys)"}"#))
         #expect(store?.count == 1)
         #expect(store?.path == keys)
@@ -103,7 +110,8 @@ import TokenBrokerCore
         let directory = try TemporaryDirectory()
         let missing = directory.path("callers.json")
         let unknown = try directory.write(
-            "unknown.json", #"{"keys": [{"name": "a", "sha256": "\#(String(repeating: "ab", count: 32))", "providers": ["nope"]}]}"#)
+            "unknown.json",
+            #"{"keys": [{"name": "a", "sha256": "\#(String(repeating: "ab", count: 32))", "providers": ["nope"]}]}"#)
         for path in [missing, unknown] {
             let settings = try configuration(#"{"clientKeysFile": "\#(path)"}"#)
             do {
@@ -119,8 +127,10 @@ import TokenBrokerCore
     @Test func checkConfigBuildsTheSourcesAsStartWould() throws {
         let directory = try TemporaryDirectory()
         #expect(throws: ConfigurationError.self) {
-            try Options.check(try configuration(#"{"providers": [{"source": {"keyFile": "\#(directory.path("none.pem"))"}}]}"#))
+            try Options.check(
+                try configuration(#"{"providers": [{"source": {"keyFile": "\#(directory.path("none.pem"))"}}]}"#))
         }
-        try Options.check(try configuration(#"{"providers": [{"name": "a"}, {"name": "b", "source": {"algorithm": "RS256"}}]}"#))
+        try Options.check(
+            try configuration(#"{"providers": [{"name": "a"}, {"name": "b", "source": {"algorithm": "RS256"}}]}"#))
     }
 }

@@ -1,5 +1,6 @@
 import Testing
 import TokenBrokerCore
+
 @testable import token_broker
 
 @Suite struct HealthCheckTests {
@@ -16,13 +17,18 @@ import TokenBrokerCore
         #expect(HealthCheck.target(given: given) == Target(url: url, unixSocketPath: nil))
     }
 
-    @Test(arguments: ["ftp://127.0.0.1:1", "https://127.0.0.1:9090", "127.0.0.1:9090", "http://", "http:///healthz", "http://a b:1", "http://a:1/\r\n", "http://a:1/x\ny", ""])
+    @Test(arguments: [
+        "ftp://127.0.0.1:1", "https://127.0.0.1:9090", "127.0.0.1:9090", "http://", "http:///healthz", "http://a b:1",
+        "http://a:1/\r\n", "http://a:1/x\ny", "",
+    ])
     func anythingElseIsRefused(_ given: String) {
         #expect(HealthCheck.target(given: given) == nil)
     }
 
     @Test func aUnixSocketIsAskedThroughItsFile() {
-        #expect(HealthCheck.target(given: "unix:/run/broker/admin.sock") == Target(url: "http://localhost/healthz", unixSocketPath: "/run/broker/admin.sock"))
+        #expect(
+            HealthCheck.target(given: "unix:/run/broker/admin.sock")
+                == Target(url: "http://localhost/healthz", unixSocketPath: "/run/broker/admin.sock"))
     }
 
     @Test(arguments: [
@@ -33,7 +39,9 @@ import TokenBrokerCore
         ("[::1]:9091", "http://[::1]:9091/healthz"),
     ])
     func theConfiguredAdminListenerIsAskedOnLoopbackWhenItListensEverywhere(_ listen: String, _ url: String) throws {
-        #expect(HealthCheck.target(adminListen: try ListenAddress(parsing: listen)) == Target(url: url, unixSocketPath: nil))
+        #expect(
+            HealthCheck.target(adminListen: try ListenAddress(parsing: listen)) == Target(url: url, unixSocketPath: nil)
+        )
     }
 
     @Test func portZeroIsKnownOnlyToTheBrokerSoItIsNoTarget() throws {
@@ -42,14 +50,24 @@ import TokenBrokerCore
 
     @Test func argumentsGiveAConfigFileAndAtMostOneAddress() throws {
         #expect(try HealthCheck.parse([]) == HealthCheck.Arguments())
-        #expect(try HealthCheck.parse(["--config", "c.json", "unix:/s"]) == HealthCheck.Arguments(configPath: "c.json", address: "unix:/s"))
-        #expect(try HealthCheck.parse(["http://a:1", "--config=c.json"]) == HealthCheck.Arguments(configPath: "c.json", address: "http://a:1"))
+        #expect(
+            try HealthCheck.parse(["--config", "c.json", "unix:/s"])
+                == HealthCheck.Arguments(configPath: "c.json", address: "unix:/s"))
+        #expect(
+            try HealthCheck.parse(["http://a:1", "--config=c.json"])
+                == HealthCheck.Arguments(configPath: "c.json", address: "http://a:1"))
     }
 
     @Test(arguments: [
         (["--config"], "--config needs a file"),
-        (["--verbose"], "unknown argument \"--verbose\"; usage: token-broker healthcheck [--config FILE] [URL | unix:/path]"),
-        (["http://a:1", "http://b:1"], "unknown argument \"http://b:1\"; usage: token-broker healthcheck [--config FILE] [URL | unix:/path]"),
+        (
+            ["--verbose"],
+            "unknown argument \"--verbose\"; usage: token-broker healthcheck [--config FILE] [URL | unix:/path]"
+        ),
+        (
+            ["http://a:1", "http://b:1"],
+            "unknown argument \"http://b:1\"; usage: token-broker healthcheck [--config FILE] [URL | unix:/path]"
+        ),
     ])
     func badArgumentsAreNamed(_ arguments: [String], _ problem: String) {
         #expect(throws: Options.Problem(description: problem)) { try HealthCheck.parse(arguments) }

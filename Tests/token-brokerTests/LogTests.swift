@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 import TokenBrokerCore
+
 @testable import token_broker
 
 @Suite struct LogTests {
@@ -8,7 +9,8 @@ import TokenBrokerCore
         let line = Log.line(
             "info", "token fetched", ["provider": "default", "version": "1", "took_ms": "0"],
             at: WallTime(timeIntervalSince1970: 1_800_000_000))
-        #expect(line == "time=2027-01-15T08:00:00Z level=info msg=\"token fetched\" provider=default version=1 took_ms=0\n")
+        #expect(
+            line == "time=2027-01-15T08:00:00Z level=info msg=\"token fetched\" provider=default version=1 took_ms=0\n")
     }
 
     @Test(arguments: ["default", "sha256:1a2b3c4d5e6f", "/etc/token-broker/key.pem", "[::1]:8080", "0644"])
@@ -16,7 +18,10 @@ import TokenBrokerCore
         #expect(Log.quote(value) == value)
     }
 
-    @Test(arguments: ["", "two words", "a=b", "say \"hi\"", "line\nforged=1", "tab\there", "\r", "caf\u{E9}", "\u{7F}", "back\\slash and space"])
+    @Test(arguments: [
+        "", "two words", "a=b", "say \"hi\"", "line\nforged=1", "tab\there", "\r", "caf\u{E9}", "\u{7F}",
+        "back\\slash and space",
+    ])
     func anythingElseIsAJSONStringThatReadsBackTheSame(_ value: String) throws {
         let quoted = Log.quote(value)
         #expect(quoted.hasPrefix("\"") && quoted.hasSuffix("\""))
@@ -27,7 +32,8 @@ import TokenBrokerCore
     }
 
     @Test func aForgedFieldInAValueStaysInsideIt() {
-        let line = Log.line("warn", "m", ["problem": "x level=error msg=forged"], at: WallTime(timeIntervalSince1970: 0))
+        let line = Log.line(
+            "warn", "m", ["problem": "x level=error msg=forged"], at: WallTime(timeIntervalSince1970: 0))
         #expect(line == "time=1970-01-01T00:00:00Z level=warn msg=m problem=\"x level=error msg=forged\"\n")
     }
 }

@@ -1,5 +1,6 @@
 import Testing
 import TokenBrokerCore
+
 @testable import token_broker
 
 @Suite struct OptionsTests {
@@ -9,8 +10,11 @@ import TokenBrokerCore
 
     @Test func theConfigFileIsReadInBothSpellingsAndTheLastOneWins() throws {
         #expect(try Options.parse(["--config", "a.json"]) == .broker(configPath: "a.json", checkOnly: false))
-        #expect(try Options.parse(["--config=b.json", "--check-config"]) == .broker(configPath: "b.json", checkOnly: true))
-        #expect(try Options.parse(["--config", "a.json", "--config=b.json"]) == .broker(configPath: "b.json", checkOnly: false))
+        #expect(
+            try Options.parse(["--config=b.json", "--check-config"]) == .broker(configPath: "b.json", checkOnly: true))
+        #expect(
+            try Options.parse(["--config", "a.json", "--config=b.json"])
+                == .broker(configPath: "b.json", checkOnly: false))
         #expect(try Options.parse(["--config="]) == .broker(configPath: "", checkOnly: false))
     }
 
@@ -24,7 +28,9 @@ import TokenBrokerCore
     }
 
     @Test func healthcheckTakesTheRestOfTheArgumentsOnlyWhenItComesFirst() throws {
-        #expect(try Options.parse(["healthcheck", "--config", "x", "unix:/s"]) == .healthCheck(arguments: ["--config", "x", "unix:/s"]))
+        #expect(
+            try Options.parse(["healthcheck", "--config", "x", "unix:/s"])
+                == .healthCheck(arguments: ["--config", "x", "unix:/s"]))
         #expect(try Options.parse(["healthcheck"]) == .healthCheck(arguments: []))
         #expect(throws: Options.Problem(description: "unknown argument \"healthcheck\"")) {
             try Options.parse(["--check-config", "healthcheck"])
@@ -96,7 +102,9 @@ import TokenBrokerCore
             return
         }
         #expect(settings.keyFile == directory.path("keys/key.pem"))
-        #expect(throws: ConfigurationError.self) { try Options.load(path: path, environment: ["TOKEN_BROKER_LISTEN": "nowhere"]) }
+        #expect(throws: ConfigurationError.self) {
+            try Options.load(path: path, environment: ["TOKEN_BROKER_LISTEN": "nowhere"])
+        }
     }
 
     @Test func withoutAFileTheEmbeddedDefaultIsLoaded() throws {

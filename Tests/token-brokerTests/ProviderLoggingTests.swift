@@ -1,5 +1,6 @@
 import Testing
 import TokenBrokerCore
+
 @testable import token_broker
 
 /// The provider's events as the broker wires them: each fetch counted in the metrics (and logged).
@@ -16,6 +17,9 @@ import TokenBrokerCore
         events.fetched("api", .failure(.timeout("the issuer did not answer")), .seconds(5))
         events.fetched("local", .success((FetchedToken(accessToken: "t", lifetime: nil), 1)), .zero)
         #expect(lines(metrics, "token_broker_refreshes_total").count == 3)
-        #expect(lines(metrics, "token_broker_upstream_responses_total") == [#"token_broker_upstream_responses_total{provider="api",code="200"} 1"#])
+        #expect(
+            lines(metrics, "token_broker_upstream_responses_total") == [
+                #"token_broker_upstream_responses_total{provider="api",code="200"} 1"#
+            ])
     }
 }

@@ -39,12 +39,15 @@ func start(threads: Int) -> OpaquePointer? {
     return withUnsafePointer(to: &address) { pointer in
         pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { socketAddress in
             var options: [MHD_OptionItem] = [
-                MHD_OptionItem(option: .SOCK_ADDR, value: 0, ptr_value: UnsafeMutableRawPointer(mutating: socketAddress)),
+                MHD_OptionItem(
+                    option: .SOCK_ADDR, value: 0, ptr_value: UnsafeMutableRawPointer(mutating: socketAddress)),
                 MHD_OptionItem(option: .CONNECTION_MEMORY_LIMIT, value: 4096, ptr_value: nil),
             ]
             if threads > 1 { options.append(MHD_OptionItem(option: .THREAD_POOL_SIZE, value: threads, ptr_value: nil)) }
             options.append(MHD_OptionItem(option: .END, value: 0, ptr_value: nil))
-            return options.withUnsafeMutableBufferPointer { CMicroHTTPD_start_daemon(flags, handler, nil, $0.baseAddress) }
+            return options.withUnsafeMutableBufferPointer {
+                CMicroHTTPD_start_daemon(flags, handler, nil, $0.baseAddress)
+            }
         }
     }
 }

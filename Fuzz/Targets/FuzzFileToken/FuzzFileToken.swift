@@ -1,6 +1,7 @@
 import CLibFuzzer
 import Glibc
 import TokenBrokerCore
+
 @testable import TokenBrokerSources
 
 /// The `file` source reading a token whose JWT claims are the input.

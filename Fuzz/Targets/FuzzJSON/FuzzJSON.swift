@@ -22,7 +22,8 @@ private func render(_ value: JSONValue) -> String {
     case .number(let number): "\(number)"
     case .string(let string): JSONText.quoted(string)
     case .array(let items): "[" + items.map(render).joined(separator: ",") + "]"
-    case .object(let members): "{" + members.map { JSONText.quoted($0.key) + ":" + render($0.value) }.joined(separator: ",") + "}"
+    case .object(let members):
+        "{" + members.map { JSONText.quoted($0.key) + ":" + render($0.value) }.joined(separator: ",") + "}"
     }
 }
 

@@ -1,4 +1,5 @@
 import CLibFuzzer
+
 @testable import TokenBrokerAPI
 
 /// The values the token routes read from a query or an `If-None-Match`
@@ -9,7 +10,8 @@ import CLibFuzzer
 func fuzzQuery(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
     let text = String(decoding: UnsafeBufferPointer(start: data, count: size), as: UTF8.self)
     if let version = QueryParameters.number(text) {
-        precondition(String(version) == String(text.drop { $0 == "0" }.isEmpty ? "0" : text.drop { $0 == "0" }),
+        precondition(
+            String(version) == String(text.drop { $0 == "0" }.isEmpty ? "0" : text.drop { $0 == "0" }),
             "\(text) read as \(version)")
     }
     if let version = QueryParameters.entityTagVersion(text) {

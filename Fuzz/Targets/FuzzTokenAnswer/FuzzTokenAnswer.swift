@@ -1,5 +1,6 @@
 import CLibFuzzer
 import TokenBrokerCore
+
 @testable import TokenBrokerSources
 
 /// An issuer's answer, read as the `oauth2` and `http` sources read it.

@@ -65,7 +65,12 @@ public final class CallerKeyStore: CallerAuthorizing, Sendable {
     ///   cooperative pool (the broker calls it on the main thread).
     @discardableResult
     public func stop(waitingAtMost limit: Duration = .seconds(2)) -> Bool {
-        guard let watch = watcher.withLock({ watcher in defer { watcher = nil }; return watcher }) else { return true }
+        guard
+            let watch = watcher.withLock({ watcher in
+                defer { watcher = nil }
+                return watcher
+            })
+        else { return true }
         watch.task.cancel()
         return watch.ended.wait(timeout: .now() + .milliseconds(Int(clamping: limit.wholeMilliseconds))) == .success
     }
@@ -119,12 +124,14 @@ public final class CallerKeyStore: CallerAuthorizing, Sendable {
         let bytes: [UInt8]
         switch FileContents.read(path, limit: maxFileBytes) {
         case .success(let contents): bytes = contents
-        case .failure(let error): throw ConfigurationError(key: "clientKeysFile", "cannot read \(path): \(error.reason)")
+        case .failure(let error):
+            throw ConfigurationError(key: "clientKeysFile", "cannot read \(path): \(error.reason)")
         }
         do {
             return try CallerKeyList(json: bytes, knownProviders: knownProviders)
         } catch {
-            throw ConfigurationError(key: error.key.isEmpty ? "clientKeysFile" : "clientKeysFile \(path): \(error.key)", error.message)
+            throw ConfigurationError(
+                key: error.key.isEmpty ? "clientKeysFile" : "clientKeysFile \(path): \(error.key)", error.message)
         }
     }
 }

@@ -62,7 +62,9 @@ public struct BrokerConfiguration: Sendable, Equatable {
         connectionMemoryKiB = try reader.int("connectionMemoryKiB", 4...1024, default: connectionMemoryKiB)
         if let text = try reader.string("unixSocketMode") {
             guard text.count <= 4, let mode = UInt32(text, radix: 8), (0o600...0o777).contains(mode) else {
-                throw ConfigurationError(key: "unixSocketMode", "\"\(text)\" is not a file mode; allowed: octal text from \"0600\" to \"0777\", such as \"0660\"")
+                throw ConfigurationError(
+                    key: "unixSocketMode",
+                    "\"\(text)\" is not a file mode; allowed: octal text from \"0600\" to \"0777\", such as \"0660\"")
             }
             unixSocketMode = mode
         }
@@ -122,19 +124,26 @@ public struct BrokerConfiguration: Sendable, Equatable {
     public func validate() throws(ConfigurationError) {
         var seen: Set<String> = []
         for (index, provider) in providers.enumerated() where !seen.insert(provider.name).inserted {
-            throw ConfigurationError(key: "providers[\(index)].name", "duplicate provider name \"\(provider.name)\"; allowed: names unique across providers")
+            throw ConfigurationError(
+                key: "providers[\(index)].name",
+                "duplicate provider name \"\(provider.name)\"; allowed: names unique across providers")
         }
         var proxyNames: Set<String> = []
         for (index, proxy) in proxies.enumerated() {
             guard proxyNames.insert(proxy.name).inserted else {
-                throw ConfigurationError(key: "proxies[\(index)].name", "duplicate proxy name \"\(proxy.name)\"; allowed: names unique across proxies")
+                throw ConfigurationError(
+                    key: "proxies[\(index)].name",
+                    "duplicate proxy name \"\(proxy.name)\"; allowed: names unique across proxies")
             }
             if let provider = proxy.provider, !seen.contains(provider) {
-                throw ConfigurationError(key: "proxies[\(index)].provider", "no provider is named \"\(provider)\"; allowed: \(providers.map(\.name).joined(separator: ", "))")
+                throw ConfigurationError(
+                    key: "proxies[\(index)].provider",
+                    "no provider is named \"\(provider)\"; allowed: \(providers.map(\.name).joined(separator: ", "))")
             }
         }
         if listen == adminListen, listen.port != 0 || listen.unixPath != nil {
-            throw ConfigurationError(key: "adminListen", "\(adminListen) is also the token listener; allowed: a different address or port")
+            throw ConfigurationError(
+                key: "adminListen", "\(adminListen) is also the token listener; allowed: a different address or port")
         }
     }
 

@@ -34,24 +34,39 @@ public struct CallerKeyList: Sendable, Equatable {
         for item in items {
             var entry = try ObjectReader(item.value, path: item.path)
             guard let name = try entry.string("name") else {
-                throw ConfigurationError(key: entry.keyPath("name"), "is required: 1–64 printable ASCII characters, no spaces or quotes")
+                throw ConfigurationError(
+                    key: entry.keyPath("name"), "is required: 1–64 printable ASCII characters, no spaces or quotes")
             }
-            guard !name.isEmpty, name.utf8.count <= 64, name.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F && $0 != 0x22 && $0 != 0x5C }) else {
-                throw ConfigurationError(key: entry.keyPath("name"), "\(JSONText.quoted(name)) is not a caller name: 1–64 printable ASCII characters, no spaces or quotes")
+            guard !name.isEmpty, name.utf8.count <= 64,
+                name.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F && $0 != 0x22 && $0 != 0x5C })
+            else {
+                throw ConfigurationError(
+                    key: entry.keyPath("name"),
+                    "\(JSONText.quoted(name)) is not a caller name: 1–64 printable ASCII characters, no spaces or quotes"
+                )
             }
-            guard names.insert(name).inserted else { throw ConfigurationError(key: entry.keyPath("name"), "duplicate name \"\(name)\"") }
+            guard names.insert(name).inserted else {
+                throw ConfigurationError(key: entry.keyPath("name"), "duplicate name \"\(name)\"")
+            }
             guard let hex = try entry.string("sha256") else {
-                throw ConfigurationError(key: entry.keyPath("sha256"), "is required: the key's SHA-256 as 64 hex digits (printf %s \"$KEY\" | sha256sum)")
+                throw ConfigurationError(
+                    key: entry.keyPath("sha256"),
+                    "is required: the key's SHA-256 as 64 hex digits (printf %s \"$KEY\" | sha256sum)")
             }
             // The value is not repeated: it may be the key itself, pasted by mistake.
             guard let digest = Self.bytes(hex: hex), digest.count == 32 else {
                 throw ConfigurationError(
                     key: entry.keyPath("sha256"),
-                    "is not a SHA-256: found \(hex.count) characters, need 64 hex digits (printf %s \"$KEY\" | sha256sum)")
+                    "is not a SHA-256: found \(hex.count) characters, need 64 hex digits (printf %s \"$KEY\" | sha256sum)"
+                )
             }
-            guard digests.insert(digest).inserted else { throw ConfigurationError(key: entry.keyPath("sha256"), "the same key is listed twice") }
+            guard digests.insert(digest).inserted else {
+                throw ConfigurationError(key: entry.keyPath("sha256"), "the same key is listed twice")
+            }
             guard let providerItems = try entry.array("providers"), !providerItems.isEmpty else {
-                throw ConfigurationError(key: entry.keyPath("providers"), "is required: the provider names this caller may read, or [\"*\"] for all")
+                throw ConfigurationError(
+                    key: entry.keyPath("providers"),
+                    "is required: the provider names this caller may read, or [\"*\"] for all")
             }
             var providers: Set<String>? = []
             for provider in providerItems {
@@ -63,7 +78,10 @@ public struct CallerKeyList: Sendable, Equatable {
                 } else if knownProviders.contains(providerName) {
                     providers?.insert(providerName)
                 } else {
-                    throw ConfigurationError(key: provider.path, "no provider is named \"\(providerName)\"; allowed: \(knownProviders.sorted().joined(separator: ", ")), *")
+                    throw ConfigurationError(
+                        key: provider.path,
+                        "no provider is named \"\(providerName)\"; allowed: \(knownProviders.sorted().joined(separator: ", ")), *"
+                    )
                 }
             }
             try entry.finish()

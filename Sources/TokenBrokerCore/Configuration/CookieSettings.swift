@@ -19,9 +19,13 @@ public struct CookieSettings: Sendable, Equatable {
         tokenCookiePath = try reader.string("tokenCookiePath", default: tokenCookiePath)
         let separators = Set("()<>@,;:\\\"/[]?={} \t")
         guard !tokenCookieName.isEmpty,
-            tokenCookieName.unicodeScalars.allSatisfy({ $0.value > 0x20 && $0.value < 0x7F && !separators.contains(Character($0)) })
+            tokenCookieName.unicodeScalars.allSatisfy({
+                $0.value > 0x20 && $0.value < 0x7F && !separators.contains(Character($0))
+            })
         else {
-            throw ConfigurationError(key: reader.keyPath("tokenCookieName"), "\"\(tokenCookieName)\" is not a cookie name; allowed: visible ASCII without separators")
+            throw ConfigurationError(
+                key: reader.keyPath("tokenCookieName"),
+                "\"\(tokenCookieName)\" is not a cookie name; allowed: visible ASCII without separators")
         }
         for (key, value) in [("domainName", domainName ?? ""), ("tokenCookiePath", tokenCookiePath)]
         where value.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value >= 0x7F || $0 == ";" }) {

@@ -28,7 +28,8 @@ public struct HTTPSourceConfiguration: Sendable, Equatable {
 
     init(reading reader: inout ObjectReader) throws(ConfigurationError) {
         guard let url = try reader.string("url") else {
-            throw ConfigurationError(key: reader.keyPath("url"), "is required with type \"http\"; allowed: the token service's URL")
+            throw ConfigurationError(
+                key: reader.keyPath("url"), "is required with type \"http\"; allowed: the token service's URL")
         }
         try UpstreamConfiguration.checkURL(url, key: reader.keyPath("url"))
         self.init(url: url)
@@ -36,7 +37,8 @@ public struct HTTPSourceConfiguration: Sendable, Equatable {
         if var headerReader = try reader.object("headers") {
             for (name, value) in headerReader.allMembers() {
                 let key = headerReader.keyPath(name)
-                guard !name.isEmpty, name.unicodeScalars.allSatisfy({ $0.value > 0x20 && $0.value < 0x7F && $0 != ":" }) else {
+                guard !name.isEmpty, name.unicodeScalars.allSatisfy({ $0.value > 0x20 && $0.value < 0x7F && $0 != ":" })
+                else {
                     throw ConfigurationError(key: key, "is not a header name")
                 }
                 switch value {
@@ -54,12 +56,18 @@ public struct HTTPSourceConfiguration: Sendable, Equatable {
         tokenPointer = try reader.string("tokenPointer", default: tokenPointer)
         expiresInPointer = try reader.string("expiresInPointer")
         expiresAtPointer = try reader.string("expiresAtPointer")
-        for (key, pointer) in [("tokenPointer", tokenPointer), ("expiresInPointer", expiresInPointer ?? ""), ("expiresAtPointer", expiresAtPointer ?? "")]
+        for (key, pointer) in [
+            ("tokenPointer", tokenPointer), ("expiresInPointer", expiresInPointer ?? ""),
+            ("expiresAtPointer", expiresAtPointer ?? ""),
+        ]
         where !pointer.isEmpty && !pointer.hasPrefix("/") {
-            throw ConfigurationError(key: reader.keyPath(key), "\(JSONText.quoted(pointer)) is not a JSON Pointer; allowed: \"\" or a path such as /data/token")
+            throw ConfigurationError(
+                key: reader.keyPath(key),
+                "\(JSONText.quoted(pointer)) is not a JSON Pointer; allowed: \"\" or a path such as /data/token")
         }
         if expiresInPointer != nil, expiresAtPointer != nil {
-            throw ConfigurationError(key: reader.keyPath("expiresAtPointer"), "give at most one of expiresInPointer and expiresAtPointer")
+            throw ConfigurationError(
+                key: reader.keyPath("expiresAtPointer"), "give at most one of expiresInPointer and expiresAtPointer")
         }
         defaultLifetimeSec = try reader.int("defaultLifetimeSec", 1...86_400)
         upstream = try UpstreamConfiguration(reading: &reader)

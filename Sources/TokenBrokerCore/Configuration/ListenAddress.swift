@@ -18,33 +18,43 @@ public struct ListenAddress: Sendable, Equatable, CustomStringConvertible {
 
     public init(parsing text: String) throws(ConfigurationError) {
         let problem = ConfigurationError(
-            key: "", "\"\(text)\" is not a listen address; write IPv4:PORT, [IPv6]:PORT or unix:/absolute/path, such as 127.0.0.1:8080, [::1]:8080 or unix:/run/token-broker.sock")
+            key: "",
+            "\"\(text)\" is not a listen address; write IPv4:PORT, [IPv6]:PORT or unix:/absolute/path, such as 127.0.0.1:8080, [::1]:8080 or unix:/run/token-broker.sock"
+        )
         if text.hasPrefix("unix:") {
             let path = String(text.dropFirst("unix:".count))
             guard path.hasPrefix("/"), path.utf8.count <= Self.maximumUnixPathBytes, !path.hasSuffix("/"),
-                  !path.utf8.contains(0) else { throw problem }
+                !path.utf8.contains(0)
+            else { throw problem }
             host = ""
             port = 0
             isIPv6 = false
             unixPath = path
             return
         }
-        let host: Substring, portText: Substring
+        let host: Substring
+        let portText: Substring
         if text.hasPrefix("[") {
-            guard let close = text.firstIndex(of: "]"), text[text.index(after: close)...].hasPrefix(":") else { throw problem }
+            guard let close = text.firstIndex(of: "]"), text[text.index(after: close)...].hasPrefix(":") else {
+                throw problem
+            }
             host = text[text.index(after: text.startIndex)..<close]
             portText = text[text.index(close, offsetBy: 2)...]
             isIPv6 = true
             // The system's own parser decides, so an address accepted here is one the listener can bind.
             var parsed = in6_addr()
-            guard !host.isEmpty, !host.contains("%"), inet_pton(AF_INET6, String(host), &parsed) == 1 else { throw problem }
+            guard !host.isEmpty, !host.contains("%"), inet_pton(AF_INET6, String(host), &parsed) == 1 else {
+                throw problem
+            }
         } else {
             guard let colon = text.lastIndex(of: ":") else { throw problem }
             host = text[..<colon]
             portText = text[text.index(after: colon)...]
             isIPv6 = false
             let parts = host.split(separator: ".", omittingEmptySubsequences: false)
-            guard parts.count == 4, parts.allSatisfy({ UInt8($0) != nil && ($0 == "0" || !$0.hasPrefix("0")) }) else { throw problem }
+            guard parts.count == 4, parts.allSatisfy({ UInt8($0) != nil && ($0 == "0" || !$0.hasPrefix("0")) }) else {
+                throw problem
+            }
         }
         guard let port = UInt16(portText) else { throw problem }
         self.host = String(host)

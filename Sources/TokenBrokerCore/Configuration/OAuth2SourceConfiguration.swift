@@ -31,7 +31,9 @@ public struct OAuth2SourceConfiguration: Sendable, Equatable {
 
     init(reading reader: inout ObjectReader) throws(ConfigurationError) {
         guard let tokenURL = try reader.string("tokenURL") else {
-            throw ConfigurationError(key: reader.keyPath("tokenURL"), "is required with type \"oauth2\"; allowed: the issuer's token endpoint URL")
+            throw ConfigurationError(
+                key: reader.keyPath("tokenURL"),
+                "is required with type \"oauth2\"; allowed: the issuer's token endpoint URL")
         }
         try UpstreamConfiguration.checkURL(tokenURL, key: reader.keyPath("tokenURL"))
         guard let clientID = try reader.string("clientID"), !clientID.isEmpty else {
@@ -51,7 +53,8 @@ public struct OAuth2SourceConfiguration: Sendable, Equatable {
         case .array(let many)? where many.allSatisfy({ if case .string = $0 { true } else { false } }):
             resources = many.compactMap { if case .string(let text) = $0 { text } else { nil } }
         case let other?:
-            throw ConfigurationError(key: reader.keyPath("resource"), "must be a string or an array of strings, not \(other.typeName)")
+            throw ConfigurationError(
+                key: reader.keyPath("resource"), "must be a string or an array of strings, not \(other.typeName)")
         }
         if var params = try reader.object("extraParams") {
             extraParams = try params.stringMembers()
@@ -60,10 +63,13 @@ public struct OAuth2SourceConfiguration: Sendable, Equatable {
         upstream = try UpstreamConfiguration(reading: &reader)
         if clientAuth == .privateKeyJWT {
             guard privateKeyFile != nil else {
-                throw ConfigurationError(key: reader.keyPath("privateKeyFile"), "is required with clientAuth \"private_key_jwt\"")
+                throw ConfigurationError(
+                    key: reader.keyPath("privateKeyFile"), "is required with clientAuth \"private_key_jwt\"")
             }
         } else if (clientSecret == nil) == (clientSecretFile == nil) {
-            throw ConfigurationError(key: reader.keyPath("clientSecretFile"), "give exactly one of clientSecret and clientSecretFile with clientAuth \"\(clientAuth)\"")
+            throw ConfigurationError(
+                key: reader.keyPath("clientSecretFile"),
+                "give exactly one of clientSecret and clientSecretFile with clientAuth \"\(clientAuth)\"")
         }
     }
 
@@ -72,7 +78,8 @@ public struct OAuth2SourceConfiguration: Sendable, Equatable {
             && lhs.clientSecretFile == rhs.clientSecretFile && lhs.clientAuth == rhs.clientAuth
             && lhs.privateKeyFile == rhs.privateKeyFile && lhs.keyID == rhs.keyID && lhs.scope == rhs.scope
             && lhs.audience == rhs.audience && lhs.resources == rhs.resources
-            && lhs.extraParams.elementsEqual(rhs.extraParams, by: ==) && lhs.defaultLifetimeSec == rhs.defaultLifetimeSec
+            && lhs.extraParams.elementsEqual(rhs.extraParams, by: ==)
+            && lhs.defaultLifetimeSec == rhs.defaultLifetimeSec
             && lhs.upstream == rhs.upstream
     }
 }

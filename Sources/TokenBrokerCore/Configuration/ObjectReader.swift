@@ -47,10 +47,13 @@ struct ObjectReader {
     }
 
     /// A string that must be one of `allowed`.
-    mutating func choice(_ key: String, _ allowed: [String], default fallback: String) throws(ConfigurationError) -> String {
+    mutating func choice(_ key: String, _ allowed: [String], default fallback: String) throws(ConfigurationError)
+        -> String
+    {
         let value = try string(key, default: fallback)
         guard allowed.contains(value) else {
-            throw ConfigurationError(key: keyPath(key), "unknown value \"\(value)\"; allowed: \(allowed.joined(separator: ", "))")
+            throw ConfigurationError(
+                key: keyPath(key), "unknown value \"\(value)\"; allowed: \(allowed.joined(separator: ", "))")
         }
         return value
     }
@@ -80,19 +83,23 @@ struct ObjectReader {
     /// converted (`JSONValue.exactInt`): `1e19`, `-1e300` and `1.5` are errors, never a trap.
     static func int(_ value: JSONValue, _ range: ClosedRange<Int>, key: String) throws(ConfigurationError) -> Int {
         guard case .number(let number) = value else {
-            throw ConfigurationError(key: key, "must be a whole number in \(range.lowerBound)–\(range.upperBound), not \(value.typeName)")
+            throw ConfigurationError(
+                key: key, "must be a whole number in \(range.lowerBound)–\(range.upperBound), not \(value.typeName)")
         }
         guard number.rounded(.towardZero) == number else {
-            throw ConfigurationError(key: key, "must be a whole number in \(range.lowerBound)–\(range.upperBound), not \(number)")
+            throw ConfigurationError(
+                key: key, "must be a whole number in \(range.lowerBound)–\(range.upperBound), not \(number)")
         }
         guard let whole = value.exactInt, range.contains(whole) else {
             let shown = value.exactInt.map { String($0) } ?? String(number)
-            throw ConfigurationError(key: key, "\(shown) is out of range; allowed: \(range.lowerBound)–\(range.upperBound)")
+            throw ConfigurationError(
+                key: key, "\(shown) is out of range; allowed: \(range.lowerBound)–\(range.upperBound)")
         }
         return whole
     }
 
-    mutating func int(_ key: String, _ range: ClosedRange<Int>, default fallback: Int) throws(ConfigurationError) -> Int {
+    mutating func int(_ key: String, _ range: ClosedRange<Int>, default fallback: Int) throws(ConfigurationError) -> Int
+    {
         try int(key, range) ?? fallback
     }
 

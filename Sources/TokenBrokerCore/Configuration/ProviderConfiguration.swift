@@ -78,10 +78,13 @@ extension ProviderConfiguration {
         self.init()
         name = try reader.string("name", default: name)
         guard !name.isEmpty, name.count <= 64,
-            name.unicodeScalars.allSatisfy({ $0.properties.isASCIIHexDigit || ("a"..."z").contains($0)
-                || ("A"..."Z").contains($0) || "-_.".unicodeScalars.contains($0) })
+            name.unicodeScalars.allSatisfy({
+                $0.properties.isASCIIHexDigit || ("a"..."z").contains($0)
+                    || ("A"..."Z").contains($0) || "-_.".unicodeScalars.contains($0)
+            })
         else {
-            throw ConfigurationError(key: reader.keyPath("name"), "\"\(name)\" is not a valid name; allowed: 1–64 of A–Z a–z 0–9 - _ .")
+            throw ConfigurationError(
+                key: reader.keyPath("name"), "\"\(name)\" is not a valid name; allowed: 1–64 of A–Z a–z 0–9 - _ .")
         }
         if let sourceReader = try reader.object("source") {
             source = try SourceConfiguration(reading: sourceReader)
@@ -89,9 +92,11 @@ extension ProviderConfiguration {
         backgroundRefreshEnabled = try reader.bool("backgroundRefreshEnabled", default: backgroundRefreshEnabled)
         tokenRefreshDelaySec = try reader.int("tokenRefreshDelaySec", 1...86_400, default: tokenRefreshDelaySec)
         maxRetryCount = try reader.int("maxRetryCount", 0...10)
-        maxErrorTokenRefreshDelayMsec = try reader.int("maxErrorTokenRefreshDelayMsec", 1...30_000, default: maxErrorTokenRefreshDelayMsec)
+        maxErrorTokenRefreshDelayMsec = try reader.int(
+            "maxErrorTokenRefreshDelayMsec", 1...30_000, default: maxErrorTokenRefreshDelayMsec)
         pauseWhenIdle = try reader.bool("pauseWhenIdle", default: pauseWhenIdle)
-        forcedRefreshMaxAttempts = try reader.int("forcedRefreshMaxAttempts", 1...100, default: forcedRefreshMaxAttempts)
+        forcedRefreshMaxAttempts = try reader.int(
+            "forcedRefreshMaxAttempts", 1...100, default: forcedRefreshMaxAttempts)
         forcedRefreshWindowSec = try reader.int("forcedRefreshWindowSec", 1...3600, default: forcedRefreshWindowSec)
         cookie = try CookieSettings(reading: &reader)
         fetchTimeoutSec = try reader.int("fetchTimeoutSec", 1...600)

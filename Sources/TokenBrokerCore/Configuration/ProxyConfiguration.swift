@@ -51,7 +51,8 @@ public struct ProxyConfiguration: Sendable, Equatable {
             throw ConfigurationError(key: reader.keyPath("name"), "is required: 1–64 of A–Z, a–z, 0–9, '.', '_', '-'")
         }
         guard let targetText = try reader.string("target") else {
-            throw ConfigurationError(key: reader.keyPath("target"), "is required: the base URL, such as https://api.example.com/v1")
+            throw ConfigurationError(
+                key: reader.keyPath("target"), "is required: the base URL, such as https://api.example.com/v1")
         }
         let target: ProxyTarget
         do {
@@ -67,11 +68,15 @@ public struct ProxyConfiguration: Sendable, Equatable {
         case _ where injection.hasPrefix("header:") && Self.isHeaderName(String(injection.dropFirst("header:".count))):
             let header = String(injection.dropFirst("header:".count))
             guard !Self.reservedHeaders.contains(header.lowercased()) else {
-                throw ConfigurationError(key: reader.keyPath("inject"), "\"\(header)\" cannot carry the token; allowed: any other header name")
+                throw ConfigurationError(
+                    key: reader.keyPath("inject"),
+                    "\"\(header)\" cannot carry the token; allowed: any other header name")
             }
             inject = .header(header)
         default:
-            throw ConfigurationError(key: reader.keyPath("inject"), "unknown value \"\(injection)\"; allowed: authorization, cookie, header:<name>")
+            throw ConfigurationError(
+                key: reader.keyPath("inject"),
+                "unknown value \"\(injection)\"; allowed: authorization, cookie, header:<name>")
         }
         overwrite = try reader.bool("overwrite", default: overwrite)
         if let items = try reader.array("retryOn") {
@@ -84,13 +89,17 @@ public struct ProxyConfiguration: Sendable, Equatable {
             }
         }
         if let header = try reader.string("retryOnHeader") {
-            guard Self.isHeaderName(header) else { throw ConfigurationError(key: reader.keyPath("retryOnHeader"), "is not a header name") }
+            guard Self.isHeaderName(header) else {
+                throw ConfigurationError(key: reader.keyPath("retryOnHeader"), "is not a header name")
+            }
             retryOnHeader = header.lowercased()
         }
         bufferBodyBytes = try reader.int("bufferBodyBytes", 0...1_048_576, default: bufferBodyBytes)
         maxBodyBytes = try reader.int("maxBodyBytes", 0...1_073_741_824, default: maxBodyBytes)
         if reader.raw("maxResponseBytes") != nil {
-            throw ConfigurationError(key: reader.keyPath("maxResponseBytes"), "does not apply to proxies: their answers stream, whatever their size")
+            throw ConfigurationError(
+                key: reader.keyPath("maxResponseBytes"),
+                "does not apply to proxies: their answers stream, whatever their size")
         }
         var upstream = try UpstreamConfiguration(reading: &reader)
         if reader.raw("timeoutMsec") == nil { upstream.timeoutMsec = 30_000 }
@@ -106,14 +115,19 @@ public struct ProxyConfiguration: Sendable, Equatable {
 
     static func isName(_ name: String) -> Bool {
         (1...64).contains(name.utf8.count)
-            && name.utf8.allSatisfy { $0 == 0x2E || $0 == 0x5F || $0 == 0x2D || (0x30...0x39).contains($0) || (0x41...0x5A).contains($0) || (0x61...0x7A).contains($0) }
+            && name.utf8.allSatisfy {
+                $0 == 0x2E || $0 == 0x5F || $0 == 0x2D || (0x30...0x39).contains($0) || (0x41...0x5A).contains($0)
+                    || (0x61...0x7A).contains($0)
+            }
     }
 
     /// An RFC 9110 field name (a token).
     static func isHeaderName(_ name: String) -> Bool {
-        !name.isEmpty && name.utf8.count <= 64 && name.utf8.allSatisfy { byte in
-            (0x30...0x39).contains(byte) || (0x41...0x5A).contains(byte) || (0x61...0x7A).contains(byte) || Array("!#$%&'*+-.^_`|~".utf8).contains(byte)
-        }
+        !name.isEmpty && name.utf8.count <= 64
+            && name.utf8.allSatisfy { byte in
+                (0x30...0x39).contains(byte) || (0x41...0x5A).contains(byte) || (0x61...0x7A).contains(byte)
+                    || Array("!#$%&'*+-.^_`|~".utf8).contains(byte)
+            }
     }
 }
 
@@ -127,15 +141,26 @@ public struct ProxyTarget: Sendable, Equatable, CustomStringConvertible {
     public let basePath: String
 
     public init(parsing text: String) throws(ConfigurationError) {
-        let problem = ConfigurationError(key: "", "\(JSONText.quoted(text)) is not a base URL; allowed: http:// or https://, a host, an optional path; no query, fragment or user")
+        let problem = ConfigurationError(
+            key: "",
+            "\(JSONText.quoted(text)) is not a base URL; allowed: http:// or https://, a host, an optional path; no query, fragment or user"
+        )
         let lower = text.lowercased()
         let scheme: String
-        if lower.hasPrefix("https://") { scheme = "https" } else if lower.hasPrefix("http://") { scheme = "http" } else { throw problem }
+        if lower.hasPrefix("https://") {
+            scheme = "https"
+        } else if lower.hasPrefix("http://") {
+            scheme = "http"
+        } else {
+            throw problem
+        }
         let rest = text.dropFirst(scheme.count + 3)
         let authority = rest.prefix { $0 != "/" }
         var path = String(rest.dropFirst(authority.count))
         guard !authority.isEmpty, !authority.contains("@"),
-              text.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F && $0 != UInt8(ascii: "?") && $0 != UInt8(ascii: "#") && $0 != UInt8(ascii: "\\") })
+            text.utf8.allSatisfy({
+                $0 > 0x20 && $0 < 0x7F && $0 != UInt8(ascii: "?") && $0 != UInt8(ascii: "#") && $0 != UInt8(ascii: "\\")
+            })
         else { throw problem }
         while path.hasSuffix("/") { path.removeLast() }
         guard PathSegments.of(path)?.allSatisfy({ $0 != "." && $0 != ".." }) ?? false else { throw problem }

@@ -19,7 +19,9 @@ public enum SourceConfiguration: Sendable, Equatable {
         case .jwt(let settings): return settings.keyFile.map { [$0] } ?? []
         case .file: return []
         case .oauth2(let settings):
-            return [settings.clientSecretFile, settings.privateKeyFile, settings.upstream.clientKeyFile].compactMap { $0 }
+            return [settings.clientSecretFile, settings.privateKeyFile, settings.upstream.clientKeyFile].compactMap {
+                $0
+            }
         case .http(let settings):
             return settings.headers.values.compactMap { if case .file(let path) = $0 { path } else { nil } }.sorted()
                 + [settings.upstream.clientKeyFile].compactMap { $0 }
@@ -109,7 +111,9 @@ public struct JWTSourceConfiguration: Sendable, Equatable {
         lifetimeSec = try reader.int("lifetimeSec", 1...86_400, default: lifetimeSec)
         if algorithm == .hs256, keyFile == nil {
             // A generated HMAC secret could verify nothing outside the broker: no JWKS carries it.
-            throw ConfigurationError(key: reader.keyPath("keyFile"), "is required with HS256; allowed: a file holding at least 32 secret bytes")
+            throw ConfigurationError(
+                key: reader.keyPath("keyFile"),
+                "is required with HS256; allowed: a file holding at least 32 secret bytes")
         }
     }
 }
@@ -129,7 +133,8 @@ public struct FileSourceConfiguration: Sendable, Equatable {
 
     init(reading reader: inout ObjectReader) throws(ConfigurationError) {
         guard let path = try reader.string("path"), !path.isEmpty else {
-            throw ConfigurationError(key: reader.keyPath("path"), "is required with type \"file\"; allowed: the token file's path")
+            throw ConfigurationError(
+                key: reader.keyPath("path"), "is required with type \"file\"; allowed: the token file's path")
         }
         self.path = path
         lifetimeSec = try reader.int("lifetimeSec", 1...86_400)

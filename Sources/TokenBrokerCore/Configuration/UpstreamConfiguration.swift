@@ -26,7 +26,9 @@ public struct UpstreamConfiguration: Sendable, Equatable {
         timeoutMsec = try reader.int("timeoutMsec", 100...120_000, default: timeoutMsec)
         maxResponseBytes = try reader.int("maxResponseBytes", 1024...16_777_216, default: maxResponseBytes)
         if (clientCertFile == nil) != (clientKeyFile == nil) {
-            throw ConfigurationError(key: reader.keyPath("clientKeyFile"), "clientCertFile and clientKeyFile go together; allowed: both or neither")
+            throw ConfigurationError(
+                key: reader.keyPath("clientKeyFile"),
+                "clientCertFile and clientKeyFile go together; allowed: both or neither")
         }
     }
 
@@ -38,7 +40,8 @@ public struct UpstreamConfiguration: Sendable, Equatable {
             url.split(separator: "/", maxSplits: 3, omittingEmptySubsequences: false).count >= 3,
             !url.split(separator: "/", omittingEmptySubsequences: false)[2].isEmpty
         else {
-            throw ConfigurationError(key: key, "\(JSONText.quoted(url)) is not a URL; allowed: an http:// or https:// URL")
+            throw ConfigurationError(
+                key: key, "\(JSONText.quoted(url)) is not a URL; allowed: an http:// or https:// URL")
         }
     }
 }

@@ -101,11 +101,15 @@ public final class BrokerMetrics: Sendable {
         state.withLock { state in
             state.refreshes[Labels(owner: provider, value: error?.description ?? "success"), default: 0] += 1
             var histogram = state.latency[provider] ?? Histogram()
-            for (index, bound) in Self.latencyBuckets.enumerated() where seconds <= bound { histogram.counts[index] += 1 }
+            for (index, bound) in Self.latencyBuckets.enumerated() where seconds <= bound {
+                histogram.counts[index] += 1
+            }
             histogram.total += 1
             histogram.sum += seconds
             state.latency[provider] = histogram
-            if let code = error?.httpStatus { state.upstreamCodes[Labels(owner: provider, value: String(code)), default: 0] += 1 }
+            if let code = error?.httpStatus {
+                state.upstreamCodes[Labels(owner: provider, value: String(code)), default: 0] += 1
+            }
         }
     }
 
@@ -149,55 +153,78 @@ public final class BrokerMetrics: Sendable {
         sample("token_broker_build_info", [("version", version)], "1")
 
         family("token_broker_http_requests_total", "counter", "Answered requests by listener, route and status code.")
-        for (key, counter) in snapshot.counters.sorted(by: { ($0.key.listener, $0.key.route) < ($1.key.listener, $1.key.route) }) {
+        for (key, counter) in snapshot.counters.sorted(by: {
+            ($0.key.listener, $0.key.route) < ($1.key.listener, $1.key.route)
+        }) {
             for (status, count) in counter.counts.sorted(by: { $0.key < $1.key }) {
-                sample("token_broker_http_requests_total", [("listener", key.listener), ("route", key.route), ("code", String(status))], String(count))
+                sample(
+                    "token_broker_http_requests_total",
+                    [("listener", key.listener), ("route", key.route), ("code", String(status))], String(count))
             }
         }
 
-        family("token_broker_open_connections", "gauge", "Connections open now, by listener (idle, reading, or waiting).")
+        family(
+            "token_broker_open_connections", "gauge", "Connections open now, by listener (idle, reading, or waiting).")
         for (listener, read) in snapshot.openConnections {
             sample("token_broker_open_connections", [("listener", listener)], String(read()))
         }
-        family("token_broker_connections_evicted_total", "counter",
-               "Idle connections closed to make room for new ones when a listener was near its connection limit.")
+        family(
+            "token_broker_connections_evicted_total", "counter",
+            "Idle connections closed to make room for new ones when a listener was near its connection limit.")
         for (listener, read) in snapshot.evictedConnections {
             sample("token_broker_connections_evicted_total", [("listener", listener)], String(read()))
         }
         if let read = snapshot.droppedResponseHeaders {
-            family("token_broker_response_headers_dropped_total", "counter",
-                   "Answer headers the HTTP library refused (such as a proxied header with a character it does not allow); they were not sent.")
+            family(
+                "token_broker_response_headers_dropped_total", "counter",
+                "Answer headers the HTTP library refused (such as a proxied header with a character it does not allow); they were not sent."
+            )
             sample("token_broker_response_headers_dropped_total", [], String(read()))
         }
 
-        counters("token_broker_proxy_requests_total", "Proxied requests by proxy and the status the client got.",
-                 labels: ("proxy", "code"), snapshot.proxied)
-        counters("token_broker_proxy_retries_total", "Proxied requests sent again with a refreshed token after a refusal.",
-                 label: "proxy", snapshot.proxyRetries)
-        counters("token_broker_proxy_refreshes_total", "Upstream token fetches started because a proxied request's token was refused.",
-                 label: "proxy", snapshot.proxyRefreshes)
+        counters(
+            "token_broker_proxy_requests_total", "Proxied requests by proxy and the status the client got.",
+            labels: ("proxy", "code"), snapshot.proxied)
+        counters(
+            "token_broker_proxy_retries_total", "Proxied requests sent again with a refreshed token after a refusal.",
+            label: "proxy", snapshot.proxyRetries)
+        counters(
+            "token_broker_proxy_refreshes_total",
+            "Upstream token fetches started because a proxied request's token was refused.",
+            label: "proxy", snapshot.proxyRefreshes)
 
-        counters("token_broker_refreshes_total", "Upstream fetches by provider and result (success or the error's classification).",
-                 labels: ("provider", "result"), snapshot.refreshes)
+        counters(
+            "token_broker_refreshes_total",
+            "Upstream fetches by provider and result (success or the error's classification).",
+            labels: ("provider", "result"), snapshot.refreshes)
 
         family("token_broker_refresh_duration_seconds", "histogram", "How long upstream fetches took.")
         for (provider, histogram) in snapshot.latency.sorted(by: { $0.key < $1.key }) {
             for (index, bound) in Self.latencyBuckets.enumerated() {
-                sample("token_broker_refresh_duration_seconds_bucket", [("provider", provider), ("le", Self.number(bound))], String(histogram.counts[index]))
+                sample(
+                    "token_broker_refresh_duration_seconds_bucket",
+                    [("provider", provider), ("le", Self.number(bound))], String(histogram.counts[index]))
             }
-            sample("token_broker_refresh_duration_seconds_bucket", [("provider", provider), ("le", "+Inf")], String(histogram.total))
+            sample(
+                "token_broker_refresh_duration_seconds_bucket", [("provider", provider), ("le", "+Inf")],
+                String(histogram.total))
             sample("token_broker_refresh_duration_seconds_sum", [("provider", provider)], Self.number(histogram.sum))
             sample("token_broker_refresh_duration_seconds_count", [("provider", provider)], String(histogram.total))
         }
 
-        counters("token_broker_upstream_responses_total", "Upstream HTTP status codes by provider.",
-                 labels: ("provider", "code"), snapshot.upstreamCodes)
-        counters("token_broker_stale_tokens_served_total", "Token answers marked stale, served while refresh was failing.",
-                 label: "provider", snapshot.staleServed)
-        counters("token_broker_excessive_refreshes_total", "Forced refreshes refused by the refresh window.",
-                 label: "provider", snapshot.excessive)
+        counters(
+            "token_broker_upstream_responses_total", "Upstream HTTP status codes by provider.",
+            labels: ("provider", "code"), snapshot.upstreamCodes)
+        counters(
+            "token_broker_stale_tokens_served_total", "Token answers marked stale, served while refresh was failing.",
+            label: "provider", snapshot.staleServed)
+        counters(
+            "token_broker_excessive_refreshes_total", "Forced refreshes refused by the refresh window.",
+            label: "provider", snapshot.excessive)
 
-        family("token_broker_token_expiry_seconds", "gauge", "Seconds until the cached token expires (absent without a valid token with expiry).")
+        family(
+            "token_broker_token_expiry_seconds", "gauge",
+            "Seconds until the cached token expires (absent without a valid token with expiry).")
         for status in statuses {
             if let left = status.expiresIn {
                 sample("token_broker_token_expiry_seconds", [("provider", status.name)], Self.number(left.inSeconds))
@@ -205,15 +232,23 @@ public final class BrokerMetrics: Sendable {
         }
 
         family("token_broker_token_version", "gauge", "The version of the valid cached token, 0 when there is none.")
-        for status in statuses { sample("token_broker_token_version", [("provider", status.name)], String(status.version ?? 0)) }
+        for status in statuses {
+            sample("token_broker_token_version", [("provider", status.name)], String(status.version ?? 0))
+        }
 
-        family("token_broker_longpoll_waiters", "gauge", "Requests waiting for a token (long-polls, on-demand fetches, forced refreshes).")
-        for status in statuses { sample("token_broker_longpoll_waiters", [("provider", status.name)], String(status.waiters)) }
+        family(
+            "token_broker_longpoll_waiters", "gauge",
+            "Requests waiting for a token (long-polls, on-demand fetches, forced refreshes).")
+        for status in statuses {
+            sample("token_broker_longpoll_waiters", [("provider", status.name)], String(status.waiters))
+        }
 
         family("token_broker_provider_state", "gauge", "1 for the provider's current state.")
         for status in statuses {
             for phase in ProviderPhase.allCases {
-                sample("token_broker_provider_state", [("provider", status.name), ("state", phase.rawValue)], status.phase == phase ? "1" : "0")
+                sample(
+                    "token_broker_provider_state", [("provider", status.name), ("state", phase.rawValue)],
+                    status.phase == phase ? "1" : "0")
             }
         }
         return out

@@ -7,7 +7,9 @@ public struct ProviderEvents: Sendable {
 
     /// Hooks that do nothing unless given.
     public init(
-        fetched: @escaping @Sendable (String, Result<(FetchedToken, UInt64), TokenFetchError>, Duration) -> Void = { _, _, _ in },
+        fetched: @escaping @Sendable (String, Result<(FetchedToken, UInt64), TokenFetchError>, Duration) -> Void = {
+            _, _, _ in
+        },
         excessiveRefresh: @escaping @Sendable (String) -> Void = { _ in }
     ) {
         self.fetched = fetched

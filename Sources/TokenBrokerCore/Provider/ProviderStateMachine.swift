@@ -163,7 +163,9 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         guard backgroundRefresh else { return (.onDemand(cached: validToken(at: now)), []) }
         let wasPaused = isPaused
         let actions = noteActivity(now: now)
-        guard let token = validToken(at: now), token.version > newerThan else { return (.unavailable(wasPaused: wasPaused), actions) }
+        guard let token = validToken(at: now), token.version > newerThan else {
+            return (.unavailable(wasPaused: wasPaused), actions)
+        }
         return (.token(token, stale: failures > 0, secondsLeft: token.secondsLeft(at: now)), actions)
     }
 
@@ -177,7 +179,9 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     ///     its version; a refresh that already succeeded answers it at once. A failing refresh
     ///     keeps it waiting through the retries, as any waiter.
     /// - Returns: the waiter's id, and the actions, which may complete it at once.
-    public mutating func addWaiter(after requested: UInt64?, deadline: Instant, onDemand: Bool = false, forRefresh: Bool = false, now: Instant)
+    public mutating func addWaiter(
+        after requested: UInt64?, deadline: Instant, onDemand: Bool = false, forRefresh: Bool = false, now: Instant
+    )
         -> (id: UInt64, actions: [Action])
     {
         var actions = noteActivity(now: now)
@@ -185,7 +189,8 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         let id = nextWaiterID
         // Without background refresh every call wants a token fetched after it asked.
         let after = backgroundRefresh ? requested : max(requested ?? 0, lastVersion)
-        if let token = validToken(at: now), token.version > (after ?? 0) || (forRefresh && !isFetching && failures == 0) {
+        if let token = validToken(at: now), token.version > (after ?? 0) || (forRefresh && !isFetching && failures == 0)
+        {
             actions.append(.complete(waiters: [id], .token(token, stale: isStale(at: now))))
             return (id, actions)
         }
@@ -193,7 +198,9 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
             actions.append(.complete(waiters: [id], .timedOut(current: validToken(at: now), lastError: lastError)))
             return (id, actions)
         }
-        waiters[id] = Waiter(after: requested, kind: onDemand ? .onDemand : .ready, wantsFetch: !backgroundRefresh, forRefresh: forRefresh)
+        waiters[id] = Waiter(
+            after: requested, kind: onDemand ? .onDemand : .ready, wantsFetch: !backgroundRefresh,
+            forRefresh: forRefresh)
         deadlines.insert(id, at: deadline)
         // Ask for a token now when nothing valid can satisfy the waiter, unless a fetch or a
         // retry is already planned: a failing issuer keeps its backoff however many wait.
@@ -231,7 +238,9 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     ///   - fetch: the `fetchNumber` of the fetch that brought it; a result of any other fetch
     ///     (one abandoned at its deadline) is ignored. Nil: the fetch in flight, whichever it is.
     ///   - wallTime: the wall-clock time of `now`, kept for `issued_at`.
-    public mutating func fetchSucceeded(_ token: FetchedToken, fetch: UInt64? = nil, now: Instant, wallTime: WallTime) -> [Action] {
+    public mutating func fetchSucceeded(_ token: FetchedToken, fetch: UInt64? = nil, now: Instant, wallTime: WallTime)
+        -> [Action]
+    {
         guard isCurrent(fetch) else { return [] }
         isFetching = false
         fetchDeadline = nil
@@ -248,7 +257,8 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
             accepted = same
         } else {
             lastVersion += 1
-            accepted = Token(token: token, version: lastVersion, issuedAt: now, expiresAt: expiresAt, issuedAtDate: wallTime)
+            accepted = Token(
+                token: token, version: lastVersion, issuedAt: now, expiresAt: expiresAt, issuedAtDate: wallTime)
         }
         cached = accepted
         if backgroundRefresh {
@@ -262,7 +272,9 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         if valid {
             woken.reserveCapacity(waiters.count)
             for (id, waiter) in waiters
-            where accepted.version > (waiter.after ?? 0) || waiter.forRefresh || (waiter.wantsFetch && waiter.after == nil) {
+            where accepted.version > (waiter.after ?? 0) || waiter.forRefresh
+                || (waiter.wantsFetch && waiter.after == nil)
+            {
                 woken.append(id)
             }
         }
@@ -290,7 +302,9 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
             let previous = validToken(at: now)
             let givenUp = waiters.compactMap { id, waiter in waiter.kind == .onDemand ? id : nil }
             for id in givenUp { waiters[id] = nil }
-            if !givenUp.isEmpty { actions.append(.complete(waiters: givenUp, .exhausted(previous: previous, lastError: error))) }
+            if !givenUp.isEmpty {
+                actions.append(.complete(waiters: givenUp, .exhausted(previous: previous, lastError: error)))
+            }
             dropDeadlinesIfIdle()
             if waiters.isEmpty {
                 failures = 0
@@ -309,7 +323,8 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         var actions: [Action] = []
         if isFetching, let deadline = fetchDeadline, deadline <= now {
             // No source holds the provider in `refreshing`: the fetch fails, and backoff follows.
-            let error = TokenFetchError.timeout("the source did not finish within \(fetchTimeout.wholeMilliseconds) ms (fetchTimeoutSec)")
+            let error = TokenFetchError.timeout(
+                "the source did not finish within \(fetchTimeout.wholeMilliseconds) ms (fetchTimeoutSec)")
             let number = fetchNumber
             actions += fetchFailed(error, now: now)
             actions.insert(.abandonFetch(number: number, error), at: 0)

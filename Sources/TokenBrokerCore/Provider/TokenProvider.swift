@@ -127,7 +127,9 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     /// `newerThan`, or why there is none; without it, `.onDemand` with the last token while valid. With background refresh the
     /// read counts as activity, so it resumes a provider paused while idle.
     public func read(newerThan: UInt64 = 0) -> TokenRead<C.Instant> {
-        apply(ifShutDown: configuration.backgroundRefreshEnabled ? .unavailable(wasPaused: false) : .onDemand(cached: nil)) { machine, now in
+        apply(
+            ifShutDown: configuration.backgroundRefreshEnabled ? .unavailable(wasPaused: false) : .onDemand(cached: nil)
+        ) { machine, now in
             machine.read(newerThan: newerThan, now: now)
         }
     }
@@ -138,13 +140,17 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     ///   - onDemand: as for `addWaiter`: after `read` said `.onDemand`.
     ///   - forRefresh: the wait of a forced refresh, which its token ends even when it is the
     ///     same token again (see `ProviderStateMachine.addWaiter`).
-    public func onTokenReady(after: UInt64? = nil, timeout: Duration, onDemand: Bool = false, forRefresh: Bool = false) async -> WaitOutcome {
+    public func onTokenReady(after: UInt64? = nil, timeout: Duration, onDemand: Bool = false, forRefresh: Bool = false)
+        async -> WaitOutcome
+    {
         // The waiter's id once registered, or `.max` when cancellation came first: whichever of
         // registration and cancellation runs second ends the waiter.
         let waiterID = Lock<UInt64?>(nil)
         return await withTaskCancellationHandler {
             await withCheckedContinuation { (continuation: CheckedContinuation<WaitOutcome, Never>) in
-                let id = addWaiter(after: after, deadline: deadline(in: timeout), onDemand: onDemand, forRefresh: forRefresh) { outcome in
+                let id = addWaiter(
+                    after: after, deadline: deadline(in: timeout), onDemand: onDemand, forRefresh: forRefresh
+                ) { outcome in
                     continuation.resume(returning: outcome)
                 }
                 let cancelledAlready = waiterID.withLock { stored -> Bool in
@@ -171,7 +177,8 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     ///   - forRefresh: the wait of a forced refresh (see `ProviderStateMachine.addWaiter`).
     @discardableResult
     public func addWaiter(
-        after: UInt64?, deadline: C.Instant, onDemand: Bool = false, forRefresh: Bool = false, completion: @escaping Completion
+        after: UInt64?, deadline: C.Instant, onDemand: Bool = false, forRefresh: Bool = false,
+        completion: @escaping Completion
     )
         -> UInt64
     {
@@ -206,8 +213,11 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
 
     /// `forceRefresh`, also saying whether this call started an upstream fetch (rather than
     /// joining one under way, or finding a newer token).
-    public func forceRefreshStartingFetch(rejected: UInt64?) -> (decision: Machine.ForcedRefreshDecision, startedFetch: Bool) {
-        let (decision, started) = apply(ifShutDown: (Machine.ForcedRefreshDecision.refreshing(after: nil), false)) { machine, now in
+    public func forceRefreshStartingFetch(rejected: UInt64?) -> (
+        decision: Machine.ForcedRefreshDecision, startedFetch: Bool
+    ) {
+        let (decision, started) = apply(ifShutDown: (Machine.ForcedRefreshDecision.refreshing(after: nil), false)) {
+            machine, now in
             let (answer, actions) = machine.forceRefresh(rejected: rejected, now: now)
             let started = actions.contains { if case .startFetch = $0 { true } else { false } }
             return ((answer, started), actions)
@@ -411,7 +421,9 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
 
 extension TokenProvider where C == ContinuousClock {
     /// A provider on the real monotonic clock.
-    public convenience init(configuration: ProviderConfiguration, source: any TokenSource, events: ProviderEvents = ProviderEvents()) {
+    public convenience init(
+        configuration: ProviderConfiguration, source: any TokenSource, events: ProviderEvents = ProviderEvents()
+    ) {
         self.init(configuration: configuration, source: source, clock: ContinuousClock(), events: events)
     }
 }

@@ -63,7 +63,8 @@ extension WallTime {
     /// outside years 0000–9999 (`RFC3339.writableSeconds`), so that adding a lifetime of up
     /// to a year to it never overflows.
     public var wholeSecondsSince1970: Int64? {
-        guard let seconds = Int64(rounding: timeIntervalSince1970, .down), RFC3339.writableSeconds.contains(seconds) else { return nil }
+        guard let seconds = Int64(rounding: timeIntervalSince1970, .down), RFC3339.writableSeconds.contains(seconds)
+        else { return nil }
         return seconds
     }
 }

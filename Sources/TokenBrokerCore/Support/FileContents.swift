@@ -22,7 +22,9 @@ public enum FileContents {
         defer { close(fd) }
         var status = stat()
         guard fstat(fd, &status) == 0 else { return .failure(.system(errno)) }
-        guard status.st_mode & S_IFMT == S_IFREG else { return .failure(.notRegular(FileReadError.kind(of: status.st_mode))) }
+        guard status.st_mode & S_IFMT == S_IFREG else {
+            return .failure(.notRegular(FileReadError.kind(of: status.st_mode)))
+        }
         guard status.st_size <= limit else { return .failure(.tooLarge(limit)) }
         var bytes: [UInt8] = []
         bytes.reserveCapacity(Int(status.st_size) + 1)

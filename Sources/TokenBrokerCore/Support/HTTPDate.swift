@@ -7,16 +7,18 @@ public enum HTTPDate {
     public static func parse(_ text: String) -> WallTime? {
         // "Sun, 06 Nov 1994 08:49:37 GMT"
         let parts = text.split(separator: " ", omittingEmptySubsequences: false)
-        guard parts.count == 6, parts[0].count == 4, parts[0].hasSuffix(","), weekdays.contains(String(parts[0].dropLast())),
-              let day = digits(parts[1], count: 2), (1...31).contains(day),
-              let monthIndex = months.firstIndex(of: String(parts[2])),
-              let year = digits(parts[3], count: 4),
-              parts[5] == "GMT"
+        guard parts.count == 6, parts[0].count == 4, parts[0].hasSuffix(","),
+            weekdays.contains(String(parts[0].dropLast())),
+            let day = digits(parts[1], count: 2), (1...31).contains(day),
+            let monthIndex = months.firstIndex(of: String(parts[2])),
+            let year = digits(parts[3], count: 4),
+            parts[5] == "GMT"
         else { return nil }
         let clock = parts[4].split(separator: ":", omittingEmptySubsequences: false)
         guard clock.count == 3,
-              let hour = digits(clock[0], count: 2), let minute = digits(clock[1], count: 2), let second = digits(clock[2], count: 2),
-              hour < 24, minute < 60, second < 61
+            let hour = digits(clock[0], count: 2), let minute = digits(clock[1], count: 2),
+            let second = digits(clock[2], count: 2),
+            hour < 24, minute < 60, second < 61
         else { return nil }
         let days = RFC3339.days(fromCivil: year, Int64(monthIndex + 1), day)
         return WallTime(timeIntervalSince1970: Double(days * 86_400 + hour * 3600 + minute * 60 + second))

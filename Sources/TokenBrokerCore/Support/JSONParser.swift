@@ -25,9 +25,15 @@ struct JSONParser {
         case UInt8(ascii: "{"): return try parseObject()
         case UInt8(ascii: "["): return try parseArray()
         case UInt8(ascii: "\""): return .string(try parseString())
-        case UInt8(ascii: "t"): try expect("true"); return .bool(true)
-        case UInt8(ascii: "f"): try expect("false"); return .bool(false)
-        case UInt8(ascii: "n"): try expect("null"); return .null
+        case UInt8(ascii: "t"):
+            try expect("true")
+            return .bool(true)
+        case UInt8(ascii: "f"):
+            try expect("false")
+            return .bool(false)
+        case UInt8(ascii: "n"):
+            try expect("null")
+            return .null
         case UInt8(ascii: "-"), UInt8(ascii: "0")...UInt8(ascii: "9"): return .number(try parseNumber())
         default: throw problem("unexpected character")
         }
@@ -51,9 +57,14 @@ struct JSONParser {
             guard peek(UInt8(ascii: ":")) else { throw problem("expected ':' after a key") }
             index += 1
             skipWhitespace()
-            guard members.updateValue(try parseValue(), forKey: key) == nil else { throw problem("the key \(JSONText.quoted(key)) appears twice") }
+            guard members.updateValue(try parseValue(), forKey: key) == nil else {
+                throw problem("the key \(JSONText.quoted(key)) appears twice")
+            }
             skipWhitespace()
-            if peek(UInt8(ascii: ",")) { index += 1; continue }
+            if peek(UInt8(ascii: ",")) {
+                index += 1
+                continue
+            }
             guard peek(UInt8(ascii: "}")) else { throw problem("expected ',' or '}'") }
             index += 1
             depth -= 1
@@ -75,7 +86,10 @@ struct JSONParser {
             skipWhitespace()
             items.append(try parseValue())
             skipWhitespace()
-            if peek(UInt8(ascii: ",")) { index += 1; continue }
+            if peek(UInt8(ascii: ",")) {
+                index += 1
+                continue
+            }
             guard peek(UInt8(ascii: "]")) else { throw problem("expected ',' or ']'") }
             index += 1
             depth -= 1
@@ -91,7 +105,9 @@ struct JSONParser {
             switch byte {
             case UInt8(ascii: "\""):
                 index += 1
-                guard let text = String(validating: out, as: UTF8.self) else { throw problem("a string is not valid UTF-8") }
+                guard let text = String(validating: out, as: UTF8.self) else {
+                    throw problem("a string is not valid UTF-8")
+                }
                 return text
             case UInt8(ascii: "\\"):
                 index += 1
@@ -122,7 +138,8 @@ struct JSONParser {
     private mutating func parseUnicodeEscape() throws(JSONParseError) -> [UInt8] {
         var scalar = try hex4()
         if (0xD800...0xDBFF).contains(scalar) {
-            guard index + 1 < bytes.count, bytes[index] == UInt8(ascii: "\\"), bytes[index + 1] == UInt8(ascii: "u") else {
+            guard index + 1 < bytes.count, bytes[index] == UInt8(ascii: "\\"), bytes[index + 1] == UInt8(ascii: "u")
+            else {
                 throw problem("a lone surrogate in a \\u escape")
             }
             index += 2

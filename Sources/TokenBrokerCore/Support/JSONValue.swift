@@ -75,7 +75,9 @@ public enum JSONValue: Sendable, Equatable {
             switch iterator.next() {
             case "1": out.append("/")
             case "0": out.append("~")
-            case let other?: out.append("~"); out.append(other)
+            case let other?:
+                out.append("~")
+                out.append(other)
             case nil: out.append("~")
             }
         }

@@ -14,13 +14,18 @@ public enum RFC3339 {
     /// first), rather than stopping the process; tokens the broker serves never come near either end.
     public static func string(from date: WallTime) -> String {
         let bounds = writableSeconds
-        let seconds = Int64(rounding: date.timeIntervalSince1970, .down).map { min(max($0, bounds.lowerBound), bounds.upperBound) }
+        let seconds =
+            Int64(rounding: date.timeIntervalSince1970, .down).map {
+                min(max($0, bounds.lowerBound), bounds.upperBound)
+            }
             ?? (date.timeIntervalSince1970 > 0 ? bounds.upperBound : bounds.lowerBound)
         let days = seconds >= 0 ? seconds / 86_400 : (seconds - 86_399) / 86_400
         let secondOfDay = seconds - days * 86_400
         let (year, month, day) = civil(fromDays: days)
         func two(_ value: Int64) -> String { value < 10 ? "0\(value)" : "\(value)" }
-        let hour = secondOfDay / 3600, minute = (secondOfDay % 3600) / 60, second = secondOfDay % 60
+        let hour = secondOfDay / 3600
+        let minute = (secondOfDay % 3600) / 60
+        let second = secondOfDay % 60
         let yearText = String(year)
         let paddedYear = String(repeating: "0", count: max(0, 4 - yearText.count)) + yearText
         return "\(paddedYear)-\(two(month))-\(two(day))T\(two(hour)):\(two(minute)):\(two(second))Z"

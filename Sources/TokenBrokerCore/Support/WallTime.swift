@@ -17,7 +17,9 @@ public struct WallTime: Sendable, Equatable, Hashable, Comparable {
         timeIntervalSince1970 = Double(time.tv_sec) + Double(time.tv_nsec) / 1e9
     }
 
-    public func addingTimeInterval(_ seconds: Double) -> WallTime { WallTime(timeIntervalSince1970: timeIntervalSince1970 + seconds) }
+    public func addingTimeInterval(_ seconds: Double) -> WallTime {
+        WallTime(timeIntervalSince1970: timeIntervalSince1970 + seconds)
+    }
 
     public func timeIntervalSince(_ other: WallTime) -> Double { timeIntervalSince1970 - other.timeIntervalSince1970 }
 

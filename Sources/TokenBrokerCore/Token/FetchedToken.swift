@@ -12,7 +12,10 @@ public struct FetchedToken: Sendable, Equatable {
     /// The issuer's HTTP status, for sources that speak HTTP (for metrics).
     public var upstreamStatus: Int?
 
-    public init(accessToken: String, tokenType: String = "Bearer", lifetime: Duration?, scope: String? = nil, upstreamStatus: Int? = nil) {
+    public init(
+        accessToken: String, tokenType: String = "Bearer", lifetime: Duration?, scope: String? = nil,
+        upstreamStatus: Int? = nil
+    ) {
         self.upstreamStatus = upstreamStatus
         self.accessToken = accessToken
         self.tokenType = TokenType.normalised(tokenType) ?? tokenType

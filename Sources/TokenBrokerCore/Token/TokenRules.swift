@@ -32,7 +32,8 @@ public struct TokenRules: Sendable, Equatable {
         let value = token.accessToken
         guard !value.isEmpty else { throw .badResponse("the token is empty", httpStatus: token.upstreamStatus) }
         guard value.utf8.count <= Self.maximumTokenBytes else {
-            throw .badResponse("the token is longer than \(Self.maximumTokenBytes) bytes", httpStatus: token.upstreamStatus)
+            throw .badResponse(
+                "the token is longer than \(Self.maximumTokenBytes) bytes", httpStatus: token.upstreamStatus)
         }
         guard Self.isVisibleASCII(value) else {
             throw .badResponse("the token holds a character other than visible ASCII", httpStatus: token.upstreamStatus)
@@ -43,12 +44,18 @@ public struct TokenRules: Sendable, Equatable {
                 httpStatus: token.upstreamStatus)
         }
         guard TokenType.normalised(token.tokenType) == token.tokenType else {
-            throw .badResponse("token_type is not an RFC 6749 type name (letters, digits, '-', '.', '_'; at most \(TokenType.maximumLength))", httpStatus: token.upstreamStatus)
+            throw .badResponse(
+                "token_type is not an RFC 6749 type name (letters, digits, '-', '.', '_'; at most \(TokenType.maximumLength))",
+                httpStatus: token.upstreamStatus)
         }
         if let lifetime = token.lifetime {
-            guard lifetime > .zero else { throw .badResponse("the token has already expired", httpStatus: token.upstreamStatus) }
+            guard lifetime > .zero else {
+                throw .badResponse("the token has already expired", httpStatus: token.upstreamStatus)
+            }
             guard lifetime <= .seconds(Self.maximumLifetimeSeconds) else {
-                throw .badResponse("the token's lifetime is longer than a year (\(Self.maximumLifetimeSeconds) s)", httpStatus: token.upstreamStatus)
+                throw .badResponse(
+                    "the token's lifetime is longer than a year (\(Self.maximumLifetimeSeconds) s)",
+                    httpStatus: token.upstreamStatus)
             }
         }
         return token
@@ -70,9 +77,10 @@ public struct TokenRules: Sendable, Equatable {
     /// writes: `%x21 / %x23-2B / %x2D-3A / %x3C-5B / %x5D-7E`, that is visible ASCII without
     /// `"`, `,`, `;` and `\`.
     public static func isCookieValue(_ text: String) -> Bool {
-        !text.isEmpty && text.utf8.allSatisfy { byte in
-            byte > 0x20 && byte < 0x7F && byte != 0x22 && byte != 0x2C && byte != 0x3B && byte != 0x5C
-        }
+        !text.isEmpty
+            && text.utf8.allSatisfy { byte in
+                byte > 0x20 && byte < 0x7F && byte != 0x22 && byte != 0x2C && byte != 0x3B && byte != 0x5C
+            }
     }
 }
 

@@ -13,8 +13,13 @@ public protocol TokenSource: Sendable {
 /// issuer said, and never holds a secret.
 public struct TokenFetchError: Error, Sendable, Equatable, CustomStringConvertible {
     private enum Code: String, Sendable {
-        case unreachable, timeout, credentialsRejected = "credentials_rejected", rateLimited = "rate_limited"
-        case serverError = "server_error", badResponse = "bad_response", configuration, internalError = "internal"
+        case unreachable, timeout
+        case credentialsRejected = "credentials_rejected"
+        case rateLimited = "rate_limited"
+        case serverError = "server_error"
+        case badResponse = "bad_response"
+        case configuration
+        case internalError = "internal"
     }
 
     private let code: Code

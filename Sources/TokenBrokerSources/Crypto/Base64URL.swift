@@ -7,7 +7,8 @@ public enum Base64URL {
         out.reserveCapacity((bytes.count * 4 + 2) / 3)
         var iterator = bytes.makeIterator()
         while let first = iterator.next() {
-            let second = iterator.next(), third = iterator.next()
+            let second = iterator.next()
+            let third = iterator.next()
             let group = UInt32(first) << 16 | UInt32(second ?? 0) << 8 | UInt32(third ?? 0)
             out.append(alphabet[Int(group >> 18 & 63)])
             out.append(alphabet[Int(group >> 12 & 63)])
@@ -22,7 +23,8 @@ public enum Base64URL {
     /// Decodes base64url, with or without padding; nil for anything else.
     public static func decode(_ text: some StringProtocol) -> [UInt8]? {
         var out: [UInt8] = []
-        var buffer: UInt32 = 0, bits = 0
+        var buffer: UInt32 = 0
+        var bits = 0
         for byte in text.utf8 {
             let value: UInt8
             switch byte {

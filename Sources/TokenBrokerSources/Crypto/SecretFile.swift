@@ -20,7 +20,8 @@ public enum SecretFile {
     public static func readLine(_ path: String) throws(TokenFetchError) -> String {
         var bytes = try read(path)
         while let last = bytes.last, last == 0x0A || last == 0x0D { bytes.removeLast() }
-        guard !bytes.isEmpty, let text = String(validating: bytes, as: UTF8.self), !text.contains(where: \.isNewline) else {
+        guard !bytes.isEmpty, let text = String(validating: bytes, as: UTF8.self), !text.contains(where: \.isNewline)
+        else {
             throw .configuration("\(path) must hold one non-empty line of UTF-8")
         }
         return text

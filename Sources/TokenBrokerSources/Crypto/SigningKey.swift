@@ -49,7 +49,9 @@ public final class SigningKey: @unchecked Sendable {
 
     /// A key read from `contents`: a PEM private key, or for HS256 the secret bytes themselves
     /// (one trailing newline is dropped, since `echo` adds one).
-    public static func load(algorithm: JWSAlgorithm, contents: [UInt8], path: String) throws(TokenFetchError) -> SigningKey {
+    public static func load(algorithm: JWSAlgorithm, contents: [UInt8], path: String) throws(TokenFetchError)
+        -> SigningKey
+    {
         if algorithm == .hs256 {
             var secret = contents
             if secret.last == UInt8(ascii: "\n") { secret.removeLast() }
@@ -58,7 +60,9 @@ public final class SigningKey: @unchecked Sendable {
             }
             return try SigningKey(algorithm: algorithm, pkey: nil, secret: secret)
         }
-        guard let length = Int32(exactly: contents.count) else { throw .configuration("\(path): not a PEM private key") }
+        guard let length = Int32(exactly: contents.count) else {
+            throw .configuration("\(path): not a PEM private key")
+        }
         // Never prompt: without a callback OpenSSL asks the controlling terminal for a pass
         // phrase, and would wait there for ever. This one refuses and notes that it was asked.
         var askedForPassphrase = false
@@ -72,13 +76,17 @@ public final class SigningKey: @unchecked Sendable {
         guard let pkey else {
             ERR_clear_error()
             if askedForPassphrase {
-                throw .configuration("\(path): the key is protected by a pass phrase; give it unencrypted (openssl pkey -in KEY -out PLAIN), readable only by the broker")
+                throw .configuration(
+                    "\(path): the key is protected by a pass phrase; give it unencrypted (openssl pkey -in KEY -out PLAIN), readable only by the broker"
+                )
             }
             throw .configuration("\(path): not a PEM private key")
         }
         guard Self.fits(pkey, algorithm: algorithm) else {
             EVP_PKEY_free(pkey)
-            throw .configuration("\(path): the key does not fit \(algorithm) (ES256 wants EC on the P-256 curve, also called prime256v1 or secp256r1; RS256 wants RSA of 2048 bits or more)")
+            throw .configuration(
+                "\(path): the key does not fit \(algorithm) (ES256 wants EC on the P-256 curve, also called prime256v1 or secp256r1; RS256 wants RSA of 2048 bits or more)"
+            )
         }
         return try SigningKey(algorithm: algorithm, pkey: pkey)
     }
@@ -145,12 +153,16 @@ public final class SigningKey: @unchecked Sendable {
     /// Reads the public half of an EC or RSA key as JWK members.
     /// - Throws: `internalError` when OpenSSL cannot give a parameter (a key published without
     ///   them would be a JWKS that verifies nothing).
-    private static func publicMembers(of pkey: OpaquePointer, algorithm: JWSAlgorithm) throws(TokenFetchError) -> [(String, String)] {
+    private static func publicMembers(of pkey: OpaquePointer, algorithm: JWSAlgorithm) throws(TokenFetchError) -> [(
+        String, String
+    )] {
         if algorithm == .es256 {
-            let x = try bignum(pkey, "qx", width: 32), y = try bignum(pkey, "qy", width: 32)
+            let x = try bignum(pkey, "qx", width: 32)
+            let y = try bignum(pkey, "qy", width: 32)
             return [("crv", "P-256"), ("kty", "EC"), ("x", Base64URL.encode(x)), ("y", Base64URL.encode(y))]
         }
-        let n = try bignum(pkey, "n", width: 0), e = try bignum(pkey, "e", width: 0)
+        let n = try bignum(pkey, "n", width: 0)
+        let e = try bignum(pkey, "e", width: 0)
         return [("e", Base64URL.encode(e)), ("kty", "RSA"), ("n", Base64URL.encode(n))]
     }
 
@@ -176,7 +188,8 @@ public final class SigningKey: @unchecked Sendable {
         }
         guard let parsed else { throw .internalError("could not parse the ECDSA signature") }
         defer { ECDSA_SIG_free(parsed) }
-        var r: OpaquePointer? = nil, s: OpaquePointer? = nil
+        var r: OpaquePointer? = nil
+        var s: OpaquePointer? = nil
         ECDSA_SIG_get0(parsed, &r, &s)
         var raw = [UInt8](repeating: 0, count: 64)
         guard BN_bn2binpad(r, &raw, 32) == 32,
@@ -188,7 +201,9 @@ public final class SigningKey: @unchecked Sendable {
 
 /// The pass-phrase callback for reading keys: refuses (OpenSSL then fails the read) and records
 /// that a pass phrase was wanted, through the `Bool` its context points to.
-private let refusePassphrase: @convention(c) (UnsafeMutablePointer<CChar>?, Int32, Int32, UnsafeMutableRawPointer?) -> Int32 = { _, _, _, context in
-    context?.assumingMemoryBound(to: Bool.self).pointee = true
-    return -1
-}
+private let refusePassphrase:
+    @convention(c) (UnsafeMutablePointer<CChar>?, Int32, Int32, UnsafeMutableRawPointer?) -> Int32 = {
+        _, _, _, context in
+        context?.assumingMemoryBound(to: Bool.self).pointee = true
+        return -1
+    }

@@ -21,10 +21,13 @@ public struct FileTokenSource: TokenSource {
         switch FileContents.read(configuration.path, limit: 64 * 1024) {
         case .success(let contents): bytes = contents
         case .failure(let error) where error.isTooLarge: throw .badResponse("the token file is larger than 64 KiB")
-        case .failure(let error): throw .unreachable("cannot read the token file \(configuration.path): \(error.reason)")
+        case .failure(let error):
+            throw .unreachable("cannot read the token file \(configuration.path): \(error.reason)")
         }
         guard bytes.count <= 64 * 1024 else { throw .badResponse("the token file is larger than 64 KiB") }
-        guard let text = String(validating: bytes, as: UTF8.self) else { throw .badResponse("the token file is not UTF-8") }
+        guard let text = String(validating: bytes, as: UTF8.self) else {
+            throw .badResponse("the token file is not UTF-8")
+        }
         let token = text.trimmingWhitespace()
         guard !token.isEmpty else { throw .badResponse("the token file is empty") }
         guard !token.contains(where: { $0.isWhitespace || $0.isNewline }) else {

@@ -20,11 +20,15 @@ public enum JWTClaims {
         guard let expiry = expiry(of: token) else { return nil }
         let left = expiry.timeIntervalSince(now)
         guard left > 0 else {
-            let when = expiry.wholeSecondsSince1970 != nil ? "at \(RFC3339.string(from: expiry))" : "(exp \(expiry.timeIntervalSince1970))"
+            let when =
+                expiry.wholeSecondsSince1970 != nil
+                ? "at \(RFC3339.string(from: expiry))" : "(exp \(expiry.timeIntervalSince1970))"
             throw .badResponse("the token expired \(when)")
         }
         guard left <= Double(TokenRules.maximumLifetimeSeconds), let lifetime = Duration.checkedSeconds(left) else {
-            throw .badResponse("the token's exp is more than a year away (exp \(expiry.timeIntervalSince1970)); allowed: at most \(TokenRules.maximumLifetimeSeconds) s")
+            throw .badResponse(
+                "the token's exp is more than a year away (exp \(expiry.timeIntervalSince1970)); allowed: at most \(TokenRules.maximumLifetimeSeconds) s"
+            )
         }
         return lifetime
     }

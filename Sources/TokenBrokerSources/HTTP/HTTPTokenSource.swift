@@ -34,17 +34,24 @@ public struct HTTPTokenSource: TokenSource {
     /// Reads the token and its lifetime out of an answer.
     public func token(from response: UpstreamResponse, now: WallTime) throws(TokenFetchError) -> FetchedToken {
         let document = JSONValue.object(try TokenEndpointAnswer.document(response))
-        guard case .string(let token)? = document.value(atPointer: configuration.tokenPointer), TokenEndpointAnswer.isUsableToken(token) else {
+        guard case .string(let token)? = document.value(atPointer: configuration.tokenPointer),
+            TokenEndpointAnswer.isUsableToken(token)
+        else {
             throw .badResponse("no usable token at \(configuration.tokenPointer)", httpStatus: response.status)
         }
         var lifetime: Int?
         if let pointer = configuration.expiresInPointer {
-            lifetime = try TokenEndpointAnswer.seconds(document.value(atPointer: pointer), name: pointer, status: response.status)
+            lifetime = try TokenEndpointAnswer.seconds(
+                document.value(atPointer: pointer), name: pointer, status: response.status)
         } else if let pointer = configuration.expiresAtPointer, let at = document.value(atPointer: pointer) {
-            guard case .number(let seconds) = at else { throw .badResponse("\(pointer) is not a number", httpStatus: response.status) }
-            lifetime = try TokenEndpointAnswer.seconds(.number((seconds - now.timeIntervalSince1970).rounded(.down)), name: pointer, status: response.status)
+            guard case .number(let seconds) = at else {
+                throw .badResponse("\(pointer) is not a number", httpStatus: response.status)
+            }
+            lifetime = try TokenEndpointAnswer.seconds(
+                .number((seconds - now.timeIntervalSince1970).rounded(.down)), name: pointer, status: response.status)
         } else if let expiry = JWTClaims.expiry(of: token) {
-            lifetime = try TokenEndpointAnswer.seconds(.number(expiry.timeIntervalSince(now).rounded(.down)), name: "exp", status: response.status)
+            lifetime = try TokenEndpointAnswer.seconds(
+                .number(expiry.timeIntervalSince(now).rounded(.down)), name: "exp", status: response.status)
         }
         return FetchedToken(
             accessToken: token, lifetime: (lifetime ?? configuration.defaultLifetimeSec).map { .seconds($0) },

@@ -28,13 +28,16 @@ enum TokenEndpointAnswer {
             }
             return members
         case 300..<400:
-            throw .badResponse("the issuer redirected (\(status)); redirects are not followed for token endpoints", httpStatus: status)
+            throw .badResponse(
+                "the issuer redirected (\(status)); redirects are not followed for token endpoints", httpStatus: status)
         case 401, 403:
             throw .credentialsRejected(errorSummary(response, fallback: "HTTP \(status)"), httpStatus: status)
         case 429:
-            throw .rateLimited(errorSummary(response, fallback: "HTTP 429"), httpStatus: status, retryAfter: response.retryAfter)
+            throw .rateLimited(
+                errorSummary(response, fallback: "HTTP 429"), httpStatus: status, retryAfter: response.retryAfter)
         case 500..<600:
-            throw .serverError(errorSummary(response, fallback: "HTTP \(status)"), httpStatus: status, retryAfter: response.retryAfter)
+            throw .serverError(
+                errorSummary(response, fallback: "HTTP \(status)"), httpStatus: status, retryAfter: response.retryAfter)
         default:
             let summary = errorSummary(response, fallback: "HTTP \(status)")
             if errorCode(response) == "invalid_client" { throw .credentialsRejected(summary, httpStatus: status) }
@@ -57,11 +60,13 @@ enum TokenEndpointAnswer {
             }
             tokenType = normalised
         }
-        let lifetime = try seconds(members["expires_in"], name: "expires_in", status: response.status) ?? defaultLifetime
+        let lifetime =
+            try seconds(members["expires_in"], name: "expires_in", status: response.status) ?? defaultLifetime
         var scope: String?
         if case .string(let granted)? = members["scope"] { scope = granted }
         return FetchedToken(
-            accessToken: accessToken, tokenType: tokenType, lifetime: .seconds(lifetime), scope: scope, upstreamStatus: response.status)
+            accessToken: accessToken, tokenType: tokenType, lifetime: .seconds(lifetime), scope: scope,
+            upstreamStatus: response.status)
     }
 
     /// A lifetime in whole seconds, 1 to `maximumLifetime`; nil when absent.
@@ -76,26 +81,31 @@ enum TokenEndpointAnswer {
             return nil
         case .number(let number)? where number.rounded(.towardZero) == number:
             guard let exact = Int(exactly: number), (1...maximumLifetime).contains(exact) else {
-                throw .badResponse("\(name) \(number) is out of range; allowed: 1–\(maximumLifetime) seconds", httpStatus: status)
+                throw .badResponse(
+                    "\(name) \(number) is out of range; allowed: 1–\(maximumLifetime) seconds", httpStatus: status)
             }
             whole = exact
         case .string(let text)?:
             guard let number = digits(text) else {
-                throw .badResponse("\(name) is a string other than digits; allowed: a whole number of seconds", httpStatus: status)
+                throw .badResponse(
+                    "\(name) is a string other than digits; allowed: a whole number of seconds", httpStatus: status)
             }
             whole = number
         default:
             throw .badResponse("\(name) is not a whole number of seconds", httpStatus: status)
         }
         guard (1...maximumLifetime).contains(whole) else {
-            throw .badResponse("\(name) \(whole) is out of range; allowed: 1–\(maximumLifetime) seconds", httpStatus: status)
+            throw .badResponse(
+                "\(name) \(whole) is out of range; allowed: 1–\(maximumLifetime) seconds", httpStatus: status)
         }
         return whole
     }
 
     /// `1*DIGIT` as a number; nil for anything else, or for more digits than a lifetime needs.
     private static func digits(_ text: String) -> Int? {
-        guard (1...18).contains(text.utf8.count), text.utf8.allSatisfy({ (0x30...0x39).contains($0) }) else { return nil }
+        guard (1...18).contains(text.utf8.count), text.utf8.allSatisfy({ (0x30...0x39).contains($0) }) else {
+            return nil
+        }
         return Int(text)
     }
 
@@ -106,21 +116,28 @@ enum TokenEndpointAnswer {
     }
 
     private static func errorCode(_ response: UpstreamResponse) -> String? {
-        guard case .object(let members)? = try? JSONValue(parsing: response.body), case .string(let code)? = members["error"] else { return nil }
+        guard case .object(let members)? = try? JSONValue(parsing: response.body),
+            case .string(let code)? = members["error"]
+        else { return nil }
         return code
     }
 
     /// `error` and a short `error_description` from an RFC 6749 §5.2 answer, printable and short.
     private static func errorSummary(_ response: UpstreamResponse, fallback: String) -> String {
-        guard case .object(let members)? = try? JSONValue(parsing: response.body), case .string(let code)? = members["error"] else {
+        guard case .object(let members)? = try? JSONValue(parsing: response.body),
+            case .string(let code)? = members["error"]
+        else {
             return fallback
         }
         var summary = "HTTP \(response.status) \(printable(code, limit: 40))"
-        if case .string(let description)? = members["error_description"] { summary += ": " + printable(description, limit: 120) }
+        if case .string(let description)? = members["error_description"] {
+            summary += ": " + printable(description, limit: 120)
+        }
         return summary
     }
 
     private static func printable(_ text: String, limit: Int) -> String {
-        String(String.UnicodeScalarView(text.unicodeScalars.filter { $0.value >= 0x20 && $0.value < 0x7F }.prefix(limit)))
+        String(
+            String.UnicodeScalarView(text.unicodeScalars.filter { $0.value >= 0x20 && $0.value < 0x7F }.prefix(limit)))
     }
 }

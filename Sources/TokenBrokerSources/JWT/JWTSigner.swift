@@ -15,7 +15,8 @@ public struct JWTSigner: TokenSource {
     public init(configuration: JWTSourceConfiguration) throws(TokenFetchError) {
         self.configuration = configuration
         if let path = configuration.keyFile {
-            key = try SigningKey.load(algorithm: configuration.algorithm, contents: try SecretFile.read(path), path: path)
+            key = try SigningKey.load(
+                algorithm: configuration.algorithm, contents: try SecretFile.read(path), path: path)
         } else {
             key = try SigningKey.generate(algorithm: configuration.algorithm)
         }
@@ -28,7 +29,9 @@ public struct JWTSigner: TokenSource {
 
     /// Signs one token issued at `now`.
     public func mint(now: WallTime) throws(TokenFetchError) -> FetchedToken {
-        guard let issuedAt = now.wholeSecondsSince1970 else { throw .internalError("the clock reads a time a JWT cannot carry") }
+        guard let issuedAt = now.wholeSecondsSince1970 else {
+            throw .internalError("the clock reads a time a JWT cannot carry")
+        }
         let header = JSONText.object([
             ("alg", JSONText.quoted(configuration.algorithm.rawValue)), ("typ", JSONText.quoted("JWT")),
             ("kid", JSONText.quoted(keyID)),
@@ -52,10 +55,11 @@ public struct JWTSigner: TokenSource {
     /// The public key as one JWK (RFC 7517 §4); nil for HS256, whose secret is never published.
     public var publicJWK: String? {
         guard let members = key.publicJWKMembers() else { return nil }
-        return JSONText.object(members.map { ($0.0, JSONText.quoted($0.1)) } + [
-            ("kid", JSONText.quoted(keyID)), ("use", JSONText.quoted("sig")),
-            ("alg", JSONText.quoted(configuration.algorithm.rawValue)),
-        ])
+        return JSONText.object(
+            members.map { ($0.0, JSONText.quoted($0.1)) } + [
+                ("kid", JSONText.quoted(keyID)), ("use", JSONText.quoted("sig")),
+                ("alg", JSONText.quoted(configuration.algorithm.rawValue)),
+            ])
     }
 
     /// A JWK Set (RFC 7517 §5) of the given signers' public keys.

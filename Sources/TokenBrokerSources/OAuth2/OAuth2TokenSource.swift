@@ -12,12 +12,14 @@ public struct OAuth2TokenSource: TokenSource {
     private let client: UpstreamHTTPClient
     private let assertionKey: SigningKey?
 
-    public init(configuration: OAuth2SourceConfiguration, client: UpstreamHTTPClient = .shared) throws(TokenFetchError) {
+    public init(configuration: OAuth2SourceConfiguration, client: UpstreamHTTPClient = .shared) throws(TokenFetchError)
+    {
         self.configuration = configuration
         self.client = client
         if configuration.clientAuth == .privateKeyJWT, let path = configuration.privateKeyFile {
             let contents = try SecretFile.read(path)
-            let algorithm: JWSAlgorithm = (try? SigningKey.load(algorithm: .es256, contents: contents, path: path)) != nil ? .es256 : .rs256
+            let algorithm: JWSAlgorithm =
+                (try? SigningKey.load(algorithm: .es256, contents: contents, path: path)) != nil ? .es256 : .rs256
             assertionKey = try SigningKey.load(algorithm: algorithm, contents: contents, path: path)
         } else {
             assertionKey = nil
@@ -30,7 +32,9 @@ public struct OAuth2TokenSource: TokenSource {
     }
 
     /// Reads an RFC 6749 §5.1 answer into a token, or classifies what is wrong with it.
-    public static func token(from response: UpstreamResponse, defaultLifetime: Int) throws(TokenFetchError) -> FetchedToken {
+    public static func token(from response: UpstreamResponse, defaultLifetime: Int) throws(TokenFetchError)
+        -> FetchedToken
+    {
         try TokenEndpointAnswer.oauthToken(response, defaultLifetime: defaultLifetime)
     }
 
@@ -73,12 +77,17 @@ public struct OAuth2TokenSource: TokenSource {
     /// a unique jti, and a one-minute life (RFC 7523 §3).
     public func assertion(now: WallTime) throws(TokenFetchError) -> String {
         guard let key = assertionKey else { throw .configuration("no private key for private_key_jwt") }
-        guard let issuedAt = now.wholeSecondsSince1970 else { throw .internalError("the clock reads a time a JWT cannot carry") }
-        var header: [(String, String)] = [("alg", JSONText.quoted(key.algorithm.rawValue)), ("typ", JSONText.quoted("JWT"))]
+        guard let issuedAt = now.wholeSecondsSince1970 else {
+            throw .internalError("the clock reads a time a JWT cannot carry")
+        }
+        var header: [(String, String)] = [
+            ("alg", JSONText.quoted(key.algorithm.rawValue)), ("typ", JSONText.quoted("JWT")),
+        ]
         if let kid = configuration.keyID { header.append(("kid", JSONText.quoted(kid))) }
         let claims = JSONText.object([
             ("iss", JSONText.quoted(configuration.clientID)), ("sub", JSONText.quoted(configuration.clientID)),
-            ("aud", JSONText.quoted(configuration.tokenURL)), ("jti", JSONText.quoted(Base64URL.encode(try Crypto.randomBytes(16)))),
+            ("aud", JSONText.quoted(configuration.tokenURL)),
+            ("jti", JSONText.quoted(Base64URL.encode(try Crypto.randomBytes(16)))),
             ("iat", String(issuedAt)), ("exp", String(issuedAt + 60)),
         ])
         let input = Base64URL.encode(JSONText.object(header)) + "." + Base64URL.encode(claims)

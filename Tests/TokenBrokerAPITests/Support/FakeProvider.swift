@@ -1,8 +1,9 @@
 // A provider of the test's making: it answers reads, refreshes and status as told, and keeps the
 // waiters the routes register so that the test ends them.
 import Synchronization
-@testable import TokenBrokerCore
 import TokenBrokerAPI
+
+@testable import TokenBrokerCore
 
 /// A `TokenProviding` whose every answer the test sets, recording what the routes asked of it.
 final class FakeProvider: TokenProviding {
@@ -42,7 +43,8 @@ final class FakeProvider: TokenProviding {
 
     /// A status as a provider would publish it.
     static func status(
-        name: String, phase: ProviderPhase = .expired, version: UInt64? = nil, stale: Bool = false, lastError: TokenFetchError? = nil,
+        name: String, phase: ProviderPhase = .expired, version: UInt64? = nil, stale: Bool = false,
+        lastError: TokenFetchError? = nil,
         backgroundRefresh: Bool = true
     ) -> ProviderStatus {
         ProviderStatus(
@@ -55,13 +57,16 @@ final class FakeProvider: TokenProviding {
     func read(newerThan: UInt64) -> TokenRead<Instant> {
         state.withLock { state in
             state.reads.append(newerThan)
-            if case .token(let token, _, _) = state.read, token.version <= newerThan { return .unavailable(wasPaused: false) }
+            if case .token(let token, _, _) = state.read, token.version <= newerThan {
+                return .unavailable(wasPaused: false)
+            }
             return state.read
         }
     }
 
     func addWaiter(
-        after: UInt64?, deadline: Instant, onDemand: Bool, forRefresh: Bool, completion: @escaping @Sendable (Outcome) -> Void
+        after: UInt64?, deadline: Instant, onDemand: Bool, forRefresh: Bool,
+        completion: @escaping @Sendable (Outcome) -> Void
     ) -> UInt64 {
         state.withLock { state in
             let id = state.nextID
@@ -104,10 +109,13 @@ final class FakeProvider: TokenProviding {
     }
 
     /// A token as the provider would cache it: version `version`, without expiry unless `lifetime` says.
-    static func token(_ accessToken: String = "tok-1", version: UInt64 = 1, lifetime: Duration? = nil) -> CachedToken<Instant> {
+    static func token(_ accessToken: String = "tok-1", version: UInt64 = 1, lifetime: Duration? = nil) -> CachedToken<
+        Instant
+    > {
         let now = ContinuousClock.now
         return CachedToken(
             token: FetchedToken(accessToken: accessToken, lifetime: lifetime), version: version, issuedAt: now,
-            expiresAt: lifetime.map { now.advanced(by: $0) }, issuedAtDate: WallTime(timeIntervalSince1970: 1_800_000_000))
+            expiresAt: lifetime.map { now.advanced(by: $0) },
+            issuedAtDate: WallTime(timeIntervalSince1970: 1_800_000_000))
     }
 }

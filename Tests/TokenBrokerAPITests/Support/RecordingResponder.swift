@@ -21,6 +21,9 @@ final class RecordingResponder: HTTPResponding {
 
     /// The client hangs up before an answer: the close handlers run.
     func hangUp() {
-        for cleanup in state.withLock({ state in defer { state.onClose = [] }; return state.onClose }) { cleanup() }
+        for cleanup in state.withLock({ state in
+            defer { state.onClose = [] }
+            return state.onClose
+        }) { cleanup() }
     }
 }

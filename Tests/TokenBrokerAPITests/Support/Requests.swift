@@ -5,7 +5,8 @@ import TokenBrokerServer
 
 /// A `GET` that passes the request guard unless `guarded` is false.
 func request(
-    _ path: String, query: [(String, String)] = [], headers: [(String, String)] = [], rawTarget: String? = nil, guarded: Bool = true
+    _ path: String, query: [(String, String)] = [], headers: [(String, String)] = [], rawTarget: String? = nil,
+    guarded: Bool = true
 ) -> HTTPRequest {
     request("GET", path, query: query, headers: headers, rawTarget: rawTarget, guarded: guarded)
 }
@@ -17,7 +18,8 @@ func request(
 ) -> HTTPRequest {
     HTTPRequest(
         method: method, path: path, rawTarget: rawTarget, query: query,
-        headers: (guarded ? [("Token-Broker-Request", "true")] : []) + headers, body: Array(body.utf8), bodyTooLarge: bodyTooLarge)
+        headers: (guarded ? [("Token-Broker-Request", "true")] : []) + headers, body: Array(body.utf8),
+        bodyTooLarge: bodyTooLarge)
 }
 
 extension HTTPReply {

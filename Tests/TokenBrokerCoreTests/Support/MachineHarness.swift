@@ -76,7 +76,8 @@ struct MachineHarness {
     }
 
     mutating func wait(after: UInt64?, for timeout: Duration, onDemand: Bool = false) -> UInt64 {
-        let (id, actions) = machine.addWaiter(after: after, deadline: now.advanced(by: timeout), onDemand: onDemand, now: now)
+        let (id, actions) = machine.addWaiter(
+            after: after, deadline: now.advanced(by: timeout), onDemand: onDemand, now: now)
         record(actions)
         return id
     }

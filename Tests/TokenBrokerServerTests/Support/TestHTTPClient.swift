@@ -55,7 +55,9 @@ final class TestHTTPClient {
         address.sin_port = port.bigEndian
         inet_pton(AF_INET, "127.0.0.1", &address.sin_addr)
         let result = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+            }
         }
         guard result == 0 else {
             let code = errno
@@ -132,7 +134,9 @@ final class TestHTTPClient {
         var chunk = [UInt8](repeating: 0, count: 64 * 1024)
         for _ in 0..<Self.mostReads {
             if let index = found(received) { return index }
-            guard received.count <= Self.mostBytes else { throw Failure(description: "more than \(Self.mostBytes) bytes") }
+            guard received.count <= Self.mostBytes else {
+                throw Failure(description: "more than \(Self.mostBytes) bytes")
+            }
             let n = recv(fd, &chunk, chunk.count, 0)
             if n == 0 { throw Failure(description: "the server closed the connection after \(received.count) bytes") }
             if n < 0 { throw Failure(description: "receive failed (errno \(errno), a timeout is EAGAIN \(EAGAIN))") }
@@ -174,7 +178,9 @@ final class TestHTTPClient {
             if n == 0 { break }
             if n < 0 { throw Failure(description: "receive failed: errno \(errno)") }
             received.append(contentsOf: chunk[..<n])
-            guard received.count <= Self.mostBytes else { throw Failure(description: "more than \(Self.mostBytes) bytes") }
+            guard received.count <= Self.mostBytes else {
+                throw Failure(description: "more than \(Self.mostBytes) bytes")
+            }
         }
         defer { received = [] }
         return received
