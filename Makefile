@@ -1,7 +1,7 @@
 # token-broker: the two commands of the README, and the steps under them.
 #
 #   make run    install what is missing, build in release mode, start the broker on its embedded default
-#   make test   the same set-up, then every test: Swift unit tests, integration tests against the
+#   make test   the same set-up, then every test: the code's format (`make lint`), Swift unit tests, integration tests against the
 #               real binary, the OpenAPI contract (schemathesis), the container runtime check, and
 #               each fuzz target for 30 s
 #
@@ -38,7 +38,7 @@ run: deps build
 	@echo "token-broker: token listener http://127.0.0.1:8080/token, admin http://127.0.0.1:9090/healthz (Ctrl-C stops it)"
 	exec $(BIN) $(ARGS)
 
-test: deps build $(VENV)/.installed
+test: lint deps build $(VENV)/.installed
 	$(SWIFT) test
 	TOKEN_BROKER_BIN=$(abspath $(BIN)) $(VENV)/bin/python -m pytest -q Tests/integration
 	Tests/contract/run.sh $(BIN) $(VENV)
