@@ -1,9 +1,9 @@
 # token-broker: the two commands of the README, and the steps under them.
 #
 #   make run    install what is missing, build in release mode, start the broker on its embedded default
-#   make test   the same set-up, then every test: the code's format (`make lint`), Swift unit tests, integration tests against the
-#               real binary, the OpenAPI contract (schemathesis), the container runtime check, and
-#               each fuzz target for 30 s
+#   make test   the code's format first (`make lint`), then the same set-up and every test: Swift
+#               unit tests, integration tests against the real binary, the OpenAPI contract
+#               (schemathesis), the container runtime check, and each fuzz target for 30 s
 #
 # Not part of `make test`: `make fuzz` (each fuzz target to a million inputs) and `make sanitize`
 # (the integration tests against AddressSanitizer and ThreadSanitizer builds), longer runs.
