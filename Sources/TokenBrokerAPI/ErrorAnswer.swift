@@ -27,6 +27,9 @@ public enum ErrorAnswer: Sendable, Equatable {
     case shuttingDown
     /// A new request while the broker stops (503, `Retry-After: 1`); the connection closes after it.
     case refusedWhileStopping
+    /// The client closed its side while its request waited (503); a client that only half-closed
+    /// still reads it.
+    case clientClosed
 
     // MARK: Who may ask
 
@@ -98,7 +101,7 @@ public enum ErrorAnswer: Sendable, Equatable {
             .refreshBodyNotObject,
             .refreshBodyUnknownKey, .invalidRejectedVersion, .invalidProxyPath:
             400
-        case .shuttingDown, .refusedWhileStopping, .tokenUnavailable, .proxyTokenUnavailable: 503
+        case .shuttingDown, .refusedWhileStopping, .clientClosed, .tokenUnavailable, .proxyTokenUnavailable: 503
         case .missingRequestHeader, .forwardedRequest, .providerNotAllowed: 403
         case .missingCallerKey, .invalidCallerKey: 401
         case .bodyTooLarge, .proxyBodyTooLarge: 413
@@ -119,6 +122,7 @@ public enum ErrorAnswer: Sendable, Equatable {
             "invalid_request"
         case .unknownProvider: "unknown_provider"
         case .shuttingDown, .refusedWhileStopping: "shutting_down"
+        case .clientClosed: "client_closed"
         case .missingRequestHeader: "missing_request_header"
         case .forwardedRequest: "forwarded_request"
         case .missingCallerKey: "missing_caller_key"
@@ -149,6 +153,8 @@ public enum ErrorAnswer: Sendable, Equatable {
             problem
         case .shuttingDown, .refusedWhileStopping:
             "the broker is stopping"
+        case .clientClosed:
+            "the client closed the connection"
         case .missingRequestHeader:
             "token routes need the request header \"\(RequestGuard.headerName): true\""
         case .forwardedRequest:
@@ -259,6 +265,7 @@ public enum ErrorAnswer: Sendable, Equatable {
         case .malformedHead(let problem): .malformedHead(problem: problem)
         case .stopping: .refusedWhileStopping
         case .stopped: .shuttingDown
+        case .clientClosed: .clientClosed
         }
     }
 

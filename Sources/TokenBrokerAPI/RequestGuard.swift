@@ -1,11 +1,11 @@
+import TokenBrokerServer
+
 /// The token routes' guard against browsers and naive SSRF, the lesson of cloud metadata servers.
 ///
 /// A request must carry `Token-Broker-Request: true`, which a browser cannot add to a simple
 /// cross-site request and a URL-fetching bug cannot add at all; and it must not carry
 /// `X-Forwarded-For`, which marks a request relayed by a proxy. Operators can turn it off with
 /// `"requestGuard": false`.
-import TokenBrokerServer
-
 enum RequestGuard {
     static let headerName = "Token-Broker-Request"
 

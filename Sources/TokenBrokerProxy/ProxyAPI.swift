@@ -50,13 +50,14 @@ public final class ProxyAPI: ProxyHandling {
     /// The listener answers a name without a route (`404 unknown_proxy`) before it calls `begin` or
     /// `handle`, since `provider(ofProxy:)` said nil: this bare 404 is never sent, and the error
     /// answer exists once, with the listener.
-    private static var noRoute: HTTPResponse { HTTPResponse(status: 404, body: []) }
+    /// The token listener answers a name without a proxy before asking here; should one arrive, it gets that answer.
+    private static func noRoute(_ name: String) -> HTTPResponse { ErrorAnswer.unknownProxy(name: name).response }
 
     /// Methods forwarded; TRACE (which echoes credentials back) and CONNECT (a tunnel) are not.
     static let methods = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
     public func begin(_ request: HTTPRequest, target: ProxyRequestTarget) -> BodyHandling {
-        guard let route = routes[target.proxy] else { return .refuse(Self.noRoute) }
+        guard let route = routes[target.proxy] else { return .refuse(Self.noRoute(target.proxy)) }
         let settings = route.configuration
         guard Self.methods.contains(request.method) else {
             metrics.recordProxied(proxy: settings.name, status: 405)
@@ -78,7 +79,7 @@ public final class ProxyAPI: ProxyHandling {
     }
 
     public func handle(_ request: HTTPRequest, target: ProxyRequestTarget) -> HTTPReply {
-        guard let route = routes[target.proxy] else { return .response(Self.noRoute) }
+        guard let route = routes[target.proxy] else { return .response(Self.noRoute(target.proxy)) }
         let settings = route.configuration
         if request.bodyTooLarge {
             metrics.recordProxied(proxy: settings.name, status: 413)

@@ -95,14 +95,17 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
     /// - Parameter onDemand: `read` said `.onDemand`: wait for a token fetched for this request.
     private func sendWhenTokenReady(onDemand: Bool) async {
         let token: ProxyAPI.Provider.Token?
-        switch await provider.onTokenReady(after: nil, timeout: api.maxWait, onDemand: onDemand) {
+        // On demand the proxy waits through the fetch's retries, however long they take, and
+        // a provider stopping meanwhile leaves it without a token, not `shutting_down`.
+        let timeout = onDemand ? Self.throughTheRetries : api.maxWait
+        switch await provider.onTokenReady(after: nil, timeout: timeout, onDemand: onDemand) {
         case .token(let ready, _): token = ready
         // On demand, a fetch that used up its retries falls back to the previous valid token, as `/token` does.
         case .exhausted(let previous?, _) where onDemand: token = previous
-        case .shuttingDown:
+        case .shuttingDown where !onDemand:
             finish(with: ErrorAnswer.shuttingDown.response)
             return
-        case .timedOut, .exhausted, .cancelled: token = nil
+        case .timedOut, .exhausted, .cancelled, .shuttingDown: token = nil
         }
         guard let token else {
             finish(with: ErrorAnswer.proxyTokenUnavailable(proxy: name, provider: provider.name).response)
@@ -110,6 +113,9 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
         }
         send(token)
     }
+
+    /// The wait of an on-demand fetch: long enough that only the retries running out end it.
+    private static let throughTheRetries = Duration.seconds(86_400 * 365)
 
     private func send(_ token: ProxyAPI.Provider.Token) {
         let settings = route.configuration

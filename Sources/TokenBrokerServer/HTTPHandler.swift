@@ -25,6 +25,9 @@ public enum ServerRefusal: Sendable, Equatable {
     case stopping
     /// The answer to requests still waiting when the server stops.
     case stopped
+    /// The client closed its side while its request waited suspended: the answer resumes the
+    /// connection, and a client that only half-closed (`shutdown(SHUT_WR)`) still reads it.
+    case clientClosed
 }
 
 extension HTTPHandler {

@@ -8,9 +8,9 @@ public struct HTTPRequest: Sendable {
     /// The request target exactly as sent (path and query, not percent-decoded), for requests
     /// under the server's `streamingPrefix`; nil for others.
     public var rawTarget: String?
-    /// The query parameters in the order sent, percent-decoded. A decoded NUL (`%00`) stays in the
-    /// value, so that `after=1%00` is refused rather than read as `after=1`.
-    public var query: [(String, String)]
+    /// The query parameters in the order sent, percent-decoded; nil for one without `=`. A decoded
+    /// NUL (`%00`) stays in the value, so that `after=1%00` is refused rather than read as `after=1`.
+    public var query: [(String, String?)]
     /// Every request header in the order sent, names as sent.
     public var headers: [(String, String)]
     /// The body, up to the server's cap.
@@ -21,7 +21,7 @@ public struct HTTPRequest: Sendable {
     public var bodyStream: HTTPRequestBodyStream?
 
     public init(
-        method: String, path: String, rawTarget: String? = nil, query: [(String, String)] = [],
+        method: String, path: String, rawTarget: String? = nil, query: [(String, String?)] = [],
         headers: [(String, String)] = [], body: [UInt8] = [], bodyTooLarge: Bool = false,
         bodyStream: HTTPRequestBodyStream? = nil
     ) {
@@ -38,9 +38,17 @@ public struct HTTPRequest: Sendable {
     /// The value of a request header, by name without regard to case; the first when repeated.
     public func header(_ name: String) -> String? { headers.value(named: name) }
 
-    /// The value of a query parameter; the first when repeated.
-    public func query(_ name: String) -> String? { query.first { $0.0 == name }?.1 }
+    /// The value of a query parameter, as libmicrohttpd looks one up: the first parameter whose name
+    /// matches without regard to ASCII case; nil when there is none, or when it has no `=`.
+    public func query(_ name: String) -> String? {
+        query.first { $0.0.equalsIgnoringASCIICase(name) }?.1
+    }
 
-    /// How many times a query parameter appears, so that a repeated one can be refused.
-    public func queryCount(_ name: String) -> Int { query.reduce(0) { $0 + ($1.0 == name ? 1 : 0) } }
+    /// How many parameters are named exactly `name` (case counts; a name is read up to a decoded
+    /// NUL, as C reads it), so that `after=1&after%00=2` is refused as a repeated `after`.
+    public func queryCount(_ name: String) -> Int {
+        query.reduce(0) { count, parameter in
+            count + (parameter.0.utf8.prefix { $0 != 0 }.elementsEqual(name.utf8) ? 1 : 0)
+        }
+    }
 }

@@ -79,20 +79,17 @@ public final class HTTPResponder: HTTPResponding {
     }
 
     /// The client went away while suspended: free what waits for it, then let libmicrohttpd
-    /// close the connection (the answer is never read).
+    /// close the connection; a client that only half-closed still reads the answer.
     func clientHungUp() {
         let (wasWaiting, cleanup) = phase.withLock { phase -> (Bool, (@Sendable () -> Void)?) in
             guard case .waiting(let onClose) = phase else { return (false, nil) }
-            phase = .answered(Self.clientGone)
+            phase = .answered(server.clientClosedAnswer)
             return (true, onClose)
         }
         guard wasWaiting else { return }
         cleanup?()
         server.resume(self)
     }
-
-    /// A placeholder answer that is never sent: it only resumes the connection, which then closes.
-    private static let clientGone = HTTPResponse(status: 503, body: [], headers: [("Connection", "close")])
 
     /// The connection ended; runs the cleanup if no answer was given.
     func connectionClosed() {

@@ -11,7 +11,7 @@ public final class HTTPResponse: @unchecked Sendable {
     // @unchecked: every stored property is immutable; the libmicrohttpd response behind `handle`
     // is reference-counted by libmicrohttpd and safe to queue from any thread.
     public let status: Int
-    /// The headers as given (before any is dropped as unsendable), for tests and logs.
+    /// The headers as given (before any is dropped as unsendable), for tests.
     public let headers: [(String, String)]
     /// The body, for an answer built whole; empty for a streamed one.
     public let body: [UInt8]
@@ -71,7 +71,7 @@ public final class HTTPResponse: @unchecked Sendable {
         self.init(status: status, body: Array(json.utf8), headers: all + headers)
     }
 
-    /// The body as text, for tests and logs.
+    /// The body as text, for tests.
     public var bodyText: String { String(decoding: body, as: UTF8.self) }
 }
 

@@ -19,6 +19,8 @@ public final class HTTPServer: @unchecked Sendable {
     /// The port actually bound (the configured one, or the one picked for port 0).
     public let port: UInt16
     private let handler: any HTTPHandler
+    /// The handler's answer to a request whose client closed while it waited, asked for once.
+    let clientClosedAnswer: HTTPResponse
     private var daemon: OpaquePointer?
     private var listenSocket: Int32 = -1
     /// The suspended connections.
@@ -41,6 +43,7 @@ public final class HTTPServer: @unchecked Sendable {
     public init(configuration: Configuration, handler: any HTTPHandler) throws(HTTPServerError) {
         self.configuration = configuration
         self.handler = handler
+        clientClosedAnswer = handler.refusal(.clientClosed)
         do {
             watcher = try ConnectionWatcher(
                 requestTimeoutSec: configuration.connectionTimeoutSec,
@@ -125,7 +128,7 @@ public final class HTTPServer: @unchecked Sendable {
     /// waits with `finalAnswer`, then stops the daemon.
     ///
     /// From the call on, new connections are refused (the listening socket is closed) and a new
-    /// request on a kept-alive connection gets 503 `shutting_down` with `Connection: close`.
+    /// request on a kept-alive connection gets the handler's `refusal(.stopping)`, which must close it.
     /// Answers being prepared or streamed (a proxied exchange, a streamed body) keep going until
     /// they end or the grace runs out. Waiters whose answer only the server can give are answered
     /// with `finalAnswer` (by default the handler's `refusal(.stopped)`) near the end of the grace;

@@ -1,7 +1,7 @@
 internal import CSystem
 
 /// How the C allocator is set up for a server whose memory comes in bursts of waiters.
-public enum AllocatorTuning {
+enum AllocatorTuning {
     /// Limits glibc's malloc to `arenas` arenas (`M_ARENA_MAX`).
     ///
     /// By default glibc gives each thread that allocates its own arena, up to eight per core.
@@ -12,7 +12,7 @@ public enum AllocatorTuning {
     /// measurable throughput (same `make bench`).
     ///
     /// - Important: call it first thing in `main`, before any thread starts.
-    public static func limitArenas(_ arenas: Int32) {
+    static func limitArenas(_ arenas: Int32) {
         _ = mallopt(M_ARENA_MAX, arenas)
     }
 }

@@ -7,8 +7,8 @@
 //   HealthCheck.swift      `token-broker healthcheck`, for container HEALTHCHECKs without curl
 //   ProcessLimits.swift    the open-file limit, and the start-up check of secret files' modes
 //   Environment.swift      the environment variables, read from environ
+//   AllocatorTuning.swift  glibc's malloc limited to one arena, before any thread starts
 import Glibc
-import TokenBrokerServer
 
 // Block the stop signals first, so every thread started later inherits the mask and only
 // the main thread, in sigwait, ever sees them.

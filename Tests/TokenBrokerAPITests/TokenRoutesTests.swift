@@ -434,6 +434,9 @@ func tokenAPI(
             expectError(
                 handler.refusal(.stopping), 503, "shutting_down", headers: ["Retry-After": "1", "Connection": "close"])
             expectError(handler.refusal(.stopped), 503, "shutting_down", headers: ["Retry-After": "1"])
+            let closed = handler.refusal(.clientClosed)
+            expectError(closed, 503, "client_closed")
+            #expect(closed.string("error_description") == "the client closed the connection")
         }
     }
 }

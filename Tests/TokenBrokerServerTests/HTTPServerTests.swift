@@ -40,6 +40,24 @@ struct HTTPServerTests {
         #expect(request.body == Array("hello".utf8) && !request.bodyTooLarge)
     }
 
+    /// Query look-ups read as libmicrohttpd's own did: a name matches without regard to ASCII
+    /// case, a parameter without `=` has no value, and a repeated name counts exactly, up to a NUL.
+    @Test func queryLookupsKeepLibmicrohttpdsReading() throws {
+        let handler = TestHandler()
+        let server = try startServer(handler)
+        defer { server.shutDown(grace: .zero) }
+        let client = try TestHTTPClient(port: server.port)
+
+        try client.send("GET /q?After=5&flag&x=1&x%00=2&X=3&empty= HTTP/1.1\r\nHost: test\r\n\r\n")
+        #expect(try client.readResponse().status == 200)
+        let request = try #require(handler.handled.withLock { $0.first })
+        #expect(request.query("after") == "5" && request.query("AFTER") == "5")
+        #expect(request.query("flag") == nil, "a parameter without = reads as absent")
+        #expect(request.query("empty") == "")
+        #expect(request.queryCount("x") == 2, "x and x%00 count as the same name; X does not")
+        #expect(request.query("x") == "1")
+    }
+
     @Test func bodyPastMaximumBodyBytesArrivesMarkedTooLargeAndEmpty() throws {
         let handler = TestHandler()
         let server = try startServer(handler) { $0.maximumBodyBytes = 8 }
@@ -114,6 +132,25 @@ struct HTTPServerTests {
         #expect(await eventually { server.inFlight == 0 && server.openConnections == 0 })
         // An answer after the hang-up does nothing, and the cleanup does not run again.
         handler.deferred[0].respond(TestHandler.text(200, "too late"))
+        #expect(closed.withLock { $0 } == 1)
+    }
+
+    /// A client that only half-closes while its request waits still reads an answer: the
+    /// handler's `refusal(.clientClosed)`, and the wait's cleanup runs.
+    @Test func aHalfClosedClientWhileDeferredReadsTheHandlersClientClosedAnswer() async throws {
+        let handler = TestHandler.deferring()
+        let server = try startServer(handler)
+        defer { server.shutDown(grace: .zero) }
+        let client = try TestHTTPClient(port: server.port)
+        try client.send("GET /wait HTTP/1.1\r\nHost: t\r\n\r\n")
+        #expect(await eventually { handler.deferred.count == 1 })
+        let closed = Lock<Int>(0)
+        handler.deferred[0].onClose { closed.withLock { $0 += 1 } }
+
+        client.closeSending()
+        let response = try client.readResponse()
+
+        #expect(response.status == 503 && response.text == "client closed")
         #expect(closed.withLock { $0 } == 1)
     }
 

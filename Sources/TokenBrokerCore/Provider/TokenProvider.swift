@@ -13,8 +13,9 @@ import Synchronization
 /// events, and the creation and cancellation of tasks come after it is released (`Work`, `perform`).
 /// The only other locks, `onTokenReady`'s one per call, are never held together with `state`.
 ///
-/// - Important: call `run()` from a task you own; the provider fetches nothing until then, and
-///   shuts down (completing every waiter with `.shuttingDown`) when that task is cancelled.
+/// - Important: call `run()` from a task you own; the provider fetches nothing until then.
+///   `shutDown()` (or cancelling that task) completes every waiter with `.shuttingDown` and
+///   ends `run()` once any fetch in flight has ended.
 public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duration {
     /// The rules, on the provider's clock.
     public typealias Machine = ProviderStateMachine<C.Instant>

@@ -15,6 +15,15 @@ extension StringProtocol {
     }
 }
 
+extension String {
+    /// Whether the text equals `other`, ASCII letters compared without regard to case; for two
+    /// strings, lengths are compared first, which settles most look-ups at once.
+    public func equalsIgnoringASCIICase(_ other: String) -> Bool {
+        guard utf8.count == other.utf8.count else { return false }
+        return utf8.elementsEqual(other.utf8) { $0 == $1 || $0.asciiLowercased == $1.asciiLowercased }
+    }
+}
+
 extension UInt8 {
     /// The byte with an ASCII capital letter made small; any other byte unchanged.
     public var asciiLowercased: UInt8 { self >= 0x41 && self <= 0x5A ? self | 0x20 : self }

@@ -74,6 +74,9 @@ final class TestHTTPClient {
         fd = -1
     }
 
+    /// Closes the sending side only (`shutdown(SHUT_WR)`), as `nc -N` does: the client still reads.
+    func closeSending() { _ = Glibc.shutdown(fd, Int32(SHUT_WR)) }
+
     func send(_ text: String) throws { try send(Array(text.utf8)) }
 
     func send(_ bytes: [UInt8]) throws {

@@ -48,11 +48,14 @@ final class TestHandler: HTTPHandler {
         return bodyHandling(request)
     }
 
-    /// Answers a test can tell apart from any route's: 400 `malformed: <problem>`, 503 `stopping`
-    /// and 503 `stopped`.
+    /// Answers a test can tell apart from any route's: 400 `malformed: <problem>`, 503 `stopping`,
+    /// 503 `stopped` and 503 `client closed` (asked for once, when the server starts, and not recorded).
     func refusal(_ reason: ServerRefusal) -> HTTPResponse {
+        if reason == .clientClosed { return Self.text(503, "client closed") }
         refusals.withLock { $0.append(reason) }
         switch reason {
+        case .clientClosed:
+            return Self.text(503, "client closed")
         case .malformedHead(let problem):
             return Self.text(400, "malformed: \(problem)", headers: [("Connection", "close")])
         case .stopping:
