@@ -116,15 +116,21 @@ struct HTTPServerTests {
         #expect(await eventually { server.inFlight == 0 })
     }
 
-    @Test func clientHangingUpWhileDeferredRunsOnClose() async throws {
+    /// A deferring server with one request waiting on it, and the count of that wait's cleanups.
+    private func oneWaiting() async throws -> (TestHandler, HTTPServer, TestHTTPClient, Lock<Int>) {
         let handler = TestHandler.deferring()
         let server = try startServer(handler)
-        defer { server.shutDown(grace: .zero) }
         let client = try TestHTTPClient(port: server.port)
         try client.send("GET /wait HTTP/1.1\r\nHost: t\r\n\r\n")
         #expect(await eventually { handler.deferred.count == 1 })
         let closed = Lock<Int>(0)
         handler.deferred[0].onClose { closed.withLock { $0 += 1 } }
+        return (handler, server, client, closed)
+    }
+
+    @Test func clientHangingUpWhileDeferredRunsOnClose() async throws {
+        let (handler, server, client, closed) = try await oneWaiting()
+        defer { server.shutDown(grace: .zero) }
 
         client.close()
 
@@ -138,14 +144,8 @@ struct HTTPServerTests {
     /// A client that only half-closes while its request waits still reads an answer: the
     /// handler's `refusal(.clientClosed)`, and the wait's cleanup runs.
     @Test func aHalfClosedClientWhileDeferredReadsTheHandlersClientClosedAnswer() async throws {
-        let handler = TestHandler.deferring()
-        let server = try startServer(handler)
+        let (_, server, client, closed) = try await oneWaiting()
         defer { server.shutDown(grace: .zero) }
-        let client = try TestHTTPClient(port: server.port)
-        try client.send("GET /wait HTTP/1.1\r\nHost: t\r\n\r\n")
-        #expect(await eventually { handler.deferred.count == 1 })
-        let closed = Lock<Int>(0)
-        handler.deferred[0].onClose { closed.withLock { $0 += 1 } }
 
         client.closeSending()
         let response = try client.readResponse()

@@ -9,7 +9,8 @@ import TokenBrokerCore
 /// source has to give: a longer one would put a second request on a pooled connection.
 @Suite struct UpstreamBodyLengthTests {
     @Test func aStreamedBodyNeverSendsMoreThanItsDeclaredLength() async throws {
-        let server = try CannedServer(answer: "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", wholeRequest: true)
+        let server = try CannedServer(
+            answer: "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", wholeRequest: true)
         let smuggled = Array("helloGET /admin/delete-everything HTTP/1.1\r\nHost: upstream\r\nX-Swallow: ".utf8)
         let delegate = Delegate(body: smuggled)
         let request = UpstreamRequest(
@@ -27,7 +28,8 @@ import TokenBrokerCore
     }
 
     @Test func aStreamedBodyThatEndsShortStopsTheExchange() async throws {
-        let server = try CannedServer(answer: "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", wholeRequest: true)
+        let server = try CannedServer(
+            answer: "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", wholeRequest: true)
         let delegate = Delegate(body: Array("abc".utf8))
         let request = UpstreamRequest(
             method: "POST", url: "http://127.0.0.1:\(server.port)/upload", settings: UpstreamConfiguration())
