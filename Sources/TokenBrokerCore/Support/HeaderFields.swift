@@ -20,6 +20,14 @@ extension String {
     /// strings, lengths are compared first, which settles most look-ups at once.
     public func equalsIgnoringASCIICase(_ other: String) -> Bool {
         guard utf8.count == other.utf8.count else { return false }
+        // Native strings are contiguous UTF-8: compare the bytes in place (a header look-up runs
+        // on every request); others, such as bridged ones, byte by byte through their views.
+        let inPlace = utf8.withContiguousStorageIfAvailable { mine in
+            other.utf8.withContiguousStorageIfAvailable { theirs in
+                zip(mine, theirs).allSatisfy { $0 == $1 || $0.asciiLowercased == $1.asciiLowercased }
+            }
+        }
+        if let inPlace, let equal = inPlace { return equal }
         return utf8.elementsEqual(other.utf8) { $0 == $1 || $0.asciiLowercased == $1.asciiLowercased }
     }
 }
