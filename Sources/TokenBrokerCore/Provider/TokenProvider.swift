@@ -264,6 +264,7 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     /// leaving the machine alone, once the provider has shut down.
     /// - Parameter report: runs after the lock and before any waiter is completed, so that what
     ///   it records (a fetch's metrics and log line) is there before any answer that follows from it.
+    @discardableResult
     private func apply<Result>(
         ifShutDown: Result, _ event: (inout Machine, C.Instant) -> (Result, [Machine.Action]),
         report: ((Result) -> Void)? = nil
