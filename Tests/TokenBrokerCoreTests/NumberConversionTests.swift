@@ -26,8 +26,9 @@ import TokenBrokerCore
         #expect(JSONValue.number(42).exactInt == 42)
         #expect(JSONValue.number(-0.0).exactInt == 0)
         #expect(JSONValue.number(-7).exactInt == -7)
+        // 0x1p63 is 2^63, the first Double past Int64.max (which a Double cannot hold exactly).
         for bad: JSONValue in [
-            .number(1.5), .number(1e19), .number(-1e19), .number(1e300), .number(9_223_372_036_854_775_807),
+            .number(1.5), .number(1e19), .number(-1e19), .number(1e300), .number(0x1p63),
             .string("3"), .null,
         ] {
             #expect(bad.exactInt == nil, "\(bad)")
