@@ -102,14 +102,7 @@ import TokenBrokerCore
     }
 
     @Test func aReadAfterThePausedTokenExpiredGetsNothingButStartsAFetch() {
-        var harness = MachineHarness(ProviderConfiguration(tokenRefreshDelaySec: 10))
-        harness.start()
-        harness.succeed(lifetime: .seconds(100))
-        harness.tick(at: .seconds(10))
-        harness.succeed(lifetime: .seconds(100))
-        harness.tick(at: .seconds(20))
-        #expect(harness.machine.isPaused)
-        harness.now = .init(offset: .seconds(500))
+        var harness = MachineHarness.pausedWithAnExpiredToken()
         #expect(harness.read().token == nil, "an expired token is never served")
         #expect(harness.fetchesStarted == 3)
     }

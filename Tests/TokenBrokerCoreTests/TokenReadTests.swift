@@ -43,14 +43,7 @@ import TokenBrokerCore
     }
 
     @Test func aReadOfAPausedProviderWithAnExpiredTokenSaysItWasPausedAndStartsAFetch() {
-        var harness = MachineHarness(ProviderConfiguration(tokenRefreshDelaySec: 10))
-        harness.start()
-        harness.succeed(lifetime: .seconds(100))
-        harness.tick(at: .seconds(10))
-        harness.succeed(lifetime: .seconds(100))
-        harness.tick(at: .seconds(20))
-        #expect(harness.machine.isPaused)
-        harness.now = Instant(offset: .seconds(500))
+        var harness = MachineHarness.pausedWithAnExpiredToken()
         let (read, actions) = harness.machine.read(now: harness.now)
         guard case .unavailable(wasPaused: true) = read else {
             Issue.record("the read found the provider paused")

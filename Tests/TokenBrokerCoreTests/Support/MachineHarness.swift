@@ -1,4 +1,5 @@
 import Foundation
+import Testing
 import TokenBrokerCore
 
 /// Drives a `ProviderStateMachine` by hand: time moves only when the test says, and every
@@ -91,4 +92,18 @@ struct MachineHarness {
 
     /// The wait before the next planned fetch, measured from now.
     var nextFetchDelay: Duration? { machine.fetchDueAt.map { now.duration(to: $0) } }
+
+    /// A provider that paused while idle (`tokenRefreshDelaySec: 10`) after two fetches of
+    /// 100 s tokens, with the clock at 500 s, long after its token expired.
+    static func pausedWithAnExpiredToken() -> MachineHarness {
+        var harness = MachineHarness(ProviderConfiguration(tokenRefreshDelaySec: 10))
+        harness.start()
+        harness.succeed(lifetime: .seconds(100))
+        harness.tick(at: .seconds(10))
+        harness.succeed(lifetime: .seconds(100))
+        harness.tick(at: .seconds(20))
+        #expect(harness.machine.isPaused)
+        harness.now = .init(offset: .seconds(500))
+        return harness
+    }
 }
