@@ -1,5 +1,6 @@
 import CLibFuzzer
 import TokenBrokerCore
+import TokenBrokerUpstream
 
 @testable import TokenBrokerSources
 
