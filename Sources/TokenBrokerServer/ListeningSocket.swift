@@ -31,11 +31,7 @@ enum ListeningSocket {
                 Glibc.close(fd)
                 throw HTTPServerError(address: address, reason: "not an IPv6 address")
             }
-            result = withUnsafePointer(to: &storage) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                    bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in6>.size))
-                }
-            }
+            result = bind(fd, to: &storage)
         } else {
             var storage = sockaddr_in()
             storage.sin_family = sa_family_t(AF_INET)
@@ -44,11 +40,7 @@ enum ListeningSocket {
                 Glibc.close(fd)
                 throw HTTPServerError(address: address, reason: "not an IPv4 address")
             }
-            result = withUnsafePointer(to: &storage) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                    bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
-                }
-            }
+            result = bind(fd, to: &storage)
         }
         guard result == 0, listen(fd, 4096) == 0 else {
             let error = failure(address)
@@ -56,6 +48,15 @@ enum ListeningSocket {
             throw error
         }
         return fd
+    }
+
+    /// Binds `fd` to an IPv4 or IPv6 address structure; `bind`'s result.
+    private static func bind<Address>(_ fd: Int32, to storage: inout Address) -> Int32 {
+        withUnsafePointer(to: &storage) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                Glibc.bind(fd, $0, socklen_t(MemoryLayout<Address>.size))
+            }
+        }
     }
 
     /// A Unix socket at `path`. A socket file left by a broker that is gone is replaced; a live
@@ -77,7 +78,7 @@ enum ListeningSocket {
         guard fd >= 0 else { throw failure(address) }
         // The socket file is created with the umask's mode: make that no wider than `mode`.
         let previous = umask(mode_t(0o777 & ~mode))
-        let result = withUnixAddress(path) { bind(fd, $0, $1) }
+        let result = withUnixAddress(path) { Glibc.bind(fd, $0, $1) }
         umask(previous)
         guard result == 0, chmod(path, mode_t(mode)) == 0, listen(fd, 4096) == 0 else {
             let error = failure(address)
