@@ -12,15 +12,10 @@ import TokenBrokerCore
 ///   backslash (`%2f`, `%5c`) or an encoded NUL, CR or LF is refused too, so that no upstream
 ///   can be tricked into seeing a different path than the broker checked.
 public enum ProxyPath {
-    /// A request target, split and checked (the type the token listener hands back to `ProxyAPI`).
-    public typealias Target = ProxyRequestTarget
-    /// Why a target may not pass, in the words `ErrorAnswer` answers with.
-    public typealias Problem = ProxyPathProblem
-
     public static let prefix = "/proxy/"
 
     /// Splits and checks `/proxy/{name}/{path}?{query}`.
-    public static func parse(_ raw: String) -> Result<Target, Problem> {
+    public static func parse(_ raw: String) -> Result<ProxyRequestTarget, ProxyPathProblem> {
         guard raw.hasPrefix("/") else { return .failure(.absoluteForm) }
         guard raw.hasPrefix(prefix) else { return .failure(.notUnderProxy) }
         guard raw.utf8.allSatisfy(isAllowed), wellFormedEscapes(raw) else { return .failure(.badCharacters) }
@@ -46,7 +41,7 @@ public enum ProxyPath {
         let directory = below.hasSuffix("/") || last == "." || last == ".."
         var path = "/" + resolved.joined(separator: "/")
         if directory, !resolved.isEmpty { path += "/" }
-        return .success(Target(proxy: String(name), path: path, query: query))
+        return .success(ProxyRequestTarget(proxy: String(name), path: path, query: query))
     }
 
     /// RFC 3986 `pchar`, "/", "?" and "%": unreserved, sub-delims, ":" and "@".

@@ -20,11 +20,11 @@ import TokenBrokerAPI
         ] as [(String, String, String, String?)])
     func targetsInsideTheProxyAreNormalised(_ raw: String, _ proxy: String, _ path: String, _ query: String?) throws {
         let target = try ProxyPath.parse(raw).get()
-        #expect(target == ProxyPath.Target(proxy: proxy, path: path, query: query))
+        #expect(target == ProxyRequestTarget(proxy: proxy, path: path, query: query))
     }
 
     @Test(arguments: [
-        ("http://evil/proxy/api/x", ProxyPath.Problem.absoluteForm),
+        ("http://evil/proxy/api/x", ProxyPathProblem.absoluteForm),
         ("*", .absoluteForm),
         ("/token", .notUnderProxy),
         ("/proxy//x", .notUnderProxy),
@@ -42,7 +42,7 @@ import TokenBrokerAPI
         ("/proxy/api/é", .badCharacters),
         ("/proxy/api/a?b=<script>", .badCharacters),
     ])
-    func escapesAndTricksAreRefused(_ raw: String, _ problem: ProxyPath.Problem) {
+    func escapesAndTricksAreRefused(_ raw: String, _ problem: ProxyPathProblem) {
         #expect(throws: problem) { try ProxyPath.parse(raw).get() }
     }
 
