@@ -30,6 +30,23 @@ public struct ProviderConfiguration: Sendable, Equatable {
     /// (`timeout`) and is abandoned. Default: the source's `timeoutMsec` plus 5 s for `oauth2`
     /// and `http`, 10 for `jwt` and `file`; 1–600.
     public var fetchTimeoutSec: Int?
+    /// Makes the provider a template: the parameters a request may name (`audience`, `scope`,
+    /// `resource`), each distinct combination getting a child provider of its own, made on its
+    /// first request. Default: none (an ordinary provider).
+    public var perRequest: Set<RequestParameter> = []
+    /// The audiences a request may name; required when `perRequest` has `audience`.
+    public var allowedAudiences: [AllowPattern] = []
+    /// The scope tokens a request may name; required when `perRequest` has `scope`.
+    public var allowedScopes: [AllowPattern] = []
+    /// The resources a request may name; required when `perRequest` has `resource`.
+    public var allowedResources: [AllowPattern] = []
+    /// The most children a template keeps at once. Default 100; 1–10000.
+    public var maxChildren: Int = 100
+    /// A child nobody read (and no sink holds) for this long is dropped. Default 3600; 60–86400.
+    public var childIdleSec: Int = 3600
+
+    /// Whether this provider is a template (`perRequest` names a parameter).
+    public var isTemplate: Bool { !perRequest.isEmpty }
 
     public init(
         name: String = "default",
@@ -100,6 +117,81 @@ extension ProviderConfiguration {
         forcedRefreshWindowSec = try reader.int("forcedRefreshWindowSec", 1...3600, default: forcedRefreshWindowSec)
         cookie = try CookieSettings(reading: &reader)
         fetchTimeoutSec = try reader.int("fetchTimeoutSec", 1...600)
+        try readTemplateSettings(&reader)
         try reader.finish()
+    }
+
+    /// `perRequest`, the allow-lists and the children's bounds. Each allow-list belongs to its
+    /// parameter: required with it, refused without it, as are the bounds without `perRequest`.
+    private mutating func readTemplateSettings(_ reader: inout ObjectReader) throws(ConfigurationError) {
+        let allowed = RequestParameter.allCases.map(\.rawValue)
+        if let items = try reader.array("perRequest") {
+            for item in items {
+                guard case .string(let text) = item.value, let parameter = RequestParameter(rawValue: text) else {
+                    throw ConfigurationError(
+                        key: item.path, "must be one of \(allowed.map { "\"\($0)\"" }.joined(separator: ", "))")
+                }
+                guard perRequest.insert(parameter).inserted else {
+                    throw ConfigurationError(key: item.path, "\"\(text)\" is listed twice")
+                }
+            }
+            guard !perRequest.isEmpty else {
+                throw ConfigurationError(
+                    key: reader.keyPath("perRequest"), "must name at least one of \(allowed.joined(separator: ", "))")
+            }
+        }
+        let lists: [(RequestParameter, String)] = [
+            (.audience, "allowedAudiences"), (.scope, "allowedScopes"), (.resource, "allowedResources"),
+        ]
+        for (parameter, key) in lists {
+            let patterns = try Self.patterns(&reader, key)
+            if perRequest.contains(parameter), patterns == nil {
+                throw ConfigurationError(
+                    key: reader.keyPath(key),
+                    "is required when perRequest has \"\(parameter.rawValue)\": list the values a request may name")
+            }
+            if patterns != nil, !perRequest.contains(parameter) {
+                throw ConfigurationError(
+                    key: reader.keyPath(key), "only applies when perRequest has \"\(parameter.rawValue)\"")
+            }
+            switch parameter {
+            case .audience: allowedAudiences = patterns ?? []
+            case .scope: allowedScopes = patterns ?? []
+            case .resource: allowedResources = patterns ?? []
+            }
+        }
+        let maxChildren = try reader.int("maxChildren", 1...10_000)
+        let childIdleSec = try reader.int("childIdleSec", 60...86_400)
+        if !isTemplate, maxChildren != nil || childIdleSec != nil {
+            throw ConfigurationError(
+                key: reader.keyPath(maxChildren != nil ? "maxChildren" : "childIdleSec"),
+                "only applies to a template (a provider with perRequest)")
+        }
+        self.maxChildren = maxChildren ?? self.maxChildren
+        self.childIdleSec = childIdleSec ?? self.childIdleSec
+        if isTemplate, case .file = source {
+            throw ConfigurationError(
+                key: reader.keyPath("perRequest"), "a file source cannot make tokens per audience, scope or resource")
+        }
+    }
+
+    /// An allow-list: nil when absent, else its patterns (an empty list is refused).
+    private static func patterns(_ reader: inout ObjectReader, _ key: String) throws(ConfigurationError)
+        -> [AllowPattern]?
+    {
+        guard let items = try reader.array(key) else { return nil }
+        guard !items.isEmpty else {
+            throw ConfigurationError(key: reader.keyPath(key), "must list at least one value")
+        }
+        var patterns: [AllowPattern] = []
+        for item in items {
+            guard case .string(let text) = item.value, let pattern = AllowPattern(text) else {
+                throw ConfigurationError(
+                    key: item.path,
+                    "must be a value, or a prefix ending in *, of visible ASCII characters (a lone * is refused)")
+            }
+            patterns.append(pattern)
+        }
+        return patterns
     }
 }

@@ -1,0 +1,170 @@
+/// A parameter a request may name for a provider template's child (`perRequest`).
+public enum RequestParameter: String, CaseIterable, Sendable, Hashable, Comparable {
+    /// The audience: `audience` in an OAuth 2.0 token request, `aud` for the local signer.
+    case audience
+    /// The scope, a space-separated set (RFC 6749 §3.3).
+    case scope
+    /// The resource indicator (RFC 8707).
+    case resource
+
+    public static func < (lhs: Self, rhs: Self) -> Bool { lhs.order < rhs.order }
+
+    private var order: Int {
+        switch self {
+        case .audience: 0
+        case .scope: 1
+        case .resource: 2
+        }
+    }
+}
+
+/// The values that make a template's child: what one request, or one sink, asked for.
+///
+/// Two requests that name the same values, once checked, get the same child: the scope set is
+/// kept sorted and without repeats, so `read write` and `write read` are one child. A value not
+/// named is nil, and the source then uses its configured default.
+public struct TokenRequestValues: Hashable, Sendable, CustomStringConvertible {
+    /// The audience asked for, or nil.
+    public var audience: String?
+    /// The scope set asked for, sorted and without repeats, or nil.
+    public private(set) var scopes: [String]?
+    /// The resource asked for, or nil.
+    public var resource: String?
+
+    /// No value named: the template's own defaults.
+    public static let none = TokenRequestValues()
+
+    public init(audience: String? = nil, scopes: [String]? = nil, resource: String? = nil) {
+        self.audience = audience
+        self.scopes = scopes.map { Array(Set($0)).sorted() }
+        self.resource = resource
+    }
+
+    /// The scope set as the protocol sends it, space-separated, or nil.
+    public var scope: String? { scopes?.joined(separator: " ") }
+
+    /// The value named for `parameter`, as sent upstream (the scope set space-separated).
+    public func value(_ parameter: RequestParameter) -> String? {
+        switch parameter {
+        case .audience: audience
+        case .scope: scope
+        case .resource: resource
+        }
+    }
+
+    /// For logs: the parameters named, never their values' secrets (they are not secrets, but
+    /// they are the caller's choice, so logs show them quoted).
+    public var description: String {
+        let named = RequestParameter.allCases.compactMap { parameter in
+            value(parameter).map { "\(parameter.rawValue)=\"\($0)\"" }
+        }
+        return named.isEmpty ? "defaults" : named.joined(separator: " ")
+    }
+
+    /// The longest value a request may name, in bytes.
+    public static let maximumLength = 1024
+
+    /// Checks the values a request named against `configuration`'s `perRequest` and allow-lists.
+    ///
+    /// Values are whole printable ASCII (no control character, no space except between scopes),
+    /// at most `maximumLength` bytes. A scope is a set of RFC 6749 scope tokens, each of which
+    /// must be allowed. A provider that is not a template takes no value at all.
+    public static func checked(
+        audience: String?, scope: String?, resource: String?, for configuration: ProviderConfiguration
+    ) -> Result<TokenRequestValues, RequestValueProblem> {
+        let named: [(RequestParameter, String?)] = [(.audience, audience), (.scope, scope), (.resource, resource)]
+        for case (let parameter, let value?) in named {
+            guard configuration.perRequest.contains(parameter) else {
+                return .failure(RequestValueProblem(parameter: parameter, kind: .notAccepted))
+            }
+            guard !value.isEmpty, value.utf8.count <= maximumLength else {
+                return .failure(RequestValueProblem(parameter: parameter, kind: .malformed))
+            }
+        }
+        if let audience {
+            guard audience.utf8.allSatisfy(Self.isVisibleASCII) else {
+                return .failure(RequestValueProblem(parameter: .audience, kind: .malformed))
+            }
+            guard configuration.allowedAudiences.contains(where: { $0.matches(audience) }) else {
+                return .failure(RequestValueProblem(parameter: .audience, kind: .notAllowed))
+            }
+        }
+        if let resource {
+            guard resource.utf8.allSatisfy(Self.isVisibleASCII) else {
+                return .failure(RequestValueProblem(parameter: .resource, kind: .malformed))
+            }
+            guard configuration.allowedResources.contains(where: { $0.matches(resource) }) else {
+                return .failure(RequestValueProblem(parameter: .resource, kind: .notAllowed))
+            }
+        }
+        var scopes: [String]?
+        if let scope {
+            // RFC 6749 §3.3: scope = scope-token *( SP scope-token ), scope-token = 1*NQCHAR.
+            let tokens = scope.split(separator: " ", omittingEmptySubsequences: false)
+            guard tokens.allSatisfy({ !$0.isEmpty && $0.utf8.allSatisfy(Self.isScopeCharacter) }) else {
+                return .failure(RequestValueProblem(parameter: .scope, kind: .malformed))
+            }
+            for token in tokens where !configuration.allowedScopes.contains(where: { $0.matches(token) }) {
+                return .failure(RequestValueProblem(parameter: .scope, kind: .notAllowed))
+            }
+            scopes = tokens.map(String.init)
+        }
+        return .success(TokenRequestValues(audience: audience, scopes: scopes, resource: resource))
+    }
+
+    /// `%x21-7E`: visible ASCII, no space.
+    static func isVisibleASCII(_ byte: UInt8) -> Bool { byte >= 0x21 && byte <= 0x7E }
+
+    /// RFC 6749's NQCHAR: `%x21 / %x23-5B / %x5D-7E`.
+    static func isScopeCharacter(_ byte: UInt8) -> Bool { isVisibleASCII(byte) && byte != 0x22 && byte != 0x5C }
+}
+
+/// Why a request's value for a template's child was refused: a 400 that names the parameter.
+public struct RequestValueProblem: Error, Sendable, Equatable {
+    public enum Kind: Sendable, Equatable {
+        /// The provider does not take this parameter (it is not in `perRequest`, or the provider is no template).
+        case notAccepted
+        /// Empty, too long, or with characters a value may not hold.
+        case malformed
+        /// Outside the template's allow-list.
+        case notAllowed
+    }
+
+    /// The parameter at fault.
+    public let parameter: RequestParameter
+    public let kind: Kind
+
+    public init(parameter: RequestParameter, kind: Kind) {
+        self.parameter = parameter
+        self.kind = kind
+    }
+}
+
+/// One entry of an allow-list (`allowedAudiences`, `allowedScopes`, `allowedResources`): an
+/// exact value, or a prefix when it ends in `*` (`https://api.example/*`).
+public struct AllowPattern: Sendable, Hashable, CustomStringConvertible {
+    /// The value, or the prefix without its `*`.
+    public let text: String
+    /// True for a prefix (written with a trailing `*`).
+    public let isPrefix: Bool
+
+    /// Reads `https://a.example` or `https://a.example/*`; nil for an empty pattern, a lone `*`
+    /// (allow-lists exist to be narrow), or a `*` anywhere but at the end.
+    public init?(_ written: String) {
+        let isPrefix = written.hasSuffix("*")
+        let text = isPrefix ? String(written.dropLast()) : written
+        guard !text.isEmpty, !text.contains("*"), text.utf8.allSatisfy(TokenRequestValues.isVisibleASCII) else {
+            return nil
+        }
+        self.text = text
+        self.isPrefix = isPrefix
+    }
+
+    /// Whether `value` is allowed by this entry: equal to it, or starting with its prefix.
+    public func matches(_ value: some StringProtocol) -> Bool {
+        isPrefix ? value.utf8.starts(with: text.utf8) : value.utf8.elementsEqual(text.utf8)
+    }
+
+    /// As written in the configuration.
+    public var description: String { isPrefix ? text + "*" : text }
+}
