@@ -14,9 +14,13 @@ public struct OAuth2SourceConfiguration: Sendable, Equatable {
     public var privateKeyFile: String?
     /// For `private_key_jwt`: the assertion's `kid`. Default: none.
     public var keyID: String?
+    /// The `scope` parameter. In a template with `perRequest: ["scope"]`, the default of a child
+    /// that names none; a child's scope replaces it.
     public var scope: String?
+    /// The `audience` parameter. In a template, the default that a child's audience replaces.
     public var audience: String?
-    /// Resource indicators (RFC 8707), each sent as a `resource` parameter.
+    /// Resource indicators (RFC 8707), each sent as a `resource` parameter. In a template, the
+    /// default that a child's one resource replaces.
     public var resources: [String] = []
     /// More form parameters, sent as given.
     public var extraParams: [(String, String)] = []

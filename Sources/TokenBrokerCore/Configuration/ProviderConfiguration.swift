@@ -173,6 +173,13 @@ extension ProviderConfiguration {
             throw ConfigurationError(
                 key: reader.keyPath("perRequest"), "a file source cannot make tokens per audience, scope or resource")
         }
+        if perRequest.contains(.resource), case .jwt = source {
+            throw ConfigurationError(
+                key: reader.keyPath("perRequest"),
+                "the local signer (source type \"jwt\") cannot make tokens per resource: a resource indicator"
+                    + " (RFC 8707) is for an issuer's token endpoint; name the audience instead")
+        }
+        try source.checkTemplate(perRequest: perRequest, key: reader.keyPath("source"))
     }
 
     /// An allow-list: nil when absent, else its patterns (an empty list is refused).

@@ -52,6 +52,27 @@ public enum SourceConfiguration: Sendable, Equatable {
         }
     }
 
+    /// Checks what a template's children would fetch with against `perRequest` (empty for a
+    /// provider that is no template); `key` is the source's path, such as `providers[0].source`.
+    ///
+    /// An `http` source's placeholders must name parameters of `perRequest`; an `oauth2` source's
+    /// `extraParams` may not hold a parameter of `perRequest`, which would then be sent twice.
+    func checkTemplate(perRequest: Set<RequestParameter>, key: String) throws(ConfigurationError) {
+        switch self {
+        case .http(let settings):
+            try settings.checkPlaceholders(perRequest: perRequest, key: key)
+        case .oauth2(let settings):
+            for (name, _) in settings.extraParams {
+                guard let parameter = RequestParameter(rawValue: name), perRequest.contains(parameter) else { continue }
+                throw ConfigurationError(
+                    key: key + ".extraParams." + name,
+                    "\"\(name)\" is named per request (perRequest); give its default as source.\(parameter.rawValue)")
+            }
+        case .jwt, .file:
+            break
+        }
+    }
+
     init(reading reader: ObjectReader) throws(ConfigurationError) {
         var reader = reader
         let type = try reader.choice("type", Self.types, default: "jwt")
