@@ -6,29 +6,48 @@ import TokenBrokerUpstream
 /// Sends the configured request, then finds the token at `tokenPointer` and its lifetime at
 /// `expiresInPointer` (seconds) or `expiresAtPointer` (seconds since 1970), else from the JWT's
 /// `exp`, else `defaultLifetimeSec`. Header values given as `{"file": …}` are read at every fetch.
-public struct HTTPTokenSource: TokenSource {
+///
+/// As a template's source, a child puts its values in the placeholders of the URL, header values
+/// and body (`{{audience}}`, `{{scope}}`, `{{resource}}`; see `HTTPSourceConfiguration`).
+public struct HTTPTokenSource: TemplatedTokenSource {
     public let configuration: HTTPSourceConfiguration
     private let client: UpstreamHTTPClient
+    /// The request cut at its placeholders, shared with the children; a failure for placeholders
+    /// the configuration check would have refused (a configuration made in code).
+    private let template: Result<HTTPRequestTemplate, TokenFetchError>
+    public let values: TokenRequestValues
 
     public init(configuration: HTTPSourceConfiguration, client: UpstreamHTTPClient = .shared) {
         self.configuration = configuration
         self.client = client
+        do {
+            template = .success(try HTTPRequestTemplate(configuration))
+        } catch {
+            template = .failure(error)
+        }
+        values = .none
+    }
+
+    private init(child values: TokenRequestValues, of template: HTTPTokenSource) {
+        configuration = template.configuration
+        client = template.client
+        self.template = template.template
+        self.values = values
+    }
+
+    /// A source that puts `values` in this one's placeholders.
+    public func child(for values: TokenRequestValues) -> HTTPTokenSource {
+        HTTPTokenSource(child: values, of: self)
     }
 
     public func fetch() async throws(TokenFetchError) -> FetchedToken {
-        var headers: [(String, String)] = [("Accept", "application/json")]
-        for (name, value) in configuration.headers.sorted(by: { $0.key < $1.key }) {
-            switch value {
-            case .value(let text): headers.append((name, text))
-            case .file(let path):
-                headers.append((name, try SecretFile.readLine(path)))
-            }
-        }
-        let request = UpstreamRequest(
-            method: configuration.method, url: configuration.url, headers: headers,
-            body: Array((configuration.body ?? "").utf8), settings: configuration.upstream)
-        let response = try await client.fetch(request)
+        let response = try await client.fetch(try request())
         return try token(from: response, now: WallTime())
+    }
+
+    /// The request, with this source's values in the placeholders, ready to send.
+    public func request() throws(TokenFetchError) -> UpstreamRequest {
+        try template.get().request(values: values, configuration: configuration)
     }
 
     /// Reads the token and its lifetime out of an answer.

@@ -5,11 +5,16 @@ import TokenBrokerCrypto
 ///
 /// This is the embedded default: with no configuration, the broker issues its own tokens and
 /// publishes the public key at `/.well-known/jwks.json` so consumers can verify them.
-public struct JWTSigner: TokenSource {
+///
+/// As a template's source, a child's tokens carry its audience as `aud` (else the configured
+/// one) and, when it names a scope, a `scope` claim with the scope set, space-separated. The
+/// children sign with their template's key, so the one published key verifies them all.
+public struct JWTSigner: TemplatedTokenSource {
     public let configuration: JWTSourceConfiguration
     public let key: SigningKey
     /// The `kid` of every token and of the published key.
     public let keyID: String
+    public let values: TokenRequestValues
 
     /// Loads the configured key file, or generates a key when there is none.
     public init(configuration: JWTSourceConfiguration) throws(TokenFetchError) {
@@ -21,6 +26,19 @@ public struct JWTSigner: TokenSource {
             key = try SigningKey.generate(algorithm: configuration.algorithm)
         }
         keyID = configuration.keyID ?? key.thumbprint()
+        values = .none
+    }
+
+    private init(child values: TokenRequestValues, of template: JWTSigner) {
+        configuration = template.configuration
+        key = template.key
+        keyID = template.keyID
+        self.values = values
+    }
+
+    /// A signer of `values.audience` (and scope) with this one's key; a resource is not used.
+    public func child(for values: TokenRequestValues) -> JWTSigner {
+        JWTSigner(child: values, of: self)
     }
 
     public func fetch() async throws(TokenFetchError) -> FetchedToken {
@@ -36,16 +54,19 @@ public struct JWTSigner: TokenSource {
             ("alg", JSONText.quoted(configuration.algorithm.rawValue)), ("typ", JSONText.quoted("JWT")),
             ("kid", JSONText.quoted(keyID)),
         ])
-        let claims = JSONText.object([
+        var claims: [(String, String)] = [
             ("iss", JSONText.quoted(configuration.issuer)),
             ("sub", JSONText.quoted(configuration.subject)),
-            ("aud", JSONText.quoted(configuration.audience)),
+            ("aud", JSONText.quoted(values.audience ?? configuration.audience)),
+        ]
+        if let scope = values.scope { claims.append(("scope", JSONText.quoted(scope))) }
+        claims += [
             ("iat", String(issuedAt)),
             ("nbf", String(issuedAt)),
             ("exp", String(issuedAt + Int64(configuration.lifetimeSec))),
             ("jti", JSONText.quoted(Base64URL.encode(try Crypto.randomBytes(16)))),
-        ])
-        let signingInput = Base64URL.encode(header) + "." + Base64URL.encode(claims)
+        ]
+        let signingInput = Base64URL.encode(header) + "." + Base64URL.encode(JSONText.object(claims))
         let signature = try key.sign(Array(signingInput.utf8))
         return FetchedToken(
             accessToken: signingInput + "." + Base64URL.encode(signature), tokenType: "Bearer",

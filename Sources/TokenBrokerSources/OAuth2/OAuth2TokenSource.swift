@@ -7,10 +7,14 @@ import TokenBrokerUpstream
 /// Authenticates with `client_secret_basic` (the default), `client_secret_post`, or
 /// `private_key_jwt` (RFC 7523, a fresh signed assertion per request). A secret file is read at
 /// every fetch, so a rotated secret is used from the next retry on.
-public struct OAuth2TokenSource: TokenSource {
+///
+/// As a template's source, a child sends its `audience`, `scope` and `resource` (RFC 8707) in
+/// place of the configured ones, which stay the defaults of what it does not name.
+public struct OAuth2TokenSource: TemplatedTokenSource {
     public let configuration: OAuth2SourceConfiguration
     private let client: UpstreamHTTPClient
     private let assertionKey: SigningKey?
+    public let values: TokenRequestValues
 
     public init(configuration: OAuth2SourceConfiguration, client: UpstreamHTTPClient = .shared) throws(TokenFetchError)
     {
@@ -24,6 +28,19 @@ public struct OAuth2TokenSource: TokenSource {
         } else {
             assertionKey = nil
         }
+        values = .none
+    }
+
+    private init(child values: TokenRequestValues, of template: OAuth2TokenSource) {
+        configuration = template.configuration
+        client = template.client
+        assertionKey = template.assertionKey
+        self.values = values
+    }
+
+    /// A source that asks for `values`, with this one's client, credentials and assertion key.
+    public func child(for values: TokenRequestValues) -> OAuth2TokenSource {
+        OAuth2TokenSource(child: values, of: self)
     }
 
     public func fetch() async throws(TokenFetchError) -> FetchedToken {
@@ -41,9 +58,9 @@ public struct OAuth2TokenSource: TokenSource {
     /// The token request, ready to send.
     public func request(now: WallTime) throws(TokenFetchError) -> UpstreamRequest {
         var form: [(String, String)] = [("grant_type", "client_credentials")]
-        if let scope = configuration.scope { form.append(("scope", scope)) }
-        if let audience = configuration.audience { form.append(("audience", audience)) }
-        for resource in configuration.resources { form.append(("resource", resource)) }
+        if let scope = values.scope ?? configuration.scope { form.append(("scope", scope)) }
+        if let audience = values.audience ?? configuration.audience { form.append(("audience", audience)) }
+        for resource in values.resource.map({ [$0] }) ?? configuration.resources { form.append(("resource", resource)) }
         form += configuration.extraParams
         var headers: [(String, String)] = [
             ("Content-Type", "application/x-www-form-urlencoded"), ("Accept", "application/json"),

@@ -1,0 +1,77 @@
+import TokenBrokerCore
+import TokenBrokerUpstream
+
+/// The http source's configured request cut at its placeholders, once for a template and all its
+/// children, and filled in with one child's values at each fetch.
+///
+/// Each value is encoded for where it stands (see `HTTPSourceConfiguration`): percent-encoded in
+/// the URL; in the body, form-encoded, JSON-string-escaped or as is by the configured
+/// `Content-Type`; as is in a header value, where a control character is refused.
+struct HTTPRequestTemplate: Sendable {
+    /// A header value: a text with placeholders, or a file read at every fetch (never filled in).
+    enum HeaderValue: Sendable {
+        case text(PlaceholderText)
+        case file(String)
+    }
+
+    let url: PlaceholderText
+    /// By name, in name order.
+    let headers: [(name: String, value: HeaderValue)]
+    let body: PlaceholderText
+    let bodyEncoding: HTTPSourceConfiguration.BodyEncoding
+
+    init(_ configuration: HTTPSourceConfiguration) throws(TokenFetchError) {
+        func parsed(_ text: String, _ key: String) throws(TokenFetchError) -> PlaceholderText {
+            do {
+                return try PlaceholderText(parsing: text)
+            } catch {
+                throw .configuration("\(key): \(error.description)")
+            }
+        }
+        url = try parsed(configuration.url, "url")
+        var headers: [(name: String, value: HeaderValue)] = []
+        for (name, value) in configuration.headers.sorted(by: { $0.key < $1.key }) {
+            switch value {
+            case .value(let text): headers.append((name, .text(try parsed(text, "headers." + name))))
+            case .file(let path): headers.append((name, .file(path)))
+            }
+        }
+        self.headers = headers
+        body = try parsed(configuration.body ?? "", "body")
+        bodyEncoding = configuration.bodyEncoding
+    }
+
+    /// The request with `values` put in; a value not named is the empty string.
+    func request(values: TokenRequestValues, configuration: HTTPSourceConfiguration) throws(TokenFetchError)
+        -> UpstreamRequest
+    {
+        var headers: [(String, String)] = [("Accept", "application/json")]
+        for (name, value) in self.headers {
+            switch value {
+            case .text(let text):
+                for parameter in text.parameters {
+                    guard let value = values.value(parameter), value.utf8.contains(where: Self.isControl) else {
+                        continue
+                    }
+                    throw .configuration("the \(parameter.rawValue) holds a control character; it cannot go in \(name)")
+                }
+                headers.append((name, text.filled { values.value($0) ?? "" }))
+            case .file(let path):
+                headers.append((name, try SecretFile.readLine(path)))
+            }
+        }
+        let body = self.body.filled { parameter in
+            let value = values.value(parameter) ?? ""
+            switch bodyEncoding {
+            case .form: return FormEncoding.escape(value)
+            case .json: return String(JSONText.quoted(value).dropFirst().dropLast())
+            case .asIs: return value
+            }
+        }
+        return UpstreamRequest(
+            method: configuration.method, url: url.filled { FormEncoding.percentEncoded(values.value($0) ?? "") },
+            headers: headers, body: Array(body.utf8), settings: configuration.upstream)
+    }
+
+    private static func isControl(_ byte: UInt8) -> Bool { byte < 0x20 || byte == 0x7F }
+}
