@@ -135,7 +135,9 @@ let package = Package(
             dependencies: ["TokenBrokerTestSupport", "TokenBrokerAPI", "TokenBrokerServer", "TokenBrokerCore"]),
         .testTarget(
             name: "TokenBrokerSinksTests",
-            dependencies: ["TokenBrokerTestSupport", "TokenBrokerSinks", "TokenBrokerAPI", "TokenBrokerCore"]),
+            dependencies: [
+                "TokenBrokerTestSupport", "TokenBrokerSinks", "TokenBrokerAPI", "TokenBrokerCrypto", "TokenBrokerCore",
+            ]),
         .testTarget(
             name: "token-brokerTests",
             dependencies: ["token-broker", "TokenBrokerCore", "TokenBrokerTestSupport"]
