@@ -15,6 +15,8 @@
 //   TokenBrokerAPI                the routes of both listeners on a value-type request, caller keys, and
 //                                 every error answer
 //   TokenBrokerProxy              proxy mode: requests forwarded with a token, retried once when refused
+//   TokenBrokerSinks              token files: each new token of a provider written to a file, atomically,
+//                                 never wider than its mode (it renders the JSON format with TokenBrokerAPI)
 //   token-broker                  the executable: command line, wiring, signals, allocator tuning
 //
 // No outside Swift packages: the toolchain and Debian's C libraries are all it needs.
@@ -87,12 +89,17 @@ let package = Package(
             dependencies: ["TokenBrokerCore", "TokenBrokerUpstream", "TokenBrokerServer", "TokenBrokerAPI"],
             swiftSettings: optimized
         ),
+        .target(
+            name: "TokenBrokerSinks",
+            dependencies: ["TokenBrokerCore", "TokenBrokerCrypto", "TokenBrokerAPI"],
+            swiftSettings: optimized
+        ),
         .executableTarget(
             name: "token-broker",
             dependencies: [
                 "TokenBrokerCore", "TokenBrokerCrypto", "TokenBrokerUpstream", "TokenBrokerSources",
                 "TokenBrokerServer",
-                "TokenBrokerAPI", "TokenBrokerProxy", "CSystem",
+                "TokenBrokerAPI", "TokenBrokerProxy", "TokenBrokerSinks", "CSystem",
             ],
             exclude: ["link-order.txt"],
             swiftSettings: optimized,
@@ -126,6 +133,11 @@ let package = Package(
         .testTarget(
             name: "TokenBrokerAPITests",
             dependencies: ["TokenBrokerTestSupport", "TokenBrokerAPI", "TokenBrokerServer", "TokenBrokerCore"]),
+        .testTarget(
+            name: "TokenBrokerSinksTests",
+            dependencies: [
+                "TokenBrokerTestSupport", "TokenBrokerSinks", "TokenBrokerAPI", "TokenBrokerCrypto", "TokenBrokerCore",
+            ]),
         .testTarget(
             name: "token-brokerTests",
             dependencies: ["token-broker", "TokenBrokerCore", "TokenBrokerTestSupport"]

@@ -28,6 +28,8 @@ public struct BrokerConfiguration: Sendable, Equatable {
     public var requestGuard: Bool
     /// The longest a request may wait for a token (on-demand fetches, long-polls). Default 60; 1–3600.
     public var maxWaitSec: Int
+    /// Token files: each new token of a provider written to a file. Default: none.
+    public var sinks: [SinkConfiguration] = []
 
     public static let defaultListen = "127.0.0.1:8080"
     public static let defaultAdminListen = "127.0.0.1:9090"
@@ -86,11 +88,14 @@ public struct BrokerConfiguration: Sendable, Equatable {
         if let items = try reader.array("proxies") {
             for item in items { proxies.append(try ProxyConfiguration(reading: item.value, path: item.path)) }
         }
+        if let items = try reader.array("sinks") {
+            for item in items { sinks.append(try SinkConfiguration(reading: item.value, path: item.path)) }
+        }
         try reader.finish()
         try validate()
     }
 
-    /// Resolves every relative file path (keys, secrets, token files, TLS files, `clientKeysFile`)
+    /// Resolves every relative file path (keys, secrets, token files, TLS files, `clientKeysFile`, sinks)
     /// against `directory`, the configuration file's own, so that a configuration names the same
     /// files whatever the working directory. Absolute paths are kept as written.
     public mutating func resolvePaths(relativeTo directory: String) {
@@ -101,6 +106,7 @@ public struct BrokerConfiguration: Sendable, Equatable {
         clientKeysFile = clientKeysFile.map(resolve)
         for index in providers.indices { providers[index].source.resolvePaths(resolve) }
         for index in proxies.indices { proxies[index].upstream.resolvePaths(resolve) }
+        for index in sinks.indices { sinks[index].path = resolve(sinks[index].path) }
     }
 
     /// The directory of a file path: `/etc/tb` for `/etc/tb/config.json`, `.` for `config.json`.
@@ -120,7 +126,8 @@ public struct BrokerConfiguration: Sendable, Equatable {
         try validate()
     }
 
-    /// Checks what no single key can: unique provider names, distinct listeners.
+    /// Checks what no single key can: unique provider names, distinct listeners, proxies on
+    /// ordinary providers, and sinks on providers that exist and keep their token fresh.
     public func validate() throws(ConfigurationError) {
         var seen: Set<String> = []
         for (index, provider) in providers.enumerated() where !seen.insert(provider.name).inserted {
@@ -140,10 +147,78 @@ public struct BrokerConfiguration: Sendable, Equatable {
                     key: "proxies[\(index)].provider",
                     "no provider is named \"\(provider)\"; allowed: \(providers.map(\.name).joined(separator: ", "))")
             }
+            // A proxied request names no audience, scope or resource: it has no child to take a token from.
+            if let provider = providers.first(where: { $0.name == proxy.provider ?? providers.first?.name }),
+                provider.isTemplate
+            {
+                throw ConfigurationError(
+                    key: "proxies[\(index)].provider",
+                    "proxies need an ordinary provider; \"\(provider.name)\" is a template (perRequest)"
+                        + (proxy.provider == nil ? ", and the first provider is the default" : ""))
+            }
         }
+        try validateSinks()
         if listen == adminListen, listen.port != 0 || listen.unixPath != nil {
             throw ConfigurationError(
                 key: "adminListen", "\(adminListen) is also the token listener; allowed: a different address or port")
+        }
+    }
+
+    /// Each sink names a provider that refreshes in the background, values its template
+    /// allows, and a path no other sink writes.
+    private func validateSinks() throws(ConfigurationError) {
+        var paths: Set<String> = []
+        for (index, sink) in sinks.enumerated() {
+            let key = "sinks[\(index)]"
+            guard let provider = providers.first(where: { $0.name == sink.provider }) else {
+                throw ConfigurationError(
+                    key: "\(key).provider",
+                    "no provider is named \"\(sink.provider)\"; allowed: \(providers.map(\.name).joined(separator: ", "))"
+                )
+            }
+            guard provider.backgroundRefreshEnabled else {
+                throw ConfigurationError(
+                    key: "\(key).provider",
+                    "provider \"\(provider.name)\" has backgroundRefreshEnabled false; a token file needs a provider "
+                        + "that keeps its token fresh")
+            }
+            if case .failure(let problem) = sink.requestValues(for: provider) {
+                throw ConfigurationError(
+                    key: "\(key).\(problem.parameter.rawValue)", Self.describe(problem, provider: provider))
+            }
+            guard paths.insert(sink.comparablePath).inserted else {
+                throw ConfigurationError(
+                    key: "\(key).path",
+                    "\(JSONText.quoted(sink.path)) is written by another sink; allowed: one sink per file")
+            }
+        }
+    }
+
+    /// A sink's value refused by its provider, in words.
+    private static func describe(_ problem: RequestValueProblem, provider: ProviderConfiguration) -> String {
+        let parameter = problem.parameter.rawValue
+        switch problem.kind {
+        case .notAccepted:
+            guard provider.isTemplate else {
+                return "applies only to a template (a provider with perRequest); \"\(provider.name)\" is not one"
+            }
+            let taken = provider.perRequest.sorted().map { "\"\($0.rawValue)\"" }.joined(separator: ", ")
+            return "provider \"\(provider.name)\" does not take \"\(parameter)\" per request; its perRequest: \(taken)"
+        case .malformed:
+            return problem.parameter == .scope
+                ? "must be scope tokens (visible ASCII without \" and \\) separated by single spaces, at most "
+                    + "\(TokenRequestValues.maximumLength) bytes"
+                : "must be 1–\(TokenRequestValues.maximumLength) visible ASCII characters, without spaces"
+        case .notAllowed:
+            let list: [AllowPattern]
+            let listName: String
+            switch problem.parameter {
+            case .audience: (list, listName) = (provider.allowedAudiences, "allowedAudiences")
+            case .scope: (list, listName) = (provider.allowedScopes, "allowedScopes")
+            case .resource: (list, listName) = (provider.allowedResources, "allowedResources")
+            }
+            return "is outside provider \"\(provider.name)\"'s \(listName); allowed: "
+                + list.map(\.description).joined(separator: ", ")
         }
     }
 

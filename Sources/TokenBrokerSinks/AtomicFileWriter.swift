@@ -1,0 +1,177 @@
+import Glibc
+import TokenBrokerCore
+
+/// Replaces a file's contents all at once, so that a reader sees the old contents or the new,
+/// never a partial or empty file, nor a file with a wider mode than the one given.
+///
+/// Each `write`:
+/// 1. creates a temporary file beside the target with `open(O_WRONLY | O_CREAT | O_EXCL |
+///    O_CLOEXEC | O_NOFOLLOW, mode)`: a new file, never one that was there (not even a symbolic
+///    link planted at its name), whose mode is at most `mode` from its first moment (the umask
+///    can only narrow it);
+/// 2. sets the mode to exactly `mode` with `fchmod` (undoing what the umask took away);
+/// 3. writes every byte (short writes continued, `EINTR` retried), then `fsync`s and closes it;
+/// 4. `rename`s it over the target, which readers then see whole, in one step;
+/// 5. `fsync`s the directory, so that the rename survives a crash.
+///
+/// A failure at any step removes the temporary file, leaves the target as it was (before the
+/// rename) and says which call failed and why (`FileWriteError`). A failed `fsync` of the
+/// directory comes after the rename: the new contents are in place but may not survive a crash,
+/// and it is reported as a failure all the same, so that the next write tries again.
+///
+/// The calls block: run `write` off Swift's cooperative pool (`SinkRunner` uses a queue of its own).
+public final class AtomicFileWriter: Sendable {
+    /// The file replaced.
+    public let path: String
+    /// The permission bits the file gets, exactly.
+    public let mode: UInt32
+    /// The directory the file is in, where temporary files are made.
+    let directory: String
+    /// The start of each temporary file's name: `.{name}.tmp-{pid}-`.
+    private let temporaryPrefix: String
+    /// Numbers temporary files, so that each write, and each retry after a name already taken, has its own.
+    private let counter = Lock<UInt64>(0)
+
+    /// Temporary names tried before a write gives up, when names are already taken.
+    static let maximumAttempts = 16
+
+    public init(path: String, mode: UInt32) {
+        self.path = path
+        self.mode = mode
+        directory = BrokerConfiguration.directory(of: path)
+        let name = path.split(separator: "/", omittingEmptySubsequences: false).last.map(String.init) ?? path
+        // A name near NAME_MAX (255 bytes) would leave no room for the suffix: keep at most 200 bytes of it.
+        var kept = ""
+        for scalar in name.unicodeScalars {
+            guard kept.utf8.count + String(scalar).utf8.count <= 200 else { break }
+            kept.unicodeScalars.append(scalar)
+        }
+        let prefix = ".\(kept).tmp-\(getpid())-"
+        temporaryPrefix = directory == "/" ? "/" + prefix : directory + "/" + prefix
+    }
+
+    /// The temporary file of attempt `number`.
+    func temporaryPath(_ number: UInt64) -> String { temporaryPrefix + String(number) }
+
+    /// The number the next write's first temporary file will have.
+    var nextTemporaryNumber: UInt64 { counter.withLock { $0 + 1 } }
+
+    /// Replaces the file's contents with `bytes`. Blocks: see the type's note.
+    public func write(_ bytes: [UInt8]) -> Result<Void, FileWriteError> {
+        let (temporary, fd): (String, Int32)
+        switch createTemporary() {
+        case .success(let created): (temporary, fd) = created
+        case .failure(let error): return .failure(error)
+        }
+        var open = true
+        func fail(_ error: FileWriteError) -> Result<Void, FileWriteError> {
+            // The write already failed: a failed close of the abandoned descriptor adds nothing to say.
+            if open { _ = Glibc.close(fd) }
+            if unlink(temporary) != 0 {
+                let code = errno
+                if code != ENOENT { return .failure(error.addingCleanupFailure(unlink: temporary, code)) }
+            }
+            return .failure(error)
+        }
+        guard fchmod(fd, mode_t(mode)) == 0 else { return fail(.system("fchmod", temporary, errno)) }
+        if let error = Self.writeAll(bytes, to: fd, path: temporary) { return fail(error) }
+        if let error = Self.sync(fd, path: temporary) { return fail(error) }
+        open = false
+        // Linux closes the descriptor even when close fails (EINTR included): never close it twice.
+        guard Glibc.close(fd) == 0 else { return fail(.system("close", temporary, errno)) }
+        guard rename(temporary, path) == 0 else { return fail(.system("rename", path, errno)) }
+        if let error = syncDirectory() { return .failure(error) }
+        return .success(())
+    }
+
+    /// Creates a new temporary file, trying the next number when one is already taken.
+    private func createTemporary() -> Result<(String, Int32), FileWriteError> {
+        var lastError: FileWriteError?
+        for _ in 0..<Self.maximumAttempts {
+            let number = counter.withLock { counter -> UInt64 in
+                counter &+= 1
+                return counter
+            }
+            let temporary = temporaryPath(number)
+            let fd = Glibc.open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode_t(mode))
+            if fd >= 0 { return .success((temporary, fd)) }
+            let code = errno
+            lastError = .system("open", temporary, code)
+            // Taken (a leftover, or anything planted there): never reused, never followed; try another name.
+            guard code == EEXIST || code == EINTR else { break }
+        }
+        return .failure(lastError ?? .system("open", temporaryPath(0), EEXIST))
+    }
+
+    /// Writes all of `bytes`, continuing after short writes and retrying after `EINTR`.
+    private static func writeAll(_ bytes: [UInt8], to fd: Int32, path: String) -> FileWriteError? {
+        var offset = 0
+        while offset < bytes.count {
+            let written = bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress! + offset, $0.count - offset) }
+            if written < 0 {
+                if errno == EINTR { continue }
+                return .system("write", path, errno)
+            }
+            // write(2) returns 0 for a non-empty buffer only when it cannot go on (a full device
+            // that says so this way): looping would spin.
+            guard written > 0 else { return .system("write", path, EIO) }
+            offset += written
+        }
+        return nil
+    }
+
+    /// `fsync`, retried after `EINTR`.
+    private static func sync(_ fd: Int32, path: String) -> FileWriteError? {
+        while fsync(fd) != 0 {
+            if errno == EINTR { continue }
+            return .system("fsync", path, errno)
+        }
+        return nil
+    }
+
+    /// Makes the rename durable: `fsync` on the directory.
+    private func syncDirectory() -> FileWriteError? {
+        let fd = Glibc.open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard fd >= 0 else { return .system("open", directory, errno) }
+        let error = Self.sync(fd, path: directory)
+        guard Glibc.close(fd) == 0 || error != nil else { return .system("close", directory, errno) }
+        return error
+    }
+}
+
+/// Why a token file was not written: the call that failed, on which path, and the system's reason.
+///
+/// Printed as `rename /run/tb/default.token: Permission denied`.
+public struct FileWriteError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// The system call that failed, such as `open` or `rename`.
+    public let call: String
+    /// The path it was called on.
+    public let path: String
+    /// The `errno` it failed with.
+    public let code: Int32
+    /// Removing the temporary file after the failure failed too: why, in words.
+    public private(set) var cleanupProblem: String?
+
+    public init(call: String, path: String, code: Int32) {
+        self.call = call
+        self.path = path
+        self.code = code
+    }
+
+    static func system(_ call: String, _ path: String, _ code: Int32) -> Self {
+        Self(call: call, path: path, code: code)
+    }
+
+    func addingCleanupFailure(unlink path: String, _ code: Int32) -> Self {
+        var error = self
+        error.cleanupProblem = "unlink \(path): \(String(cString: strerror(code)))"
+        return error
+    }
+
+    /// The system's text for `code`, such as `Permission denied`.
+    public var reason: String { String(cString: strerror(code)) }
+
+    public var description: String {
+        "\(call) \(path): \(reason)" + (cleanupProblem.map { "; then \($0)" } ?? "")
+    }
+}

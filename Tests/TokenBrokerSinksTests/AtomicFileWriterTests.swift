@@ -1,0 +1,253 @@
+import Foundation
+import Glibc
+import Testing
+import TokenBrokerCore
+import TokenBrokerTestSupport
+
+@testable import TokenBrokerSinks
+
+/// The atomic writer and the start-up check of a token file's directory. Serialized: some tests
+/// change the process's umask, which the others' expectations must not meet halfway.
+@Suite(.serialized) struct AtomicFileWriterTests {
+    @Test func theModeIsExactlyTheConfiguredOneAfterEveryWriteWhateverTheUmask() throws {
+        let directory = try privateDirectory()
+        let path = directory.path("token")
+        for (mask, mode) in [(mode_t(0), UInt32(0o640)), (0o077, 0o640), (0, 0o400), (0o022, 0o660), (0, 0o600)] {
+            let writer = AtomicFileWriter(path: path, mode: mode)
+            let result = withUmask(mask) { writer.write(Array("value-\(mode)".utf8)) }
+            #expect(result.failed == nil, "umask \(String(mask, radix: 8)), mode \(String(mode, radix: 8))")
+            #expect(modeBits(path) == mode_t(mode), "umask \(String(mask, radix: 8))")
+            #expect(contents(path) == "value-\(mode)")
+        }
+        #expect(entries(directory.url.path) == ["token"], "no temporary file is left behind")
+    }
+
+    @Test func aTokenIsWrittenWithoutANewlineAndReplacesALongerOne() throws {
+        let directory = try privateDirectory()
+        let path = directory.path("token")
+        let writer = AtomicFileWriter(path: path, mode: 0o600)
+        #expect(writer.write(Array(String(repeating: "a", count: 40_000).utf8)).failed == nil)
+        #expect(writer.write(Array("short".utf8)).failed == nil)
+        #expect(contents(path) == "short")
+    }
+
+    @Test func aNamePlantedAtTheTemporaryFileIsNeitherFollowedNorReused() throws {
+        let directory = try privateDirectory()
+        let path = directory.path("token")
+        let victim = directory.path("victim")
+        try "victim's own".write(toFile: victim, atomically: false, encoding: .utf8)
+        let writer = AtomicFileWriter(path: path, mode: 0o600)
+        let planted = writer.temporaryPath(writer.nextTemporaryNumber)
+        #expect(symlink(victim, planted) == 0)
+
+        #expect(writer.write(Array("token-1".utf8)).failed == nil)
+        #expect(contents(path) == "token-1")
+        #expect(contents(victim) == "victim's own", "O_EXCL | O_NOFOLLOW: the link was not followed")
+        var status = stat()
+        #expect(lstat(planted, &status) == 0 && status.st_mode & S_IFMT == S_IFLNK, "the planted link stays as it was")
+    }
+
+    @Test func whenEveryTemporaryNameIsTakenTheWriteFailsAndTheFileStays() throws {
+        let directory = try privateDirectory()
+        let path = directory.path("token")
+        let writer = AtomicFileWriter(path: path, mode: 0o600)
+        #expect(writer.write(Array("old".utf8)).failed == nil)
+        let first = writer.nextTemporaryNumber
+        for number in first..<first + UInt64(AtomicFileWriter.maximumAttempts) {
+            #expect(FileManager.default.createFile(atPath: writer.temporaryPath(number), contents: Data("x".utf8)))
+        }
+        guard case .failure(let error) = writer.write(Array("new".utf8)) else {
+            Issue.record("the write should fail: every temporary name is taken")
+            return
+        }
+        #expect(error.call == "open")
+        #expect(error.code == EEXIST)
+        #expect(error.description.hasSuffix(": File exists"))
+        #expect(contents(path) == "old")
+        #expect(writer.write(Array("new".utf8)).failed == nil, "the next write takes the next free name")
+        #expect(contents(path) == "new")
+    }
+
+    @Test func aReadOnlyDirectoryGivesAReportedFailureAndTheOldFileStays() throws {
+        let directory = try privateDirectory()
+        let path = directory.path("token")
+        let writer = AtomicFileWriter(path: path, mode: 0o640)
+        #expect(writer.write(Array("token-1".utf8)).failed == nil)
+        let undo = try makeReadOnly(directory.url.path)
+        let result = writer.write(Array("token-2".utf8))
+        try undo()
+        guard case .failure(let error) = result else {
+            Issue.record("a write into a read-only directory should fail")
+            return
+        }
+        #expect(error.call == "open")
+        #expect([EACCES, EPERM].contains(error.code), "\(error)")
+        #expect(error.description.contains(directory.url.path))
+        #expect(contents(path) == "token-1")
+        #expect(modeBits(path) == 0o640)
+        #expect(entries(directory.url.path) == ["token"])
+    }
+
+    @Test func aRenameOverADirectoryFailsAndRemovesTheTemporaryFile() throws {
+        let directory = try privateDirectory()
+        let path = directory.path("token")
+        try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: false)
+        try "x".write(toFile: path + "/inside", atomically: false, encoding: .utf8)
+        let result = AtomicFileWriter(path: path, mode: 0o600).write(Array("token-1".utf8))
+        guard case .failure(let error) = result else {
+            Issue.record("renaming a file over a directory should fail")
+            return
+        }
+        #expect(error.call == "rename")
+        #expect(entries(directory.url.path) == ["token"], "the temporary file is removed")
+    }
+
+    /// A reader looping over the file while it is replaced 200 times never sees a partial,
+    /// empty or wrongly-moded file, nor a temporary file wider than the mode.
+    @Test func aReaderNeverSeesAPartialEmptyOrWronglyModedFile() async throws {
+        let directory = try privateDirectory()
+        let path = directory.path("token")
+        let mode: mode_t = 0o640
+        let writer = AtomicFileWriter(path: path, mode: UInt32(mode))
+        // Each value says its own length, and lengths vary up to 64 KiB, so a partial read shows.
+        func value(_ index: Int) -> String {
+            let body = String(
+                repeating: Character(UnicodeScalar(UInt8(97 + index % 26))), count: (index * 331) % 65_536)
+            return "\(body.count):\(body)"
+        }
+        #expect(withUmask(0) { writer.write(Array(value(0).utf8)) }.failed == nil)
+        let reader = LoopingReader(path: path, directory: directory.url.path, mode: mode)
+        reader.start()
+        var rotationProblems: [String] = []
+        withUmask(0) {
+            for index in 1...200 {
+                let result = writer.write(Array(value(index).utf8))
+                if let error = result.failed { rotationProblems.append("write \(index): \(error)") }
+                if modeBits(path) != mode {
+                    rotationProblems.append("write \(index): mode \(String(describing: modeBits(path)))")
+                }
+                if contents(path) != value(index) { rotationProblems.append("write \(index): other contents") }
+            }
+        }
+        let (reads, problems) = await reader.stop()
+        #expect(rotationProblems.isEmpty, "\(rotationProblems.prefix(5))")
+        #expect(problems.isEmpty, "\(problems.prefix(5))")
+        #expect(reads > 0, "the reader read while the file was replaced")
+    }
+
+    // MARK: - The directory check
+
+    @Test func aMissingDirectoryIsRefused() throws {
+        let directory = try privateDirectory()
+        let problem = SinkDirectory.problem(for: directory.path("missing") + "/token")
+        #expect(problem?.contains("does not exist") == true, "\(problem ?? "accepted")")
+    }
+
+    @Test func aFileInPlaceOfTheDirectoryIsRefused() throws {
+        let directory = try privateDirectory()
+        try "x".write(toFile: directory.path("file"), atomically: false, encoding: .utf8)
+        let problem = SinkDirectory.problem(for: directory.path("file") + "/token")
+        #expect(problem == "\(directory.path("file")) is not a directory")
+    }
+
+    @Test func aDirectoryOthersCanWriteIsRefusedStickyOrNot() throws {
+        let directory = try privateDirectory()
+        for mode: mode_t in [0o777, 0o1777, 0o702] {
+            try setMode(directory.url.path, mode)
+            let problem = SinkDirectory.problem(for: directory.path("token"))
+            #expect(problem?.contains("is writable by other users") == true, "mode \(String(mode, radix: 8))")
+            #expect(problem?.contains("mode 0\(String(mode, radix: 8))") == true, "\(problem ?? "accepted")")
+        }
+        try setMode(directory.url.path, 0o700)
+    }
+
+    @Test func aPrivateOrGroupDirectoryIsAccepted() throws {
+        let directory = try privateDirectory()
+        for mode: mode_t in [0o700, 0o750, 0o770] {
+            try setMode(directory.url.path, mode)
+            #expect(SinkDirectory.problem(for: directory.path("token")) == nil, "mode \(String(mode, radix: 8))")
+        }
+    }
+
+    @Test func aDirectoryAtTheFilesPathIsRefused() throws {
+        let directory = try privateDirectory()
+        try FileManager.default.createDirectory(atPath: directory.path("token"), withIntermediateDirectories: false)
+        #expect(
+            SinkDirectory.problem(for: directory.path("token"))?.hasSuffix(
+                "is a directory; allowed: the path of a file (it is created if missing)") == true)
+    }
+}
+
+/// A thread that opens, checks and reads a file in a loop, and looks at every temporary file
+/// beside it, until stopped; it collects what it found wrong.
+private final class LoopingReader: @unchecked Sendable {
+    private let path: String
+    private let directory: String
+    private let mode: mode_t
+    private let state = Lock<(stop: Bool, reads: Int, problems: [String])>((false, 0, []))
+    private let ended = Lock<CheckedContinuation<Void, Never>?>(nil)
+    private var thread: Thread?
+
+    init(path: String, directory: String, mode: mode_t) {
+        self.path = path
+        self.directory = directory
+        self.mode = mode
+    }
+
+    func start() {
+        let thread = Thread { [self] in loop() }
+        self.thread = thread
+        thread.start()
+    }
+
+    /// Stops the loop and waits for the thread to end; the reads it made and the problems it saw.
+    func stop() async -> (reads: Int, problems: [String]) {
+        state.withLock { $0.stop = true }
+        while thread?.isFinished == false { try? await Task.sleep(for: .milliseconds(1)) }
+        return state.withLock { ($0.reads, $0.problems) }
+    }
+
+    private func loop() {
+        while !state.withLock({ $0.stop }) {
+            if let problem = readOnce() { state.withLock { $0.problems.append(problem) } }
+            state.withLock { $0.reads += 1 }
+            for name in entries(directory) where name != "token" {
+                // A temporary file: never wider than the mode, even before its fchmod.
+                let fd = open(directory + "/" + name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)
+                guard fd >= 0 else { continue }  // renamed or removed meanwhile
+                var status = stat()
+                if fstat(fd, &status) == 0, status.st_mode & 0o7777 & ~mode != 0 {
+                    state.withLock {
+                        $0.problems.append("temporary \(name): mode \(String(status.st_mode & 0o7777, radix: 8))")
+                    }
+                }
+                close(fd)
+            }
+        }
+    }
+
+    /// One whole read of the file, checked; nil when it was right.
+    private func readOnce() -> String? {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return "open: \(String(cString: strerror(errno)))" }
+        defer { close(fd) }
+        var status = stat()
+        guard fstat(fd, &status) == 0 else { return "fstat failed" }
+        guard status.st_mode & 0o7777 == mode else { return "mode \(String(status.st_mode & 0o7777, radix: 8))" }
+        var bytes: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        while true {
+            let count = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+            if count < 0 { return "read: \(String(cString: strerror(errno)))" }
+            if count == 0 { break }
+            bytes += buffer[0..<count]
+        }
+        let text = String(decoding: bytes, as: UTF8.self)
+        guard let colon = text.firstIndex(of: ":"), let length = Int(text[..<colon]) else {
+            return bytes.isEmpty ? "empty file" : "no length header in \(bytes.count) bytes"
+        }
+        let body = text[text.index(after: colon)...]
+        guard body.utf8.count == length else { return "partial: \(body.utf8.count) of \(length) bytes" }
+        return nil
+    }
+}

@@ -1,0 +1,217 @@
+import Foundation
+import Glibc
+import Testing
+import TokenBrokerCore
+import TokenBrokerCrypto
+import TokenBrokerSinks
+import TokenBrokerTestSupport
+
+/// The sink runner against a real `TokenProvider` on a manual clock: time moves only when a test
+/// says, and each test waits (with a generous bound) for the runner's hand-offs between steps.
+@Suite(.timeLimit(.minutes(2))) struct SinkRunnerTests {
+    /// A provider named `p` refreshing every `refreshDelay` seconds, pausing when idle.
+    private func provider(_ source: ScriptedSource, _ clock: ManualClock, refreshDelay: Int = 10)
+        -> TokenProvider<ManualClock>
+    {
+        TokenProvider(
+            configuration: ProviderConfiguration(name: "p", tokenRefreshDelaySec: refreshDelay), source: source,
+            clock: clock, jitter: .fixed(0.5))
+    }
+
+    /// Runs the provider, and the runner when given, in tasks of their own for the length of `body`.
+    private func running(
+        _ provider: TokenProvider<ManualClock>, _ runner: SinkRunner<ManualClock>?, _ body: () async throws -> Void
+    ) async rethrows {
+        let service = Task { await provider.run() }
+        let sink = runner.map { runner in Task { await runner.run() } }
+        defer {
+            sink?.cancel()
+            service.cancel()
+        }
+        try await body()
+    }
+
+    /// Moves the clock a second at a time, `seconds` times, each time waiting until the provider
+    /// has settled (no fetch in flight, and its timer armed again unless it paused) and, with a
+    /// runner, until the runner waits again (its hand-offs done).
+    private func step(
+        _ clock: ManualClock, seconds: Int, _ provider: TokenProvider<ManualClock>, runnerWaits: Bool
+    ) async {
+        for _ in 0..<seconds {
+            clock.advance(by: .seconds(1))
+            let settled = await eventually {
+                let status = provider.status()
+                guard status.phase != .paused else { return true }
+                return status.phase != .refreshing && clock.sleeperCount > 0 && (!runnerWaits || status.waiters == 1)
+            }
+            #expect(settled, "the provider and the runner settle after each step")
+        }
+    }
+
+    @Test func eachNewVersionIsWrittenAndReportedByItsFingerprint() async throws {
+        let directory = try privateDirectory()
+        let path = directory.path("p.token")
+        let (clock, source) = (ManualClock(), ScriptedSource())
+        let provider = provider(source, clock)
+        let writes = Recorder()
+        let runner = SinkRunner(
+            configuration: SinkConfiguration(provider: "p", path: path, mode: 0o640), provider: provider,
+            events: writes.events)
+        await running(provider, runner) {
+            #expect(await eventually { contents(path) == "token-1" })
+            #expect(modeBits(path) == 0o640)
+            clock.advance(by: .seconds(10))
+            #expect(await eventually { contents(path) == "token-2" })
+            #expect(await eventually { runner.status().writes == 2 })
+        }
+        let status = runner.status()
+        #expect(status.version == 2)
+        #expect(status.fingerprint == Fingerprint.of("token-2"))
+        #expect(status.failures == 0 && status.lastError == nil)
+        #expect(status.holdsValidToken)
+        #expect(writes.all.map(\.version) == [1, 2])
+        #expect(writes.all.map(\.fingerprint) == [Fingerprint.of("token-1"), Fingerprint.of("token-2")])
+        #expect(writes.all.allSatisfy { $0.error == nil && !$0.isRetry && !$0.fingerprint.contains("token-") })
+        #expect(source.fetchCount == 2, "the sink only waits: it starts no fetch of its own")
+    }
+
+    @Test func theFileKeepsTheLastGoodTokenWhileRefreshFailsAndAfterItExpires() async throws {
+        let directory = try privateDirectory()
+        let path = directory.path("p.token")
+        let clock = ManualClock()
+        let source = ScriptedSource([.token(lifetime: .seconds(60)), .failure(.unreachable("issuer down"))])
+        let provider = provider(source, clock, refreshDelay: 30)
+        let runner = SinkRunner(configuration: SinkConfiguration(provider: "p", path: path), provider: provider)
+        await running(provider, runner) {
+            #expect(await eventually { contents(path) == "token-1" && provider.status().waiters == 1 })
+            await step(clock, seconds: 59, provider, runnerWaits: true)
+            #expect(source.fetchCount > 2, "refresh failed and was retried")
+            #expect(contents(path) == "token-1")
+            #expect(runner.status().holdsValidToken)
+
+            await step(clock, seconds: 5, provider, runnerWaits: true)
+            #expect(provider.status().version == nil, "the token has expired")
+            #expect(contents(path) == "token-1", "the file is left as it is")
+            #expect(modeBits(path) == 0o600)
+            #expect(!runner.status().holdsValidToken)
+            #expect(runner.status().version == 1)
+
+            source.script([.token(lifetime: .seconds(900))])
+            await step(clock, seconds: 6, provider, runnerWaits: true)
+            #expect(await eventually { runner.status().version == 2 })
+            #expect(contents(path) == "token-\(source.fetchCount)")
+            #expect(runner.status().holdsValidToken)
+        }
+        #expect(runner.status().writes == 2 && runner.status().failures == 0)
+    }
+
+    @Test func theJSONFormatIsTheTokenBody() async throws {
+        let directory = try privateDirectory()
+        let path = directory.path("p.json")
+        let (clock, source) = (ManualClock(), ScriptedSource())
+        let provider = provider(source, clock)
+        let runner = SinkRunner(
+            configuration: SinkConfiguration(provider: "p", path: path, format: .json), provider: provider)
+        await running(provider, runner) {
+            #expect(await eventually { runner.status().writes == 1 })
+        }
+        let data = try #require(FileManager.default.contents(atPath: path))
+        let body = try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any])
+        #expect(body["access_token"] as? String == "token-1")
+        #expect(body["token_type"] as? String == "Bearer")
+        #expect(body["version"] as? Int == 1)
+        #expect(body["provider"] as? String == "p")
+        #expect(body["stale"] as? Bool == false)
+        #expect(body["expires_in"] as? Int == 900)
+        #expect(body["expires_at"] is String && body["issued_at"] is String)
+        #expect(data.last == UInt8(ascii: "}"), "nothing after the body")
+    }
+
+    @Test func aFailedWriteIsReportedAndTriedAgainWithTheSameToken() async throws {
+        let directory = try privateDirectory()
+        let folder = directory.path("later")
+        let path = folder + "/p.token"
+        let (clock, source) = (ManualClock(), ScriptedSource())
+        let provider = provider(source, clock, refreshDelay: 300)
+        let writes = Recorder()
+        let runner = SinkRunner(
+            configuration: SinkConfiguration(provider: "p", path: path), provider: provider, events: writes.events,
+            retryDelay: .seconds(3))
+        await running(provider, runner) {
+            #expect(await eventually { writes.all.count == 1 && provider.status().waiters == 1 })
+            let failure = try? #require(writes.all.first?.error)
+            #expect(failure?.call == "open")
+            #expect(failure?.code == ENOENT)
+            #expect(runner.status().failures == 1)
+            #expect(runner.status().lastError == failure)
+            #expect(runner.status().version == nil && !runner.status().holdsValidToken)
+
+            try? FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: false)
+            try? setMode(folder, 0o700)
+            clock.advance(by: .seconds(3))
+            #expect(await eventually { contents(path) == "token-1" })
+            #expect(await eventually { runner.status().writes == 1 })
+        }
+        #expect(writes.all.count == 2)
+        #expect(writes.all.last?.isRetry == true && writes.all.last?.error == nil)
+        #expect(writes.all.last?.version == 1)
+        #expect(runner.status().lastError == nil && runner.status().failures == 1)
+        #expect(source.fetchCount == 1, "the retry writes the token it has; it fetches none")
+    }
+
+    @Test func aProviderReadOnlyByASinkNeverPausesWhileIdle() async throws {
+        // Without a sink, the same provider pauses: nobody reads it for tokenRefreshDelaySec.
+        let alone = ScriptedSource()
+        let clock = ManualClock()
+        let idle = provider(alone, clock)
+        await running(idle, nil) {
+            #expect(await eventually { idle.status().version == 1 })
+            await step(clock, seconds: 60, idle, runnerWaits: false)
+            #expect(idle.status().phase == .paused)
+            #expect(alone.fetchCount == 2)
+        }
+
+        let directory = try privateDirectory()
+        let path = directory.path("p.token")
+        let (sinkClock, source) = (ManualClock(), ScriptedSource())
+        let watched = provider(source, sinkClock)
+        let runner = SinkRunner(configuration: SinkConfiguration(provider: "p", path: path), provider: watched)
+        await running(watched, runner) {
+            #expect(await eventually { contents(path) == "token-1" && watched.status().waiters == 1 })
+            await step(sinkClock, seconds: 60, watched, runnerWaits: true)
+            #expect(watched.status().phase != .paused)
+            #expect(source.fetchCount == 7, "a refresh every 10 s: at 0, 10, …, 60 s")
+            #expect(await eventually { contents(path) == "token-7" })
+        }
+    }
+
+    @Test func theRunnerEndsWhenItsProviderShutsDownOrItsTaskIsCancelled() async throws {
+        let directory = try privateDirectory()
+        let (clock, source) = (ManualClock(), ScriptedSource())
+        let provider = provider(source, clock)
+        let service = Task { await provider.run() }
+        let first = SinkRunner(
+            configuration: SinkConfiguration(provider: "p", path: directory.path("a")), provider: provider)
+        let second = SinkRunner(
+            configuration: SinkConfiguration(provider: "p", path: directory.path("b")), provider: provider)
+        let firstTask = Task { await first.run() }
+        let secondTask = Task { await second.run() }
+        #expect(await eventually { first.status().writes == 1 && second.status().writes == 1 })
+        #expect(await eventually { provider.status().waiters == 2 })
+        secondTask.cancel()
+        await secondTask.value
+        #expect(await eventually { provider.status().waiters == 1 }, "the cancelled runner's wait is gone")
+        provider.shutDown()
+        await firstTask.value
+        await service.value
+        #expect(contents(directory.path("a")) == "token-1" && contents(directory.path("b")) == "token-1")
+    }
+}
+
+/// Collects a runner's reports.
+private final class Recorder: Sendable {
+    private let writes = Lock<[SinkEvents.Write]>([])
+
+    var events: SinkEvents { SinkEvents { [writes] write in writes.withLock { $0.append(write) } } }
+    var all: [SinkEvents.Write] { writes.withLock { $0 } }
+}
