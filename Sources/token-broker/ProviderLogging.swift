@@ -31,3 +31,48 @@ extension ProviderEvents {
             })
     }
 }
+
+/// What a template reports of its children, written to the log and counted in the metrics.
+extension TemplateEvents {
+    /// Events that log each child made, dropped or refused, with the values it was made for
+    /// (the caller's choice, not secrets: quoted, never a metric label), and count drops and refusals.
+    static func logged(recordingIn metrics: BrokerMetrics) -> TemplateEvents {
+        TemplateEvents(
+            made: { name, values in
+                Log.info("template child made", ["provider": name, "values": values.description])
+            },
+            dropped: { name, values in
+                metrics.recordChildDropped(template: name)
+                Log.info(
+                    "template child dropped: idle for childIdleSec", ["provider": name, "values": values.description])
+            },
+            refused: { name, values in
+                metrics.recordChildRefused(template: name)
+                // A caller can ask for new values as fast as it likes: one line a second at most.
+                guard refusalLog.admit(at: ContinuousClock.now) else { return }
+                Log.warning(
+                    "template child refused: maxChildren reached (further refusals this second not logged)",
+                    ["provider": name, "values": values.description])
+            })
+    }
+}
+
+/// Admits one log line per second: the refusals past `maxChildren` are counted, not all logged.
+private let refusalLog = LogThrottle(interval: .seconds(1))
+
+/// Lets one event through per `interval`.
+final class LogThrottle: Sendable {
+    private let interval: Duration
+    private let last = Lock<ContinuousClock.Instant?>(nil)
+
+    init(interval: Duration) { self.interval = interval }
+
+    /// Whether an event at `now` may be logged: none was in the `interval` before it.
+    func admit(at now: ContinuousClock.Instant) -> Bool {
+        last.withLock { last in
+            if let previous = last, previous.duration(to: now) < interval { return false }
+            last = now
+            return true
+        }
+    }
+}
