@@ -120,6 +120,7 @@ private final class TemplateFixture: Sendable {
                     .full(limit: 2, retryAfter: .seconds(55))))
         #expect(fixture.children == 2)
         #expect(fixture.events.withLock { $0.filter { $0.hasPrefix("refused") }.count } == 2)
+        #expect(fixture.made.withLock { $0 } == 2, "nothing is made for a refused request")
         fixture.template.shutDown()
     }
 

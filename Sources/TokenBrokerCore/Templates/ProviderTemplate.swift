@@ -81,29 +81,21 @@ where C.Duration == Duration {
     /// Counts as a read: the child's idle time starts again. Refused past `maxChildren`
     /// (`.full`), and once the template has shut down (`.stopped`).
     public func child(for values: TokenRequestValues) -> Result<(child: Child, attachment: Attachment), ChildRefusal> {
-        let now = clock.now
-        let found = state.withLock { state -> Result<(child: Child, attachment: Attachment), ChildRefusal>? in
-            guard !state.isShutDown else { return .failure(.stopped) }
-            guard let index = state.children.index(forKey: values) else { return nil }
-            state.children.values[index].lastRead = now
-            let entry = state.children.values[index]
-            return .success((entry.child, entry.attachment))
+        switch find(values, holding: false) {
+        case .found(let entry): .success((entry.child, entry.attachment))
+        case .refused(let refusal): refused(refusal, values)
+        case .absent: adopt(values, holding: false).map { ($0.child, $0.attachment) }
         }
-        if let found { return found }
-        return adopt(values, holding: false).map { ($0.child, $0.attachment) }
     }
 
     /// A child kept alive while held (a token file's): never dropped for idleness until
     /// `release(_:)`. It counts toward `maxChildren`; each hold needs its own release.
     public func hold(_ values: TokenRequestValues) -> Result<Child, ChildRefusal> {
-        let held = state.withLock { state -> Result<Child, ChildRefusal>? in
-            guard !state.isShutDown else { return .failure(.stopped) }
-            guard let index = state.children.index(forKey: values) else { return nil }
-            state.children.values[index].holds += 1
-            return .success(state.children.values[index].child)
+        switch find(values, holding: true) {
+        case .found(let entry): .success(entry.child)
+        case .refused(let refusal): refused(refusal, values)
+        case .absent: adopt(values, holding: true).map(\.child)
         }
-        if let held { return held }
-        return adopt(values, holding: true).map(\.child)
     }
 
     /// Ends one hold of `hold(_:)`; the child's idle time starts now.
@@ -119,6 +111,41 @@ where C.Duration == Duration {
             timer = planTimer(&state)
         }
         if let timer { armTimer(until: timer.0, generation: timer.1) }
+    }
+
+    /// What one look-up under the lock found.
+    private enum Lookup {
+        /// The child, now read (or held once more).
+        case found(Entry)
+        /// No child, and no room for one (or the template stopped): nothing is made.
+        case refused(ChildRefusal)
+        /// No child, and room for one: to be made outside the lock.
+        case absent
+    }
+
+    /// The child for `values` under the lock, counted as read (or held once more), or why none can be made.
+    private func find(_ values: TokenRequestValues, holding: Bool) -> Lookup {
+        let now = clock.now
+        return state.withLock { state -> Lookup in
+            guard !state.isShutDown else { return .refused(.stopped) }
+            guard let index = state.children.index(forKey: values) else {
+                guard state.children.count < configuration.maxChildren else {
+                    return .refused(.full(limit: configuration.maxChildren, retryAfter: retryAfter(state, now: now)))
+                }
+                return .absent
+            }
+            state.children.values[index].lastRead = now
+            if holding { state.children.values[index].holds += 1 }
+            return .found(state.children.values[index])
+        }
+    }
+
+    /// Reports a refusal past `maxChildren`, and returns it.
+    private func refused<Success>(_ refusal: ChildRefusal, _ values: TokenRequestValues) -> Result<
+        Success, ChildRefusal
+    > {
+        if case .full = refusal { events.refused(name, values) }
+        return .failure(refusal)
     }
 
     /// Makes the child for `values` (outside the lock), then adds it unless another request added
@@ -147,8 +174,7 @@ where C.Duration == Duration {
         }
         switch outcome {
         case .failure(let refusal):
-            if case .full = refusal { events.refused(name, values) }
-            return .failure(refusal)
+            return refused(refusal, values)
         case .success(let (entry, isNew)):
             if isNew {
                 events.made(name, values)
