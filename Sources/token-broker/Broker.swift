@@ -190,7 +190,7 @@ enum Broker {
                     makeChild: { values in
                         Provider(
                             configuration: settings, source: childSource(for: settings, values: values, base: base),
-                            events: events)
+                            events: .logged(recordingIn: metrics, child: values))
                     },
                     attach: { TokenResponseCache(for: $0) }, events: templateEvents))
         }

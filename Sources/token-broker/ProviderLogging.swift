@@ -6,24 +6,48 @@ import TokenBrokerSources
 extension ProviderEvents {
     /// Events that log each fetch (a fingerprint of the token, never the token) and each refused
     /// forced refresh, and record each fetch, with the issuer's HTTP status, in `metrics`.
-    static func logged(recordingIn metrics: BrokerMetrics) -> ProviderEvents {
+    /// - Parameter child: a template's child's values, which its log lines add (quoted) to the
+    ///   template's name; the metrics count the child under the template's name alone.
+    static func logged(recordingIn metrics: BrokerMetrics, child: TokenRequestValues? = nil) -> ProviderEvents {
         ProviderEvents(
             fetched: { name, result, elapsed in
                 metrics.recordFetch(provider: name, error: result.failure, duration: elapsed)
                 switch result {
                 case .success(let (token, version)):
                     if let status = token.upstreamStatus { metrics.recordUpstreamStatus(provider: name, code: status) }
-                    Log.info(
-                        "token fetched",
-                        [
-                            "provider": name, "version": String(version), "token": Fingerprint.of(token.accessToken),
-                            // Whole seconds, the fraction dropped: a token that lives 59.6 s logs 59.
-                            "lifetime_s": token.lifetime.map { String($0.components.seconds) } ?? "none",
-                            "took_ms": String(elapsed.wholeMilliseconds),
-                        ])
+                    let fingerprint = Fingerprint.of(token.accessToken)
+                    // Whole seconds, the fraction dropped: a token that lives 59.6 s logs 59.
+                    let lifetime = token.lifetime.map { String($0.components.seconds) } ?? "none"
+                    let took = String(elapsed.wholeMilliseconds)
+                    if let child {
+                        Log.info(
+                            "token fetched",
+                            [
+                                "provider": name, "values": child.description, "version": String(version),
+                                "token": fingerprint, "lifetime_s": lifetime, "took_ms": took,
+                            ])
+                    } else {
+                        Log.info(
+                            "token fetched",
+                            [
+                                "provider": name, "version": String(version), "token": fingerprint,
+                                "lifetime_s": lifetime,
+                                "took_ms": took,
+                            ])
+                    }
                 case .failure(let error):
-                    Log.warning(
-                        "token fetch failed", ["provider": name, "error": error.description, "detail": error.detail])
+                    if let child {
+                        Log.warning(
+                            "token fetch failed",
+                            [
+                                "provider": name, "values": child.description, "error": error.description,
+                                "detail": error.detail,
+                            ])
+                    } else {
+                        Log.warning(
+                            "token fetch failed",
+                            ["provider": name, "error": error.description, "detail": error.detail])
+                    }
                 }
             },
             excessiveRefresh: { name in

@@ -23,6 +23,21 @@ import TokenBrokerCore
             ])
     }
 
+    @Test func aChildsFetchesAreCountedUnderItsTemplatesNameAlone() {
+        let metrics = BrokerMetrics(version: "test")
+        let events = ProviderEvents.logged(
+            recordingIn: metrics, child: TokenRequestValues(audience: "https://orders.example"))
+        events.fetched(
+            "orders", .success((FetchedToken(accessToken: "t", lifetime: nil, upstreamStatus: 200), 1)), .zero)
+        events.fetched("orders", .failure(.unreachable("refused")), .zero)
+        #expect(
+            lines(metrics, "token_broker_refreshes_total") == [
+                #"token_broker_refreshes_total{provider="orders",result="success"} 1"#,
+                #"token_broker_refreshes_total{provider="orders",result="unreachable"} 1"#,
+            ])
+        #expect(!metrics.render(statuses: []).contains("orders.example"))
+    }
+
     @Test func aTemplatesDropsAndRefusalsAreCountedUnderItsName() {
         let metrics = BrokerMetrics(version: "test")
         let events = TemplateEvents.logged(recordingIn: metrics)
