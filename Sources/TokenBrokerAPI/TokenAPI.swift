@@ -54,8 +54,18 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
     /// One template and what its routes keep; its children are made per request.
     struct TemplateEndpoint: Sendable {
         let template: any TemplateProviding<Provider>
+        /// The template's name and settings, read once rather than through `template` per request.
+        let name: String
+        let configuration: ProviderConfiguration
         /// As `Endpoint.counters`: one set for the template, whichever child answers.
         let counters: [RequestCounter]
+
+        init(template: any TemplateProviding<Provider>, counters: [RequestCounter]) {
+            self.template = template
+            name = template.name
+            configuration = template.configuration
+            self.counters = counters
+        }
 
         func counter(_ route: Route) -> RequestCounter { counters[route.index] }
     }
@@ -68,7 +78,7 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
         var name: String {
             switch self {
             case .provider(let endpoint): endpoint.provider.name
-            case .template(let endpoint): endpoint.template.name
+            case .template(let endpoint): endpoint.name
             }
         }
     }
@@ -239,21 +249,20 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
             }
             return .success((endpoint, false))
         case .template(let endpoint):
-            let template = endpoint.template
             let values: TokenRequestValues
             switch TokenRequestValues.checked(
-                audience: named.audience, scope: named.scope, resource: named.resource, for: template.configuration)
+                audience: named.audience, scope: named.scope, resource: named.resource, for: endpoint.configuration)
             {
             case .success(let checked): values = checked
             case .failure(let problem):
-                return .failure(BadRequest(.requestValue(problem, provider: template.name)))
+                return .failure(BadRequest(.requestValue(problem, provider: endpoint.name)))
             }
-            switch template.child(for: values) {
+            switch endpoint.template.child(for: values) {
             case .success(let (child, responses)):
                 return .success((Endpoint(provider: child, responses: responses, counters: endpoint.counters), true))
             case .failure(.full(let limit, let retryAfter)):
                 return .failure(
-                    BadRequest(.tooManyChildren(provider: template.name, limit: limit, retryAfter: retryAfter)))
+                    BadRequest(.tooManyChildren(provider: endpoint.name, limit: limit, retryAfter: retryAfter)))
             case .failure(.stopped):
                 return .failure(BadRequest(.shuttingDown))
             }
