@@ -7,15 +7,26 @@ import TokenBrokerServer
 /// | route | answer |
 /// |---|---|
 /// | `GET /healthz` | 200 while the process runs |
-/// | `GET /readyz` | 200 when every provider has a valid token, or is paused and still holds one; else 503 |
+/// | `GET /readyz` | 200 when every provider has a valid token, or is paused and still holds one, and every held template child is ready; else 503 |
 /// | `GET /metrics` | Prometheus text format 0.0.4 |
+///
+/// Templates (`perRequest`) are listed in `/readyz` with their children's count and how many
+/// are ready. Children made by requests come and go with their callers, so they do not make the
+/// broker unready; children held by token files do (`TemplateStatus.held`).
 public final class AdminAPI: HTTPHandler {
     private let providers: [any TokenProviding]
+    private let templates: [any TemplateStatusReporting]
     private let metrics: BrokerMetrics
     private let healthy = HTTPResponse(status: 200, json: #"{"status":"ok"}"#)
 
-    public init(providers: [any TokenProviding], metrics: BrokerMetrics) {
+    /// - Parameters:
+    ///   - providers: the ordinary providers.
+    ///   - templates: the provider templates.
+    public init(
+        providers: [any TokenProviding], templates: [any TemplateStatusReporting] = [], metrics: BrokerMetrics
+    ) {
         self.providers = providers
+        self.templates = templates
         self.metrics = metrics
     }
 
@@ -46,14 +57,19 @@ public final class AdminAPI: HTTPHandler {
 
     private func exposition() -> HTTPResponse {
         HTTPResponse(
-            status: 200, body: Array(metrics.render(statuses: providers.map { $0.status() }).utf8),
+            status: 200,
+            body: Array(
+                metrics.render(statuses: providers.map { $0.status() }, templates: templates.map { $0.status() }).utf8),
             headers: [("Content-Type", "text/plain; version=0.0.4; charset=utf-8"), ("Cache-Control", "no-store")])
     }
 
-    /// Ready when every provider can answer `/token` now (`ProviderStatus.isReady`). Secrets never appear here.
+    /// Ready when every provider can answer `/token` now (`ProviderStatus.isReady`), and every
+    /// child a token file holds can. Secrets, and the values children were made for, never appear here.
     private func readiness() -> HTTPResponse {
         let statuses = providers.map { $0.status() }
-        let ready = statuses.allSatisfy(\.isReady)
+        let templateStatuses = templates.map { $0.status() }
+        // Token files (sinks) will add their own condition here.
+        let ready = statuses.allSatisfy(\.isReady) && templateStatuses.allSatisfy(\.heldReady)
         let detail = statuses.map { status in
             var members: [(String, String)] = [
                 ("name", JSONText.quoted(status.name)), ("ready", status.isReady ? "true" : "false"),
@@ -67,8 +83,15 @@ public final class AdminAPI: HTTPHandler {
             }
             return JSONText.object(members)
         }
+        let templateDetail = templateStatuses.map { status in
+            JSONText.object([
+                ("name", JSONText.quoted(status.name)), ("children", String(status.children)),
+                ("ready", String(status.ready)), ("max_children", String(status.maxChildren)),
+            ])
+        }
         let body = JSONText.object([
             ("ready", ready ? "true" : "false"), ("providers", "[" + detail.joined(separator: ",") + "]"),
+            ("templates", "[" + templateDetail.joined(separator: ",") + "]"),
         ])
         return HTTPResponse(status: ready ? 200 : 503, json: body)
     }

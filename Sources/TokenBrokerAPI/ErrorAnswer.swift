@@ -61,6 +61,16 @@ public enum ErrorAnswer: Sendable, Equatable {
     /// `rejected_version` is not a whole number in range.
     case invalidRejectedVersion
 
+    // MARK: A template's children (`perRequest`)
+
+    /// A value named for a template's child (`audience`, `scope`, `resource`) that the provider
+    /// does not take, that is malformed (400 `invalid_request`), or that is outside the
+    /// template's allow-list (400 `value_not_allowed`); the body's `parameter` names it.
+    case requestValue(RequestValueProblem, provider: String)
+    /// The template keeps `maxChildren` children already (503 `too_many_children`, with
+    /// `Retry-After`: when the earliest idle child could be dropped).
+    case tooManyChildren(provider: String, limit: Int, retryAfter: Duration)
+
     // MARK: Tokens
 
     /// The provider has no valid token (503 `token_unavailable`, with `Retry-After`): says why
@@ -99,9 +109,11 @@ public enum ErrorAnswer: Sendable, Equatable {
         case .methodNotAllowed, .methodNotForwarded: 405
         case .absoluteForm, .malformedHead, .notAWholeNumber, .invalidTimeout, .repeatedParameter,
             .refreshBodyNotObject,
-            .refreshBodyUnknownKey, .invalidRejectedVersion, .invalidProxyPath:
+            .refreshBodyUnknownKey, .invalidRejectedVersion, .invalidProxyPath, .requestValue:
             400
-        case .shuttingDown, .refusedWhileStopping, .clientClosed, .tokenUnavailable, .proxyTokenUnavailable: 503
+        case .shuttingDown, .refusedWhileStopping, .clientClosed, .tokenUnavailable, .proxyTokenUnavailable,
+            .tooManyChildren:
+            503
         case .missingRequestHeader, .forwardedRequest, .providerNotAllowed: 403
         case .missingCallerKey, .invalidCallerKey: 401
         case .bodyTooLarge, .proxyBodyTooLarge: 413
@@ -120,6 +132,8 @@ public enum ErrorAnswer: Sendable, Equatable {
             .refreshBodyNotObject,
             .refreshBodyUnknownKey, .invalidRejectedVersion, .invalidProxyPath:
             "invalid_request"
+        case .requestValue(let problem, _): problem.kind == .notAllowed ? "value_not_allowed" : "invalid_request"
+        case .tooManyChildren: "too_many_children"
         case .unknownProvider: "unknown_provider"
         case .shuttingDown, .refusedWhileStopping: "shutting_down"
         case .clientClosed: "client_closed"
@@ -181,6 +195,10 @@ public enum ErrorAnswer: Sendable, Equatable {
             "rejected_version must be a whole number from 0 to 999999999999999, the version of the rejected token"
         case .tokenUnavailable(let provider, let lastError, let paused):
             Self.unavailableText(provider: provider, lastError: lastError, paused: paused)
+        case .requestValue(let problem, let provider):
+            Self.requestValueText(problem, provider: provider)
+        case .tooManyChildren(let provider, let limit, let retryAfter):
+            "provider \(JSONText.quoted(provider)) keeps at most \(limit) children (maxChildren) and has no room for another; try again in \(Self.seconds(retryAfter)) s"
         case .excessiveRefresh(let provider, let attempts, let window, let retryAfter):
             "provider \(JSONText.quoted(provider)) allows \(attempts) forced refreshes per \(window) s; try again in \(Self.seconds(retryAfter)) s"
         case .invalidProxyPath(.badCharacters), .invalidProxyPath(.notUnderProxy):  // the second is never sent
@@ -225,7 +243,7 @@ public enum ErrorAnswer: Sendable, Equatable {
             [("WWW-Authenticate", "Bearer realm=\"token-broker\", error=\"invalid_token\"")]
         case .tokenUnavailable(_, let lastError, _):
             [("Retry-After", String(lastError?.retryAfter.map(Self.seconds) ?? 1))]
-        case .excessiveRefresh(_, _, _, let retryAfter):
+        case .excessiveRefresh(_, _, _, let retryAfter), .tooManyChildren(_, _, let retryAfter):
             [("Retry-After", String(Self.seconds(retryAfter)))]
         default:
             []
@@ -248,7 +266,16 @@ public enum ErrorAnswer: Sendable, Equatable {
 
     /// The answer, built now.
     private func build() -> HTTPResponse {
-        HTTPResponse(status: status, json: JSONText.errorBody(code, description), headers: headers)
+        HTTPResponse(status: status, json: body, headers: headers)
+    }
+
+    /// The JSON body: `error` and `error_description`, and `parameter` for a request's value.
+    private var body: String {
+        guard case .requestValue(let problem, _) = self else { return JSONText.errorBody(code, description) }
+        return JSONText.object([
+            ("error", JSONText.quoted(code)), ("error_description", JSONText.quoted(description)),
+            ("parameter", JSONText.quoted(problem.parameter.rawValue)),
+        ])
     }
 
     private static let absoluteFormResponse = ErrorAnswer.absoluteForm.build()
@@ -271,6 +298,22 @@ public enum ErrorAnswer: Sendable, Equatable {
 
     /// A wait in whole seconds for `Retry-After` and the texts that quote it: at least 1.
     private static func seconds(_ duration: Duration) -> Int { max(1, Int(clamping: duration.secondsRoundedUp)) }
+
+    private static func requestValueText(_ problem: RequestValueProblem, provider: String) -> String {
+        let name = problem.parameter.rawValue
+        let quotedProvider = JSONText.quoted(provider)
+        switch problem.kind {
+        case .notAccepted:
+            return "provider \(quotedProvider) does not take \(name) (see perRequest)"
+        case .malformed where problem.parameter == .scope:
+            return
+                "scope must be scope tokens of visible ASCII characters but \" and \\, separated by single spaces, at most \(TokenRequestValues.maximumLength) bytes"
+        case .malformed:
+            return "\(name) must be 1 to \(TokenRequestValues.maximumLength) visible ASCII characters, without spaces"
+        case .notAllowed:
+            return "provider \(quotedProvider) does not allow this \(name) (see its allow-list)"
+        }
+    }
 
     private static func unavailableText(provider: String, lastError: TokenFetchError?, paused: Bool) -> String {
         var description = "provider \(JSONText.quoted(provider)) has no valid token"

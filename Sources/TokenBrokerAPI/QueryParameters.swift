@@ -33,6 +33,28 @@ enum QueryParameters {
         return min(.seconds(whole), maximum)
     }
 
+    /// The values a request names for a template's child, each as sent (percent-decoded).
+    struct RequestValues {
+        var audience: String?
+        var scope: String?
+        var resource: String?
+
+        /// The first parameter named, in `RequestParameter` order; nil when none is.
+        var first: RequestParameter? {
+            audience != nil ? .audience : scope != nil ? .scope : resource != nil ? .resource : nil
+        }
+    }
+
+    /// `audience`, `scope` and `resource`, each at most once; what they may hold is for
+    /// `TokenRequestValues.checked` to say.
+    static func requestValues(_ request: HTTPRequest) throws(BadRequest) -> RequestValues {
+        // The common request has no query at all.
+        guard !request.query.isEmpty else { return RequestValues() }
+        return RequestValues(
+            audience: try single("audience", request), scope: try single("scope", request),
+            resource: try single("resource", request))
+    }
+
     /// The version in `If-None-Match: "3"` (or `W/"3"`); nil when absent or not one of ours.
     static func entityTagVersion(_ header: String?) -> UInt64? {
         guard var text = header?.split(separator: ",").first.map({ Substring($0.trimmingCharacters(in: " \t")) }) else {

@@ -15,6 +15,13 @@ import TokenBrokerServer
 /// Token routes pass the request guard first (`RequestGuard`), then, when callers have keys
 /// (`clientKeysFile`), the caller check (`CallerCheck`). Error answers are worded in `ErrorAnswer`.
 ///
+/// A provider template (`perRequest`) answers the same routes through its children: the query's
+/// `audience`, `scope` and `resource`, checked against the template's allow-lists
+/// (`TokenRequestValues.checked`), name the child; none names the template's default child. A
+/// child that never held a token makes its `/token` wait for the first one, at most `maxWait`.
+/// Caller keys allowed the template are allowed its children; the request counters are the
+/// template's. An ordinary provider refuses those parameters.
+///
 /// `Provider` is the broker's `TokenProvider` in service, and a provider of a test's making in unit tests.
 public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
 
@@ -29,12 +36,51 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
             provider: Provider, responses: TokenResponseCache<Provider.Instant>, routePrefix: String,
             metrics: BrokerMetrics
         ) {
+            self.init(
+                provider: provider, responses: responses,
+                counters: Route.counters(routePrefix: routePrefix, metrics: metrics))
+        }
+
+        /// A template's child, counted under its template's counters.
+        init(provider: Provider, responses: TokenResponseCache<Provider.Instant>, counters: [RequestCounter]) {
             self.provider = provider
             self.responses = responses
-            counters = Route.allCases.map { metrics.counter(listener: "token", route: routePrefix + $0.rawValue) }
+            self.counters = counters
         }
 
         func counter(_ route: Route) -> RequestCounter { counters[route.index] }
+    }
+
+    /// One template and what its routes keep; its children are made per request.
+    struct TemplateEndpoint: Sendable {
+        let template: any TemplateProviding<Provider>
+        /// The template's name and settings, read once rather than through `template` per request.
+        let name: String
+        let configuration: ProviderConfiguration
+        /// As `Endpoint.counters`: one set for the template, whichever child answers.
+        let counters: [RequestCounter]
+
+        init(template: any TemplateProviding<Provider>, counters: [RequestCounter]) {
+            self.template = template
+            name = template.name
+            configuration = template.configuration
+            self.counters = counters
+        }
+
+        func counter(_ route: Route) -> RequestCounter { counters[route.index] }
+    }
+
+    /// What a name, or the routes without `/providers/{name}`, lead to.
+    enum Target: Sendable {
+        case provider(Endpoint)
+        case template(TemplateEndpoint)
+
+        var name: String {
+            switch self {
+            case .provider(let endpoint): endpoint.provider.name
+            case .template(let endpoint): endpoint.name
+            }
+        }
     }
 
     /// A token route, as the router found it.
@@ -50,10 +96,15 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
             case .refresh: 2
             }
         }
+
+        /// The request counters of the three routes under `routePrefix`, in `Route` order.
+        static func counters(routePrefix: String, metrics: BrokerMetrics) -> [RequestCounter] {
+            allCases.map { metrics.counter(listener: "token", route: routePrefix + $0.rawValue) }
+        }
     }
 
-    let endpoints: [String: Endpoint]
-    let defaultEndpoint: Endpoint
+    let targets: [String: Target]
+    let defaultTarget: Target
     let maxWait: Duration
     let metrics: BrokerMetrics
     private let guardRequests: Bool
@@ -68,28 +119,43 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
     private let otherCounter: RequestCounter
 
     /// - Parameters:
-    ///   - providers: the providers; the first answers the routes without `/providers/{name}`.
+    ///   - providers: the ordinary providers.
+    ///   - templates: the provider templates (`perRequest`).
+    ///   - defaultName: the provider or template that answers the routes without
+    ///     `/providers/{name}` (the first configured); nil: the first provider, else the first template.
     ///   - jwks: the JWK Set document to publish.
     ///   - maxWait: the longest a request waits (long-polls, on-demand fetches, refreshes).
     ///   - requestGuard: require `Token-Broker-Request: true` and refuse `X-Forwarded-For`.
     ///   - callers: who may read which provider; nil lets every client read every provider.
     ///   - proxy: proxy mode's routes, when proxies are configured.
     public init(
-        providers: [Provider], jwks: String, maxWait: Duration, requestGuard: Bool = true,
-        callers: (any CallerAuthorizing)? = nil, proxy: (any ProxyHandling)? = nil, metrics: BrokerMetrics
+        providers: [Provider], templates: [any TemplateProviding<Provider>] = [], defaultName: String? = nil,
+        jwks: String, maxWait: Duration, requestGuard: Bool = true, callers: (any CallerAuthorizing)? = nil,
+        proxy: (any ProxyHandling)? = nil, metrics: BrokerMetrics
     ) {
-        precondition(!providers.isEmpty, "the broker needs at least one provider")
-        var endpoints: [String: Endpoint] = [:]
+        precondition(!providers.isEmpty || !templates.isEmpty, "the broker needs at least one provider")
+        var targets: [String: Target] = [:]
+        var defaults: [String: Target] = [:]
         for provider in providers {
-            endpoints[provider.name] = Endpoint(
-                provider: provider,
-                responses: TokenResponseCache(providerName: provider.name, cookie: provider.cookie),
-                routePrefix: "/providers/{name}", metrics: metrics)
+            let responses = TokenResponseCache(for: provider)
+            targets[provider.name] = .provider(
+                Endpoint(provider: provider, responses: responses, routePrefix: "/providers/{name}", metrics: metrics))
+            defaults[provider.name] = .provider(
+                Endpoint(provider: provider, responses: responses, routePrefix: "", metrics: metrics))
         }
-        self.endpoints = endpoints
-        defaultEndpoint = Endpoint(
-            provider: providers[0], responses: endpoints[providers[0].name]!.responses, routePrefix: "",
-            metrics: metrics)
+        for template in templates {
+            targets[template.name] = .template(
+                TemplateEndpoint(
+                    template: template, counters: Route.counters(routePrefix: "/providers/{name}", metrics: metrics)))
+            defaults[template.name] = .template(
+                TemplateEndpoint(template: template, counters: Route.counters(routePrefix: "", metrics: metrics)))
+        }
+        self.targets = targets
+        let defaultName = defaultName ?? providers.first?.name ?? templates[0].name
+        guard let defaultTarget = defaults[defaultName] else {
+            preconditionFailure("the default provider \(defaultName) is not among the providers")
+        }
+        self.defaultTarget = defaultTarget
         jwksCounter = metrics.counter(listener: "token", route: "/.well-known/jwks.json")
         unknownProviderCounter = metrics.counter(listener: "token", route: "/providers/{name}")
         otherCounter = metrics.counter(listener: "token", route: "other")
@@ -115,7 +181,7 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
         if path == "/.well-known/jwks.json" {
             return record(jwksCounter, Methods.only(Methods.read, request) ?? .response(jwks))
         }
-        var endpoint = defaultEndpoint
+        var target = defaultTarget
         var rest = Substring(path)
         if path.hasPrefix("/providers/") {
             let tail = path.dropFirst("/providers/".count)
@@ -123,11 +189,11 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
             guard name.count < tail.count else {
                 return record(otherCounter, .response(ErrorAnswer.notFound(path: path).response))
             }
-            guard let named = endpoints[String(name)] else {
+            guard let named = targets[String(name)] else {
                 return record(
                     unknownProviderCounter, .response(ErrorAnswer.unknownProvider(name: String(name)).response))
             }
-            endpoint = named
+            target = named
             rest = tail[name.endIndex...]
         }
         let route: Route
@@ -137,17 +203,69 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
         case "/token/refresh": route = .refresh
         default: return record(otherCounter, .response(ErrorAnswer.notFound(path: path).response))
         }
-        let label = endpoint.counter(route)
+        let label: RequestCounter
+        switch target {
+        case .provider(let endpoint): label = endpoint.counter(route)
+        case .template(let endpoint): label = endpoint.counter(route)
+        }
         if let refusal = Methods.only(route == .refresh ? Methods.post : Methods.read, request) {
             return record(label, refusal)
         }
-        if let refusal = admit(request, provider: endpoint.provider.name) {
+        if let refusal = admit(request, provider: target.name) {
             return record(label, .response(refusal.response))
         }
+        let endpoint: Endpoint
+        let isChild: Bool
+        switch answering(target, request) {
+        case .success(let found): (endpoint, isChild) = found
+        case .failure(let refusal): return record(label, .response(refusal.answer.response))
+        }
         switch route {
-        case .token: return token(endpoint, label: label)
+        case .token: return token(endpoint, waitForFirstToken: isChild, label: label)
         case .ready: return ready(endpoint, request, label: label)
         case .refresh: return refresh(endpoint, request, label: label)
+        }
+    }
+
+    /// The provider that answers: the target itself, or the template's child for the values the
+    /// query names (true when it is a child). Refused: a parameter given twice, one the provider
+    /// does not take, a malformed value or one outside the allow-list (none of which makes a
+    /// child), and a template that has no room for another child.
+    private func answering(_ target: Target, _ request: HTTPRequest) -> Result<(Endpoint, Bool), BadRequest> {
+        let named: QueryParameters.RequestValues
+        do {
+            named = try QueryParameters.requestValues(request)
+        } catch {
+            return .failure(error)
+        }
+        switch target {
+        case .provider(let endpoint):
+            if let parameter = named.first {
+                return .failure(
+                    BadRequest(
+                        .requestValue(
+                            RequestValueProblem(parameter: parameter, kind: .notAccepted),
+                            provider: endpoint.provider.name)))
+            }
+            return .success((endpoint, false))
+        case .template(let endpoint):
+            let values: TokenRequestValues
+            switch TokenRequestValues.checked(
+                audience: named.audience, scope: named.scope, resource: named.resource, for: endpoint.configuration)
+            {
+            case .success(let checked): values = checked
+            case .failure(let problem):
+                return .failure(BadRequest(.requestValue(problem, provider: endpoint.name)))
+            }
+            switch endpoint.template.child(for: values) {
+            case .success(let (child, responses)):
+                return .success((Endpoint(provider: child, responses: responses, counters: endpoint.counters), true))
+            case .failure(.full(let limit, let retryAfter)):
+                return .failure(
+                    BadRequest(.tooManyChildren(provider: endpoint.name, limit: limit, retryAfter: retryAfter)))
+            case .failure(.stopped):
+                return .failure(BadRequest(.shuttingDown))
+            }
         }
     }
 

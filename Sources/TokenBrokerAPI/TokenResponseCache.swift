@@ -4,7 +4,10 @@ import TokenBrokerServer
 
 /// Keeps the rendered `/token` answer of one provider, so that it is built once per token
 /// version (and once per second of `expires_in`, which must not lie), not once per request.
-final class TokenResponseCache<Instant: InstantProtocol>: Sendable where Instant.Duration == Duration {
+///
+/// Public so that whoever makes a template's children can keep one beside each child (the
+/// template's attachment, `TemplateProviding`); the routes alone read it.
+public final class TokenResponseCache<Instant: InstantProtocol>: Sendable where Instant.Duration == Duration {
     private struct Key: Equatable {
         var version: UInt64
         var stale: Bool
@@ -25,6 +28,11 @@ final class TokenResponseCache<Instant: InstantProtocol>: Sendable where Instant
     init(providerName: String, cookie: CookieSettings) {
         self.providerName = providerName
         self.cookie = cookie
+    }
+
+    /// An empty cache for `provider`'s answers.
+    public convenience init<Provider: TokenProviding>(for provider: Provider) where Provider.Instant == Instant {
+        self.init(providerName: provider.name, cookie: provider.cookie)
     }
 
     /// The answer for `token` with `secondsLeft` (as the provider's read returned them), from

@@ -13,6 +13,14 @@ import TokenBrokerUpstream
 enum Broker {
     /// A provider on the real clock.
     typealias Provider = TokenProvider<ContinuousClock>
+    /// A provider template on the real clock, keeping each child's rendered answers beside it.
+    typealias Template = ProviderTemplate<Provider, TokenResponseCache<ContinuousClock.Instant>, ContinuousClock>
+
+    /// The configured providers, made: the ordinary ones and the templates, each in configuration order.
+    struct Providers {
+        let providers: [Provider]
+        let templates: [Template]
+    }
 
     /// The two HTTP servers: the token listener and the admin listener.
     struct Listeners {
@@ -23,7 +31,7 @@ enum Broker {
     /// What `start` set going, for `stop` to end.
     struct Running {
         let listeners: Listeners
-        let providers: [Provider]
+        let providers: Providers
         let providerTasks: [Task<Void, Never>]
         let callers: CallerKeyStore?
     }
@@ -75,10 +83,12 @@ enum Broker {
     // MARK: - Steps, in order
 
     /// The source for each provider, in order, with its local signer if it has one; reads key
-    /// files, and generates keys where none is given.
+    /// files, and generates keys where none is given. A template's source is its children's base.
+    /// Refuses first a proxy that names a template.
     static func makeSources(_ configuration: BrokerConfiguration) throws(ConfigurationError) -> [(
         any TokenSource, JWTSigner?
     )] {
+        try checkProxiesUseOrdinaryProviders(configuration)
         var sources: [(any TokenSource, JWTSigner?)] = []
         for (index, provider) in configuration.providers.enumerated() {
             switch provider.source {
@@ -102,6 +112,21 @@ enum Broker {
             }
         }
         return sources
+    }
+
+    /// Refuses a proxy whose provider is a template: proxy mode has no query to name a child's
+    /// values, and takes its token from an ordinary provider.
+    private static func checkProxiesUseOrdinaryProviders(_ configuration: BrokerConfiguration)
+        throws(ConfigurationError)
+    {
+        let templates = Set(configuration.providers.filter(\.isTemplate).map(\.name))
+        for (index, proxy) in configuration.proxies.enumerated() {
+            let provider = proxy.provider ?? configuration.providers[0].name
+            guard templates.contains(provider) else { continue }
+            throw ConfigurationError(
+                key: "proxies[\(index)].provider",
+                "\"\(provider)\" is a template (perRequest); allowed: a provider without perRequest")
+        }
     }
 
     /// Why the HTTP client for issuers and proxy targets cannot run, when the configuration needs it.
@@ -144,14 +169,42 @@ enum Broker {
         return try CallerKeyStore(path: path, knownProviders: Set(configuration.providers.map(\.name)))
     }
 
-    /// One provider per configured one, each reporting its fetches to the log and `metrics`.
+    /// One provider per configured one, each reporting its fetches to the log and `metrics`; a
+    /// template (`perRequest`) becomes a `ProviderTemplate` whose children are such providers,
+    /// each fetching from `childSource` for its values, under the template's name.
     private static func makeProviders(
         _ configuration: BrokerConfiguration, _ sources: [(any TokenSource, JWTSigner?)], metrics: BrokerMetrics
-    ) -> [Provider] {
+    ) -> Providers {
         let events = ProviderEvents.logged(recordingIn: metrics)
-        return zip(configuration.providers, sources).map { settings, source in
-            Provider(configuration: settings, source: source.0, events: events)
+        let templateEvents = TemplateEvents.logged(recordingIn: metrics)
+        var providers: [Provider] = []
+        var templates: [Template] = []
+        for (settings, (base, _)) in zip(configuration.providers, sources) {
+            guard settings.isTemplate else {
+                providers.append(Provider(configuration: settings, source: base, events: events))
+                continue
+            }
+            templates.append(
+                Template(
+                    configuration: settings, clock: ContinuousClock(),
+                    makeChild: { values in
+                        Provider(
+                            configuration: settings, source: childSource(for: settings, values: values, base: base),
+                            events: .logged(recordingIn: metrics, child: values))
+                    },
+                    attach: { TokenResponseCache(for: $0) }, events: templateEvents))
         }
+        return Providers(providers: providers, templates: templates)
+    }
+
+    /// The source of a template's child: the template's source, fetching with `values` put in
+    /// (`audience`, `scope`, `resource` in the token request, the signer's claims, an HTTP
+    /// source's placeholders); `TokenRequestValues.none` is the template's own defaults.
+    static func childSource(for settings: ProviderConfiguration, values: TokenRequestValues, base: any TokenSource)
+        -> any TokenSource
+    {
+        // Each source's child form comes with the sources' support for request values.
+        base
     }
 
     /// Raises the open-file limit, and warns when it stays below what the connection limit needs.
@@ -169,7 +222,7 @@ enum Broker {
     /// Binds both listeners with their routes (the proxy's too, when configured), and lets the
     /// metrics read their connection counts.
     private static func openListeners(
-        _ configuration: BrokerConfiguration, providers: [Provider], jwks: String, callers: CallerKeyStore?,
+        _ configuration: BrokerConfiguration, providers: Providers, jwks: String, callers: CallerKeyStore?,
         metrics: BrokerMetrics
     ) throws(HTTPServerError) -> Listeners {
         var tokenSettings = HTTPServer.Configuration(address: configuration.listen)
@@ -183,12 +236,14 @@ enum Broker {
             configuration.proxies.isEmpty
             ? nil
             : ProxyAPI(
-                proxies: configuration.proxies, providers: providers, maxWait: .seconds(configuration.maxWaitSec),
+                proxies: configuration.proxies, providers: providers.providers,
+                maxWait: .seconds(configuration.maxWaitSec),
                 callerKeysInAuthorization: callers != nil, metrics: metrics)
         let tokenServer = try HTTPServer(
             configuration: tokenSettings,
             handler: TokenAPI(
-                providers: providers, jwks: jwks, maxWait: .seconds(configuration.maxWaitSec),
+                providers: providers.providers, templates: providers.templates,
+                defaultName: configuration.providers[0].name, jwks: jwks, maxWait: .seconds(configuration.maxWaitSec),
                 requestGuard: configuration.requestGuard, callers: callers, proxy: proxy, metrics: metrics))
         var adminSettings = HTTPServer.Configuration(address: configuration.adminListen)
         adminSettings.connectionLimit = 256
@@ -197,7 +252,8 @@ enum Broker {
         adminSettings.unixSocketMode = configuration.unixSocketMode
         adminSettings.libraryLog = { Log.warning("libmicrohttpd", ["listener": "admin", "detail": $0]) }
         let adminServer = try HTTPServer(
-            configuration: adminSettings, handler: AdminAPI(providers: providers, metrics: metrics))
+            configuration: adminSettings,
+            handler: AdminAPI(providers: providers.providers, templates: providers.templates, metrics: metrics))
         // Weakly: a server's routes hold the metrics, so a strong capture would be a cycle.
         metrics.observeOpenConnections(listener: "token") { [weak tokenServer] in tokenServer?.openConnections ?? 0 }
         metrics.observeOpenConnections(listener: "admin") { [weak adminServer] in adminServer?.openConnections ?? 0 }
@@ -211,9 +267,11 @@ enum Broker {
         return Listeners(token: tokenServer, admin: adminServer)
     }
 
-    /// Runs each provider in a task of its own, and starts watching the caller keys file.
-    private static func start(_ providers: [Provider], listeners: Listeners, callers: CallerKeyStore?) -> Running {
-        let tasks = providers.map { provider in Task.detached { await provider.run() } }
+    /// Runs each provider and each template in a task of its own, and starts watching the caller keys file.
+    private static func start(_ providers: Providers, listeners: Listeners, callers: CallerKeyStore?) -> Running {
+        let tasks =
+            providers.providers.map { provider in Task.detached { await provider.run() } }
+            + providers.templates.map { template in Task.detached { await template.run() } }
         if let callers {
             let path = callers.path
             callers.watch { result in
@@ -252,9 +310,10 @@ enum Broker {
 
     /// Stops what `start` set going, in the order that matters; the one way the broker stops.
     ///
-    /// 1. Each provider shuts down: its waiters (long-polls, proxied requests waiting for a
-    ///    token) are answered 503 `shutting_down` now, on this thread, before any listener
-    ///    drains; its timer and fetch stop, and its task's `run()` returns.
+    /// 1. Each provider, and each template's children, shut down: their waiters (long-polls,
+    ///    proxied requests waiting for a token) are answered 503 `shutting_down` now, on this
+    ///    thread, before any listener drains; their timers and fetches stop, and their tasks'
+    ///    `run()` return (a template's once its children's have).
     /// 2. The listeners drain: they refuse new connections and give answers in flight, those
     ///    waiters' among them, up to 5 s (token) and 1 s (admin) to go out.
     /// 3. The provider tasks end, each once its fetch has: a fetch still running at exit would
@@ -262,7 +321,8 @@ enum Broker {
     /// 4. The caller-key watcher stops, last: the token routes read the store until their
     ///    listener has stopped.
     private static func stop(_ running: Running) {
-        for provider in running.providers { provider.shutDown() }
+        for provider in running.providers.providers { provider.shutDown() }
+        for template in running.providers.templates { template.shutDown() }
         running.listeners.token.shutDown(grace: .seconds(5))
         running.listeners.admin.shutDown(grace: .seconds(1))
         waitForEnd(of: running.providerTasks, atMost: .seconds(5))

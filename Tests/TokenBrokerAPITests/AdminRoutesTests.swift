@@ -1,13 +1,27 @@
 // The admin listener's routes: /healthz, /readyz, /metrics, and what is not one of them.
+import Synchronization
 import Testing
 import TokenBrokerServer
 
 @testable import TokenBrokerAPI
 @testable import TokenBrokerCore
 
+/// A template's status as the test sets it.
+final class FakeTemplate: TemplateStatusReporting {
+    let name: String
+    let current: Mutex<TemplateStatus>
+
+    init(name: String, maxChildren: Int = 100) {
+        self.name = name
+        current = Mutex(TemplateStatus(name: name, maxChildren: maxChildren))
+    }
+
+    func status() -> TemplateStatus { current.withLock { $0 } }
+}
+
 @Suite struct AdminRoutesTests {
-    private func admin(_ providers: [FakeProvider]) -> AdminAPI {
-        AdminAPI(providers: providers, metrics: BrokerMetrics(version: "test"))
+    private func admin(_ providers: [FakeProvider], templates: [FakeTemplate] = []) -> AdminAPI {
+        AdminAPI(providers: providers, templates: templates, metrics: BrokerMetrics(version: "test"))
     }
 
     @Test func healthzAnswersWhileTheProcessRuns() {
@@ -28,7 +42,7 @@ import TokenBrokerServer
         #expect(
             response?.bodyText
                 == #"{"ready":true,"providers":[{"name":"a","ready":true,"state":"fresh","stale":false,"version":3},"#
-                + #"{"name":"b","ready":true,"state":"paused","stale":true,"version":1}]}"#)
+                + #"{"name":"b","ready":true,"state":"paused","stale":true,"version":1}],"templates":[]}"#)
     }
 
     @Test func readyzIs503WhileAProviderCannotAnswer() {
@@ -50,6 +64,39 @@ import TokenBrokerServer
         #expect(second["ready"] == .bool(false) && second["state"] == .string("expired"))
         #expect(second["last_error"] == .string("unreachable"))
         #expect(second["version"] == nil)
+    }
+
+    @Test func readyzListsTemplatesAndOnlyHeldChildrenCount() {
+        let ready = FakeProvider(name: "a")
+        ready.state.withLock { $0.status = FakeProvider.status(name: "a", phase: .fresh, version: 3) }
+        let template = FakeTemplate(name: "orders", maxChildren: 50)
+        // Three children made by requests, one of them ready: the broker stays ready.
+        template.current.withLock { status in
+            status.children = 3
+            status.ready = 1
+        }
+        let api = admin([ready], templates: [template])
+        let response = api.handle(request("/readyz", guarded: false)).immediate
+        #expect(response?.status == 200)
+        #expect(
+            response?.bodyText.contains(
+                bytes: #""templates":[{"name":"orders","children":3,"ready":1,"max_children":50}]}"#) == true)
+        // A child held by a token file that is not ready makes the broker unready.
+        template.current.withLock { status in
+            status.children = 4
+            status.held = [FakeProvider.status(name: "orders", phase: .expired)]
+        }
+        let unready = api.handle(request("/readyz", guarded: false)).immediate
+        #expect(unready?.status == 503 && unready?.bool("ready") == false)
+        template.current.withLock { status in
+            status.ready = 2
+            status.held = [FakeProvider.status(name: "orders", phase: .fresh, version: 1)]
+        }
+        #expect(api.handle(request("/readyz", guarded: false)).immediate?.status == 200)
+        let metrics = api.handle(request("/metrics", guarded: false)).immediate
+        #expect(metrics?.bodyText.contains(bytes: #"token_broker_template_children{provider="orders"} 4"#) == true)
+        #expect(
+            metrics?.bodyText.contains(bytes: #"token_broker_template_children_ready{provider="orders"} 2"#) == true)
     }
 
     @Test func metricsAreInPrometheusTextFormat() {

@@ -56,6 +56,13 @@ import TokenBrokerServer
         (.tokenNotCookieSafe(proxy: "api", provider: "p"), 502, "token_not_cookie_safe", [:]),
         (.upstreamTimeout(proxy: "api", timeoutMsec: 2500), 504, "upstream_timeout", [:]),
         (.upstreamUnreachable(proxy: "api", problem: nil), 502, "upstream_unreachable", [:]),
+        (.requestValue(.init(parameter: .audience, kind: .notAccepted), provider: "p"), 400, "invalid_request", [:]),
+        (.requestValue(.init(parameter: .scope, kind: .malformed), provider: "p"), 400, "invalid_request", [:]),
+        (.requestValue(.init(parameter: .resource, kind: .notAllowed), provider: "p"), 400, "value_not_allowed", [:]),
+        (
+            .tooManyChildren(provider: "t", limit: 100, retryAfter: .milliseconds(1500)), 503, "too_many_children",
+            ["Retry-After": "2"]
+        ),
     ]
 
     @Test func everyAnswerHasItsStatusCodeAndHeaders() {
@@ -75,6 +82,26 @@ import TokenBrokerServer
         #expect(
             ErrorAnswer.notFound(path: #"/a"b"#).response.bodyText
                 == #"{"error":"not_found","error_description":"no route for /a\"b"}"#)
+    }
+
+    @Test func aRequestValuesAnswerNamesItsParameter() {
+        #expect(
+            ErrorAnswer.requestValue(.init(parameter: .audience, kind: .notAllowed), provider: "orders").response
+                .bodyText
+                == #"{"error":"value_not_allowed","error_description":"provider \"orders\" does not allow this audience (see its allow-list)","parameter":"audience"}"#
+        )
+        #expect(
+            ErrorAnswer.requestValue(.init(parameter: .scope, kind: .notAccepted), provider: "plain").description
+                == #"provider "plain" does not take scope (see perRequest)"#)
+        #expect(
+            ErrorAnswer.requestValue(.init(parameter: .resource, kind: .malformed), provider: "t").description
+                == "resource must be 1 to 1024 visible ASCII characters, without spaces")
+        #expect(
+            ErrorAnswer.tooManyChildren(provider: "t", limit: 3, retryAfter: .seconds(59)).description
+                == #"provider "t" keeps at most 3 children (maxChildren) and has no room for another; try again in 59 s"#
+        )
+        // Other answers carry no parameter member.
+        #expect(ErrorAnswer.repeatedParameter("audience").response.members["parameter"] == nil)
     }
 
     @Test func constantAnswersAreBuiltOnce() {

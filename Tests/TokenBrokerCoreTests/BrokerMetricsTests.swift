@@ -48,4 +48,57 @@ import TokenBrokerTestSupport
         #expect(text.contains("token_broker_http_requests_total{listener=\"token\",route=\"/token\",code=\"200\"} 1\n"))
         #expect(text.contains("token_broker_refresh_duration_seconds_sum{provider=\"p\"} 2.02\n"))
     }
+
+    @Test func templatesAreOneSeriesEachWithTheirChildrenCountedUnderTheTemplatesName() async {
+        var configuration = ProviderConfiguration(name: "orders")
+        configuration.perRequest = [.audience]
+        configuration.allowedAudiences = [AllowPattern("https://*")!]
+        let clock = ManualClock()
+        let source = ScriptedSource(gated: true)
+        let settings = configuration
+        let template = ProviderTemplate(
+            configuration: settings, clock: clock,
+            makeChild: { _ in TokenProvider(configuration: settings, source: source, clock: clock) },
+            attach: { _ in () })
+        let service = Task { await template.run() }
+        defer { service.cancel() }
+        var children: [TokenProvider<ManualClock>] = []
+        for name in ["a", "b", "c"] {
+            guard case .success(let made) = template.child(for: TokenRequestValues(audience: "https://\(name).example"))
+            else {
+                Issue.record("no child")
+                return
+            }
+            children.append(made.child)
+        }
+        let waiter = Task { await children[0].onTokenReady(timeout: .seconds(60)) }
+        #expect(await eventually { template.status().waiters == 1 })
+        let metrics = BrokerMetrics(version: "test")
+        metrics.recordChildRefused(template: "orders")
+        metrics.recordChildDropped(template: "orders")
+        metrics.recordChildDropped(template: "orders")
+        metrics.recordSinkWrite(provider: "default", succeeded: true)
+        metrics.recordSinkWrite(provider: "default", succeeded: true)
+        metrics.recordSinkWrite(provider: "default", succeeded: false)
+        let waiting = metrics.render(statuses: [], templates: [template.status()])
+        #expect(waiting.contains("token_broker_template_children{provider=\"orders\"} 3\n"))
+        #expect(waiting.contains("token_broker_template_children_ready{provider=\"orders\"} 0\n"))
+        #expect(waiting.contains("token_broker_longpoll_waiters{provider=\"orders\"} 1\n"))
+        #expect(waiting.contains("token_broker_template_children_refused_total{provider=\"orders\"} 1\n"))
+        #expect(waiting.contains("token_broker_template_children_dropped_total{provider=\"orders\"} 2\n"))
+        #expect(waiting.contains("token_broker_sink_writes_total{provider=\"default\",result=\"error\"} 1\n"))
+        #expect(waiting.contains("token_broker_sink_writes_total{provider=\"default\",result=\"ok\"} 2\n"))
+        #expect(waiting.contains("# TYPE token_broker_template_children gauge\n"))
+        #expect(waiting.contains("# TYPE token_broker_sink_writes_total counter\n"))
+        source.open()
+        _ = await waiter.value
+        #expect(await eventually { template.status().ready == 3 })
+        let ready = metrics.render(statuses: [], templates: [template.status()])
+        #expect(ready.contains("token_broker_template_children_ready{provider=\"orders\"} 3\n"))
+        #expect(ready.contains("token_broker_longpoll_waiters{provider=\"orders\"} 0\n"))
+        // No requested value is ever a label, and no child has a series of its own.
+        #expect(!ready.contains("example"))
+        #expect(!ready.contains("token_broker_provider_state{provider=\"orders\""))
+        #expect(ready.split(separator: "\n").filter { $0.hasPrefix("token_broker_template_children{") }.count == 1)
+    }
 }

@@ -16,6 +16,29 @@ import TokenBrokerCore
         #expect(harness.fetchesStarted == 1, "reading the cache must not fetch")
     }
 
+    /// A template's child can be asked for a token before its task runs `start`: a fetch that
+    /// request started, and its result, stand; `start` fetches only when nothing is planned.
+    @Test func startAfterARequestsFetchKeepsItsTokenOrItsBackoff() {
+        var harness = MachineHarness(ProviderConfiguration())
+        _ = harness.wait(after: nil, for: .seconds(30))
+        #expect(harness.fetchesStarted == 1)
+        harness.start()
+        #expect(harness.fetchesStarted == 1, "the fetch in flight is the start's")
+        harness.succeed()
+        let planned = harness.machine.fetchDueAt
+        harness.start()
+        #expect(harness.fetchesStarted == 1, "a token just fetched is not fetched again")
+        #expect(harness.machine.fetchDueAt == planned && planned != nil)
+
+        var failing = MachineHarness(ProviderConfiguration())
+        _ = failing.wait(after: nil, for: .seconds(30))
+        failing.fail()
+        let retry = failing.machine.fetchDueAt
+        failing.start()
+        #expect(failing.fetchesStarted == 1, "the backoff stands")
+        #expect(failing.machine.fetchDueAt == retry && retry != nil)
+    }
+
     @Test func backoffDoublesFrom100msThenSwitchesToMaxErrorDelay() {
         var harness = MachineHarness(ProviderConfiguration(maxRetryCount: 5, maxErrorTokenRefreshDelayMsec: 5000))
         harness.start()

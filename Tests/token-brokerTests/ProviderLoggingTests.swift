@@ -22,4 +22,46 @@ import TokenBrokerCore
                 #"token_broker_upstream_responses_total{provider="api",code="200"} 1"#
             ])
     }
+
+    @Test func aChildsFetchesAreCountedUnderItsTemplatesNameAlone() {
+        let metrics = BrokerMetrics(version: "test")
+        let events = ProviderEvents.logged(
+            recordingIn: metrics, child: TokenRequestValues(audience: "https://orders.example"))
+        events.fetched(
+            "orders", .success((FetchedToken(accessToken: "t", lifetime: nil, upstreamStatus: 200), 1)), .zero)
+        events.fetched("orders", .failure(.unreachable("refused")), .zero)
+        #expect(
+            lines(metrics, "token_broker_refreshes_total") == [
+                #"token_broker_refreshes_total{provider="orders",result="success"} 1"#,
+                #"token_broker_refreshes_total{provider="orders",result="unreachable"} 1"#,
+            ])
+        #expect(!metrics.render(statuses: []).contains("orders.example"))
+    }
+
+    @Test func aTemplatesDropsAndRefusalsAreCountedUnderItsName() {
+        let metrics = BrokerMetrics(version: "test")
+        let events = TemplateEvents.logged(recordingIn: metrics)
+        let values = TokenRequestValues(audience: "https://orders.example")
+        events.made("orders", values)
+        events.dropped("orders", values)
+        events.refused("orders", values)
+        events.refused("orders", TokenRequestValues(audience: "https://other.example"))
+        #expect(
+            lines(metrics, "token_broker_template_children_dropped_total") == [
+                #"token_broker_template_children_dropped_total{provider="orders"} 1"#
+            ])
+        #expect(
+            lines(metrics, "token_broker_template_children_refused_total") == [
+                #"token_broker_template_children_refused_total{provider="orders"} 2"#
+            ])
+    }
+
+    @Test func theRefusalLogLetsOneLineThroughPerInterval() {
+        let throttle = LogThrottle(interval: .seconds(1))
+        let start = ContinuousClock.now
+        #expect(throttle.admit(at: start))
+        #expect(!throttle.admit(at: start.advanced(by: .milliseconds(999))))
+        #expect(throttle.admit(at: start.advanced(by: .seconds(1))))
+        #expect(!throttle.admit(at: start.advanced(by: .milliseconds(1500))))
+    }
 }

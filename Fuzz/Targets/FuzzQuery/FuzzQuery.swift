@@ -1,12 +1,25 @@
 import CLibFuzzer
+import TokenBrokerCore
 
 @testable import TokenBrokerAPI
 
+/// A template taking the three values, with exact and prefix entries in its allow-lists.
+let template: ProviderConfiguration = {
+    var configuration = ProviderConfiguration(name: "fuzz")
+    configuration.perRequest = [.audience, .scope, .resource]
+    configuration.allowedAudiences = [AllowPattern("https://a.example")!, AllowPattern("https://b.example/*")!]
+    configuration.allowedScopes = [AllowPattern("read")!, AllowPattern("storage.*")!]
+    configuration.allowedResources = [AllowPattern("urn:r")!, AllowPattern("h*")!]
+    return configuration
+}()
+
 /// The values the token routes read from a query or an `If-None-Match`
-/// header (`after=3`, `timeout=30`, `"3"`), as libmicrohttpd hands them over, percent-decoded.
+/// header (`after=3`, `timeout=30`, `"3"`, `audience=…`), as libmicrohttpd hands them over, percent-decoded.
 ///
 /// The input is read as a query parameter's value and as an `If-None-Match` header; a number
-/// that comes out must be one the input spells in digits.
+/// that comes out must be one the input spells in digits. It is also read as each value of a
+/// template's child: an accepted one is the input itself (the scope, the input's set of tokens),
+/// visible ASCII, within the length limit and allowed by the template's list.
 func fuzzQuery(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
     let text = String(decoding: UnsafeBufferPointer(start: data, count: size), as: UTF8.self)
     if let version = QueryParameters.number(text) {
@@ -17,6 +30,7 @@ func fuzzQuery(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
     if let version = QueryParameters.entityTagVersion(text) {
         precondition(text.contains(String(version)), "\(text) read as version \(version)")
     }
+    fuzzRequestValues(text)
     return 0
 }
 
@@ -27,4 +41,32 @@ func fuzzQueryMain(_ argc: CInt, _ argv: UnsafeMutablePointer<UnsafeMutablePoint
     var argc = argc
     var argv = argv
     return LLVMFuzzerRunDriver(&argc, &argv) { data, size in fuzzQuery(data!, size) }
+}
+
+/// `text` as the audience, the scope and the resource of a template's child.
+func fuzzRequestValues(_ text: String) {
+    func acceptable(_ value: String) -> Bool {
+        !value.isEmpty && value.utf8.count <= TokenRequestValues.maximumLength
+            && value.utf8.allSatisfy { $0 > 0x20 && $0 < 0x7F }
+    }
+    if case .success(let values) = TokenRequestValues.checked(
+        audience: text, scope: nil, resource: nil, for: template)
+    {
+        precondition(values.audience == text && acceptable(text), "audience \(text.debugDescription) accepted")
+        precondition(template.allowedAudiences.contains { $0.matches(text) }, "audience outside the list")
+    }
+    if case .success(let values) = TokenRequestValues.checked(
+        audience: nil, scope: nil, resource: text, for: template)
+    {
+        precondition(values.resource == text && acceptable(text), "resource \(text.debugDescription) accepted")
+    }
+    if case .success(let values) = TokenRequestValues.checked(audience: nil, scope: text, resource: nil, for: template)
+    {
+        let tokens = text.split(separator: " ", omittingEmptySubsequences: false).map(String.init)
+        precondition(values.scopes == Array(Set(tokens)).sorted(), "scope \(text.debugDescription) read as \(values)")
+        precondition(tokens.allSatisfy(acceptable), "scope \(text.debugDescription) accepted")
+        precondition(
+            tokens.allSatisfy { token in template.allowedScopes.contains { $0.matches(token) } },
+            "a scope token outside the list")
+    }
 }

@@ -31,6 +31,9 @@ public final class BrokerMetrics: Sendable {
         var proxied: [Labels: Int] = [:]
         var proxyRetries: [String: Int] = [:]
         var proxyRefreshes: [String: Int] = [:]
+        var childrenRefused: [String: Int] = [:]
+        var childrenDropped: [String: Int] = [:]
+        var sinkWrites: [Labels: Int] = [:]
     }
 
     /// The key of a route's request counter.
@@ -123,10 +126,27 @@ public final class BrokerMetrics: Sendable {
     /// A forced refresh that the refresh window refused.
     public func recordExcessiveRefresh(provider: String) { state.withLock { $0.excessive[provider, default: 0] += 1 } }
 
+    /// A template refused a new child: `maxChildren` lived already.
+    public func recordChildRefused(template: String) {
+        state.withLock { $0.childrenRefused[template, default: 0] += 1 }
+    }
+
+    /// A template dropped a child idle for `childIdleSec`.
+    public func recordChildDropped(template: String) {
+        state.withLock { $0.childrenDropped[template, default: 0] += 1 }
+    }
+
+    /// One write of a token file for `provider` (a template's name for a child's file).
+    public func recordSinkWrite(provider: String, succeeded: Bool) {
+        state.withLock { $0.sinkWrites[Labels(owner: provider, value: succeeded ? "ok" : "error"), default: 0] += 1 }
+    }
+
     // MARK: - Rendering
 
-    /// The exposition text: counters as recorded, gauges from `statuses`.
-    public func render(statuses: [ProviderStatus]) -> String {
+    /// The exposition text: counters as recorded, gauges from `statuses` (the ordinary
+    /// providers') and `templates`. A template's children are never a series of their own: their
+    /// gauges are counted under the template's name, so that no requested value is a label.
+    public func render(statuses: [ProviderStatus], templates: [TemplateStatus] = []) -> String {
         let snapshot = state.withLock { $0 }
         var out = ""
         func family(_ name: String, _ type: String, _ help: String) {
@@ -242,6 +262,9 @@ public final class BrokerMetrics: Sendable {
         for status in statuses {
             sample("token_broker_longpoll_waiters", [("provider", status.name)], String(status.waiters))
         }
+        for template in templates {
+            sample("token_broker_longpoll_waiters", [("provider", template.name)], String(template.waiters))
+        }
 
         family("token_broker_provider_state", "gauge", "1 for the provider's current state.")
         for status in statuses {
@@ -251,6 +274,25 @@ public final class BrokerMetrics: Sendable {
                     status.phase == phase ? "1" : "0")
             }
         }
+
+        family("token_broker_template_children", "gauge", "Children a provider template keeps now.")
+        for template in templates {
+            sample("token_broker_template_children", [("provider", template.name)], String(template.children))
+        }
+        family("token_broker_template_children_ready", "gauge", "A template's children that can answer now.")
+        for template in templates {
+            sample("token_broker_template_children_ready", [("provider", template.name)], String(template.ready))
+        }
+        counters(
+            "token_broker_template_children_refused_total",
+            "New children a template refused because maxChildren lived already.", label: "provider",
+            snapshot.childrenRefused)
+        counters(
+            "token_broker_template_children_dropped_total", "Children a template dropped, unread for childIdleSec.",
+            label: "provider", snapshot.childrenDropped)
+        counters(
+            "token_broker_sink_writes_total", "Token file writes by provider and result (ok or error).",
+            labels: ("provider", "result"), snapshot.sinkWrites)
         return out
     }
 

@@ -147,10 +147,12 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
 
     // MARK: - Events
 
-    /// The provider starts: with background refresh, it fetches at once.
+    /// The provider starts: with background refresh, it fetches at once, unless a request got
+    /// there first (a template's child is asked for before its task runs): a fetch in flight, a
+    /// refresh planned after its token or a retry after its failure then stand.
     public mutating func start(now: Instant) -> [Action] {
         lastActivity = now
-        guard backgroundRefresh else { return [] }
+        guard backgroundRefresh, !isFetching, fetchDueAt == nil else { return [] }
         return startFetchIfIdle(now: now)
     }
 

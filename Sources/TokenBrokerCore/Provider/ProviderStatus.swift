@@ -18,6 +18,9 @@ public struct ProviderStatus: Sendable {
     public var waiters: Int
     /// `backgroundRefreshEnabled`.
     public var backgroundRefresh: Bool
+    /// Whether a fetch ever brought a token (valid or not now): a template's child that never
+    /// did makes its first requests wait for one, since it was made for them.
+    public var everHeldToken: Bool = false
 
     /// Whether the provider can answer `/token` now.
     public var hasValidToken: Bool { version != nil }

@@ -242,7 +242,8 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
                 lastError: machine.lastError,
                 consecutiveFailures: machine.failures,
                 waiters: machine.waiterCount,
-                backgroundRefresh: machine.backgroundRefresh)
+                backgroundRefresh: machine.backgroundRefresh,
+                everHeldToken: machine.cached != nil)
         }
     }
 

@@ -1,0 +1,433 @@
+/// A provider template (`perRequest`) and its children: one provider per combination of values
+/// that requests (or token files) asked for, made on first use and dropped once idle.
+///
+/// Rules:
+/// - A child is made on the first request for its values, started at once (its `run()` in a
+///   task the template keeps), and found again by every later request for the same values.
+/// - At most `maxChildren` children live at once; past it, `child(for:)` refuses with the time
+///   after which the earliest idle child could be dropped (at least 1 s; `childIdleSec` when
+///   every child is held).
+/// - A child neither read through `child(for:)` nor held for `childIdleSec`, and without
+///   waiters (a long-poll in progress counts as reading), is dropped: removed, then shut down,
+///   its token and timers gone.
+/// - A held child (`hold(_:)`, a token file's) is never dropped for idleness until released.
+///
+/// Locking: one lock, `state`. While it is held the template reads its clock and its table
+/// only: children are made, started, asked for their status and shut down after it is released,
+/// and a timer task is created after it too (as `TokenProvider` does).
+///
+/// - Important: call `run()` from a task you own: it drops idle children until `shutDown()`.
+public final class ProviderTemplate<Child: TemplateChild, Attachment: Sendable, C: Clock>: Sendable,
+    TemplateStatusReporting
+where C.Duration == Duration {
+    /// The template's settings, as configured (`perRequest`, allow-lists, bounds).
+    public let configuration: ProviderConfiguration
+    /// The template's name: its children's name too, in routes, logs and metrics.
+    public var name: String { configuration.name }
+    /// The clock of idle times.
+    public let clock: C
+    private let makeChild: @Sendable (TokenRequestValues) -> Child
+    private let attach: @Sendable (Child) -> Attachment
+    private let events: TemplateEvents
+    private let idleLimit: Duration
+    private let state: Lock<State>
+
+    private struct Entry: Sendable {
+        let child: Child
+        let attachment: Attachment
+        /// The child's own number, which its task reports when it ends.
+        let number: UInt64
+        var lastRead: C.Instant
+        var holds: Int = 0
+    }
+
+    private struct State: Sendable {
+        var children: [TokenRequestValues: Entry] = [:]
+        /// Children's `run()` tasks that have not ended, by the child's number: dropped children's too.
+        var tasks: [UInt64: Task<Void, Never>] = [:]
+        var nextNumber: UInt64 = 0
+        var timer: Task<Void, Never>?
+        var timerDeadline: C.Instant?
+        var timerGeneration: UInt64 = 0
+        var isShutDown = false
+        var runEnds: AsyncStream<Never>.Continuation?
+    }
+
+    /// - Parameters:
+    ///   - makeChild: the provider for one combination of values; called outside the lock, and
+    ///     possibly twice for one combination when two first requests race (the spare one is
+    ///     never run and fetches nothing).
+    ///   - attach: what the caller keeps beside each child (the token routes' rendered answers).
+    ///   - events: hooks for logs and metrics.
+    public init(
+        configuration: ProviderConfiguration, clock: C,
+        makeChild: @escaping @Sendable (TokenRequestValues) -> Child,
+        attach: @escaping @Sendable (Child) -> Attachment,
+        events: TemplateEvents = TemplateEvents()
+    ) {
+        self.configuration = configuration
+        self.clock = clock
+        self.makeChild = makeChild
+        self.attach = attach
+        self.events = events
+        idleLimit = .seconds(configuration.childIdleSec)
+        state = Lock(State())
+    }
+
+    // MARK: - Children
+
+    /// The child for `values`, made and started on first use, with its attachment.
+    ///
+    /// Counts as a read: the child's idle time starts again. Refused past `maxChildren`
+    /// (`.full`), and once the template has shut down (`.stopped`).
+    public func child(for values: TokenRequestValues) -> Result<(child: Child, attachment: Attachment), ChildRefusal> {
+        switch find(values, holding: false) {
+        case .found(let entry): .success((entry.child, entry.attachment))
+        case .refused(let refusal): refused(refusal, values)
+        case .absent: adopt(values, holding: false).map { ($0.child, $0.attachment) }
+        }
+    }
+
+    /// A child kept alive while held (a token file's): never dropped for idleness until
+    /// `release(_:)`. It counts toward `maxChildren`; each hold needs its own release.
+    public func hold(_ values: TokenRequestValues) -> Result<Child, ChildRefusal> {
+        switch find(values, holding: true) {
+        case .found(let entry): .success(entry.child)
+        case .refused(let refusal): refused(refusal, values)
+        case .absent: adopt(values, holding: true).map(\.child)
+        }
+    }
+
+    /// Ends one hold of `hold(_:)`; the child's idle time starts now.
+    public func release(_ values: TokenRequestValues) {
+        let now = clock.now
+        var timer: (C.Instant, UInt64)?
+        state.withLock { state in
+            guard let index = state.children.index(forKey: values), state.children.values[index].holds > 0 else {
+                return
+            }
+            state.children.values[index].holds -= 1
+            state.children.values[index].lastRead = now
+            timer = planTimer(&state)
+        }
+        if let timer { armTimer(until: timer.0, generation: timer.1) }
+    }
+
+    /// What one look-up under the lock found.
+    private enum Lookup {
+        /// The child, now read (or held once more).
+        case found(Entry)
+        /// No child, and no room for one (or the template stopped): nothing is made.
+        case refused(ChildRefusal)
+        /// No child, and room for one: to be made outside the lock.
+        case absent
+    }
+
+    /// The child for `values` under the lock, counted as read (or held once more), or why none can be made.
+    private func find(_ values: TokenRequestValues, holding: Bool) -> Lookup {
+        let now = clock.now
+        return state.withLock { state -> Lookup in
+            guard !state.isShutDown else { return .refused(.stopped) }
+            guard let index = state.children.index(forKey: values) else {
+                guard state.children.count < configuration.maxChildren else {
+                    return .refused(.full(limit: configuration.maxChildren, retryAfter: retryAfter(state, now: now)))
+                }
+                return .absent
+            }
+            state.children.values[index].lastRead = now
+            if holding { state.children.values[index].holds += 1 }
+            return .found(state.children.values[index])
+        }
+    }
+
+    /// Reports a refusal past `maxChildren`, and returns it.
+    private func refused<Success>(_ refusal: ChildRefusal, _ values: TokenRequestValues) -> Result<
+        Success, ChildRefusal
+    > {
+        if case .full = refusal { events.refused(name, values) }
+        return .failure(refusal)
+    }
+
+    /// Makes the child for `values` (outside the lock), then adds it unless another request added
+    /// one meanwhile (which is then the child), and starts it.
+    private func adopt(_ values: TokenRequestValues, holding: Bool) -> Result<Entry, ChildRefusal> {
+        let child = makeChild(values)
+        let attachment = attach(child)
+        let now = clock.now
+        var timer: (C.Instant, UInt64)?
+        let outcome = state.withLock { state -> Result<(entry: Entry, isNew: Bool), ChildRefusal> in
+            guard !state.isShutDown else { return .failure(.stopped) }
+            if let index = state.children.index(forKey: values) {
+                state.children.values[index].lastRead = now
+                if holding { state.children.values[index].holds += 1 }
+                return .success((state.children.values[index], false))
+            }
+            guard state.children.count < configuration.maxChildren else {
+                return .failure(.full(limit: configuration.maxChildren, retryAfter: retryAfter(state, now: now)))
+            }
+            state.nextNumber += 1
+            let entry = Entry(
+                child: child, attachment: attachment, number: state.nextNumber, lastRead: now, holds: holding ? 1 : 0)
+            state.children[values] = entry
+            timer = planTimer(&state)
+            return .success((entry, true))
+        }
+        switch outcome {
+        case .failure(let refusal):
+            return refused(refusal, values)
+        case .success(let (entry, isNew)):
+            if isNew {
+                events.made(name, values)
+                launch(entry)
+            }
+            if let timer { armTimer(until: timer.0, generation: timer.1) }
+            return .success(entry)
+        }
+    }
+
+    /// When the earliest child that could be dropped will be: at least 1 s from now, and
+    /// `childIdleSec` when every child is held.
+    private func retryAfter(_ state: State, now: C.Instant) -> Duration {
+        let earliest = state.children.values.lazy.filter { $0.holds == 0 }.map(\.lastRead).min()
+        guard let earliest else { return idleLimit }
+        return max(.seconds(1), now.duration(to: earliest.advanced(by: idleLimit)))
+    }
+
+    /// Starts the child's `run()` in a task, which waits at a gate until its handle is stored:
+    /// stored, under the lock, only while the template runs, so that `run()` awaits every child
+    /// task that ever ran; turned away otherwise (the template shut down, and shut the child
+    /// down with it, between the unlock and the store).
+    private func launch(_ entry: Entry) {
+        let (gate, opener) = AsyncStream<Bool>.makeStream()
+        let child = entry.child
+        let number = entry.number
+        let task = Task { [self] in
+            var admission = gate.makeAsyncIterator()
+            guard await admission.next() == true else { return }
+            await child.run()
+            _ = state.withLock { $0.tasks.removeValue(forKey: number) }
+        }
+        let stored = state.withLock { state -> Bool in
+            guard !state.isShutDown else { return false }
+            state.tasks[number] = task
+            return true
+        }
+        opener.yield(stored)
+        opener.finish()
+        if !stored { task.cancel() }
+    }
+
+    // MARK: - Idle children
+
+    /// Drops idle children until `shutDown()` is called or the calling task is cancelled, then
+    /// shuts down, and returns once every child's task has ended.
+    public func run() async {
+        let (stream, continuation) = AsyncStream<Never>.makeStream()
+        let alreadyShutDown = state.withLock { state -> Bool in
+            state.runEnds = continuation
+            return state.isShutDown
+        }
+        if alreadyShutDown { continuation.finish() }
+        sweep()
+        await withTaskCancellationHandler {
+            for await _ in stream {}
+        } onCancel: {
+            continuation.finish()
+        }
+        shutDown()
+        while let task = state.withLock({ $0.tasks.first?.value }) {
+            await task.value
+        }
+    }
+
+    /// Shuts every child down, stops the timer and ends `run()`; later requests are refused (`.stopped`).
+    public func shutDown() {
+        let (children, timer, runEnds) = state.withLock { state in
+            state.isShutDown = true
+            let children = state.children.values.map(\.child)
+            state.children.removeAll()
+            let timer = state.timer
+            state.timer = nil
+            state.timerDeadline = nil
+            return (children, timer, state.runEnds)
+        }
+        timer?.cancel()
+        for child in children { child.shutDown() }
+        runEnds?.finish()
+    }
+
+    /// Drops the children idle for `childIdleSec` at the clock's now, and plans the next sweep.
+    ///
+    /// Two steps: the children due are picked under the lock; their waiters are read outside it
+    /// (a child with waiters is being read, and its idle time starts again); the rest are removed
+    /// under the lock, each only if no request read it in between, then shut down outside it.
+    func sweep() {
+        let now = clock.now
+        let due = state.withLock { state -> [(TokenRequestValues, Child)] in
+            guard !state.isShutDown else { return [] }
+            return state.children.compactMap { values, entry in
+                entry.holds == 0 && entry.lastRead.advanced(by: idleLimit) <= now ? (values, entry.child) : nil
+            }
+        }
+        let waiting = Set(due.compactMap { values, child in child.status().waiters > 0 ? values : nil })
+        var timer: (C.Instant, UInt64)?
+        let dropped = state.withLock { state -> [(TokenRequestValues, Child)] in
+            guard !state.isShutDown else { return [] }
+            var dropped: [(TokenRequestValues, Child)] = []
+            for (values, child) in due {
+                guard let index = state.children.index(forKey: values),
+                    state.children.values[index].child === child
+                else { continue }
+                let entry = state.children.values[index]
+                guard entry.holds == 0, entry.lastRead.advanced(by: idleLimit) <= now else { continue }
+                if waiting.contains(values) {
+                    state.children.values[index].lastRead = now
+                } else {
+                    state.children.remove(at: index)
+                    dropped.append((values, child))
+                }
+            }
+            timer = planTimer(&state)
+            return dropped
+        }
+        for (values, child) in dropped {
+            child.shutDown()
+            events.dropped(name, values)
+        }
+        if let timer { armTimer(until: timer.0, generation: timer.1) }
+    }
+
+    /// Decides, under the lock, when the next sweep is due: when the earliest child not held
+    /// could be idle for `childIdleSec`. Returns the timer to arm once the lock is released, if
+    /// the deadline changed; replacing a timer cancels the old one when the new one is stored.
+    private func planTimer(_ state: inout State) -> (C.Instant, UInt64)? {
+        guard !state.isShutDown else { return nil }
+        let wanted = state.children.values.lazy.filter { $0.holds == 0 }.map(\.lastRead).min()?.advanced(
+            by: idleLimit)
+        // A timer earlier than needed only sweeps and plans again; a later one would miss a child.
+        if let current = state.timerDeadline, let wanted, current <= wanted { return nil }
+        guard let wanted else { return nil }
+        state.timerGeneration += 1
+        state.timerDeadline = wanted
+        return (wanted, state.timerGeneration)
+    }
+
+    /// Starts the sweep timer of `generation`, stored only if still current (see `TokenProvider.armTimer`).
+    private func armTimer(until deadline: C.Instant, generation: UInt64) {
+        let timer = Task { [self, clock] in
+            do {
+                try await clock.sleep(until: deadline, tolerance: nil)
+            } catch {
+                return
+            }
+            timerFired(generation)
+        }
+        let replaced = state.withLock { state -> (stored: Bool, old: Task<Void, Never>?) in
+            guard !state.isShutDown, state.timerGeneration == generation else { return (false, nil) }
+            defer { state.timer = timer }
+            return (true, state.timer)
+        }
+        replaced.old?.cancel()
+        if !replaced.stored { timer.cancel() }
+    }
+
+    private func timerFired(_ generation: UInt64) {
+        let current = state.withLock { state -> Bool in
+            guard !state.isShutDown, state.timerGeneration == generation else { return false }
+            state.timer = nil
+            state.timerDeadline = nil
+            return true
+        }
+        if current { sweep() }
+    }
+
+    // MARK: - Status
+
+    /// The children's count, how many are ready, their waiters, and the held children's statuses.
+    public func status() -> TemplateStatus {
+        let children = state.withLock { state in state.children.values.map { ($0.child, $0.holds > 0) } }
+        var status = TemplateStatus(name: name, maxChildren: configuration.maxChildren)
+        status.children = children.count
+        for (child, held) in children {
+            let childStatus = child.status()
+            if childStatus.isReady { status.ready += 1 }
+            status.waiters += childStatus.waiters
+            if held { status.held.append(childStatus) }
+        }
+        return status
+    }
+}
+
+/// What a template needs of a child: `TokenProvider` conforms.
+public protocol TemplateChild: AnyObject, Sendable {
+    /// What the child is doing now (its waiters keep it from being dropped).
+    func status() -> ProviderStatus
+    /// Runs the child until `shutDown()`.
+    func run() async
+    /// Stops the child: its waiters are answered, its timers and fetch stop, its `run()` returns.
+    func shutDown()
+}
+
+extension TokenProvider: TemplateChild {}
+
+/// Why a template gave no child.
+public enum ChildRefusal: Error, Sendable, Equatable {
+    /// `maxChildren` children live already; one could be dropped in `retryAfter`.
+    case full(limit: Int, retryAfter: Duration)
+    /// The template has shut down.
+    case stopped
+}
+
+/// A template's state, for `/readyz` and the metrics.
+public struct TemplateStatus: Sendable {
+    /// The template's name.
+    public var name: String
+    /// `maxChildren`.
+    public var maxChildren: Int
+    /// Children alive now.
+    public var children = 0
+    /// Children that can answer now (`ProviderStatus.isReady`).
+    public var ready = 0
+    /// Requests waiting on any child.
+    public var waiters = 0
+    /// The statuses of the children held by token files, which readiness counts.
+    public var held: [ProviderStatus] = []
+
+    public init(name: String, maxChildren: Int) {
+        self.name = name
+        self.maxChildren = maxChildren
+    }
+
+    /// Whether every held child is ready: children made by requests do not make the broker unready.
+    public var heldReady: Bool { held.allSatisfy(\.isReady) }
+}
+
+/// Anything that reports a template's status: what the admin listener and the metrics read.
+public protocol TemplateStatusReporting: AnyObject, Sendable {
+    /// The template's name.
+    var name: String { get }
+    /// The template's state now.
+    func status() -> TemplateStatus
+}
+
+/// Hooks through which a template reports its children, for logs and metrics. Each gets the
+/// template's name and the child's values.
+public struct TemplateEvents: Sendable {
+    /// A child was made (on its first request or hold).
+    public var made: @Sendable (String, TokenRequestValues) -> Void
+    /// A child was dropped, idle for `childIdleSec`.
+    public var dropped: @Sendable (String, TokenRequestValues) -> Void
+    /// A new child was refused: `maxChildren` live already.
+    public var refused: @Sendable (String, TokenRequestValues) -> Void
+
+    /// Hooks that do nothing unless given.
+    public init(
+        made: @escaping @Sendable (String, TokenRequestValues) -> Void = { _, _ in },
+        dropped: @escaping @Sendable (String, TokenRequestValues) -> Void = { _, _ in },
+        refused: @escaping @Sendable (String, TokenRequestValues) -> Void = { _, _ in }
+    ) {
+        self.made = made
+        self.dropped = dropped
+        self.refused = refused
+    }
+}

@@ -1,0 +1,350 @@
+// The token routes over a provider template (perRequest): each combination of values asked for
+// is a child of its own, made on the first request, which waits for the child's first token;
+// values are checked (400 naming the parameter) before any child exists; maxChildren is a 503
+// with Retry-After; caller keys allowed the template are allowed its children.
+import Synchronization
+import Testing
+import TokenBrokerCore
+import TokenBrokerServer
+import TokenBrokerTestSupport
+
+@testable import TokenBrokerAPI
+
+/// A child's source: hands out a token naming the values it was made for (`tok-1:audience="…"`), counting every
+/// fetch of every child in `fetches`; with a gate, fetches wait until the test opens it.
+final class ValuesSource: TokenSource {
+    /// Fetches of all the children's sources, and the gate they share.
+    final class Shared: Sendable {
+        let fetches = Mutex<[String]>([])
+        let gate = Mutex<(open: Bool, parked: [CheckedContinuation<Void, Never>])>((true, []))
+        let fails: Bool
+
+        init(gated: Bool = false, fails: Bool = false) {
+            gate.withLock { $0.open = !gated }
+            self.fails = fails
+        }
+
+        var count: Int { fetches.withLock { $0.count } }
+        var parked: Int { gate.withLock { $0.parked.count } }
+
+        func open() {
+            let parked = gate.withLock { gate in
+                gate.open = true
+                defer { gate.parked = [] }
+                return gate.parked
+            }
+            for continuation in parked { continuation.resume() }
+        }
+    }
+
+    private let values: TokenRequestValues
+    private let shared: Shared
+
+    init(_ values: TokenRequestValues, shared: Shared) {
+        self.values = values
+        self.shared = shared
+    }
+
+    func fetch() async throws(TokenFetchError) -> FetchedToken {
+        let number = shared.fetches.withLock { fetches in
+            fetches.append(values.description)
+            return fetches.count
+        }
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let proceed = shared.gate.withLock { gate in
+                if gate.open { return true }
+                gate.parked.append(continuation)
+                return false
+            }
+            if proceed { continuation.resume() }
+        }
+        if shared.fails { throw .unreachable("connection refused") }
+        // A token is visible ASCII: the values' spaces become `+`.
+        let named = String(values.description.map { $0 == " " ? "+" : $0 })
+        return FetchedToken(accessToken: "tok-\(number):\(named)", lifetime: .seconds(900))
+    }
+}
+
+/// The broker's template type, on the real clock.
+typealias LiveTemplate = ProviderTemplate<
+    TokenProvider<ContinuousClock>, TokenResponseCache<ContinuousClock.Instant>, ContinuousClock
+>
+
+/// A template `orders` taking audience and scope, made as the broker makes one.
+func liveTemplate(
+    name: String = "orders", maxChildren: Int = 100, perRequest: Set<RequestParameter> = [.audience, .scope],
+    backgroundRefresh: Bool = true, shared: ValuesSource.Shared
+) -> LiveTemplate {
+    var configuration = ProviderConfiguration(name: name, backgroundRefreshEnabled: backgroundRefresh)
+    configuration.perRequest = perRequest
+    if perRequest.contains(.audience) {
+        configuration.allowedAudiences = [
+            AllowPattern("https://orders.example")!, AllowPattern("https://api.example/*")!,
+        ]
+    }
+    if perRequest.contains(.scope) { configuration.allowedScopes = [AllowPattern("read")!, AllowPattern("write")!] }
+    configuration.maxChildren = maxChildren
+    let settings = configuration
+    return LiveTemplate(
+        configuration: settings, clock: ContinuousClock(),
+        makeChild: { values in TokenProvider(configuration: settings, source: ValuesSource(values, shared: shared)) },
+        attach: { TokenResponseCache(for: $0) })
+}
+
+/// Callers by key: `Bearer orders` may read `orders` only, `Bearer other` nothing.
+struct TemplateCallers: CallerAuthorizing {
+    func authorize(_ authorization: String?, provider: String) -> CallerDecision {
+        switch authorization {
+        case nil: .missingKey
+        case "Bearer orders": provider == "orders" ? .allowed : .forbidden(caller: "orders")
+        case "Bearer other": .forbidden(caller: "other")
+        default: .unknownKey
+        }
+    }
+}
+
+@Suite struct TemplateRoutesTests {
+    private func api(
+        providers: [TokenProvider<ContinuousClock>] = [], templates: [LiveTemplate], defaultName: String? = nil,
+        maxWait: Duration = .seconds(30), callers: (any CallerAuthorizing)? = nil,
+        metrics: BrokerMetrics = BrokerMetrics(version: "test")
+    ) -> TokenAPI<TokenProvider<ContinuousClock>> {
+        TokenAPI(
+            providers: providers, templates: templates, defaultName: defaultName, jwks: "{}", maxWait: maxWait,
+            callers: callers, metrics: metrics)
+    }
+
+    /// Runs the templates for the length of `body`, then stops them.
+    private func running<T>(_ templates: [LiveTemplate], _ body: () async throws -> T) async rethrows -> T {
+        let tasks = templates.map { template in Task { await template.run() } }
+        defer { for task in tasks { task.cancel() } }
+        return try await body()
+    }
+
+    /// Waits (at most 10 s) for a deferred answer; an immediate one is returned as it is.
+    private func answer(_ reply: HTTPReply) async -> HTTPResponse? {
+        let responder = RecordingResponder()
+        guard reply.start(responder) else { return reply.immediate }
+        _ = await eventually { !responder.responses.isEmpty }
+        return responder.responses.first
+    }
+
+    private func token(_ path: String, _ query: [(String, String)], headers: [(String, String)] = []) -> HTTPRequest {
+        request(path, query: query, headers: headers)
+    }
+
+    @Test func eachAudienceHasItsOwnChildWhoseFirstRequestWaitsForItsFirstToken() async {
+        let shared = ValuesSource.Shared()
+        let template = liveTemplate(shared: shared)
+        let api = api(templates: [template])
+        await running([template]) {
+            let first = api.handle(token("/providers/orders/token", [("audience", "https://orders.example")]))
+            #expect(first.immediate == nil, "a new child's first request waits for its token")
+            let orders = await answer(first)
+            #expect(orders?.status == 200)
+            #expect(orders?.string("access_token") == #"tok-1:audience="https://orders.example""#)
+            #expect(orders?.string("provider") == "orders" && orders?.int("version") == 1)
+            let other = await answer(
+                api.handle(token("/providers/orders/token", [("audience", "https://api.example/v2")])))
+            #expect(other?.string("access_token") == #"tok-2:audience="https://api.example/v2""#)
+            // Known children answer at once, from their own cache.
+            let again = api.handle(token("/providers/orders/token", [("audience", "https://orders.example")])).immediate
+            #expect(again?.status == 200 && again?.string("access_token") == orders?.string("access_token"))
+            let scoped = await answer(
+                api.handle(
+                    token("/providers/orders/token", [("audience", "https://orders.example"), ("scope", "write read")]))
+            )
+            #expect(
+                scoped?.string("access_token") == #"tok-3:audience="https://orders.example"+scope="read+write""#)
+            let sameSet = api.handle(
+                token("/providers/orders/token", [("scope", "read write"), ("audience", "https://orders.example")]))
+            #expect(sameSet.immediate?.string("access_token") == scoped?.string("access_token"))
+            #expect(shared.count == 3)
+            #expect(template.status().children == 3)
+        }
+    }
+
+    @Test func concurrentFirstRequestsShareTheChildsOneFetch() async {
+        let shared = ValuesSource.Shared(gated: true)
+        let template = liveTemplate(shared: shared)
+        let api = api(templates: [template])
+        await running([template]) {
+            var responders: [RecordingResponder] = []
+            for _ in 0..<50 {
+                let responder = RecordingResponder()
+                let reply = api.handle(token("/providers/orders/token", [("audience", "https://orders.example")]))
+                #expect(reply.start(responder), "deferred while the child has no token")
+                responders.append(responder)
+            }
+            #expect(await eventually { shared.parked == 1 })
+            shared.open()
+            #expect(await eventually { responders.allSatisfy { !$0.responses.isEmpty } })
+            let tokens = Set(responders.compactMap { $0.responses.first?.string("access_token") })
+            #expect(tokens == [#"tok-1:audience="https://orders.example""#])
+            #expect(shared.count == 1)
+        }
+    }
+
+    @Test func readyAndRefreshServeTheChildNamedByTheQuery() async {
+        let shared = ValuesSource.Shared()
+        let template = liveTemplate(shared: shared)
+        let api = api(templates: [template])
+        await running([template]) {
+            let ready = await answer(
+                api.handle(token("/providers/orders/token/ready", [("audience", "https://api.example/a")])))
+            #expect(
+                ready?.status == 200 && ready?.string("access_token") == #"tok-1:audience="https://api.example/a""#)
+            let refreshed = await answer(
+                api.handle(
+                    request(
+                        "POST", "/providers/orders/token/refresh", query: [("audience", "https://api.example/a")],
+                        body: #"{"rejected_version": 1}"#)))
+            #expect(refreshed?.status == 200)
+            #expect(refreshed?.string("access_token") == #"tok-2:audience="https://api.example/a""#)
+            #expect(refreshed?.int("version") == 2)
+            #expect(template.status().children == 1)
+        }
+    }
+
+    @Test func aTemplateFirstInTheConfigurationAnswersTheBareRoutesAndNoValueIsItsDefaultChild() async {
+        let shared = ValuesSource.Shared()
+        let template = liveTemplate(shared: shared)
+        let plain = TokenProvider(configuration: ProviderConfiguration(name: "plain"), source: CountingSource())
+        let plainTask = Task { await plain.run() }
+        defer { plainTask.cancel() }
+        let api = api(providers: [plain], templates: [template], defaultName: "orders")
+        await running([template]) {
+            let defaults = await answer(api.handle(token("/token", [])))
+            #expect(defaults?.string("access_token") == "tok-1:defaults")
+            let named = await answer(api.handle(token("/token", [("audience", "https://orders.example")])))
+            #expect(named?.string("access_token") == #"tok-2:audience="https://orders.example""#)
+            #expect(template.status().children == 2)
+            #expect(await eventually { plain.status().version == 1 })
+            #expect(api.handle(token("/providers/plain/token", [])).immediate?.string("access_token") == "tok-1")
+        }
+    }
+
+    @Test func valuesAreCheckedBeforeAnyChildIsMadeAndEachErrorNamesItsParameter() async {
+        let shared = ValuesSource.Shared()
+        let template = liveTemplate(perRequest: [.audience], shared: shared)
+        let plain = TokenProvider(configuration: ProviderConfiguration(name: "plain"), source: CountingSource())
+        let api = TokenAPI(
+            providers: [plain], templates: [AnyTemplate(template)], jwks: "{}", maxWait: .seconds(30),
+            metrics: BrokerMetrics(version: "test"))
+        await running([template]) {
+            let cases: [(String, [(String, String)], String, String)] = [
+                ("/providers/orders/token", [("audience", "https://evil.example")], "value_not_allowed", "audience"),
+                ("/providers/orders/token", [("audience", "https://api.example")], "value_not_allowed", "audience"),
+                ("/providers/orders/token/ready", [("audience", "")], "invalid_request", "audience"),
+                ("/providers/orders/token", [("audience", "https://api.example/a b")], "invalid_request", "audience"),
+                ("/providers/orders/token", [("scope", "read")], "invalid_request", "scope"),
+                ("/providers/orders/token", [("resource", "urn:x")], "invalid_request", "resource"),
+                ("/providers/plain/token", [("audience", "https://orders.example")], "invalid_request", "audience"),
+                ("/token", [("scope", "read")], "invalid_request", "scope"),
+            ]
+            for (path, query, code, parameter) in cases {
+                let response = api.handle(token(path, query)).immediate
+                expectError(response, 400, code)
+                #expect(response?.string("parameter") == parameter, "\(path) \(query)")
+            }
+            let refresh = api.handle(
+                request("POST", "/providers/orders/token/refresh", query: [("audience", "https://evil.example")]))
+            expectError(refresh.immediate, 400, "value_not_allowed")
+            let repeated = api.handle(
+                token(
+                    "/providers/orders/token",
+                    [("audience", "https://orders.example"), ("audience", "https://orders.example")])
+            ).immediate
+            expectError(repeated, 400, "invalid_request")
+            #expect(repeated?.string("error_description") == "audience is given more than once")
+            #expect(template.status().children == 0, "no child for a refused value")
+            #expect(shared.count == 0, "and no fetch")
+        }
+    }
+
+    @Test func pastMaxChildrenANewChildIs503WithRetryAfterAndKnownChildrenStillAnswer() async {
+        let shared = ValuesSource.Shared()
+        let template = liveTemplate(maxChildren: 1, shared: shared)
+        let metrics = BrokerMetrics(version: "test")
+        let api = api(templates: [template], metrics: metrics)
+        await running([template]) {
+            let first = await answer(
+                api.handle(token("/providers/orders/token", [("audience", "https://api.example/1")])))
+            #expect(first?.status == 200)
+            let refused = api.handle(token("/providers/orders/token", [("audience", "https://api.example/2")]))
+                .immediate
+            // childIdleSec is 3600 and the only child was read moments ago (the exact time is the
+            // template's tests', on a manual clock).
+            #expect(refused?.status == 503 && refused?.errorCode == "too_many_children")
+            #expect((3500...3600).contains(Int(refused?.header("Retry-After") ?? "") ?? 0))
+            #expect(refused?.string("error_description")?.contains("at most 1 children (maxChildren)") == true)
+            #expect(shared.count == 1)
+            let known = api.handle(token("/providers/orders/token", [("audience", "https://api.example/1")])).immediate
+            #expect(known?.status == 200)
+            #expect(
+                metrics.render(statuses: []).contains(
+                    #"token_broker_http_requests_total{listener="token",route="/providers/{name}/token",code="503"} 1"#)
+            )
+        }
+    }
+
+    @Test func aFirstWaitThatEndsWithoutATokenIsTheUsual503() async {
+        let shared = ValuesSource.Shared(fails: true)
+        let template = liveTemplate(shared: shared)
+        let api = api(templates: [template], maxWait: .seconds(1))
+        await running([template]) {
+            let reply = api.handle(token("/providers/orders/token", [("audience", "https://orders.example")]))
+            #expect(reply.immediate == nil)
+            let response = await answer(reply)
+            expectError(response, 503, "token_unavailable", headers: ["Retry-After": "1"])
+            #expect(response?.string("error_description")?.contains("unreachable") == true)
+        }
+    }
+
+    @Test func callerKeysAllowedTheTemplateAreAllowedItsChildren() async {
+        let shared = ValuesSource.Shared()
+        let template = liveTemplate(shared: shared)
+        let api = api(templates: [template], callers: TemplateCallers())
+        await running([template]) {
+            let query = [("audience", "https://orders.example")]
+            let allowed = await answer(
+                api.handle(token("/providers/orders/token", query, headers: [("Authorization", "Bearer orders")])))
+            #expect(allowed?.status == 200)
+            // Refused callers make no child, whatever they ask.
+            let other = api.handle(
+                token(
+                    "/providers/orders/token", [("audience", "https://api.example/x")],
+                    headers: [("Authorization", "Bearer other")])
+            ).immediate
+            expectError(other, 403, "provider_not_allowed")
+            expectError(
+                api.handle(token("/providers/orders/token", [("audience", "https://api.example/y")])).immediate, 401,
+                "missing_caller_key", headers: ["WWW-Authenticate": "Bearer realm=\"token-broker\""])
+            #expect(template.status().children == 1 && shared.count == 1)
+        }
+    }
+
+    @Test func aStoppedTemplateAnswersShuttingDown() {
+        let template = liveTemplate(shared: ValuesSource.Shared())
+        let api = api(templates: [template])
+        template.shutDown()
+        expectError(
+            api.handle(token("/providers/orders/token", [("audience", "https://orders.example")])).immediate, 503,
+            "shutting_down", headers: ["Retry-After": "1"])
+    }
+}
+
+/// A template seen only through `TemplateProviding`, as the routes see any template.
+final class AnyTemplate: TemplateProviding {
+    typealias Provider = TokenProvider<ContinuousClock>
+    private let template: LiveTemplate
+
+    init(_ template: LiveTemplate) { self.template = template }
+
+    var name: String { template.name }
+    var configuration: ProviderConfiguration { template.configuration }
+    func status() -> TemplateStatus { template.status() }
+    func child(for values: TokenRequestValues) -> Result<
+        (child: Provider, attachment: TokenResponseCache<Provider.Instant>), ChildRefusal
+    > { template.child(for: values) }
+}

@@ -1,0 +1,292 @@
+// A provider template's children on a manual clock: made once per combination of values under
+// concurrent first requests, refused past maxChildren, dropped once idle (and only then), kept
+// while held or waited on, and all stopped by shutDown.
+import Synchronization
+import Testing
+import TokenBrokerTestSupport
+
+@testable import TokenBrokerCore
+
+/// A template over real providers on a manual clock, counting what it reports.
+private final class TemplateFixture: Sendable {
+    typealias Child = TokenProvider<ManualClock>
+    typealias Template = ProviderTemplate<Child, Int, ManualClock>
+
+    let clock = ManualClock()
+    let source: ScriptedSource
+    let template: Template
+    /// Children made so far (a racing first request may make one that is never used).
+    let made = Lock(0)
+    let events = Lock<[String]>([])
+
+    init(
+        maxChildren: Int = 100, childIdleSec: Int = 60, fetchTimeoutSec: Int? = nil,
+        source: ScriptedSource = ScriptedSource()
+    ) {
+        var configuration = ProviderConfiguration(name: "orders", fetchTimeoutSec: fetchTimeoutSec)
+        configuration.perRequest = [.audience, .scope]
+        configuration.allowedAudiences = [AllowPattern("https://*")!]
+        configuration.allowedScopes = [AllowPattern("read")!, AllowPattern("write")!]
+        configuration.maxChildren = maxChildren
+        configuration.childIdleSec = childIdleSec
+        self.source = source
+        let settings = configuration
+        let clock = clock
+        let made = made
+        let events = events
+        template = Template(
+            configuration: settings, clock: clock,
+            makeChild: { _ in
+                made.withLock { $0 += 1 }
+                return Child(configuration: settings, source: source, clock: clock, jitter: .fixed(0.5))
+            },
+            attach: { _ in made.withLock { $0 } },
+            events: TemplateEvents(
+                made: { name, values in events.withLock { $0.append("made \(name) \(values)") } },
+                dropped: { name, values in events.withLock { $0.append("dropped \(name) \(values)") } },
+                refused: { name, values in events.withLock { $0.append("refused \(name) \(values)") } }))
+    }
+
+    /// The child for the audience `https://<name>`, which must be given.
+    func child(_ name: String) -> Child? {
+        try? template.child(for: TokenRequestValues(audience: "https://\(name)")).get().child
+    }
+
+    var children: Int { template.status().children }
+}
+
+@Suite struct ProviderTemplateTests {
+    private func audience(_ name: String) -> TokenRequestValues { TokenRequestValues(audience: "https://\(name)") }
+
+    @Test func concurrentFirstRequestsForTheSameValuesShareOneChildAndOneFetch() async {
+        let fixture = TemplateFixture(source: ScriptedSource(gated: true))
+        let service = Task { await fixture.template.run() }
+        defer { service.cancel() }
+        let outcomes = await withTaskGroup(of: (ObjectIdentifier?, UInt64?).self) { group in
+            for _ in 0..<200 {
+                group.addTask {
+                    guard let child = fixture.child("orders.example") else { return (nil, nil) }
+                    guard case .token(let token, _) = await child.onTokenReady(timeout: .seconds(60)) else {
+                        return (ObjectIdentifier(child), nil)
+                    }
+                    return (ObjectIdentifier(child), token.version)
+                }
+            }
+            #expect(await eventually { fixture.template.status().waiters == 200 })
+            fixture.source.open()
+            return await group.reduce(into: [(ObjectIdentifier?, UInt64?)]()) { $0.append($1) }
+        }
+        #expect(outcomes.count == 200)
+        #expect(Set(outcomes.map(\.0)).count == 1 && outcomes[0].0 != nil, "one child for every request")
+        #expect(outcomes.allSatisfy { $0.1 == 1 }, "every request gets the first token")
+        #expect(fixture.source.fetchCount == 1)
+        #expect(fixture.children == 1)
+        #expect(fixture.events.withLock { $0 } == [#"made orders audience="https://orders.example""#])
+    }
+
+    @Test func scopeSetsInAnyOrderAreOneChildAndOtherValuesAnother() throws {
+        let fixture = TemplateFixture()
+        let configuration = fixture.template.configuration
+        func checked(_ scope: String, audience: String? = nil) throws -> TokenRequestValues {
+            try TokenRequestValues.checked(audience: audience, scope: scope, resource: nil, for: configuration).get()
+        }
+        let first = try fixture.template.child(for: checked("read write")).get().child
+        let second = try fixture.template.child(for: checked("write read")).get().child
+        let repeated = try fixture.template.child(for: checked("write read write")).get().child
+        #expect(first === second && first === repeated)
+        let other = try fixture.template.child(for: checked("read")).get().child
+        let withAudience = try fixture.template.child(for: checked("read", audience: "https://a")).get().child
+        #expect(other !== first && withAudience !== other)
+        #expect(fixture.children == 3)
+        fixture.template.shutDown()
+    }
+
+    @Test func pastMaxChildrenANewChildIsRefusedWithTheTimeTheEarliestCouldBeDropped() {
+        let fixture = TemplateFixture(maxChildren: 2, childIdleSec: 60)
+        #expect(fixture.child("a") != nil)
+        fixture.clock.advance(by: .seconds(10))
+        #expect(fixture.child("b") != nil)
+        fixture.clock.advance(by: .seconds(5))
+        // "a" was read at 0, so it could go at 60: 45 s from now.
+        #expect(
+            fixture.template.child(for: audience("c")).map { _ in () }
+                == .failure(
+                    .full(limit: 2, retryAfter: .seconds(45))))
+        // Known values are still served, and reading "a" moves the earliest drop to "b"'s, at 70.
+        #expect(fixture.child("a") != nil)
+        #expect(
+            fixture.template.child(for: audience("c")).map { _ in () }
+                == .failure(
+                    .full(limit: 2, retryAfter: .seconds(55))))
+        #expect(fixture.children == 2)
+        #expect(fixture.events.withLock { $0.filter { $0.hasPrefix("refused") }.count } == 2)
+        #expect(fixture.made.withLock { $0 } == 2, "nothing is made for a refused request")
+        fixture.template.shutDown()
+    }
+
+    @Test func whenEveryChildIsHeldTheRefusalSaysChildIdleSecAndAtLeastOneSecond() {
+        let fixture = TemplateFixture(maxChildren: 1, childIdleSec: 60)
+        #expect((try? fixture.template.hold(audience("a")).get()) != nil)
+        #expect(
+            fixture.template.child(for: audience("b")).map { _ in () }
+                == .failure(
+                    .full(limit: 1, retryAfter: .seconds(60))))
+        fixture.template.release(audience("a"))
+        fixture.clock.advance(by: .seconds(60))
+        // Due now, not yet swept: a retry in at least one second, never zero.
+        #expect(
+            fixture.template.child(for: audience("b")).map { _ in () }
+                == .failure(
+                    .full(limit: 1, retryAfter: .seconds(1))))
+        fixture.template.shutDown()
+    }
+
+    @Test func anIdleChildIsDroppedAtExactlyChildIdleSecAndAReadPostponesIt() async {
+        let fixture = TemplateFixture(childIdleSec: 60)
+        guard let first = fixture.child("a") else {
+            Issue.record("no child")
+            return
+        }
+        #expect(fixture.child("b") != nil)
+        fixture.clock.advance(by: .seconds(30))
+        #expect(fixture.child("b") === fixture.child("b"))  // "b" read at 30
+        fixture.clock.advance(by: .seconds(29))
+        fixture.template.sweep()
+        #expect(fixture.children == 2, "not before childIdleSec")
+        fixture.clock.advance(by: .seconds(1))
+        fixture.template.sweep()
+        #expect(fixture.children == 1, "\"a\" at exactly childIdleSec")
+        // The dropped child is shut down: a wait on it ends at once.
+        guard case .shuttingDown = await first.onTokenReady(timeout: .seconds(5)) else {
+            Issue.record("the dropped child still runs")
+            return
+        }
+        fixture.clock.advance(by: .seconds(29))
+        fixture.template.sweep()
+        #expect(fixture.children == 1, "\"b\" was read at 30")
+        fixture.clock.advance(by: .seconds(1))
+        fixture.template.sweep()
+        #expect(fixture.children == 0)
+        #expect(
+            fixture.events.withLock { $0.filter { $0.hasPrefix("dropped") } } == [
+                #"dropped orders audience="https://a""#, #"dropped orders audience="https://b""#,
+            ])
+        // A dropped child's values make a new child when asked for again.
+        #expect(fixture.child("a") !== first && fixture.children == 1)
+        fixture.template.shutDown()
+    }
+
+    @Test func theTemplatesTimerDropsIdleChildrenOnItsOwn() async {
+        let fixture = TemplateFixture(childIdleSec: 60)
+        let service = Task { await fixture.template.run() }
+        defer { service.cancel() }
+        #expect(fixture.child("a") != nil)
+        fixture.clock.advance(by: .seconds(59))
+        try? await Task.sleep(for: .milliseconds(50))
+        #expect(fixture.children == 1)
+        fixture.clock.advance(by: .seconds(1))
+        #expect(await eventually { fixture.children == 0 })
+        // And again for a child made later, with the timer re-armed.
+        #expect(fixture.child("b") != nil)
+        fixture.clock.advance(by: .seconds(60))
+        #expect(await eventually { fixture.children == 0 })
+    }
+
+    @Test func aHeldChildIsNeverDroppedUntilReleased() {
+        let fixture = TemplateFixture(childIdleSec: 60)
+        let held = try? fixture.template.hold(audience("a")).get()
+        #expect(held != nil)
+        // A read finds the held child.
+        #expect(fixture.child("a") === held)
+        fixture.clock.advance(by: .seconds(86_400))
+        fixture.template.sweep()
+        #expect(fixture.children == 1)
+        #expect(fixture.template.status().held.count == 1)
+        fixture.template.release(audience("a"))
+        fixture.clock.advance(by: .seconds(59))
+        fixture.template.sweep()
+        #expect(fixture.children == 1, "idle time starts at the release")
+        fixture.clock.advance(by: .seconds(1))
+        fixture.template.sweep()
+        #expect(fixture.children == 0)
+        fixture.template.shutDown()
+    }
+
+    @Test func aChildWithAWaiterIsNotDroppedAndItsIdleTimeStartsAgain() async {
+        let fixture = TemplateFixture(childIdleSec: 60, fetchTimeoutSec: 600, source: ScriptedSource(gated: true))
+        guard let child = fixture.child("a") else {
+            Issue.record("no child")
+            return
+        }
+        let waiter = Task { await child.onTokenReady(timeout: .seconds(500)) }
+        #expect(await eventually { child.status().waiters == 1 })
+        fixture.clock.advance(by: .seconds(60))
+        fixture.template.sweep()
+        #expect(fixture.children == 1, "a long-poll in progress is a read")
+        fixture.source.open()
+        guard case .token = await waiter.value else {
+            Issue.record("the waiter got no token")
+            return
+        }
+        fixture.clock.advance(by: .seconds(59))
+        fixture.template.sweep()
+        #expect(fixture.children == 1, "idle from the sweep that found the waiter")
+        fixture.clock.advance(by: .seconds(1))
+        fixture.template.sweep()
+        #expect(fixture.children == 0)
+        fixture.template.shutDown()
+    }
+
+    @Test func shutDownEndsRunAndEveryChildAndRefusesLaterRequests() async {
+        let fixture = TemplateFixture(source: ScriptedSource(gated: true))
+        let ended = Mutex(false)
+        let service = Task {
+            await fixture.template.run()
+            ended.withLock { $0 = true }
+        }
+        let children = ["a", "b", "c"].compactMap { fixture.child($0) }
+        #expect(children.count == 3)
+        let waiter = Task { await children[1].onTokenReady(timeout: .seconds(500)) }
+        #expect(await eventually { children[1].status().waiters == 1 })
+        fixture.template.shutDown()
+        guard case .shuttingDown = await waiter.value else {
+            Issue.record("the waiter was not answered")
+            return
+        }
+        // Each child's fetch is parked at the gate: run() waits for them to end.
+        fixture.source.open()
+        #expect(await eventually { ended.withLock { $0 } })
+        await service.value
+        for child in children {
+            guard case .shuttingDown = await child.onTokenReady(timeout: .seconds(5)) else {
+                Issue.record("a child still runs")
+                continue
+            }
+        }
+        #expect(fixture.template.child(for: audience("a")).map { _ in () } == .failure(.stopped))
+        #expect(fixture.template.hold(audience("d")).map { _ in () } == .failure(.stopped))
+        #expect(fixture.children == 0)
+    }
+
+    @Test func statusCountsChildrenReadyChildrenAndWaiters() async {
+        let fixture = TemplateFixture()
+        let service = Task { await fixture.template.run() }
+        defer { service.cancel() }
+        #expect(fixture.child("a") != nil)
+        #expect((try? fixture.template.hold(audience("b")).get()) != nil)
+        #expect(await eventually { fixture.template.status().ready == 2 })
+        let status = fixture.template.status()
+        #expect(status.name == "orders" && status.children == 2 && status.maxChildren == 100)
+        #expect(status.held.count == 1 && status.heldReady)
+    }
+}
+
+extension Result where Success == Void, Failure == ChildRefusal {
+    fileprivate static func == (lhs: Self, rhs: Self) -> Bool {
+        switch (lhs, rhs) {
+        case (.success, .success): true
+        case (.failure(let left), .failure(let right)): left == right
+        default: false
+        }
+    }
+}
