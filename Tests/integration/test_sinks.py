@@ -76,10 +76,10 @@ def read(path):
 
 
 def sink_writes(broker, success=True):
-    """token_broker_sink_writes_total for the provider `default`: successes, or every other result."""
+    """token_broker_sink_writes_total for the provider `default`: `result="ok"`, or every other result."""
     return sum(value for (name, labels), value in broker.metrics().items()
                if name == "token_broker_sink_writes_total" and ("provider", "default") in labels
-               and (("result", "success") in labels) == success)
+               and (("result", "ok") in labels) == success)
 
 
 def refresh(broker, version):
@@ -225,6 +225,28 @@ def test_the_bare_token_format_has_no_newline(tmp_key, sink_dir):
             assert handle.read() == broker.get_json("/token")[0]["access_token"].encode()
 
 
+def test_a_provider_read_only_by_its_sink_keeps_refreshing_instead_of_pausing(tmp_key, sink_dir):
+    """A provider pauses after tokenRefreshDelaySec without reads (test_http_api); its sink must
+    keep it fresh, or the file would hold an expired token."""
+    path = str(sink_dir / "default.token")
+    provider = signer(tmp_key, tokenRefreshDelaySec=1)
+    provider["source"]["lifetimeSec"] = 4
+    config = {"providers": [provider], "sinks": [{"provider": "default", "path": path, "format": "token", "mode": "0600"}]}
+    with Broker(config) as broker:
+        seen = set()
+
+        def renewed_twice():
+            token = read(path)
+            if token:
+                seen.add(token)
+            return len(seen) >= 3
+
+        assert wait_until(renewed_twice, timeout=30, interval=0.1), f"{len(seen)} token(s) in the file"
+        assert broker.metric("token_broker_provider_state", provider="default", state="paused") == 0
+        claims = jwt.decode(read(path), options={"verify_signature": False})
+        assert claims["exp"] > time.time() - 1
+
+
 def test_a_sink_for_a_template_child_writes_that_child_s_token(issuer, sink_dir):
     audience = "https://orders.example/"
     path = str(sink_dir / "orders.token")
@@ -333,6 +355,21 @@ def test_a_bad_sink_is_refused_at_start_naming_the_key(tmp_path, sink, key):
     result = run_broker("--check-config", "--config", str(config))
     assert result.returncode == 2, result.stdout + result.stderr
     assert "sinks[0]" in result.stderr and key in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("case", ["the same path twice", "a provider without background refresh"])
+def test_sinks_that_could_not_work_are_refused_at_start(tmp_path, case):
+    directory = tmp_path / "run"
+    directory.mkdir(mode=0o700)
+    sink = {"provider": "default", "path": str(directory / "t"), "format": "token", "mode": "0600"}
+    if case == "the same path twice":
+        config = {"sinks": [sink, {**sink, "format": "json"}]}
+    else:
+        config = {"providers": [{"name": "default", "backgroundRefreshEnabled": False}], "sinks": [sink]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    result = run_broker("--check-config", "--config", str(tmp_path / "config.json"))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "sinks[" in result.stderr, result.stderr
 
 
 def test_a_sink_s_values_must_pass_the_template_s_allow_list(tmp_path, sink_dir):

@@ -201,7 +201,7 @@ def test_an_http_source_gets_the_values_through_its_placeholders(issuer):
     provider = {"name": "custom", "perRequest": ["audience", "scope"],
                 "allowedAudiences": ["orders", "billing"], "allowedScopes": ["read", "write"],
                 "source": {"type": "http", "url": issuer.base + "/custom/token?aud={{audience}}", "method": "POST",
-                           "headers": {"X-Api-Key": API_KEY, "X-Scope": "{{scope}}"},
+                           "headers": {"X-Api-Key": API_KEY, "X-Scope": "{{scope}}", "Content-Type": "application/json"},
                            "body": '{"audience": "{{audience}}", "scope": "{{scope}}"}',
                            "tokenPointer": "/data/token", "expiresInPointer": "/data/ttl"}}
     with Broker({"providers": [provider]}) as broker:
@@ -443,6 +443,29 @@ def test_a_bad_template_configuration_is_refused_at_start_naming_the_key(tmp_pat
         result = run_broker(*args, env={"TOKEN_BROKER_LISTEN": "127.0.0.1:0", "TOKEN_BROKER_ADMIN_LISTEN": "127.0.0.1:0"})
         assert result.returncode == 2, (args, result.stdout, result.stderr)
         assert key in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("url,per_request", [
+    ("http://127.0.0.1:9/token?aud={{tenant}}", ["audience"]),
+    ("http://127.0.0.1:9/token?aud={{audience", ["audience"]),
+    ("http://127.0.0.1:9/token?res={{resource}}", ["audience"]),
+])
+def test_an_http_source_s_unknown_or_unrequested_placeholder_is_refused_naming_the_key(tmp_path, url, per_request):
+    provider = {"name": "t", "perRequest": per_request, "allowedAudiences": ["a"], "source": {"type": "http", "url": url}}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"providers": [provider]}))
+    result = run_broker("--check-config", "--config", str(path))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "providers[0].source.url" in result.stderr, result.stderr
+
+
+def test_a_proxy_cannot_use_a_template(tmp_path, issuer):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"providers": [oauth_template(issuer)],
+                                "proxies": [{"name": "orders-api", "target": "http://127.0.0.1:9/api"}]}))
+    result = run_broker("--check-config", "--config", str(path))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "proxies[0]" in result.stderr, result.stderr
 
 
 def test_a_good_template_configuration_passes_the_check(tmp_path, issuer):
