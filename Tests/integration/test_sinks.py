@@ -243,8 +243,6 @@ def test_a_provider_read_only_by_its_sink_keeps_refreshing_instead_of_pausing(tm
 
         assert wait_until(renewed_twice, timeout=30, interval=0.1), f"{len(seen)} token(s) in the file"
         assert broker.metric("token_broker_provider_state", provider="default", state="paused") == 0
-        claims = jwt.decode(read(path), options={"verify_signature": False})
-        assert claims["exp"] > time.time() - 1
 
 
 def test_a_sink_for_a_template_child_writes_that_child_s_token(issuer, sink_dir):

@@ -296,10 +296,12 @@ def test_parameters_a_provider_does_not_take_and_repeated_ones_get_invalid_reque
             ("/providers/orders/token" + query(scope="read"), "scope"),
             ("/providers/plain/token" + query(audience=AUDIENCES[0]), "audience"),
             ("/providers/plain/token/ready" + query(audience=AUDIENCES[0]), "audience"),
-            (f"/providers/orders/token{query(audience=AUDIENCES[0])}&audience={quote(AUDIENCES[1], safe='')}", "audience"),
         ]:
             document, _ = error(broker, path)
             assert document["error"] == "invalid_request" and document["parameter"] == parameter, (path, document)
+        # A parameter given twice is refused as any repeated parameter is.
+        document, _ = error(broker, f"/providers/orders/token{query(audience=AUDIENCES[0])}&audience={quote(AUDIENCES[1], safe='')}")
+        assert document["error"] == "invalid_request" and "audience" in document["error_description"], document
         assert issuer.token_requests(since=started) == []
         assert template_readiness(broker)["children"] == 0
 
@@ -337,6 +339,8 @@ def test_a_child_whose_first_fetch_fails_answers_503_after_waiting_then_recovers
             assert int(headers["retry-after"]) >= 1
             readiness = template_readiness(broker)
             assert readiness["children"] == 1 and readiness["ready"] == 0
+            assert broker.request("GET", "/readyz", listener="admin")[0] == 200, \
+                "a child made by a request, failing, does not make the broker unready"
         finally:
             issuer.fault("none")
         # The child retries on its own policy (maxErrorTokenRefreshDelayMsec 500 ms).
