@@ -53,7 +53,8 @@ class Broker:
     # Every broker started, for the teardown's check.
     started = []
 
-    def __init__(self, config=None, env=None, args=(), listen="127.0.0.1:0", admin="127.0.0.1:0", binary=None):
+    def __init__(self, config=None, env=None, args=(), listen="127.0.0.1:0", admin="127.0.0.1:0", binary=None, umask=-1):
+        """`umask`, when not -1, is the broker's file-creation mask (the files it writes, token files among them)."""
         self.workdir = tempfile.mkdtemp(prefix="token-broker-it-")
         self.log_path = os.path.join(self.workdir, "stderr.log")
         command = [binary or BINARY, *args]
@@ -69,7 +70,7 @@ class Broker:
             environment["TOKEN_BROKER_ADMIN_LISTEN"] = admin
         environment.update(env or {})
         self.log = open(self.log_path, "w+")
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=self.log, env=environment)
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=self.log, env=environment, umask=umask)
         self.checked = False
         Broker.started.append(self)
         self.addresses = self._wait_for_listeners()
@@ -93,14 +94,16 @@ class Broker:
         most tests want a token at once: a release build has it a few milliseconds after it
         listens, but on a loaded machine, or in a sanitizer build (up to twenty times slower), a
         test's first request could come first. Never failing: a fetch that takes longer leaves
-        the test to find out.
+        the test to find out. A template (`perRequest`) fetches nothing at start: its children are
+        made on request, and each child's first request waits for its first token.
         """
         providers = (config or {}).get("providers") if isinstance(config, dict) else None
         providers = providers or [{}]
         if not isinstance(providers, list) or not all(isinstance(provider, dict) for provider in providers):
             return
         names = [provider.get("name", "default") for provider in providers
-                 if provider.get("backgroundRefreshEnabled", True) and not provider.get("pauseWhenIdle", False)]
+                 if provider.get("backgroundRefreshEnabled", True) and not provider.get("pauseWhenIdle", False)
+                 and not provider.get("perRequest")]
         fetched = [re.compile(rf'msg="token fetch(ed| failed)" provider={re.escape(str(name))}( |$)', re.M) for name in names]
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self.process.poll() is None:

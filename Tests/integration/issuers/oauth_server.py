@@ -10,7 +10,7 @@ Serves on 127.0.0.1 only, and prints `listening 127.0.0.1:PORT` once ready. Rout
 - `POST /pkjwt/token`: a small endpoint for `private_key_jwt` (RFC 7523), which
   django-oauth-toolkit does not support: it verifies the client assertion with PyJWT against
   the public key given by `--pkjwt-key client_id:public.pem`, and issues a random token;
-- `GET /custom/token`: a generic JSON token service, `{"data": {"token": …, "ttl": …}}`, that
+- `GET|POST /custom/token`: a generic JSON token service, `{"data": {"token": …, "ttl": …}}`, that
   wants the header `X-Api-Key` (`--api-key`);
 - `GET /stats`: how many token requests each route answered, by status: counted at the issuer;
 - `POST /faults` `{"mode": M, "retry_after": S}`: makes `/o/token/` misbehave until mode `none`:
@@ -18,9 +18,21 @@ Serves on 127.0.0.1 only, and prints `listening 127.0.0.1:PORT` once ready. Rout
   (headers at once, then the body a byte every 0.2 s), `5xx` (503), `429` (with `Retry-After: S`),
   `garbage` (200 with a body that is not JSON);
 - `POST /rotate` `{"client_id": C, "secret": S}`: gives a client a new secret, as an operator would;
-- `GET /attempts`: the arrival time (`time.time()`) and outcome of every `/o/token/` request.
+- `GET /attempts`: the arrival time (`time.time()`) and outcome of every `/o/token/` request;
+- `GET /token-requests`: what each token request asked for and got, for the tests of provider
+  templates: per `/o/token/` request that reached django-oauth-toolkit, its form's `audience`,
+  `scope` and `resource` values (lists: a field may repeat), the status, the scope issued and the
+  SHA-256 (hex) of the access token issued; per `/custom/token` request, its query, its `X-…`
+  headers but the API key, its body and the SHA-256 of the token issued. Never a secret.
+
+django-oauth-toolkit ignores form fields it does not know (`audience`), checks `scope` against
+SCOPES, and keeps `resource` (RFC 8707, an absolute URI) on the token it issues. Token requests
+are answered one at a time: SQLite takes one writer at once, and a "database is locked" 500
+under concurrent requests would be a retry the tests would count as a second fetch.
 """
 import argparse
+import hashlib
+import io
 import json
 import os
 import secrets
@@ -28,6 +40,7 @@ import sys
 import threading
 import time
 from socketserver import ThreadingMixIn
+from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import django
@@ -51,7 +64,7 @@ settings.configure(
     ROOT_URLCONF=__name__,
     DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": options.db}},
     USE_TZ=True,
-    OAUTH2_PROVIDER={"ACCESS_TOKEN_EXPIRE_SECONDS": options.lifetime, "SCOPES": {"read": "read", "api": "api"}},
+    OAUTH2_PROVIDER={"ACCESS_TOKEN_EXPIRE_SECONDS": options.lifetime, "SCOPES": {"read": "read", "write": "write", "api": "api"}},
     LOGGING_CONFIG=None,
     # Client secrets are stored hashed; Django 5.2's PBKDF2 (a million rounds) takes about half a
     # second per client authentication here, as long as the fault tests' upstream timeout. The
@@ -73,6 +86,9 @@ STATS_LOCK = threading.Lock()
 SEEN_JTI = set()
 FAULT = {"mode": "none", "retry_after": 1}
 ATTEMPTS = []
+TOKEN_REQUESTS = []
+# One token request at a time reaches django-oauth-toolkit (see the module's doc comment).
+ISSUING = threading.Lock()
 
 
 def count(route, status):
@@ -116,12 +132,25 @@ def pkjwt_token(request):
     return JsonResponse({"access_token": secrets.token_urlsafe(24), "token_type": "bearer", "expires_in": options.lifetime})
 
 
+def sha256(text):
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@csrf_exempt
 def custom_token(request):
+    record = {"at": time.time(), "route": "custom", "method": request.method, "query": {k: request.GET.getlist(k) for k in request.GET},
+              "headers": {k: v for k, v in request.headers.items() if k.lower().startswith("x-") and k.lower() != "x-api-key"},
+              "body": request.body.decode(errors="replace")}
     if not options.api_key or request.headers.get("X-Api-Key") != options.api_key:
         count("custom", 403)
+        with STATS_LOCK:
+            TOKEN_REQUESTS.append({**record, "status": 403})
         return HttpResponse(status=403)
     count("custom", 200)
-    return JsonResponse({"data": {"token": "custom-" + secrets.token_urlsafe(16), "ttl": options.lifetime}})
+    token = "custom-" + secrets.token_urlsafe(16)
+    with STATS_LOCK:
+        TOKEN_REQUESTS.append({**record, "status": 200, "token_sha256": sha256(token)})
+    return JsonResponse({"data": {"token": token, "ttl": options.lifetime}})
 
 
 def stats(request):
@@ -153,6 +182,11 @@ def attempts(request):
         return JsonResponse({"attempts": ATTEMPTS})
 
 
+def token_requests(request):
+    with STATS_LOCK:
+        return JsonResponse({"requests": TOKEN_REQUESTS})
+
+
 urlpatterns = [
     path("o/", include("oauth2_provider.urls", namespace="oauth2_provider")),
     path("api/hello", Hello.as_view()),
@@ -162,6 +196,7 @@ urlpatterns = [
     path("faults", faults),
     path("rotate", rotate),
     path("attempts", attempts),
+    path("token-requests", token_requests),
 ]
 
 
@@ -174,19 +209,52 @@ def counting(application):
             return application(environ, start_response)
         with STATS_LOCK:
             mode, retry_after = FAULT["mode"], FAULT["retry_after"]
-            ATTEMPTS.append([time.time(), mode])
+            attempt = [time.time(), mode]
+            ATTEMPTS.append(attempt)
         if mode != "none":
             count("oauth2", mode)
             return play(mode, retry_after, environ, start_response)
 
+        form = read_form(environ)
+        answer = {}
+
         def start(status, headers, exc_info=None):
             count("oauth2", int(status.split()[0]))
-            ATTEMPTS[-1][1] = int(status.split()[0])
+            attempt[1] = answer["status"] = int(status.split()[0])
             return start_response(status, headers, exc_info)
 
-        return application(environ, start)
+        with ISSUING:
+            body = b"".join(application(environ, start))
+        record_token_request(attempt[0], form, answer.get("status"), body)
+        return [body]
 
     return wrapped
+
+
+def read_form(environ):
+    """The token request's form fields, read from its body, which is then handed on unread."""
+    try:
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        length = 0
+    body = environ["wsgi.input"].read(length) if length > 0 else b""
+    environ["wsgi.input"] = io.BytesIO(body)
+    return parse_qs(body.decode("latin-1"), keep_blank_values=True)
+
+
+def record_token_request(at, form, status, body):
+    """Keeps what a token request asked for (`audience`, `scope`, `resource`) and what it got."""
+    record = {"at": at, "route": "oauth2", "status": status,
+              "audience": form.get("audience", []), "scope": form.get("scope", []), "resource": form.get("resource", [])}
+    try:
+        issued = json.loads(body)
+    except ValueError:
+        issued = {}
+    if isinstance(issued, dict) and isinstance(issued.get("access_token"), str):
+        record["token_sha256"] = sha256(issued["access_token"])
+        record["issued_scope"] = issued.get("scope")
+    with STATS_LOCK:
+        TOKEN_REQUESTS.append(record)
 
 
 def play(mode, retry_after, environ, start_response):

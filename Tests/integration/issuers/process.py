@@ -61,6 +61,17 @@ class OAuthServer:
         with urllib.request.urlopen(self.base + "/attempts", timeout=5) as response:
             return [(at, outcome) for at, outcome in json.load(response)["attempts"] if at >= since]
 
+    def token_requests(self, route="oauth2", since=0.0):
+        """What each token request to `route` (`oauth2`, `custom`) that arrived after `since` asked
+        for and got, oldest first: dicts, see `GET /token-requests` in oauth_server.py."""
+        with urllib.request.urlopen(self.base + "/token-requests", timeout=5) as response:
+            found = json.load(response)["requests"]
+        return sorted((r for r in found if r["route"] == route and r["at"] >= since), key=lambda r: r["at"])
+
+    def issued(self, route="oauth2"):
+        """{SHA-256 hex of an access token: the request it was issued for}."""
+        return {r["token_sha256"]: r for r in self.token_requests(route) if "token_sha256" in r}
+
     def get(self, path, token=None):
         request = urllib.request.Request(self.base + path, headers={"Authorization": f"Bearer {token}"} if token else {})
         try:

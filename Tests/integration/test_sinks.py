@@ -1,0 +1,380 @@
+"""Token files (`sinks`): each new token written atomically, with a mode never wider than asked.
+
+A reader thread loops over a token file while the broker replaces it, as a program that reads its
+token from a file would, and checks every read: never a missing, empty, partial (a local signer's
+token is verified whole by PyJWT) or wrongly-moded file.
+"""
+import hashlib
+import json
+import os
+import re
+import stat
+import threading
+import time
+from urllib.parse import quote
+
+import jwt
+import pytest
+
+from broker import Broker, run_broker
+from issuers.process import OAuthServer
+from test_http_api import wait_until
+
+SECRET = "sink-secret-for-tests"
+# The failing-issuer test watches a token expire; the others want no refresh while they look.
+SHORT_LIFETIME = 6
+LONG_LIFETIME = 300
+
+
+@pytest.fixture(scope="module")
+def short_issuer(tmp_path_factory):
+    server = OAuthServer(str(tmp_path_factory.mktemp("sinks-short")), {"sink": SECRET}, lifetime=SHORT_LIFETIME)
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def issuer(tmp_path_factory):
+    server = OAuthServer(str(tmp_path_factory.mktemp("sinks")), {"sink": SECRET}, lifetime=LONG_LIFETIME)
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def sink_dir(tmp_path):
+    directory = tmp_path / "run"
+    directory.mkdir()
+    directory.chmod(0o700)
+    return directory
+
+
+def sha256(text):
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def fingerprint(token):
+    """As the broker logs a token: `sha256:` and 12 hex digits."""
+    return "sha256:" + sha256(token)[:12]
+
+
+def signer(tmp_key, **extra):
+    return {"name": "default", "source": {"type": "jwt", "keyFile": tmp_key("ec"), "lifetimeSec": 300}, **extra}
+
+
+def oauth_provider(issuer, **extra):
+    return {"name": "default", "maxErrorTokenRefreshDelayMsec": 500, **extra,
+            "source": {"type": "oauth2", "tokenURL": issuer.base + "/o/token/", "clientID": "sink", "clientSecret": SECRET,
+                       "scope": "api"}}
+
+
+def read(path):
+    try:
+        with open(path) as handle:
+            return handle.read()
+    except (FileNotFoundError, IsADirectoryError):
+        return None
+
+
+def sink_writes(broker, success=True):
+    """token_broker_sink_writes_total for the provider `default`: `result="ok"`, or every other result."""
+    return sum(value for (name, labels), value in broker.metrics().items()
+               if name == "token_broker_sink_writes_total" and ("provider", "default") in labels
+               and (("result", "ok") in labels) == success)
+
+
+def refresh(broker, version):
+    """Renews the token (version `version` refused downstream); waits out a 429. Returns the new body."""
+    for _ in range(100):
+        status, _, body = broker.request("POST", "/token/refresh", body=json.dumps({"rejected_version": version}).encode())
+        if status != 429:
+            break
+        time.sleep(0.2)
+    assert status == 200, (status, body)
+    renewed = json.loads(body)
+    assert renewed["version"] > version
+    return renewed
+
+
+class Reader(threading.Thread):
+    """Reads the token file in a loop until stopped, as a consumer would, and notes every bad read;
+    it also looks at every file in the directory (the broker's temporary files): none may ever
+    have a mode wider than `mode`."""
+
+    def __init__(self, path, mode, valid):
+        super().__init__(daemon=True)
+        self.path, self.mode, self.valid = path, mode, valid
+        self.stop = threading.Event()
+        self.problems, self.seen, self.reads = [], set(), 0
+
+    def run(self):
+        deadline = time.monotonic() + 600
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            try:
+                self.read_once()
+                if self.reads % 20 == 0:
+                    self.look_at_directory()
+            except Exception as failure:  # noqa: BLE001 - every surprise is a finding
+                self.problems.append(f"reader: {failure!r}")
+            if len(self.problems) > 20:
+                return
+
+    def read_once(self):
+        try:
+            descriptor = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            self.problems.append("the token file was missing")
+            return
+        try:
+            status = os.fstat(descriptor)
+            data = b""
+            while chunk := os.read(descriptor, 65536):
+                data += chunk
+        finally:
+            os.close(descriptor)
+        self.reads += 1
+        if stat.S_IMODE(status.st_mode) & ~self.mode:
+            self.problems.append(f"the token file had mode {stat.S_IMODE(status.st_mode):04o}")
+        if not data:
+            self.problems.append("the token file was empty")
+            return
+        token = data.decode(errors="replace")
+        if token not in self.seen:
+            try:
+                self.valid(token)
+            except Exception as failure:  # noqa: BLE001
+                self.problems.append(f"a partial or invalid token ({len(data)} bytes): {failure!r}")
+                return
+            self.seen.add(token)
+
+    def look_at_directory(self):
+        for entry in os.scandir(os.path.dirname(self.path)):
+            try:
+                mode = stat.S_IMODE(entry.stat(follow_symlinks=False).st_mode)
+            except FileNotFoundError:
+                continue  # a temporary file renamed meanwhile
+            if not entry.is_dir(follow_symlinks=False) and mode & ~self.mode:
+                self.problems.append(f"{entry.name} had mode {mode:04o}")
+
+
+def test_a_reader_never_sees_a_partial_empty_or_wrongly_moded_file_over_200_rotations(tmp_key, sink_dir):
+    path = str(sink_dir / "default.token")
+    config = {"providers": [signer(tmp_key, forcedRefreshMaxAttempts=100, forcedRefreshWindowSec=1)],
+              "sinks": [{"provider": "default", "path": path, "format": "token", "mode": "0600"}]}
+    # A umask of 0: a file created with a wide mode and narrowed afterwards would show it.
+    with Broker(config, umask=0) as broker:
+        assert wait_until(lambda: os.path.exists(path), timeout=20)
+        jwks, _ = broker.get_json("/.well-known/jwks.json")
+        keys = {key["kid"]: jwt.PyJWK(key).key for key in jwks["keys"]}
+
+        def valid(token):
+            jwt.decode(token, keys[jwt.get_unverified_header(token)["kid"]], algorithms=["ES256"], audience="token-broker")
+
+        current = broker.get_json("/token")[0]
+        assert wait_until(lambda: read(path) == current["access_token"], timeout=10)
+        reader = Reader(path, 0o600, valid)
+        reader.start()
+        try:
+            tokens = {current["access_token"]}
+            for _ in range(200):
+                current = refresh(broker, current["version"])
+                assert current["access_token"] not in tokens, "each refresh yields a new token"
+                tokens.add(current["access_token"])
+                assert wait_until(lambda: read(path) == current["access_token"], timeout=10), "the file follows the token"
+                status = os.stat(path)
+                assert stat.S_IMODE(status.st_mode) == 0o600 and status.st_uid == os.geteuid()
+                assert not reader.problems, reader.problems[:5]
+        finally:
+            reader.stop.set()
+            reader.join(30)
+        assert not reader.problems, reader.problems[:5]
+        assert reader.reads > 0 and len(reader.seen) >= 2, "the reader raced with the rotations"
+        assert reader.seen <= tokens
+        served = broker.get_json("/token")[0]
+        assert read(path) == served["access_token"] == current["access_token"]
+        assert sorted(os.listdir(sink_dir)) == ["default.token"], "no temporary file is left behind"
+        assert sink_writes(broker) == 201 and sink_writes(broker, success=False) == 0
+        log = broker.stderr()
+        assert not any(token in log for token in tokens), "a token in the log"
+        assert any(path in line and fingerprint(served["access_token"]) in line for line in log.splitlines()), \
+            "each write is logged with the token's fingerprint"
+
+
+def test_the_json_format_holds_the_token_body_with_the_mode_asked_for(tmp_key, sink_dir):
+    path = str(sink_dir / "default.json")
+    config = {"providers": [signer(tmp_key)], "sinks": [{"provider": "default", "path": path, "format": "json", "mode": "0640"}]}
+    with Broker(config, umask=0o077) as broker:
+        assert wait_until(lambda: read(path) is not None, timeout=20)
+        served = broker.get_json("/token")[0]
+        written = json.loads(read(path))
+        for key in ("access_token", "token_type", "version", "expires_at", "issued_at", "provider", "stale"):
+            assert written[key] == served[key], key
+        assert 0 < written["expires_in"] <= 300
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o640
+        renewed = refresh(broker, served["version"])
+        assert wait_until(lambda: json.loads(read(path) or "{}").get("version") == renewed["version"], timeout=10)
+        assert json.loads(read(path))["access_token"] == renewed["access_token"]
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o640
+
+
+def test_the_bare_token_format_has_no_newline(tmp_key, sink_dir):
+    path = str(sink_dir / "token")
+    config = {"providers": [signer(tmp_key)], "sinks": [{"provider": "default", "path": path, "format": "token", "mode": "0600"}]}
+    with Broker(config) as broker:
+        assert wait_until(lambda: read(path) is not None, timeout=20)
+        with open(path, "rb") as handle:
+            assert handle.read() == broker.get_json("/token")[0]["access_token"].encode()
+
+
+def test_a_provider_read_only_by_its_sink_keeps_refreshing_instead_of_pausing(tmp_key, sink_dir):
+    """A provider pauses after tokenRefreshDelaySec without reads (test_http_api); its sink must
+    keep it fresh, or the file would hold an expired token."""
+    path = str(sink_dir / "default.token")
+    provider = signer(tmp_key, tokenRefreshDelaySec=1)
+    provider["source"]["lifetimeSec"] = 4
+    config = {"providers": [provider], "sinks": [{"provider": "default", "path": path, "format": "token", "mode": "0600"}]}
+    with Broker(config) as broker:
+        seen = set()
+
+        def renewed_twice():
+            token = read(path)
+            if token:
+                seen.add(token)
+            return len(seen) >= 3
+
+        assert wait_until(renewed_twice, timeout=30, interval=0.1), f"{len(seen)} token(s) in the file"
+        assert broker.metric("token_broker_provider_state", provider="default", state="paused") == 0
+
+
+def test_a_sink_for_a_template_child_writes_that_child_s_token(issuer, sink_dir):
+    audience = "https://orders.example/"
+    path = str(sink_dir / "orders.token")
+    started = time.time()
+    provider = {**oauth_provider(issuer, name="orders"), "perRequest": ["audience"], "allowedAudiences": ["https://orders.example/*"]}
+    config = {"providers": [provider],
+              "sinks": [{"provider": "orders", "audience": audience, "path": path, "format": "token", "mode": "0600"}]}
+    with Broker(config) as broker:
+        assert wait_until(lambda: read(path) is not None, timeout=20)
+        token = read(path)
+        [record] = issuer.token_requests(since=started)
+        assert record["token_sha256"] == sha256(token) and record["audience"] == [audience]
+        status, _, body = broker.request("GET", f"/providers/orders/token?audience={quote(audience, safe='')}")
+        assert status == 200 and json.loads(body)["access_token"] == token, "the same child serves HTTP"
+        assert len(issuer.token_requests(since=started)) == 1
+        _, _, body = broker.request("GET", "/readyz", listener="admin")
+        [template] = json.loads(body)["templates"]
+        assert template["children"] == 1 and template["ready"] == 1
+
+
+def test_the_file_keeps_the_last_good_token_while_the_issuer_fails_then_follows_again(short_issuer, sink_dir):
+    issuer = short_issuer
+    path = str(sink_dir / "default.token")
+    config = {"providers": [oauth_provider(issuer)], "sinks": [{"provider": "default", "path": path, "format": "token", "mode": "0600"}]}
+    with Broker(config) as broker:
+        good = broker.get_json("/token/ready?timeout=10")[0]["access_token"]
+        assert wait_until(lambda: read(path) == good, timeout=10)
+        writes = sink_writes(broker)
+        issuer.fault("5xx")
+        try:
+            # Refresh fails at about 75-85 % of the 6 s life; the token is served stale, then expires.
+            def expired():
+                assert read(path) == good, "the file lost the last good token"
+                return broker.request("GET", "/token")[0] == 503
+
+            assert wait_until(expired, timeout=SHORT_LIFETIME + 10)
+            assert read(path) == good, "an expired token is left in place: the reader sees its exp"
+            status, _, body = broker.request("GET", "/readyz", listener="admin")
+            assert status == 503 and json.loads(body)["providers"][0]["last_error"] == "server_error"
+            assert broker.metric("token_broker_refreshes_total", provider="default", result="server_error") >= 1
+            assert sink_writes(broker) == writes and sink_writes(broker, success=False) == 0
+        finally:
+            issuer.fault("none")
+        assert wait_until(lambda: read(path) not in (None, good), timeout=15)
+        fresh = read(path)
+        assert issuer.issued()[sha256(fresh)]["status"] == 200
+        assert broker.get_json("/token")[0]["access_token"] == fresh
+
+
+def test_a_failed_write_is_logged_counted_and_retried_at_the_next_token(tmp_key, sink_dir):
+    path = sink_dir / "default.token"
+    config = {"providers": [signer(tmp_key)], "sinks": [{"provider": "default", "path": str(path), "format": "token", "mode": "0600"}]}
+    with Broker(config) as broker:
+        assert wait_until(lambda: read(path) is not None, timeout=20)
+        first = broker.get_json("/token")[0]
+        # A directory where the file was: the rename over it fails (the tests may run as root,
+        # for whom a read-only directory is no obstacle).
+        path.unlink()
+        path.mkdir()
+        second = refresh(broker, first["version"])
+        assert wait_until(lambda: sink_writes(broker, success=False) == 1, timeout=10)
+        assert any(str(path) in line and re.search(r"level=(warn|error) ", line) for line in broker.stderr().splitlines()), \
+            "the failed write is logged, naming the file"
+        assert second["access_token"] not in broker.stderr()
+        path.rmdir()
+        third = refresh(broker, second["version"])
+        assert wait_until(lambda: read(path) == third["access_token"], timeout=10)
+        assert sorted(os.listdir(sink_dir)) == ["default.token"], "the failed write left no temporary file"
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+
+
+# Refused at start
+
+@pytest.mark.parametrize("case", ["missing", "0777", "1777", "0703"])
+def test_a_directory_missing_or_writable_by_others_stops_the_broker_with_the_reason(tmp_path, case):
+    directory = tmp_path / "run"
+    if case != "missing":
+        directory.mkdir()
+        directory.chmod(int(case, 8))
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"sinks": [{"provider": "default", "path": str(directory / "t"), "format": "token", "mode": "0600"}]}))
+    for args in (["--config", str(config)], ["--check-config", "--config", str(config)]):
+        result = run_broker(*args, env={"TOKEN_BROKER_LISTEN": "127.0.0.1:0", "TOKEN_BROKER_ADMIN_LISTEN": "127.0.0.1:0"})
+        assert result.returncode == 2, (args, result.stdout, result.stderr)
+        assert str(directory) in result.stderr, result.stderr
+        assert case == "missing" or "writable" in result.stderr, result.stderr
+    assert not directory.exists() or os.listdir(directory) == []
+
+
+@pytest.mark.parametrize("sink,key", [
+    ({"provider": "nope"}, "provider"),
+    ({"format": "yaml"}, "format"),
+    ({"mode": "rw-------"}, "mode"),
+    ({"mode": "0800"}, "mode"),
+    ({"colour": "blue"}, "colour"),
+    ({"audience": "https://orders.example/"}, "audience"),  # the provider is no template
+    ({"path": None}, "path"),
+])
+def test_a_bad_sink_is_refused_at_start_naming_the_key(tmp_path, sink, key):
+    directory = tmp_path / "run"
+    directory.mkdir(mode=0o700)
+    entry = {"provider": "default", "path": str(directory / "t"), "format": "token", "mode": "0600", **sink}
+    entry = {name: value for name, value in entry.items() if value is not None}
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"sinks": [entry]}))
+    result = run_broker("--check-config", "--config", str(config))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "sinks[0]" in result.stderr and key in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("case", ["the same path twice", "a provider without background refresh"])
+def test_sinks_that_could_not_work_are_refused_at_start(tmp_path, case):
+    directory = tmp_path / "run"
+    directory.mkdir(mode=0o700)
+    sink = {"provider": "default", "path": str(directory / "t"), "format": "token", "mode": "0600"}
+    if case == "the same path twice":
+        config = {"sinks": [sink, {**sink, "format": "json"}]}
+    else:
+        config = {"providers": [{"name": "default", "backgroundRefreshEnabled": False}], "sinks": [sink]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    result = run_broker("--check-config", "--config", str(tmp_path / "config.json"))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "sinks[" in result.stderr, result.stderr
+
+
+def test_a_sink_s_values_must_pass_the_template_s_allow_list(tmp_path, sink_dir):
+    provider = {"name": "orders", "perRequest": ["audience"], "allowedAudiences": ["https://orders.example/*"],
+                "source": {"type": "oauth2", "tokenURL": "http://127.0.0.1:9/token", "clientID": "c", "clientSecret": "s"}}
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"providers": [provider], "sinks": [
+        {"provider": "orders", "audience": "https://evil.example/", "path": str(sink_dir / "t"), "format": "token", "mode": "0600"}]}))
+    result = run_broker("--check-config", "--config", str(config))
+    assert result.returncode == 2 and "audience" in result.stderr, result.stderr
