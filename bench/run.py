@@ -175,8 +175,8 @@ def http_post(address, path, body=b""):
 
 # ---------------------------------------------------------------------------- 1. cached GET /token
 
-def wrk(address, seconds):
-    output = subprocess.run(["wrk", "-t2", "-c64", f"-d{seconds}s", "--latency", "-H", GUARD, f"http://{address}/token"],
+def wrk(address, seconds, path="/token"):
+    output = subprocess.run(["wrk", "-t2", "-c64", f"-d{seconds}s", "--latency", "-H", GUARD, f"http://{address}{path}"],
                             capture_output=True, text=True, timeout=seconds + 30).stdout
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1))
     requests = int(re.search(r"(\d+) requests in", output).group(1))
@@ -412,6 +412,53 @@ def manners(seconds):
                         "note": "backoff waits have ±20 % jitter; the 5 s cadence has none"}}
 
 
+# ---------------------------------------------------------------------------- 6. template children
+
+def template_children(rounds, seconds, children):
+    """A template's child against a configured provider, in one broker: cached /token req/s and CPU
+    per request, alternated round by round; then the RSS that `children` children add."""
+    config = {"providers": [
+        {"name": "fixed"},
+        {"name": "apis", "perRequest": ["audience"], "allowedAudiences": ["https://api.example/*"], "maxChildren": 10000},
+    ]}
+    broker = Broker(config)
+    paths = {"configured provider": "/providers/fixed/token",
+             "template child": "/providers/apis/token?audience=https://api.example/0"}
+    results = {name: [] for name in paths}
+    try:
+        for path in paths.values():
+            status, _ = http_get(broker.token, path)
+            assert status == 200, (path, status)
+        for _ in range(rounds):
+            for name, path in paths.items():
+                before = cpu_seconds([broker.pid])
+                run = wrk(broker.token, seconds, path)
+                run["cpu_us_per_request"] = (cpu_seconds([broker.pid]) - before) * 1e6 / max(run["requests"], 1)
+                results[name].append(run)
+                time.sleep(1)
+        time.sleep(2)
+        rss_before = rss_mib(broker.pid)
+        made = 0
+        for index in range(1, children):
+            status, _ = http_get(broker.token, f"/providers/apis/token?audience=https://api.example/{index}")
+            made += status == 200
+        time.sleep(2)
+        rss_after = rss_mib(broker.pid)
+        _, readiness = http_get(broker.admin, "/readyz")
+        counted = [t["children"] for t in json.loads(readiness).get("templates", []) if t["name"] == "apis"]
+    finally:
+        broker.stop()
+    summary = {name: {key: statistics.median(r[key] for r in runs) for key in runs[0]} for name, runs in results.items()}
+    ratio = [c["rps"] / f["rps"] for c, f in zip(results["template child"], results["configured provider"])]
+    cpu = [c["cpu_us_per_request"] / f["cpu_us_per_request"]
+           for c, f in zip(results["template child"], results["configured provider"])]
+    return {"rounds": results, "median": summary, "rps_ratio": {"per_round": ratio, "median": statistics.median(ratio)},
+            "cpu_ratio": {"per_round": cpu, "median": statistics.median(cpu)},
+            "children": {"asked": children, "answered_200": made + 1, "counted_by_readyz": counted[0] if counted else None,
+                         "rss_before_mib": rss_before, "rss_after_mib": rss_after,
+                         "kib_per_child": (rss_after - rss_before) * 1024 / max(children - 1, 1)}}
+
+
 # ---------------------------------------------------------------------------- report
 
 def plot(longpoll_result, path):
@@ -505,6 +552,15 @@ def markdown(results):
     lines.append(f"| footprint | idle RSS of the C libmicrohttpd server, for reference | {fp['c_server_idle_rss_mib']:.1f} MiB | | |")
     lines.append(f"| footprint | exec → first /healthz 200 (median) | {fp['ready_ms']:.1f} ms | ≤ 100 ms | {'yes' if fp['ready_ms'] <= 100 else 'no'} |")
     lines.append(f"| footprint | binary size (static Swift stdlib; stripped) | {fp['binary_mb']:.1f} MB; {fp['stripped_mb']:.1f} MB | | |")
+    t = results.get("template_children")
+    if t:
+        for name in ("configured provider", "template child"):
+            m = t["median"][name]
+            lines.append(f"| template child, {name} | cached /token req/s; p50 / p99; CPU per request | {m['rps']:,.0f}; {m['p50_ms']:.2f} / {m['p99_ms']:.2f} ms; {m['cpu_us_per_request']:.1f} µs | | |")
+        lines.append(f"| template child | child ÷ configured provider req/s, same broker (median of rounds; each round) | {t['rps_ratio']['median']:.2f} ({', '.join(f'{v:.2f}' for v in t['rps_ratio']['per_round'])}) | as fast | |")
+        lines.append(f"| template child | child ÷ configured provider CPU per request (median of rounds) | {t['cpu_ratio']['median']:.2f} | | |")
+        ch = t["children"]
+        lines.append(f"| template children | RSS with 1 child, then with {ch['asked']} ({ch['answered_200']} answered 200, {ch['counted_by_readyz']} counted by /readyz) | {ch['rss_before_mib']:.1f} → {ch['rss_after_mib']:.1f} MiB ({ch['kib_per_child']:.1f} KiB per child) | recorded | |")
     h = ma["healthy"]
     lines.append(f"| manners, healthy issuer | fetches in {h['seconds']} s with 30 s tokens (rule: {h['expected'][0]}–{h['expected'][1]}) | {h['upstream_fetches']} | rule ± 1 | {'yes' if h['within_rule'] else 'no'} |")
     f = ma["failing"]
@@ -525,10 +581,14 @@ def main():
     parser.add_argument("--mhd-release-all", default=os.path.join(ROOT, ".build/bench/mhd-release-all"))
     parser.add_argument("--footprint-floor", default=os.path.join(ROOT, ".build/bench/footprint-floor"))
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
-    parser.add_argument("--only", choices=["cached", "longpoll"], help="run one benchmark and print its JSON (for profiling work)")
+    parser.add_argument("--children", type=int, default=1000)
+    parser.add_argument("--only", choices=["cached", "longpoll", "templates"], help="run one benchmark and print its JSON (for profiling work)")
     options = parser.parse_args()
     if options.only == "cached":
         print(json.dumps(cached_token(options.rounds, options.seconds, options.c_server)["median"], indent=1))
+        return
+    if options.only == "templates":
+        print(json.dumps(template_children(options.rounds, options.seconds, options.children), indent=1))
         return
     floors = {
         "libmicrohttpd": lambda mode: [options.mhd_release_all, str(options.waiters)],
@@ -542,13 +602,13 @@ def main():
     os.makedirs(options.out, exist_ok=True)
 
     results = {"machine": {"cpus": os.cpu_count(), "kernel": os.uname().release}}
-    print("1/5 cached GET /token ...", flush=True)
+    print("1/6 cached GET /token ...", flush=True)
     results["cached_token"] = cached_token(options.rounds, options.seconds, options.c_server)
-    print("2/5 long-poll scale ...", flush=True)
+    print("2/6 long-poll scale ...", flush=True)
     results["long_poll"] = long_poll(options.waiters, options.bursts, options.longpoll_client, floors)
-    print("3/5 coalescing ...", flush=True)
+    print("3/6 coalescing ...", flush=True)
     results["coalescing"] = coalescing()
-    print("4/5 footprint ...", flush=True)
+    print("4/6 footprint ...", flush=True)
     runs, floor = [], []
     for _ in range(5):  # alternated: the broker, then the floor program
         runs.append(startup.one_run(BINARY))
@@ -565,8 +625,10 @@ def main():
                             "floor_rss_mib": median_mib(floor, 0), "floor_anon_mib": median_mib(floor, 1), "floor_file_mib": median_mib(floor, 2),
                             "binary_mb": os.path.getsize(BINARY) / 1e6, "stripped_mb": os.path.getsize(stripped) / 1e6,
                             "c_server_idle_rss_mib": c_rss}
-    print(f"5/5 manners ({options.manners_seconds} s healthy, 19 s failing) ...", flush=True)
+    print(f"5/6 manners ({options.manners_seconds} s healthy, 19 s failing) ...", flush=True)
     results["manners"] = manners(options.manners_seconds)
+    print(f"6/6 template children ({options.children}) ...", flush=True)
+    results["template_children"] = template_children(options.rounds, options.seconds, options.children)
 
     plot(results["long_poll"], os.path.join(options.out, "rss.png"))
     plot_wakeups(results["long_poll"], os.path.join(options.out, "wakeups.png"))

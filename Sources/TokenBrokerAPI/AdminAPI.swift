@@ -12,21 +12,48 @@ import TokenBrokerServer
 ///
 /// Templates (`perRequest`) are listed in `/readyz` with their children's count and how many
 /// are ready. Children made by requests come and go with their callers, so they do not make the
-/// broker unready; children held by token files do (`TemplateStatus.held`).
+/// broker unready; children held by token files do (`TemplateStatus.held`). Token files are
+/// listed too, and one that holds no valid token makes the broker unready.
 public final class AdminAPI: HTTPHandler {
+    /// What `/readyz` says of one token file (a sink).
+    public struct TokenFileReport: Sendable, Equatable {
+        /// The provider's configured name (a template's, for a child).
+        public var provider: String
+        /// The file.
+        public var path: String
+        /// The version the file holds, once written.
+        public var version: UInt64?
+        /// The file holds a token that is still valid.
+        public var ready: Bool
+        /// Why the last write failed, while no write has succeeded since.
+        public var lastError: String?
+
+        public init(provider: String, path: String, version: UInt64?, ready: Bool, lastError: String?) {
+            self.provider = provider
+            self.path = path
+            self.version = version
+            self.ready = ready
+            self.lastError = lastError
+        }
+    }
+
     private let providers: [any TokenProviding]
     private let templates: [any TemplateStatusReporting]
+    private let tokenFiles: @Sendable () -> [TokenFileReport]
     private let metrics: BrokerMetrics
     private let healthy = HTTPResponse(status: 200, json: #"{"status":"ok"}"#)
 
     /// - Parameters:
     ///   - providers: the ordinary providers.
     ///   - templates: the provider templates.
+    ///   - tokenFiles: the token files' state now, read at each `/readyz`.
     public init(
-        providers: [any TokenProviding], templates: [any TemplateStatusReporting] = [], metrics: BrokerMetrics
+        providers: [any TokenProviding], templates: [any TemplateStatusReporting] = [],
+        tokenFiles: @escaping @Sendable () -> [TokenFileReport] = { [] }, metrics: BrokerMetrics
     ) {
         self.providers = providers
         self.templates = templates
+        self.tokenFiles = tokenFiles
         self.metrics = metrics
     }
 
@@ -68,8 +95,9 @@ public final class AdminAPI: HTTPHandler {
     private func readiness() -> HTTPResponse {
         let statuses = providers.map { $0.status() }
         let templateStatuses = templates.map { $0.status() }
-        // Token files (sinks) will add their own condition here.
-        let ready = statuses.allSatisfy(\.isReady) && templateStatuses.allSatisfy(\.heldReady)
+        let files = tokenFiles()
+        let ready =
+            statuses.allSatisfy(\.isReady) && templateStatuses.allSatisfy(\.heldReady) && files.allSatisfy(\.ready)
         let detail = statuses.map { status in
             var members: [(String, String)] = [
                 ("name", JSONText.quoted(status.name)), ("ready", status.isReady ? "true" : "false"),
@@ -89,9 +117,19 @@ public final class AdminAPI: HTTPHandler {
                 ("ready", String(status.ready)), ("max_children", String(status.maxChildren)),
             ])
         }
+        let fileDetail = files.map { file in
+            var members: [(String, String)] = [
+                ("provider", JSONText.quoted(file.provider)), ("path", JSONText.quoted(file.path)),
+                ("ready", file.ready ? "true" : "false"),
+            ]
+            if let version = file.version { members.append(("version", String(version))) }
+            if let error = file.lastError { members.append(("last_error", JSONText.quoted(error))) }
+            return JSONText.object(members)
+        }
         let body = JSONText.object([
             ("ready", ready ? "true" : "false"), ("providers", "[" + detail.joined(separator: ",") + "]"),
             ("templates", "[" + templateDetail.joined(separator: ",") + "]"),
+            ("sinks", "[" + fileDetail.joined(separator: ",") + "]"),
         ])
         return HTTPResponse(status: ready ? 200 : 503, json: body)
     }

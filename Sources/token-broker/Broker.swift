@@ -34,6 +34,7 @@ enum Broker {
         let providers: Providers
         let providerTasks: [Task<Void, Never>]
         let callers: CallerKeyStore?
+        let sinks: RunningSinks
     }
 
     /// Starts the broker and serves until SIGTERM or SIGINT; returns the exit status (0 stopped,
@@ -60,19 +61,32 @@ enum Broker {
             return 2
         }
         if let callers { Log.info("caller keys loaded", ["file": callers.path, "callers": String(callers.count)]) }
+        if let problem = sinkDirectoryProblem(configuration) {
+            Log.error("invalid configuration", ["problem": problem])
+            return 2
+        }
         let metrics = BrokerMetrics(version: Options.version)
         let providers = makeProviders(configuration, sources, metrics: metrics)
+        let sinks: Sinks
+        do {
+            sinks = try makeSinks(configuration, providers: providers) {
+                metrics.recordSinkWrite(provider: $0, succeeded: $1)
+            }
+        } catch {
+            Log.error("invalid configuration", ["problem": error.description])
+            return 2
+        }
         warnAboutOpenFileLimit(configuration)
         let listeners: Listeners
         do {
             listeners = try openListeners(
-                configuration, providers: providers, jwks: JWTSigner.jwks(sources.compactMap(\.1)), callers: callers,
-                metrics: metrics)
+                configuration, providers: providers, sinks: sinks, jwks: JWTSigner.jwks(sources.compactMap(\.1)),
+                callers: callers, metrics: metrics)
         } catch {
             Log.error("cannot start", ["problem": error.description])
             return 1
         }
-        let running = start(providers, listeners: listeners, callers: callers)
+        let running = start(providers, sinks: sinks, listeners: listeners, callers: callers)
         announce(configuration, listeners: listeners, callers: callers)
         Log.info("stopping", ["signal": Signals.waitForStop()])
         stop(running)
@@ -84,11 +98,9 @@ enum Broker {
 
     /// The source for each provider, in order, with its local signer if it has one; reads key
     /// files, and generates keys where none is given. A template's source is its children's base.
-    /// Refuses first a proxy that names a template.
     static func makeSources(_ configuration: BrokerConfiguration) throws(ConfigurationError) -> [(
         any TokenSource, JWTSigner?
     )] {
-        try checkProxiesUseOrdinaryProviders(configuration)
         var sources: [(any TokenSource, JWTSigner?)] = []
         for (index, provider) in configuration.providers.enumerated() {
             switch provider.source {
@@ -112,21 +124,6 @@ enum Broker {
             }
         }
         return sources
-    }
-
-    /// Refuses a proxy whose provider is a template: proxy mode has no query to name a child's
-    /// values, and takes its token from an ordinary provider.
-    private static func checkProxiesUseOrdinaryProviders(_ configuration: BrokerConfiguration)
-        throws(ConfigurationError)
-    {
-        let templates = Set(configuration.providers.filter(\.isTemplate).map(\.name))
-        for (index, proxy) in configuration.proxies.enumerated() {
-            let provider = proxy.provider ?? configuration.providers[0].name
-            guard templates.contains(provider) else { continue }
-            throw ConfigurationError(
-                key: "proxies[\(index)].provider",
-                "\"\(provider)\" is a template (perRequest); allowed: a provider without perRequest")
-        }
     }
 
     /// Why the HTTP client for issuers and proxy targets cannot run, when the configuration needs it.
@@ -203,8 +200,9 @@ enum Broker {
     static func childSource(for settings: ProviderConfiguration, values: TokenRequestValues, base: any TokenSource)
         -> any TokenSource
     {
-        // Each source's child form comes with the sources' support for request values.
-        base
+        // Every source a template may have makes children (the configuration refuses a file
+        // source); a child shares its template's keys and client.
+        (base as? any TemplatedTokenSource)?.child(for: values) ?? base
     }
 
     /// Raises the open-file limit, and warns when it stays below what the connection limit needs.
@@ -222,8 +220,8 @@ enum Broker {
     /// Binds both listeners with their routes (the proxy's too, when configured), and lets the
     /// metrics read their connection counts.
     private static func openListeners(
-        _ configuration: BrokerConfiguration, providers: Providers, jwks: String, callers: CallerKeyStore?,
-        metrics: BrokerMetrics
+        _ configuration: BrokerConfiguration, providers: Providers, sinks: Sinks, jwks: String,
+        callers: CallerKeyStore?, metrics: BrokerMetrics
     ) throws(HTTPServerError) -> Listeners {
         var tokenSettings = HTTPServer.Configuration(address: configuration.listen)
         tokenSettings.connectionLimit = configuration.connectionLimit
@@ -253,7 +251,9 @@ enum Broker {
         adminSettings.libraryLog = { Log.warning("libmicrohttpd", ["listener": "admin", "detail": $0]) }
         let adminServer = try HTTPServer(
             configuration: adminSettings,
-            handler: AdminAPI(providers: providers.providers, templates: providers.templates, metrics: metrics))
+            handler: AdminAPI(
+                providers: providers.providers, templates: providers.templates, tokenFiles: { sinks.reports() },
+                metrics: metrics))
         // Weakly: a server's routes hold the metrics, so a strong capture would be a cycle.
         metrics.observeOpenConnections(listener: "token") { [weak tokenServer] in tokenServer?.openConnections ?? 0 }
         metrics.observeOpenConnections(listener: "admin") { [weak adminServer] in adminServer?.openConnections ?? 0 }
@@ -267,8 +267,11 @@ enum Broker {
         return Listeners(token: tokenServer, admin: adminServer)
     }
 
-    /// Runs each provider and each template in a task of its own, and starts watching the caller keys file.
-    private static func start(_ providers: Providers, listeners: Listeners, callers: CallerKeyStore?) -> Running {
+    /// Runs each provider and each template in a task of its own, starts the token files' sinks,
+    /// and starts watching the caller keys file.
+    private static func start(_ providers: Providers, sinks: Sinks, listeners: Listeners, callers: CallerKeyStore?)
+        -> Running
+    {
         let tasks =
             providers.providers.map { provider in Task.detached { await provider.run() } }
             + providers.templates.map { template in Task.detached { await template.run() } }
@@ -282,7 +285,9 @@ enum Broker {
                 }
             }
         }
-        return Running(listeners: listeners, providers: providers, providerTasks: tasks, callers: callers)
+        return Running(
+            listeners: listeners, providers: providers, providerTasks: tasks, callers: callers,
+            sinks: startSinks(sinks))
     }
 
     /// Logs the addresses bound and the proxies ready, and warns about a configuration left open.
@@ -310,6 +315,8 @@ enum Broker {
 
     /// Stops what `start` set going, in the order that matters; the one way the broker stops.
     ///
+    /// 0. The token files' sinks stop, each once a write under way has ended, so that a file is
+    ///    never left with a temporary beside it by the stop; held template children are released.
     /// 1. Each provider, and each template's children, shut down: their waiters (long-polls,
     ///    proxied requests waiting for a token) are answered 503 `shutting_down` now, on this
     ///    thread, before any listener drains; their timers and fetches stop, and their tasks'
@@ -321,6 +328,7 @@ enum Broker {
     /// 4. The caller-key watcher stops, last: the token routes read the store until their
     ///    listener has stopped.
     private static func stop(_ running: Running) {
+        stopSinks(running.sinks)
         for provider in running.providers.providers { provider.shutDown() }
         for template in running.providers.templates { template.shutDown() }
         running.listeners.token.shutDown(grace: .seconds(5))

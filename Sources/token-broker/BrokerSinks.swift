@@ -1,37 +1,44 @@
 import Dispatch
+import TokenBrokerAPI
 import TokenBrokerCore
 import TokenBrokerSinks
 
 /// Token files (`sinks`): the steps `Broker.run` and `Broker.stop` take for them.
 ///
 /// In `run`: `sinkDirectoryProblem` after the configuration is read (a problem exits 2,
-/// "invalid configuration"); `startSinks` once the providers run, with each sink's provider
-/// (for a template, the child held for the sink's values). In `stop`: `stopSinks` before the
-/// providers shut down, so that a write under way ends with the token it began with.
+/// "invalid configuration"); `makeSinks` once the providers are made, with each sink's provider
+/// (for a template, the child held for the sink's values), and `startSinks` once they run. In
+/// `stop`: `stopSinks` before the providers shut down, so that a write under way ends with the
+/// token it began with.
 extension Broker {
     /// A sink and the provider it writes from.
     struct SinkTarget {
         let sink: SinkConfiguration
         let provider: Provider
-        /// What keeps `provider` alive while the sink runs (a template's child held for the
-        /// sink); let go of at stop. Nil for a configured provider.
-        let retained: (any Sendable)?
+        /// For a template's child: the template and the values it holds the child for, released at stop.
+        var held: (template: Template, values: TokenRequestValues)? = nil
+    }
 
-        init(sink: SinkConfiguration, provider: Provider, retained: (any Sendable)? = nil) {
-            self.sink = sink
-            self.provider = provider
-            self.retained = retained
+    /// The sinks' runners, made before the listeners open so that `/readyz` can report them.
+    struct Sinks: Sendable {
+        let runners: [SinkRunner<ContinuousClock>]
+        let held: [(template: Template, values: TokenRequestValues)]
+
+        /// Each token file's state, as `/readyz` reports it, in configuration order.
+        func reports() -> [AdminAPI.TokenFileReport] {
+            runners.map { runner in
+                let status = runner.status()
+                return AdminAPI.TokenFileReport(
+                    provider: status.provider, path: status.path, version: status.version,
+                    ready: status.holdsValidToken, lastError: status.lastError?.description)
+            }
         }
     }
 
     /// The sinks' runners, each in a task of its own.
     struct RunningSinks {
-        let runners: [SinkRunner<ContinuousClock>]
+        let sinks: Sinks
         let tasks: [Task<Void, Never>]
-        let retained: [(any Sendable)?]
-
-        /// Each sink's state, for `/readyz` and the metrics, in configuration order.
-        func statuses() -> [SinkStatus] { runners.map { $0.status() } }
     }
 
     /// The first sink whose directory cannot hold its file, and why, as `sinks[0].path: …`; nil when all can.
@@ -42,32 +49,55 @@ extension Broker {
         return nil
     }
 
-    /// The sinks on configured providers, found by name, in configuration order; sinks on
-    /// templates are left to the caller, who holds the child for each.
-    static func sinkTargets(_ configuration: BrokerConfiguration, providers: [Provider]) -> [SinkTarget] {
-        configuration.sinks.compactMap { sink in
-            guard let provider = providers.first(where: { $0.name == sink.provider }),
-                !provider.configuration.isTemplate
-            else { return nil }
-            return SinkTarget(sink: sink, provider: provider)
+    /// One runner per sink, in configuration order, each on its provider: a configured provider
+    /// found by name, or, for a template, the child held for the sink's values (kept alive, never
+    /// dropped for idleness, until `stopSinks`). Fails when a template cannot hold one more child.
+    static func makeSinks(
+        _ configuration: BrokerConfiguration, providers: Providers,
+        events recordWrite: @escaping @Sendable (_ provider: String, _ succeeded: Bool) -> Void
+    ) throws(ConfigurationError) -> Sinks {
+        var targets: [SinkTarget] = []
+        for (index, sink) in configuration.sinks.enumerated() {
+            if let provider = providers.providers.first(where: { $0.name == sink.provider }) {
+                targets.append(SinkTarget(sink: sink, provider: provider))
+                continue
+            }
+            guard let template = providers.templates.first(where: { $0.name == sink.provider }) else {
+                throw ConfigurationError(key: "sinks[\(index)].provider", "no provider is named \"\(sink.provider)\"")
+            }
+            // The configuration checked the values against the template's allow-lists.
+            let values: TokenRequestValues
+            switch sink.requestValues(for: template.configuration) {
+            case .success(let checked): values = checked
+            case .failure(let problem):
+                throw ConfigurationError(
+                    key: "sinks[\(index)].\(problem.parameter.rawValue)", "is not a value the template allows")
+            }
+            switch template.hold(values) {
+            case .success(let child):
+                targets.append(SinkTarget(sink: sink, provider: child, held: (template, values)))
+            case .failure:
+                throw ConfigurationError(
+                    key: "sinks[\(index)]",
+                    "template \"\(template.name)\" cannot hold another child (maxChildren \(template.configuration.maxChildren))"
+                )
+            }
         }
-    }
-
-    /// Starts one runner per sink, each logging its writes (with the token's fingerprint, never
-    /// the token) and reporting each to `recordWrite` (the provider's configured name, and
-    /// whether the write succeeded), such as `BrokerMetrics.recordSinkWrite(provider:succeeded:)`.
-    static func startSinks(
-        _ targets: [SinkTarget], recordWrite: @escaping @Sendable (_ provider: String, _ succeeded: Bool) -> Void
-    ) -> RunningSinks {
         let events = SinkEvents { write in
             recordWrite(write.sink.provider, write.error == nil)
             logSinkWrite(write)
         }
-        let runners = targets.map { SinkRunner(configuration: $0.sink, provider: $0.provider, events: events) }
-        let tasks = runners.map { runner in
+        return Sinks(
+            runners: targets.map { SinkRunner(configuration: $0.sink, provider: $0.provider, events: events) },
+            held: targets.compactMap(\.held))
+    }
+
+    /// Starts each runner in a task of its own.
+    static func startSinks(_ sinks: Sinks) -> RunningSinks {
+        let tasks = sinks.runners.map { runner in
             Task.detached {
                 await runner.run()
-                // Not stopped by `stopSinks`: its provider shut down (a template's child dropped, say).
+                // Not stopped by `stopSinks`: its provider shut down.
                 if !Task.isCancelled {
                     Log.warning(
                         "token file sink stopped: its provider shut down; the file keeps its last token",
@@ -75,15 +105,16 @@ extension Broker {
                 }
             }
         }
-        for target in targets {
+        for runner in sinks.runners {
+            let sink = runner.configuration
             Log.info(
                 "token file sink started",
                 [
-                    "provider": target.sink.provider, "path": target.sink.path, "format": target.sink.format.rawValue,
-                    "mode": "0" + String(target.sink.mode, radix: 8), "values": sinkValues(target.sink),
+                    "provider": sink.provider, "path": sink.path, "format": sink.format.rawValue,
+                    "mode": "0" + String(sink.mode, radix: 8), "values": sinkValues(sink),
                 ])
         }
-        return RunningSinks(runners: runners, tasks: tasks, retained: targets.map(\.retained))
+        return RunningSinks(sinks: sinks, tasks: tasks)
     }
 
     /// Stops every runner and waits, at most `limit`, for a write under way to end.
@@ -101,6 +132,7 @@ extension Broker {
             Log.warning(
                 "a token file write was still under way at stop", ["waited_ms": String(limit.wholeMilliseconds)])
         }
+        for (template, values) in running.sinks.held { template.release(values) }
     }
 
     /// One log line per write: the file, the version and the token's fingerprint; a failure with its reason.

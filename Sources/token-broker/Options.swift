@@ -141,10 +141,12 @@ enum Options {
     }
 
     /// `--check-config`: everything start does short of binding. The listen addresses are parsed
-    /// whole by `load`; here the keys are read, the sources built and the caller keys file read.
+    /// whole by `load`; here the keys are read, the sources built, the caller keys file read and
+    /// the token files' directories checked.
     static func check(_ configuration: BrokerConfiguration) throws(ConfigurationError) {
         _ = try Broker.makeSources(configuration)
         _ = try Broker.loadCallerKeys(configuration)
+        if let problem = Broker.sinkDirectoryProblem(configuration) { throw ConfigurationError(key: "", problem) }
     }
 
     /// Reads the file, if any, then applies the environment's overrides.

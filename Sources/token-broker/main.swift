@@ -1,7 +1,8 @@
 // token-broker: the executable. Everything it does is in the files beside this one:
 //   Options.swift          the command line
 //   Broker.swift           wiring configuration, sources, providers and listeners; start and stop
-//   ProviderLogging.swift  what providers report, as log lines and metrics
+//   BrokerSinks.swift      token files: the directory check, one runner per sink, their logs and stop
+//   ProviderLogging.swift  what providers and templates report, as log lines and metrics
 //   Signals.swift          SIGTERM and SIGINT, blocked before any thread starts
 //   Log.swift              log lines on stderr, with fingerprints instead of secrets
 //   HealthCheck.swift      `token-broker healthcheck`, for container HEALTHCHECKs without curl

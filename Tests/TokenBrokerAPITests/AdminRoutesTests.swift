@@ -20,8 +20,37 @@ final class FakeTemplate: TemplateStatusReporting {
 }
 
 @Suite struct AdminRoutesTests {
-    private func admin(_ providers: [FakeProvider], templates: [FakeTemplate] = []) -> AdminAPI {
-        AdminAPI(providers: providers, templates: templates, metrics: BrokerMetrics(version: "test"))
+    private func admin(
+        _ providers: [FakeProvider], templates: [FakeTemplate] = [],
+        tokenFiles: @escaping @Sendable () -> [AdminAPI.TokenFileReport] = { [] }
+    ) -> AdminAPI {
+        AdminAPI(
+            providers: providers, templates: templates, tokenFiles: tokenFiles, metrics: BrokerMetrics(version: "test"))
+    }
+
+    @Test func readyzListsTokenFilesAndIsUnreadyWhileOneHoldsNoValidToken() {
+        let ready = FakeProvider(name: "a")
+        ready.state.withLock { $0.status = FakeProvider.status(name: "a", phase: .fresh, version: 3) }
+        let files = Lock([
+            AdminAPI.TokenFileReport(provider: "a", path: "/run/tb/a.token", version: 3, ready: true, lastError: nil)
+        ])
+        let api = admin([ready], tokenFiles: { files.withLock { $0 } })
+        let written = api.handle(request("/readyz", guarded: false)).immediate
+        #expect(written?.status == 200)
+        #expect(
+            written?.bodyText.contains(
+                bytes: #""sinks":[{"provider":"a","path":"/run/tb/a.token","ready":true,"version":3}]}"#) == true)
+        // The file's token expired while writes failed: the file is left as it is, and the broker is unready.
+        files.withLock {
+            $0[0].ready = false
+            $0[0].lastError = "rename /run/tb/a.token: Permission denied"
+        }
+        let failing = api.handle(request("/readyz", guarded: false)).immediate
+        #expect(failing?.status == 503 && failing?.bool("ready") == false)
+        #expect(
+            failing?.bodyText.contains(
+                bytes: #"{"provider":"a","path":"/run/tb/a.token","ready":false,"version":3,"#
+                    + #""last_error":"rename /run/tb/a.token: Permission denied"}"#) == true)
     }
 
     @Test func healthzAnswersWhileTheProcessRuns() {
@@ -42,7 +71,7 @@ final class FakeTemplate: TemplateStatusReporting {
         #expect(
             response?.bodyText
                 == #"{"ready":true,"providers":[{"name":"a","ready":true,"state":"fresh","stale":false,"version":3},"#
-                + #"{"name":"b","ready":true,"state":"paused","stale":true,"version":1}],"templates":[]}"#)
+                + #"{"name":"b","ready":true,"state":"paused","stale":true,"version":1}],"templates":[],"sinks":[]}"#)
     }
 
     @Test func readyzIs503WhileAProviderCannotAnswer() {
@@ -80,7 +109,8 @@ final class FakeTemplate: TemplateStatusReporting {
         #expect(response?.status == 200)
         #expect(
             response?.bodyText.contains(
-                bytes: #""templates":[{"name":"orders","children":3,"ready":1,"max_children":50}]}"#) == true)
+                bytes: #""templates":[{"name":"orders","children":3,"ready":1,"max_children":50}],"sinks":[]}"#) == true
+        )
         // A child held by a token file that is not ready makes the broker unready.
         template.current.withLock { status in
             status.children = 4

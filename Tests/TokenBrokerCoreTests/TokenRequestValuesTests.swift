@@ -119,7 +119,12 @@ import TokenBrokerCore
         #expect(provider.allowedScopes.map(\.description) == ["read", "write"])
         #expect(provider.maxChildren == 10000 && provider.childIdleSec == 60)
         let defaults = try BrokerConfiguration(
-            json: Array(#"{"providers": [{"perRequest": ["resource"], "allowedResources": ["urn:x"]}]}"#.utf8))
+            json: Array(
+                #"""
+                {"providers": [{"perRequest": ["resource"], "allowedResources": ["urn:x"],
+                  "source": {"type": "oauth2", "tokenURL": "https://issuer.example/token", "clientID": "c",
+                             "clientSecret": "s"}}]}
+                """#.utf8))
         #expect(defaults.providers[0].maxChildren == 100 && defaults.providers[0].childIdleSec == 3600)
         #expect(try BrokerConfiguration(json: Array("{}".utf8)).providers[0].isTemplate == false)
     }

@@ -133,26 +133,4 @@ import TokenBrokerCore
         try Options.check(
             try configuration(#"{"providers": [{"name": "a"}, {"name": "b", "source": {"algorithm": "RS256"}}]}"#))
     }
-
-    @Test func aProxyCannotTakeItsTokenFromATemplate() throws {
-        let template = #"{"name": "t", "perRequest": ["audience"], "allowedAudiences": ["https://a"]}"#
-        let proxy = #"{"name": "p", "target": "http://127.0.0.1:1"}"#
-        let named = try configuration(
-            #"{"providers": [{"name": "plain"}, \#(template)], "proxies": [{"name": "p", "target": "http://127.0.0.1:1", "provider": "t"}]}"#
-        )
-        do {
-            _ = try Broker.makeSources(named)
-            Issue.record("a proxy on a template was accepted")
-        } catch {
-            #expect(
-                error.description
-                    == #"proxies[0].provider: "t" is a template (perRequest); allowed: a provider without perRequest"#)
-        }
-        // Without a provider the proxy takes the first one's: a template first is refused too.
-        #expect(throws: ConfigurationError.self) {
-            try Options.check(try configuration(#"{"providers": [\#(template)], "proxies": [\#(proxy)]}"#))
-        }
-        try Options.check(
-            try configuration(#"{"providers": [{"name": "plain"}, \#(template)], "proxies": [\#(proxy)]}"#))
-    }
 }
