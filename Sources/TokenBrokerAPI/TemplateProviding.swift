@@ -19,8 +19,19 @@ public protocol TemplateProviding<Provider>: TemplateStatusReporting {
     >
 }
 
-/// The broker's template, whose attachment per child is the cache of its rendered answers.
-extension ProviderTemplate: TemplateProviding
-where Child: TokenProviding, Attachment == TokenResponseCache<Child.Instant> {
+/// The broker's template, whose attachment per child is the cache of its rendered answers,
+/// kept as an object (`ChildAttachment`) so that the template's lookup runs specialised.
+///
+/// - Important: make such a template with `attach` returning the child's `TokenResponseCache`.
+extension ProviderTemplate: TemplateProviding where Child: TokenProviding, Attachment == ChildAttachment {
     public typealias Provider = Child
+
+    @_specialize(where Child == TokenProvider<ContinuousClock>, C == ContinuousClock)
+    public func child(for values: TokenRequestValues) -> Result<
+        (child: Provider, attachment: TokenResponseCache<Provider.Instant>), ChildRefusal
+    > {
+        let found: Result<(child: Child, attachment: ChildAttachment), ChildRefusal> = child(for: values)
+        // The attachment is the cache `attach` made for this child: no check needed at run time.
+        return found.map { ($0.child, unsafeDowncast($0.attachment, to: TokenResponseCache<Provider.Instant>.self)) }
+    }
 }

@@ -44,11 +44,19 @@ public struct HTTPRequest: Sendable {
         query.first { $0.0.equalsIgnoringASCIICase(name) }?.1
     }
 
-    /// How many parameters are named exactly `name` (case counts; a name is read up to a decoded
-    /// NUL, as C reads it), so that `after=1&after%00=2` is refused as a repeated `after`.
+    /// How many parameters `query(_:)` could have found for `name`: names compared without regard
+    /// to ASCII case, as the lookup does, and read up to a decoded NUL, as C reads them. So
+    /// `after=1&after%00=2` and `audience=a&AUDIENCE=b` are each a repeated parameter, refused,
+    /// rather than one value for the broker and another for a proxy in front that reads names exactly.
     public func queryCount(_ name: String) -> Int {
         query.reduce(0) { count, parameter in
-            count + (parameter.0.utf8.prefix { $0 != 0 }.elementsEqual(name.utf8) ? 1 : 0)
+            let read = parameter.0.utf8.prefix { $0 != 0 }
+            let same =
+                read.count == name.utf8.count
+                && zip(read, name.utf8).allSatisfy { Self.lowercased($0) == Self.lowercased($1) }
+            return count + (same ? 1 : 0)
         }
     }
+
+    private static func lowercased(_ byte: UInt8) -> UInt8 { byte >= 65 && byte <= 90 ? byte + 32 : byte }
 }

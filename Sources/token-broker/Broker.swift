@@ -14,7 +14,7 @@ enum Broker {
     /// A provider on the real clock.
     typealias Provider = TokenProvider<ContinuousClock>
     /// A provider template on the real clock, keeping each child's rendered answers beside it.
-    typealias Template = ProviderTemplate<Provider, TokenResponseCache<ContinuousClock.Instant>, ContinuousClock>
+    typealias Template = ProviderTemplate<Provider, ChildAttachment, ContinuousClock>
 
     /// The configured providers, made: the ordinary ones and the templates, each in configuration order.
     struct Providers {

@@ -66,9 +66,7 @@ final class ValuesSource: TokenSource {
 }
 
 /// The broker's template type, on the real clock.
-typealias LiveTemplate = ProviderTemplate<
-    TokenProvider<ContinuousClock>, TokenResponseCache<ContinuousClock.Instant>, ContinuousClock
->
+typealias LiveTemplate = ProviderTemplate<TokenProvider<ContinuousClock>, ChildAttachment, ContinuousClock>
 
 /// A template `orders` taking audience and scope, made as the broker makes one.
 func liveTemplate(

@@ -225,6 +225,9 @@ func tokenAPI(
         }
         let repeated = api.handle(request("/token/ready", query: [("after", "1"), ("after", "2")])).immediate
         #expect(repeated?.string("error_description") == "after is given more than once")
+        // The lookup finds names without regard to case: another spelling is the same parameter again.
+        let respelled = api.handle(request("/token/ready", query: [("AFTER", "2"), ("after", "1")])).immediate
+        #expect(respelled?.string("error_description") == "after is given more than once")
         let notANumber = api.handle(request("/token/ready", query: [("after", "x")])).immediate
         #expect(notANumber?.string("error_description") == "after must be a whole number from 0, such as after=3")
     }

@@ -1,3 +1,8 @@
+/// What the broker keeps beside each child of its templates (the token routes' rendered
+/// answers): an object, so that the template's request path can be specialised in this module,
+/// which does not know the routes' types.
+public typealias ChildAttachment = AnyObject & Sendable
+
 /// A provider template (`perRequest`) and its children: one provider per combination of values
 /// that requests (or token files) asked for, made on first use and dropped once idle.
 ///
@@ -80,6 +85,11 @@ where C.Duration == Duration {
     ///
     /// Counts as a read: the child's idle time starts again. Refused past `maxChildren`
     /// (`.full`), and once the template has shut down (`.stopped`).
+    // The token routes call this for every request to a child, through an existential: the
+    // attribute makes that call run code specialised for the broker's own template (children on
+    // the continuous clock, attachments as objects), not generic code that looks up type
+    // metadata and copies entries through value witnesses at run time.
+    @_specialize(where Child == TokenProvider<ContinuousClock>, Attachment == ChildAttachment, C == ContinuousClock)
     public func child(for values: TokenRequestValues) -> Result<(child: Child, attachment: Attachment), ChildRefusal> {
         switch find(values, holding: false) {
         case .found(let entry): .success((entry.child, entry.attachment))
