@@ -1,5 +1,6 @@
 import Glibc
 import TokenBrokerCore
+import TokenBrokerCrypto
 
 /// Replaces a file's contents all at once, so that a reader sees the old contents or the new,
 /// never a partial or empty file, nor a file with a wider mode than the one given.
@@ -50,11 +51,17 @@ public final class AtomicFileWriter: Sendable {
         self.mode = mode
         self.directory = directory
         name = Self.fileName(of: path)
-        // A name near NAME_MAX (255 bytes) would leave no room for the suffix: keep at most 200 bytes of it.
-        var kept = ""
-        for scalar in name.unicodeScalars {
-            guard kept.utf8.count + String(scalar).utf8.count <= 200 else { break }
-            kept.unicodeScalars.append(scalar)
+        // A name near NAME_MAX (255 bytes) would leave no room for the suffix: past 200 bytes, keep
+        // the first 180 and a hash of the whole, so that two long names that begin alike still have
+        // temporary files (and leftovers) of their own.
+        var kept = name
+        if name.utf8.count > 200 {
+            kept = ""
+            for scalar in name.unicodeScalars {
+                guard kept.utf8.count + String(scalar).utf8.count <= 180 else { break }
+                kept.unicodeScalars.append(scalar)
+            }
+            kept += "~" + Fingerprint.of(name).dropFirst("sha256:".count)
         }
         leftoverPrefix = Array(".\(kept).tmp-".utf8)
         temporaryPrefix = ".\(kept).tmp-\(getpid())-"

@@ -102,6 +102,22 @@ import TokenBrokerTestSupport
         #expect(entries(directory.url.path) == ["token"], "the temporary file is removed")
     }
 
+    @Test func longNamesThatBeginAlikeKeepTheirLeftoversApart() throws {
+        let directory = try privateDirectory()
+        let stem = String(repeating: "n", count: 220)
+        let first = try AtomicFileWriter(path: directory.path(stem + "-a"), mode: 0o600)
+        let second = try AtomicFileWriter(path: directory.path(stem + "-b"), mode: 0o600)
+        let leftover = first.temporaryPath(first.nextTemporaryNumber)
+        #expect(leftover != second.temporaryPath(first.nextTemporaryNumber))
+        #expect(leftover.utf8.count - directory.url.path.utf8.count < 250, "the name stays under NAME_MAX")
+        #expect(FileManager.default.createFile(atPath: leftover, contents: Data("x".utf8)))
+        #expect(second.removeLeftovers().removed == 0, "another file's leftover is not its own")
+        #expect(modeBits(leftover) != nil)
+        #expect(first.removeLeftovers().removed == 1)
+        #expect(modeBits(leftover) == nil)
+        #expect(first.write(Array("token".utf8)).failed == nil && contents(directory.path(stem + "-a")) == "token")
+    }
+
     /// A reader looping over the file while it is replaced 200 times never sees a partial,
     /// empty or wrongly-moded file, nor a temporary file wider than the mode.
     @Test func aReaderNeverSeesAPartialEmptyOrWronglyModedFile() async throws {
