@@ -319,6 +319,23 @@ def test_a_failed_write_is_logged_counted_and_retried_at_the_next_token(tmp_key,
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
 
 
+def test_leftover_temporary_files_are_removed_at_start_and_counted_in_the_log(tmp_key, sink_dir):
+    path = sink_dir / "default.token"
+    leftovers = [sink_dir / f".default.token.tmp-{pid}-{n}" for pid in (1, 7) for n in range(1, 11)]
+    for leftover in leftovers:
+        leftover.write_text("half a token")
+    (sink_dir / "victim").write_text("victim's own")
+    (sink_dir / ".default.token.tmp-1-99").symlink_to(sink_dir / "victim")
+    config = {"providers": [signer(tmp_key)], "sinks": [{"provider": "default", "path": str(path), "format": "token", "mode": "0600"}]}
+    with Broker(config) as broker:
+        assert wait_until(lambda: read(path) is not None, timeout=20)
+        assert not any(leftover.exists() for leftover in leftovers)
+        assert sorted(os.listdir(sink_dir)) == [".default.token.tmp-1-99", "default.token", "victim"]
+        assert read(sink_dir / "victim") == "victim's own", "the link was not followed"
+        assert any("leftover temporary files" in line and "removed=20" in line for line in broker.stderr().splitlines()), \
+            broker.stderr()
+
+
 # Refused at start
 
 @pytest.mark.parametrize("case", ["missing", "0777", "1777", "0703", "parent 0777", "owned by nobody"])
