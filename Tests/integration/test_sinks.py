@@ -406,23 +406,51 @@ def test_sinks_that_could_not_work_are_refused_at_start(tmp_path, case):
     assert "sinks[" in result.stderr, result.stderr
 
 
-def test_a_directory_with_a_default_acl_is_refused_at_start(tmp_path):
-    """A default ACL would pass its entries on to the new file, whatever the mode bits say."""
+def acl(*entries):
+    """An ACL as `setfacl` stores it: version 2, then entries of tag, permissions and id (little-endian)."""
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", tag, bits, who) for tag, bits, who in entries)
+
+
+ANYONE = 0xFFFFFFFF
+
+
+@pytest.mark.parametrize("case", ["default ACL", "a named user may write"])
+def test_a_directory_with_a_default_acl_or_another_writer_in_its_acl_is_refused_at_start(tmp_path, case):
+    """A default ACL would pass its entries on to the new file, whatever the mode bits say; an
+    access ACL may let another user write the directory, which the mode bits do not show."""
     directory = tmp_path / "run"
     directory.mkdir(mode=0o700)
-    # user::rwx, group::---, other::--- as `setfacl -d` writes it: version 2, then entries of
-    # tag, permissions and id (little-endian).
-    entries = [(0x01, 7), (0x04, 0), (0x20, 0)]
-    value = struct.pack("<I", 2) + b"".join(struct.pack("<HHI", tag, bits, 0xFFFFFFFF) for tag, bits in entries)
-    os.setxattr(directory, "system.posix_acl_default", value)
+    if case == "default ACL":
+        # user::rwx, group::---, other::---
+        os.setxattr(directory, "system.posix_acl_default", acl((0x01, 7, ANYONE), (0x04, 0, ANYONE), (0x20, 0, ANYONE)))
+        reason = f"the directory {directory} has a default ACL"
+    else:
+        # user::rwx, user:4242:rwx, group::r-x, mask::rwx, other::---
+        os.setxattr(directory, "system.posix_acl_access", acl(
+            (0x01, 7, ANYONE), (0x02, 7, 4242), (0x04, 5, ANYONE), (0x10, 7, ANYONE), (0x20, 0, ANYONE)))
+        reason = f"the directory {directory} lets user 4242 write it"
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"sinks": [{"provider": "default", "path": str(directory / "t")}]}))
     for args in (["--check-config"], []):
         result = run_broker(*args, "--config", str(config),
                             env={"TOKEN_BROKER_LISTEN": "127.0.0.1:0", "TOKEN_BROKER_ADMIN_LISTEN": "127.0.0.1:0"})
         assert result.returncode == 2, (args, result.stdout, result.stderr)
-        assert f"the directory {directory} has a default ACL" in result.stderr, result.stderr
+        assert reason in result.stderr, result.stderr
     assert os.listdir(directory) == []
+
+
+@pytest.mark.parametrize("entries", [
+    [(0x01, 7, ANYONE), (0x02, 5, 4242), (0x04, 5, ANYONE), (0x10, 5, ANYONE), (0x20, 0, ANYONE)],  # user:4242:r-x
+    [(0x01, 7, ANYONE), (0x02, 7, 4242), (0x04, 5, ANYONE), (0x10, 5, ANYONE), (0x20, 0, ANYONE)],  # rwx, mask r-x
+], ids=["a named reader", "a writer the mask stops"])
+def test_a_directory_whose_acl_lets_no_other_user_write_is_accepted(tmp_path, entries):
+    directory = tmp_path / "run"
+    directory.mkdir(mode=0o700)
+    os.setxattr(directory, "system.posix_acl_access", acl(*entries))
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"sinks": [{"provider": "default", "path": str(directory / "t")}]}))
+    result = run_broker("--check-config", "--config", str(config))
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("other", ["run/../run/same.token", "link/same.token", "link/../run/same.token"])
