@@ -116,7 +116,8 @@ public final class SinkDirectory: Sendable {
             _ = Glibc.close(current)
             currentPath = currentPath == "/" ? "/" + component : currentPath + "/" + component
             guard next >= 0 else {
-                // realpath found no link here a moment ago: the path changed meanwhile.
+                // ENOTDIR: a file where a directory should be. Anything else (ELOOP: a link where
+                // realpath found none a moment ago) means the path changed meanwhile.
                 return .failure(
                     code == ENOTDIR
                         ? SinkDirectoryProblem("\(directory) is not a directory")
