@@ -1,23 +1,29 @@
 import Glibc
 import TokenBrokerCore
+import TokenBrokerCrypto
 
 /// Replaces a file's contents all at once, so that a reader sees the old contents or the new,
 /// never a partial or empty file, nor a file with a wider mode than the one given.
 ///
-/// Each `write`:
-/// 1. creates a temporary file beside the target with `open(O_WRONLY | O_CREAT | O_EXCL |
+/// Every call goes through the descriptor of the file's directory (`SinkDirectory`), opened
+/// once at start, never through the directory's path: a directory renamed or replaced later
+/// cannot redirect a write. Each `write`:
+/// 1. creates a temporary file beside the target with `openat(O_WRONLY | O_CREAT | O_EXCL |
 ///    O_CLOEXEC | O_NOFOLLOW, mode)`: a new file, never one that was there (not even a symbolic
 ///    link planted at its name), whose mode is at most `mode` from its first moment (the umask
 ///    can only narrow it);
 /// 2. sets the mode to exactly `mode` with `fchmod` (undoing what the umask took away);
 /// 3. writes every byte (short writes continued, `EINTR` retried), then `fsync`s and closes it;
-/// 4. `rename`s it over the target, which readers then see whole, in one step;
+/// 4. `renameat`s it over the target, which readers then see whole, in one step;
 /// 5. `fsync`s the directory, so that the rename survives a crash.
 ///
 /// A failure at any step removes the temporary file, leaves the target as it was (before the
 /// rename) and says which call failed and why (`FileWriteError`). A failed `fsync` of the
 /// directory comes after the rename: the new contents are in place but may not survive a crash,
 /// and it is reported as a failure all the same, so that the next write tries again.
+///
+/// Temporary files are named `.{name}.tmp-{pid}-{n}`; those a crash left behind are removed by
+/// `removeLeftovers()`, which a sink calls at its start.
 ///
 /// The calls block: run `write` off Swift's cooperative pool (`SinkRunner` uses a queue of its own).
 public final class AtomicFileWriter: Sendable {
@@ -26,8 +32,12 @@ public final class AtomicFileWriter: Sendable {
     /// The permission bits the file gets, exactly.
     public let mode: UInt32
     /// The directory the file is in, where temporary files are made.
-    let directory: String
-    /// The start of each temporary file's name: `.{name}.tmp-{pid}-`.
+    let directory: SinkDirectory
+    /// The file's name in `directory`.
+    private let name: String
+    /// The start of every temporary file's name: `.{name}.tmp-`.
+    private let leftoverPrefix: [UInt8]
+    /// The start of this process's temporary files' names: `.{name}.tmp-{pid}-`.
     private let temporaryPrefix: String
     /// Numbers temporary files, so that each write, and each retry after a name already taken, has its own.
     private let counter = Lock<UInt64>(0)
@@ -35,23 +45,49 @@ public final class AtomicFileWriter: Sendable {
     /// Temporary names tried before a write gives up, when names are already taken.
     static let maximumAttempts = 16
 
-    public init(path: String, mode: UInt32) {
+    /// A writer of `path`, a file in `directory` (opened and checked at start).
+    public init(directory: SinkDirectory, path: String, mode: UInt32) {
         self.path = path
         self.mode = mode
-        directory = BrokerConfiguration.directory(of: path)
-        let name = path.split(separator: "/", omittingEmptySubsequences: false).last.map(String.init) ?? path
-        // A name near NAME_MAX (255 bytes) would leave no room for the suffix: keep at most 200 bytes of it.
-        var kept = ""
-        for scalar in name.unicodeScalars {
-            guard kept.utf8.count + String(scalar).utf8.count <= 200 else { break }
-            kept.unicodeScalars.append(scalar)
+        self.directory = directory
+        name = Self.fileName(of: path)
+        // A name near NAME_MAX (255 bytes) would leave no room for the suffix: past 200 bytes, keep
+        // the first 180 and a hash of the whole, so that two long names that begin alike still have
+        // temporary files (and leftovers) of their own.
+        var kept = name
+        if name.utf8.count > 200 {
+            kept = ""
+            for scalar in name.unicodeScalars {
+                guard kept.utf8.count + String(scalar).utf8.count <= 180 else { break }
+                kept.unicodeScalars.append(scalar)
+            }
+            kept += "~" + Fingerprint.of(name).dropFirst("sha256:".count)
         }
-        let prefix = ".\(kept).tmp-\(getpid())-"
-        temporaryPrefix = directory == "/" ? "/" + prefix : directory + "/" + prefix
+        leftoverPrefix = Array(".\(kept).tmp-".utf8)
+        temporaryPrefix = ".\(kept).tmp-\(getpid())-"
     }
 
-    /// The temporary file of attempt `number`.
-    func temporaryPath(_ number: UInt64) -> String { temporaryPrefix + String(number) }
+    /// A writer of `path`, its directory opened and checked (`SinkDirectory.open`) now.
+    public convenience init(path: String, mode: UInt32) throws(SinkDirectoryProblem) {
+        let directory = try SinkDirectory.open(BrokerConfiguration.directory(of: path)).get()
+        self.init(directory: directory, path: path, mode: mode)
+    }
+
+    /// The last segment of `path`: the file's name in its directory.
+    public static func fileName(of path: String) -> String {
+        path.split(separator: "/", omittingEmptySubsequences: false).last.map(String.init) ?? path
+    }
+
+    /// The name, in the directory, of the temporary file of attempt `number`.
+    private func temporaryName(_ number: UInt64) -> String { temporaryPrefix + String(number) }
+
+    /// The temporary file of attempt `number`, as a path, for messages (and tests).
+    func temporaryPath(_ number: UInt64) -> String { inDirectory(temporaryName(number)) }
+
+    /// `name` in the directory, as a path for messages.
+    private func inDirectory(_ name: String) -> String {
+        directory.path == "/" ? "/" + name : directory.path + "/" + name
+    }
 
     /// The number the next write's first temporary file will have.
     var nextTemporaryNumber: UInt64 { counter.withLock { $0 + 1 } }
@@ -67,24 +103,86 @@ public final class AtomicFileWriter: Sendable {
         func fail(_ error: FileWriteError) -> Result<Void, FileWriteError> {
             // The write already failed: a failed close of the abandoned descriptor adds nothing to say.
             if open { _ = Glibc.close(fd) }
-            if unlink(temporary) != 0 {
+            if unlinkat(directory.descriptor, temporary, 0) != 0 {
                 let code = errno
-                if code != ENOENT { return .failure(error.addingCleanupFailure(unlink: temporary, code)) }
+                if code != ENOENT {
+                    return .failure(error.addingCleanupFailure(unlink: inDirectory(temporary), code))
+                }
             }
             return .failure(error)
         }
-        guard fchmod(fd, mode_t(mode)) == 0 else { return fail(.system("fchmod", temporary, errno)) }
-        if let error = Self.writeAll(bytes, to: fd, path: temporary) { return fail(error) }
-        if let error = Self.sync(fd, path: temporary) { return fail(error) }
+        let temporaryPath = inDirectory(temporary)
+        guard fchmod(fd, mode_t(mode)) == 0 else { return fail(.system("fchmod", temporaryPath, errno)) }
+        if let error = Self.writeAll(bytes, to: fd, path: temporaryPath) { return fail(error) }
+        if let error = Self.sync(fd, path: temporaryPath) { return fail(error) }
         open = false
         // Linux closes the descriptor even when close fails (EINTR included): never close it twice.
-        guard Glibc.close(fd) == 0 else { return fail(.system("close", temporary, errno)) }
-        guard rename(temporary, path) == 0 else { return fail(.system("rename", path, errno)) }
-        if let error = syncDirectory() { return .failure(error) }
+        guard Glibc.close(fd) == 0 else { return fail(.system("close", temporaryPath, errno)) }
+        guard renameat(directory.descriptor, temporary, directory.descriptor, name) == 0 else {
+            return fail(.system("rename", path, errno))
+        }
+        if let error = Self.sync(directory.descriptor, path: directory.path) { return .failure(error) }
         return .success(())
     }
 
-    /// Creates a new temporary file, trying the next number when one is already taken.
+    /// Removes the temporary files of this file that an earlier run left behind (a crash between
+    /// create and rename): the regular files named `.{name}.tmp-{digits}-{digits}`, whichever
+    /// process made them. Links (never followed), directories and other names are left alone.
+    /// Call it before the first write: a write under way would lose its temporary file.
+    ///
+    /// - Returns: how many were removed, and the first failure, if any (the others are still tried).
+    public func removeLeftovers() -> (removed: Int, error: FileWriteError?) {
+        // A descriptor of its own: reading entries moves its offset.
+        let fd = openat(directory.descriptor, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard fd >= 0 else { return (0, .system("open", directory.path, errno)) }
+        guard let stream = fdopendir(fd) else {
+            let code = errno
+            _ = Glibc.close(fd)
+            return (0, .system("fdopendir", directory.path, code))
+        }
+        var names: [[CChar]] = []
+        var failure: FileWriteError?
+        while true {
+            errno = 0
+            guard let entry = readdir(stream) else {
+                if errno != 0 { failure = .system("readdir", directory.path, errno) }
+                break
+            }
+            let bytes = withUnsafeBytes(of: &entry.pointee.d_name) { raw in Array(raw.prefix { $0 != 0 }) }
+            if isLeftover(bytes) { names.append(bytes.map { CChar(bitPattern: $0) } + [0]) }
+        }
+        // Closes fd too; nothing to do about a failed close of a directory only read.
+        _ = closedir(stream)
+        var removed = 0
+        for name in names {
+            let shown = inDirectory(String(decoding: name.dropLast().map { UInt8(bitPattern: $0) }, as: UTF8.self))
+            var status = stat()
+            guard fstatat(directory.descriptor, name, &status, AT_SYMLINK_NOFOLLOW) == 0 else {
+                if errno != ENOENT, failure == nil { failure = .system("stat", shown, errno) }
+                continue
+            }
+            guard status.st_mode & S_IFMT == S_IFREG else { continue }
+            // unlinkat never follows a link: should the name have become one meanwhile, the link goes.
+            guard unlinkat(directory.descriptor, name, 0) == 0 else {
+                if errno != ENOENT, failure == nil { failure = .system("unlink", shown, errno) }
+                continue
+            }
+            removed += 1
+        }
+        return (removed, failure)
+    }
+
+    /// Whether `name` is `.{name}.tmp-{digits}-{digits}`.
+    private func isLeftover(_ name: [UInt8]) -> Bool {
+        guard name.count > leftoverPrefix.count, name.starts(with: leftoverPrefix) else { return false }
+        let numbers = name[leftoverPrefix.count...].split(
+            separator: UInt8(ascii: "-"), omittingEmptySubsequences: false)
+        return numbers.count == 2
+            && numbers.allSatisfy { !$0.isEmpty && $0.allSatisfy { (0x30...0x39).contains($0) } }
+    }
+
+    /// Creates a new temporary file, trying the next number when one is already taken: its name
+    /// in the directory, and its descriptor.
     private func createTemporary() -> Result<(String, Int32), FileWriteError> {
         var lastError: FileWriteError?
         for _ in 0..<Self.maximumAttempts {
@@ -92,11 +190,12 @@ public final class AtomicFileWriter: Sendable {
                 counter &+= 1
                 return counter
             }
-            let temporary = temporaryPath(number)
-            let fd = Glibc.open(temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode_t(mode))
+            let temporary = temporaryName(number)
+            let fd = openat(
+                directory.descriptor, temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode_t(mode))
             if fd >= 0 { return .success((temporary, fd)) }
             let code = errno
-            lastError = .system("open", temporary, code)
+            lastError = .system("open", inDirectory(temporary), code)
             // Taken (a leftover, or anything planted there): never reused, never followed; try another name.
             guard code == EEXIST || code == EINTR else { break }
         }
@@ -127,15 +226,6 @@ public final class AtomicFileWriter: Sendable {
             return .system("fsync", path, errno)
         }
         return nil
-    }
-
-    /// Makes the rename durable: `fsync` on the directory.
-    private func syncDirectory() -> FileWriteError? {
-        let fd = Glibc.open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        guard fd >= 0 else { return .system("open", directory, errno) }
-        let error = Self.sync(fd, path: directory)
-        guard Glibc.close(fd) == 0 || error != nil else { return .system("close", directory, errno) }
-        return error
     }
 }
 

@@ -1,39 +1,188 @@
 import Glibc
 import TokenBrokerCore
 
-/// The start-up check of a token file's place: the broker refuses to start (exit 2, invalid
-/// configuration) with the reason this gives.
+/// A token file's directory, checked and opened once at start: the broker refuses to start
+/// (exit 2, invalid configuration) with the reason `open` gives, and writes every token file
+/// through the descriptor it keeps (`AtomicFileWriter`), never through the path again, so that a
+/// directory renamed or replaced later cannot redirect a write.
 ///
 /// The directory must exist and be a directory (the broker makes none: a missing one is more
-/// likely a typo than a wish), and must not be writable by others: whoever can write there can
-/// replace the token file with one of their own, or remove it, between two writes. The sticky
-/// bit does not help (it stops others from renaming over the broker's file, not from planting
-/// files), so `/tmp` is refused too. The path itself may not be a directory, which no rename can
-/// replace. Symbolic links are followed for the directory, as `open` would; the file's own name,
-/// if a symbolic link, is replaced by the first write, never followed.
-public enum SinkDirectory {
-    /// Why `path`'s directory cannot hold a token file, or nil when it can.
+/// likely a typo than a wish), and:
+/// - be owned by the broker's effective user or by root: its owner can replace the token file;
+/// - not be writable by others: whoever can write there can replace the token file with one of
+///   their own, or remove it, between two writes. The sticky bit does not help (it stops others
+///   from renaming over the broker's file, not from planting files), so `/tmp` is refused too;
+/// - have no directory above it, up to `/`, that others can write, unless it has the sticky bit
+///   (as `/tmp`): whoever can write there can rename the directory away and put one of their own
+///   in its place, which readers of the path would then read.
+///
+/// Symbolic links are followed for the directory, as `open` would, and the directories checked
+/// above it are those of the resolved path, the ones that really hold it; they are opened one by
+/// one from `/` without following links, so that what is checked is what is opened. The file's
+/// own name, if a symbolic link, is replaced by the first write, never followed.
+public final class SinkDirectory: Sendable {
+    /// The directory as the configuration names it, for messages.
+    public let path: String
+    /// The directory with symbolic links and `.`, `..` resolved (`realpath`).
+    public let resolvedPath: String
+    /// Open (`O_RDONLY | O_DIRECTORY | O_CLOEXEC`) for the life of this object; closed by `deinit`.
+    public let descriptor: Int32
+    /// The directory's device and inode, which name it whatever path leads there.
+    public let device: UInt64
+    public let inode: UInt64
+
+    private init(path: String, resolvedPath: String, descriptor: Int32, status: stat) {
+        self.path = path
+        self.resolvedPath = resolvedPath
+        self.descriptor = descriptor
+        device = UInt64(status.st_dev)
+        inode = UInt64(status.st_ino)
+    }
+
+    deinit {
+        // Nothing to do about a failed close of a directory only read.
+        _ = Glibc.close(descriptor)
+    }
+
+    /// What names one file in one directory, whatever path (`..`, symbolic links) leads there:
+    /// two sinks with the same identity would write the same file.
+    public struct FileIdentity: Hashable, Sendable {
+        public let device: UInt64
+        public let inode: UInt64
+        public let name: String
+    }
+
+    /// The identity of the file `name` in this directory.
+    public func identity(of name: String) -> FileIdentity {
+        FileIdentity(device: device, inode: inode, name: name)
+    }
+
+    /// Why `path`'s directory cannot hold a token file, or nil when it can; the directory is
+    /// opened and checked (`open(_:)`) then closed again.
     public static func problem(for path: String) -> String? {
-        let directory = BrokerConfiguration.directory(of: path)
-        var status = stat()
-        guard stat(directory, &status) == 0 else {
-            let code = errno
-            return code == ENOENT
-                ? "the directory \(directory) does not exist; create it (owned by the broker's user, mode 0700 or 0750)"
-                : "the directory \(directory) cannot be examined: \(String(cString: strerror(code)))"
+        switch open(BrokerConfiguration.directory(of: path)) {
+        case .failure(let problem): return problem.description
+        case .success(let directory): return directory.fileProblem(for: path)
         }
-        guard status.st_mode & S_IFMT == S_IFDIR else {
-            return "\(directory) is not a directory"
-        }
-        guard status.st_mode & S_IWOTH == 0 else {
-            let mode = "0" + String(status.st_mode & 0o7777, radix: 8)
-            return "the directory \(directory) is writable by other users (mode \(mode)): they could replace "
-                + "or remove the token file; allowed: a directory only its owner and group can write, such as mode 0750"
-        }
+    }
+
+    /// Why the file `path` (in this directory) cannot be a token file, or nil: it must not be a
+    /// directory, which no rename can replace.
+    public func fileProblem(for path: String) -> String? {
         var existing = stat()
-        if lstat(path, &existing) == 0, existing.st_mode & S_IFMT == S_IFDIR {
+        if fstatat(descriptor, AtomicFileWriter.fileName(of: path), &existing, AT_SYMLINK_NOFOLLOW) == 0,
+            existing.st_mode & S_IFMT == S_IFDIR
+        {
             return "\(path) is a directory; allowed: the path of a file (it is created if missing)"
         }
         return nil
     }
+
+    /// Opens `directory` after checking it and every directory above it (see the type's note);
+    /// else the reason it cannot hold a token file.
+    public static func open(_ directory: String) -> Result<SinkDirectory, SinkDirectoryProblem> {
+        guard let resolved = realpath(directory, nil) else {
+            let code = errno
+            return .failure(
+                SinkDirectoryProblem(
+                    code == ENOENT
+                        ? "the directory \(directory) does not exist; create it (owned by the broker's user, mode 0700 or 0750)"
+                        : code == ENOTDIR
+                            ? "\(directory) is not a directory"
+                            : "the directory \(directory) cannot be examined: \(String(cString: strerror(code)))"))
+        }
+        let resolvedPath = String(cString: resolved)
+        free(resolved)
+        let components = resolvedPath.split(separator: "/").map(String.init)
+        // Walk down from `/`, each step opened from the one above without following links.
+        var current = Glibc.open("/", (components.isEmpty ? O_RDONLY : openPathOnly) | O_DIRECTORY | O_CLOEXEC)
+        guard current >= 0 else { return .failure(unexaminable(directory, "/", errno)) }
+        var currentPath = "/"
+        for (index, component) in components.enumerated() {
+            var status = stat()
+            guard fstat(current, &status) == 0 else {
+                let code = errno
+                _ = Glibc.close(current)
+                return .failure(unexaminable(directory, currentPath, code))
+            }
+            if let problem = ancestorProblem(currentPath, status, below: directory) {
+                _ = Glibc.close(current)
+                return .failure(problem)
+            }
+            let last = index == components.count - 1
+            let next = openat(
+                current, component, (last ? O_RDONLY : openPathOnly) | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+            let code = errno
+            _ = Glibc.close(current)
+            currentPath = currentPath == "/" ? "/" + component : currentPath + "/" + component
+            guard next >= 0 else {
+                // ENOTDIR: a file where a directory should be. Anything else (ELOOP: a link where
+                // realpath found none a moment ago) means the path changed meanwhile.
+                return .failure(
+                    code == ENOTDIR
+                        ? SinkDirectoryProblem("\(directory) is not a directory")
+                        : unexaminable(directory, currentPath, code))
+            }
+            current = next
+        }
+        var status = stat()
+        guard fstat(current, &status) == 0 else {
+            let code = errno
+            _ = Glibc.close(current)
+            return .failure(unexaminable(directory, resolvedPath, code))
+        }
+        if let problem = ownProblem(directory, status) {
+            _ = Glibc.close(current)
+            return .failure(problem)
+        }
+        return .success(SinkDirectory(path: directory, resolvedPath: resolvedPath, descriptor: current, status: status))
+    }
+
+    /// The directory's own owner and mode.
+    private static func ownProblem(_ directory: String, _ status: stat) -> SinkDirectoryProblem? {
+        let user = geteuid()
+        guard status.st_uid == user || status.st_uid == 0 else {
+            return SinkDirectoryProblem(
+                "the directory \(directory) is owned by user \(status.st_uid), neither the broker's user (\(user)) "
+                    + "nor root: its owner could replace or remove the token file; allowed: a directory owned by "
+                    + "the broker's user or root")
+        }
+        guard status.st_mode & S_IWOTH == 0 else {
+            return SinkDirectoryProblem(
+                "the directory \(directory) is writable by other users (mode \(modeText(status))): they could "
+                    + "replace or remove the token file; allowed: a directory only its owner and group can write, "
+                    + "such as mode 0750")
+        }
+        return nil
+    }
+
+    /// A directory above the sink's: others may not write it, unless it is sticky.
+    private static func ancestorProblem(_ ancestor: String, _ status: stat, below directory: String)
+        -> SinkDirectoryProblem?
+    {
+        guard status.st_mode & S_IWOTH != 0, status.st_mode & S_ISVTX == 0 else { return nil }
+        return SinkDirectoryProblem(
+            "\(ancestor), a directory above \(directory), is writable by other users (mode \(modeText(status))) "
+                + "without the sticky bit: they could rename the token file's directory away and put one of their "
+                + "own in its place; allowed: directories above that others cannot write, or sticky ones such as /tmp")
+    }
+
+    private static func unexaminable(_ directory: String, _ step: String, _ code: Int32) -> SinkDirectoryProblem {
+        SinkDirectoryProblem(
+            "the directory \(directory) cannot be examined: \(step): \(String(cString: strerror(code)))")
+    }
+
+    private static func modeText(_ status: stat) -> String { "0" + String(status.st_mode & 0o7777, radix: 8) }
+}
+
+/// `O_PATH` (Linux's value on x86_64 and arm64), which Glibc's Swift module leaves out: a
+/// descriptor that names a directory without the right to read it, enough to `fstat` it and to
+/// open what is in it; the directories above a token file's need not be readable.
+private let openPathOnly: Int32 = 0o10_000_000
+
+/// Why a directory cannot hold a token file, in words.
+public struct SinkDirectoryProblem: Error, Sendable, Equatable, CustomStringConvertible {
+    public let description: String
+
+    public init(_ description: String) { self.description = description }
 }

@@ -6,10 +6,15 @@ import TokenBrokerCrypto
 /// Writes each new token of one provider to one file (`SinkConfiguration`), for as long as
 /// `run()` runs.
 ///
+/// - At start, the temporary files an earlier run left behind are removed
+///   (`AtomicFileWriter.removeLeftovers`), and reported (`SinkEvents.cleanedUp`).
 /// - Each new version is written once, in the configured format: `token`, the bare token with
-///   no newline; `json`, the `/token` body (`TokenResponseBody.render`). In `json`, the same token
-///   renewed with a later expiry (same version) is written again, so that `expires_at` stays
-///   true; it is noticed at the next periodic look (see below).
+///   no newline; `json`, the `/token` body (`TokenResponseBody.render`) without `expires_in`,
+///   which would go stale in a file that cannot count down (its reader reads `expires_at`; for
+///   the same reason `set_cookie`, when the provider sets a cookie, has no `Max-Age`). `stale`
+///   is as it was when written. In `json`, the same token renewed with a later expiry (same
+///   version) is written again, so that `expires_at` stays true; it is noticed at the next
+///   periodic look (see below).
 /// - While refresh fails, the file keeps the last good token; once that expires, the file is
 ///   left as it is (its reader sees the expiry) and `status()` says it no longer holds a valid
 ///   token. An expired token is never written.
@@ -52,18 +57,20 @@ public final class SinkRunner<C: Clock>: Sendable where C.Duration == Duration {
 
     /// - Parameters:
     ///   - provider: must refresh in the background (the configuration refuses sinks on others).
+    ///   - directory: the file's directory, opened and checked at start (`SinkDirectory.open`);
+    ///     every write goes through it.
     ///   - events: hooks for logs and metrics, called after each write.
     ///   - retryDelay: the wait before a failed write is tried again with the same token.
     public init(
-        configuration: SinkConfiguration, provider: TokenProvider<C>, events: SinkEvents = SinkEvents(),
-        retryDelay: Duration = .seconds(5)
+        configuration: SinkConfiguration, provider: TokenProvider<C>, directory: SinkDirectory,
+        events: SinkEvents = SinkEvents(), retryDelay: Duration = .seconds(5)
     ) {
         self.configuration = configuration
         self.provider = provider
         self.events = events
         self.retryDelay = retryDelay
         lookInterval = max(.milliseconds(500), .seconds(provider.configuration.tokenRefreshDelaySec) / 2)
-        writer = AtomicFileWriter(path: configuration.path, mode: configuration.mode)
+        writer = AtomicFileWriter(directory: directory, path: configuration.path, mode: configuration.mode)
         queue = DispatchQueue(label: "token-broker.sink")
         state = Lock(
             State(
@@ -72,9 +79,21 @@ public final class SinkRunner<C: Clock>: Sendable where C.Duration == Duration {
             ))
     }
 
-    /// Writes each new token until the calling task is cancelled or the provider shuts down. A
-    /// write under way when that happens finishes first.
+    /// A runner whose file's directory is opened and checked (`SinkDirectory.open`) now.
+    public convenience init(
+        configuration: SinkConfiguration, provider: TokenProvider<C>, events: SinkEvents = SinkEvents(),
+        retryDelay: Duration = .seconds(5)
+    ) throws(SinkDirectoryProblem) {
+        let directory = try SinkDirectory.open(BrokerConfiguration.directory(of: configuration.path)).get()
+        self.init(
+            configuration: configuration, provider: provider, directory: directory, events: events,
+            retryDelay: retryDelay)
+    }
+
+    /// Removes the leftovers of earlier runs, then writes each new token until the calling task
+    /// is cancelled or the provider shuts down. A write under way when that happens finishes first.
     public func run() async {
+        await removeLeftovers()
         var written: Written?
         // The newest version tried: written, or failed and due to be tried again.
         var attempted: UInt64 = 0
@@ -129,10 +148,21 @@ public final class SinkRunner<C: Clock>: Sendable where C.Duration == Duration {
         case .token:
             return Array(token.token.accessToken.utf8)
         case .json:
+            // No expires_in: a number the file would keep while it goes stale.
             let body = TokenResponseBody.render(
-                token, stale: stale, expiresIn: token.secondsLeft(at: provider.clock.now), provider: provider.name,
-                cookie: provider.configuration.cookie)
+                token, stale: stale, expiresIn: nil, provider: provider.name, cookie: provider.configuration.cookie)
             return Array(body.utf8)
+        }
+    }
+
+    /// Removes leftover temporary files on the sink's queue, and reports it.
+    private func removeLeftovers() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            queue.async { [self] in
+                let (removed, error) = writer.removeLeftovers()
+                events.cleanedUp(SinkEvents.Cleanup(sink: configuration, removed: removed, error: error))
+                continuation.resume()
+            }
         }
     }
 

@@ -57,11 +57,27 @@ public struct SinkEvents: Sendable {
         public var isRetry: Bool
     }
 
+    /// What the removal of leftover temporary files at a sink's start did.
+    public struct Cleanup: Sendable {
+        /// The sink's configuration.
+        public var sink: SinkConfiguration
+        /// How many leftover temporary files were removed.
+        public var removed: Int
+        /// The first failure, if any (the other leftovers were still tried).
+        public var error: FileWriteError?
+    }
+
     /// A write ended, well or not.
     public var wrote: @Sendable (Write) -> Void
+    /// The leftovers of earlier runs were removed, at the sink's start, before its first write.
+    public var cleanedUp: @Sendable (Cleanup) -> Void
 
     /// Hooks that do nothing unless given.
-    public init(wrote: @escaping @Sendable (Write) -> Void = { _ in }) {
+    public init(
+        wrote: @escaping @Sendable (Write) -> Void = { _ in },
+        cleanedUp: @escaping @Sendable (Cleanup) -> Void = { _ in }
+    ) {
         self.wrote = wrote
+        self.cleanedUp = cleanedUp
     }
 }

@@ -1,4 +1,6 @@
+internal import CSystem
 import Dispatch
+import Glibc
 import TokenBrokerAPI
 import TokenBrokerCore
 import TokenBrokerSinks
@@ -7,7 +9,8 @@ import TokenBrokerSinks
 ///
 /// In `run`: `sinkDirectoryProblem` after the configuration is read (a problem exits 2,
 /// "invalid configuration"); `makeSinks` once the providers are made, with each sink's provider
-/// (for a template, the child held for the sink's values), and `startSinks` once they run. In
+/// (for a template, the child held for the sink's values) and its directory, opened and checked
+/// again, then kept open for every write; and `startSinks` once they run. In
 /// `stop`: `stopSinks` before the providers shut down, so that a write under way ends with the
 /// token it began with.
 extension Broker {
@@ -43,8 +46,90 @@ extension Broker {
 
     /// The first sink whose directory cannot hold its file, and why, as `sinks[0].path: …`; nil when all can.
     static func sinkDirectoryProblem(_ configuration: BrokerConfiguration) -> String? {
+        if case .failure(let problem) = openSinkDirectories(configuration) { return problem.description }
+        return nil
+    }
+
+    /// Each sink's directory, opened and checked (`SinkDirectory.open`), in configuration order;
+    /// else the first problem, as `sinks[0].path: …`: a directory that cannot hold a token file,
+    /// one with a default ACL, a path that is a directory, or two sinks naming the same file
+    /// through `..` or symbolic links (the same directory, by device and inode, and the same name).
+    static func openSinkDirectories(_ configuration: BrokerConfiguration) -> Result<[SinkDirectory], ConfigurationError>
+    {
+        var directories: [SinkDirectory] = []
+        var files: [SinkDirectory.FileIdentity: Int] = [:]
         for (index, sink) in configuration.sinks.enumerated() {
-            if let problem = SinkDirectory.problem(for: sink.path) { return "sinks[\(index)].path: \(problem)" }
+            let key = "sinks[\(index)].path"
+            let directory: SinkDirectory
+            switch SinkDirectory.open(BrokerConfiguration.directory(of: sink.path)) {
+            case .success(let opened): directory = opened
+            case .failure(let problem): return .failure(ConfigurationError(key: key, problem.description))
+            }
+            if let problem = defaultACLProblem(directory) ?? aclWriterProblem(directory)
+                ?? directory.fileProblem(for: sink.path)
+            {
+                return .failure(ConfigurationError(key: key, problem))
+            }
+            let file = directory.identity(of: AtomicFileWriter.fileName(of: sink.path))
+            if let earlier = files[file] {
+                return .failure(
+                    ConfigurationError(
+                        key: key,
+                        "\(JSONText.quoted(sink.path)) is the same file as sinks[\(earlier)].path "
+                            + "\(JSONText.quoted(configuration.sinks[earlier].path)) (through .. or a symbolic link); "
+                            + "allowed: one sink per file"))
+            }
+            files[file] = index
+            directories.append(directory)
+        }
+        return .success(directories)
+    }
+
+    /// A default ACL on the directory would pass its entries on to each new token file, whatever
+    /// its mode: refused. Found with `fgetxattr` on the open directory; a file system without
+    /// ACLs has none.
+    private static func defaultACLProblem(_ directory: SinkDirectory) -> String? {
+        guard fgetxattr(directory.descriptor, "system.posix_acl_default", nil, 0) < 0 else {
+            return "the directory \(directory.path) has a default ACL, which each new token file would inherit "
+                + "beyond its mode; allowed: a directory without one (remove it with setfacl -k)"
+        }
+        let code = errno
+        guard code == ENODATA || code == ENOTSUP || code == EOPNOTSUPP else {
+            return
+                "the directory \(directory.path) cannot be examined for a default ACL: \(String(cString: strerror(code)))"
+        }
+        return nil
+    }
+
+    /// An access ACL that lets a named user other than the broker's write the directory makes it
+    /// writable by others, which its mode bits do not show (only the ACL mask, as group bits).
+    /// The ACL is read with `fgetxattr` as the kernel stores it: version 2, then entries of tag,
+    /// permissions and id, little-endian.
+    private static func aclWriterProblem(_ directory: SinkDirectory) -> String? {
+        let name = "system.posix_acl_access"
+        var value = [UInt8](repeating: 0, count: 4 + 8 * 256)
+        let size = value.withUnsafeMutableBytes { fgetxattr(directory.descriptor, name, $0.baseAddress, $0.count) }
+        guard size >= 0 else {
+            let code = errno
+            if code == ENODATA || code == ENOTSUP || code == EOPNOTSUPP { return nil }
+            return "the directory \(directory.path) cannot be examined for an ACL: \(String(cString: strerror(code)))"
+        }
+        func field(_ offset: Int, _ width: Int) -> UInt32 {
+            (0..<width).reduce(0) { $0 | UInt32(value[offset + $1]) << (8 * UInt32($1)) }
+        }
+        guard size >= 4, (size - 4) % 8 == 0, field(0, 4) == 2 else {
+            return "the directory \(directory.path) has an ACL this broker cannot read"
+        }
+        let entries = stride(from: 4, to: size, by: 8).map {
+            (tag: field($0, 2), permissions: field($0 + 2, 2), id: field($0 + 4, 4))
+        }
+        // ACL_MASK (0x10) bounds what named entries grant; without one, there are no named entries.
+        let mask = entries.first { $0.tag == 0x10 }?.permissions ?? 7
+        let user = geteuid()
+        // ACL_USER (0x02): a named user; write is 2.
+        if let writer = entries.first(where: { $0.tag == 0x02 && $0.permissions & mask & 2 != 0 && $0.id != user }) {
+            return "the directory \(directory.path) lets user \(writer.id) write it (an ACL entry): they could replace "
+                + "or remove the token file; allowed: a directory only its owner and group can write"
         }
         return nil
     }
@@ -56,6 +141,8 @@ extension Broker {
         _ configuration: BrokerConfiguration, providers: Providers,
         events recordWrite: @escaping @Sendable (_ provider: String, _ succeeded: Bool) -> Void
     ) throws(ConfigurationError) -> Sinks {
+        // Opened again, and checked again: what start checked is what every write goes through.
+        let directories = try openSinkDirectories(configuration).get()
         var targets: [SinkTarget] = []
         for (index, sink) in configuration.sinks.enumerated() {
             if let provider = providers.providers.first(where: { $0.name == sink.provider }) {
@@ -83,12 +170,16 @@ extension Broker {
                 )
             }
         }
-        let events = SinkEvents { write in
-            recordWrite(write.sink.provider, write.error == nil)
-            logSinkWrite(write)
-        }
+        let events = SinkEvents(
+            wrote: { write in
+                recordWrite(write.sink.provider, write.error == nil)
+                logSinkWrite(write)
+            },
+            cleanedUp: logSinkCleanup)
         return Sinks(
-            runners: targets.map { SinkRunner(configuration: $0.sink, provider: $0.provider, events: events) },
+            runners: zip(targets, directories).map { target, directory in
+                SinkRunner(configuration: target.sink, provider: target.provider, directory: directory, events: events)
+            },
             held: targets.compactMap(\.held))
     }
 
@@ -152,6 +243,24 @@ extension Broker {
                     "provider": sink.provider, "path": sink.path, "version": String(write.version),
                     "token": write.fingerprint,
                 ])
+        }
+    }
+
+    /// The removal of leftover temporary files at a sink's start: logged with the count when
+    /// there were any, and a failure with its reason.
+    private static func logSinkCleanup(_ cleanup: SinkEvents.Cleanup) {
+        let sink = cleanup.sink
+        if let error = cleanup.error {
+            Log.warning(
+                "leftover temporary files of a token file not all removed",
+                [
+                    "provider": sink.provider, "path": sink.path, "removed": String(cleanup.removed),
+                    "problem": error.description,
+                ])
+        } else if cleanup.removed > 0 {
+            Log.info(
+                "leftover temporary files of a token file removed",
+                ["provider": sink.provider, "path": sink.path, "removed": String(cleanup.removed)])
         }
     }
 

@@ -13,7 +13,7 @@ import TokenBrokerTestSupport
         let directory = try privateDirectory()
         let path = directory.path("token")
         for (mask, mode) in [(mode_t(0), UInt32(0o640)), (0o077, 0o640), (0, 0o400), (0o022, 0o660), (0, 0o600)] {
-            let writer = AtomicFileWriter(path: path, mode: mode)
+            let writer = try AtomicFileWriter(path: path, mode: mode)
             let result = withUmask(mask) { writer.write(Array("value-\(mode)".utf8)) }
             #expect(result.failed == nil, "umask \(String(mask, radix: 8)), mode \(String(mode, radix: 8))")
             #expect(modeBits(path) == mode_t(mode), "umask \(String(mask, radix: 8))")
@@ -25,7 +25,7 @@ import TokenBrokerTestSupport
     @Test func aTokenIsWrittenWithoutANewlineAndReplacesALongerOne() throws {
         let directory = try privateDirectory()
         let path = directory.path("token")
-        let writer = AtomicFileWriter(path: path, mode: 0o600)
+        let writer = try AtomicFileWriter(path: path, mode: 0o600)
         #expect(writer.write(Array(String(repeating: "a", count: 40_000).utf8)).failed == nil)
         #expect(writer.write(Array("short".utf8)).failed == nil)
         #expect(contents(path) == "short")
@@ -36,7 +36,7 @@ import TokenBrokerTestSupport
         let path = directory.path("token")
         let victim = directory.path("victim")
         try "victim's own".write(toFile: victim, atomically: false, encoding: .utf8)
-        let writer = AtomicFileWriter(path: path, mode: 0o600)
+        let writer = try AtomicFileWriter(path: path, mode: 0o600)
         let planted = writer.temporaryPath(writer.nextTemporaryNumber)
         #expect(symlink(victim, planted) == 0)
 
@@ -50,7 +50,7 @@ import TokenBrokerTestSupport
     @Test func whenEveryTemporaryNameIsTakenTheWriteFailsAndTheFileStays() throws {
         let directory = try privateDirectory()
         let path = directory.path("token")
-        let writer = AtomicFileWriter(path: path, mode: 0o600)
+        let writer = try AtomicFileWriter(path: path, mode: 0o600)
         #expect(writer.write(Array("old".utf8)).failed == nil)
         let first = writer.nextTemporaryNumber
         for number in first..<first + UInt64(AtomicFileWriter.maximumAttempts) {
@@ -71,7 +71,7 @@ import TokenBrokerTestSupport
     @Test func aReadOnlyDirectoryGivesAReportedFailureAndTheOldFileStays() throws {
         let directory = try privateDirectory()
         let path = directory.path("token")
-        let writer = AtomicFileWriter(path: path, mode: 0o640)
+        let writer = try AtomicFileWriter(path: path, mode: 0o640)
         #expect(writer.write(Array("token-1".utf8)).failed == nil)
         let undo = try makeReadOnly(directory.url.path)
         let result = writer.write(Array("token-2".utf8))
@@ -93,7 +93,7 @@ import TokenBrokerTestSupport
         let path = directory.path("token")
         try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: false)
         try "x".write(toFile: path + "/inside", atomically: false, encoding: .utf8)
-        let result = AtomicFileWriter(path: path, mode: 0o600).write(Array("token-1".utf8))
+        let result = try AtomicFileWriter(path: path, mode: 0o600).write(Array("token-1".utf8))
         guard case .failure(let error) = result else {
             Issue.record("renaming a file over a directory should fail")
             return
@@ -102,13 +102,29 @@ import TokenBrokerTestSupport
         #expect(entries(directory.url.path) == ["token"], "the temporary file is removed")
     }
 
+    @Test func longNamesThatBeginAlikeKeepTheirLeftoversApart() throws {
+        let directory = try privateDirectory()
+        let stem = String(repeating: "n", count: 220)
+        let first = try AtomicFileWriter(path: directory.path(stem + "-a"), mode: 0o600)
+        let second = try AtomicFileWriter(path: directory.path(stem + "-b"), mode: 0o600)
+        let leftover = first.temporaryPath(first.nextTemporaryNumber)
+        #expect(leftover != second.temporaryPath(first.nextTemporaryNumber))
+        #expect(leftover.utf8.count - directory.url.path.utf8.count < 250, "the name stays under NAME_MAX")
+        #expect(FileManager.default.createFile(atPath: leftover, contents: Data("x".utf8)))
+        #expect(second.removeLeftovers().removed == 0, "another file's leftover is not its own")
+        #expect(modeBits(leftover) != nil)
+        #expect(first.removeLeftovers().removed == 1)
+        #expect(modeBits(leftover) == nil)
+        #expect(first.write(Array("token".utf8)).failed == nil && contents(directory.path(stem + "-a")) == "token")
+    }
+
     /// A reader looping over the file while it is replaced 200 times never sees a partial,
     /// empty or wrongly-moded file, nor a temporary file wider than the mode.
     @Test func aReaderNeverSeesAPartialEmptyOrWronglyModedFile() async throws {
         let directory = try privateDirectory()
         let path = directory.path("token")
         let mode: mode_t = 0o640
-        let writer = AtomicFileWriter(path: path, mode: UInt32(mode))
+        let writer = try AtomicFileWriter(path: path, mode: UInt32(mode))
         // Each value says its own length, and lengths vary up to 64 KiB, so a partial read shows.
         func value(_ index: Int) -> String {
             let body = String(
@@ -167,6 +183,83 @@ import TokenBrokerTestSupport
             try setMode(directory.url.path, mode)
             #expect(SinkDirectory.problem(for: directory.path("token")) == nil, "mode \(String(mode, radix: 8))")
         }
+    }
+
+    @Test(.enabled(if: geteuid() == 0, "only root can give a directory to another user"))
+    func aDirectoryOwnedByAnotherUserIsRefused() throws {
+        let directory = try privateDirectory()
+        let folder = directory.path("theirs")
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: false)
+        try setMode(folder, 0o755)
+        // nobody (65534): whoever owns the directory can replace the token file in it.
+        #expect(chown(folder, 65_534, 65_534) == 0)
+        let problem = SinkDirectory.problem(for: folder + "/token")
+        #expect(problem?.contains("the directory \(folder) is owned by user 65534") == true, "\(problem ?? "accepted")")
+        #expect(chown(folder, 0, 65_534) == 0)
+        #expect(SinkDirectory.problem(for: folder + "/token") == nil, "owned by root: accepted")
+    }
+
+    @Test func aParentOthersCanWriteIsRefusedUnlessSticky() throws {
+        let directory = try privateDirectory()
+        let parent = directory.path("shared")
+        let folder = parent + "/tokens"
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        try setMode(folder, 0o700)
+        for mode: mode_t in [0o777, 0o703] {
+            // Anyone may rename tokens/ away and make a tokens/ of their own in its place.
+            try setMode(parent, mode)
+            let problem = SinkDirectory.problem(for: folder + "/token")
+            #expect(
+                problem?.contains("\(parent), a directory above \(folder), is writable by other users") == true,
+                "mode \(String(mode, radix: 8)): \(problem ?? "accepted")")
+        }
+        try setMode(parent, 0o1777)
+        #expect(SinkDirectory.problem(for: folder + "/token") == nil, "sticky, as /tmp: others cannot rename tokens/")
+        try setMode(parent, 0o755)
+        #expect(SinkDirectory.problem(for: folder + "/token") == nil)
+    }
+
+    @Test func aParentReachedThroughASymbolicLinkIsTheOneChecked() throws {
+        let directory = try privateDirectory()
+        let parent = directory.path("shared")
+        try FileManager.default.createDirectory(atPath: parent + "/tokens", withIntermediateDirectories: true)
+        try setMode(parent + "/tokens", 0o700)
+        try setMode(parent, 0o777)
+        #expect(symlink(parent + "/tokens", directory.path("link")) == 0)
+        let problem = SinkDirectory.problem(for: directory.path("link") + "/token")
+        #expect(problem?.contains("\(parent), a directory above") == true, "\(problem ?? "accepted")")
+    }
+
+    @Test func oneFileNamedThroughDotDotOrASymbolicLinkHasOneIdentity() throws {
+        let directory = try privateDirectory()
+        let folder = directory.path("run")
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: false)
+        try setMode(folder, 0o700)
+        #expect(symlink(folder, directory.path("link")) == 0)
+        func identity(_ directory: String, _ name: String) throws -> SinkDirectory.FileIdentity {
+            try SinkDirectory.open(directory).get().identity(of: name)
+        }
+        let plain = try identity(folder, "same.token")
+        #expect(try identity(folder + "/../run", "same.token") == plain)
+        #expect(try identity(directory.path("link"), "same.token") == plain)
+        #expect(try identity(directory.path("link") + "/../run", "same.token") == plain)
+        #expect(try identity(folder, "other.token") != plain)
+        #expect(try identity(directory.url.path, "same.token") != plain)
+    }
+
+    @Test func writesGoToTheDirectoryOpenedAtStartEvenIfItsPathIsReplaced() throws {
+        let directory = try privateDirectory()
+        let folder = directory.path("run")
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: false)
+        try setMode(folder, 0o700)
+        let writer = try AtomicFileWriter(path: folder + "/token", mode: 0o600)
+        #expect(writer.write(Array("token-1".utf8)).failed == nil)
+        // What another user could do in a parent they can write: move the directory away, put another in its place.
+        #expect(rename(folder, directory.path("moved")) == 0)
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: false)
+        #expect(writer.write(Array("token-2".utf8)).failed == nil)
+        #expect(contents(directory.path("moved") + "/token") == "token-2")
+        #expect(entries(folder).isEmpty, "nothing is written into the directory put in its place")
     }
 
     @Test func aDirectoryAtTheFilesPathIsRefused() throws {

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import stat
+import struct
 import threading
 import time
 from urllib.parse import quote
@@ -206,9 +207,10 @@ def test_the_json_format_holds_the_token_body_with_the_mode_asked_for(tmp_key, s
         assert wait_until(lambda: read(path) is not None, timeout=20)
         served = broker.get_json("/token")[0]
         written = json.loads(read(path))
-        for key in ("access_token", "token_type", "version", "expires_at", "issued_at", "provider", "stale"):
-            assert written[key] == served[key], key
-        assert 0 < written["expires_in"] <= 300
+        # The /token body without expires_in: a file cannot count down (its reader reads expires_at).
+        assert "expires_in" not in written, written
+        assert 0 < served["expires_in"] <= 300
+        assert written == {key: value for key, value in served.items() if key != "expires_in"}
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o640
         renewed = refresh(broker, served["version"])
         assert wait_until(lambda: json.loads(read(path) or "{}").get("version") == renewed["version"], timeout=10)
@@ -271,7 +273,8 @@ def test_the_file_keeps_the_last_good_token_while_the_issuer_fails_then_follows_
     config = {"providers": [oauth_provider(issuer)], "sinks": [{"provider": "default", "path": path, "format": "token", "mode": "0600"}]}
     with Broker(config) as broker:
         good = broker.get_json("/token/ready?timeout=10")[0]["access_token"]
-        assert wait_until(lambda: read(path) == good, timeout=10)
+        # The write is counted just after the rename that shows it: wait for the count too.
+        assert wait_until(lambda: read(path) == good and sink_writes(broker) >= 1, timeout=10)
         writes = sink_writes(broker)
         issuer.fault("5xx")
         try:
@@ -316,12 +319,39 @@ def test_a_failed_write_is_logged_counted_and_retried_at_the_next_token(tmp_key,
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
 
 
+def test_leftover_temporary_files_are_removed_at_start_and_counted_in_the_log(tmp_key, sink_dir):
+    path = sink_dir / "default.token"
+    leftovers = [sink_dir / f".default.token.tmp-{pid}-{n}" for pid in (1, 7) for n in range(1, 11)]
+    for leftover in leftovers:
+        leftover.write_text("half a token")
+    (sink_dir / "victim").write_text("victim's own")
+    (sink_dir / ".default.token.tmp-1-99").symlink_to(sink_dir / "victim")
+    config = {"providers": [signer(tmp_key)], "sinks": [{"provider": "default", "path": str(path), "format": "token", "mode": "0600"}]}
+    with Broker(config) as broker:
+        assert wait_until(lambda: read(path) is not None, timeout=20)
+        assert not any(leftover.exists() for leftover in leftovers)
+        assert sorted(os.listdir(sink_dir)) == [".default.token.tmp-1-99", "default.token", "victim"]
+        assert read(sink_dir / "victim") == "victim's own", "the link was not followed"
+        assert any("leftover temporary files" in line and "removed=20" in line for line in broker.stderr().splitlines()), \
+            broker.stderr()
+
+
 # Refused at start
 
-@pytest.mark.parametrize("case", ["missing", "0777", "1777", "0703"])
+@pytest.mark.parametrize("case", ["missing", "0777", "1777", "0703", "parent 0777", "owned by nobody"])
 def test_a_directory_missing_or_writable_by_others_stops_the_broker_with_the_reason(tmp_path, case):
     directory = tmp_path / "run"
-    if case != "missing":
+    if case == "parent 0777":
+        # Others may rename run/ away and put a run/ of their own in its place.
+        directory = tmp_path / "shared" / "run"
+        directory.mkdir(parents=True, mode=0o700)
+        directory.parent.chmod(0o777)
+    elif case == "owned by nobody":
+        if os.geteuid() != 0:
+            pytest.skip("only root can give a directory to another user")
+        directory.mkdir(mode=0o755)
+        os.chown(directory, 65534, 65534)
+    elif case != "missing":
         directory.mkdir()
         directory.chmod(int(case, 8))
     config = tmp_path / "config.json"
@@ -330,7 +360,13 @@ def test_a_directory_missing_or_writable_by_others_stops_the_broker_with_the_rea
         result = run_broker(*args, env={"TOKEN_BROKER_LISTEN": "127.0.0.1:0", "TOKEN_BROKER_ADMIN_LISTEN": "127.0.0.1:0"})
         assert result.returncode == 2, (args, result.stdout, result.stderr)
         assert str(directory) in result.stderr, result.stderr
-        assert case == "missing" or "writable" in result.stderr, result.stderr
+        if case == "parent 0777":
+            assert f"{directory.parent}, a directory above {directory}, is writable by other users" in result.stderr, \
+                result.stderr
+        elif case == "owned by nobody":
+            assert "owned by user 65534" in result.stderr, result.stderr
+        else:
+            assert case == "missing" or "writable" in result.stderr, result.stderr
     assert not directory.exists() or os.listdir(directory) == []
 
 
@@ -368,6 +404,69 @@ def test_sinks_that_could_not_work_are_refused_at_start(tmp_path, case):
     result = run_broker("--check-config", "--config", str(tmp_path / "config.json"))
     assert result.returncode == 2, result.stdout + result.stderr
     assert "sinks[" in result.stderr, result.stderr
+
+
+def acl(*entries):
+    """An ACL as `setfacl` stores it: version 2, then entries of tag, permissions and id (little-endian)."""
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", tag, bits, who) for tag, bits, who in entries)
+
+
+ANYONE = 0xFFFFFFFF
+
+
+@pytest.mark.parametrize("case", ["default ACL", "a named user may write"])
+def test_a_directory_with_a_default_acl_or_another_writer_in_its_acl_is_refused_at_start(tmp_path, case):
+    """A default ACL would pass its entries on to the new file, whatever the mode bits say; an
+    access ACL may let another user write the directory, which the mode bits do not show."""
+    directory = tmp_path / "run"
+    directory.mkdir(mode=0o700)
+    if case == "default ACL":
+        # user::rwx, group::---, other::---
+        os.setxattr(directory, "system.posix_acl_default", acl((0x01, 7, ANYONE), (0x04, 0, ANYONE), (0x20, 0, ANYONE)))
+        reason = f"the directory {directory} has a default ACL"
+    else:
+        # user::rwx, user:4242:rwx, group::r-x, mask::rwx, other::---
+        os.setxattr(directory, "system.posix_acl_access", acl(
+            (0x01, 7, ANYONE), (0x02, 7, 4242), (0x04, 5, ANYONE), (0x10, 7, ANYONE), (0x20, 0, ANYONE)))
+        reason = f"the directory {directory} lets user 4242 write it"
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"sinks": [{"provider": "default", "path": str(directory / "t")}]}))
+    for args in (["--check-config"], []):
+        result = run_broker(*args, "--config", str(config),
+                            env={"TOKEN_BROKER_LISTEN": "127.0.0.1:0", "TOKEN_BROKER_ADMIN_LISTEN": "127.0.0.1:0"})
+        assert result.returncode == 2, (args, result.stdout, result.stderr)
+        assert reason in result.stderr, result.stderr
+    assert os.listdir(directory) == []
+
+
+@pytest.mark.parametrize("entries", [
+    [(0x01, 7, ANYONE), (0x02, 5, 4242), (0x04, 5, ANYONE), (0x10, 5, ANYONE), (0x20, 0, ANYONE)],  # user:4242:r-x
+    [(0x01, 7, ANYONE), (0x02, 7, 4242), (0x04, 5, ANYONE), (0x10, 5, ANYONE), (0x20, 0, ANYONE)],  # rwx, mask r-x
+], ids=["a named reader", "a writer the mask stops"])
+def test_a_directory_whose_acl_lets_no_other_user_write_is_accepted(tmp_path, entries):
+    directory = tmp_path / "run"
+    directory.mkdir(mode=0o700)
+    os.setxattr(directory, "system.posix_acl_access", acl(*entries))
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"sinks": [{"provider": "default", "path": str(directory / "t")}]}))
+    result = run_broker("--check-config", "--config", str(config))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("other", ["run/../run/same.token", "link/same.token", "link/../run/same.token"])
+def test_two_sinks_naming_one_file_through_dot_dot_or_a_link_are_refused_naming_both(tmp_path, other):
+    (tmp_path / "run").mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(tmp_path / "run")
+    sinks = [{"provider": "default", "path": str(tmp_path / "run" / "same.token")},
+             {"provider": "default", "path": str(tmp_path / other), "format": "json"}]
+    (tmp_path / "config.json").write_text(json.dumps({"sinks": sinks}))
+    for args in (["--check-config"], []):
+        result = run_broker(*args, "--config", str(tmp_path / "config.json"),
+                            env={"TOKEN_BROKER_LISTEN": "127.0.0.1:0", "TOKEN_BROKER_ADMIN_LISTEN": "127.0.0.1:0"})
+        assert result.returncode == 2, (args, result.stdout, result.stderr)
+        assert "sinks[1].path" in result.stderr and "sinks[0]" in result.stderr, result.stderr
+        assert "the same file" in result.stderr, result.stderr
+    assert os.listdir(tmp_path / "run") == []
 
 
 def test_a_sink_s_values_must_pass_the_template_s_allow_list(tmp_path, sink_dir):

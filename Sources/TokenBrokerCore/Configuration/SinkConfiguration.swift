@@ -12,7 +12,8 @@ public struct SinkConfiguration: Sendable, Equatable {
     public enum Format: String, Sendable, CaseIterable {
         /// The bare token, with no newline.
         case token
-        /// The `/token` body (`access_token`, `expires_at`, `version`, …).
+        /// The `/token` body (`access_token`, `expires_at`, `version`, …) without `expires_in`:
+        /// a file cannot count down, so its reader reads `expires_at`.
         case json
     }
 
@@ -20,7 +21,10 @@ public struct SinkConfiguration: Sendable, Equatable {
     /// (`backgroundRefreshEnabled`), since a file needs a token kept fresh.
     public var provider: String
     /// The file; required. Resolved against the configuration file's directory like other paths,
-    /// and unique across sinks. Its directory must exist and must not be writable by others.
+    /// and unique across sinks (here by its text; at start, also through `..` and symbolic links,
+    /// by the directory's device and inode and the file's name). Its directory must exist, be
+    /// owned by the broker's user or root, and not be writable by others, nor may any directory
+    /// above it be, unless sticky (checked at start, `SinkDirectory`).
     public var path: String
     /// Default `token`; also `json`.
     public var format: Format
@@ -120,7 +124,8 @@ extension SinkConfiguration {
     }
 
     /// The path with empty and `.` segments dropped, so that `a//b` and `./a/b` are found to be
-    /// `a/b` when sinks are compared.
+    /// `a/b` when sinks are compared. Paths that meet through `..` or symbolic links are found
+    /// at start, where the directories are opened (the file system, not the text, says).
     var comparablePath: String {
         let segments = path.split(separator: "/").filter { $0 != "." }
         return (path.hasPrefix("/") ? "/" : "") + segments.joined(separator: "/")
