@@ -260,6 +260,8 @@ def test_local_signer_children_carry_the_requested_audience_and_scope_verified_w
     ({"audience": "https://evil.example/"}, "audience", "value_not_allowed"),
     ({"audience": "https://api.example"}, "audience", "value_not_allowed"),  # the prefix needs its slash
     ({"audience": "https://exact.example/more"}, "audience", "value_not_allowed"),  # exact means exact
+    ({"audience": "https://api.example/svc0/../admin"}, "audience", "value_not_allowed"),  # no dot segment
+    ({"audience": "https://api.example/svc0\\admin"}, "audience", "value_not_allowed"),  # nor a backslash
     ({"scope": "read admin"}, "scope", "value_not_allowed"),
     ({"resource": "https://elsewhere.example/x"}, "resource", "value_not_allowed"),
     ({"audience": ""}, "audience", "invalid_request"),

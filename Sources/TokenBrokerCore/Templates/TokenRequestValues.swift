@@ -142,6 +142,14 @@ public struct RequestValueProblem: Error, Sendable, Equatable {
 
 /// One entry of an allow-list (`allowedAudiences`, `allowedScopes`, `allowedResources`): an
 /// exact value, or a prefix when it ends in `*` (`https://api.example/*`).
+///
+/// An exact entry is compared byte for byte, as it is. A prefix entry allows a value that starts
+/// with the prefix unless the part after the prefix holds a backslash or a `.` or `..` path
+/// segment: `/../` or `/./` anywhere, a start of `../` or `./`, an end of `/..` or `/.`, or the
+/// whole part being `.` or `..`. So `https://api.example/*` allows `https://api.example/v1..`
+/// and `https://api.example/.well-known/x` but not `https://api.example/v1/../admin`, which an
+/// issuer or resource server may resolve to a path outside the prefix. Values are checked as the
+/// request named them once percent-decoded (`%2e%2e` is `..`, `%2F` is `/`).
 public struct AllowPattern: Sendable, Hashable, CustomStringConvertible {
     /// The value, or the prefix without its `*`.
     public let text: String
@@ -160,9 +168,16 @@ public struct AllowPattern: Sendable, Hashable, CustomStringConvertible {
         self.isPrefix = isPrefix
     }
 
-    /// Whether `value` is allowed by this entry: equal to it, or starting with its prefix.
+    /// Whether `value` is allowed by this entry: equal to it, or starting with its prefix and
+    /// followed by no backslash and no dot segment.
     public func matches(_ value: some StringProtocol) -> Bool {
-        isPrefix ? value.utf8.starts(with: text.utf8) : value.utf8.elementsEqual(text.utf8)
+        guard isPrefix else { return value.utf8.elementsEqual(text.utf8) }
+        guard value.utf8.starts(with: text.utf8) else { return false }
+        let rest = value.utf8.dropFirst(text.utf8.count)
+        guard !rest.contains(UInt8(ascii: "\\")) else { return false }
+        return !rest.split(separator: UInt8(ascii: "/"), omittingEmptySubsequences: false).contains { segment in
+            segment.elementsEqual(".".utf8) || segment.elementsEqual("..".utf8)
+        }
     }
 
     /// As written in the configuration.
