@@ -17,7 +17,9 @@
 /// - in a header value: as is. Values are visible ASCII; a scope set is its tokens joined by
 ///   single spaces.
 ///
-/// A value the request did not name is replaced by the empty string. `{{` always opens a
+/// A placeholder has no default: every request, and every sink, for the template's children must
+/// name each parameter the placeholders use, or is refused (400 `invalid_request`; a sink at
+/// start) without a fetch (`ProviderConfiguration.requiredParameters`). `{{` always opens a
 /// placeholder: an unknown name, an unclosed `{{`, or a placeholder for a parameter missing from
 /// the provider's `perRequest` is refused at start, naming the key. A placeholder in the
 /// `Content-Type` value, or in a header name, is refused too.
@@ -135,6 +137,20 @@ public struct HTTPSourceConfiguration: Sendable, Equatable {
             if mediaType == "application/json" || mediaType.hasSuffix("+json") { return .json }
             return .asIs
         }
+    }
+
+    /// The parameters the placeholders of `url`, inline header values and `body` use: those a
+    /// request must name, since a placeholder has no default. A text whose placeholders cannot be
+    /// read (refused at start by `checkPlaceholders`) adds none.
+    public var placeholderParameters: Set<RequestParameter> {
+        var texts = [url]
+        if let body { texts.append(body) }
+        for case .value(let text) in headers.values { texts.append(text) }
+        var parameters: Set<RequestParameter> = []
+        for text in texts where text.contains(bytes: "{{") {
+            if let parsed = try? PlaceholderText(parsing: text) { parameters.formUnion(parsed.parameters) }
+        }
+        return parameters
     }
 
     /// Checks the placeholders of `url`, header values and `body` against the provider's

@@ -22,7 +22,8 @@ public enum RequestParameter: String, CaseIterable, Sendable, Hashable, Comparab
 ///
 /// Two requests that name the same values, once checked, get the same child: the scope set is
 /// kept sorted and without repeats, so `read write` and `write read` are one child. A value not
-/// named is nil, and the source then uses its configured default.
+/// named is nil, and the source then uses its configured default; a parameter that has none (one
+/// an `http` source's placeholders use, see `ProviderConfiguration.requiredParameters`) must be named.
 public struct TokenRequestValues: Hashable, Sendable, CustomStringConvertible {
     /// The audience asked for, or nil.
     public var audience: String?
@@ -68,7 +69,8 @@ public struct TokenRequestValues: Hashable, Sendable, CustomStringConvertible {
     ///
     /// Values are whole printable ASCII (no control character, no space except between scopes),
     /// at most `maximumLength` bytes. A scope is a set of RFC 6749 scope tokens, each of which
-    /// must be allowed. A provider that is not a template takes no value at all.
+    /// must be allowed. A provider that is not a template takes no value at all. Once the values
+    /// named are good, a parameter of `configuration.requiredParameters` not named is `missing`.
     public static func checked(
         audience: String?, scope: String?, resource: String?, for configuration: ProviderConfiguration
     ) -> Result<TokenRequestValues, RequestValueProblem> {
@@ -109,6 +111,10 @@ public struct TokenRequestValues: Hashable, Sendable, CustomStringConvertible {
             }
             scopes = tokens.map(String.init)
         }
+        // Fixed order, so that the parameter reported does not depend on a set's order.
+        for (parameter, value) in named where value == nil && configuration.requiredParameters.contains(parameter) {
+            return .failure(RequestValueProblem(parameter: parameter, kind: .missing))
+        }
         return .success(TokenRequestValues(audience: audience, scopes: scopes, resource: resource))
     }
 
@@ -128,6 +134,9 @@ public struct RequestValueProblem: Error, Sendable, Equatable {
         case malformed
         /// Outside the template's allow-list.
         case notAllowed
+        /// Not named, though the template has no default for it: its `http` source's placeholders
+        /// use it (`ProviderConfiguration.requiredParameters`).
+        case missing
     }
 
     /// The parameter at fault.
