@@ -312,6 +312,8 @@ public enum ErrorAnswer: Sendable, Equatable {
             return "\(name) must be 1 to \(TokenRequestValues.maximumLength) visible ASCII characters, without spaces"
         case .notAllowed:
             return "provider \(quotedProvider) does not allow this \(name) (see its allow-list)"
+        case .missing:
+            return "\(name) is required by this template: provider \(quotedProvider) has no default for it"
         }
     }
 

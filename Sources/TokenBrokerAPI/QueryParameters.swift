@@ -46,13 +46,20 @@ enum QueryParameters {
     }
 
     /// `audience`, `scope` and `resource`, each at most once; what they may hold is for
-    /// `TokenRequestValues.checked` to say.
+    /// `TokenRequestValues.checked` to say. One named without `=` (`?audience`) is the empty
+    /// value, which `checked` refuses as malformed: it is not the parameter left out, which asks
+    /// for the template's default.
     static func requestValues(_ request: HTTPRequest) throws(BadRequest) -> RequestValues {
         // The common request has no query at all.
         guard !request.query.isEmpty else { return RequestValues() }
+        func named(_ name: String) throws(BadRequest) -> String? {
+            if let value = try single(name, request) { return value }
+            guard request.query.contains(where: { $0.0.equalsIgnoringASCIICase(name) }) else { return nil }
+            if request.queryCount(name) > 1 { throw BadRequest(.repeatedParameter(name)) }
+            return ""
+        }
         return RequestValues(
-            audience: try single("audience", request), scope: try single("scope", request),
-            resource: try single("resource", request))
+            audience: try named("audience"), scope: try named("scope"), resource: try named("resource"))
     }
 
     /// The version in `If-None-Match: "3"` (or `W/"3"`); nil when absent or not one of ours.

@@ -13,6 +13,7 @@ public protocol TemplatedTokenSource: TokenSource {
 
     /// A source that fetches with `values` instead of this one's. The configured defaults stay
     /// those of the configuration, so `child(for: .none)` fetches exactly as the configured
-    /// source does.
+    /// source does. An `http` source's placeholders have no default: its child refuses to fetch
+    /// without each value they use (`ProviderConfiguration.requiredParameters`).
     func child(for values: TokenRequestValues) -> Self
 }

@@ -59,6 +59,7 @@ import TokenBrokerServer
         (.requestValue(.init(parameter: .audience, kind: .notAccepted), provider: "p"), 400, "invalid_request", [:]),
         (.requestValue(.init(parameter: .scope, kind: .malformed), provider: "p"), 400, "invalid_request", [:]),
         (.requestValue(.init(parameter: .resource, kind: .notAllowed), provider: "p"), 400, "value_not_allowed", [:]),
+        (.requestValue(.init(parameter: .audience, kind: .missing), provider: "p"), 400, "invalid_request", [:]),
         (
             .tooManyChildren(provider: "t", limit: 100, retryAfter: .milliseconds(1500)), 503, "too_many_children",
             ["Retry-After": "2"]
@@ -96,6 +97,10 @@ import TokenBrokerServer
         #expect(
             ErrorAnswer.requestValue(.init(parameter: .resource, kind: .malformed), provider: "t").description
                 == "resource must be 1 to 1024 visible ASCII characters, without spaces")
+        #expect(
+            ErrorAnswer.requestValue(.init(parameter: .scope, kind: .missing), provider: "custom").response.bodyText
+                == #"{"error":"invalid_request","error_description":"scope is required by this template: provider \"custom\" has no default for it","parameter":"scope"}"#
+        )
         #expect(
             ErrorAnswer.tooManyChildren(provider: "t", limit: 3, retryAfter: .seconds(59)).description
                 == #"provider "t" keeps at most 3 children (maxChildren) and has no room for another; try again in 59 s"#

@@ -71,9 +71,10 @@ typealias LiveTemplate = ProviderTemplate<TokenProvider<ContinuousClock>, ChildA
 /// A template `orders` taking audience and scope, made as the broker makes one.
 func liveTemplate(
     name: String = "orders", maxChildren: Int = 100, perRequest: Set<RequestParameter> = [.audience, .scope],
-    backgroundRefresh: Bool = true, shared: ValuesSource.Shared
+    backgroundRefresh: Bool = true, source: SourceConfiguration? = nil, shared: ValuesSource.Shared
 ) -> LiveTemplate {
     var configuration = ProviderConfiguration(name: name, backgroundRefreshEnabled: backgroundRefresh)
+    if let source { configuration.source = source }
     configuration.perRequest = perRequest
     if perRequest.contains(.audience) {
         configuration.allowedAudiences = [
@@ -257,6 +258,71 @@ struct TemplateCallers: CallerAuthorizing {
             #expect(repeated?.string("error_description") == "audience is given more than once")
             #expect(template.status().children == 0, "no child for a refused value")
             #expect(shared.count == 0, "and no fetch")
+        }
+    }
+
+    @Test func anHTTPTemplatesPlaceholderHasNoDefaultSoEveryRequestMustNameItsValue() async {
+        let shared = ValuesSource.Shared()
+        var http = HTTPSourceConfiguration(url: "https://tokens.example/issue?aud={{audience}}")
+        http.headers = ["Content-Type": .value("application/json")]
+        http.body = #"{"scope": "{{scope}}"}"#
+        let template = liveTemplate(source: .http(http), shared: shared)
+        let api = api(templates: [template], defaultName: "orders")
+        await running([template]) {
+            let cases: [(String, [(String, String)], String)] = [
+                ("/providers/orders/token", [], "audience"),
+                ("/token", [], "audience"),
+                ("/providers/orders/token/ready", [("scope", "read")], "audience"),
+                ("/providers/orders/token", [("audience", "https://orders.example")], "scope"),
+            ]
+            for (path, query, parameter) in cases {
+                let response = api.handle(token(path, query)).immediate
+                expectError(response, 400, "invalid_request")
+                #expect(response?.string("parameter") == parameter, "\(path) \(query)")
+                #expect(
+                    response?.string("error_description")?.hasPrefix("\(parameter) is required by this template")
+                        == true, "\(path) \(query)")
+            }
+            let refresh = api.handle(request("POST", "/providers/orders/token/refresh", query: [("scope", "read")]))
+            expectError(refresh.immediate, 400, "invalid_request")
+            #expect(template.status().children == 0, "no child without the values")
+            #expect(shared.count == 0, "and no fetch")
+            // Both named: the child is made and fetches.
+            let named = await answer(
+                api.handle(
+                    token("/providers/orders/token", [("audience", "https://orders.example"), ("scope", "read")])))
+            #expect(named?.string("access_token") == #"tok-1:audience="https://orders.example"+scope="read""#)
+        }
+    }
+
+    @Test func aParameterWithoutEqualsSignIsMalformedNotLeftOut() async {
+        let shared = ValuesSource.Shared()
+        // The local signer's template: a value left out is its configured default, so a bare
+        // `?audience` must not pass for one left out.
+        let template = liveTemplate(shared: shared)
+        let api = api(templates: [template], defaultName: "orders")
+        await running([template]) {
+            for path in ["/providers/orders/token", "/providers/orders/token/ready", "/token"] {
+                for bare in ["audience", "scope"] {
+                    let response = api.handle(
+                        HTTPRequest(
+                            method: "GET", path: path, query: [(bare, nil)],
+                            headers: [("Token-Broker-Request", "true")])
+                    ).immediate
+                    expectError(response, 400, "invalid_request")
+                    #expect(response?.string("parameter") == bare, "\(path)?\(bare)")
+                }
+            }
+            let repeated = api.handle(
+                HTTPRequest(
+                    method: "GET", path: "/providers/orders/token",
+                    query: [("audience", nil), ("audience", "https://orders.example")],
+                    headers: [("Token-Broker-Request", "true")])
+            ).immediate
+            expectError(repeated, 400, "invalid_request")
+            #expect(repeated?.string("error_description") == "audience is given more than once")
+            #expect(template.status().children == 0)
+            #expect(shared.count == 0)
         }
     }
 

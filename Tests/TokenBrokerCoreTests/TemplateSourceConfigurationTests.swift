@@ -166,6 +166,35 @@ import TokenBrokerCore
         #expect(configurationProblem(provider(allTemplateKeys, source: noPlaceholder)) == nil)
     }
 
+    @Test(arguments: [
+        #"{"n": {{audience}}}"#, #"{"n": [{{audience}}]}"#, #"{"a": "x"{{audience}}}"#, #"{"a": "x"} {{scope}}"#,
+        #"{"k\\": {{audience}}}"#, #"{"a": "\{{audience}}"}"#, #"{"a": "{{audience}}", "b": {{scope}}}"#,
+    ])
+    func aJSONBodysPlaceholderOutsideAStringLiteralIsRefused(_ body: String) {
+        let source = http(headers: #"{"Content-Type": "application/json"}"#, body: body)
+        #expect(
+            configurationProblem(provider(allTemplateKeys, source: source))
+                == "providers[0].source.body: with a JSON Content-Type, a placeholder must stand inside a JSON string"
+                + #" ("aud": "{{audience}}"), where its value is escaped"#, "\(body)")
+    }
+
+    @Test(arguments: [
+        #"{"a": "{{audience}}"}"#, #"{"{{audience}}": 1}"#, #"{"a": "\"{{audience}}\"", "b": "x {{scope}} y"}"#,
+        #"{"k\\": "{{audience}}", "n": 1}"#, #"{"a": "\\{{audience}}"}"#, #"{"a": "}}{{scope}}"}"#,
+    ])
+    func aJSONBodysPlaceholderInsideAStringLiteralIsAccepted(_ body: String) {
+        let source = http(headers: #"{"Content-Type": "application/problem+json"}"#, body: body)
+        #expect(configurationProblem(provider(allTemplateKeys, source: source)) == nil, "\(body)")
+    }
+
+    @Test func outsideAJSONBodyAPlaceholderMayStandAnywhere() {
+        for contentType in ["application/x-www-form-urlencoded", "text/plain"] {
+            let source = http(headers: #"{"Content-Type": "\#(contentType)"}"#, body: "n={{audience}}&{{scope}}")
+            #expect(configurationProblem(provider(allTemplateKeys, source: source)) == nil, "\(contentType)")
+        }
+        #expect(configurationProblem(provider(allTemplateKeys, source: http(body: "n: {{audience}}"))) == nil)
+    }
+
     @Test func aHeaderReadFromAFileIsNeverCheckedForPlaceholders() {
         let source = http(headers: #"{"Authorization": {"file": "/run/{{odd"}}"#)
         #expect(configurationProblem(provider("", source: source)) == nil)

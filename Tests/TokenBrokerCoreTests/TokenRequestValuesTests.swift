@@ -44,6 +44,42 @@ import TokenBrokerCore
         #expect(problem(check(resource: "urn:r:two")) == RequestValueProblem(parameter: .resource, kind: .notAllowed))
     }
 
+    @Test func aPrefixEntryRefusesDotSegmentsAndBackslashesAfterItsPrefix() throws {
+        // Values arrive percent-decoded: `%2e%2e/..%2Fadmin` is checked as `../../admin`.
+        let refused = [
+            "https://api.example/..", "https://api.example/.", "https://api.example/../admin",
+            "https://api.example/./admin", "https://api.example/%2e%2e/..%2Fadmin".removingPercentTwoE,
+            "https://api.example/v1/../../admin", "https://api.example/v1/./x", "https://api.example/v1/..",
+            "https://api.example/v1/.", "https://api.example/v1\\..\\admin", "https://api.example/a\\b",
+            "https://api.example/\\",
+        ]
+        for value in refused {
+            #expect(
+                problem(check(audience: value)) == RequestValueProblem(parameter: .audience, kind: .notAllowed),
+                "\(value)")
+        }
+        #expect(
+            problem(check(resource: "https://res.example/x/../y"))
+                == RequestValueProblem(parameter: .resource, kind: .notAllowed))
+        #expect(problem(check(scope: "storage..")) == RequestValueProblem(parameter: .scope, kind: .notAllowed))
+        // Dots that are not whole segments are ordinary characters.
+        for value in [
+            "https://api.example/v1..", "https://api.example/...", "https://api.example/.well-known/x",
+            "https://api.example/a..b/c", "https://api.example/v1/.x", "https://api.example/x/..y",
+        ] {
+            #expect(try check(audience: value).get().audience == value)
+        }
+        #expect(try check(scope: "storage.rw").get().scope == "storage.rw")
+    }
+
+    @Test func anExactEntryIsComparedAsItIsDotSegmentsAndAll() throws {
+        var configuration = template
+        configuration.allowedAudiences = [AllowPattern("https://odd.example/../a\\b")!]
+        #expect(try check(audience: "https://odd.example/../a\\b", configuration).get().audience != nil)
+        #expect(AllowPattern("https://odd.example/./x")!.matches("https://odd.example/./x"))
+        #expect(!AllowPattern("https://odd.example/*")!.matches("https://odd.example/./x"))
+    }
+
     @Test func everyScopeTokenMustBeAllowedAndTheSetIsKeptSortedWithoutRepeats() throws {
         let values = try check(scope: "write storage.rw read write").get()
         #expect(values.scopes == ["read", "storage.rw", "write"])
@@ -181,5 +217,24 @@ import TokenBrokerCore
         #expect(
             problem(template + #""allowedAudience": ["b"]"#)?.hasPrefix("providers[0].allowedAudience: unknown key")
                 == true)
+    }
+}
+
+extension String {
+    /// The text with `%2e`/`%2E` and `%2F`/`%2f` decoded, as the server decodes a query value.
+    fileprivate var removingPercentTwoE: String {
+        var out = ""
+        var rest = Substring(self)
+        while let first = rest.first {
+            let next = rest.prefix(3).lowercased()
+            if next == "%2e" || next == "%2f" {
+                out.append(next == "%2e" ? "." : "/")
+                rest = rest.dropFirst(3)
+            } else {
+                out.append(first)
+                rest = rest.dropFirst()
+            }
+        }
+        return out
     }
 }

@@ -260,20 +260,36 @@ import TokenBrokerUpstream
         #expect(request.header("Authorization") == "Bearer {{audience}}", "a header read from a file is not filled")
     }
 
-    @Test func aValueNotNamedIsTheEmptyStringAndNoValuesFetchAsTheTemplate() throws {
+    /// A placeholder has no default: the routes and sinks refuse a request that leaves one of
+    /// its values out, and the source, made with such values all the same, refuses to fetch
+    /// rather than send the value empty (which no allow-list allowed).
+    @Test func aValueNotNamedIsRefusedNeverSentEmpty() throws {
         var settings = HTTPSourceConfiguration(url: "http://127.0.0.1:1/t?aud={{audience}}&scope={{scope}}")
         settings.headers = ["Content-Type": .value("application/json"), "X-Resource": .value("[{{resource}}]")]
         settings.body = #"{"aud":"{{audience}}"}"#
         let template = HTTPTokenSource(configuration: settings)
-        let parent = try template.request()
-        #expect(parent.url == "http://127.0.0.1:1/t?aud=&scope=")
-        #expect(String(decoding: parent.body, as: UTF8.self) == #"{"aud":""}"#)
-        #expect(parent.headers.first { $0.0 == "X-Resource" }?.1 == "[]")
-        let child = try template.child(for: .none).request()
-        #expect(child.method == parent.method && child.url == parent.url && child.body == parent.body)
-        #expect(child.headers.map { $0.0 + ": " + $0.1 } == parent.headers.map { $0.0 + ": " + $0.1 })
-        let named = try template.child(for: TokenRequestValues(audience: "a")).request()
-        #expect(named.url == "http://127.0.0.1:1/t?aud=a&scope=")
+        for values in [
+            TokenRequestValues.none, TokenRequestValues(audience: "a"),
+            TokenRequestValues(audience: "a", scopes: ["r"]),
+            TokenRequestValues(scopes: ["r"], resource: "urn:x"),
+        ] {
+            do {
+                _ = try template.child(for: values).request()
+                Issue.record("\(values) leaves a placeholder's value out")
+            } catch {
+                #expect(error.description == "configuration")
+                #expect(error.detail.hasSuffix("is not named, and the source's placeholders have no default"))
+            }
+        }
+        #expect(throws: TokenFetchError.self) { try template.request() }
+        let named = try template.child(for: TokenRequestValues(audience: "a", scopes: ["r"], resource: "urn:x"))
+            .request()
+        #expect(named.url == "http://127.0.0.1:1/t?aud=a&scope=r")
+        #expect(String(decoding: named.body, as: UTF8.self) == #"{"aud":"a"}"#)
+        #expect(named.headers.first { $0.0 == "X-Resource" }?.1 == "[urn:x]")
+        // Without placeholders, no value is needed: the template's request is the child's.
+        let plain = HTTPTokenSource(configuration: HTTPSourceConfiguration(url: "http://127.0.0.1:1/t"))
+        #expect(try plain.child(for: .none).request().url == plain.request().url)
     }
 
     /// Values reach a source already checked; a value with a line break (which no check lets

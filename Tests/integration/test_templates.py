@@ -219,6 +219,48 @@ def test_an_http_source_gets_the_values_through_its_placeholders(issuer):
         assert json.loads(sent["body"]) == {"audience": "billing", "scope": "read"}
 
 
+def test_an_http_template_needs_every_value_its_placeholders_use_and_never_fetches_without_them(issuer, tmp_path):
+    # The placeholders have no configured default: a value left out would go out empty, past the allow-list.
+    provider = {"name": "custom", "perRequest": ["audience", "scope"],
+                "allowedAudiences": ["orders", "billing"], "allowedScopes": ["read", "write"],
+                "source": {"type": "http", "url": issuer.base + "/custom/token?aud={{audience}}", "method": "POST",
+                           "headers": {"X-Api-Key": API_KEY, "Content-Type": "application/json"},
+                           "body": '{"scope": "{{scope}}"}',
+                           "tokenPointer": "/data/token", "expiresInPointer": "/data/ttl"}}
+    with Broker({"providers": [provider]}) as broker:
+        started = time.time()
+        for path, parameter in [
+            ("/providers/custom/token", "audience"),
+            ("/token", "audience"),
+            ("/providers/custom/token" + query(scope="read"), "audience"),
+            ("/providers/custom/token/ready" + query(scope="read"), "audience"),
+            ("/providers/custom/token" + query(audience="orders"), "scope"),
+        ]:
+            document, _ = error(broker, path)
+            assert document["error"] == "invalid_request" and document["parameter"] == parameter, (path, document)
+            assert document["error_description"].startswith(f"{parameter} is required by this template"), document
+        document, _ = error(broker, "/providers/custom/token/refresh" + query(scope="read"), method="POST")
+        assert document["parameter"] == "audience", document
+        # Named without a value (no `=`): malformed, not left out.
+        document, _ = error(broker, "/providers/custom/token?audience&scope=read")
+        assert document["error"] == "invalid_request" and document["parameter"] == "audience", document
+        assert "required" not in document["error_description"], document
+        assert issuer.token_requests("custom", since=started) == [], "a value left out never causes a fetch"
+        assert template_readiness(broker, "custom")["children"] == 0
+        # Both named: the child fetches with them.
+        served = token_for(broker, "custom", audience="orders", scope="read")
+        [sent] = issuer.token_requests("custom", since=started)
+        assert sent["token_sha256"] == sha256(served["access_token"]) and sent["query"]["aud"] == ["orders"]
+    # A sink on the template that leaves a value out is refused at start, naming it.
+    config = {"providers": [provider], "sinks": [{"provider": "custom", "path": str(tmp_path / "t.token"),
+                                                    "scope": "read"}]}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    result = run_broker("--check-config", "--config", str(path))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "sinks[0].audience" in result.stderr and "required" in result.stderr, result.stderr
+
+
 # The local signer
 
 def test_local_signer_children_carry_the_requested_audience_and_scope_verified_with_the_jwks(tmp_key):
@@ -260,6 +302,8 @@ def test_local_signer_children_carry_the_requested_audience_and_scope_verified_w
     ({"audience": "https://evil.example/"}, "audience", "value_not_allowed"),
     ({"audience": "https://api.example"}, "audience", "value_not_allowed"),  # the prefix needs its slash
     ({"audience": "https://exact.example/more"}, "audience", "value_not_allowed"),  # exact means exact
+    ({"audience": "https://api.example/svc0/../admin"}, "audience", "value_not_allowed"),  # no dot segment
+    ({"audience": "https://api.example/svc0\\admin"}, "audience", "value_not_allowed"),  # nor a backslash
     ({"scope": "read admin"}, "scope", "value_not_allowed"),
     ({"resource": "https://elsewhere.example/x"}, "resource", "value_not_allowed"),
     ({"audience": ""}, "audience", "invalid_request"),

@@ -219,6 +219,9 @@ public struct BrokerConfiguration: Sendable, Equatable {
             }
             return "is outside provider \"\(provider.name)\"'s \(listName); allowed: "
                 + list.map(\.description).joined(separator: ", ")
+        case .missing:
+            return "is required by provider \"\(provider.name)\" (its source's placeholders use it, and it has"
+                + " no default)"
         }
     }
 

@@ -12,11 +12,14 @@
 /// - in `body`, by the configured `Content-Type` header: `application/x-www-form-urlencoded`, or
 ///   no `Content-Type` at all (the form type is then what is sent), form-encoded as above with a
 ///   space as `+`; `application/json` or any `…+json` type, escaped as within a JSON string,
-///   without quotes added (write `"aud": "{{audience}}"`); any other type, as is;
+///   without quotes added (write `"aud": "{{audience}}"`): there a placeholder must stand inside
+///   a JSON string literal, which is checked at start; any other type, as is;
 /// - in a header value: as is. Values are visible ASCII; a scope set is its tokens joined by
 ///   single spaces.
 ///
-/// A value the request did not name is replaced by the empty string. `{{` always opens a
+/// A placeholder has no default: every request, and every sink, for the template's children must
+/// name each parameter the placeholders use, or is refused (400 `invalid_request`; a sink at
+/// start) without a fetch (`ProviderConfiguration.requiredParameters`). `{{` always opens a
 /// placeholder: an unknown name, an unclosed `{{`, or a placeholder for a parameter missing from
 /// the provider's `perRequest` is refused at start, naming the key. A placeholder in the
 /// `Content-Type` value, or in a header name, is refused too.
@@ -136,6 +139,20 @@ public struct HTTPSourceConfiguration: Sendable, Equatable {
         }
     }
 
+    /// The parameters the placeholders of `url`, inline header values and `body` use: those a
+    /// request must name, since a placeholder has no default. A text whose placeholders cannot be
+    /// read (refused at start by `checkPlaceholders`) adds none.
+    public var placeholderParameters: Set<RequestParameter> {
+        var texts = [url]
+        if let body { texts.append(body) }
+        for case .value(let text) in headers.values { texts.append(text) }
+        var parameters: Set<RequestParameter> = []
+        for text in texts where text.contains(bytes: "{{") {
+            if let parsed = try? PlaceholderText(parsing: text) { parameters.formUnion(parsed.parameters) }
+        }
+        return parameters
+    }
+
     /// Checks the placeholders of `url`, header values and `body` against the provider's
     /// `perRequest`; `key` is the source's path, such as `providers[0].source`.
     func checkPlaceholders(perRequest: Set<RequestParameter>, key: String) throws(ConfigurationError) {
@@ -172,10 +189,19 @@ public struct HTTPSourceConfiguration: Sendable, Equatable {
                     key: headerKey, "Content-Type decides how placeholders in the body are encoded: it cannot hold one")
             }
         }
-        if let body, !(try checked(body, key + ".body")).parameters.isEmpty, case .file? = contentType {
+        guard let body else { return }
+        let parsedBody = try checked(body, key + ".body")
+        guard !parsedBody.parameters.isEmpty else { return }
+        if case .file? = contentType {
             throw ConfigurationError(
                 key: key + ".body",
                 "placeholders in the body need Content-Type given inline, which decides how they are encoded")
+        }
+        if bodyEncoding == .json, !parsedBody.placeholdersStandInJSONStrings {
+            throw ConfigurationError(
+                key: key + ".body",
+                "with a JSON Content-Type, a placeholder must stand inside a JSON string"
+                    + #" ("aud": "{{audience}}"), where its value is escaped"#)
         }
     }
 }
@@ -247,6 +273,34 @@ public struct PlaceholderText: Sendable, Equatable {
             }
         }
         return out
+    }
+
+    /// Whether every placeholder stands inside a JSON string literal, and not just after a
+    /// backslash: what a JSON body needs, since a value is put in escaped as string content.
+    ///
+    /// Follows the text's string state: a `"` outside a string opens one; inside, a backslash
+    /// escapes the next byte and an unescaped `"` closes it. A placeholder does not change the
+    /// state, since its value is string content. The rest of the JSON is the issuer's to judge.
+    var placeholdersStandInJSONStrings: Bool {
+        var inString = false
+        var escaped = false
+        for part in parts {
+            switch part {
+            case .placeholder:
+                guard inString, !escaped else { return false }
+            case .text(let text):
+                for byte in text.utf8 {
+                    if escaped {
+                        escaped = false
+                    } else if byte == UInt8(ascii: "\\") {
+                        escaped = inString
+                    } else if byte == UInt8(ascii: "\"") {
+                        inString.toggle()
+                    }
+                }
+            }
+        }
+        return true
     }
 
     /// Whether every placeholder of a URL comes after its authority: the text before the first

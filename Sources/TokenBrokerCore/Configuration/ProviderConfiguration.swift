@@ -7,7 +7,9 @@ public struct ProviderConfiguration: Sendable, Equatable {
     /// letters, digits, `-`, `_` and `.`, at most 64.
     public var name: String
     /// Where tokens come from. Default: the local JWT signer with a key generated at start.
-    public var source: SourceConfiguration
+    public var source: SourceConfiguration {
+        didSet { requiredParameters = source.placeholderParameters }
+    }
     /// Refresh in the background and serve from the cache. Default true.
     public var backgroundRefreshEnabled: Bool
     /// The longest time between background refreshes, and the idle time before refresh pauses.
@@ -45,6 +47,12 @@ public struct ProviderConfiguration: Sendable, Equatable {
     /// A child nobody read (and no sink holds) for this long is dropped. Default 3600; 60–86400.
     public var childIdleSec: Int = 3600
 
+    /// The parameters every request (and sink) for this template's children must name, since
+    /// the source has no default for them: an `http` source's placeholders' (`{{audience}}` in
+    /// its URL, a header value or its body); none for `oauth2` and `jwt`, whose configured values
+    /// are the defaults. Follows `source`.
+    public private(set) var requiredParameters: Set<RequestParameter>
+
     /// Whether this provider is a template (`perRequest` names a parameter).
     public var isTemplate: Bool { !perRequest.isEmpty }
 
@@ -65,6 +73,7 @@ public struct ProviderConfiguration: Sendable, Equatable {
         self.fetchTimeoutSec = fetchTimeoutSec
         self.name = name
         self.source = source
+        self.requiredParameters = source.placeholderParameters
         self.backgroundRefreshEnabled = backgroundRefreshEnabled
         self.tokenRefreshDelaySec = tokenRefreshDelaySec
         self.maxRetryCount = maxRetryCount
@@ -106,6 +115,7 @@ extension ProviderConfiguration {
         if let sourceReader = try reader.object("source") {
             source = try SourceConfiguration(reading: sourceReader)
         }
+        requiredParameters = source.placeholderParameters
         backgroundRefreshEnabled = try reader.bool("backgroundRefreshEnabled", default: backgroundRefreshEnabled)
         tokenRefreshDelaySec = try reader.int("tokenRefreshDelaySec", 1...86_400, default: tokenRefreshDelaySec)
         maxRetryCount = try reader.int("maxRetryCount", 0...10)

@@ -52,6 +52,11 @@ public enum SourceConfiguration: Sendable, Equatable {
         }
     }
 
+    /// The parameters the source's placeholders use: an `http` source's; none for the others.
+    public var placeholderParameters: Set<RequestParameter> {
+        if case .http(let settings) = self { settings.placeholderParameters } else { [] }
+    }
+
     /// Checks what a template's children would fetch with against `perRequest` (empty for a
     /// provider that is no template); `key` is the source's path, such as `providers[0].source`.
     ///

@@ -22,7 +22,8 @@ public enum RequestParameter: String, CaseIterable, Sendable, Hashable, Comparab
 ///
 /// Two requests that name the same values, once checked, get the same child: the scope set is
 /// kept sorted and without repeats, so `read write` and `write read` are one child. A value not
-/// named is nil, and the source then uses its configured default.
+/// named is nil, and the source then uses its configured default; a parameter that has none (one
+/// an `http` source's placeholders use, see `ProviderConfiguration.requiredParameters`) must be named.
 public struct TokenRequestValues: Hashable, Sendable, CustomStringConvertible {
     /// The audience asked for, or nil.
     public var audience: String?
@@ -68,7 +69,8 @@ public struct TokenRequestValues: Hashable, Sendable, CustomStringConvertible {
     ///
     /// Values are whole printable ASCII (no control character, no space except between scopes),
     /// at most `maximumLength` bytes. A scope is a set of RFC 6749 scope tokens, each of which
-    /// must be allowed. A provider that is not a template takes no value at all.
+    /// must be allowed. A provider that is not a template takes no value at all. Once the values
+    /// named are good, a parameter of `configuration.requiredParameters` not named is `missing`.
     public static func checked(
         audience: String?, scope: String?, resource: String?, for configuration: ProviderConfiguration
     ) -> Result<TokenRequestValues, RequestValueProblem> {
@@ -109,6 +111,10 @@ public struct TokenRequestValues: Hashable, Sendable, CustomStringConvertible {
             }
             scopes = tokens.map(String.init)
         }
+        // Fixed order, so that the parameter reported does not depend on a set's order.
+        for (parameter, value) in named where value == nil && configuration.requiredParameters.contains(parameter) {
+            return .failure(RequestValueProblem(parameter: parameter, kind: .missing))
+        }
         return .success(TokenRequestValues(audience: audience, scopes: scopes, resource: resource))
     }
 
@@ -128,6 +134,9 @@ public struct RequestValueProblem: Error, Sendable, Equatable {
         case malformed
         /// Outside the template's allow-list.
         case notAllowed
+        /// Not named, though the template has no default for it: its `http` source's placeholders
+        /// use it (`ProviderConfiguration.requiredParameters`).
+        case missing
     }
 
     /// The parameter at fault.
@@ -142,6 +151,14 @@ public struct RequestValueProblem: Error, Sendable, Equatable {
 
 /// One entry of an allow-list (`allowedAudiences`, `allowedScopes`, `allowedResources`): an
 /// exact value, or a prefix when it ends in `*` (`https://api.example/*`).
+///
+/// An exact entry is compared byte for byte, as it is. A prefix entry allows a value that starts
+/// with the prefix unless the part after the prefix holds a backslash or a `.` or `..` path
+/// segment: `/../` or `/./` anywhere, a start of `../` or `./`, an end of `/..` or `/.`, or the
+/// whole part being `.` or `..`. So `https://api.example/*` allows `https://api.example/v1..`
+/// and `https://api.example/.well-known/x` but not `https://api.example/v1/../admin`, which an
+/// issuer or resource server may resolve to a path outside the prefix. Values are checked as the
+/// request named them once percent-decoded (`%2e%2e` is `..`, `%2F` is `/`).
 public struct AllowPattern: Sendable, Hashable, CustomStringConvertible {
     /// The value, or the prefix without its `*`.
     public let text: String
@@ -160,9 +177,16 @@ public struct AllowPattern: Sendable, Hashable, CustomStringConvertible {
         self.isPrefix = isPrefix
     }
 
-    /// Whether `value` is allowed by this entry: equal to it, or starting with its prefix.
+    /// Whether `value` is allowed by this entry: equal to it, or starting with its prefix and
+    /// followed by no backslash and no dot segment.
     public func matches(_ value: some StringProtocol) -> Bool {
-        isPrefix ? value.utf8.starts(with: text.utf8) : value.utf8.elementsEqual(text.utf8)
+        guard isPrefix else { return value.utf8.elementsEqual(text.utf8) }
+        guard value.utf8.starts(with: text.utf8) else { return false }
+        let rest = value.utf8.dropFirst(text.utf8.count)
+        guard !rest.contains(UInt8(ascii: "\\")) else { return false }
+        return !rest.split(separator: UInt8(ascii: "/"), omittingEmptySubsequences: false).contains { segment in
+            segment.elementsEqual(".".utf8) || segment.elementsEqual("..".utf8)
+        }
     }
 
     /// As written in the configuration.

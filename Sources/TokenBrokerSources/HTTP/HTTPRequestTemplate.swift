@@ -19,6 +19,8 @@ struct HTTPRequestTemplate: Sendable {
     let headers: [(name: String, value: HeaderValue)]
     let body: PlaceholderText
     let bodyEncoding: HTTPSourceConfiguration.BodyEncoding
+    /// The parameters the placeholders use, in order: each must be named.
+    let required: [RequestParameter]
 
     init(_ configuration: HTTPSourceConfiguration) throws(TokenFetchError) {
         func parsed(_ text: String, _ key: String) throws(TokenFetchError) -> PlaceholderText {
@@ -39,12 +41,20 @@ struct HTTPRequestTemplate: Sendable {
         self.headers = headers
         body = try parsed(configuration.body ?? "", "body")
         bodyEncoding = configuration.bodyEncoding
+        var required = url.parameters.union(body.parameters)
+        for case (_, .text(let text)) in headers { required.formUnion(text.parameters) }
+        self.required = required.sorted()
     }
 
-    /// The request with `values` put in; a value not named is the empty string.
+    /// The request with `values` put in. A placeholder has no default: a value not named is refused
+    /// (the routes and sinks refuse it first, see `ProviderConfiguration.requiredParameters`),
+    /// never sent empty, which would ask for what no allow-list allowed.
     func request(values: TokenRequestValues, configuration: HTTPSourceConfiguration) throws(TokenFetchError)
         -> UpstreamRequest
     {
+        if let missing = required.first(where: { values.value($0) == nil }) {
+            throw .configuration("the \(missing.rawValue) is not named, and the source's placeholders have no default")
+        }
         var headers: [(String, String)] = [("Accept", "application/json")]
         for (name, value) in self.headers {
             switch value {
