@@ -4,16 +4,18 @@ import TokenBrokerServer
 extension TokenAPI {
     /// `GET /token`: the cached token with background refresh; without it, a token fetched for
     /// this request while its connection waits suspended.
-    /// - Parameter waitForFirstToken: a template's child: while it never held a token (it was
-    ///   made for this request, or a concurrent one), the request waits for its first, at most
-    ///   `maxWait`, as `/token/ready` would, sharing the child's one fetch.
+    /// - Parameter waitForFirstToken: a template's child: while it never held a token and its
+    ///   first fetch has not failed (it was made for this request, or a concurrent one), the
+    ///   request waits for its first, at most `maxWait`, as `/token/ready` would, sharing the
+    ///   child's one fetch. Once that fetch failed, later requests get the 503 at once, with the
+    ///   error, as a configured provider's do: a failing issuer does not hold each caller for `maxWait`.
     func token(_ endpoint: Endpoint, waitForFirstToken: Bool = false, label: RequestCounter) -> HTTPReply {
         let provider = endpoint.provider
         switch provider.read() {
         case .token(let token, let stale, let secondsLeft):
             return record(label, .response(cachedAnswer(endpoint, token, stale: stale, secondsLeft: secondsLeft)))
         case .unavailable(let wasPaused):
-            if waitForFirstToken, !provider.status().everHeldToken {
+            if waitForFirstToken, case let status = provider.status(), !status.everHeldToken, status.lastError == nil {
                 return wait(endpoint, after: nil, timeout: maxWait, mode: .ready(conditional: false), label: label)
             }
             return record(label, .response(Self.unavailable(provider, wasPaused: wasPaused)))

@@ -365,6 +365,27 @@ struct TemplateCallers: CallerAuthorizing {
         }
     }
 
+    @Test func onceAChildsFirstFetchFailedLaterRequestsGetThe503AtOnce() async {
+        let shared = ValuesSource.Shared(fails: true)
+        let template = liveTemplate(shared: shared)
+        let api = api(templates: [template], maxWait: .seconds(30))
+        await running([template]) {
+            let first = api.handle(token("/providers/orders/token", [("audience", "https://orders.example")]))
+            #expect(first.immediate == nil, "the first request waits for the child's first token")
+            guard
+                case .success(let (child, _)) = template.child(
+                    for: TokenRequestValues(audience: "https://orders.example"))
+            else {
+                Issue.record("no child")
+                return
+            }
+            #expect(await eventually { child.status().lastError != nil })
+            let later = api.handle(token("/providers/orders/token", [("audience", "https://orders.example")]))
+            expectError(later.immediate, 503, "token_unavailable", headers: ["Retry-After": "1"])
+            #expect(later.immediate?.string("error_description")?.contains("unreachable") == true)
+        }
+    }
+
     @Test func callerKeysAllowedTheTemplateAreAllowedItsChildren() async {
         let shared = ValuesSource.Shared()
         let template = liveTemplate(shared: shared)
