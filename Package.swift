@@ -105,8 +105,9 @@ let package = Package(
             swiftSettings: optimized,
             linkerSettings: compactLink
         ),
-        // What the test targets share (the openssl command line, temporary folders, polling); tests only.
-        .target(name: "TokenBrokerTestSupport", path: "Tests/TestSupport"),
+        // What the test targets share (the openssl command line, temporary folders, polling, a manual
+        // clock, a scripted token source); tests only.
+        .target(name: "TokenBrokerTestSupport", dependencies: ["TokenBrokerCore"], path: "Tests/TestSupport"),
         .testTarget(name: "TokenBrokerCoreTests", dependencies: ["TokenBrokerCore", "TokenBrokerTestSupport"]),
 
         .testTarget(name: "TokenBrokerCryptoTests", dependencies: ["TokenBrokerTestSupport", "TokenBrokerCrypto"]),

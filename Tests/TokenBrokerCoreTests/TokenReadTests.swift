@@ -1,5 +1,6 @@
 import Testing
 import TokenBrokerCore
+import TokenBrokerTestSupport
 
 /// A request's one read of a provider (`read(newerThan:)`): the token with what `/token` shows
 /// of it, or why there is none, and the `backgroundRefreshEnabled` rule.

@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 import TokenBrokerCore
+import TokenBrokerTestSupport
 
 /// Drives a `ProviderStateMachine` by hand: time moves only when the test says, and every
 /// action is recorded, so each rule can be checked at exact instants.

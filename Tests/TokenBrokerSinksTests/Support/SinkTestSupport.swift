@@ -1,45 +1,9 @@
-// What the sink tests share: a token source a test scripts, a private folder, and the file
+// What the sink tests share: a private folder, and the file
 // system calls the tests check the writer with (independent of the writer's own code).
 import Foundation
 import Glibc
 import TokenBrokerCore
 import TokenBrokerTestSupport
-
-/// A token source whose answers a test decides, and which counts its fetches; each successful
-/// fetch hands out `token-N`, N counting fetches. The last scripted answer repeats.
-final class ScriptedSource: TokenSource {
-    enum Answer: Sendable {
-        case token(lifetime: Duration?)
-        case failure(TokenFetchError)
-    }
-
-    private struct State {
-        var answers: [Answer]
-        var fetches = 0
-    }
-
-    private let state: Lock<State>
-
-    init(_ answers: [Answer] = [.token(lifetime: .seconds(900))]) {
-        state = Lock(State(answers: answers))
-    }
-
-    var fetchCount: Int { state.withLock { $0.fetches } }
-
-    func script(_ answers: [Answer]) { state.withLock { $0.answers = answers } }
-
-    func fetch() async throws(TokenFetchError) -> FetchedToken {
-        let (number, answer) = state.withLock { state -> (Int, Answer) in
-            state.fetches += 1
-            let answer = state.answers.count > 1 ? state.answers.removeFirst() : state.answers[0]
-            return (state.fetches, answer)
-        }
-        switch answer {
-        case .token(let lifetime): return FetchedToken(accessToken: "token-\(number)", lifetime: lifetime)
-        case .failure(let error): throw error
-        }
-    }
-}
 
 /// A temporary folder only its owner may enter and write (mode 0700 whatever the umask), as a
 /// token file's directory must be.

@@ -1,4 +1,4 @@
-// A copy of TokenBrokerCoreTests' ManualClock: test targets cannot import each other.
+// A clock for the timing tests of the provider, its templates and the token files' sinks.
 import Synchronization
 import TokenBrokerCore
 
@@ -6,13 +6,14 @@ import TokenBrokerCore
 ///
 /// The shape of swift-async-algorithms' test `ManualClock`: sleepers are continuations kept
 /// under a lock, resumed outside it; a cancelled sleeper throws `CancellationError`.
-final class ManualClock: Clock, Sendable {
-    struct Instant: InstantProtocol, CustomStringConvertible {
-        var offset: Duration
-        func advanced(by duration: Duration) -> Instant { Instant(offset: offset + duration) }
-        func duration(to other: Instant) -> Duration { other.offset - offset }
-        static func < (lhs: Instant, rhs: Instant) -> Bool { lhs.offset < rhs.offset }
-        var description: String { "t+\(offset)" }
+public final class ManualClock: Clock, Sendable {
+    public struct Instant: InstantProtocol, CustomStringConvertible {
+        public var offset: Duration
+        public init(offset: Duration) { self.offset = offset }
+        public func advanced(by duration: Duration) -> Instant { Instant(offset: offset + duration) }
+        public func duration(to other: Instant) -> Duration { other.offset - offset }
+        public static func < (lhs: Instant, rhs: Instant) -> Bool { lhs.offset < rhs.offset }
+        public var description: String { "t+\(offset)" }
     }
 
     private struct Sleeper {
@@ -29,11 +30,13 @@ final class ManualClock: Clock, Sendable {
 
     private let state = Lock(State())
 
-    var now: Instant { state.withLock { $0.now } }
-    var minimumResolution: Duration { .zero }
-    var sleeperCount: Int { state.withLock { $0.sleepers.count } }
+    public init() {}
 
-    func sleep(until deadline: Instant, tolerance: Duration?) async throws {
+    public var now: Instant { state.withLock { $0.now } }
+    public var minimumResolution: Duration { .zero }
+    public var sleeperCount: Int { state.withLock { $0.sleepers.count } }
+
+    public func sleep(until deadline: Instant, tolerance: Duration?) async throws {
         let id = state.withLock { state -> Int in
             state.nextID += 1
             return state.nextID
@@ -61,7 +64,7 @@ final class ManualClock: Clock, Sendable {
     }
 
     /// Moves time forward and wakes every sleeper whose deadline it reaches.
-    func advance(by duration: Duration) {
+    public func advance(by duration: Duration) {
         let woken = state.withLock { state -> [Sleeper] in
             state.now = state.now.advanced(by: duration)
             let due = state.sleepers.filter { $0.value.deadline <= state.now }

@@ -1,3 +1,4 @@
+// A scripted token source for the tests of the provider, its templates and the token files' sinks.
 import Synchronization
 import TokenBrokerCore
 
@@ -5,8 +6,8 @@ import TokenBrokerCore
 ///
 /// Each fetch takes the next scripted answer (the last repeats). With `gated`, every fetch waits
 /// until the test calls `open()`, so that many callers can pile up on one fetch.
-final class ScriptedSource: TokenSource {
-    enum Answer: Sendable {
+public final class ScriptedSource: TokenSource {
+    public enum Answer: Sendable {
         case token(lifetime: Duration?)
         case failure(TokenFetchError)
     }
@@ -20,17 +21,17 @@ final class ScriptedSource: TokenSource {
 
     private let state: Lock<State>
 
-    init(_ answers: [Answer] = [.token(lifetime: .seconds(900))], gated: Bool = false) {
+    public init(_ answers: [Answer] = [.token(lifetime: .seconds(900))], gated: Bool = false) {
         state = Lock(State(answers: answers, gateOpen: !gated))
     }
 
-    var fetchCount: Int { state.withLock { $0.fetches } }
-    var parkedCount: Int { state.withLock { $0.parked.count } }
+    public var fetchCount: Int { state.withLock { $0.fetches } }
+    public var parkedCount: Int { state.withLock { $0.parked.count } }
 
-    func script(_ answers: [Answer]) { state.withLock { $0.answers = answers } }
+    public func script(_ answers: [Answer]) { state.withLock { $0.answers = answers } }
 
     /// Lets every waiting and future fetch through.
-    func open() {
+    public func open() {
         let parked = state.withLock { state -> [CheckedContinuation<Void, Never>] in
             state.gateOpen = true
             defer { state.parked = [] }
@@ -39,7 +40,7 @@ final class ScriptedSource: TokenSource {
         for continuation in parked { continuation.resume() }
     }
 
-    func fetch() async throws(TokenFetchError) -> FetchedToken {
+    public func fetch() async throws(TokenFetchError) -> FetchedToken {
         let (number, answer) = state.withLock { state -> (Int, Answer) in
             state.fetches += 1
             let answer = state.answers.count > 1 ? state.answers.removeFirst() : state.answers[0]
