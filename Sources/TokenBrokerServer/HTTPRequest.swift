@@ -50,13 +50,7 @@ public struct HTTPRequest: Sendable {
     /// rather than one value for the broker and another for a proxy in front that reads names exactly.
     public func queryCount(_ name: String) -> Int {
         query.reduce(0) { count, parameter in
-            let read = parameter.0.utf8.prefix { $0 != 0 }
-            let same =
-                read.count == name.utf8.count
-                && zip(read, name.utf8).allSatisfy { Self.lowercased($0) == Self.lowercased($1) }
-            return count + (same ? 1 : 0)
+            count + (parameter.0.prefix { $0 != "\u{0}" }.equalsIgnoringASCIICase(name) ? 1 : 0)
         }
     }
-
-    private static func lowercased(_ byte: UInt8) -> UInt8 { byte >= 65 && byte <= 90 ? byte + 32 : byte }
 }
