@@ -2,16 +2,16 @@
 // ECDSA signatures, and polling for a condition. A library for tests only; the broker never links it.
 import Foundation
 
-/// Runs the `openssl` command line: an implementation independent of the code under test.
-public enum OpenSSL {
+/// Runs a command line tool and returns what it printed (standard output and error together).
+public enum CommandLineTool {
     public struct Failure: Error, CustomStringConvertible {
         public let description: String
     }
 
     @discardableResult
-    public static func run(_ arguments: [String]) throws -> String {
+    public static func run(_ path: String, _ arguments: [String]) throws -> String {
         let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/openssl")
+        process.executableURL = URL(fileURLWithPath: path)
         process.arguments = arguments
         let output = Pipe()
         process.standardOutput = output
@@ -21,9 +21,17 @@ public enum OpenSSL {
         process.waitUntilExit()
         let text = String(decoding: data, as: UTF8.self)
         guard process.terminationStatus == 0 else {
-            throw Failure(description: "openssl \(arguments.joined(separator: " ")) failed: \(text)")
+            throw Failure(description: "\(path) \(arguments.joined(separator: " ")) failed: \(text)")
         }
         return text
+    }
+}
+
+/// Runs the `openssl` command line: an implementation independent of the code under test.
+public enum OpenSSL {
+    @discardableResult
+    public static func run(_ arguments: [String]) throws -> String {
+        try CommandLineTool.run("/usr/bin/openssl", arguments)
     }
 }
 

@@ -66,19 +66,11 @@ func makeReadOnly(_ directory: String) throws -> () throws -> Void {
 
 /// Runs a command line tool; throws with its output when it fails.
 func runTool(_ path: String, _ arguments: [String]) throws {
-    let process = Process()
-    process.executableURL = URL(fileURLWithPath: path)
-    process.arguments = arguments
-    let output = Pipe()
-    process.standardOutput = output
-    process.standardError = output
-    try process.run()
-    let data = output.fileHandleForReading.readDataToEndOfFile()
-    process.waitUntilExit()
-    guard process.terminationStatus == 0 else {
+    do {
+        try CommandLineTool.run(path, arguments)
+    } catch {
         throw SystemCallFailure(
-            description: "\(path) \(arguments.joined(separator: " ")) failed (a read-only directory is needed "
-                + "even for root: the immutable attribute): \(String(decoding: data, as: UTF8.self))")
+            description: "\(error) (a read-only directory is needed even for root: the immutable attribute)")
     }
 }
 
