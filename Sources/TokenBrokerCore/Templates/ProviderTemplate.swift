@@ -138,16 +138,24 @@ where C.Duration == Duration {
         let now = clock.now
         return state.withLock { state -> Lookup in
             guard !state.isShutDown else { return .refused(.stopped) }
-            guard let index = state.children.index(forKey: values) else {
-                guard state.children.count < configuration.maxChildren else {
-                    return .refused(.full(limit: configuration.maxChildren, retryAfter: retryAfter(state, now: now)))
-                }
-                return .absent
-            }
-            state.children.values[index].lastRead = now
-            if holding { state.children.values[index].holds += 1 }
-            return .found(state.children.values[index])
+            if let found = read(values, holding: holding, now: now, &state) { return .found(found) }
+            if let full = noRoom(state, now: now) { return .refused(full) }
+            return .absent
         }
+    }
+
+    /// The child for `values`, counted as read now (or held once more); nil when there is none. Under the lock.
+    private func read(_ values: TokenRequestValues, holding: Bool, now: C.Instant, _ state: inout State) -> Entry? {
+        guard let index = state.children.index(forKey: values) else { return nil }
+        state.children.values[index].lastRead = now
+        if holding { state.children.values[index].holds += 1 }
+        return state.children.values[index]
+    }
+
+    /// `.full` when the template has `maxChildren` children; nil while there is room. Under the lock.
+    private func noRoom(_ state: State, now: C.Instant) -> ChildRefusal? {
+        guard state.children.count >= configuration.maxChildren else { return nil }
+        return .full(limit: configuration.maxChildren, retryAfter: retryAfter(state, now: now))
     }
 
     /// Reports a refusal past `maxChildren`, and returns it.
@@ -167,14 +175,8 @@ where C.Duration == Duration {
         var timer: (C.Instant, UInt64)?
         let outcome = state.withLock { state -> Result<(entry: Entry, isNew: Bool), ChildRefusal> in
             guard !state.isShutDown else { return .failure(.stopped) }
-            if let index = state.children.index(forKey: values) {
-                state.children.values[index].lastRead = now
-                if holding { state.children.values[index].holds += 1 }
-                return .success((state.children.values[index], false))
-            }
-            guard state.children.count < configuration.maxChildren else {
-                return .failure(.full(limit: configuration.maxChildren, retryAfter: retryAfter(state, now: now)))
-            }
+            if let found = read(values, holding: holding, now: now, &state) { return .success((found, false)) }
+            if let full = noRoom(state, now: now) { return .failure(full) }
             state.nextNumber += 1
             let entry = Entry(
                 child: child, attachment: attachment, number: state.nextNumber, lastRead: now, holds: holding ? 1 : 0)
