@@ -4,6 +4,7 @@ import TokenBrokerCore
 import TokenBrokerCrypto
 import TokenBrokerProxy
 import TokenBrokerServer
+import TokenBrokerSinks
 import TokenBrokerSources
 import TokenBrokerUpstream
 
@@ -61,15 +62,18 @@ enum Broker {
             return 2
         }
         if let callers { Log.info("caller keys loaded", ["file": callers.path, "callers": String(callers.count)]) }
-        if let problem = sinkDirectoryProblem(configuration) {
-            Log.error("invalid configuration", ["problem": problem])
+        let sinkDirectories: [SinkDirectory]
+        switch openSinkDirectories(configuration) {
+        case .success(let opened): sinkDirectories = opened
+        case .failure(let problem):
+            Log.error("invalid configuration", ["problem": problem.description])
             return 2
         }
         let metrics = BrokerMetrics(version: Options.version)
         let providers = makeProviders(configuration, sources, metrics: metrics)
         let sinks: Sinks
         do {
-            sinks = try makeSinks(configuration, providers: providers) {
+            sinks = try makeSinks(configuration, directories: sinkDirectories, providers: providers) {
                 metrics.recordSinkWrite(provider: $0, succeeded: $1)
             }
         } catch {

@@ -7,10 +7,10 @@ import TokenBrokerSinks
 
 /// Token files (`sinks`): the steps `Broker.run` and `Broker.stop` take for them.
 ///
-/// In `run`: `sinkDirectoryProblem` after the configuration is read (a problem exits 2,
+/// In `run`: `openSinkDirectories` after the configuration is read (a problem exits 2,
 /// "invalid configuration"); `makeSinks` once the providers are made, with each sink's provider
-/// (for a template, the child held for the sink's values) and its directory, opened and checked
-/// again, then kept open for every write; and `startSinks` once they run. In
+/// (for a template, the child held for the sink's values) and the directory opened and checked
+/// at start, kept open for every write; and `startSinks` once they run. In
 /// `stop`: `stopSinks` before the providers shut down, so that a write under way ends with the
 /// token it began with.
 extension Broker {
@@ -42,12 +42,6 @@ extension Broker {
     struct RunningSinks {
         let sinks: Sinks
         let tasks: [Task<Void, Never>]
-    }
-
-    /// The first sink whose directory cannot hold its file, and why, as `sinks[0].path: …`; nil when all can.
-    static func sinkDirectoryProblem(_ configuration: BrokerConfiguration) -> String? {
-        if case .failure(let problem) = openSinkDirectories(configuration) { return problem.description }
-        return nil
     }
 
     /// Each sink's directory, opened and checked (`SinkDirectory.open`), in configuration order;
@@ -137,12 +131,12 @@ extension Broker {
     /// One runner per sink, in configuration order, each on its provider: a configured provider
     /// found by name, or, for a template, the child held for the sink's values (kept alive, never
     /// dropped for idleness, until `stopSinks`). Fails when a template cannot hold one more child.
+    /// - Parameter directories: `openSinkDirectories`' result, one per sink: what start checked
+    ///   is what every write goes through.
     static func makeSinks(
-        _ configuration: BrokerConfiguration, providers: Providers,
+        _ configuration: BrokerConfiguration, directories: [SinkDirectory], providers: Providers,
         events recordWrite: @escaping @Sendable (_ provider: String, _ succeeded: Bool) -> Void
     ) throws(ConfigurationError) -> Sinks {
-        // Opened again, and checked again: what start checked is what every write goes through.
-        let directories = try openSinkDirectories(configuration).get()
         var targets: [SinkTarget] = []
         for (index, sink) in configuration.sinks.enumerated() {
             if let provider = providers.providers.first(where: { $0.name == sink.provider }) {

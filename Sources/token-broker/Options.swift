@@ -146,7 +146,7 @@ enum Options {
     static func check(_ configuration: BrokerConfiguration) throws(ConfigurationError) {
         _ = try Broker.makeSources(configuration)
         _ = try Broker.loadCallerKeys(configuration)
-        if let problem = Broker.sinkDirectoryProblem(configuration) { throw ConfigurationError(key: "", problem) }
+        _ = try Broker.openSinkDirectories(configuration).get()
     }
 
     /// Reads the file, if any, then applies the environment's overrides.
