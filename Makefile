@@ -30,6 +30,10 @@ FUZZ_BUILD := TOKEN_BROKER_FUZZ=1 $(SWIFT) build -c release --scratch-path .buil
 ASAN_RUN_OPTIONS := TOKEN_BROKER_SANITIZER=address ASAN_OPTIONS=detect_leaks=1:halt_on_error=0 \
                     LSAN_OPTIONS=suppressions=$(abspath Tests/sanitizers/lsan.supp)
 TSAN_RUN_OPTIONS := TOKEN_BROKER_SANITIZER=thread TSAN_OPTIONS=halt_on_error=0:second_deadlock_stack=1
+# Unit tests: a crash prints its reason (the runtime's or a C library's message) and the crashed
+# thread's frames, without every thread's registers and the list of loaded images, so that the
+# reason is still on screen, and in the end of a CI log, when the run stops.
+UNIT_TEST := SWIFT_BACKTRACE=enable=yes,interactive=no,color=no,threads=crashed,registers=none,images=none $(SWIFT) test
 
 .PHONY: run test deps build lint format unit-test integration-test contract-test container-check fuzz fuzz-build sanitize \
         bench soak link-order clean
@@ -39,7 +43,7 @@ run: deps build
 	exec $(BIN) $(ARGS)
 
 test: lint deps build $(VENV)/.installed
-	$(SWIFT) test
+	$(UNIT_TEST)
 	TOKEN_BROKER_BIN=$(abspath $(BIN)) $(VENV)/bin/python -m pytest -q Tests/integration
 	Tests/contract/run.sh $(BIN) $(VENV)
 	$(SUDO) Tests/container/runtime-check.sh $(BIN)
@@ -59,7 +63,7 @@ format:
 	$(SWIFT) format format --in-place --recursive --parallel $(SWIFT_FILES)
 
 unit-test: deps
-	$(SWIFT) test
+	$(UNIT_TEST)
 
 integration-test: build $(VENV)/.installed
 	TOKEN_BROKER_BIN=$(abspath $(BIN)) $(VENV)/bin/python -m pytest -q Tests/integration

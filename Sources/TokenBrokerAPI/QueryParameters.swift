@@ -49,17 +49,48 @@ enum QueryParameters {
     /// `TokenRequestValues.checked` to say. One named without `=` (`?audience`) is the empty
     /// value, which `checked` refuses as malformed: it is not the parameter left out, which asks
     /// for the template's default.
+    ///
+    /// The rules of `query(_:)` and `queryCount(_:)`, in one pass over the query rather than
+    /// several per name (a child's every request comes through here): a name's value is that of
+    /// the first parameter whose whole name matches it without regard to ASCII case, and the name
+    /// is repeated when more than one parameter's name, read up to a decoded NUL, matches it.
     static func requestValues(_ request: HTTPRequest) throws(BadRequest) -> RequestValues {
         // The common request has no query at all.
         guard !request.query.isEmpty else { return RequestValues() }
-        func named(_ name: String) throws(BadRequest) -> String? {
-            if let value = try single(name, request) { return value }
-            guard request.query.contains(where: { $0.0.equalsIgnoringASCIICase(name) }) else { return nil }
-            if request.queryCount(name) > 1 { throw BadRequest(.repeatedParameter(name)) }
-            return ""
+        var found = [Found](repeating: Found(), count: RequestParameter.allCases.count)
+        for (name, value) in request.query {
+            guard let index = parameterIndex(name.utf8) else { continue }
+            found[index].count += 1
+            if found[index].value == nil, name.utf8.count == names[index].utf8.count {
+                found[index].value = value ?? ""
+            }
         }
-        return RequestValues(
-            audience: try named("audience"), scope: try named("scope"), resource: try named("resource"))
+        for (index, parameter) in found.enumerated() where parameter.value != nil && parameter.count > 1 {
+            throw BadRequest(.repeatedParameter(names[index]))
+        }
+        return RequestValues(audience: found[0].value, scope: found[1].value, resource: found[2].value)
+    }
+
+    /// One name's first value (nil: not named by its whole name) and how many names, read up to a NUL, are it.
+    private struct Found {
+        var value: String?
+        var count = 0
+    }
+
+    /// The request values' names, in `RequestParameter` order.
+    private static let names = RequestParameter.allCases.map(\.rawValue)
+
+    /// The index in `names` of the name that `name`, read up to a NUL, is, without regard to ASCII case.
+    private static func parameterIndex(_ name: String.UTF8View) -> Int? {
+        let length = name.firstIndex(of: 0).map { name.distance(from: name.startIndex, to: $0) } ?? name.count
+        // Only the lengths of `audience` (8), `scope` (5) and `resource` (8) can match.
+        guard length == 5 || length == 8 else { return nil }
+        let head = name.prefix(length)
+        for (index, candidate) in names.enumerated()
+        where candidate.utf8.count == length && head.elementsEqual(candidate.utf8, by: { $0 | 0x20 == $1 }) {
+            return index
+        }
+        return nil
     }
 
     /// The version in `If-None-Match: "3"` (or `W/"3"`); nil when absent or not one of ours.

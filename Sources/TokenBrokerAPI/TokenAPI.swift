@@ -52,7 +52,10 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
     }
 
     /// One template and what its routes keep; its children are made per request.
-    struct TemplateEndpoint: Sendable {
+    ///
+    /// A class, so that passing it along a request (in `Target`) costs one reference count, not
+    /// one per reference in its settings, which are many.
+    final class TemplateEndpoint: Sendable {
         let template: any TemplateProviding<Provider>
         /// The template's name and settings, read once rather than through `template` per request.
         let name: String
@@ -186,7 +189,7 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
         if path.hasPrefix("/providers/") {
             let tail = path.dropFirst("/providers/".count)
             let name = tail.prefix { $0 != "/" }
-            guard name.count < tail.count else {
+            guard name.endIndex < tail.endIndex else {
                 return record(otherCounter, .response(ErrorAnswer.notFound(path: path).response))
             }
             guard let named = targets[String(name)] else {

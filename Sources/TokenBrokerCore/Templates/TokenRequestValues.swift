@@ -182,11 +182,24 @@ public struct AllowPattern: Sendable, Hashable, CustomStringConvertible {
     public func matches(_ value: some StringProtocol) -> Bool {
         guard isPrefix else { return value.utf8.elementsEqual(text.utf8) }
         guard value.utf8.starts(with: text.utf8) else { return false }
-        let rest = value.utf8.dropFirst(text.utf8.count)
-        guard !rest.contains(UInt8(ascii: "\\")) else { return false }
-        return !rest.split(separator: UInt8(ascii: "/"), omittingEmptySubsequences: false).contains { segment in
-            segment.elementsEqual(".".utf8) || segment.elementsEqual("..".utf8)
+        // One scan of the part after the prefix, without splitting it: each segment (between
+        // slashes, or an end) is refused when it is `.` or `..`; a backslash anywhere is refused.
+        var segmentLength = 0
+        var segmentIsDots = true
+        for byte in value.utf8.dropFirst(text.utf8.count) {
+            switch byte {
+            case UInt8(ascii: "\\"):
+                return false
+            case UInt8(ascii: "/"):
+                if segmentIsDots, segmentLength == 1 || segmentLength == 2 { return false }
+                segmentLength = 0
+                segmentIsDots = true
+            default:
+                segmentLength += 1
+                segmentIsDots = segmentIsDots && byte == UInt8(ascii: ".")
+            }
         }
+        return !(segmentIsDots && (segmentLength == 1 || segmentLength == 2))
     }
 
     /// As written in the configuration.
