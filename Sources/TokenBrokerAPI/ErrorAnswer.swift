@@ -71,6 +71,25 @@ public enum ErrorAnswer: Sendable, Equatable {
     /// `Retry-After`: when the earliest idle child could be dropped).
     case tooManyChildren(provider: String, limit: Int, retryAfter: Duration)
 
+    // MARK: The cloud SDKs' protocols (`CompatAPI`)
+
+    /// Google's metadata server: the request lacks `Metadata-Flavor: Google` (403).
+    case missingMetadataFlavor
+    /// Azure IMDS: the request lacks `Metadata: true` (400).
+    case missingMetadataHeader
+    /// Azure App Service: `X-IDENTITY-HEADER` is missing or not the configured secret (401).
+    case invalidIdentityHeader
+    /// Azure: `api-version` is missing or not the protocol's (400).
+    case invalidAPIVersion(expected: String)
+    /// A query parameter the route requires is missing (400).
+    case missingParameter(String)
+    /// A query parameter holds a value the route does not take (400); `allowed` says what it takes.
+    case invalidParameter(String, allowed: String)
+    /// Azure: more than one of `client_id`, `object_id`, `mi_res_id`, `msi_res_id` (400).
+    case conflictingIdentityParameters
+    /// Azure: no configured identity has the id asked for (400, never 404, which SDKs retry).
+    case identityNotFound
+
     // MARK: Tokens
 
     /// The provider has no valid token (503 `token_unavailable`, with `Retry-After`): says why
@@ -109,13 +128,14 @@ public enum ErrorAnswer: Sendable, Equatable {
         case .methodNotAllowed, .methodNotForwarded: 405
         case .absoluteForm, .malformedHead, .notAWholeNumber, .invalidTimeout, .repeatedParameter,
             .refreshBodyNotObject,
-            .refreshBodyUnknownKey, .invalidRejectedVersion, .invalidProxyPath, .requestValue:
+            .refreshBodyUnknownKey, .invalidRejectedVersion, .invalidProxyPath, .requestValue, .missingMetadataHeader,
+            .invalidAPIVersion, .missingParameter, .invalidParameter, .conflictingIdentityParameters, .identityNotFound:
             400
         case .shuttingDown, .refusedWhileStopping, .clientClosed, .tokenUnavailable, .proxyTokenUnavailable,
             .tooManyChildren:
             503
-        case .missingRequestHeader, .forwardedRequest, .providerNotAllowed: 403
-        case .missingCallerKey, .invalidCallerKey: 401
+        case .missingRequestHeader, .forwardedRequest, .providerNotAllowed, .missingMetadataFlavor: 403
+        case .missingCallerKey, .invalidCallerKey, .invalidIdentityHeader: 401
         case .bodyTooLarge, .proxyBodyTooLarge: 413
         case .excessiveRefresh: 429
         case .tokenNotCookieSafe, .upstreamUnreachable: 502
@@ -130,8 +150,13 @@ public enum ErrorAnswer: Sendable, Equatable {
         case .methodNotAllowed, .methodNotForwarded: "method_not_allowed"
         case .absoluteForm, .malformedHead, .notAWholeNumber, .invalidTimeout, .repeatedParameter,
             .refreshBodyNotObject,
-            .refreshBodyUnknownKey, .invalidRejectedVersion, .invalidProxyPath:
+            .refreshBodyUnknownKey, .invalidRejectedVersion, .invalidProxyPath, .invalidAPIVersion, .missingParameter,
+            .invalidParameter, .conflictingIdentityParameters:
             "invalid_request"
+        case .missingMetadataFlavor: "missing_metadata_flavor"
+        case .missingMetadataHeader: "missing_metadata_header"
+        case .invalidIdentityHeader: "invalid_identity_header"
+        case .identityNotFound: "identity_not_found"
         case .requestValue(let problem, _): problem.kind == .notAllowed ? "value_not_allowed" : "invalid_request"
         case .tooManyChildren: "too_many_children"
         case .unknownProvider: "unknown_provider"
@@ -193,6 +218,22 @@ public enum ErrorAnswer: Sendable, Equatable {
             "unknown key \(JSONText.quoted(String(key.prefix(64)))) in the body; allowed: rejected_version"
         case .invalidRejectedVersion:
             "rejected_version must be a whole number from 0 to 999999999999999, the version of the rejected token"
+        case .missingMetadataFlavor:
+            "metadata requests need the header \"Metadata-Flavor: Google\""
+        case .missingMetadataHeader:
+            "managed identity requests need the header \"Metadata: true\""
+        case .invalidIdentityHeader:
+            "X-IDENTITY-HEADER is missing or is not the secret this broker was given (identityHeaderFile)"
+        case .invalidAPIVersion(let expected):
+            "api-version must be \(expected)"
+        case .missingParameter(let name):
+            "\(name) is required"
+        case .invalidParameter(let name, let allowed):
+            "\(name) must be \(allowed)"
+        case .conflictingIdentityParameters:
+            "name the identity by one of client_id, object_id, mi_res_id and msi_res_id, not several"
+        case .identityNotFound:
+            "no managed identity with that id is configured"
         case .tokenUnavailable(let provider, let lastError, let paused):
             Self.unavailableText(provider: provider, lastError: lastError, paused: paused)
         case .requestValue(let problem, let provider):
@@ -261,6 +302,25 @@ public enum ErrorAnswer: Sendable, Equatable {
         case .missingCallerKey: Self.missingCallerKeyResponse
         case .invalidCallerKey: Self.invalidCallerKeyResponse
         default: build()
+        }
+    }
+
+    /// The answer in a cloud SDK protocol's shape (`CompatAPI`): Google's metadata server's
+    /// carries `Metadata-Flavor: Google`, as its every answer does; Azure's body adds
+    /// `statusCode` and `message`, which msal quotes when it fails.
+    func response(for protocolName: CompatProtocol) -> HTTPResponse {
+        switch protocolName {
+        case .gce:
+            return HTTPResponse(status: status, json: body, headers: headers + [CompatProtocol.metadataFlavor])
+        case .azure:
+            var members: [(String, String)] = [
+                ("error", JSONText.quoted(code)), ("error_description", JSONText.quoted(description)),
+            ]
+            if case .requestValue(let problem, _) = self {
+                members.append(("parameter", JSONText.quoted(problem.parameter.rawValue)))
+            }
+            members += [("statusCode", String(status)), ("message", JSONText.quoted(description))]
+            return HTTPResponse(status: status, json: JSONText.object(members), headers: headers)
         }
     }
 

@@ -116,6 +116,8 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
     /// requests under `/proxy/` to `begin`, with their raw target).
     let proxy: (any ProxyHandling)?
     let proxyCounter: RequestCounter
+    /// The cloud SDK protocols' routes served on this listener (`CompatAPI`), when configured so.
+    let compat: CompatAPI<Provider>?
     private let jwks: HTTPResponse
     private let jwksCounter: RequestCounter
     private let unknownProviderCounter: RequestCounter
@@ -131,10 +133,12 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
     ///   - requestGuard: require `Token-Broker-Request: true` and refuse `X-Forwarded-For`.
     ///   - callers: who may read which provider; nil lets every client read every provider.
     ///   - proxy: proxy mode's routes, when proxies are configured.
+    ///   - compat: the cloud SDK protocols' routes, when served on this listener: their paths
+    ///     (`/`, `/computeMetadata/…`, `/msi/token`, `/metadata/identity/…`) are handed to them.
     public init(
         providers: [Provider], templates: [any TemplateProviding<Provider>] = [], defaultName: String? = nil,
         jwks: String, maxWait: Duration, requestGuard: Bool = true, callers: (any CallerAuthorizing)? = nil,
-        proxy: (any ProxyHandling)? = nil, metrics: BrokerMetrics
+        proxy: (any ProxyHandling)? = nil, compat: CompatAPI<Provider>? = nil, metrics: BrokerMetrics
     ) {
         precondition(!providers.isEmpty || !templates.isEmpty, "the broker needs at least one provider")
         var targets: [String: Target] = [:]
@@ -167,6 +171,7 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
         self.guardRequests = requestGuard
         self.callers = callers
         self.proxy = proxy
+        self.compat = compat
         proxyCounter = metrics.counter(listener: "token", route: "/proxy/{name}")
         self.metrics = metrics
     }
@@ -180,6 +185,7 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
     public func handle(_ request: HTTPRequest) -> HTTPReply {
         let path = request.path
         if let proxy, let target = request.rawTarget { return proxied(request, target: target, proxy: proxy) }
+        if let compat, compat.serves(path) { return compat.handle(request) }
         guard path.hasPrefix("/") else { return record(otherCounter, .response(ErrorAnswer.absoluteForm.response)) }
         if path == "/.well-known/jwks.json" {
             return record(jwksCounter, Methods.only(Methods.read, request) ?? .response(jwks))

@@ -2,8 +2,19 @@ import Synchronization
 import TokenBrokerCore
 import TokenBrokerServer
 
-/// Keeps the rendered `/token` answer of one provider, so that it is built once per token
-/// version (and once per second of `expires_in`, which must not lie), not once per request.
+/// What a token answer looks like: the broker's own `/token` body, or a cloud SDK protocol's
+/// (`CompatAPI`). A cache keeps one rendered answer per format.
+public enum AnswerFormat: Int, CaseIterable, Sendable {
+    case broker
+    case gceToken
+    case gceIdentity
+    case azureAppService
+    case azureIMDS
+}
+
+/// Keeps the rendered token answers of one provider, one per `AnswerFormat`, so that each is
+/// built once per token version (and once per second of `expires_in`, which must not lie), not
+/// once per request.
 ///
 /// Public so that whoever makes a template's children can keep one beside each child (the
 /// template's attachment, `TemplateProviding`); the routes alone read it.
@@ -21,7 +32,8 @@ public final class TokenResponseCache<Instant: InstantProtocol>: Sendable where 
         var response: HTTPResponse
     }
 
-    private let current = Lock<Entry?>(nil)
+    /// One slot per `AnswerFormat`, by its raw value.
+    private let current = Lock<[Entry?]>(Array(repeating: nil, count: AnswerFormat.allCases.count))
     private let providerName: String
     private let cookie: CookieSettings
 
@@ -35,17 +47,30 @@ public final class TokenResponseCache<Instant: InstantProtocol>: Sendable where 
         self.init(providerName: provider.name, cookie: provider.cookie)
     }
 
-    /// The answer for `token` with `secondsLeft` (as the provider's read returned them), from
-    /// the cache when its key is unchanged; rendered, and kept, only when it changed.
+    /// The `/token` answer for `token` with `secondsLeft` (as the provider's read returned
+    /// them), from the cache when its key is unchanged; rendered, and kept, only when it changed.
     func response(for token: CachedToken<Instant>, stale: Bool, secondsLeft: Int?) -> HTTPResponse {
+        response(for: token, stale: stale, secondsLeft: secondsLeft, format: .broker) { [providerName, cookie] in
+            Self.render(token, stale: stale, expiresIn: secondsLeft, provider: providerName, cookie: cookie)
+        }
+    }
+
+    /// The answer in `format` for `token` with `secondsLeft`, from the cache when its key is
+    /// unchanged; else made by `render` and kept. A format's answer must depend only on the
+    /// token, `stale` and `secondsLeft` (and on what never changes for this provider).
+    func response(
+        for token: CachedToken<Instant>, stale: Bool, secondsLeft: Int?, format: AnswerFormat,
+        render: () -> HTTPResponse
+    ) -> HTTPResponse {
         let key = Key(version: token.version, stale: stale, expiresIn: secondsLeft, renewal: token.renewal)
-        if let hit = current.withLock({ $0?.key == key ? $0?.response : nil }) { return hit }
-        let response = Self.render(token, stale: stale, expiresIn: secondsLeft, provider: providerName, cookie: cookie)
-        current.withLock { $0 = Entry(key: key, response: response) }
+        let slot = format.rawValue
+        if let hit = current.withLock({ $0[slot]?.key == key ? $0[slot]?.response : nil }) { return hit }
+        let response = render()
+        current.withLock { $0[slot] = Entry(key: key, response: response) }
         return response
     }
 
-    /// The answer for `token` at `now`, rendered only when its key changed.
+    /// The `/token` answer for `token` at `now`, rendered only when its key changed.
     func response(for token: CachedToken<Instant>, stale: Bool, now: Instant) -> HTTPResponse {
         response(for: token, stale: stale, secondsLeft: token.secondsLeft(at: now))
     }

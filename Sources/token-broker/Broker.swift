@@ -23,10 +23,12 @@ enum Broker {
         let templates: [Template]
     }
 
-    /// The two HTTP servers: the token listener and the admin listener.
+    /// The HTTP servers: the token listener, the admin listener, and the cloud SDK protocols'
+    /// own listeners, when they have one (`compat.gce.listen`, `compat.azure.listen`).
     struct Listeners {
         let token: HTTPServer
         let admin: HTTPServer
+        let compat: [CompatListener]
     }
 
     /// What `start` set going, for `stop` to end.
@@ -62,6 +64,14 @@ enum Broker {
             return 2
         }
         if let callers { Log.info("caller keys loaded", ["file": callers.path, "callers": String(callers.count)]) }
+        let identityHeader: [UInt8]?
+        do {
+            identityHeader = try readIdentityHeader(configuration)
+        } catch {
+            Log.error("invalid configuration", ["problem": error.description])
+            return 2
+        }
+        for warning in lifetimeWarnings(configuration) { Log.warning("compat", ["problem": warning]) }
         let sinkDirectories: [SinkDirectory]
         switch openSinkDirectories(configuration) {
         case .success(let opened): sinkDirectories = opened
@@ -85,7 +95,7 @@ enum Broker {
         do {
             listeners = try openListeners(
                 configuration, providers: providers, sinks: sinks, jwks: JWTSigner.jwks(sources.compactMap(\.1)),
-                callers: callers, metrics: metrics)
+                callers: callers, identityHeader: identityHeader, metrics: metrics)
         } catch {
             Log.error("cannot start", ["problem": error.description])
             return 1
@@ -221,12 +231,14 @@ enum Broker {
         }
     }
 
-    /// Binds both listeners with their routes (the proxy's too, when configured), and lets the
-    /// metrics read their connection counts.
+    /// Binds the listeners with their routes (the proxy's and the cloud SDK protocols' too,
+    /// when configured), and lets the metrics read their connection counts.
     private static func openListeners(
         _ configuration: BrokerConfiguration, providers: Providers, sinks: Sinks, jwks: String,
-        callers: CallerKeyStore?, metrics: BrokerMetrics
+        callers: CallerKeyStore?, identityHeader: [UInt8]?, metrics: BrokerMetrics
     ) throws(HTTPServerError) -> Listeners {
+        let compat = try compatRoutes(
+            configuration, templates: providers.templates, identityHeader: identityHeader, metrics: metrics)
         var tokenSettings = HTTPServer.Configuration(address: configuration.listen)
         tokenSettings.connectionLimit = configuration.connectionLimit
         tokenSettings.connectionTimeoutSec = configuration.connectionTimeoutSec
@@ -246,7 +258,8 @@ enum Broker {
             handler: TokenAPI(
                 providers: providers.providers, templates: providers.templates,
                 defaultName: configuration.providers[0].name, jwks: jwks, maxWait: .seconds(configuration.maxWaitSec),
-                requestGuard: configuration.requestGuard, callers: callers, proxy: proxy, metrics: metrics))
+                requestGuard: configuration.requestGuard, callers: callers, proxy: proxy,
+                compat: compat.onTokenListener, metrics: metrics))
         var adminSettings = HTTPServer.Configuration(address: configuration.adminListen)
         adminSettings.connectionLimit = 256
         adminSettings.connectionTimeoutSec = configuration.connectionTimeoutSec
@@ -268,7 +281,7 @@ enum Broker {
             adminServer?.evictedConnections ?? 0
         }
         metrics.observeDroppedResponseHeaders { HTTPResponse.droppedHeaders }
-        return Listeners(token: tokenServer, admin: adminServer)
+        return Listeners(token: tokenServer, admin: adminServer, compat: compat.own)
     }
 
     /// Runs each provider and each template in a task of its own, starts the token files' sinks,
@@ -299,6 +312,10 @@ enum Broker {
         Log.info("listening", ["listener": "token", "address": address(configuration.listen, listeners.token.port)])
         Log.info(
             "listening", ["listener": "admin", "address": address(configuration.adminListen, listeners.admin.port)])
+        for listener in listeners.compat {
+            Log.info(
+                "listening", ["listener": listener.name, "address": address(listener.address, listener.server.port)])
+        }
         for proxy in configuration.proxies {
             Log.info(
                 "proxy ready",
@@ -336,6 +353,7 @@ enum Broker {
         for provider in running.providers.providers { provider.shutDown() }
         for template in running.providers.templates { template.shutDown() }
         running.listeners.token.shutDown(grace: .seconds(5))
+        for listener in running.listeners.compat { listener.server.shutDown(grace: .seconds(1)) }
         running.listeners.admin.shutDown(grace: .seconds(1))
         waitForEnd(of: running.providerTasks, atMost: .seconds(5))
         running.callers?.stop()

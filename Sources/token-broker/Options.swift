@@ -95,6 +95,7 @@ enum Options {
                 return 2
             }
             guard checkOnly else { return Broker.run(configuration) }
+            for warning in Broker.lifetimeWarnings(configuration) { Log.warning("compat", ["problem": warning]) }
             print(
                 "configuration OK: \(configuration.providers.count) provider(s), token listener \(configuration.listen), admin listener \(configuration.adminListen)"
             )
@@ -147,6 +148,7 @@ enum Options {
         _ = try Broker.makeSources(configuration)
         _ = try Broker.loadCallerKeys(configuration)
         _ = try Broker.openSinkDirectories(configuration).get()
+        _ = try Broker.readIdentityHeader(configuration)
     }
 
     /// Reads the file, if any, then applies the environment's overrides.

@@ -30,6 +30,8 @@ public struct BrokerConfiguration: Sendable, Equatable {
     public var maxWaitSec: Int
     /// Token files: each new token of a provider written to a file. Default: none.
     public var sinks: [SinkConfiguration] = []
+    /// The cloud SDKs' own token protocols (Google's metadata server, Azure managed identity). Default: none.
+    public var compat = CompatConfiguration()
 
     public static let defaultListen = "127.0.0.1:8080"
     public static let defaultAdminListen = "127.0.0.1:9090"
@@ -91,6 +93,7 @@ public struct BrokerConfiguration: Sendable, Equatable {
         if let items = try reader.array("sinks") {
             for item in items { sinks.append(try SinkConfiguration(reading: item.value, path: item.path)) }
         }
+        if var compatReader = try reader.object("compat") { compat = try CompatConfiguration(reading: &compatReader) }
         try reader.finish()
         try validate()
     }
@@ -107,6 +110,7 @@ public struct BrokerConfiguration: Sendable, Equatable {
         for index in providers.indices { providers[index].source.resolvePaths(resolve) }
         for index in proxies.indices { proxies[index].upstream.resolvePaths(resolve) }
         for index in sinks.indices { sinks[index].path = resolve(sinks[index].path) }
+        if let path = compat.azure?.identityHeaderFile { compat.azure?.identityHeaderFile = resolve(path) }
     }
 
     /// The directory of a file path: `/etc/tb` for `/etc/tb/config.json`, `.` for `config.json`.
@@ -158,9 +162,15 @@ public struct BrokerConfiguration: Sendable, Equatable {
             }
         }
         try validateSinks()
-        if listen == adminListen, listen.port != 0 || listen.unixPath != nil {
-            throw ConfigurationError(
-                key: "adminListen", "\(adminListen) is also the token listener; allowed: a different address or port")
+        try compat.validate(providers: providers)
+        var listeners: [(String, ListenAddress)] = [("listen", listen), ("adminListen", adminListen)]
+        if let address = compat.gce?.listen { listeners.append(("compat.gce.listen", address)) }
+        if let address = compat.azure?.listen { listeners.append(("compat.azure.listen", address)) }
+        for (index, (key, address)) in listeners.enumerated() where address.port != 0 || address.unixPath != nil {
+            if let (other, _) = listeners[..<index].first(where: { $0.1 == address }) {
+                throw ConfigurationError(
+                    key: key, "\(address) is also \(other); allowed: a different address or port")
+            }
         }
     }
 

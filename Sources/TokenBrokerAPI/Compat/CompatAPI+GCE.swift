@@ -1,0 +1,178 @@
+import TokenBrokerCore
+import TokenBrokerServer
+
+/// Google's metadata server, as google-auth and the other Google SDKs ask it when
+/// `GCE_METADATA_HOST` (and, for Python, `GCE_METADATA_IP`) point at the broker:
+///
+/// | path (under `/computeMetadata/v1`) | answer |
+/// |---|---|
+/// | `/` (not under it) | 200 `computeMetadata/`: the SDKs' detection probe |
+/// | `/project/project-id`, `/project/numeric-project-id`, `/universe/universe-domain` | text (404 when not configured) |
+/// | `/instance/service-accounts/` | the accounts: `default/` and the configured email |
+/// | `/instance/service-accounts/{account}/` | `?recursive=true`: JSON `email`, `scopes`, `aliases`; else a listing |
+/// | `…/{account}/email`, `…/aliases`, `…/scopes` | text |
+/// | `…/{account}/token[?scopes=a,b]` | JSON `access_token`, `expires_in`, `token_type`: the `provider` template's child for those scopes |
+/// | `…/{account}/identity?audience=A` | the bare JWT: the `identityProvider` template's child for that audience |
+///
+/// `{account}` is `default` or the configured email. Every request must carry
+/// `Metadata-Flavor: Google` (else 403) and no `X-Forwarded-For` (403); every answer carries
+/// `Metadata-Flavor: Google` and a `Content-Type` (google-auth fails on an answer without one).
+extension CompatAPI {
+    /// What the metadata server serves: its settings, its answers that never change (built
+    /// once), how it renders tokens, and its request counters.
+    struct GCE: Sendable {
+        let tokens: Source
+        let identities: Source?
+        let defaultScopes: String
+        /// The answers that never change, by path.
+        let fixed: [String: HTTPResponse]
+        /// The account's directory (`…/{account}/`), by path: its listing, and its JSON for `recursive=true`.
+        let accounts: [String: (listing: HTTPResponse, recursive: HTTPResponse)]
+        /// `…/{account}/token` and `…/{account}/identity`, by path.
+        let tokenPaths: Set<String>
+        let identityPaths: Set<String>
+        let tokenRendering: Rendering
+        let identityRendering: Rendering
+        let tokenCounter: RequestCounter
+        let identityCounter: RequestCounter
+        let metadataCounter: RequestCounter
+
+        /// google-auth refreshes a token with less than 3 min 45 s left.
+        static var margin: Duration { .seconds(225) }
+        static var prefix: String { "/computeMetadata/" }
+
+        init(
+            _ settings: GCEConfiguration, tokens: Source, identities: Source?, listener: String, metrics: BrokerMetrics
+        ) {
+            self.tokens = tokens
+            self.identities = identities
+            defaultScopes = settings.scopes.joined(separator: " ")
+            let v1 = "/computeMetadata/v1"
+            let accountsPath = v1 + "/instance/service-accounts"
+            let accountNames = ["default", settings.serviceAccountEmail]
+            var fixed: [String: HTTPResponse] = [
+                "/": Self.text("computeMetadata/\n"),
+                "/computeMetadata/": Self.text("v1/\n"),
+                v1 + "/": Self.text("instance/\nproject/\n" + (settings.universeDomain == nil ? "" : "universe/\n")),
+                v1 + "/instance": Self.text("service-accounts/\n"),
+                v1 + "/instance/": Self.text("service-accounts/\n"),
+                v1 + "/project/project-id": Self.text(settings.projectId),
+                accountsPath: Self.text(accountNames.map { $0 + "/\n" }.joined()),
+                accountsPath + "/": Self.text(accountNames.map { $0 + "/\n" }.joined()),
+            ]
+            if let number = settings.numericProjectId { fixed[v1 + "/project/numeric-project-id"] = Self.text(number) }
+            if let domain = settings.universeDomain { fixed[v1 + "/universe/universe-domain"] = Self.text(domain) }
+            var accounts: [String: (listing: HTTPResponse, recursive: HTTPResponse)] = [:]
+            var tokenPaths: Set<String> = []
+            var identityPaths: Set<String> = []
+            let recursive = JSONText.object([
+                ("aliases", "[\"default\"]"), ("email", JSONText.quoted(settings.serviceAccountEmail)),
+                ("scopes", "[" + settings.scopes.map(JSONText.quoted).joined(separator: ",") + "]"),
+            ])
+            for name in accountNames {
+                let account = accountsPath + "/" + name
+                accounts[account + "/"] = (
+                    Self.text("aliases\nemail\n" + (identities == nil ? "" : "identity\n") + "scopes\ntoken\n"),
+                    Self.json(recursive)
+                )
+                fixed[account + "/email"] = Self.text(settings.serviceAccountEmail)
+                fixed[account + "/aliases"] = Self.text("default")
+                fixed[account + "/scopes"] = Self.text(settings.scopes.map { $0 + "\n" }.joined())
+                tokenPaths.insert(account + "/token")
+                if identities != nil { identityPaths.insert(account + "/identity") }
+            }
+            self.fixed = fixed
+            self.accounts = accounts
+            self.tokenPaths = tokenPaths
+            self.identityPaths = identityPaths
+            // A token without an expiry is replaced within `tokenRefreshDelaySec`: the SDK is told so.
+            let tokenDelay = tokens.configuration.tokenRefreshDelaySec
+            tokenRendering = Rendering(format: .gceToken, protocolName: .gce, margin: Self.margin) { token, expiresIn in
+                Self.json(
+                    JSONText.object([
+                        ("access_token", JSONText.quoted(token.token.accessToken)),
+                        ("expires_in", String(expiresIn ?? tokenDelay)), ("token_type", "\"Bearer\""),
+                    ]))
+            }
+            identityRendering = Rendering(format: .gceIdentity, protocolName: .gce, margin: Self.margin) { token, _ in
+                Self.text(token.token.accessToken)
+            }
+            let route = { (path: String) in metrics.counter(listener: listener, route: path) }
+            tokenCounter = route(accountsPath + "/{account}/token")
+            identityCounter = route(accountsPath + "/{account}/identity")
+            metadataCounter = route(v1 + "/{metadata}")
+        }
+
+        func serves(_ path: String) -> Bool { path == "/" || path.hasPrefix(Self.prefix) }
+
+        /// A text answer, with the headers every metadata answer carries.
+        static func text(_ text: String) -> HTTPResponse {
+            HTTPResponse(
+                status: 200, body: Array(text.utf8),
+                headers: [
+                    ("Content-Type", "text/plain; charset=utf-8"), ("Cache-Control", "no-store"),
+                    CompatProtocol.metadataFlavor,
+                ])
+        }
+
+        /// A JSON answer, with the headers every metadata answer carries.
+        static func json(_ json: String) -> HTTPResponse {
+            HTTPResponse(status: 200, json: json, headers: [CompatProtocol.metadataFlavor])
+        }
+    }
+
+    /// Answers one metadata server request (`serves` said the path is its).
+    func handleGCE(_ request: HTTPRequest) -> HTTPReply {
+        guard let gce else { preconditionFailure("a metadata path without the metadata server") }
+        let path = request.path
+        let counter =
+            gce.tokenPaths.contains(path)
+            ? gce.tokenCounter : gce.identityPaths.contains(path) ? gce.identityCounter : gce.metadataCounter
+        if !Methods.read.contains(request.method) {
+            return refuse(.methodNotAllowed(method: request.method, allow: Methods.read), .gce, counter)
+        }
+        if request.header("X-Forwarded-For") != nil { return refuse(.forwardedRequest, .gce, counter) }
+        guard request.header("Metadata-Flavor") == "Google" else {
+            return refuse(.missingMetadataFlavor, .gce, counter)
+        }
+        if let answer = gce.fixed[path] { return record(counter, answer) }
+        if let account = gce.accounts[path] {
+            return record(counter, request.query("recursive") == "true" ? account.recursive : account.listing)
+        }
+        do throws(BadRequest) {
+            if gce.tokenPaths.contains(path) {
+                let scope = try Self.single("scopes", request).map { scopes in
+                    // A comma-separated list; an empty entry leaves an empty scope token, which is refused.
+                    scopes.split(separator: ",", omittingEmptySubsequences: false).joined(separator: " ")
+                }
+                let values = try Self.checked(audience: nil, scope: scope ?? gce.defaultScopes, for: gce.tokens)
+                return token(from: gce.tokens, values: values, rendering: gce.tokenRendering, counter: counter)
+            }
+            if let identities = gce.identities, gce.identityPaths.contains(path) {
+                guard let audience = try Self.single("audience", request) else {
+                    throw BadRequest(.missingParameter("audience"))
+                }
+                if let format = try Self.single("format", request), format != "standard", format != "full" {
+                    throw BadRequest(.invalidParameter("format", allowed: "standard or full"))
+                }
+                let values = try Self.checked(audience: audience, scope: nil, for: identities)
+                return token(from: identities, values: values, rendering: gce.identityRendering, counter: counter)
+            }
+        } catch {
+            return refuse(error.answer, .gce, counter)
+        }
+        return refuse(.notFound(path: path), .gce, counter)
+    }
+
+    /// `TokenRequestValues.checked` for a protocol's template, refused as a 400 naming the parameter.
+    static func checked(audience: String?, scope: String?, resource: String? = nil, for source: Source)
+        throws(BadRequest) -> TokenRequestValues
+    {
+        switch TokenRequestValues.checked(
+            audience: audience, scope: scope, resource: resource, for: source.configuration)
+        {
+        case .success(let values): return values
+        case .failure(let problem): throw BadRequest(.requestValue(problem, provider: source.configuration.name))
+        }
+    }
+}

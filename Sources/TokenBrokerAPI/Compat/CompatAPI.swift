@@ -1,0 +1,228 @@
+import TokenBrokerCore
+import TokenBrokerServer
+
+/// Which cloud SDK protocol an answer follows.
+public enum CompatProtocol: String, Sendable {
+    /// Google's metadata server (`GCE_METADATA_HOST`).
+    case gce
+    /// Azure managed identity: App Service (`IDENTITY_ENDPOINT`) and IMDS (`AZURE_POD_IDENTITY_AUTHORITY_HOST`).
+    case azure
+
+    /// The header every metadata server answer carries, and every request must.
+    static let metadataFlavor = ("Metadata-Flavor", "Google")
+}
+
+/// The cloud SDKs' own token protocols, so that an application using a stock SDK gets the
+/// broker's tokens by setting an environment variable:
+///
+/// | route | protocol |
+/// |---|---|
+/// | `GET /`, `GET /computeMetadata/v1/…` | Google's metadata server (`CompatAPI+GCE.swift`) |
+/// | `GET /msi/token` | Azure App Service managed identity, 2019-08-01 (`CompatAPI+Azure.swift`) |
+/// | `GET /metadata/identity/oauth2/token` | Azure IMDS managed identity, 2018-02-01 (`CompatAPI+Azure.swift`) |
+///
+/// Tokens come from templates (`perRequest`): the SDKs ask by scope, audience or resource, and
+/// each distinct request is a child, as for `/providers/{name}/token`. A child's first request
+/// waits for its first token. Each answer is rendered once per token version (and second of
+/// `expires_in`), in the child's `TokenResponseCache`, beside its `/token` answer.
+///
+/// The caller keys and the request guard do not apply: the SDKs cannot send them. These
+/// routes' guards are the protocols' own headers (`Metadata-Flavor: Google`, `Metadata: true`,
+/// App Service's secret `X-IDENTITY-HEADER`), the refusal of `X-Forwarded-For`, and the
+/// listener's address.
+///
+/// Served on the token listener (`TokenAPI` hands these paths over) or on a listener of their own.
+public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
+    /// A template a protocol takes its tokens from.
+    struct Source: Sendable {
+        let template: any TemplateProviding<Provider>
+        let configuration: ProviderConfiguration
+    }
+
+    let gce: GCE?
+    let azure: Azure?
+    let maxWait: Duration
+    let metrics: BrokerMetrics
+    private let otherCounter: RequestCounter
+
+    /// - Parameters:
+    ///   - gce, azure: the protocols to serve; nil: not served.
+    ///   - identityHeader: App Service's secret, read from `identityHeaderFile`; nil: `/msi/token` is not served.
+    ///   - templates: the templates, among which those the protocols name (the configuration checked they exist).
+    ///   - listener: the listener the routes are served on, for the request counters' label.
+    public init(
+        gce: GCEConfiguration?, azure: AzureConfiguration?, identityHeader: [UInt8]?,
+        templates: [any TemplateProviding<Provider>], maxWait: Duration, listener: String, metrics: BrokerMetrics
+    ) {
+        func source(_ name: String) -> Source {
+            guard let template = templates.first(where: { $0.name == name }) else {
+                preconditionFailure("the configuration names template \(name), which was not made")
+            }
+            return Source(template: template, configuration: template.configuration)
+        }
+        self.gce = gce.map { settings in
+            GCE(
+                settings, tokens: source(settings.provider), identities: settings.identityProvider.map(source),
+                listener: listener, metrics: metrics)
+        }
+        self.azure = azure.map { settings in
+            Azure(
+                settings, identities: settings.identities.map { ($0, source($0.provider)) },
+                identityHeader: identityHeader, listener: listener, metrics: metrics)
+        }
+        self.maxWait = maxWait
+        self.metrics = metrics
+        otherCounter = metrics.counter(listener: listener, route: "other")
+    }
+
+    /// Whether `path` is one of the protocols' (for the token listener, which hands these over).
+    public func serves(_ path: String) -> Bool { protocolFor(path) != nil }
+
+    private func protocolFor(_ path: String) -> CompatProtocol? {
+        if let gce, gce.serves(path) { return .gce }
+        if let azure, azure.serves(path) { return .azure }
+        return nil
+    }
+
+    @_specialize(where Provider == TokenProvider<ContinuousClock>)
+    public func handle(_ request: HTTPRequest) -> HTTPReply {
+        switch protocolFor(request.path) {
+        case .gce?: return handleGCE(request)
+        case .azure?: return handleAzure(request)
+        case nil:
+            let answer = ErrorAnswer.notFound(path: request.path).response
+            otherCounter.record(status: answer.status)
+            return .response(answer)
+        }
+    }
+
+    public func refusal(_ reason: ServerRefusal) -> HTTPResponse { ErrorAnswer.refusal(reason).response }
+
+    // MARK: - The token, as every protocol gets it
+
+    /// How a protocol renders a token: its format's slot in the child's cache, and the answer
+    /// for a token with `expiresIn` seconds left (nil: no expiry).
+    struct Rendering: Sendable {
+        let format: AnswerFormat
+        let protocolName: CompatProtocol
+        /// The SDK's margin: it treats a token with less left as expired.
+        let margin: Duration
+        let render: @Sendable (CachedToken<Provider.Instant>, _ expiresIn: Int?) -> HTTPResponse
+    }
+
+    /// The answer with the token of `source`'s child for `values`: at once when the child holds
+    /// one the SDK will not treat as expired; else after the child's first fetch (a new child),
+    /// or one forced refresh (a token inside the SDK's margin, when a fresher one can be had),
+    /// each waited for at most `maxWait`. Refused: values outside the allow-lists, no room for
+    /// another child, no valid token.
+    func token(
+        from source: Source, values: TokenRequestValues, rendering: Rendering, counter: RequestCounter
+    ) -> HTTPReply {
+        let child: Provider
+        let cache: TokenResponseCache<Provider.Instant>
+        switch source.template.child(for: values) {
+        case .success(let found): (child, cache) = found
+        case .failure(.full(let limit, let retryAfter)):
+            return refuse(
+                .tooManyChildren(provider: source.configuration.name, limit: limit, retryAfter: retryAfter),
+                rendering.protocolName, counter)
+        case .failure(.stopped):
+            return refuse(.shuttingDown, rendering.protocolName, counter)
+        }
+        let answer = { @Sendable (token: CachedToken<Provider.Instant>, stale: Bool, secondsLeft: Int?) in
+            if stale { self.metrics.recordStaleServed(provider: source.configuration.name) }
+            return cache.response(for: token, stale: stale, secondsLeft: secondsLeft, format: rendering.format) {
+                rendering.render(token, secondsLeft)
+            }
+        }
+        switch child.read() {
+        case .token(let token, let stale, let secondsLeft):
+            guard !stale, Self.insideMargin(token, secondsLeft: secondsLeft, margin: rendering.margin) else {
+                return record(counter, answer(token, stale, secondsLeft))
+            }
+            switch child.forceRefresh(rejected: token.version) {
+            case .current(let newer):
+                return record(counter, answer(newer, false, newer.secondsLeft(at: child.now)))
+            case .excessive:
+                return record(counter, answer(token, stale, secondsLeft))
+            case .refreshing(let after):
+                return wait(child, after: after ?? token.version, onDemand: false, rendering, counter, answer)
+            }
+        case .unavailable(let wasPaused):
+            let status = child.status()
+            if !status.everHeldToken, status.lastError == nil {
+                return wait(child, after: nil, onDemand: false, rendering, counter, answer)
+            }
+            return refuse(
+                .tokenUnavailable(
+                    provider: source.configuration.name, lastError: status.lastError,
+                    paused: wasPaused || status.phase == .paused), rendering.protocolName, counter)
+        case .onDemand:
+            return wait(child, after: nil, onDemand: true, rendering, counter, answer)
+        }
+    }
+
+    /// Whether the SDK would treat `token` as expired although a fresher one could be had: it
+    /// has less than the margin left, and a new token would have more (its lifetime is longer).
+    static func insideMargin(_ token: CachedToken<Provider.Instant>, secondsLeft: Int?, margin: Duration) -> Bool {
+        guard let secondsLeft, let lifetime = token.token.lifetime else { return false }
+        return .seconds(secondsLeft) < margin && lifetime > margin
+    }
+
+    /// Suspends the request until the child has a token newer than `after` (any, for nil), or
+    /// `maxWait` has passed; answers with the newest valid token then, else 503.
+    private func wait(
+        _ child: Provider, after: UInt64?, onDemand: Bool, _ rendering: Rendering, _ counter: RequestCounter,
+        _ answer: @escaping @Sendable (CachedToken<Provider.Instant>, Bool, Int?) -> HTTPResponse
+    ) -> HTTPReply {
+        let deadline = child.deadline(in: maxWait)
+        return .deferred { responder in
+            let id = child.addWaiter(after: after, deadline: deadline, onDemand: onDemand, forRefresh: after != nil) {
+                outcome in
+                let now = child.now
+                let response: HTTPResponse
+                switch outcome {
+                case .token(let token, let stale):
+                    response = answer(token, stale, token.secondsLeft(at: now))
+                case .exhausted(let token?, _):
+                    response = answer(token, true, token.secondsLeft(at: now))
+                case .timedOut(let token?, _):
+                    response = answer(token, child.status().stale, token.secondsLeft(at: now))
+                case .exhausted(nil, _), .timedOut(nil, _), .cancelled:
+                    let status = child.status()
+                    response = ErrorAnswer.tokenUnavailable(
+                        provider: child.name, lastError: status.lastError, paused: status.phase == .paused
+                    ).response(for: rendering.protocolName)
+                case .shuttingDown:
+                    response = ErrorAnswer.shuttingDown.response(for: rendering.protocolName)
+                }
+                counter.record(status: response.status)
+                responder.respond(response)
+            }
+            responder.onClose { child.removeWaiter(id) }
+        }
+    }
+
+    // MARK: - Shared helpers
+
+    /// Counts an immediate answer under its route.
+    func record(_ counter: RequestCounter, _ response: HTTPResponse) -> HTTPReply {
+        counter.record(status: response.status)
+        return .response(response)
+    }
+
+    /// Counts and sends an error in the protocol's shape.
+    func refuse(_ error: ErrorAnswer, _ protocolName: CompatProtocol, _ counter: RequestCounter) -> HTTPReply {
+        record(counter, error.response(for: protocolName))
+    }
+
+    /// A query parameter given at most once (names compared as `HTTPRequest.queryCount` does);
+    /// nil when absent.
+    static func single(_ name: String, _ request: HTTPRequest) throws(BadRequest) -> String? {
+        let count = request.queryCount(name)
+        guard count > 0 else { return nil }
+        if count > 1 { throw BadRequest(.repeatedParameter(name)) }
+        // Named without `=` (or with a NUL in its name): the empty value, which every check refuses.
+        return request.query(name) ?? ""
+    }
+}

@@ -1,0 +1,108 @@
+import TokenBrokerAPI
+import TokenBrokerCore
+import TokenBrokerServer
+import TokenBrokerSources
+
+/// The cloud SDKs' protocols (`compat`): the steps `Broker.run` takes for them.
+///
+/// In `run`: `readIdentityHeader` with the other secret files (a problem exits 2), and
+/// `lifetimeWarnings` logged; `compatRoutes` when the listeners open: the routes served on the
+/// token listener, and a listener of its own for each protocol with a `listen` address.
+/// `--check-config` reads the header file and prints the same warnings.
+extension Broker {
+    /// A protocol's own listener.
+    struct CompatListener {
+        let name: String
+        let address: ListenAddress
+        let server: HTTPServer
+    }
+
+    /// App Service's secret from `compat.azure.identityHeaderFile`, read once; nil when none is configured.
+    static func readIdentityHeader(_ configuration: BrokerConfiguration) throws(ConfigurationError) -> [UInt8]? {
+        guard let path = configuration.compat.azure?.identityHeaderFile else { return nil }
+        do {
+            return Array(try SecretFile.readLine(path).utf8)
+        } catch {
+            throw ConfigurationError(key: "compat.azure.identityHeaderFile", error.detail)
+        }
+    }
+
+    /// Each template a protocol serves whose tokens the SDK could get inside its margin (it
+    /// treats a token with less than 3 min 45 s left as expired: google-auth; 5 min: msal).
+    ///
+    /// A served token has at least its lifetime minus the refresh point left: the refresh point
+    /// is at most `tokenRefreshDelaySec`, 85 % of the lifetime, and the lifetime less a margin of
+    /// a tenth of it (at most 30 s) (`RefreshSchedule`). Only the local signer's lifetime is
+    /// known before its first token; an issuer's is not, and is not reported here.
+    static func lifetimeWarnings(_ configuration: BrokerConfiguration) -> [String] {
+        var served: [(provider: String, sdk: String, margin: Int)] = []
+        if let gce = configuration.compat.gce {
+            served.append((gce.provider, "google-auth", 225))
+            if let identity = gce.identityProvider { served.append((identity, "google-auth", 225)) }
+        }
+        for identity in configuration.compat.azure?.identities ?? [] {
+            served.append((identity.provider, "msal", 300))
+        }
+        var warnings: [String] = []
+        var seen: Set<String> = []
+        for (name, sdk, margin) in served where seen.insert(name + sdk).inserted {
+            guard let provider = configuration.providers.first(where: { $0.name == name }),
+                case .jwt(let signer) = provider.source
+            else { continue }
+            let lifetime = signer.lifetimeSec
+            let refreshAt = min(
+                provider.tokenRefreshDelaySec, lifetime * 85 / 100, lifetime - min(30, lifetime / 10))
+            let leastLeft = lifetime - refreshAt
+            guard leastLeft < margin else { continue }
+            if lifetime <= margin {
+                warnings.append(
+                    "provider \"\(name)\": its tokens live \(lifetime) s, no more than the \(margin) s before expiry at"
+                        + " which \(sdk) treats a token as expired, so it asks again for every call; allowed: a"
+                        + " lifetimeSec above \(margin)")
+            } else {
+                warnings.append(
+                    "provider \"\(name)\": its tokens may be served with \(leastLeft) s left, less than the \(margin) s"
+                        + " \(sdk) needs; such a request forces a refresh and waits for it. Set tokenRefreshDelaySec"
+                        + " to at most \(lifetime - margin) to refresh in time")
+            }
+        }
+        return warnings
+    }
+
+    /// The protocols' routes for the token listener (nil when none is served there), and a
+    /// listener of its own, opened, for each protocol with a `listen` address.
+    static func compatRoutes(
+        _ configuration: BrokerConfiguration, templates: [Template], identityHeader: [UInt8]?,
+        metrics: BrokerMetrics
+    ) throws(HTTPServerError) -> (onTokenListener: CompatAPI<Provider>?, own: [CompatListener]) {
+        let compat = configuration.compat
+        let maxWait = Duration.seconds(configuration.maxWaitSec)
+        let served = templates.map { $0 as any TemplateProviding<Provider> }
+        func routes(gce: GCEConfiguration?, azure: AzureConfiguration?, listener: String) -> CompatAPI<Provider>? {
+            guard gce != nil || azure != nil else { return nil }
+            return CompatAPI(
+                gce: gce, azure: azure, identityHeader: identityHeader, templates: served, maxWait: maxWait,
+                listener: listener, metrics: metrics)
+        }
+        let shared = routes(
+            gce: compat.gce?.listen == nil ? compat.gce : nil, azure: compat.azure?.listen == nil ? compat.azure : nil,
+            listener: "token")
+        var own: [CompatListener] = []
+        let separate: [(String, ListenAddress?, CompatAPI<Provider>?)] = [
+            ("gce", compat.gce?.listen, routes(gce: compat.gce, azure: nil, listener: "gce")),
+            ("azure", compat.azure?.listen, routes(gce: nil, azure: compat.azure, listener: "azure")),
+        ]
+        for case (let name, let address?, let handler?) in separate {
+            var settings = HTTPServer.Configuration(address: address)
+            settings.connectionLimit = configuration.connectionLimit
+            settings.connectionTimeoutSec = configuration.connectionTimeoutSec
+            settings.connectionMemoryLimit = configuration.connectionMemoryKiB * 1024
+            settings.unixSocketMode = configuration.unixSocketMode
+            settings.libraryLog = { Log.warning("libmicrohttpd", ["listener": name, "detail": $0]) }
+            let server = try HTTPServer(configuration: settings, handler: handler)
+            metrics.observeOpenConnections(listener: name) { [weak server] in server?.openConnections ?? 0 }
+            own.append(CompatListener(name: name, address: address, server: server))
+        }
+        return (shared, own)
+    }
+}

@@ -1,0 +1,327 @@
+// The cloud SDKs' protocols (CompatAPI): Google's metadata server and Azure managed identity,
+// over real templates whose children fetch from a source naming the values they were made for,
+// and over a fake child for the SDKs' expiry margins. The real SDKs are run against the real
+// binary by Tests/integration/test_compat.py.
+import Synchronization
+import Testing
+import TokenBrokerCore
+import TokenBrokerServer
+import TokenBrokerTestSupport
+
+@testable import TokenBrokerAPI
+
+/// A template whose every request reaches one fake child, for the margin's rules.
+final class OneChildTemplate: TemplateProviding {
+    typealias Provider = FakeProvider
+    let child = FakeProvider(name: "gcp")
+    let cache: TokenResponseCache<FakeProvider.Instant>
+    let configuration: ProviderConfiguration
+
+    init(perRequest: Set<RequestParameter>) {
+        var configuration = ProviderConfiguration(name: "gcp")
+        configuration.perRequest = perRequest
+        configuration.allowedScopes = [AllowPattern("read")!]
+        configuration.allowedAudiences = [AllowPattern("https://svc.example/*")!]
+        self.configuration = configuration
+        cache = TokenResponseCache(for: child)
+    }
+
+    var name: String { configuration.name }
+    func status() -> TemplateStatus { TemplateStatus(name: name, maxChildren: 1) }
+    func child(for values: TokenRequestValues) -> Result<
+        (child: FakeProvider, attachment: TokenResponseCache<FakeProvider.Instant>), ChildRefusal
+    > { .success((child, cache)) }
+}
+
+/// A template made as the broker makes one, on `ValuesSource`, with its own allow-lists.
+private func template(
+    _ name: String, _ perRequest: Set<RequestParameter>, scopes: [String] = [], audiences: [String] = [],
+    resources: [String] = [], shared: ValuesSource.Shared
+) -> LiveTemplate {
+    var configuration = ProviderConfiguration(name: name)
+    configuration.perRequest = perRequest
+    configuration.allowedScopes = scopes.map { AllowPattern($0)! }
+    configuration.allowedAudiences = audiences.map { AllowPattern($0)! }
+    configuration.allowedResources = resources.map { AllowPattern($0)! }
+    let settings = configuration
+    return LiveTemplate(
+        configuration: settings, clock: ContinuousClock(),
+        makeChild: { values in TokenProvider(configuration: settings, source: ValuesSource(values, shared: shared)) },
+        attach: { TokenResponseCache(for: $0) })
+}
+
+private let accounts = "/computeMetadata/v1/instance/service-accounts"
+private let flavor = ("Metadata-Flavor", "Google")
+private let secret = "app-service-secret"
+
+@Suite struct CompatRoutesTests {
+    let shared = ValuesSource.Shared()
+    let templates: [LiveTemplate]
+    let api: CompatAPI<TokenProvider<ContinuousClock>>
+
+    init() {
+        templates = [
+            template("gcp", [.scope], scopes: ["read", "write"], shared: shared),
+            template("gcp-id", [.audience], audiences: ["https://svc.example/*"], shared: shared),
+            template("vault", [.scope], scopes: ["https://vault.azure.net/.default"], shared: shared),
+            template("storage", [.resource], resources: ["https://storage.example/*"], shared: shared),
+        ]
+        var gce = GCEConfiguration(provider: "gcp", projectId: "proj-1", serviceAccountEmail: "b@proj-1.example")
+        gce.identityProvider = "gcp-id"
+        gce.scopes = ["read"]
+        let azure = AzureConfiguration(
+            identities: [
+                .init(provider: "vault"), .init(provider: "storage", clientId: "client-2", objectId: "object-2"),
+            ], identityHeaderFile: "header")
+        api = CompatAPI(
+            gce: gce, azure: azure, identityHeader: Array(secret.utf8), templates: templates, maxWait: .seconds(30),
+            listener: "token", metrics: BrokerMetrics(version: "test"))
+    }
+
+    private func running<T>(_ body: () async throws -> T) async rethrows -> T {
+        let tasks = templates.map { template in Task { await template.run() } }
+        defer { for task in tasks { task.cancel() } }
+        return try await body()
+    }
+
+    /// Waits (at most 10 s) for a deferred answer; an immediate one is returned as it is.
+    private func answer(_ reply: HTTPReply) async -> HTTPResponse? {
+        let responder = RecordingResponder()
+        guard reply.start(responder) else { return reply.immediate }
+        _ = await eventually { !responder.responses.isEmpty }
+        return responder.responses.first
+    }
+
+    private func gce(_ path: String, _ query: [(String, String)] = [], headers: [(String, String)] = [flavor])
+        -> HTTPRequest
+    {
+        request(path, query: query, headers: headers, guarded: false)
+    }
+
+    private func imds(_ query: [(String, String)], headers: [(String, String)] = [("Metadata", "true")])
+        -> HTTPRequest
+    {
+        request("/metadata/identity/oauth2/token", query: query, headers: headers, guarded: false)
+    }
+
+    private func appService(_ query: [(String, String)], secret sent: String? = secret) -> HTTPRequest {
+        request(
+            "/msi/token", query: query, headers: sent.map { [("X-IDENTITY-HEADER", $0)] } ?? [], guarded: false)
+    }
+
+    // MARK: - Google's metadata server
+
+    @Test func everyMetadataAnswerCarriesTheFlavorAndEveryRequestMust() {
+        let probe = api.handle(gce("/")).immediate
+        #expect(probe?.status == 200 && probe?.bodyText == "computeMetadata/\n")
+        #expect(probe?.header("Metadata-Flavor") == "Google")
+        #expect(probe?.header("Content-Type")?.hasPrefix("text/plain") == true)
+        let refused: [(HTTPRequest, Int, String)] = [
+            (gce("/", headers: []), 403, "missing_metadata_flavor"),
+            (gce("/", headers: [("Metadata-Flavor", "google-ish")]), 403, "missing_metadata_flavor"),
+            (gce("/", headers: [flavor, ("X-Forwarded-For", "10.0.0.1")]), 403, "forwarded_request"),
+            (gce("/computeMetadata/v1/instance/zone"), 404, "not_found"),
+            (gce(accounts + "/other@example/token"), 404, "not_found"),
+        ]
+        for (request, status, code) in refused {
+            let answer = api.handle(request).immediate
+            #expect(answer?.status == status && answer?.errorCode == code, "\(request.path)")
+            #expect(answer?.header("Metadata-Flavor") == "Google", "\(request.path)")
+        }
+        let post = api.handle(request("POST", "/", headers: [flavor], guarded: false)).immediate
+        #expect(post?.status == 405 && post?.header("Allow") == "GET, HEAD")
+        #expect(post?.header("Metadata-Flavor") == "Google")
+    }
+
+    @Test func theProjectAndTheAccountAreServedUnderDefaultAndTheEmail() {
+        #expect(api.handle(gce("/computeMetadata/v1/project/project-id")).immediate?.bodyText == "proj-1")
+        // Not configured: 404, which the SDKs read as googleapis.com.
+        #expect(api.handle(gce("/computeMetadata/v1/universe/universe-domain")).immediate?.status == 404)
+        for account in ["default", "b@proj-1.example"] {
+            let info = api.handle(gce(accounts + "/\(account)/", [("recursive", "true")])).immediate
+            #expect(info?.string("email") == "b@proj-1.example")
+            #expect(info?.members["scopes"] == .array([.string("read")]))
+            #expect(info?.header("Content-Type") == "application/json")
+            #expect(api.handle(gce(accounts + "/\(account)/email")).immediate?.bodyText == "b@proj-1.example")
+        }
+        let listing = api.handle(gce(accounts + "/")).immediate?.bodyText
+        #expect(listing == "default/\nb@proj-1.example/\n")
+    }
+
+    @Test func anAccessTokenIsTheChildsForTheCommaSeparatedScopes() async {
+        await running {
+            let first = await answer(api.handle(gce(accounts + "/default/token", [("scopes", "write,read")])))
+            #expect(first?.status == 200)
+            #expect(first?.string("access_token") == "tok-1:scope=\"read+write\"")
+            #expect(first?.string("token_type") == "Bearer")
+            // A number, as google-auth requires: the child's 900 s, less what has passed.
+            #expect((first?.int("expires_in")).map { (890...900).contains($0) } == true)
+            #expect(first?.header("Metadata-Flavor") == "Google")
+            // The same set in another order is the same child, answered from its cache.
+            let again = api.handle(gce(accounts + "/default/token", [("scopes", "read,write")])).immediate
+            #expect(again?.string("access_token") == "tok-1:scope=\"read+write\"")
+            #expect(shared.count == 1)
+            // No scopes: the account's configured ones.
+            let plain = await answer(api.handle(gce(accounts + "/b@proj-1.example/token")))
+            #expect(plain?.string("access_token") == "tok-2:scope=\"read\"")
+        }
+    }
+
+    @Test func aScopeOutsideTheAllowListOrMalformedIs400AndFetchesNothing() async {
+        await running {
+            let cases: [(String, String)] = [
+                ("admin", "value_not_allowed"), ("read,,write", "invalid_request"), ("", "invalid_request"),
+            ]
+            for (scopes, code) in cases {
+                let refused = api.handle(gce(accounts + "/default/token", [("scopes", scopes)])).immediate
+                #expect(refused?.status == 400 && refused?.errorCode == code, "\(scopes)")
+                #expect(refused?.string("parameter") == "scope")
+            }
+            let twice = api.handle(gce(accounts + "/default/token", [("scopes", "read"), ("SCOPES", "write")]))
+            #expect(twice.immediate?.status == 400)
+            #expect(shared.count == 0 && templates[0].status().children == 0)
+        }
+    }
+
+    @Test func anIdentityTokenIsTheBareTokenOfTheAudiencesChild() async {
+        await running {
+            let path = accounts + "/default/identity"
+            let token = await answer(
+                api.handle(gce(path, [("audience", "https://svc.example/a"), ("format", "full")])))
+            #expect(token?.status == 200)
+            #expect(token?.bodyText == "tok-1:audience=\"https://svc.example/a\"")
+            #expect(token?.header("Content-Type")?.hasPrefix("text/plain") == true)
+            #expect(api.handle(gce(path)).immediate?.errorCode == "invalid_request")
+            #expect(
+                api.handle(gce(path, [("audience", "https://svc.example/a"), ("format", "x")])).immediate?.status == 400
+            )
+            #expect(api.handle(gce(path, [("audience", "https://other.example")])).immediate?.status == 400)
+            #expect(shared.count == 1)
+        }
+    }
+
+    // MARK: - Azure managed identity
+
+    @Test func appServiceNeedsTheSecretAndAnswersExpiresOnInEpochSeconds() async {
+        await running {
+            let query = [("api-version", "2019-08-01"), ("resource", "https://vault.azure.net")]
+            for sent in [nil, "wrong", secret + "x", String(secret.dropLast())] {
+                let refused = api.handle(appService(query, secret: sent)).immediate
+                #expect(refused?.status == 401 && refused?.errorCode == "invalid_identity_header")
+                #expect(refused?.int("statusCode") == 401 && refused?.string("message")?.isEmpty == false)
+            }
+            #expect(shared.count == 0)
+            let before = Int(WallTime().timeIntervalSince1970)
+            let token = await answer(api.handle(appService(query)))
+            #expect(token?.status == 200)
+            // The template takes scopes: the resource is asked as `R/.default`.
+            #expect(token?.string("access_token") == "tok-1:scope=\"https://vault.azure.net/.default\"")
+            #expect(token?.string("resource") == "https://vault.azure.net")
+            #expect((token?.int("expires_on")).map { (before + 899...before + 902).contains($0) } == true)
+            #expect(token?.members["expires_in"] == nil)
+        }
+    }
+
+    @Test func imdsNeedsTheMetadataHeaderAndNamesIdentitiesByOneID() async {
+        await running {
+            let base = [("api-version", "2018-02-01"), ("resource", "https://storage.example/a")]
+            let refused: [(HTTPRequest, Int, String)] = [
+                (imds(base, headers: []), 400, "missing_metadata_header"),
+                (
+                    imds(base, headers: [("Metadata", "true"), ("X-Forwarded-For", "10.0.0.1")]), 403,
+                    "forwarded_request"
+                ),
+                (imds([("api-version", "2019-08-01"), ("resource", "r")]), 400, "invalid_request"),
+                (imds([("api-version", "2018-02-01")]), 400, "invalid_request"),
+                (imds(base + [("client_id", "nobody")]), 400, "identity_not_found"),
+                (imds(base + [("client_id", "client-2"), ("object_id", "object-2")]), 400, "invalid_request"),
+                // The system-assigned identity's template takes scopes: a space would name two.
+                (
+                    imds([("api-version", "2018-02-01"), ("resource", "https://vault.azure.net x")]), 400,
+                    "invalid_request"
+                ),
+            ]
+            for (request, status, code) in refused {
+                let answer = api.handle(request).immediate
+                #expect(answer?.status == status && answer?.errorCode == code, "\(request.query)")
+                #expect(answer?.int("statusCode") == status)
+            }
+            #expect(shared.count == 0)
+            for id in [("client_id", "client-2"), ("object_id", "object-2")] {
+                let token = await answer(api.handle(imds(base + [id])))
+                #expect(token?.status == 200)
+                // That identity's template takes resources: the resource is asked as it is.
+                #expect(token?.string("access_token") == "tok-1:resource=\"https://storage.example/a\"")
+                #expect((token?.int("expires_in")).map { (890...900).contains($0) } == true)
+                #expect(token?.int("expires_on") != nil && token?.string("token_type") == "Bearer")
+            }
+            #expect(shared.count == 1)
+        }
+    }
+
+    @Test func appServiceIsNotServedWithoutAnIdentityHeaderFile() {
+        let api = CompatAPI(
+            gce: nil, azure: AzureConfiguration(identities: [.init(provider: "vault")]), identityHeader: nil,
+            templates: templates, maxWait: .seconds(1), listener: "token", metrics: BrokerMetrics(version: "test"))
+        #expect(!api.serves("/msi/token") && api.serves("/metadata/identity/oauth2/token") && !api.serves("/"))
+    }
+
+    // MARK: - The SDKs' expiry margins
+
+    private func marginAPI(_ template: OneChildTemplate) -> CompatAPI<FakeProvider> {
+        CompatAPI(
+            gce: GCEConfiguration(provider: "gcp", projectId: "p", serviceAccountEmail: "a@p"), azure: nil,
+            identityHeader: nil, templates: [template], maxWait: .seconds(30), listener: "token",
+            metrics: BrokerMetrics(version: "test"))
+    }
+
+    @Test func aTokenInsideGoogleAuthsMarginIsRefreshedOnceAndWaitedFor() {
+        let template = OneChildTemplate(perRequest: [.scope])
+        let old = FakeProvider.token("old", version: 4, lifetime: .seconds(3600))
+        template.child.state.withLock { $0.read = .token(old, stale: false, secondsLeft: 200) }
+        let reply = marginAPI(template).handle(gce(accounts + "/default/token", [("scopes", "read")]))
+        let responder = RecordingResponder()
+        #expect(reply.start(responder))
+        #expect(template.child.state.withLock { $0.refreshes } == [4])
+        #expect(template.child.onlyWaiter?.waiter.after == 4)
+        template.child.completeWaiters(
+            .token(FakeProvider.token("new", version: 5, lifetime: .seconds(3600)), stale: false))
+        #expect(responder.responses.first?.string("access_token") == "new")
+    }
+
+    @Test func aTokenOutsideTheMarginOrNoLongerThanItOrRefusedARefreshIsServedAsItIs() {
+        let cases:
+            [(lifetime: Duration, left: Int, refresh: ProviderStateMachine<FakeProvider.Instant>.ForcedRefreshDecision)] =
+                [
+                    (.seconds(3600), 226, .refreshing(after: nil)),  // outside the margin
+                    (.seconds(200), 100, .refreshing(after: nil)),  // a new token would be no better
+                    (.seconds(3600), 100, .excessive(retryAfter: .seconds(10))),  // the refresh window is full
+                ]
+        for (lifetime, left, refresh) in cases {
+            let template = OneChildTemplate(perRequest: [.scope])
+            let token = FakeProvider.token("kept", version: 2, lifetime: lifetime)
+            template.child.state.withLock {
+                $0.read = .token(token, stale: false, secondsLeft: left)
+                $0.refresh = refresh
+            }
+            let answer = marginAPI(template).handle(gce(accounts + "/default/token", [("scopes", "read")])).immediate
+            #expect(answer?.string("access_token") == "kept" && answer?.int("expires_in") == left)
+        }
+    }
+
+    // MARK: - On the token listener
+
+    @Test func theTokenListenerHandsTheProtocolsPathsOverWithoutItsGuards() async {
+        let tokens = TokenAPI(
+            providers: [], templates: templates, jwks: "{}", maxWait: .seconds(30), callers: TemplateCallers(),
+            compat: api, metrics: BrokerMetrics(version: "test"))
+        await running {
+            // No Token-Broker-Request header, no caller key: the protocol's own header is the guard.
+            #expect(tokens.handle(gce("/")).immediate?.status == 200)
+            let token = await answer(tokens.handle(gce(accounts + "/default/token")))
+            #expect(token?.string("access_token") == "tok-1:scope=\"read\"")
+            // The broker's own routes keep theirs.
+            #expect(tokens.handle(request("/providers/gcp/token")).immediate?.errorCode == "missing_caller_key")
+        }
+    }
+}

@@ -1,0 +1,56 @@
+import Testing
+import TokenBrokerCore
+import TokenBrokerTestSupport
+
+@testable import token_broker
+
+/// What start and `--check-config` say of the cloud SDK protocols' settings: the identity header
+/// file read, and a warning for a local-signer template whose tokens an SDK could get inside its margin.
+@Suite struct BrokerCompatTests {
+    /// A configuration whose `gcp` template (local signer) issues tokens for `lifetime` seconds,
+    /// refreshed at most every `refreshDelay`, served to google-auth and msal.
+    private func served(lifetime: Int, refreshDelay: Int = 300, headerFile: String? = nil) throws
+        -> BrokerConfiguration
+    {
+        let header = headerFile.map { #", "identityHeaderFile": "\#($0)""# } ?? ""
+        return try configuration(
+            """
+            {"providers": [{"name": "gcp", "perRequest": ["scope"], "allowedScopes": ["https://www.googleapis.com/auth/*"],
+                            "tokenRefreshDelaySec": \(refreshDelay), "source": {"type": "jwt", "lifetimeSec": \(lifetime)}}],
+             "compat": {"gce": {"provider": "gcp", "projectId": "p", "serviceAccountEmail": "a@p"},
+                        "azure": {"identities": [{"provider": "gcp"}]\(header)}}}
+            """)
+    }
+
+    @Test func aLifetimeThatLeavesEnoughIsNotWarnedAbout() throws {
+        // 900 s refreshed every 300 s: at least 600 s left, above both margins.
+        #expect(Broker.lifetimeWarnings(try served(lifetime: 900)).isEmpty)
+    }
+
+    @Test func aRefreshTooLateForAnSDKsMarginIsWarnedAboutWithTheSettingThatFixesIt() throws {
+        // 1200 s refreshed every 1000 s: 200 s left at the least, under 225 (google-auth) and 300 (msal).
+        let warnings = Broker.lifetimeWarnings(try served(lifetime: 1200, refreshDelay: 1000))
+        #expect(warnings.count == 2)
+        #expect(warnings.allSatisfy { $0.contains("200 s left") })
+        #expect(warnings.contains { $0.contains("google-auth") && $0.contains("tokenRefreshDelaySec to at most 975") })
+        #expect(warnings.contains { $0.contains("msal") && $0.contains("tokenRefreshDelaySec to at most 900") })
+    }
+
+    @Test func aLifetimeNoLongerThanTheMarginIsWarnedAbout() throws {
+        let warnings = Broker.lifetimeWarnings(try served(lifetime: 240))
+        // 240 s is above google-auth's 225 s, but refreshed at 85 % of it, 204 s: 36 s left.
+        #expect(warnings.contains { $0.contains("google-auth") && $0.contains("36 s left") })
+        #expect(warnings.contains { $0.contains("msal") && $0.contains("live 240 s, no more than the 300 s") })
+    }
+
+    @Test func theIdentityHeaderIsReadWithoutItsLineBreakAndAnEmptyOneIsRefused() throws {
+        let directory = try TemporaryDirectory()
+        let path = try directory.write("header", "s3cret\n")
+        #expect(try Broker.readIdentityHeader(try served(lifetime: 900, headerFile: path)) == Array("s3cret".utf8))
+        _ = try directory.write("header", "\n")
+        #expect(throws: ConfigurationError.self) {
+            try Broker.readIdentityHeader(try served(lifetime: 900, headerFile: path))
+        }
+        #expect(try Broker.readIdentityHeader(try served(lifetime: 900)) == nil)
+    }
+}
