@@ -175,8 +175,9 @@ def http_post(address, path, body=b""):
 
 # ---------------------------------------------------------------------------- 1. cached GET /token
 
-def wrk(address, seconds, path="/token"):
-    output = subprocess.run(["wrk", "-t2", "-c64", f"-d{seconds}s", "--latency", "-H", GUARD, f"http://{address}{path}"],
+def wrk(address, seconds, path="/token", headers=(GUARD,)):
+    flags = [flag for header in headers for flag in ("-H", header)]
+    output = subprocess.run(["wrk", "-t2", "-c64", f"-d{seconds}s", "--latency", *flags, f"http://{address}{path}"],
                             capture_output=True, text=True, timeout=seconds + 30).stdout
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1))
     requests = int(re.search(r"(\d+) requests in", output).group(1))
@@ -459,6 +460,59 @@ def template_children(rounds, seconds, children):
                          "kib_per_child": (rss_after - rss_before) * 1024 / max(children - 1, 1)}}
 
 
+# ---------------------------------------------------------------------------- 7. compatibility answers
+
+def compat_answers(rounds, seconds):
+    """Cached answers of the cloud SDK protocols against /token, in one broker on the token
+    listener: GCE's token (scopes as google-auth sends them) and identity token, Azure IMDS's and
+    App Service's token, each a template's child answered from its cache, alternated round by round."""
+    work = tempfile.mkdtemp()
+    header_file = os.path.join(work, "identity-header")
+    with open(header_file, "w") as handle:
+        handle.write("bench-secret\n")
+    os.chmod(header_file, 0o600)
+    config = {"providers": [
+        {"name": "fixed"},
+        {"name": "gcp", "perRequest": ["scope"], "allowedScopes": ["https://www.googleapis.com/auth/*"]},
+        {"name": "gcp-id", "perRequest": ["audience"], "allowedAudiences": ["https://svc.example/*"]},
+        {"name": "vault", "perRequest": ["scope"], "allowedScopes": ["https://vault.azure.net/.default"]},
+    ], "compat": {
+        "gce": {"provider": "gcp", "identityProvider": "gcp-id", "projectId": "bench", "serviceAccountEmail": "b@bench.example"},
+        "azure": {"identities": [{"provider": "vault"}], "identityHeaderFile": header_file},
+    }}
+    broker = Broker(config)
+    account = "/computeMetadata/v1/instance/service-accounts/default"
+    routes = {
+        "/token": ("/token", (GUARD,)),
+        "GCE token": (account + "/token?scopes=https://www.googleapis.com/auth/cloud-platform", ("Metadata-Flavor: Google",)),
+        "GCE identity": (account + "/identity?audience=https://svc.example/a&format=full", ("Metadata-Flavor: Google",)),
+        "Azure IMDS": ("/metadata/identity/oauth2/token?api-version=2018-02-01&resource=https://vault.azure.net", ("Metadata: true",)),
+        "Azure App Service": ("/msi/token?api-version=2019-08-01&resource=https://vault.azure.net", ("X-IDENTITY-HEADER: bench-secret",)),
+    }
+    results = {name: [] for name in routes}
+    try:
+        for name, (path, headers) in routes.items():
+            status, _ = request(broker.token, "GET", path, dict(h.split(": ", 1) for h in headers))
+            assert status == 200, (name, status)
+        for _ in range(rounds):
+            for name, (path, headers) in routes.items():
+                before = cpu_seconds([broker.pid])
+                run = wrk(broker.token, seconds, path, headers)
+                run["cpu_us_per_request"] = (cpu_seconds([broker.pid]) - before) * 1e6 / max(run["requests"], 1)
+                results[name].append(run)
+                time.sleep(1)
+    finally:
+        broker.stop()
+    summary = {name: {key: statistics.median(r[key] for r in runs) for key in runs[0]} for name, runs in results.items()}
+    ratios = {}
+    for name in routes:
+        if name == "/token":
+            continue
+        per_round = [c["rps"] / t["rps"] for c, t in zip(results[name], results["/token"])]
+        ratios[name] = {"per_round": per_round, "median": statistics.median(per_round)}
+    return {"rounds": results, "median": summary, "rps_ratio": ratios}
+
+
 # ---------------------------------------------------------------------------- report
 
 def plot(longpoll_result, path):
@@ -561,6 +615,12 @@ def markdown(results):
         lines.append(f"| template child | child ÷ configured provider CPU per request (median of rounds) | {t['cpu_ratio']['median']:.2f} | | |")
         ch = t["children"]
         lines.append(f"| template children | RSS with 1 child, then with {ch['asked']} ({ch['answered_200']} answered 200, {ch['counted_by_readyz']} counted by /readyz) | {ch['rss_before_mib']:.1f} → {ch['rss_after_mib']:.1f} MiB ({ch['kib_per_child']:.1f} KiB per child) | recorded | |")
+    co_answers = results.get("compat")
+    if co_answers:
+        for name, m in co_answers["median"].items():
+            lines.append(f"| compatibility, {name} | cached req/s; p50 / p99; CPU per request | {m['rps']:,.0f}; {m['p50_ms']:.2f} / {m['p99_ms']:.2f} ms; {m['cpu_us_per_request']:.1f} µs | | |")
+        for name, ratio in co_answers["rps_ratio"].items():
+            lines.append(f"| compatibility, {name} | ÷ /token req/s, same broker (median of rounds; each round) | {ratio['median']:.2f} ({', '.join(f'{v:.2f}' for v in ratio['per_round'])}) | as fast | |")
     h = ma["healthy"]
     lines.append(f"| manners, healthy issuer | fetches in {h['seconds']} s with 30 s tokens (rule: {h['expected'][0]}–{h['expected'][1]}) | {h['upstream_fetches']} | rule ± 1 | {'yes' if h['within_rule'] else 'no'} |")
     f = ma["failing"]
@@ -582,13 +642,17 @@ def main():
     parser.add_argument("--footprint-floor", default=os.path.join(ROOT, ".build/bench/footprint-floor"))
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     parser.add_argument("--children", type=int, default=1000)
-    parser.add_argument("--only", choices=["cached", "longpoll", "templates"], help="run one benchmark and print its JSON (for profiling work)")
+    parser.add_argument("--only", choices=["cached", "longpoll", "templates", "compat"], help="run one benchmark and print its JSON (for profiling work)")
     options = parser.parse_args()
     if options.only == "cached":
         print(json.dumps(cached_token(options.rounds, options.seconds, options.c_server)["median"], indent=1))
         return
     if options.only == "templates":
         print(json.dumps(template_children(options.rounds, options.seconds, options.children), indent=1))
+        return
+    if options.only == "compat":
+        result = compat_answers(options.rounds, options.seconds)
+        print(json.dumps({"median": result["median"], "rps_ratio": result["rps_ratio"]}, indent=1))
         return
     floors = {
         "libmicrohttpd": lambda mode: [options.mhd_release_all, str(options.waiters)],
@@ -602,13 +666,13 @@ def main():
     os.makedirs(options.out, exist_ok=True)
 
     results = {"machine": {"cpus": os.cpu_count(), "kernel": os.uname().release}}
-    print("1/6 cached GET /token ...", flush=True)
+    print("1/7 cached GET /token ...", flush=True)
     results["cached_token"] = cached_token(options.rounds, options.seconds, options.c_server)
-    print("2/6 long-poll scale ...", flush=True)
+    print("2/7 long-poll scale ...", flush=True)
     results["long_poll"] = long_poll(options.waiters, options.bursts, options.longpoll_client, floors)
-    print("3/6 coalescing ...", flush=True)
+    print("3/7 coalescing ...", flush=True)
     results["coalescing"] = coalescing()
-    print("4/6 footprint ...", flush=True)
+    print("4/7 footprint ...", flush=True)
     runs, floor = [], []
     for _ in range(5):  # alternated: the broker, then the floor program
         runs.append(startup.one_run(BINARY))
@@ -625,10 +689,12 @@ def main():
                             "floor_rss_mib": median_mib(floor, 0), "floor_anon_mib": median_mib(floor, 1), "floor_file_mib": median_mib(floor, 2),
                             "binary_mb": os.path.getsize(BINARY) / 1e6, "stripped_mb": os.path.getsize(stripped) / 1e6,
                             "c_server_idle_rss_mib": c_rss}
-    print(f"5/6 manners ({options.manners_seconds} s healthy, 19 s failing) ...", flush=True)
+    print(f"5/7 manners ({options.manners_seconds} s healthy, 19 s failing) ...", flush=True)
     results["manners"] = manners(options.manners_seconds)
-    print(f"6/6 template children ({options.children}) ...", flush=True)
+    print(f"6/7 template children ({options.children}) ...", flush=True)
     results["template_children"] = template_children(options.rounds, options.seconds, options.children)
+    print("7/7 compatibility answers ...", flush=True)
+    results["compat"] = compat_answers(options.rounds, options.seconds)
 
     plot(results["long_poll"], os.path.join(options.out, "rss.png"))
     plot_wakeups(results["long_poll"], os.path.join(options.out, "wakeups.png"))

@@ -49,17 +49,25 @@ enum QueryParameters {
     /// `TokenRequestValues.checked` to say. One named without `=` (`?audience`) is the empty
     /// value, which `checked` refuses as malformed: it is not the parameter left out, which asks
     /// for the template's default.
-    ///
-    /// The rules of `query(_:)` and `queryCount(_:)`, in one pass over the query rather than
-    /// several per name (a child's every request comes through here): a name's value is that of
-    /// the first parameter whose whole name matches it without regard to ASCII case, and the name
-    /// is repeated when more than one parameter's name, read up to a decoded NUL, matches it.
     static func requestValues(_ request: HTTPRequest) throws(BadRequest) -> RequestValues {
         // The common request has no query at all.
         guard !request.query.isEmpty else { return RequestValues() }
-        var found = [Found](repeating: Found(), count: RequestParameter.allCases.count)
+        let found = try values(requestValueNames, request)
+        return RequestValues(audience: found[0], scope: found[1], resource: found[2])
+    }
+
+    /// The request values' names, in `RequestParameter` order.
+    private static let requestValueNames = RequestParameter.allCases.map(\.rawValue)
+
+    /// The values of `names`, each given at most once, in one pass over the query (a route's
+    /// every request comes through here), by the rules of `query(_:)` and `queryCount(_:)`: a
+    /// name's value is that of the first parameter whose whole name matches it without regard to
+    /// ASCII case (the empty value for one without `=`), and the name is repeated when more than
+    /// one parameter's name, read up to a decoded NUL, matches it.
+    static func values(_ names: [String], _ request: HTTPRequest) throws(BadRequest) -> [String?] {
+        var found = [Found](repeating: Found(), count: names.count)
         for (name, value) in request.query {
-            guard let index = parameterIndex(name.utf8) else { continue }
+            guard let index = index(of: name.utf8, in: names) else { continue }
             found[index].count += 1
             if found[index].value == nil, name.utf8.count == names[index].utf8.count {
                 found[index].value = value ?? ""
@@ -68,7 +76,7 @@ enum QueryParameters {
         for (index, parameter) in found.enumerated() where parameter.value != nil && parameter.count > 1 {
             throw BadRequest(.repeatedParameter(names[index]))
         }
-        return RequestValues(audience: found[0].value, scope: found[1].value, resource: found[2].value)
+        return found.map(\.value)
     }
 
     /// One name's first value (nil: not named by its whole name) and how many names, read up to a NUL, are it.
@@ -77,17 +85,15 @@ enum QueryParameters {
         var count = 0
     }
 
-    /// The request values' names, in `RequestParameter` order.
-    private static let names = RequestParameter.allCases.map(\.rawValue)
-
-    /// The index in `names` of the name that `name`, read up to a NUL, is, without regard to ASCII case.
-    private static func parameterIndex(_ name: String.UTF8View) -> Int? {
+    /// The index in `names` (each in lowercase) of the name that `name`, read up to a NUL, is,
+    /// without regard to ASCII case.
+    private static func index(of name: String.UTF8View, in names: [String]) -> Int? {
         let length = name.firstIndex(of: 0).map { name.distance(from: name.startIndex, to: $0) } ?? name.count
-        // Only the lengths of `audience` (8), `scope` (5) and `resource` (8) can match.
-        guard length == 5 || length == 8 else { return nil }
         let head = name.prefix(length)
         for (index, candidate) in names.enumerated()
-        where candidate.utf8.count == length && head.elementsEqual(candidate.utf8, by: { $0 | 0x20 == $1 }) {
+        where candidate.utf8.count == length
+            && head.elementsEqual(candidate.utf8, by: { (0x41...0x5A).contains($0) ? $0 | 0x20 == $1 : $0 == $1 })
+        {
             return index
         }
         return nil

@@ -53,4 +53,14 @@ import TokenBrokerServer
         #expect(named.audience == nil)
         #expect(named.scope == nil)
     }
+
+    @Test func anyNamesAreReadInOnePassWithTheSameRulesUnderscoresAndDigitsIncluded() throws {
+        let request = HTTPRequest(
+            method: "GET", path: "/msi/token",
+            query: [("API-Version", "2019-08-01"), ("CLIENT_ID", "c"), ("client_iD", nil), ("mi_res_id", "r")])
+        // `client_id` given twice (in two cases) is refused; `_` is not a letter to fold.
+        #expect(throws: BadRequest.self) { try QueryParameters.values(["api-version", "client_id"], request) }
+        let named = try QueryParameters.values(["api-version", "mi_res_id", "msi_res_id", "mi\u{7F}res_id"], request)
+        #expect(named == ["2019-08-01", "r", nil, nil])
+    }
 }

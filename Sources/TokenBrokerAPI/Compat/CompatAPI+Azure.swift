@@ -24,10 +24,11 @@ extension CompatAPI {
         }
 
         let identities: [Identity]
-        /// The SHA-256 of App Service's secret; nil: `/msi/token` is not served. A request's
-        /// header is compared by its hash, so that the time taken says nothing of the secret,
-        /// not even its length.
-        let identityHeaderHash: [UInt8]?
+        /// App Service's secret; nil: `/msi/token` is not served.
+        let identityHeader: [UInt8]?
+        /// How each protocol renders its answers (`azureRendering`), by identity, in `identities`' order.
+        let appServiceRenderings: [Rendering]
+        let imdsRenderings: [Rendering]
         let appServiceCounter: RequestCounter
         let imdsCounter: RequestCounter
 
@@ -42,36 +43,45 @@ extension CompatAPI {
             listener: String, metrics: BrokerMetrics
         ) {
             self.identities = identities.map { Identity(settings: $0.0, source: $0.1) }
-            identityHeaderHash =
-                settings.identityHeaderFile == nil ? nil : identityHeader.flatMap { try? Crypto.sha256($0) }
+            self.identityHeader = settings.identityHeaderFile == nil ? nil : identityHeader
+            let delays = identities.map { $0.1.configuration.tokenRefreshDelaySec }
+            appServiceRenderings = delays.map { CompatAPI.azureRendering(appService: true, tokenDelay: $0) }
+            imdsRenderings = delays.map { CompatAPI.azureRendering(appService: false, tokenDelay: $0) }
             appServiceCounter = metrics.counter(listener: listener, route: Self.appServicePath)
             imdsCounter = metrics.counter(listener: listener, route: Self.imdsPath)
         }
 
         func serves(_ path: String) -> Bool {
-            path == Self.imdsPath || (identityHeaderHash != nil && path == Self.appServicePath)
+            path == Self.imdsPath || (identityHeader != nil && path == Self.appServicePath)
         }
 
-        /// The identity a request names by at most one id; nil: not configured.
-        func identity(_ request: HTTPRequest) throws(BadRequest) -> Identity {
-            let ids: [(String, KeyPath<AzureConfiguration.Identity, String?>)] = [
-                ("client_id", \.clientId), ("object_id", \.objectId), ("principal_id", \.objectId),
-                ("mi_res_id", \.resourceId), ("msi_res_id", \.resourceId),
-            ]
-            var named: (String, KeyPath<AzureConfiguration.Identity, String?>)?
-            for (name, key) in ids {
-                guard let value = try CompatAPI.single(name, request) else { continue }
-                if named != nil { throw BadRequest(.conflictingIdentityParameters) }
-                named = (value, key)
+        /// The index in `identities` of the one the ids name (`AzureQuery.idNames`' values; at
+        /// most one; none: the system-assigned one).
+        func identity(_ named: ArraySlice<String?>) throws(BadRequest) -> Int {
+            var asked: (value: String, id: Int)?
+            for (id, value) in zip(AzureQuery.idNames.indices, named) {
+                guard let value else { continue }
+                if asked != nil { throw BadRequest(.conflictingIdentityParameters) }
+                asked = (value, id)
             }
             let found =
-                if let (value, key) = named {
-                    identities.first { $0.settings[keyPath: key] == value }
+                if let asked {
+                    identities.firstIndex { AzureQuery.id(asked.id, of: $0.settings) == asked.value }
                 } else {
-                    identities.first { $0.settings.isSystemAssigned }
+                    identities.firstIndex { $0.settings.isSystemAssigned }
                 }
             guard let found else { throw BadRequest(.identityNotFound) }
             return found
+        }
+
+        /// Whether `sent` is App Service's secret, in time that depends only on the secret's
+        /// length: a header of another length is compared with the secret itself, and refused.
+        func isIdentityHeader(_ sent: String?) -> Bool {
+            guard let secret = identityHeader, let sent else { return false }
+            let bytes = Array(sent.utf8)
+            let sameLength = bytes.count == secret.count
+            let equal = Crypto.constantTimeEqual(sameLength ? bytes : secret, secret)
+            return sameLength && equal
         }
     }
 
@@ -85,38 +95,34 @@ extension CompatAPI {
         }
         if request.header("X-Forwarded-For") != nil { return refuse(.forwardedRequest, .azure, counter) }
         if appService {
-            guard let secret = azure.identityHeaderHash, let sent = request.header("X-IDENTITY-HEADER"),
-                let hash = try? Crypto.sha256(sent.utf8), Crypto.constantTimeEqual(hash, secret)
-            else { return refuse(.invalidIdentityHeader, .azure, counter) }
+            guard azure.isIdentityHeader(request.header("X-IDENTITY-HEADER")) else {
+                return refuse(.invalidIdentityHeader, .azure, counter)
+            }
         } else if request.header("Metadata")?.lowercased() != "true" {
             return refuse(.missingMetadataHeader, .azure, counter)
         }
         let apiVersion = appService ? "2019-08-01" : "2018-02-01"
         do throws(BadRequest) {
-            guard try Self.single("api-version", request) == apiVersion else {
-                throw BadRequest(.invalidAPIVersion(expected: apiVersion))
-            }
-            guard let resource = try Self.single("resource", request) else {
-                throw BadRequest(.missingParameter("resource"))
-            }
-            let identity = try azure.identity(request)
+            let named = try QueryParameters.values(AzureQuery.names, request)
+            guard named[0] == apiVersion else { throw BadRequest(.invalidAPIVersion(expected: apiVersion)) }
+            guard let resource = named[1] else { throw BadRequest(.missingParameter("resource")) }
+            let index = try azure.identity(named[2...])
+            let source = azure.identities[index].source
             let values: TokenRequestValues
-            if identity.source.configuration.perRequest.contains(.resource) {
-                values = try Self.checked(audience: nil, scope: nil, resource: resource, for: identity.source)
+            if source.configuration.perRequest.contains(.resource) {
+                values = try Self.checked(audience: nil, scope: nil, resource: resource, for: source)
             } else {
                 // One scope, `R/.default`: a resource with a space would name several.
                 guard !resource.utf8.contains(0x20) else {
                     throw BadRequest(
                         .requestValue(
                             RequestValueProblem(parameter: .resource, kind: .malformed),
-                            provider: identity.source.configuration.name))
+                            provider: source.configuration.name))
                 }
-                values = try Self.checked(audience: nil, scope: resource + "/.default", for: identity.source)
+                values = try Self.checked(audience: nil, scope: resource + "/.default", for: source)
             }
-            let rendering = Self.azureRendering(
-                appService: appService, resource: resource,
-                tokenDelay: identity.source.configuration.tokenRefreshDelaySec)
-            return token(from: identity.source, values: values, rendering: rendering, counter: counter)
+            let rendering = appService ? azure.appServiceRenderings[index] : azure.imdsRenderings[index]
+            return token(from: source, values: values, rendering: rendering, resource: resource, counter: counter)
         } catch {
             return refuse(error.answer, .azure, counter)
         }
@@ -124,11 +130,10 @@ extension CompatAPI {
 
     /// How each protocol's answer looks: `expires_on` in epoch seconds (App Service), and
     /// `expires_in` too (IMDS), both JSON integers. A token without an expiry is replaced within
-    /// `tokenDelay` seconds (`tokenRefreshDelaySec`): the SDK is told so. The answer depends on
-    /// `resource`, which is the same for every request that reaches the same child.
-    static func azureRendering(appService: Bool, resource: String, tokenDelay: Int) -> Rendering {
+    /// `tokenDelay` seconds (`tokenRefreshDelaySec`): the SDK is told so.
+    static func azureRendering(appService: Bool, tokenDelay: Int) -> Rendering {
         Rendering(format: appService ? .azureAppService : .azureIMDS, protocolName: .azure, margin: Azure.margin) {
-            token, expiresIn in
+            token, expiresIn, resource in
             // A lifetime is at most `Duration.checkedLimitSeconds`, so this fits; checked all the same.
             let expiresAt = token.expiresAtDate ?? WallTime().addingTimeInterval(Double(tokenDelay))
             let expiresOn = Int(rounding: expiresAt.timeIntervalSince1970, .down) ?? Int.max
@@ -139,6 +144,23 @@ extension CompatAPI {
                 ("token_type", "\"Bearer\""),
             ]
             return HTTPResponse(status: 200, json: JSONText.object(members))
+        }
+    }
+}
+
+/// The query parameters of both managed identity routes, read in one pass.
+enum AzureQuery {
+    /// `api-version`, `resource`, then the ids (`idNames`).
+    static let names = ["api-version", "resource"] + idNames
+    /// The parameters that name a user-assigned identity.
+    static let idNames = ["client_id", "object_id", "principal_id", "mi_res_id", "msi_res_id"]
+
+    /// The setting of `identity` that the id parameter `idNames[index]` is matched against.
+    static func id(_ index: Int, of identity: AzureConfiguration.Identity) -> String? {
+        switch index {
+        case 0: identity.clientId
+        case 1, 2: identity.objectId
+        default: identity.resourceId
         }
     }
 }

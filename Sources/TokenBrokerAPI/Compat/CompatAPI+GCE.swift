@@ -24,13 +24,8 @@ extension CompatAPI {
         let tokens: Source
         let identities: Source?
         let defaultScopes: String
-        /// The answers that never change, by path.
-        let fixed: [String: HTTPResponse]
-        /// The account's directory (`…/{account}/`), by path: its listing, and its JSON for `recursive=true`.
-        let accounts: [String: (listing: HTTPResponse, recursive: HTTPResponse)]
-        /// `…/{account}/token` and `…/{account}/identity`, by path.
-        let tokenPaths: Set<String>
-        let identityPaths: Set<String>
+        /// Every path served, found with one look-up per request.
+        let routes: [String: Route]
         let tokenRendering: Rendering
         let identityRendering: Rendering
         let tokenCounter: RequestCounter
@@ -40,6 +35,18 @@ extension CompatAPI {
         /// google-auth refreshes a token with less than 3 min 45 s left.
         static var margin: Duration { .seconds(225) }
         static var prefix: String { "/computeMetadata/" }
+
+        /// What a path is.
+        enum Route: Sendable {
+            /// An answer that never changes.
+            case fixed(HTTPResponse)
+            /// An account's directory (`…/{account}/`): its listing, and its JSON for `recursive=true`.
+            case account(listing: HTTPResponse, recursive: HTTPResponse)
+            /// `…/{account}/token`.
+            case token
+            /// `…/{account}/identity`, when an identity template is configured.
+            case identity
+        }
 
         init(
             _ settings: GCEConfiguration, tokens: Source, identities: Source?, listener: String, metrics: BrokerMetrics
@@ -62,39 +69,36 @@ extension CompatAPI {
             ]
             if let number = settings.numericProjectId { fixed[v1 + "/project/numeric-project-id"] = Self.text(number) }
             if let domain = settings.universeDomain { fixed[v1 + "/universe/universe-domain"] = Self.text(domain) }
-            var accounts: [String: (listing: HTTPResponse, recursive: HTTPResponse)] = [:]
-            var tokenPaths: Set<String> = []
-            var identityPaths: Set<String> = []
+            var routes = fixed.mapValues { Route.fixed($0) }
             let recursive = JSONText.object([
                 ("aliases", "[\"default\"]"), ("email", JSONText.quoted(settings.serviceAccountEmail)),
                 ("scopes", "[" + settings.scopes.map(JSONText.quoted).joined(separator: ",") + "]"),
             ])
             for name in accountNames {
                 let account = accountsPath + "/" + name
-                accounts[account + "/"] = (
-                    Self.text("aliases\nemail\n" + (identities == nil ? "" : "identity\n") + "scopes\ntoken\n"),
-                    Self.json(recursive)
-                )
-                fixed[account + "/email"] = Self.text(settings.serviceAccountEmail)
-                fixed[account + "/aliases"] = Self.text("default")
-                fixed[account + "/scopes"] = Self.text(settings.scopes.map { $0 + "\n" }.joined())
-                tokenPaths.insert(account + "/token")
-                if identities != nil { identityPaths.insert(account + "/identity") }
+                routes[account + "/"] = .account(
+                    listing: Self.text(
+                        "aliases\nemail\n" + (identities == nil ? "" : "identity\n") + "scopes\ntoken\n"),
+                    recursive: Self.json(recursive))
+                routes[account + "/email"] = .fixed(Self.text(settings.serviceAccountEmail))
+                routes[account + "/aliases"] = .fixed(Self.text("default"))
+                routes[account + "/scopes"] = .fixed(Self.text(settings.scopes.map { $0 + "\n" }.joined()))
+                routes[account + "/token"] = .token
+                if identities != nil { routes[account + "/identity"] = .identity }
             }
-            self.fixed = fixed
-            self.accounts = accounts
-            self.tokenPaths = tokenPaths
-            self.identityPaths = identityPaths
+            self.routes = routes
             // A token without an expiry is replaced within `tokenRefreshDelaySec`: the SDK is told so.
             let tokenDelay = tokens.configuration.tokenRefreshDelaySec
-            tokenRendering = Rendering(format: .gceToken, protocolName: .gce, margin: Self.margin) { token, expiresIn in
+            tokenRendering = Rendering(format: .gceToken, protocolName: .gce, margin: Self.margin) {
+                token, expiresIn, _ in
                 Self.json(
                     JSONText.object([
                         ("access_token", JSONText.quoted(token.token.accessToken)),
                         ("expires_in", String(expiresIn ?? tokenDelay)), ("token_type", "\"Bearer\""),
                     ]))
             }
-            identityRendering = Rendering(format: .gceIdentity, protocolName: .gce, margin: Self.margin) { token, _ in
+            identityRendering = Rendering(format: .gceIdentity, protocolName: .gce, margin: Self.margin) {
+                token, _, _ in
                 Self.text(token.token.accessToken)
             }
             let route = { (path: String) in metrics.counter(listener: listener, route: path) }
@@ -124,10 +128,13 @@ extension CompatAPI {
     /// Answers one metadata server request (`serves` said the path is its).
     func handleGCE(_ request: HTTPRequest) -> HTTPReply {
         guard let gce else { preconditionFailure("a metadata path without the metadata server") }
-        let path = request.path
-        let counter =
-            gce.tokenPaths.contains(path)
-            ? gce.tokenCounter : gce.identityPaths.contains(path) ? gce.identityCounter : gce.metadataCounter
+        let route = gce.routes[request.path]
+        let counter: RequestCounter
+        switch route {
+        case .token?: counter = gce.tokenCounter
+        case .identity?: counter = gce.identityCounter
+        default: counter = gce.metadataCounter
+        }
         if !Methods.read.contains(request.method) {
             return refuse(.methodNotAllowed(method: request.method, allow: Methods.read), .gce, counter)
         }
@@ -135,33 +142,37 @@ extension CompatAPI {
         guard request.header("Metadata-Flavor") == "Google" else {
             return refuse(.missingMetadataFlavor, .gce, counter)
         }
-        if let answer = gce.fixed[path] { return record(counter, answer) }
-        if let account = gce.accounts[path] {
-            return record(counter, request.query("recursive") == "true" ? account.recursive : account.listing)
-        }
         do throws(BadRequest) {
-            if gce.tokenPaths.contains(path) {
-                let scope = try Self.single("scopes", request).map { scopes in
-                    // A comma-separated list; an empty entry leaves an empty scope token, which is refused.
-                    scopes.split(separator: ",", omittingEmptySubsequences: false).joined(separator: " ")
+            switch route {
+            case .fixed(let answer)?:
+                return record(counter, answer)
+            case .account(let listing, let recursive)?:
+                return record(counter, request.query("recursive") == "true" ? recursive : listing)
+            case .token?:
+                // A comma-separated list, made space-separated byte by byte; an empty entry leaves
+                // two spaces, or one at an end, which `checked` refuses.
+                let scope = try QueryParameters.values(["scopes"], request)[0].map { scopes in
+                    scopes.utf8.contains(0x2C)
+                        ? String(decoding: scopes.utf8.map { $0 == 0x2C ? 0x20 : $0 }, as: UTF8.self) : scopes
                 }
                 let values = try Self.checked(audience: nil, scope: scope ?? gce.defaultScopes, for: gce.tokens)
                 return token(from: gce.tokens, values: values, rendering: gce.tokenRendering, counter: counter)
-            }
-            if let identities = gce.identities, gce.identityPaths.contains(path) {
-                guard let audience = try Self.single("audience", request) else {
-                    throw BadRequest(.missingParameter("audience"))
-                }
-                if let format = try Self.single("format", request), format != "standard", format != "full" {
+            case .identity?:
+                guard let identities = gce.identities else { break }
+                let named = try QueryParameters.values(["audience", "format"], request)
+                guard let audience = named[0] else { throw BadRequest(.missingParameter("audience")) }
+                if let format = named[1], format != "standard", format != "full" {
                     throw BadRequest(.invalidParameter("format", allowed: "standard or full"))
                 }
                 let values = try Self.checked(audience: audience, scope: nil, for: identities)
                 return token(from: identities, values: values, rendering: gce.identityRendering, counter: counter)
+            case nil:
+                break
             }
         } catch {
             return refuse(error.answer, .gce, counter)
         }
-        return refuse(.notFound(path: path), .gce, counter)
+        return refuse(.notFound(path: request.path), .gce, counter)
     }
 
     /// `TokenRequestValues.checked` for a protocol's template, refused as a 400 naming the parameter.

@@ -107,7 +107,9 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
         let protocolName: CompatProtocol
         /// The SDK's margin: it treats a token with less left as expired.
         let margin: Duration
-        let render: @Sendable (CachedToken<Provider.Instant>, _ expiresIn: Int?) -> HTTPResponse
+        /// The answer for a token with `expiresIn` seconds left, naming `resource` (Azure's;
+        /// empty for Google's).
+        let render: @Sendable (CachedToken<Provider.Instant>, _ expiresIn: Int?, _ resource: String) -> HTTPResponse
     }
 
     /// The answer with the token of `source`'s child for `values`: at once when the child holds
@@ -115,8 +117,11 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
     /// or one forced refresh (a token inside the SDK's margin, when a fresher one can be had),
     /// each waited for at most `maxWait`. Refused: values outside the allow-lists, no room for
     /// another child, no valid token.
+    /// - Parameter resource: what the answer names as its resource (Azure's); the same for every
+    ///   request that reaches the same child, since the child's values are made from it.
     func token(
-        from source: Source, values: TokenRequestValues, rendering: Rendering, counter: RequestCounter
+        from source: Source, values: TokenRequestValues, rendering: Rendering, resource: String = "",
+        counter: RequestCounter
     ) -> HTTPReply {
         let child: Provider
         let cache: TokenResponseCache<Provider.Instant>
@@ -132,7 +137,7 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
         let answer = { @Sendable (token: CachedToken<Provider.Instant>, stale: Bool, secondsLeft: Int?) in
             if stale { self.metrics.recordStaleServed(provider: source.configuration.name) }
             return cache.response(for: token, stale: stale, secondsLeft: secondsLeft, format: rendering.format) {
-                rendering.render(token, secondsLeft)
+                rendering.render(token, secondsLeft, resource)
             }
         }
         switch child.read() {
@@ -214,15 +219,5 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
     /// Counts and sends an error in the protocol's shape.
     func refuse(_ error: ErrorAnswer, _ protocolName: CompatProtocol, _ counter: RequestCounter) -> HTTPReply {
         record(counter, error.response(for: protocolName))
-    }
-
-    /// A query parameter given at most once (names compared as `HTTPRequest.queryCount` does);
-    /// nil when absent.
-    static func single(_ name: String, _ request: HTTPRequest) throws(BadRequest) -> String? {
-        let count = request.queryCount(name)
-        guard count > 0 else { return nil }
-        if count > 1 { throw BadRequest(.repeatedParameter(name)) }
-        // Named without `=` (or with a NUL in its name): the empty value, which every check refuses.
-        return request.query(name) ?? ""
     }
 }

@@ -37,7 +37,13 @@ public struct TokenRequestValues: Hashable, Sendable, CustomStringConvertible {
 
     public init(audience: String? = nil, scopes: [String]? = nil, resource: String? = nil) {
         self.audience = audience
-        self.scopes = scopes.map { Array(Set($0)).sorted() }
+        // Sorted, then repeats dropped: no set to hash for the common one or two scopes.
+        self.scopes = scopes.map { list in
+            guard list.count > 1 else { return list }
+            var unique: [String] = []
+            for scope in list.sorted() where unique.last != scope { unique.append(scope) }
+            return unique
+        }
         self.resource = resource
     }
 
@@ -102,14 +108,17 @@ public struct TokenRequestValues: Hashable, Sendable, CustomStringConvertible {
         var scopes: [String]?
         if let scope {
             // RFC 6749 §3.3: scope = scope-token *( SP scope-token ), scope-token = 1*NQCHAR.
-            let tokens = scope.split(separator: " ", omittingEmptySubsequences: false)
+            // Split by byte, not by character: the checks below are all by byte.
+            let tokens = scope.utf8.split(separator: 0x20, omittingEmptySubsequences: false).map {
+                String(decoding: $0, as: UTF8.self)
+            }
             guard tokens.allSatisfy({ !$0.isEmpty && $0.utf8.allSatisfy(Self.isScopeCharacter) }) else {
                 return .failure(RequestValueProblem(parameter: .scope, kind: .malformed))
             }
             for token in tokens where !configuration.allowedScopes.contains(where: { $0.matches(token) }) {
                 return .failure(RequestValueProblem(parameter: .scope, kind: .notAllowed))
             }
-            scopes = tokens.map(String.init)
+            scopes = tokens
         }
         // Fixed order, so that the parameter reported does not depend on a set's order.
         for (parameter, value) in named where value == nil && configuration.requiredParameters.contains(parameter) {
