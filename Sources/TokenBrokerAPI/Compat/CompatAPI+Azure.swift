@@ -16,7 +16,9 @@ import TokenBrokerServer
 /// Errors carry `statusCode` and `message` besides `error` and `error_description`.
 extension CompatAPI {
     /// What managed identity serves: its identities, App Service's secret, its renderings and counters.
-    struct Azure: Sendable {
+    ///
+    /// A class, so that reading it per request costs one reference count, not one per setting.
+    final class Azure: Sendable {
         /// One configured identity and the template of its tokens.
         struct Identity: Sendable {
             let settings: AzureConfiguration.Identity

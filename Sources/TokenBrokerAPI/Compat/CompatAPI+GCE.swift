@@ -20,7 +20,9 @@ import TokenBrokerServer
 extension CompatAPI {
     /// What the metadata server serves: its settings, its answers that never change (built
     /// once), how it renders tokens, and its request counters.
-    struct GCE: Sendable {
+    ///
+    /// A class, so that reading it per request costs one reference count, not one per answer it holds.
+    final class GCE: Sendable {
         let tokens: Source
         let identities: Source?
         let defaultScopes: String

@@ -134,11 +134,10 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
         case .failure(.stopped):
             return refuse(.shuttingDown, rendering.protocolName, counter)
         }
-        let answer = { @Sendable (token: CachedToken<Provider.Instant>, stale: Bool, secondsLeft: Int?) in
-            if stale { self.metrics.recordStaleServed(provider: source.configuration.name) }
-            return cache.response(for: token, stale: stale, secondsLeft: secondsLeft, format: rendering.format) {
-                rendering.render(token, secondsLeft, resource)
-            }
+        let answering = Answering(
+            cache: cache, rendering: rendering, resource: resource, source: source, metrics: metrics)
+        func answer(_ token: CachedToken<Provider.Instant>, _ stale: Bool, _ secondsLeft: Int?) -> HTTPResponse {
+            answering.answer(token, stale: stale, secondsLeft: secondsLeft)
         }
         switch child.read() {
         case .token(let token, let stale, let secondsLeft):
@@ -151,19 +150,36 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
             case .excessive:
                 return record(counter, answer(token, stale, secondsLeft))
             case .refreshing(let after):
-                return wait(child, after: after ?? token.version, onDemand: false, rendering, counter, answer)
+                return wait(child, after: after ?? token.version, onDemand: false, answering, counter)
             }
         case .unavailable(let wasPaused):
             let status = child.status()
             if !status.everHeldToken, status.lastError == nil {
-                return wait(child, after: nil, onDemand: false, rendering, counter, answer)
+                return wait(child, after: nil, onDemand: false, answering, counter)
             }
             return refuse(
                 .tokenUnavailable(
                     provider: source.configuration.name, lastError: status.lastError,
                     paused: wasPaused || status.phase == .paused), rendering.protocolName, counter)
         case .onDemand:
-            return wait(child, after: nil, onDemand: true, rendering, counter, answer)
+            return wait(child, after: nil, onDemand: true, answering, counter)
+        }
+    }
+
+    /// How one request's token becomes its answer: from the child's cache, in the protocol's format.
+    struct Answering: Sendable {
+        let cache: TokenResponseCache<Provider.Instant>
+        let rendering: Rendering
+        let resource: String
+        let source: Source
+        let metrics: BrokerMetrics
+
+        /// The answer for `token`, counting it when stale.
+        func answer(_ token: CachedToken<Provider.Instant>, stale: Bool, secondsLeft: Int?) -> HTTPResponse {
+            if stale { metrics.recordStaleServed(provider: source.configuration.name) }
+            return cache.response(for: token, stale: stale, secondsLeft: secondsLeft, format: rendering.format) {
+                rendering.render(token, secondsLeft, resource)
+            }
         }
     }
 
@@ -177,9 +193,9 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
     /// Suspends the request until the child has a token newer than `after` (any, for nil), or
     /// `maxWait` has passed; answers with the newest valid token then, else 503.
     private func wait(
-        _ child: Provider, after: UInt64?, onDemand: Bool, _ rendering: Rendering, _ counter: RequestCounter,
-        _ answer: @escaping @Sendable (CachedToken<Provider.Instant>, Bool, Int?) -> HTTPResponse
+        _ child: Provider, after: UInt64?, onDemand: Bool, _ answering: Answering, _ counter: RequestCounter
     ) -> HTTPReply {
+        let rendering = answering.rendering
         let deadline = child.deadline(in: maxWait)
         return .deferred { responder in
             let id = child.addWaiter(after: after, deadline: deadline, onDemand: onDemand, forRefresh: after != nil) {
@@ -188,11 +204,12 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
                 let response: HTTPResponse
                 switch outcome {
                 case .token(let token, let stale):
-                    response = answer(token, stale, token.secondsLeft(at: now))
+                    response = answering.answer(token, stale: stale, secondsLeft: token.secondsLeft(at: now))
                 case .exhausted(let token?, _):
-                    response = answer(token, true, token.secondsLeft(at: now))
+                    response = answering.answer(token, stale: true, secondsLeft: token.secondsLeft(at: now))
                 case .timedOut(let token?, _):
-                    response = answer(token, child.status().stale, token.secondsLeft(at: now))
+                    response = answering.answer(
+                        token, stale: child.status().stale, secondsLeft: token.secondsLeft(at: now))
                 case .exhausted(nil, _), .timedOut(nil, _), .cancelled:
                     let status = child.status()
                     response = ErrorAnswer.tokenUnavailable(
