@@ -89,6 +89,9 @@ public enum ErrorAnswer: Sendable, Equatable {
     case conflictingIdentityParameters
     /// Azure: no configured identity has the id asked for (400, never 404, which SDKs retry).
     case identityNotFound
+    /// A compatibility route on a loopback listener: the `Host` names neither loopback nor a
+    /// metadata server, as a web page's requests do after DNS rebinding (403).
+    case foreignHost
 
     // MARK: Tokens
 
@@ -134,7 +137,7 @@ public enum ErrorAnswer: Sendable, Equatable {
         case .shuttingDown, .refusedWhileStopping, .clientClosed, .tokenUnavailable, .proxyTokenUnavailable,
             .tooManyChildren:
             503
-        case .missingRequestHeader, .forwardedRequest, .providerNotAllowed, .missingMetadataFlavor: 403
+        case .missingRequestHeader, .forwardedRequest, .providerNotAllowed, .missingMetadataFlavor, .foreignHost: 403
         case .missingCallerKey, .invalidCallerKey, .invalidIdentityHeader: 401
         case .bodyTooLarge, .proxyBodyTooLarge: 413
         case .excessiveRefresh: 429
@@ -157,6 +160,7 @@ public enum ErrorAnswer: Sendable, Equatable {
         case .missingMetadataHeader: "missing_metadata_header"
         case .invalidIdentityHeader: "invalid_identity_header"
         case .identityNotFound: "identity_not_found"
+        case .foreignHost: "foreign_host"
         case .requestValue(let problem, _): problem.kind == .notAllowed ? "value_not_allowed" : "invalid_request"
         case .tooManyChildren: "too_many_children"
         case .unknownProvider: "unknown_provider"
@@ -234,6 +238,8 @@ public enum ErrorAnswer: Sendable, Equatable {
             "name the identity by one of client_id, object_id, mi_res_id and msi_res_id, not several"
         case .identityNotFound:
             "no managed identity with that id is configured"
+        case .foreignHost:
+            "the Host header names neither this machine's loopback nor a metadata server"
         case .tokenUnavailable(let provider, let lastError, let paused):
             Self.unavailableText(provider: provider, lastError: lastError, paused: paused)
         case .requestValue(let problem, let provider):

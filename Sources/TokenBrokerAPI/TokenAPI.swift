@@ -185,7 +185,6 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
     public func handle(_ request: HTTPRequest) -> HTTPReply {
         let path = request.path
         if let proxy, let target = request.rawTarget { return proxied(request, target: target, proxy: proxy) }
-        if let compat, compat.serves(path) { return compat.handle(request) }
         guard path.hasPrefix("/") else { return record(otherCounter, .response(ErrorAnswer.absoluteForm.response)) }
         if path == "/.well-known/jwks.json" {
             return record(jwksCounter, Methods.only(Methods.read, request) ?? .response(jwks))
@@ -210,7 +209,10 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
         case "/token": route = .token
         case "/token/ready": route = .ready
         case "/token/refresh": route = .refresh
-        default: return record(otherCounter, .response(ErrorAnswer.notFound(path: path).response))
+        default:
+            // The cloud SDK protocols' paths, when served here, are none of the broker's own.
+            if let compat, compat.serves(path) { return compat.handle(request) }
+            return record(otherCounter, .response(ErrorAnswer.notFound(path: path).response))
         }
         let label: RequestCounter
         switch target {

@@ -36,6 +36,9 @@ public final class TokenResponseCache<Instant: InstantProtocol>: Sendable where 
     private let current = Lock<[Entry?]>(Array(repeating: nil, count: AnswerFormat.allCases.count))
     private let providerName: String
     private let cookie: CookieSettings
+    /// The newest version a compatibility route forced a refresh of, for being inside an SDK's
+    /// expiry margin (`CompatAPI`); each version is refreshed so at most once.
+    private let marginRefreshed = Atomic<UInt64>(0)
 
     init(providerName: String, cookie: CookieSettings) {
         self.providerName = providerName
@@ -68,6 +71,18 @@ public final class TokenResponseCache<Instant: InstantProtocol>: Sendable where 
         let response = render()
         current.withLock { $0[slot] = Entry(key: key, response: response) }
         return response
+    }
+
+    /// Whether this call is the first to claim a margin refresh of `version` (or a newer one).
+    func claimMarginRefresh(of version: UInt64) -> Bool {
+        var seen = marginRefreshed.load(ordering: .relaxed)
+        while seen < version {
+            let (exchanged, original) = marginRefreshed.compareExchange(
+                expected: seen, desired: version, ordering: .relaxed)
+            if exchanged { return true }
+            seen = original
+        }
+        return false
     }
 
     /// The `/token` answer for `token` at `now`, rendered only when its key changed.

@@ -71,7 +71,7 @@ enum Broker {
             Log.error("invalid configuration", ["problem": error.description])
             return 2
         }
-        for warning in lifetimeWarnings(configuration) { Log.warning("compat", ["problem": warning]) }
+        for warning in compatWarnings(configuration) { Log.warning("compat", ["problem": warning]) }
         let sinkDirectories: [SinkDirectory]
         switch openSinkDirectories(configuration) {
         case .success(let opened): sinkDirectories = opened
@@ -169,7 +169,10 @@ enum Broker {
 
     /// Warns about each secret file that other users can read.
     private static func warnAboutExposedSecretFiles(_ configuration: BrokerConfiguration) {
-        for (path, mode) in SecretFilePermissions.exposed(configuration.providers.flatMap(\.source.secretFiles)) {
+        let files =
+            configuration.providers.flatMap(\.source.secretFiles)
+            + [configuration.compat.azure?.identityHeaderFile].compactMap { $0 }
+        for (path, mode) in SecretFilePermissions.exposed(files) {
             Log.warning("a secret file can be read by other users; consider chmod 600", ["path": path, "mode": mode])
         }
     }

@@ -6,7 +6,7 @@ import TokenBrokerSources
 /// The cloud SDKs' protocols (`compat`): the steps `Broker.run` takes for them.
 ///
 /// In `run`: `readIdentityHeader` with the other secret files (a problem exits 2), and
-/// `lifetimeWarnings` logged; `compatRoutes` when the listeners open: the routes served on the
+/// `compatWarnings` logged; `compatRoutes` when the listeners open: the routes served on the
 /// token listener, and a listener of its own for each protocol with a `listen` address.
 /// `--check-config` reads the header file and prints the same warnings.
 extension Broker {
@@ -25,6 +25,24 @@ extension Broker {
         } catch {
             throw ConfigurationError(key: "compat.azure.identityHeaderFile", error.detail)
         }
+    }
+
+    /// What to warn about: the protocols served on the token listener while callers have keys
+    /// (the SDKs cannot send one, so these routes bypass them), and `lifetimeWarnings`.
+    static func compatWarnings(_ configuration: BrokerConfiguration) -> [String] {
+        let compat = configuration.compat
+        let shared = [("gce", compat.gce?.listen), ("azure", compat.azure?.listen)].filter { name, listen in
+            listen == nil && (name == "gce" ? compat.gce != nil : compat.azure != nil)
+        }
+        var warnings: [String] = []
+        if configuration.clientKeysFile != nil, !shared.isEmpty {
+            warnings.append(
+                "compat." + shared.map(\.0).joined(separator: " and compat.")
+                    + " served on the token listener, where the caller keys (clientKeysFile) do not apply to"
+                    + " their routes: any client of the listener can read their templates' tokens; give each a"
+                    + " listen address of its own")
+        }
+        return warnings + lifetimeWarnings(configuration)
     }
 
     /// Each template a protocol serves whose tokens the SDK could get inside its margin (it
@@ -78,19 +96,28 @@ extension Broker {
         let compat = configuration.compat
         let maxWait = Duration.seconds(configuration.maxWaitSec)
         let served = templates.map { $0 as any TemplateProviding<Provider> }
-        func routes(gce: GCEConfiguration?, azure: AzureConfiguration?, listener: String) -> CompatAPI<Provider>? {
+        // A loopback address (not a Unix socket) is what a web page reaches through DNS rebinding.
+        func routes(gce: GCEConfiguration?, azure: AzureConfiguration?, listener: String, address: ListenAddress)
+            -> CompatAPI<Provider>?
+        {
             guard gce != nil || azure != nil else { return nil }
             return CompatAPI(
                 gce: gce, azure: azure, identityHeader: identityHeader, templates: served, maxWait: maxWait,
-                listener: listener, metrics: metrics)
+                listener: listener, checksHost: address.isLoopback && address.unixPath == nil, metrics: metrics)
         }
         let shared = routes(
             gce: compat.gce?.listen == nil ? compat.gce : nil, azure: compat.azure?.listen == nil ? compat.azure : nil,
-            listener: "token")
+            listener: "token", address: configuration.listen)
         var own: [CompatListener] = []
         let separate: [(String, ListenAddress?, CompatAPI<Provider>?)] = [
-            ("gce", compat.gce?.listen, routes(gce: compat.gce, azure: nil, listener: "gce")),
-            ("azure", compat.azure?.listen, routes(gce: nil, azure: compat.azure, listener: "azure")),
+            (
+                "gce", compat.gce?.listen,
+                compat.gce?.listen.flatMap { routes(gce: compat.gce, azure: nil, listener: "gce", address: $0) }
+            ),
+            (
+                "azure", compat.azure?.listen,
+                compat.azure?.listen.flatMap { routes(gce: nil, azure: compat.azure, listener: "azure", address: $0) }
+            ),
         ]
         for case (let name, let address?, let handler?) in separate {
             var settings = HTTPServer.Configuration(address: address)

@@ -95,7 +95,7 @@ enum Options {
                 return 2
             }
             guard checkOnly else { return Broker.run(configuration) }
-            for warning in Broker.lifetimeWarnings(configuration) { Log.warning("compat", ["problem": warning]) }
+            for warning in Broker.compatWarnings(configuration) { Log.warning("compat", ["problem": warning]) }
             print(
                 "configuration OK: \(configuration.providers.count) provider(s), token listener \(configuration.listen), admin listener \(configuration.adminListen)"
             )

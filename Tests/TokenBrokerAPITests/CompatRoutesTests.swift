@@ -22,6 +22,7 @@ final class OneChildTemplate: TemplateProviding {
         configuration.perRequest = perRequest
         configuration.allowedScopes = [AllowPattern("read")!]
         configuration.allowedAudiences = [AllowPattern("https://svc.example/*")!]
+        configuration.allowedResources = [AllowPattern("read")!]
         self.configuration = configuration
         cache = TokenResponseCache(for: child)
     }
@@ -307,6 +308,73 @@ private let secret = "app-service-secret"
             let answer = marginAPI(template).handle(gce(accounts + "/default/token", [("scopes", "read")])).immediate
             #expect(answer?.string("access_token") == "kept" && answer?.int("expires_in") == left)
         }
+    }
+
+    @Test func aMarginRefreshIsForcedOncePerVersionAndWaitedForAFewSecondsAtMost() {
+        let template = OneChildTemplate(perRequest: [.scope])
+        let api = marginAPI(template)
+        let old = FakeProvider.token("old", version: 4, lifetime: .seconds(3600))
+        template.child.state.withLock { $0.read = .token(old, stale: false, secondsLeft: 200) }
+        let first = RecordingResponder()
+        let asked = ContinuousClock.now
+        #expect(api.handle(gce(accounts + "/default/token", [("scopes", "read")])).start(first))
+        let deadline = template.child.onlyWaiter?.waiter.deadline
+        #expect(deadline.map { $0 <= asked.advanced(by: .seconds(3)) } == true)
+        // The issuer hands the same token back: version 4 again; it is served, and not refreshed again.
+        template.child.completeWaiters(.token(old, stale: false))
+        #expect(first.responses.first?.string("access_token") == "old")
+        let second = api.handle(gce(accounts + "/default/token", [("scopes", "read")])).immediate
+        #expect(second?.string("access_token") == "old")
+        #expect(template.child.state.withLock { $0.refreshes } == [4])
+    }
+
+    @Test func aLoopbackListenerRefusesAHostThatIsNotLocalAsARebindingPageSendsIt() {
+        let local = [
+            "127.0.0.1:8080", "127.1.2.3", "localhost:80", "LOCALHOST", "[::1]:9", "metadata.google.internal",
+            "metadata", "169.254.169.254:80",
+        ]
+        let foreign = ["evil.example:8080", "127.0.0.1.evil.example", "[::2]:80", "127.0.0.256", "localhost.evil", ""]
+        for host in local {
+            #expect(api.handle(gce("/", headers: [flavor, ("Host", host)])).immediate?.status == 200, "\(host)")
+        }
+        for host in foreign {
+            let refused = api.handle(gce("/", headers: [flavor, ("Host", host)])).immediate
+            #expect(refused?.status == 403 && refused?.errorCode == "foreign_host", "\(host)")
+            let azure = api.handle(
+                imds([("api-version", "2018-02-01")], headers: [("Metadata", "true"), ("Host", host)]))
+            #expect(azure.immediate?.errorCode == "foreign_host", "\(host)")
+        }
+        let open = CompatAPI(
+            gce: GCEConfiguration(provider: "gcp", projectId: "p", serviceAccountEmail: "a@p"), azure: nil,
+            identityHeader: nil, templates: templates, maxWait: .seconds(1), listener: "gce", checksHost: false,
+            metrics: BrokerMetrics(version: "test"))
+        #expect(open.handle(gce("/", headers: [flavor, ("Host", "broker.internal:8081")])).immediate?.status == 200)
+        // A listener of the metadata server alone words even its 404 as the metadata server.
+        #expect(open.handle(gce("/elsewhere")).immediate?.header("Metadata-Flavor") == "Google")
+    }
+
+    @Test func azureIdsMatchInAnyCaseAndAScopeTemplatesRefusalNamesTheResource() async {
+        await running {
+            let base = [("api-version", "2018-02-01"), ("resource", "https://storage.example/a")]
+            let token = await answer(api.handle(imds(base + [("client_id", "CLIENT-2")])))
+            #expect(token?.status == 200)
+            let refused = api.handle(imds([("api-version", "2018-02-01"), ("resource", "https://other.example")]))
+            #expect(refused.immediate?.errorCode == "value_not_allowed")
+            #expect(refused.immediate?.string("parameter") == "resource")
+        }
+    }
+
+    @Test func aTokenWithoutExpiryIsSaidToExpireWhenTheBrokerReplacesIt() {
+        let template = OneChildTemplate(perRequest: [.resource])
+        let token = FakeProvider.token("forever", version: 1, lifetime: nil)
+        template.child.state.withLock { $0.read = .token(token, stale: false, secondsLeft: nil) }
+        let api = CompatAPI(
+            gce: nil, azure: AzureConfiguration(identities: [.init(provider: "gcp")]), identityHeader: nil,
+            templates: [template], maxWait: .seconds(1), listener: "token", metrics: BrokerMetrics(version: "test"))
+        let answer = api.handle(imds([("api-version", "2018-02-01"), ("resource", "read")])).immediate
+        // Issued at 1_800_000_000 by the wall clock; tokenRefreshDelaySec 300.
+        #expect(answer?.int("expires_on") == 1_800_000_300)
+        #expect((answer?.int("expires_in")).map { (295...300).contains($0) } == true)
     }
 
     // MARK: - On the token listener

@@ -53,4 +53,15 @@ import TokenBrokerTestSupport
         }
         #expect(try Broker.readIdentityHeader(try served(lifetime: 900)) == nil)
     }
+
+    @Test func protocolsOnTheTokenListenerWhileCallersHaveKeysAreWarnedAbout() throws {
+        var settings = try served(lifetime: 900)
+        #expect(Broker.compatWarnings(settings).isEmpty)
+        settings.clientKeysFile = "/etc/token-broker/callers.json"
+        let warnings = Broker.compatWarnings(settings)
+        #expect(
+            warnings.count == 1 && warnings[0].hasPrefix("compat.gce and compat.azure served on the token listener"))
+        settings.compat.gce?.listen = try ListenAddress(parsing: "127.0.0.1:8081")
+        #expect(Broker.compatWarnings(settings).first?.hasPrefix("compat.azure served on the token listener") == true)
+    }
 }

@@ -68,7 +68,10 @@ extension CompatAPI {
             }
             let found =
                 if let asked {
-                    identities.firstIndex { AzureQuery.id(asked.id, of: $0.settings) == asked.value }
+                    // Azure's ids (GUIDs, resource ids) are the same in any case.
+                    identities.firstIndex {
+                        AzureQuery.id(asked.id, of: $0.settings)?.equalsIgnoringASCIICase(asked.value) == true
+                    }
                 } else {
                     identities.firstIndex { $0.settings.isSystemAssigned }
                 }
@@ -80,9 +83,8 @@ extension CompatAPI {
         /// length: a header of another length is compared with the secret itself, and refused.
         func isIdentityHeader(_ sent: String?) -> Bool {
             guard let secret = identityHeader, let sent else { return false }
-            let bytes = Array(sent.utf8)
-            let sameLength = bytes.count == secret.count
-            let equal = Crypto.constantTimeEqual(sameLength ? bytes : secret, secret)
+            let sameLength = sent.utf8.count == secret.count
+            let equal = Crypto.constantTimeEqual(sameLength ? Array(sent.utf8) : secret, secret)
             return sameLength && equal
         }
     }
@@ -96,6 +98,7 @@ extension CompatAPI {
             return refuse(.methodNotAllowed(method: request.method, allow: ["GET"]), .azure, counter)
         }
         if request.header("X-Forwarded-For") != nil { return refuse(.forwardedRequest, .azure, counter) }
+        if let refusal = foreignHost(request) { return refuse(refusal, .azure, counter) }
         if appService {
             guard azure.isIdentityHeader(request.header("X-IDENTITY-HEADER")) else {
                 return refuse(.invalidIdentityHeader, .azure, counter)
@@ -121,7 +124,17 @@ extension CompatAPI {
                             RequestValueProblem(parameter: .resource, kind: .malformed),
                             provider: source.configuration.name))
                 }
-                values = try Self.checked(audience: nil, scope: resource + "/.default", for: source)
+                // A problem with that scope is one with the resource the request named.
+                switch TokenRequestValues.checked(
+                    audience: nil, scope: resource + "/.default", resource: nil, for: source.configuration)
+                {
+                case .success(let checked): values = checked
+                case .failure(let problem):
+                    throw BadRequest(
+                        .requestValue(
+                            RequestValueProblem(parameter: .resource, kind: problem.kind),
+                            provider: source.configuration.name))
+                }
             }
             let rendering = appService ? azure.appServiceRenderings[index] : azure.imdsRenderings[index]
             return token(from: source, values: values, rendering: rendering, resource: resource, counter: counter)
@@ -137,10 +150,10 @@ extension CompatAPI {
         Rendering(format: appService ? .azureAppService : .azureIMDS, protocolName: .azure, margin: Azure.margin) {
             token, expiresIn, resource in
             // A lifetime is at most `Duration.checkedLimitSeconds`, so this fits; checked all the same.
-            let expiresAt = token.expiresAtDate ?? WallTime().addingTimeInterval(Double(tokenDelay))
+            let expiresAt = token.expiresAtDate ?? token.issuedAtDate.addingTimeInterval(Double(tokenDelay))
             let expiresOn = Int(rounding: expiresAt.timeIntervalSince1970, .down) ?? Int.max
             var members: [(String, String)] = [("access_token", JSONText.quoted(token.token.accessToken))]
-            if !appService { members.append(("expires_in", String(expiresIn ?? tokenDelay))) }
+            if !appService { members.append(("expires_in", String(expiresIn))) }
             members += [
                 ("expires_on", String(expiresOn)), ("resource", JSONText.quoted(resource)),
                 ("token_type", "\"Bearer\""),

@@ -25,7 +25,9 @@ extension CompatAPI {
     final class GCE: Sendable {
         let tokens: Source
         let identities: Source?
-        let defaultScopes: String
+        /// The child values of the configured scopes, for a token request that names none
+        /// (checked at start: the configuration allows them).
+        let defaultValues: Result<TokenRequestValues, RequestValueProblem>
         /// Every path served, found with one look-up per request.
         let routes: [String: Route]
         let tokenRendering: Rendering
@@ -55,7 +57,9 @@ extension CompatAPI {
         ) {
             self.tokens = tokens
             self.identities = identities
-            defaultScopes = settings.scopes.joined(separator: " ")
+            defaultValues = TokenRequestValues.checked(
+                audience: nil, scope: settings.scopes.joined(separator: " "), resource: nil,
+                for: tokens.configuration)
             let v1 = "/computeMetadata/v1"
             let accountsPath = v1 + "/instance/service-accounts"
             let accountNames = ["default", settings.serviceAccountEmail]
@@ -89,14 +93,12 @@ extension CompatAPI {
                 if identities != nil { routes[account + "/identity"] = .identity }
             }
             self.routes = routes
-            // A token without an expiry is replaced within `tokenRefreshDelaySec`: the SDK is told so.
-            let tokenDelay = tokens.configuration.tokenRefreshDelaySec
             tokenRendering = Rendering(format: .gceToken, protocolName: .gce, margin: Self.margin) {
                 token, expiresIn, _ in
                 Self.json(
                     JSONText.object([
                         ("access_token", JSONText.quoted(token.token.accessToken)),
-                        ("expires_in", String(expiresIn ?? tokenDelay)), ("token_type", "\"Bearer\""),
+                        ("expires_in", String(expiresIn)), ("token_type", "\"Bearer\""),
                     ]))
             }
             identityRendering = Rendering(format: .gceIdentity, protocolName: .gce, margin: Self.margin) {
@@ -141,6 +143,7 @@ extension CompatAPI {
             return refuse(.methodNotAllowed(method: request.method, allow: Methods.read), .gce, counter)
         }
         if request.header("X-Forwarded-For") != nil { return refuse(.forwardedRequest, .gce, counter) }
+        if let refusal = foreignHost(request) { return refuse(refusal, .gce, counter) }
         guard request.header("Metadata-Flavor") == "Google" else {
             return refuse(.missingMetadataFlavor, .gce, counter)
         }
@@ -153,15 +156,21 @@ extension CompatAPI {
             case .token?:
                 // A comma-separated list, made space-separated byte by byte; an empty entry leaves
                 // two spaces, or one at an end, which `checked` refuses.
-                let scope = try QueryParameters.values(["scopes"], request)[0].map { scopes in
-                    scopes.utf8.contains(0x2C)
+                let values: TokenRequestValues
+                if let scopes = try QueryParameters.values(GCEQuery.token, request)[0] {
+                    let scope =
+                        scopes.utf8.contains(0x2C)
                         ? String(decoding: scopes.utf8.map { $0 == 0x2C ? 0x20 : $0 }, as: UTF8.self) : scopes
+                    values = try Self.checked(audience: nil, scope: scope, for: gce.tokens)
+                } else {
+                    values = try gce.defaultValues.mapError {
+                        BadRequest(.requestValue($0, provider: gce.tokens.configuration.name))
+                    }.get()
                 }
-                let values = try Self.checked(audience: nil, scope: scope ?? gce.defaultScopes, for: gce.tokens)
                 return token(from: gce.tokens, values: values, rendering: gce.tokenRendering, counter: counter)
             case .identity?:
                 guard let identities = gce.identities else { break }
-                let named = try QueryParameters.values(["audience", "format"], request)
+                let named = try QueryParameters.values(GCEQuery.identity, request)
                 guard let audience = named[0] else { throw BadRequest(.missingParameter("audience")) }
                 if let format = named[1], format != "standard", format != "full" {
                     throw BadRequest(.invalidParameter("format", allowed: "standard or full"))
@@ -188,4 +197,10 @@ extension CompatAPI {
         case .failure(let problem): throw BadRequest(.requestValue(problem, provider: source.configuration.name))
         }
     }
+}
+
+/// The query parameters the metadata server's token routes read.
+enum GCEQuery {
+    static let token = ["scopes"]
+    static let identity = ["audience", "format"]
 }

@@ -43,6 +43,11 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
     let azure: Azure?
     let maxWait: Duration
     let metrics: BrokerMetrics
+    /// Refuse a `Host` that names neither loopback nor a metadata server (`CompatHost`): the
+    /// listener is on a loopback address, which a web page can reach through DNS rebinding.
+    let checksHost: Bool
+    /// The one protocol served, when only one is: its shape for the answers no route gives.
+    private let onlyProtocol: CompatProtocol?
     private let otherCounter: RequestCounter
 
     /// - Parameters:
@@ -50,9 +55,11 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
     ///   - identityHeader: App Service's secret, read from `identityHeaderFile`; nil: `/msi/token` is not served.
     ///   - templates: the templates, among which those the protocols name (the configuration checked they exist).
     ///   - listener: the listener the routes are served on, for the request counters' label.
+    ///   - checksHost: the listener is on a loopback address: refuse a `Host` that is not local.
     public init(
         gce: GCEConfiguration?, azure: AzureConfiguration?, identityHeader: [UInt8]?,
-        templates: [any TemplateProviding<Provider>], maxWait: Duration, listener: String, metrics: BrokerMetrics
+        templates: [any TemplateProviding<Provider>], maxWait: Duration, listener: String, checksHost: Bool = true,
+        metrics: BrokerMetrics
     ) {
         func source(_ name: String) -> Source {
             guard let template = templates.first(where: { $0.name == name }) else {
@@ -72,6 +79,8 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
         }
         self.maxWait = maxWait
         self.metrics = metrics
+        self.checksHost = checksHost
+        onlyProtocol = gce == nil ? (azure == nil ? nil : .azure) : (azure == nil ? .gce : nil)
         otherCounter = metrics.counter(listener: listener, route: "other")
     }
 
@@ -90,33 +99,42 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
         case .gce?: return handleGCE(request)
         case .azure?: return handleAzure(request)
         case nil:
-            let answer = ErrorAnswer.notFound(path: request.path).response
-            otherCounter.record(status: answer.status)
-            return .response(answer)
+            return refuse(.notFound(path: request.path), onlyProtocol, otherCounter)
         }
     }
 
-    public func refusal(_ reason: ServerRefusal) -> HTTPResponse { ErrorAnswer.refusal(reason).response }
+    public func refusal(_ reason: ServerRefusal) -> HTTPResponse {
+        let answer = ErrorAnswer.refusal(reason)
+        return onlyProtocol.map { answer.response(for: $0) } ?? answer.response
+    }
+
+    /// The refusal of a request whose `Host` is not local, when the listener checks it; nil: it may pass.
+    func foreignHost(_ request: HTTPRequest) -> ErrorAnswer? {
+        guard checksHost, let host = request.header("Host"), !CompatHost.isLocal(host) else { return nil }
+        return .foreignHost
+    }
 
     // MARK: - The token, as every protocol gets it
 
     /// How a protocol renders a token: its format's slot in the child's cache, and the answer
-    /// for a token with `expiresIn` seconds left (nil: no expiry).
+    /// for a token with `expiresIn` seconds left.
     struct Rendering: Sendable {
         let format: AnswerFormat
         let protocolName: CompatProtocol
         /// The SDK's margin: it treats a token with less left as expired.
         let margin: Duration
         /// The answer for a token with `expiresIn` seconds left, naming `resource` (Azure's;
-        /// empty for Google's).
-        let render: @Sendable (CachedToken<Provider.Instant>, _ expiresIn: Int?, _ resource: String) -> HTTPResponse
+        /// empty for Google's). A token without an expiry is said to expire `tokenRefreshDelaySec`
+        /// after its issue, by which time the broker has replaced it (`Answering.untilReplaced`).
+        let render: @Sendable (CachedToken<Provider.Instant>, _ expiresIn: Int, _ resource: String) -> HTTPResponse
     }
 
     /// The answer with the token of `source`'s child for `values`: at once when the child holds
-    /// one the SDK will not treat as expired; else after the child's first fetch (a new child),
-    /// or one forced refresh (a token inside the SDK's margin, when a fresher one can be had),
-    /// each waited for at most `maxWait`. Refused: values outside the allow-lists, no room for
-    /// another child, no valid token.
+    /// one the SDK will not treat as expired; else after the child's first fetch (a new child,
+    /// waited for at most `maxWait`), or after one forced refresh (a token inside the SDK's
+    /// margin, when a fresher one can be had: once per token version, waited for at most
+    /// `marginWait`, then the token held is served). Refused: values outside the allow-lists,
+    /// no room for another child, no valid token.
     /// - Parameter resource: what the answer names as its resource (Azure's); the same for every
     ///   request that reaches the same child, since the child's values are made from it.
     func token(
@@ -136,35 +154,44 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
         }
         let answering = Answering(
             cache: cache, rendering: rendering, resource: resource, source: source, metrics: metrics)
-        func answer(_ token: CachedToken<Provider.Instant>, _ stale: Bool, _ secondsLeft: Int?) -> HTTPResponse {
-            answering.answer(token, stale: stale, secondsLeft: secondsLeft)
-        }
         switch child.read() {
         case .token(let token, let stale, let secondsLeft):
-            guard !stale, Self.insideMargin(token, secondsLeft: secondsLeft, margin: rendering.margin) else {
-                return record(counter, answer(token, stale, secondsLeft))
+            // Once per version: an issuer that hands the same token back is not asked again and again.
+            guard !stale, Self.insideMargin(token, secondsLeft: secondsLeft, margin: rendering.margin),
+                cache.claimMarginRefresh(of: token.version)
+            else {
+                return record(counter, answering.answer(token, stale: stale, secondsLeft: secondsLeft, child: child))
             }
             switch child.forceRefresh(rejected: token.version) {
             case .current(let newer):
-                return record(counter, answer(newer, false, newer.secondsLeft(at: child.now)))
+                return record(
+                    counter,
+                    answering.answer(newer, stale: false, secondsLeft: newer.secondsLeft(at: child.now), child: child))
             case .excessive:
-                return record(counter, answer(token, stale, secondsLeft))
+                return record(counter, answering.answer(token, stale: stale, secondsLeft: secondsLeft, child: child))
             case .refreshing(let after):
-                return wait(child, after: after ?? token.version, onDemand: false, answering, counter)
+                return wait(
+                    child, after: after ?? token.version, timeout: min(maxWait, Self.marginWait), onDemand: false,
+                    answering, counter)
             }
         case .unavailable(let wasPaused):
             let status = child.status()
             if !status.everHeldToken, status.lastError == nil {
-                return wait(child, after: nil, onDemand: false, answering, counter)
+                return wait(child, after: nil, timeout: maxWait, onDemand: false, answering, counter)
             }
             return refuse(
                 .tokenUnavailable(
                     provider: source.configuration.name, lastError: status.lastError,
                     paused: wasPaused || status.phase == .paused), rendering.protocolName, counter)
         case .onDemand:
-            return wait(child, after: nil, onDemand: true, answering, counter)
+            return wait(child, after: nil, timeout: maxWait, onDemand: true, answering, counter)
         }
     }
+
+    /// The longest a request waits for a margin refresh before it is answered with the token
+    /// held (still valid): below google-auth's 3 s timeout for metadata requests, so that a slow
+    /// or failing issuer does not hold the SDK until it gives up.
+    static var marginWait: Duration { .seconds(2) }
 
     /// How one request's token becomes its answer: from the child's cache, in the protocol's format.
     struct Answering: Sendable {
@@ -174,12 +201,22 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
         let source: Source
         let metrics: BrokerMetrics
 
-        /// The answer for `token`, counting it when stale.
-        func answer(_ token: CachedToken<Provider.Instant>, stale: Bool, secondsLeft: Int?) -> HTTPResponse {
+        /// The answer for `token` with `secondsLeft` (nil: no expiry), counting it when stale.
+        func answer(_ token: CachedToken<Provider.Instant>, stale: Bool, secondsLeft: Int?, child: Provider)
+            -> HTTPResponse
+        {
             if stale { metrics.recordStaleServed(provider: source.configuration.name) }
+            let secondsLeft = secondsLeft ?? Self.untilReplaced(token, child, source)
             return cache.response(for: token, stale: stale, secondsLeft: secondsLeft, format: rendering.format) {
                 rendering.render(token, secondsLeft, resource)
             }
+        }
+
+        /// For a token without an expiry, the seconds until `tokenRefreshDelaySec` after its
+        /// issue, when the broker replaces it; at least 1, so that it never reads as expired.
+        static func untilReplaced(_ token: CachedToken<Provider.Instant>, _ child: Provider, _ source: Source) -> Int {
+            let replaced = token.issuedAt.advanced(by: .seconds(source.configuration.tokenRefreshDelaySec))
+            return max(1, child.now.duration(to: replaced).secondsLeft)
         }
     }
 
@@ -193,10 +230,11 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
     /// Suspends the request until the child has a token newer than `after` (any, for nil), or
     /// `maxWait` has passed; answers with the newest valid token then, else 503.
     private func wait(
-        _ child: Provider, after: UInt64?, onDemand: Bool, _ answering: Answering, _ counter: RequestCounter
+        _ child: Provider, after: UInt64?, timeout: Duration, onDemand: Bool, _ answering: Answering,
+        _ counter: RequestCounter
     ) -> HTTPReply {
         let rendering = answering.rendering
-        let deadline = child.deadline(in: maxWait)
+        let deadline = child.deadline(in: timeout)
         return .deferred { responder in
             let id = child.addWaiter(after: after, deadline: deadline, onDemand: onDemand, forRefresh: after != nil) {
                 outcome in
@@ -204,12 +242,14 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
                 let response: HTTPResponse
                 switch outcome {
                 case .token(let token, let stale):
-                    response = answering.answer(token, stale: stale, secondsLeft: token.secondsLeft(at: now))
+                    response = answering.answer(
+                        token, stale: stale, secondsLeft: token.secondsLeft(at: now), child: child)
                 case .exhausted(let token?, _):
-                    response = answering.answer(token, stale: true, secondsLeft: token.secondsLeft(at: now))
+                    response = answering.answer(
+                        token, stale: true, secondsLeft: token.secondsLeft(at: now), child: child)
                 case .timedOut(let token?, _):
                     response = answering.answer(
-                        token, stale: child.status().stale, secondsLeft: token.secondsLeft(at: now))
+                        token, stale: child.status().stale, secondsLeft: token.secondsLeft(at: now), child: child)
                 case .exhausted(nil, _), .timedOut(nil, _), .cancelled:
                     let status = child.status()
                     response = ErrorAnswer.tokenUnavailable(
@@ -233,8 +273,28 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
         return .response(response)
     }
 
-    /// Counts and sends an error in the protocol's shape.
-    func refuse(_ error: ErrorAnswer, _ protocolName: CompatProtocol, _ counter: RequestCounter) -> HTTPReply {
-        record(counter, error.response(for: protocolName))
+    /// Counts and sends an error in the protocol's shape (the broker's own, for nil).
+    func refuse(_ error: ErrorAnswer, _ protocolName: CompatProtocol?, _ counter: RequestCounter) -> HTTPReply {
+        record(counter, protocolName.map { error.response(for: $0) } ?? error.response)
+    }
+}
+
+/// Which `Host` a compatibility route on a loopback listener accepts: this machine's loopback
+/// (`localhost`, 127.0.0.0/8, `[::1]`) and the names SDKs give metadata servers
+/// (`metadata.google.internal`, `metadata`, `169.254.169.254`), with any port. A web page that
+/// rebinds its own name to 127.0.0.1 sends its own name, and is refused.
+enum CompatHost {
+    static func isLocal(_ value: String) -> Bool {
+        var name = Array(value.utf8)[...]
+        if name.first == UInt8(ascii: "[") {
+            guard let end = name.firstIndex(of: UInt8(ascii: "]")) else { return false }
+            return name[(name.startIndex + 1)..<end].elementsEqual("::1".utf8)
+        }
+        if let colon = name.lastIndex(of: UInt8(ascii: ":")) { name = name[..<colon] }
+        let lower = String(decoding: name.map { (0x41...0x5A).contains($0) ? $0 | 0x20 : $0 }, as: UTF8.self)
+        if ["localhost", "metadata.google.internal", "metadata", "169.254.169.254"].contains(lower) { return true }
+        let parts = lower.split(separator: ".", omittingEmptySubsequences: false)
+        return parts.count == 4 && parts[0] == "127"
+            && parts.allSatisfy { $0.utf8.allSatisfy { (0x30...0x39).contains($0) } && UInt8($0) != nil }
     }
 }

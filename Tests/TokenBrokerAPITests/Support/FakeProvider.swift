@@ -15,6 +15,7 @@ final class FakeProvider: TokenProviding {
         var after: UInt64?
         var onDemand: Bool
         var forRefresh: Bool
+        var deadline: Instant
         var completion: @Sendable (Outcome) -> Void
     }
 
@@ -71,7 +72,8 @@ final class FakeProvider: TokenProviding {
         state.withLock { state in
             let id = state.nextID
             state.nextID += 1
-            state.waiters[id] = Waiter(after: after, onDemand: onDemand, forRefresh: forRefresh, completion: completion)
+            state.waiters[id] = Waiter(
+                after: after, onDemand: onDemand, forRefresh: forRefresh, deadline: deadline, completion: completion)
             return id
         }
     }
