@@ -79,20 +79,6 @@ private let secret = "app-service-secret"
             listener: "token", metrics: BrokerMetrics(version: "test"))
     }
 
-    private func running<T>(_ body: () async throws -> T) async rethrows -> T {
-        let tasks = templates.map { template in Task { await template.run() } }
-        defer { for task in tasks { task.cancel() } }
-        return try await body()
-    }
-
-    /// Waits (at most 10 s) for a deferred answer; an immediate one is returned as it is.
-    private func answer(_ reply: HTTPReply) async -> HTTPResponse? {
-        let responder = RecordingResponder()
-        guard reply.start(responder) else { return reply.immediate }
-        _ = await eventually { !responder.responses.isEmpty }
-        return responder.responses.first
-    }
-
     private func gce(_ path: String, _ query: [(String, String)] = [], headers: [(String, String)] = [flavor])
         -> HTTPRequest
     {
@@ -150,7 +136,7 @@ private let secret = "app-service-secret"
     }
 
     @Test func anAccessTokenIsTheChildsForTheCommaSeparatedScopes() async {
-        await running {
+        await running(templates) {
             let first = await answer(api.handle(gce(accounts + "/default/token", [("scopes", "write,read")])))
             #expect(first?.status == 200)
             #expect(first?.string("access_token") == "tok-1:scope=\"read+write\"")
@@ -169,7 +155,7 @@ private let secret = "app-service-secret"
     }
 
     @Test func aScopeOutsideTheAllowListOrMalformedIs400AndFetchesNothing() async {
-        await running {
+        await running(templates) {
             let cases: [(String, String)] = [
                 ("admin", "value_not_allowed"), ("read,,write", "invalid_request"), ("", "invalid_request"),
             ]
@@ -185,7 +171,7 @@ private let secret = "app-service-secret"
     }
 
     @Test func anIdentityTokenIsTheBareTokenOfTheAudiencesChild() async {
-        await running {
+        await running(templates) {
             let path = accounts + "/default/identity"
             let token = await answer(
                 api.handle(gce(path, [("audience", "https://svc.example/a"), ("format", "full")])))
@@ -204,7 +190,7 @@ private let secret = "app-service-secret"
     // MARK: - Azure managed identity
 
     @Test func appServiceNeedsTheSecretAndAnswersExpiresOnInEpochSeconds() async {
-        await running {
+        await running(templates) {
             let query = [("api-version", "2019-08-01"), ("resource", "https://vault.azure.net")]
             for sent in [nil, "wrong", secret + "x", String(secret.dropLast())] {
                 let refused = api.handle(appService(query, secret: sent)).immediate
@@ -224,7 +210,7 @@ private let secret = "app-service-secret"
     }
 
     @Test func imdsNeedsTheMetadataHeaderAndNamesIdentitiesByOneID() async {
-        await running {
+        await running(templates) {
             let base = [("api-version", "2018-02-01"), ("resource", "https://storage.example/a")]
             let refused: [(HTTPRequest, Int, String)] = [
                 (imds(base, headers: []), 400, "missing_metadata_header"),
@@ -354,7 +340,7 @@ private let secret = "app-service-secret"
     }
 
     @Test func azureIdsMatchInAnyCaseAndAScopeTemplatesRefusalNamesTheResource() async {
-        await running {
+        await running(templates) {
             let base = [("api-version", "2018-02-01"), ("resource", "https://storage.example/a")]
             let token = await answer(api.handle(imds(base + [("client_id", "CLIENT-2")])))
             #expect(token?.status == 200)
@@ -383,7 +369,7 @@ private let secret = "app-service-secret"
         let tokens = TokenAPI(
             providers: [], templates: templates, jwks: "{}", maxWait: .seconds(30), callers: TemplateCallers(),
             compat: api, metrics: BrokerMetrics(version: "test"))
-        await running {
+        await running(templates) {
             // No Token-Broker-Request header, no caller key: the protocol's own header is the guard.
             #expect(tokens.handle(gce("/")).immediate?.status == 200)
             let token = await answer(tokens.handle(gce(accounts + "/default/token")))

@@ -34,9 +34,16 @@ public enum CompatProtocol: String, Sendable {
 /// Served on the token listener (`TokenAPI` hands these paths over) or on a listener of their own.
 public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
     /// A template a protocol takes its tokens from.
-    struct Source: Sendable {
+    ///
+    /// A class, so that passing it along a request costs one reference count, not one per setting.
+    final class Source: Sendable {
         let template: any TemplateProviding<Provider>
         let configuration: ProviderConfiguration
+
+        init(template: any TemplateProviding<Provider>, configuration: ProviderConfiguration) {
+            self.template = template
+            self.configuration = configuration
+        }
     }
 
     let gce: GCE?
@@ -284,17 +291,53 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
 /// (`metadata.google.internal`, `metadata`, `169.254.169.254`), with any port. A web page that
 /// rebinds its own name to 127.0.0.1 sends its own name, and is refused.
 enum CompatHost {
+    /// The names, besides 127.0.0.0/8 and `[::1]`, in lowercase.
+    private static let names = ["localhost", "metadata.google.internal", "metadata", "169.254.169.254"]
+
+    /// Read byte by byte, without copying: every request on such a listener comes through here.
     static func isLocal(_ value: String) -> Bool {
-        var name = Array(value.utf8)[...]
-        if name.first == UInt8(ascii: "[") {
-            guard let end = name.firstIndex(of: UInt8(ascii: "]")) else { return false }
-            return name[(name.startIndex + 1)..<end].elementsEqual("::1".utf8)
+        let bytes = value.utf8
+        if bytes.first == UInt8(ascii: "[") {
+            // `[::1]`, with or without a port.
+            let literal = "[::1]".utf8
+            guard bytes.starts(with: literal) else { return false }
+            let rest = bytes.dropFirst(literal.count)
+            return rest.isEmpty || (rest.first == UInt8(ascii: ":") && isPort(rest.dropFirst()))
         }
-        if let colon = name.lastIndex(of: UInt8(ascii: ":")) { name = name[..<colon] }
-        let lower = String(decoding: name.map { (0x41...0x5A).contains($0) ? $0 | 0x20 : $0 }, as: UTF8.self)
-        if ["localhost", "metadata.google.internal", "metadata", "169.254.169.254"].contains(lower) { return true }
-        let parts = lower.split(separator: ".", omittingEmptySubsequences: false)
-        return parts.count == 4 && parts[0] == "127"
-            && parts.allSatisfy { $0.utf8.allSatisfy { (0x30...0x39).contains($0) } && UInt8($0) != nil }
+        var name = bytes[...]
+        if let colon = bytes.lastIndex(of: UInt8(ascii: ":")) {
+            guard isPort(bytes[bytes.index(after: colon)...]) else { return false }
+            name = bytes[..<colon]
+        }
+        for known in names where name.elementsEqual(known.utf8, by: { lowercase($0) == $1 }) { return true }
+        return isLoopbackIPv4(name)
     }
+
+    /// 127.0.0.0/8 in dotted decimal: four parts of 1–3 digits, each at most 255, the first 127.
+    private static func isLoopbackIPv4(_ name: Substring.UTF8View) -> Bool {
+        guard name.starts(with: "127.".utf8) else { return false }
+        var parts = 0
+        var value = 0
+        var digits = 0
+        for byte in name {
+            if byte == UInt8(ascii: ".") {
+                guard digits > 0 else { return false }
+                parts += 1
+                (value, digits) = (0, 0)
+            } else if (0x30...0x39).contains(byte), digits < 3 {
+                value = value * 10 + Int(byte - 0x30)
+                digits += 1
+                guard value <= 255 else { return false }
+            } else {
+                return false
+            }
+        }
+        return digits > 0 && parts == 3
+    }
+
+    private static func isPort(_ text: Substring.UTF8View) -> Bool {
+        !text.isEmpty && text.count <= 5 && text.allSatisfy { (0x30...0x39).contains($0) }
+    }
+
+    private static func lowercase(_ byte: UInt8) -> UInt8 { (0x41...0x5A).contains(byte) ? byte | 0x20 : byte }
 }
