@@ -379,3 +379,24 @@ private let secret = "app-service-secret"
         }
     }
 }
+
+@Suite struct CheckedValuesMemoTests {
+    @Test func theLastAcceptedValueIsKeptAndARefusalIsNeverKept() throws {
+        let memo = CheckedValuesMemo()
+        let checks = Mutex(0)
+        func values(_ key: String) throws(BadRequest) -> TokenRequestValues {
+            try memo.values(for: key) { () throws(BadRequest) in
+                checks.withLock { $0 += 1 }
+                guard key != "refused" else { throw BadRequest(.missingParameter("scopes")) }
+                return TokenRequestValues(scopes: [key])
+            }
+        }
+        #expect(try values("a").scopes == ["a"])
+        #expect(try values("a").scopes == ["a"])
+        #expect(checks.withLock { $0 } == 1)
+        #expect(throws: BadRequest.self) { try values("refused") }
+        #expect(throws: BadRequest.self) { try values("refused") }
+        #expect(try values("a").scopes == ["a"] && values("b").scopes == ["b"])
+        #expect(checks.withLock { $0 } == 4)
+    }
+}

@@ -23,6 +23,8 @@ extension CompatAPI {
         struct Identity: Sendable {
             let settings: AzureConfiguration.Identity
             let source: Source
+            /// The values last checked for a `resource`.
+            let memo = CheckedValuesMemo()
         }
 
         let identities: [Identity]
@@ -113,28 +115,31 @@ extension CompatAPI {
             guard let resource = named[1] else { throw BadRequest(.missingParameter("resource")) }
             let index = try azure.identity(named[2...])
             let source = azure.identities[index].source
-            let values: TokenRequestValues
-            if source.configuration.perRequest.contains(.resource) {
-                values = try Self.checked(audience: nil, scope: nil, resource: resource, for: source)
-            } else {
-                // One scope, `R/.default`: a resource with a space would name several.
-                guard !resource.utf8.contains(0x20) else {
-                    throw BadRequest(
-                        .requestValue(
-                            RequestValueProblem(parameter: .resource, kind: .malformed),
-                            provider: source.configuration.name))
+            let values = try azure.identities[index].memo.values(for: resource) { () throws(BadRequest) in
+                let values: TokenRequestValues
+                if source.configuration.perRequest.contains(.resource) {
+                    values = try Self.checked(audience: nil, scope: nil, resource: resource, for: source)
+                } else {
+                    // One scope, `R/.default`: a resource with a space would name several.
+                    guard !resource.utf8.contains(0x20) else {
+                        throw BadRequest(
+                            .requestValue(
+                                RequestValueProblem(parameter: .resource, kind: .malformed),
+                                provider: source.configuration.name))
+                    }
+                    // A problem with that scope is one with the resource the request named.
+                    switch TokenRequestValues.checked(
+                        audience: nil, scope: resource + "/.default", resource: nil, for: source.configuration)
+                    {
+                    case .success(let checked): values = checked
+                    case .failure(let problem):
+                        throw BadRequest(
+                            .requestValue(
+                                RequestValueProblem(parameter: .resource, kind: problem.kind),
+                                provider: source.configuration.name))
+                    }
                 }
-                // A problem with that scope is one with the resource the request named.
-                switch TokenRequestValues.checked(
-                    audience: nil, scope: resource + "/.default", resource: nil, for: source.configuration)
-                {
-                case .success(let checked): values = checked
-                case .failure(let problem):
-                    throw BadRequest(
-                        .requestValue(
-                            RequestValueProblem(parameter: .resource, kind: problem.kind),
-                            provider: source.configuration.name))
-                }
+                return values
             }
             let rendering = appService ? azure.appServiceRenderings[index] : azure.imdsRenderings[index]
             return token(from: source, values: values, rendering: rendering, resource: resource, counter: counter)

@@ -30,6 +30,9 @@ extension CompatAPI {
         let defaultValues: Result<TokenRequestValues, RequestValueProblem>
         /// Every path served, found with one look-up per request.
         let routes: [String: Route]
+        /// The values last checked for `…/token`'s `scopes` and `…/identity`'s `audience`.
+        let scopesMemo = CheckedValuesMemo()
+        let audienceMemo = CheckedValuesMemo()
         let tokenRendering: Rendering
         let identityRendering: Rendering
         let tokenCounter: RequestCounter
@@ -158,10 +161,12 @@ extension CompatAPI {
                 // two spaces, or one at an end, which `checked` refuses.
                 let values: TokenRequestValues
                 if let scopes = try QueryParameters.values(GCEQuery.token, request)[0] {
-                    let scope =
-                        scopes.utf8.contains(0x2C)
-                        ? String(decoding: scopes.utf8.map { $0 == 0x2C ? 0x20 : $0 }, as: UTF8.self) : scopes
-                    values = try Self.checked(audience: nil, scope: scope, for: gce.tokens)
+                    values = try gce.scopesMemo.values(for: scopes) { () throws(BadRequest) in
+                        let scope =
+                            scopes.utf8.contains(0x2C)
+                            ? String(decoding: scopes.utf8.map { $0 == 0x2C ? 0x20 : $0 }, as: UTF8.self) : scopes
+                        return try Self.checked(audience: nil, scope: scope, for: gce.tokens)
+                    }
                 } else {
                     values = try gce.defaultValues.mapError {
                         BadRequest(.requestValue($0, provider: gce.tokens.configuration.name))
@@ -175,7 +180,9 @@ extension CompatAPI {
                 if let format = named[1], format != "standard", format != "full" {
                     throw BadRequest(.invalidParameter("format", allowed: "standard or full"))
                 }
-                let values = try Self.checked(audience: audience, scope: nil, for: identities)
+                let values = try gce.audienceMemo.values(for: audience) { () throws(BadRequest) in
+                    try Self.checked(audience: audience, scope: nil, for: identities)
+                }
                 return token(from: identities, values: values, rendering: gce.identityRendering, counter: counter)
             case nil:
                 break
