@@ -19,7 +19,8 @@ let template: ProviderConfiguration = {
 /// The input is read as a query parameter's value and as an `If-None-Match` header; a number
 /// that comes out must be one the input spells in digits. It is also read as each value of a
 /// template's child: an accepted one is the input itself (the scope, the input's set of tokens),
-/// visible ASCII, within the length limit and allowed by the template's list.
+/// visible ASCII, within the length limit and allowed by the template's list. And it is read as
+/// the `Host` of a compatibility route, whose check must agree with one written plainly.
 func fuzzQuery(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
     let text = String(decoding: UnsafeBufferPointer(start: data, count: size), as: UTF8.self)
     if let version = QueryParameters.number(text) {
@@ -31,6 +32,7 @@ func fuzzQuery(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
         precondition(text.contains(String(version)), "\(text) read as version \(version)")
     }
     fuzzRequestValues(text)
+    precondition(CompatHost.isLocal(text) == plainlyLocal(text), "Host \(text.debugDescription)")
     return 0
 }
 
@@ -69,4 +71,31 @@ func fuzzRequestValues(_ text: String) {
             tokens.allSatisfy { token in template.allowedScopes.contains { $0.matches(token) } },
             "a scope token outside the list")
     }
+}
+
+/// `CompatHost.isLocal` written plainly, on copies and splits: a loopback or metadata server name,
+/// with an optional port of 1–5 digits.
+func plainlyLocal(_ text: String) -> Bool {
+    let bytes = Array(text.utf8)
+    func isPort(_ part: ArraySlice<UInt8>) -> Bool {
+        (1...5).contains(part.count) && part.allSatisfy { $0 >= 0x30 && $0 <= 0x39 }
+    }
+    if bytes.first == UInt8(ascii: "[") {
+        let literal = Array("[::1]".utf8)
+        guard bytes.starts(with: literal) else { return false }
+        let rest = bytes[literal.count...]
+        return rest.isEmpty || (rest.first == UInt8(ascii: ":") && isPort(rest.dropFirst()))
+    }
+    var name = bytes[...]
+    if let colon = bytes.lastIndex(of: UInt8(ascii: ":")) {
+        guard isPort(bytes[(colon + 1)...]) else { return false }
+        name = bytes[..<colon]
+    }
+    let lower = String(decoding: name.map { $0 >= 0x41 && $0 <= 0x5A ? $0 + 0x20 : $0 }, as: UTF8.self)
+    if ["localhost", "metadata.google.internal", "metadata", "169.254.169.254"].contains(lower) { return true }
+    let parts = lower.split(separator: ".", omittingEmptySubsequences: false)
+    return parts.count == 4 && parts[0] == "127"
+        && parts.allSatisfy { part in
+            (1...3).contains(part.utf8.count) && part.utf8.allSatisfy { $0 >= 0x30 && $0 <= 0x39 } && Int(part)! <= 255
+        }
 }
