@@ -28,8 +28,8 @@ public enum CompatProtocol: String, Sendable {
 ///
 /// The caller keys and the request guard do not apply: the SDKs cannot send them. These
 /// routes' guards are the protocols' own headers (`Metadata-Flavor: Google`, `Metadata: true`,
-/// App Service's secret `X-IDENTITY-HEADER`), the refusal of `X-Forwarded-For`, and the
-/// listener's address.
+/// App Service's secret `X-IDENTITY-HEADER`), the refusal of `X-Forwarded-For` and, on a
+/// loopback listener, of a `Host` that is not local (`CompatHost`), and the listener's address.
 ///
 /// Served on the token listener (`TokenAPI` hands these paths over) or on a listener of their own.
 public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
