@@ -18,6 +18,11 @@ extension TokenAPI {
             if waitForFirstToken, case let status = provider.status(), !status.everHeldToken, status.lastError == nil {
                 return wait(endpoint, after: nil, timeout: maxWait, mode: .ready(conditional: false), label: label)
             }
+            // A first token may have come between the read and the status (a local signer's
+            // fetch takes less than a millisecond): read once more before refusing.
+            if case .token(let token, let stale, let secondsLeft) = provider.read() {
+                return record(label, .response(cachedAnswer(endpoint, token, stale: stale, secondsLeft: secondsLeft)))
+            }
             return record(label, .response(Self.unavailable(provider, wasPaused: wasPaused)))
         case .onDemand:
             break

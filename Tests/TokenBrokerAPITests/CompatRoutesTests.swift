@@ -363,6 +363,31 @@ private let secret = "app-service-secret"
         #expect((answer?.int("expires_in")).map { (295...300).contains($0) } == true)
     }
 
+    @Test func aFirstTokenThatComesBetweenTheReadAndTheStatusIsServedNotRefused() {
+        let template = OneChildTemplate(perRequest: [.scope])
+        var status = FakeProvider.status(name: "gcp", phase: .fresh, version: 1)
+        status.everHeldToken = true
+        template.child.state.withLock {
+            $0.read = .unavailable(wasPaused: false)
+            $0.nextRead = .token(
+                FakeProvider.token("first", version: 1, lifetime: .seconds(900)), stale: false, secondsLeft: 900)
+            $0.status = status
+        }
+        let compat = marginAPI(template).handle(gce(accounts + "/default/token", [("scopes", "read")])).immediate
+        #expect(compat?.status == 200 && compat?.string("access_token") == "first")
+        // The same on a template child's /token.
+        template.child.state.withLock {
+            $0.read = .unavailable(wasPaused: false)
+            $0.nextRead = .token(
+                FakeProvider.token("second", version: 2, lifetime: .seconds(900)), stale: false, secondsLeft: 900)
+        }
+        let tokens = TokenAPI(
+            providers: [], templates: [template], jwks: "{}", maxWait: .seconds(30),
+            metrics: BrokerMetrics(version: "test"))
+        let token = tokens.handle(request("/providers/gcp/token", query: [("scope", "read")])).immediate
+        #expect(token?.status == 200 && token?.string("access_token") == "second")
+    }
+
     // MARK: - On the token listener
 
     @Test func theTokenListenerHandsTheProtocolsPathsOverWithoutItsGuards() async {

@@ -186,6 +186,11 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
             if !status.everHeldToken, status.lastError == nil {
                 return wait(child, after: nil, timeout: maxWait, onDemand: false, answering, counter)
             }
+            // A first token may have come between the read and the status (a local signer's
+            // fetch takes less than a millisecond): read once more before refusing.
+            if case .token(let token, let stale, let secondsLeft) = child.read() {
+                return record(counter, answering.answer(token, stale: stale, secondsLeft: secondsLeft, child: child))
+            }
             return refuse(
                 .tokenUnavailable(
                     provider: source.configuration.name, lastError: status.lastError,

@@ -22,6 +22,8 @@ final class FakeProvider: TokenProviding {
     /// What the routes asked, and what the fake answers.
     struct State: Sendable {
         var read: TokenRead<Instant> = .unavailable(wasPaused: false)
+        /// What `read` becomes after the next read, as when a fetch ends just after a request read.
+        var nextRead: TokenRead<Instant>?
         var reads: [UInt64] = []
         var refresh: ProviderStateMachine<Instant>.ForcedRefreshDecision = .refreshing(after: nil)
         var refreshes: [UInt64?] = []
@@ -58,10 +60,15 @@ final class FakeProvider: TokenProviding {
     func read(newerThan: UInt64) -> TokenRead<Instant> {
         state.withLock { state in
             state.reads.append(newerThan)
-            if case .token(let token, _, _) = state.read, token.version <= newerThan {
+            let read = state.read
+            if let next = state.nextRead {
+                state.read = next
+                state.nextRead = nil
+            }
+            if case .token(let token, _, _) = read, token.version <= newerThan {
                 return .unavailable(wasPaused: false)
             }
-            return state.read
+            return read
         }
     }
 
