@@ -14,14 +14,10 @@ extension TokenAPI {
         switch provider.read() {
         case .token(let token, let stale, let secondsLeft):
             return record(label, .response(cachedAnswer(endpoint, token, stale: stale, secondsLeft: secondsLeft)))
-        case .unavailable(let wasPaused):
-            if waitForFirstToken, case let status = provider.status(), !status.everHeldToken, status.lastError == nil {
+        case .unavailable(let wasPaused, let awaitingFirstToken):
+            // A first token that comes just after the read completes the waiter at once.
+            if waitForFirstToken, awaitingFirstToken {
                 return wait(endpoint, after: nil, timeout: maxWait, mode: .ready(conditional: false), label: label)
-            }
-            // A first token may have come between the read and the status (a local signer's
-            // fetch takes less than a millisecond): read once more before refusing.
-            if case .token(let token, let stale, let secondsLeft) = provider.read() {
-                return record(label, .response(cachedAnswer(endpoint, token, stale: stale, secondsLeft: secondsLeft)))
             }
             return record(label, .response(Self.unavailable(provider, wasPaused: wasPaused)))
         case .onDemand:

@@ -363,29 +363,32 @@ private let secret = "app-service-secret"
         #expect((answer?.int("expires_in")).map { (295...300).contains($0) } == true)
     }
 
-    @Test func aFirstTokenThatComesBetweenTheReadAndTheStatusIsServedNotRefused() {
+    @Test func whetherAChildAwaitsItsFirstTokenComesFromTheReadNotFromALaterStatus() {
+        // The status says a token was held (a first fetch ended just after the read); the read,
+        // made under the provider's one lock, says the child awaited its first: the route waits.
         let template = OneChildTemplate(perRequest: [.scope])
         var status = FakeProvider.status(name: "gcp", phase: .fresh, version: 1)
         status.everHeldToken = true
         template.child.state.withLock {
-            $0.read = .unavailable(wasPaused: false)
-            $0.nextRead = .token(
-                FakeProvider.token("first", version: 1, lifetime: .seconds(900)), stale: false, secondsLeft: 900)
+            $0.read = .unavailable(wasPaused: false, awaitingFirstToken: true)
             $0.status = status
         }
-        let compat = marginAPI(template).handle(gce(accounts + "/default/token", [("scopes", "read")])).immediate
-        #expect(compat?.status == 200 && compat?.string("access_token") == "first")
-        // The same on a template child's /token.
-        template.child.state.withLock {
-            $0.read = .unavailable(wasPaused: false)
-            $0.nextRead = .token(
-                FakeProvider.token("second", version: 2, lifetime: .seconds(900)), stale: false, secondsLeft: 900)
-        }
+        let first = FakeProvider.token("first", version: 1, lifetime: .seconds(900))
+        let compat = RecordingResponder()
+        #expect(marginAPI(template).handle(gce(accounts + "/default/token", [("scopes", "read")])).start(compat))
         let tokens = TokenAPI(
             providers: [], templates: [template], jwks: "{}", maxWait: .seconds(30),
             metrics: BrokerMetrics(version: "test"))
-        let token = tokens.handle(request("/providers/gcp/token", query: [("scope", "read")])).immediate
-        #expect(token?.status == 200 && token?.string("access_token") == "second")
+        let child = RecordingResponder()
+        #expect(tokens.handle(request("/providers/gcp/token", query: [("scope", "read")])).start(child))
+        template.child.completeWaiters(.token(first, stale: false))
+        #expect(compat.responses.first?.string("access_token") == "first")
+        #expect(child.responses.first?.string("access_token") == "first")
+        // A child whose first fetch is done (the read says so) is refused at once, with no wait.
+        template.child.state.withLock { $0.read = .unavailable(wasPaused: false, awaitingFirstToken: false) }
+        let refused = marginAPI(template).handle(gce(accounts + "/default/token", [("scopes", "read")])).immediate
+        #expect(refused?.errorCode == "token_unavailable")
+        #expect(tokens.handle(request("/providers/gcp/token", query: [("scope", "read")])).immediate?.status == 503)
     }
 
     // MARK: - On the token listener

@@ -91,14 +91,14 @@ func tokenAPI(
 
     @Test func tokenWithoutAValidTokenIs503WithRetryAfterAndSaysWhy() {
         let provider = FakeProvider()
-        provider.state.withLock { $0.read = .unavailable(wasPaused: false) }
+        provider.state.withLock { $0.read = .unavailable(wasPaused: false, awaitingFirstToken: false) }
         expectError(
             tokenAPI([provider]).handle(request("/token")).immediate, 503, "token_unavailable",
             headers: ["Retry-After": "1"])
 
         let limited = TokenFetchError.rateLimited("slow down", httpStatus: 429, retryAfter: .milliseconds(6500))
         provider.state.withLock {
-            $0.read = .unavailable(wasPaused: true)
+            $0.read = .unavailable(wasPaused: true, awaitingFirstToken: false)
             $0.status = FakeProvider.status(name: "default", lastError: limited)
         }
         let response = tokenAPI([provider]).handle(request("/token")).immediate
@@ -164,7 +164,7 @@ func tokenAPI(
     @Test func readyTimedOutIs304WithAfterAndTheTokenWithout() {
         let provider = FakeProvider()
         provider.state.withLock {
-            $0.read = .unavailable(wasPaused: false)
+            $0.read = .unavailable(wasPaused: false, awaitingFirstToken: false)
             $0.status = FakeProvider.status(name: "default", phase: .backingOff, version: 4, stale: true)
         }
         let api = tokenAPI([provider])

@@ -20,7 +20,7 @@ import TokenBrokerTestSupport
             return
         }
         #expect(token.version == 1 && !stale && secondsLeft == 90, "89.5 s left reads 90")
-        guard case .unavailable(wasPaused: false) = harness.machine.read(newerThan: 1, now: harness.now).read else {
+        guard case .unavailable(wasPaused: false, _) = harness.machine.read(newerThan: 1, now: harness.now).read else {
             Issue.record("version 1 is not newer than 1")
             return
         }
@@ -31,6 +31,25 @@ import TokenBrokerTestSupport
             Issue.record("the token is served stale while refresh fails")
             return
         }
+    }
+
+    @Test func aReadSaysWhetherTheProviderStillAwaitsItsFirstToken() {
+        func awaiting(_ harness: MachineHarness, newerThan: UInt64 = 0) -> Bool? {
+            var machine = harness.machine
+            guard
+                case .unavailable(_, let awaitingFirstToken) = machine.read(newerThan: newerThan, now: harness.now).read
+            else { return nil }
+            return awaitingFirstToken
+        }
+        var harness = MachineHarness(ProviderConfiguration())
+        harness.start()
+        #expect(awaiting(harness) == true, "before the first fetch ends")
+        harness.fail()
+        #expect(awaiting(harness) == false, "the first fetch failed")
+        var held = MachineHarness(ProviderConfiguration())
+        held.start()
+        held.succeed()
+        #expect(awaiting(held, newerThan: 1) == false, "a token was held")
     }
 
     @Test func aTokenWithoutExpiryHasNoSecondsLeft() {
@@ -46,7 +65,7 @@ import TokenBrokerTestSupport
     @Test func aReadOfAPausedProviderWithAnExpiredTokenSaysItWasPausedAndStartsAFetch() {
         var harness = MachineHarness.pausedWithAnExpiredToken()
         let (read, actions) = harness.machine.read(now: harness.now)
-        guard case .unavailable(wasPaused: true) = read else {
+        guard case .unavailable(wasPaused: true, _) = read else {
             Issue.record("the read found the provider paused")
             return
         }
@@ -80,7 +99,7 @@ import TokenBrokerTestSupport
         let cached = TokenProvider(
             configuration: ProviderConfiguration(), source: ScriptedSource(), clock: ManualClock(), jitter: .fixed(0.5))
         cached.shutDown()
-        guard case .unavailable(wasPaused: false) = cached.read() else {
+        guard case .unavailable(wasPaused: false, _) = cached.read() else {
             Issue.record("a provider that shut down has no token to serve")
             return
         }

@@ -181,16 +181,12 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
                     child, after: after ?? token.version, timeout: min(maxWait, Self.marginWait), onDemand: false,
                     answering, counter)
             }
-        case .unavailable(let wasPaused):
-            let status = child.status()
-            if !status.everHeldToken, status.lastError == nil {
+        case .unavailable(let wasPaused, let awaitingFirstToken):
+            // A first token that comes just after the read completes the waiter at once.
+            if awaitingFirstToken {
                 return wait(child, after: nil, timeout: maxWait, onDemand: false, answering, counter)
             }
-            // A first token may have come between the read and the status (a local signer's
-            // fetch takes less than a millisecond): read once more before refusing.
-            if case .token(let token, let stale, let secondsLeft) = child.read() {
-                return record(counter, answering.answer(token, stale: stale, secondsLeft: secondsLeft, child: child))
-            }
+            let status = child.status()
             return refuse(
                 .tokenUnavailable(
                     provider: source.configuration.name, lastError: status.lastError,

@@ -166,7 +166,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         let wasPaused = isPaused
         let actions = noteActivity(now: now)
         guard let token = validToken(at: now), token.version > newerThan else {
-            return (.unavailable(wasPaused: wasPaused), actions)
+            return (.unavailable(wasPaused: wasPaused, awaitingFirstToken: cached == nil && lastError == nil), actions)
         }
         return (.token(token, stale: failures > 0, secondsLeft: token.secondsLeft(at: now)), actions)
     }

@@ -129,7 +129,8 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     /// read counts as activity, so it resumes a provider paused while idle.
     public func read(newerThan: UInt64 = 0) -> TokenRead<C.Instant> {
         apply(
-            ifShutDown: configuration.backgroundRefreshEnabled ? .unavailable(wasPaused: false) : .onDemand(cached: nil)
+            ifShutDown: configuration.backgroundRefreshEnabled
+                ? .unavailable(wasPaused: false, awaitingFirstToken: false) : .onDemand(cached: nil)
         ) { machine, now in
             machine.read(newerThan: newerThan, now: now)
         }

@@ -21,9 +21,7 @@ final class FakeProvider: TokenProviding {
 
     /// What the routes asked, and what the fake answers.
     struct State: Sendable {
-        var read: TokenRead<Instant> = .unavailable(wasPaused: false)
-        /// What `read` becomes after the next read, as when a fetch ends just after a request read.
-        var nextRead: TokenRead<Instant>?
+        var read: TokenRead<Instant> = .unavailable(wasPaused: false, awaitingFirstToken: false)
         var reads: [UInt64] = []
         var refresh: ProviderStateMachine<Instant>.ForcedRefreshDecision = .refreshing(after: nil)
         var refreshes: [UInt64?] = []
@@ -60,15 +58,10 @@ final class FakeProvider: TokenProviding {
     func read(newerThan: UInt64) -> TokenRead<Instant> {
         state.withLock { state in
             state.reads.append(newerThan)
-            let read = state.read
-            if let next = state.nextRead {
-                state.read = next
-                state.nextRead = nil
+            if case .token(let token, _, _) = state.read, token.version <= newerThan {
+                return .unavailable(wasPaused: false, awaitingFirstToken: false)
             }
-            if case .token(let token, _, _) = read, token.version <= newerThan {
-                return .unavailable(wasPaused: false)
-            }
-            return read
+            return state.read
         }
     }
 
