@@ -242,12 +242,7 @@ enum Broker {
     ) throws(HTTPServerError) -> Listeners {
         let compat = try compatRoutes(
             configuration, templates: providers.templates, identityHeader: identityHeader, metrics: metrics)
-        var tokenSettings = HTTPServer.Configuration(address: configuration.listen)
-        tokenSettings.connectionLimit = configuration.connectionLimit
-        tokenSettings.connectionTimeoutSec = configuration.connectionTimeoutSec
-        tokenSettings.connectionMemoryLimit = configuration.connectionMemoryKiB * 1024
-        tokenSettings.unixSocketMode = configuration.unixSocketMode
-        tokenSettings.libraryLog = { Log.warning("libmicrohttpd", ["listener": "token", "detail": $0]) }
+        var tokenSettings = tokenRouteSettings(configuration, address: configuration.listen, listener: "token")
         if !configuration.proxies.isEmpty { tokenSettings.streamingPrefix = ProxyPath.prefix }
         let proxy =
             configuration.proxies.isEmpty
@@ -363,6 +358,21 @@ enum Broker {
     }
 
     // MARK: - Helpers
+
+    /// A listener of token routes (the token listener, a cloud SDK protocol's own) as configured:
+    /// its connection limit, timeout, memory per connection and Unix socket mode, and its
+    /// libmicrohttpd messages logged under its name.
+    static func tokenRouteSettings(_ configuration: BrokerConfiguration, address: ListenAddress, listener: String)
+        -> HTTPServer.Configuration
+    {
+        var settings = HTTPServer.Configuration(address: address)
+        settings.connectionLimit = configuration.connectionLimit
+        settings.connectionTimeoutSec = configuration.connectionTimeoutSec
+        settings.connectionMemoryLimit = configuration.connectionMemoryKiB * 1024
+        settings.unixSocketMode = configuration.unixSocketMode
+        settings.libraryLog = { Log.warning("libmicrohttpd", ["listener": listener, "detail": $0]) }
+        return settings
+    }
 
     /// Blocks the calling thread (not one of Swift's pool) until every task has ended, or `limit` has passed.
     private static func waitForEnd(of tasks: [Task<Void, Never>], atMost limit: Duration) {

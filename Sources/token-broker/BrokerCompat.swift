@@ -48,9 +48,9 @@ extension Broker {
     /// Each template a protocol serves whose tokens the SDK could get inside its margin (it
     /// treats a token with less than 3 min 45 s left as expired: google-auth; 5 min: msal).
     ///
-    /// A served token has at least its lifetime minus the refresh point left: the refresh point
-    /// is at most `tokenRefreshDelaySec`, 85 % of the lifetime, and the lifetime less a margin of
-    /// a tenth of it (at most 30 s) (`RefreshSchedule`). Only the local signer's lifetime is
+    /// A served token has at least its lifetime minus the refresh point left, the latest point
+    /// `RefreshSchedule` can pick for it (at most `tokenRefreshDelaySec`, 85 % of the lifetime,
+    /// and the lifetime less a margin of a tenth of it, at most 30 s). Only the local signer's lifetime is
     /// known before its first token; an issuer's is not, and is not reported here.
     static func lifetimeWarnings(_ configuration: BrokerConfiguration) -> [String] {
         var served: [(provider: String, sdk: String, margin: Int)] = []
@@ -68,9 +68,11 @@ extension Broker {
                 case .jwt(let signer) = provider.source
             else { continue }
             let lifetime = signer.lifetimeSec
-            let refreshAt = min(
-                provider.tokenRefreshDelaySec, lifetime * 85 / 100, lifetime - min(30, lifetime / 10))
-            let leastLeft = lifetime - refreshAt
+            // The latest refresh point the schedule can pick: the top of its jittered band.
+            let refreshAt = RefreshSchedule(refreshDelay: .seconds(provider.tokenRefreshDelaySec))
+                .refreshAfter(lifetime: .seconds(lifetime), unit: 1)
+            let leastLeft =
+                Int(rounding: (Duration.seconds(lifetime) - refreshAt) / .seconds(1), .toNearestOrAwayFromZero) ?? 0
             guard leastLeft < margin else { continue }
             if lifetime <= margin {
                 warnings.append(
@@ -120,13 +122,8 @@ extension Broker {
             ),
         ]
         for case (let name, let address?, let handler?) in separate {
-            var settings = HTTPServer.Configuration(address: address)
-            settings.connectionLimit = configuration.connectionLimit
-            settings.connectionTimeoutSec = configuration.connectionTimeoutSec
-            settings.connectionMemoryLimit = configuration.connectionMemoryKiB * 1024
-            settings.unixSocketMode = configuration.unixSocketMode
-            settings.libraryLog = { Log.warning("libmicrohttpd", ["listener": name, "detail": $0]) }
-            let server = try HTTPServer(configuration: settings, handler: handler)
+            let server = try HTTPServer(
+                configuration: tokenRouteSettings(configuration, address: address, listener: name), handler: handler)
             metrics.observeOpenConnections(listener: name) { [weak server] in server?.openConnections ?? 0 }
             own.append(CompatListener(name: name, address: address, server: server))
         }
