@@ -9,7 +9,7 @@
 # --- build: the Swift 6.3 toolchain on Debian bookworm ---
 FROM swift:6.3-bookworm AS build
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends libmicrohttpd-dev libssl-dev libcurl4-openssl-dev pkg-config \
+    && apt-get install -y --no-install-recommends libmicrohttpd-dev libssl-dev libcurl4-openssl-dev libhiredis-dev pkg-config \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY Package.swift ./
@@ -22,7 +22,7 @@ RUN swift build -c release --static-swift-stdlib \
 FROM debian:bookworm-slim
 # libmicrohttpd12: the server; libssl3: libcrypto; libcurl4: the OpenSSL-flavoured client;
 # ca-certificates: to verify upstream issuers over TLS.
-ARG RUNTIME_PACKAGES="libmicrohttpd12 libssl3 libcurl4 ca-certificates"
+ARG RUNTIME_PACKAGES="libmicrohttpd12 libssl3 libcurl4 libhiredis0.14 ca-certificates"
 RUN apt-get update \
     && apt-get install -y --no-install-recommends ${RUNTIME_PACKAGES} \
     && rm -rf /var/lib/apt/lists/* \

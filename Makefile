@@ -14,8 +14,8 @@ SHELL := /bin/bash
 SWIFT ?= swift
 PYTHON ?= python3
 # Build-time libraries, the tools the tests use, and debootstrap for the container check.
-APT_PACKAGES := pkg-config libmicrohttpd-dev libssl-dev libcurl4-openssl-dev openssl curl ca-certificates \
-                python3 python3-venv debootstrap iproute2 util-linux
+APT_PACKAGES := pkg-config libmicrohttpd-dev libssl-dev libcurl4-openssl-dev libhiredis-dev openssl curl ca-certificates \
+                python3 python3-venv debootstrap iproute2 util-linux redis-server
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 RELEASE_FLAGS := -c release --static-swift-stdlib
 BIN := .build/release/token-broker
@@ -120,7 +120,7 @@ bench: build $(VENV)/.installed
 	cc -O2 -Wall -pthread -o .build/bench/release-all bench/longpoll-client/release-all.c
 	cc -O2 -Wall -pthread -o .build/bench/mhd-release-all bench/longpoll-client/mhd-release-all.c -lmicrohttpd
 	$(SWIFT)c -O -static-stdlib -use-ld=lld -Xlinker -z -Xlinker pack-relative-relocs \
-		-I Sources/CMicroHTTPD -I Sources/COpenSSL -I Sources/CCurl \
+		-I Sources/CMicroHTTPD -I Sources/COpenSSL -I Sources/CCurl -I Sources/CHiredis \
 		-module-cache-path .build/bench/module-cache -o .build/bench/footprint-floor bench/footprint-floor/main.swift
 	$(VENV)/bin/python bench/run.py
 

@@ -4,7 +4,7 @@
 //
 // Layers, from the bottom up; each imports only those below it, and the C stays behind
 // `internal import`:
-//   CMicroHTTPD, COpenSSL, CCurl  system libraries from Debian, each behind a small shim.h
+//   CMicroHTTPD, COpenSSL, CCurl, CHiredis  system libraries from Debian, each behind a small shim.h
 //   CSystem                       system headers Glibc's Swift module leaves out (epoll, eventfd, malloc)
 //   TokenBrokerCore               pure Swift: tokens, configuration, the provider and its rules, metrics
 //   TokenBrokerCrypto             hashing, HMAC, random bytes, constant-time comparison (libcrypto)
@@ -17,6 +17,9 @@
 //   TokenBrokerProxy              proxy mode: requests forwarded with a token, retried once when refused
 //   TokenBrokerSinks              token files: each new token of a provider written to a file, atomically,
 //                                 never wider than its mode (it renders the JSON format with TokenBrokerAPI)
+//   TokenBrokerStore              the token store: records sealed with AES-256-GCM, kept in files (written
+//                                 with the sinks' atomic writer) so that tokens outlive a restart, or in
+//                                 Redis (hiredis), shared by a fleet that fetches once per refresh
 //   token-broker                  the executable: command line, wiring, signals, allocator tuning
 //
 // No outside Swift packages: the toolchain and Debian's C libraries are all it needs.
@@ -65,6 +68,11 @@ let package = Package(
             pkgConfig: "libcurl",
             providers: [.apt(["libcurl4-openssl-dev"])]
         ),
+        .systemLibrary(
+            name: "CHiredis",
+            pkgConfig: "hiredis",
+            providers: [.apt(["libhiredis-dev"])]
+        ),
         .systemLibrary(name: "CSystem"),
         .target(name: "TokenBrokerCore", swiftSettings: optimized),
         .target(name: "TokenBrokerCrypto", dependencies: ["TokenBrokerCore", "COpenSSL"], swiftSettings: optimized),
@@ -94,12 +102,17 @@ let package = Package(
             dependencies: ["TokenBrokerCore", "TokenBrokerCrypto", "TokenBrokerAPI"],
             swiftSettings: optimized
         ),
+        .target(
+            name: "TokenBrokerStore",
+            dependencies: ["TokenBrokerCore", "TokenBrokerCrypto", "TokenBrokerSinks", "CHiredis"],
+            swiftSettings: optimized
+        ),
         .executableTarget(
             name: "token-broker",
             dependencies: [
                 "TokenBrokerCore", "TokenBrokerCrypto", "TokenBrokerUpstream", "TokenBrokerSources",
                 "TokenBrokerServer",
-                "TokenBrokerAPI", "TokenBrokerProxy", "TokenBrokerSinks", "CSystem",
+                "TokenBrokerAPI", "TokenBrokerProxy", "TokenBrokerSinks", "TokenBrokerStore", "CSystem",
             ],
             exclude: ["link-order.txt"],
             swiftSettings: optimized,
@@ -138,6 +151,12 @@ let package = Package(
             name: "TokenBrokerSinksTests",
             dependencies: [
                 "TokenBrokerTestSupport", "TokenBrokerSinks", "TokenBrokerAPI", "TokenBrokerCrypto", "TokenBrokerCore",
+            ]),
+        .testTarget(
+            name: "TokenBrokerStoreTests",
+            dependencies: [
+                "TokenBrokerTestSupport", "TokenBrokerStore", "TokenBrokerSinks", "TokenBrokerCrypto",
+                "TokenBrokerCore",
             ]),
         .testTarget(
             name: "token-brokerTests",

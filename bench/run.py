@@ -513,6 +513,96 @@ def compat_answers(rounds, seconds):
     return {"rounds": results, "median": summary, "rps_ratio": ratios}
 
 
+# ---------------------------------------------------------------------------- 8. the token store
+
+class Redis(Server):
+    """A redis-server on a Unix socket in a temporary directory, keeping nothing on disk."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="tb-redis-")
+        self.socket = os.path.join(self.dir, "redis.sock")
+        self.process = subprocess.Popen(
+            ["redis-server", "--port", "0", "--unixsocket", self.socket, "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while not os.path.exists(self.socket):
+            if time.monotonic() > deadline:
+                raise RuntimeError("redis-server did not start")
+            time.sleep(0.02)
+
+
+def store_config(work, source, store):
+    """A configuration with one provider on `source` and `store` (None: memory), with a store key."""
+    key = os.path.join(work, "store.key")
+    if not os.path.exists(key):
+        with open(key, "w") as handle:
+            handle.write(os.urandom(32).hex() + "\n")
+        os.chmod(key, 0o600)
+    config = {"providers": [{"name": "default", "source": source}]}
+    if store is not None:
+        config["store"] = {**store, "keyFile": key}
+    return config
+
+
+def token_store(rounds, seconds, fleet_sizes=(1, 5, 20), cycles=5, lifetime=4):
+    """The Redis store: cached /token against the memory store (two brokers, same provider,
+    alternated round by round), then upstream fetches per refresh cycle for fleets of 1, 5 and 20
+    brokers sharing one Redis, counted at the issuer."""
+    work = tempfile.mkdtemp(prefix="tb-store-")
+    signing = os.path.join(work, "signing.pem")
+    subprocess.run(["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", signing],
+                   check=True, capture_output=True)
+    redis = Redis()
+    jwt_source = {"type": "jwt", "keyFile": signing}
+    brokers = {"memory store": Broker(store_config(work, jwt_source, None)),
+               "redis store": Broker(store_config(work, jwt_source, {"type": "redis", "address": "unix:" + redis.socket}))}
+    results = {name: [] for name in brokers}
+    try:
+        for broker in brokers.values():
+            status, _ = http_get(broker.token, "/token")
+            assert status == 200, status
+        for _ in range(rounds):
+            for name, broker in brokers.items():
+                before = cpu_seconds([broker.pid])
+                run = wrk(broker.token, seconds, "/token")
+                run["cpu_us_per_request"] = (cpu_seconds([broker.pid]) - before) * 1e6 / max(run["requests"], 1)
+                results[name].append(run)
+                time.sleep(1)
+    finally:
+        for broker in brokers.values():
+            broker.stop()
+    summary = {name: {key: statistics.median(r[key] for r in runs) for key in runs[0]} for name, runs in results.items()}
+    ratio = [r["rps"] / m["rps"] for r, m in zip(results["redis store"], results["memory store"])]
+
+    fleets = {}
+    for size in fleet_sizes:
+        issuer = CountingIssuer(lifetime=lifetime)
+        prefix = f"bench-{size}:"
+        source = {"type": "http", "url": issuer.url, "expiresInPointer": "/expires_in"}
+        config = store_config(work, source, {"type": "redis", "address": "unix:" + redis.socket, "keyPrefix": prefix})
+        fleet = []
+        try:
+            fleet.append(Broker(config))
+            while issuer.count < 1:
+                time.sleep(0.05)
+            fleet += [Broker(config) for _ in range(size - 1)]
+            start = issuer.count
+            time.sleep(cycles * lifetime)
+            fetched = issuer.count - start
+        finally:
+            for broker in fleet:
+                broker.stop()
+            issuer.close()
+        # One refresh at 75–85 % of each lifetime: `cycles` lifetimes hold cycles / 0.8 refreshes.
+        refreshes = cycles * lifetime / (0.8 * lifetime)
+        fleets[str(size)] = {"brokers": size, "seconds": cycles * lifetime, "lifetime_s": lifetime,
+                             "upstream_fetches": fetched, "refreshes_expected": round(refreshes, 1),
+                             "fetches_per_refresh": fetched / refreshes}
+    redis.stop()
+    return {"rounds": results, "median": summary, "rps_ratio": {"per_round": ratio, "median": statistics.median(ratio)},
+            "fleets": fleets}
+
+
 # ---------------------------------------------------------------------------- report
 
 def plot(longpoll_result, path):
@@ -621,6 +711,14 @@ def markdown(results):
             lines.append(f"| compatibility, {name} | cached req/s; p50 / p99; CPU per request | {m['rps']:,.0f}; {m['p50_ms']:.2f} / {m['p99_ms']:.2f} ms; {m['cpu_us_per_request']:.1f} µs | | |")
         for name, ratio in co_answers["rps_ratio"].items():
             lines.append(f"| compatibility, {name} | ÷ /token req/s, same broker (median of rounds; each round) | {ratio['median']:.2f} ({', '.join(f'{v:.2f}' for v in ratio['per_round'])}) | as fast | |")
+    st = results.get("token_store")
+    if st:
+        for name, m in st["median"].items():
+            lines.append(f"| token store, {name} | cached /token req/s; p50 / p99; CPU per request | {m['rps']:,.0f}; {m['p50_ms']:.2f} / {m['p99_ms']:.2f} ms; {m['cpu_us_per_request']:.1f} µs | | |")
+        ratio = st["rps_ratio"]
+        lines.append(f"| token store | Redis ÷ memory store req/s (median of rounds; each round) | {ratio['median']:.2f} ({', '.join(f'{v:.2f}' for v in ratio['per_round'])}) | ≥ 0.95 | {'yes' if ratio['median'] >= 0.95 else 'no'} |")
+        for size, fleet in st["fleets"].items():
+            lines.append(f"| token store, fleet of {size} | upstream fetches in {fleet['seconds']} s of {fleet['lifetime_s']} s tokens (about {fleet['refreshes_expected']} refreshes) | {fleet['upstream_fetches']} ({fleet['fetches_per_refresh']:.2f} per refresh) | 1 per refresh | {'yes' if fleet['fetches_per_refresh'] <= 1.25 else 'no'} |")
     h = ma["healthy"]
     lines.append(f"| manners, healthy issuer | fetches in {h['seconds']} s with 30 s tokens (rule: {h['expected'][0]}–{h['expected'][1]}) | {h['upstream_fetches']} | rule ± 1 | {'yes' if h['within_rule'] else 'no'} |")
     f = ma["failing"]
@@ -642,13 +740,17 @@ def main():
     parser.add_argument("--footprint-floor", default=os.path.join(ROOT, ".build/bench/footprint-floor"))
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     parser.add_argument("--children", type=int, default=1000)
-    parser.add_argument("--only", choices=["cached", "longpoll", "templates", "compat"], help="run one benchmark and print its JSON (for profiling work)")
+    parser.add_argument("--only", choices=["cached", "longpoll", "templates", "compat", "store"], help="run one benchmark and print its JSON (for profiling work)")
     options = parser.parse_args()
     if options.only == "cached":
         print(json.dumps(cached_token(options.rounds, options.seconds, options.c_server)["median"], indent=1))
         return
     if options.only == "templates":
         print(json.dumps(template_children(options.rounds, options.seconds, options.children), indent=1))
+        return
+    if options.only == "store":
+        result = token_store(options.rounds, options.seconds)
+        print(json.dumps({"median": result["median"], "rps_ratio": result["rps_ratio"], "fleets": result["fleets"]}, indent=1))
         return
     if options.only == "compat":
         result = compat_answers(options.rounds, options.seconds)
@@ -666,13 +768,13 @@ def main():
     os.makedirs(options.out, exist_ok=True)
 
     results = {"machine": {"cpus": os.cpu_count(), "kernel": os.uname().release}}
-    print("1/7 cached GET /token ...", flush=True)
+    print("1/8 cached GET /token ...", flush=True)
     results["cached_token"] = cached_token(options.rounds, options.seconds, options.c_server)
-    print("2/7 long-poll scale ...", flush=True)
+    print("2/8 long-poll scale ...", flush=True)
     results["long_poll"] = long_poll(options.waiters, options.bursts, options.longpoll_client, floors)
-    print("3/7 coalescing ...", flush=True)
+    print("3/8 coalescing ...", flush=True)
     results["coalescing"] = coalescing()
-    print("4/7 footprint ...", flush=True)
+    print("4/8 footprint ...", flush=True)
     runs, floor = [], []
     for _ in range(5):  # alternated: the broker, then the floor program
         runs.append(startup.one_run(BINARY))
@@ -689,12 +791,14 @@ def main():
                             "floor_rss_mib": median_mib(floor, 0), "floor_anon_mib": median_mib(floor, 1), "floor_file_mib": median_mib(floor, 2),
                             "binary_mb": os.path.getsize(BINARY) / 1e6, "stripped_mb": os.path.getsize(stripped) / 1e6,
                             "c_server_idle_rss_mib": c_rss}
-    print(f"5/7 manners ({options.manners_seconds} s healthy, 19 s failing) ...", flush=True)
+    print(f"5/8 manners ({options.manners_seconds} s healthy, 19 s failing) ...", flush=True)
     results["manners"] = manners(options.manners_seconds)
-    print(f"6/7 template children ({options.children}) ...", flush=True)
+    print(f"6/8 template children ({options.children}) ...", flush=True)
     results["template_children"] = template_children(options.rounds, options.seconds, options.children)
-    print("7/7 compatibility answers ...", flush=True)
+    print("7/8 compatibility answers ...", flush=True)
     results["compat"] = compat_answers(options.rounds, options.seconds)
+    print("8/8 token store (Redis against memory; fleets of 1, 5, 20) ...", flush=True)
+    results["token_store"] = token_store(options.rounds, options.seconds)
 
     plot(results["long_poll"], os.path.join(options.out, "rss.png"))
     plot_wakeups(results["long_poll"], os.path.join(options.out, "wakeups.png"))

@@ -15,6 +15,18 @@ import TokenBrokerServer
 /// broker unready; children held by token files do (`TemplateStatus.held`). Token files are
 /// listed too, and one that holds no valid token makes the broker unready.
 public final class AdminAPI: HTTPHandler {
+    /// What `/readyz` says of the token store: its kind, and why it does not answer (a Redis
+    /// store out of reach), which does not make the broker unready: it then fetches alone.
+    public struct StoreReport: Sendable {
+        public let type: String
+        public let problem: String?
+
+        public init(type: String, problem: String?) {
+            self.type = type
+            self.problem = problem
+        }
+    }
+
     /// What `/readyz` says of one token file (a sink).
     public struct TokenFileReport: Sendable, Equatable {
         /// The provider's configured name (a template's, for a child).
@@ -40,6 +52,7 @@ public final class AdminAPI: HTTPHandler {
     private let providers: [any TokenProviding]
     private let templates: [any TemplateStatusReporting]
     private let tokenFiles: @Sendable () -> [TokenFileReport]
+    private let store: @Sendable () -> StoreReport?
     private let metrics: BrokerMetrics
     private let healthy = HTTPResponse(status: 200, json: #"{"status":"ok"}"#)
 
@@ -47,13 +60,16 @@ public final class AdminAPI: HTTPHandler {
     ///   - providers: the ordinary providers.
     ///   - templates: the provider templates.
     ///   - tokenFiles: the token files' state now, read at each `/readyz`.
+    ///   - store: the token store's state now, read at each `/readyz`; nil without a store.
     public init(
         providers: [any TokenProviding], templates: [any TemplateStatusReporting] = [],
-        tokenFiles: @escaping @Sendable () -> [TokenFileReport] = { [] }, metrics: BrokerMetrics
+        tokenFiles: @escaping @Sendable () -> [TokenFileReport] = { [] },
+        store: @escaping @Sendable () -> StoreReport? = { nil }, metrics: BrokerMetrics
     ) {
         self.providers = providers
         self.templates = templates
         self.tokenFiles = tokenFiles
+        self.store = store
         self.metrics = metrics
     }
 
@@ -126,11 +142,17 @@ public final class AdminAPI: HTTPHandler {
             if let error = file.lastError { members.append(("last_error", JSONText.quoted(error))) }
             return JSONText.object(members)
         }
-        let body = JSONText.object([
+        var members = [
             ("ready", ready ? "true" : "false"), ("providers", "[" + detail.joined(separator: ",") + "]"),
             ("templates", "[" + templateDetail.joined(separator: ",") + "]"),
             ("sinks", "[" + fileDetail.joined(separator: ",") + "]"),
-        ])
+        ]
+        if let store = store() {
+            var report = [("type", JSONText.quoted(store.type)), ("degraded", store.problem == nil ? "false" : "true")]
+            if let problem = store.problem { report.append(("problem", JSONText.quoted(problem))) }
+            members.append(("store", JSONText.object(report)))
+        }
+        let body = JSONText.object(members)
         return HTTPResponse(status: ready ? 200 : 503, json: body)
     }
 }

@@ -6,6 +6,7 @@ import TokenBrokerProxy
 import TokenBrokerServer
 import TokenBrokerSinks
 import TokenBrokerSources
+import TokenBrokerStore
 import TokenBrokerUpstream
 
 /// Wires the configuration into sources, providers and the two listeners; runs until a stop signal.
@@ -38,6 +39,7 @@ enum Broker {
         let providerTasks: [Task<Void, Never>]
         let callers: CallerKeyStore?
         let sinks: RunningSinks
+        let store: OpenedStore?
     }
 
     /// Starts the broker and serves until SIGTERM or SIGINT; returns the exit status (0 stopped,
@@ -80,7 +82,15 @@ enum Broker {
             return 2
         }
         let metrics = BrokerMetrics(version: Options.version)
-        let providers = makeProviders(configuration, sources, metrics: metrics)
+        let store: OpenedStore?
+        switch openStore(configuration, metrics: metrics) {
+        case .success(let opened): store = opened
+        case .failure(let problem):
+            Log.error("invalid configuration", ["problem": problem.description])
+            return 2
+        }
+        logStoreWarnings(configuration)
+        let providers = makeProviders(configuration, sources, store: store, metrics: metrics)
         let sinks: Sinks
         do {
             sinks = try makeSinks(configuration, directories: sinkDirectories, providers: providers) {
@@ -95,12 +105,12 @@ enum Broker {
         do {
             listeners = try openListeners(
                 configuration, providers: providers, sinks: sinks, jwks: JWTSigner.jwks(sources.compactMap(\.1)),
-                callers: callers, identityHeader: identityHeader, metrics: metrics)
+                callers: callers, identityHeader: identityHeader, store: store, metrics: metrics)
         } catch {
             Log.error("cannot start", ["problem": error.description])
             return 1
         }
-        let running = start(providers, sinks: sinks, listeners: listeners, callers: callers)
+        let running = start(providers, sinks: sinks, listeners: listeners, callers: callers, store: store)
         announce(configuration, listeners: listeners, callers: callers)
         Log.info("stopping", ["signal": Signals.waitForStop()])
         stop(running)
@@ -171,7 +181,7 @@ enum Broker {
     private static func warnAboutExposedSecretFiles(_ configuration: BrokerConfiguration) {
         let files =
             configuration.providers.flatMap(\.source.secretFiles)
-            + [configuration.compat.azure?.identityHeaderFile].compactMap { $0 }
+            + [configuration.compat.azure?.identityHeaderFile].compactMap { $0 } + configuration.store.secretFiles
         for (path, mode) in SecretFilePermissions.exposed(files) {
             Log.warning("a secret file can be read by other users; consider chmod 600", ["path": path, "mode": mode])
         }
@@ -187,15 +197,19 @@ enum Broker {
     /// template (`perRequest`) becomes a `ProviderTemplate` whose children are such providers,
     /// each fetching from `childSource` for its values, under the template's name.
     private static func makeProviders(
-        _ configuration: BrokerConfiguration, _ sources: [(any TokenSource, JWTSigner?)], metrics: BrokerMetrics
+        _ configuration: BrokerConfiguration, _ sources: [(any TokenSource, JWTSigner?)], store: OpenedStore?,
+        metrics: BrokerMetrics
     ) -> Providers {
         let events = ProviderEvents.logged(recordingIn: metrics)
         let templateEvents = TemplateEvents.logged(recordingIn: metrics)
         var providers: [Provider] = []
         var templates: [Template] = []
-        for (settings, (base, _)) in zip(configuration.providers, sources) {
+        for (settings, (base, signer)) in zip(configuration.providers, sources) {
             guard settings.isTemplate else {
-                providers.append(Provider(configuration: settings, source: base, events: events))
+                providers.append(
+                    Provider(
+                        configuration: settings, source: base, clock: ContinuousClock(), events: events,
+                        store: storeSlot(store, provider: settings, signer: signer)))
                 continue
             }
             templates.append(
@@ -204,7 +218,8 @@ enum Broker {
                     makeChild: { values in
                         Provider(
                             configuration: settings, source: childSource(for: settings, values: values, base: base),
-                            events: .logged(recordingIn: metrics, child: values))
+                            clock: ContinuousClock(), events: .logged(recordingIn: metrics, child: values),
+                            store: storeSlot(store, provider: settings, signer: signer, values: values))
                     },
                     attach: { TokenResponseCache(for: $0) }, events: templateEvents))
         }
@@ -238,7 +253,8 @@ enum Broker {
     /// when configured), and lets the metrics read their connection counts.
     private static func openListeners(
         _ configuration: BrokerConfiguration, providers: Providers, sinks: Sinks, jwks: String,
-        callers: CallerKeyStore?, identityHeader: [UInt8]?, metrics: BrokerMetrics
+        callers: CallerKeyStore?, identityHeader: [UInt8]?, store: OpenedStore?,
+        metrics: BrokerMetrics
     ) throws(HTTPServerError) -> Listeners {
         let compat = try compatRoutes(
             configuration, templates: providers.templates, identityHeader: identityHeader, metrics: metrics)
@@ -268,7 +284,7 @@ enum Broker {
             configuration: adminSettings,
             handler: AdminAPI(
                 providers: providers.providers, templates: providers.templates, tokenFiles: { sinks.reports() },
-                metrics: metrics))
+                store: { storeReport(store) }, metrics: metrics))
         // Weakly: a server's routes hold the metrics, so a strong capture would be a cycle.
         metrics.observeOpenConnections(listener: "token") { [weak tokenServer] in tokenServer?.openConnections ?? 0 }
         metrics.observeOpenConnections(listener: "admin") { [weak adminServer] in adminServer?.openConnections ?? 0 }
@@ -284,9 +300,9 @@ enum Broker {
 
     /// Runs each provider and each template in a task of its own, starts the token files' sinks,
     /// and starts watching the caller keys file.
-    private static func start(_ providers: Providers, sinks: Sinks, listeners: Listeners, callers: CallerKeyStore?)
-        -> Running
-    {
+    private static func start(
+        _ providers: Providers, sinks: Sinks, listeners: Listeners, callers: CallerKeyStore?, store: OpenedStore?
+    ) -> Running {
         let tasks =
             providers.providers.map { provider in Task.detached { await provider.run() } }
             + providers.templates.map { template in Task.detached { await template.run() } }
@@ -302,7 +318,7 @@ enum Broker {
         }
         return Running(
             listeners: listeners, providers: providers, providerTasks: tasks, callers: callers,
-            sinks: startSinks(sinks))
+            sinks: startSinks(sinks), store: store)
     }
 
     /// Logs the addresses bound and the proxies ready, and warns about a configuration left open.
@@ -344,8 +360,9 @@ enum Broker {
     ///    waiters' among them, up to 5 s (token) and 1 s (admin) to go out.
     /// 3. The provider tasks end, each once its fetch has: a fetch still running at exit would
     ///    call OpenSSL after exit has torn it down (ThreadSanitizer saw EVP_Digest crash so).
-    /// 4. The caller-key watcher stops, last: the token routes read the store until their
-    ///    listener has stopped.
+    /// 4. The caller-key watcher stops: the token routes read its keys until their listener has
+    ///    stopped.
+    /// 5. The token store's writes under way end, so that no record is left half-made.
     private static func stop(_ running: Running) {
         stopSinks(running.sinks)
         for provider in running.providers.providers { provider.shutDown() }
@@ -355,6 +372,7 @@ enum Broker {
         running.listeners.admin.shutDown(grace: .seconds(1))
         waitForEnd(of: running.providerTasks, atMost: .seconds(5))
         running.callers?.stop()
+        closeStore(running.store)
     }
 
     // MARK: - Helpers

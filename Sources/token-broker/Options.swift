@@ -143,12 +143,13 @@ enum Options {
 
     /// `--check-config`: everything start does short of binding. The listen addresses are parsed
     /// whole by `load`; here the keys are read, the sources built, the caller keys file read and
-    /// the token files' directories checked.
+    /// the token files' and the store's directories checked, and the store's key read.
     static func check(_ configuration: BrokerConfiguration) throws(ConfigurationError) {
         _ = try Broker.makeSources(configuration)
         _ = try Broker.loadCallerKeys(configuration)
         _ = try Broker.openSinkDirectories(configuration).get()
         _ = try Broker.readIdentityHeader(configuration)
+        _ = try Broker.openStore(configuration, metrics: nil, connect: false).get()
     }
 
     /// Reads the file, if any, then applies the environment's overrides.

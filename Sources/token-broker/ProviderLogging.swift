@@ -52,6 +52,54 @@ extension ProviderEvents {
             },
             excessiveRefresh: { name in
                 Log.warning("forced refresh refused: too many in the window", ["provider": name])
+            },
+            storeLoaded: { name, load, served in
+                switch load {
+                case .found(let record):
+                    metrics.recordStoreOperation("load", result: served ? "served" : "expired")
+                    let message = served ? "stored token served" : "stored token expired; fetching"
+                    let version = String(record.version)
+                    let fingerprint = Fingerprint.of(record.accessToken)
+                    if let child {
+                        Log.info(
+                            message,
+                            [
+                                "provider": name, "values": child.description, "version": version,
+                                "token": fingerprint,
+                            ])
+                    } else {
+                        Log.info(message, ["provider": name, "version": version, "token": fingerprint])
+                    }
+                case .missing:
+                    metrics.recordStoreOperation("load", result: "missing")
+                case .refused(let reason):
+                    metrics.recordStoreOperation("load", result: "refused")
+                    let message = "stored record refused; fetching"
+                    if let child {
+                        Log.warning(message, ["provider": name, "values": child.description, "problem": reason])
+                    } else {
+                        Log.warning(message, ["provider": name, "problem": reason])
+                    }
+                }
+            },
+            fromFleet: { name, record in
+                metrics.recordStoreOperation("record", result: "from_fleet")
+                let version = String(record.version)
+                let fingerprint = Fingerprint.of(record.accessToken)
+                if let child {
+                    Log.info(
+                        "token from the fleet",
+                        ["provider": name, "values": child.description, "version": version, "token": fingerprint])
+                } else {
+                    Log.info("token from the fleet", ["provider": name, "version": version, "token": fingerprint])
+                }
+            },
+            fetchedFor: { _, origin in
+                switch origin {
+                case .fetchedForFleet: metrics.recordStoreFetch(for: "fleet")
+                case .fetchedAlone: metrics.recordStoreFetch(for: "alone")
+                case .fromFleet: break
+                }
             })
     }
 }

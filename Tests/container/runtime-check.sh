@@ -48,6 +48,18 @@ make_root() {
         || { tail -n 30 "$cache/$name-apt.log" >&2; exit 1; }
     chroot "$target" $user_line
     install -m 0755 "$binary" "$target/usr/local/bin/token-broker"
+    # A configuration with a token store in files, so that the run also proves the store's
+    # libraries (hiredis is linked whichever store is used) and its writes as the non-root user.
+    install -d -m 0755 "$target/etc/token-broker"
+    install -d -m 0700 -o 10001 -g 10001 "$target/var/lib/token-broker"
+    openssl rand -hex 32 > "$target/etc/token-broker/store.key"
+    openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$target/etc/token-broker/signing.pem" 2> /dev/null
+    chown 10001:10001 "$target/etc/token-broker/store.key" "$target/etc/token-broker/signing.pem"
+    chmod 0600 "$target/etc/token-broker/store.key" "$target/etc/token-broker/signing.pem"
+    cat > "$target/etc/token-broker/config.json" <<'JSON'
+{"providers": [{"name": "default", "source": {"type": "jwt", "keyFile": "signing.pem"}}],
+ "store": {"type": "file", "path": "/var/lib/token-broker", "keyFile": "store.key"}}
+JSON
     echo "$target"
 }
 
@@ -63,7 +75,7 @@ run_in() {
         log=$(mktemp)
         chroot --userspec=10001:10001 "$target" /usr/bin/env -i \
             TOKEN_BROKER_LISTEN=0.0.0.0:8080 TOKEN_BROKER_ADMIN_LISTEN=0.0.0.0:9090 \
-            /usr/local/bin/token-broker > "$log" 2>&1 &
+            /usr/local/bin/token-broker --config /etc/token-broker/config.json > "$log" 2>&1 &
         pid=$!
         trap "kill $pid 2>/dev/null || true" EXIT
         for _ in $(seq 1 100); do
@@ -74,6 +86,10 @@ run_in() {
         echo "healthz: $(curl -fsS --max-time 2 http://127.0.0.1:9090/healthz)"
         token=$(curl -fsS --max-time 2 -H "Token-Broker-Request: true" http://127.0.0.1:8080/token)
         case "$token" in *\"access_token\":\"ey*) echo "token: served (${#token} bytes of JSON)";; *) echo "no token: $token"; exit 1;; esac
+        for _ in $(seq 1 50); do ls "$target"/var/lib/token-broker/*.record > /dev/null 2>&1 && break; sleep 0.1; done
+        record=$(ls "$target"/var/lib/token-broker/*.record 2> /dev/null | head -n 1)
+        [ -n "$record" ] || { echo "no record in the token store"; cat "$log"; exit 1; }
+        echo "token store: $(stat -c "%a %u" "$record") $(head -c 8 "$record")"
         if chroot --userspec=10001:10001 "$target" /usr/bin/env -i TOKEN_BROKER_ADMIN_LISTEN=0.0.0.0:9090 \
             /usr/local/bin/token-broker healthcheck; then
             echo "healthcheck command: exit 0"

@@ -1,15 +1,17 @@
 // The floor under the idle-RSS target: a Swift program built like the broker (release,
-// static Swift standard library, no Foundation) that links the same three Debian libraries and
-// starts them the way the broker does at start, then does nothing:
+// static Swift standard library, no Foundation) that links the same Debian libraries and
+// starts them the way the broker does at start, then does nothing (hiredis is only linked, as
+// in the broker without a Redis store):
 //   - libcrypto: a P-256 key generated and one ES256 signature (the embedded default signer);
 //   - libcurl: curl_global_init and a multi handle (the upstream client);
 //   - libmicrohttpd: two daemons on 127.0.0.1, epoll, the token one with a pool of 2 threads.
 // Whatever the broker's idle RSS is above this program's, its own code and data account for.
 //
 //   swiftc -O -static-stdlib -use-ld=lld -Xlinker -z -Xlinker pack-relative-relocs \
-//       -I Sources/CMicroHTTPD -I Sources/COpenSSL -I Sources/CCurl \
+//       -I Sources/CMicroHTTPD -I Sources/COpenSSL -I Sources/CCurl -I Sources/CHiredis \
 //       bench/footprint-floor/main.swift -o .build/bench/footprint-floor
 import CCurl
+import CHiredis
 import CMicroHTTPD
 import COpenSSL
 import Glibc
@@ -23,6 +25,9 @@ let context = EVP_MD_CTX_new()
 guard EVP_DigestSignInit(context, nil, EVP_sha256(), nil, key) == 1,
     EVP_DigestSign(context, &signature, &signatureLength, message, message.count) == 1
 else { fatalError("sign") }
+
+// hiredis: linked and loaded, not used (the broker connects only with a Redis store).
+withExtendedLifetime(redisFree as @convention(c) (UnsafeMutablePointer<redisContext>?) -> Void) {}
 
 // libcurl: the client's global state and its multi handle.
 curl_global_init(Int(CURL_GLOBAL_DEFAULT))

@@ -32,6 +32,8 @@ public struct BrokerConfiguration: Sendable, Equatable {
     public var sinks: [SinkConfiguration] = []
     /// The cloud SDKs' own token protocols (Google's metadata server, Azure managed identity). Default: none.
     public var compat = CompatConfiguration()
+    /// Where tokens are kept beyond the process (`StoreConfiguration`). Default: memory only.
+    public var store = StoreConfiguration.memory
 
     public static let defaultListen = "127.0.0.1:8080"
     public static let defaultAdminListen = "127.0.0.1:9090"
@@ -94,11 +96,12 @@ public struct BrokerConfiguration: Sendable, Equatable {
             for item in items { sinks.append(try SinkConfiguration(reading: item.value, path: item.path)) }
         }
         if var compatReader = try reader.object("compat") { compat = try CompatConfiguration(reading: &compatReader) }
+        if var storeReader = try reader.object("store") { store = try StoreConfiguration(reading: &storeReader) }
         try reader.finish()
         try validate()
     }
 
-    /// Resolves every relative file path (keys, secrets, token files, TLS files, `clientKeysFile`, sinks)
+    /// Resolves every relative file path (keys, secrets, token files, TLS files, `clientKeysFile`, sinks, the store)
     /// against `directory`, the configuration file's own, so that a configuration names the same
     /// files whatever the working directory. Absolute paths are kept as written.
     public mutating func resolvePaths(relativeTo directory: String) {
@@ -111,6 +114,7 @@ public struct BrokerConfiguration: Sendable, Equatable {
         for index in proxies.indices { proxies[index].upstream.resolvePaths(resolve) }
         for index in sinks.indices { sinks[index].path = resolve(sinks[index].path) }
         if let path = compat.azure?.identityHeaderFile { compat.azure?.identityHeaderFile = resolve(path) }
+        store.resolvePaths(resolve)
     }
 
     /// The directory of a file path: `/etc/tb` for `/etc/tb/config.json`, `.` for `config.json`.

@@ -175,3 +175,39 @@ extension UpstreamConfiguration {
         clientKeyFile = clientKeyFile.map(resolve)
     }
 }
+
+extension SourceConfiguration {
+    /// What decides which token the source hands out, as text: a stored token made under other
+    /// settings (another issuer, client, scope, claims, signing key) is not served
+    /// (`StoreSlot.settings`). Timing settings are left out: they change when a token is
+    /// refreshed, not which token it is. Secrets are left out too, except inline header values;
+    /// the text is only ever hashed, and kept sealed.
+    public var storeIdentity: String {
+        switch self {
+        case .jwt(let settings):
+            return [
+                "jwt", settings.algorithm.rawValue, settings.keyID ?? "", settings.issuer, settings.audience,
+                settings.subject, String(settings.lifetimeSec),
+            ].joined(separator: "\n")
+        case .file(let settings):
+            return ["file", settings.path].joined(separator: "\n")
+        case .oauth2(let settings):
+            return
+                ([
+                    "oauth2", settings.tokenURL, settings.clientID, settings.clientAuth.rawValue, settings.keyID ?? "",
+                    settings.scope ?? "", settings.audience ?? "",
+                ] + settings.resources
+                + settings.extraParams.map { "\($0.0)=\($0.1)" }).joined(separator: "\n")
+        case .http(let settings):
+            let headers = settings.headers.keys.sorted().map { name -> String in
+                switch settings.headers[name] {
+                case .value(let value)?: "\(name): \(value)"
+                case .file(let path)?: "\(name): <\(path)"
+                case nil: name
+                }
+            }
+            return (["http", settings.method, settings.url, settings.body ?? "", settings.tokenPointer] + headers)
+                .joined(separator: "\n")
+        }
+    }
+}

@@ -34,6 +34,9 @@ public final class BrokerMetrics: Sendable {
         var childrenRefused: [String: Int] = [:]
         var childrenDropped: [String: Int] = [:]
         var sinkWrites: [Labels: Int] = [:]
+        var storeOperations: [Labels: Int] = [:]
+        var storeFetches: [String: Int] = [:]
+        var storeHealth: (@Sendable () -> (reachable: Bool, secondsSinceReachable: Double?))?
     }
 
     /// The key of a route's request counter.
@@ -137,6 +140,23 @@ public final class BrokerMetrics: Sendable {
     }
 
     /// One write of a token file for `provider` (a template's name for a child's file).
+    /// One operation of the token store: `load` (served, expired, missing or refused), `save` (ok or
+    /// error); with Redis also `lease` (acquired, held), `write` (ok, fenced, error, unreachable),
+    /// `message` (received) and `record` (from_fleet: a token another broker fetched, served).
+    public func recordStoreOperation(_ operation: String, result: String) {
+        state.withLock { $0.storeOperations[Labels(owner: operation, value: result), default: 0] += 1 }
+    }
+
+    /// One upstream fetch made through a shared store: `fleet` (holding the lease, stored for
+    /// every broker) or `alone` (the store out of reach, or the write fenced out).
+    public func recordStoreFetch(for whom: String) { state.withLock { $0.storeFetches[whom, default: 0] += 1 } }
+
+    /// How the metrics learn whether a shared store answers, and since when it has not.
+    public func observeStoreHealth(_ read: @escaping @Sendable () -> (reachable: Bool, secondsSinceReachable: Double?))
+    {
+        state.withLock { $0.storeHealth = read }
+    }
+
     public func recordSinkWrite(provider: String, succeeded: Bool) {
         state.withLock { $0.sinkWrites[Labels(owner: provider, value: succeeded ? "ok" : "error"), default: 0] += 1 }
     }
@@ -293,6 +313,26 @@ public final class BrokerMetrics: Sendable {
         counters(
             "token_broker_sink_writes_total", "Token file writes by provider and result (ok or error).",
             labels: ("provider", "result"), snapshot.sinkWrites)
+        counters(
+            "token_broker_store_operations_total",
+            "Token store operations by kind and result: load (served, expired, missing, refused), save (ok, "
+                + "error); with Redis also lease (acquired, held), write (ok, fenced, error, unreachable), message "
+                + "(received) and record (from_fleet).",
+            labels: ("operation", "result"), snapshot.storeOperations)
+        if let read = snapshot.storeHealth {
+            counters(
+                "token_broker_store_fetches_total",
+                "Upstream fetches made through the shared store: for the fleet (holding the lease) or alone.",
+                label: "for", snapshot.storeFetches)
+            let health = read()
+            family("token_broker_store_reachable", "gauge", "1 while the shared store (Redis) answers, else 0.")
+            sample("token_broker_store_reachable", [], health.reachable ? "1" : "0")
+            family(
+                "token_broker_store_seconds_since_reachable", "gauge",
+                "Seconds since the shared store last answered (0 while it answers; -1 if it never has).")
+            let seconds = health.reachable ? 0 : (health.secondsSinceReachable ?? -1)
+            sample("token_broker_store_seconds_since_reachable", [], String(seconds))
+        }
         return out
     }
 

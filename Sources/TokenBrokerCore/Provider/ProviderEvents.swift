@@ -4,15 +4,28 @@ public struct ProviderEvents: Sendable {
     public var fetched: @Sendable (String, Result<(FetchedToken, UInt64), TokenFetchError>, Duration) -> Void
     /// A forced refresh was refused by the refresh window.
     public var excessiveRefresh: @Sendable (String) -> Void
+    /// The store's record was read at start: what the store said, and whether the provider
+    /// serves it (false for an expired record).
+    public var storeLoaded: @Sendable (String, StoreLoad, Bool) -> Void
+    /// A token another broker of the fleet fetched is served (a shared store's record).
+    public var fromFleet: @Sendable (String, StoredToken) -> Void
+    /// A fetch this broker made through a shared store: for the fleet, or alone.
+    public var fetchedFor: @Sendable (String, SharedFetch.Origin) -> Void
 
     /// Hooks that do nothing unless given.
     public init(
         fetched: @escaping @Sendable (String, Result<(FetchedToken, UInt64), TokenFetchError>, Duration) -> Void = {
             _, _, _ in
         },
-        excessiveRefresh: @escaping @Sendable (String) -> Void = { _ in }
+        excessiveRefresh: @escaping @Sendable (String) -> Void = { _ in },
+        storeLoaded: @escaping @Sendable (String, StoreLoad, Bool) -> Void = { _, _, _ in },
+        fromFleet: @escaping @Sendable (String, StoredToken) -> Void = { _, _ in },
+        fetchedFor: @escaping @Sendable (String, SharedFetch.Origin) -> Void = { _, _ in }
     ) {
+        self.fromFleet = fromFleet
+        self.fetchedFor = fetchedFor
         self.fetched = fetched
         self.excessiveRefresh = excessiveRefresh
+        self.storeLoaded = storeLoaded
     }
 }

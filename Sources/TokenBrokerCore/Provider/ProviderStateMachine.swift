@@ -15,6 +15,7 @@
 /// | a forced refresh's waiters are answered by its token, even the same one again | `addWaiter`, `fetchSucceeded` |
 /// | forced refresh only for the current version, 5 per 30 s | `forceRefresh` |
 /// | on demand: fetch per call, after `maxRetryCount` retries fall back to the previous valid token | `addWaiter`, `fetchFailed` |
+/// | with a store, no fetch before its record is read; a valid record is served, and refreshed on its schedule | `storeLoaded` |
 public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Instant.Duration == Duration {
     public typealias Token = CachedToken<Instant>
 
@@ -98,8 +99,22 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     private var waiters: [UInt64: Waiter] = [:]
     private var deadlines = DeadlineQueue<Instant>()
     private var forcedWindow: ForcedRefreshWindow<Instant>
+    /// True until the stored record has been read (`storeLoaded`): no fetch starts before it.
+    public private(set) var awaitingStore: Bool
+    /// A fetch was asked for while the record was being read: start it then, unless the record serves.
+    private var fetchWantedAfterStore = false
+    /// The fetch in flight was started by a forced refresh (the retrier), not by the schedule: a
+    /// shared store tells the fleet, whose brokers count it in their windows (`forcedElsewhere`).
+    public private(set) var fetchIsForced = false
+    /// A forced refresh was asked for while the record was being read: it refreshes once the
+    /// record is in, since the record may hold the very token the caller was refused.
+    private var refreshForcedAfterStore = false
 
-    public init(configuration: ProviderConfiguration, now: Instant, jitter: Jitter = .random) {
+    /// - Parameter awaitingStore: the provider has a store, whose record comes first (`storeLoaded`).
+    public init(
+        configuration: ProviderConfiguration, now: Instant, jitter: Jitter = .random, awaitingStore: Bool = false
+    ) {
+        self.awaitingStore = awaitingStore
         backgroundRefresh = configuration.backgroundRefreshEnabled
         pauseWhenIdle = configuration.pauseWhenIdle
         retryPolicy = RetryPolicy(
@@ -225,8 +240,13 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
             return (.current(token), actions)
         }
         if isFetching { return (.refreshing(after: cached?.version), actions) }
+        if awaitingStore {
+            refreshForcedAfterStore = true
+            return (.refreshing(after: cached?.version), actions)
+        }
         if let wait = forcedWindow.admit(at: now) { return (.excessive(retryAfter: wait), actions) }
         actions += startFetchIfIdle(now: now)
+        fetchIsForced = isFetching
         return (.refreshing(after: cached?.version), actions)
     }
 
@@ -268,14 +288,103 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         } else {
             fetchDueAt = nil
         }
+        return wake(for: accepted, now: now, answeringFetch: true)
+    }
+
+    /// A fetch through a shared store (`SharedTokenStore`) ended with `record`: fetched here for
+    /// the fleet, or by another broker while this one waited. Served as a fetched token is, but
+    /// with the record's version, issue time and expiry, and refreshed on the schedule its
+    /// lifetime puts from its issue time.
+    public mutating func fetchSucceeded(record: StoredToken, fetch: UInt64? = nil, now: Instant, wallTime: WallTime)
+        -> [Action]
+    {
+        guard isCurrent(fetch) else { return [] }
+        isFetching = false
+        fetchDeadline = nil
+        failures = 0
+        lastError = nil
+        return adopt(record, now: now, wallTime: wallTime, answeringFetch: true)
+    }
+
+    /// Another broker stored `record` (the fleet's store told): served at once when it is newer
+    /// than the token held and still valid, so that every broker of a fleet serves a new token
+    /// moments after one of them fetched it. A fetch in flight, which will bring it too, is left alone.
+    public mutating func recordArrived(_ record: StoredToken, now: Instant, wallTime: WallTime) -> [Action] {
+        guard !awaitingStore, !isFetching, record.isValid(at: wallTime), record.version > (cached?.version ?? 0),
+            record.accessToken != cached?.token.accessToken
+        else { return [] }
+        failures = 0
+        lastError = nil
+        return adopt(record, now: now, wallTime: wallTime, answeringFetch: false)
+    }
+
+    /// Another broker of the fleet fetched for a forced refresh: it counts in this broker's window
+    /// of forced refreshes too, so that the window (`forcedRefreshMaxAttempts` per
+    /// `forcedRefreshWindowSec`) holds for the fleet, not for each broker.
+    public mutating func forcedElsewhere(now: Instant) {
+        _ = forcedWindow.admit(at: now)
+    }
+
+    /// Serves `record` as the cached token, refreshed from its issue time, and wakes the waiters
+    /// it answers (with `answeringFetch`, those a fetch answers too).
+    private mutating func adopt(_ record: StoredToken, now: Instant, wallTime: WallTime, answeringFetch: Bool)
+        -> [Action]
+    {
+        var accepted = Self.token(from: record, now: now, wallTime: wallTime)
+        // When the next refresh falls: from the record's issue time, over its lifetime; for the
+        // token already held (an issuer handing out its current token again), from now, over
+        // what is left of it, as `fetchSucceeded` plans a renewal.
+        var refreshFrom = accepted.issuedAt
+        var refreshLifetime = accepted.token.lifetime
+        if var same = cached, same.token.accessToken == record.accessToken {
+            same.token.lifetime = accepted.expiresAt.map { same.issuedAt.duration(to: $0) }
+            same.expiresAt = accepted.expiresAt
+            same.renewal &+= 1
+            refreshFrom = now
+            refreshLifetime = accepted.expiresAt.map { now.duration(to: $0) }
+            accepted = same
+        } else if accepted.version <= lastVersion {
+            // Versions never go back, whatever the fleet numbered it (this broker may have fetched
+            // alone while the store was out of reach).
+            accepted.version = lastVersion + 1
+        }
+        lastVersion = max(lastVersion, accepted.version)
+        cached = accepted
+        if backgroundRefresh {
+            let refresh = schedule.refreshAfter(lifetime: refreshLifetime, unit: jitter.next())
+            fetchDueAt = max(now, refreshFrom.advanced(by: refresh))
+        } else {
+            fetchDueAt = nil
+        }
+        return wake(for: accepted, now: now, answeringFetch: answeringFetch)
+    }
+
+    /// A record as the token it was: its version, its expiry and issue time placed on this
+    /// clock by the wall clock's distance to them. What it has left is never more than its whole
+    /// lifetime: a record from a host whose clock runs ahead of this one's is not served past it.
+    private static func token(from record: StoredToken, now: Instant, wallTime: WallTime) -> Token {
+        let age = Duration.seconds(max(0, wallTime.timeIntervalSince(record.issuedAt)))
+        let lifetime = record.expiresAt.map { Duration.seconds(max(0, $0.timeIntervalSince(record.issuedAt))) }
+        let left = record.expiresAt.map { expiresAt in
+            min(Duration.seconds(expiresAt.timeIntervalSince(wallTime)), lifetime ?? .zero)
+        }
+        return Token(
+            token: FetchedToken(
+                accessToken: record.accessToken, tokenType: record.tokenType, lifetime: lifetime, scope: record.scope),
+            version: record.version, issuedAt: now.advanced(by: .zero - age),
+            expiresAt: left.map { now.advanced(by: $0) }, issuedAtDate: record.issuedAt)
+    }
+
+    /// Completes the waiters `accepted` answers: those wanting a newer version, and, when it
+    /// ends a fetch (`answeringFetch`), a forced refresh's and those that asked for a fetch.
+    private mutating func wake(for accepted: Token, now: Instant, answeringFetch: Bool) -> [Action] {
         // Collected first, then removed: removing while iterating would copy the whole table.
-        let valid = accepted.isValid(at: now)
         var woken: [UInt64] = []
-        if valid {
+        if accepted.isValid(at: now) {
             woken.reserveCapacity(waiters.count)
             for (id, waiter) in waiters
-            where accepted.version > (waiter.after ?? 0) || waiter.forRefresh
-                || (waiter.wantsFetch && waiter.after == nil)
+            where accepted.version > (waiter.after ?? 0)
+                || (answeringFetch && (waiter.forRefresh || (waiter.wantsFetch && waiter.after == nil)))
             {
                 woken.append(id)
             }
@@ -352,6 +461,53 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         return actions + startFetchIfIdle(now: now)
     }
 
+    /// The store's record has been read: `record` when one was found that may be served, nil when
+    /// none was (or it was refused). A record still valid by the wall clock is served as if it
+    /// had just been fetched at its own issue time: same version, same expiry, its refresh at the
+    /// point its lifetime puts it (at once if that has passed), so a restart makes no fetch while
+    /// the token is fresh. Otherwise the fetch that waited for the record starts; so does a
+    /// forced refresh asked for meanwhile, since the record may hold the token it refused.
+    /// - Parameters:
+    ///   - storedVersion: the version of the record found, served or not (an expired one, one
+    ///     made under other settings): later tokens are numbered after it, so that versions never
+    ///     go back across a restart. Nil: `record`'s.
+    ///   - wallTime: the wall-clock time of `now`, which dates the record.
+    public mutating func storeLoaded(
+        _ record: StoredToken?, storedVersion: UInt64? = nil, now: Instant, wallTime: WallTime
+    ) -> [Action] {
+        guard awaitingStore else { return [] }
+        awaitingStore = false
+        let wanted = fetchWantedAfterStore
+        let forced = refreshForcedAfterStore
+        fetchWantedAfterStore = false
+        refreshForcedAfterStore = false
+        if let version = storedVersion ?? record?.version { lastVersion = max(lastVersion, version) }
+        var actions: [Action] = []
+        if cached == nil, let record, record.isValid(at: wallTime) {
+            let token = Self.token(from: record, now: now, wallTime: wallTime)
+            cached = token
+            lastVersion = max(lastVersion, token.version)
+            if backgroundRefresh {
+                let refresh = schedule.refreshAfter(lifetime: token.token.lifetime, unit: jitter.next())
+                fetchDueAt = max(now, token.issuedAt.advanced(by: refresh))
+            }
+            // A forced refresh's waiters are answered by the refresh, not by the record.
+            let woken = waiters.compactMap { id, waiter in
+                backgroundRefresh && !waiter.forRefresh && token.version > (waiter.after ?? 0) ? id : nil
+            }
+            for id in woken { waiters[id] = nil }
+            dropDeadlinesIfIdle()
+            if !woken.isEmpty { actions.append(.complete(waiters: woken.sorted(), .token(token, stale: false))) }
+        }
+        // Without background refresh a waiter wants a fetch made for it, record or not.
+        if forced || (wanted && (!hasValidToken(at: now) || (!backgroundRefresh && !waiters.isEmpty))) {
+            if forced { _ = forcedWindow.admit(at: now) }
+            actions += startFetchIfIdle(now: now)
+            fetchIsForced = forced && isFetching
+        }
+        return actions
+    }
+
     /// Completes every waiter: the provider is going away.
     public mutating func shutDown() -> [Action] {
         let actions = waiters.isEmpty ? [] : [Action.complete(waiters: waiters.keys.sorted(), .shuttingDown)]
@@ -387,6 +543,11 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     /// Starts the single upstream fetch unless one is already in flight, with its deadline.
     private mutating func startFetchIfIdle(now: Instant) -> [Action] {
         guard !isFetching else { return [] }
+        fetchIsForced = false
+        guard !awaitingStore else {
+            fetchWantedAfterStore = true
+            return []
+        }
         isFetching = true
         isPaused = false
         fetchDueAt = nil

@@ -34,6 +34,8 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     public let clock: C
     private let source: any TokenSource
     private let events: ProviderEvents
+    /// Where the token is kept across restarts, read once at start and written after each fetch.
+    private let store: StoreSlot?
     private let wallClock: @Sendable () -> WallTime
     private let state: Lock<State>
 
@@ -68,25 +70,43 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     /// - Parameters:
     ///   - jitter: spreads retries and refreshes; tests pin it.
     ///   - events: hooks for logs and metrics.
+    ///   - store: where the token outlives the process; nil keeps it in memory only.
     public init(
         configuration: ProviderConfiguration, source: any TokenSource, clock: C,
         jitter: Jitter = .random, events: ProviderEvents = ProviderEvents(),
-        wallClock: @escaping @Sendable () -> WallTime = { WallTime() }
+        wallClock: @escaping @Sendable () -> WallTime = { WallTime() }, store: StoreSlot? = nil
     ) {
         self.wallClock = wallClock
         self.configuration = configuration
         self.source = TokenRules(for: configuration).applied(to: source)
         self.clock = clock
         self.events = events
-        state = Lock(State(machine: Machine(configuration: configuration, now: clock.now, jitter: jitter)))
+        self.store = store
+        state = Lock(
+            State(
+                machine: Machine(
+                    configuration: configuration, now: clock.now, jitter: jitter, awaitingStore: store != nil)))
     }
 
     // MARK: - Service
 
-    /// Starts fetching, then waits until `shutDown()` is called or the calling task is cancelled,
-    /// then shuts down and returns once any fetch in flight has ended.
+    /// Starts fetching (with a store, after its record is read, and only if the record cannot
+    /// serve), then waits until `shutDown()` is called or the calling task is cancelled, then
+    /// shuts down and returns once any fetch in flight has ended.
     public func run() async {
         apply(ifShutDown: ()) { machine, now in ((), machine.start(now: now)) }
+        if let store { await loadStoredToken(store) }
+        let watching = store.flatMap { slot in
+            (slot.store as? any SharedTokenStore).map { shared in
+                (
+                    shared, slot.key,
+                    shared.watch(slot.key, settings: slot.settings) { [weak self] record, forced in
+                        self?.recordArrived(record, forced: forced)
+                    }
+                )
+            }
+        }
+        defer { if let (shared, key, id) = watching { shared.stopWatching(key, id: id) } }
         let (stream, continuation) = AsyncStream<Never>.makeStream()
         let alreadyShutDown = state.withLock { state -> Bool in
             state.runEnds = continuation
@@ -251,6 +271,39 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     /// The instant `duration` from now on the provider's clock.
     public func deadline(in duration: Duration) -> C.Instant { clock.now.advanced(by: duration) }
 
+    // MARK: - Store
+
+    /// Reads the stored record and hands it to the machine, which serves it if still valid.
+    private func loadStoredToken(_ store: StoreSlot) async {
+        var load = await store.store.load(store.key)
+        var storedVersion: UInt64?
+        if case .found(let record) = load, record.settings != store.settings {
+            storedVersion = record.version
+            load = .refused("was made under other settings of the provider (its source or key changed)")
+        }
+        let record: StoredToken? = if case .found(let record) = load { record } else { nil }
+        apply(ifShutDown: false) { machine, now in
+            let actions = machine.storeLoaded(record, storedVersion: storedVersion, now: now, wallTime: wallClock())
+            return (record != nil && machine.cached?.version == record?.version, actions)
+        } report: { [self] served in
+            events.storeLoaded(name, load, served)
+        }
+    }
+
+    /// Another broker of the fleet stored `record`: served if newer (`Machine.recordArrived`);
+    /// fetched for a forced refresh, it counts in this broker's window too.
+    private func recordArrived(_ record: StoredToken, forced: Bool) {
+        apply(ifShutDown: false) { machine, now in
+            // Counted once per new token: a record replayed on the channel is not newer.
+            if forced, record.version > (machine.cached?.version ?? 0) { machine.forcedElsewhere(now: now) }
+            let before = machine.cached?.version
+            let actions = machine.recordArrived(record, now: now, wallTime: wallClock())
+            return (machine.cached?.version != before, actions)
+        } report: { [self] adopted in
+            if adopted { events.fromFleet(name, record) }
+        }
+    }
+
     // MARK: - Carrying out actions
 
     /// Ends one waiter as cancelled, leaving the shared fetch running for the others.
@@ -396,29 +449,71 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         perform(&work)
     }
 
+    /// How one fetch ended: a token from the source, or a record through a shared store.
+    private enum FetchResult {
+        case token(FetchedToken)
+        case shared(SharedFetch)
+        case failure(TokenFetchError)
+    }
+
     /// Runs fetch `number` and reports its result, unless the fetch was given up meanwhile.
+    ///
+    /// With a shared store the fetch goes through it (`SharedTokenStore.fetchForFleet`): a record
+    /// another broker stored, or one fetched here for the fleet (or alone, when the store is out
+    /// of reach), which the store has kept already. Otherwise the source fetches, and a store
+    /// keeps the new token.
     private func fetchOnce(_ number: UInt64) async {
-        let result: Result<FetchedToken, TokenFetchError>
-        do {
-            result = .success(try await source.fetch())
-        } catch {
-            result = .failure(error)
+        let result: FetchResult
+        if let store, let shared = store.store as? any SharedTokenStore {
+            let (current, forced) = state.withLock { ($0.machine.cached?.version ?? 0, $0.machine.fetchIsForced) }
+            let source = source
+            switch await shared.fetchForFleet(
+                store.key, settings: store.settings, current: current, forced: forced,
+                fetch: {
+                    () async throws(TokenFetchError) -> FetchedToken in try await source.fetch()
+                })
+            {
+            case .success(let fetched): result = .shared(fetched)
+            case .failure(let error): result = .failure(error)
+            }
+        } else {
+            do {
+                result = .token(try await source.fetch())
+            } catch {
+                result = .failure(error)
+            }
         }
         if Task.isCancelled { return }
         let started = state.withLock { $0.fetchStartedAt } ?? clock.now
         let elapsed = started.duration(to: clock.now)
-        apply(ifShutDown: (false, UInt64?.none)) { machine, now in
+        apply(ifShutDown: (false, Token?.none)) { machine, now in
             // A late result of a fetch abandoned at its deadline is not reported twice.
             let accepted = machine.isFetching && machine.fetchNumber == number
+            let actions =
+                switch result {
+                case .token(let token): machine.fetchSucceeded(token, fetch: number, now: now, wallTime: wallClock())
+                case .shared(let shared):
+                    machine.fetchSucceeded(record: shared.record, fetch: number, now: now, wallTime: wallClock())
+                case .failure(let error): machine.fetchFailed(error, fetch: number, now: now)
+                }
+            if case .failure = result { return ((accepted, nil), actions) }
+            return ((accepted, machine.cached), actions)
+        } report: { [self] accepted, cached in
+            guard accepted else { return }
             switch result {
-            case .success(let token):
-                let actions = machine.fetchSucceeded(token, fetch: number, now: now, wallTime: wallClock())
-                return ((accepted, machine.cached?.version), actions)
+            case .token(let token):
+                events.fetched(name, .success((token, cached?.version ?? 0)), elapsed)
+                if let store, let cached { store.store.save(store.key, StoredToken(cached, settings: store.settings)) }
+            case .shared(let shared):
+                if let fetched = shared.fetched {
+                    events.fetched(name, .success((fetched, cached?.version ?? 0)), elapsed)
+                    events.fetchedFor(name, shared.origin)
+                } else {
+                    events.fromFleet(name, shared.record)
+                }
             case .failure(let error):
-                return ((accepted, nil), machine.fetchFailed(error, fetch: number, now: now))
+                events.fetched(name, .failure(error), elapsed)
             }
-        } report: { [self] accepted, version in
-            if accepted { events.fetched(name, result.map { ($0, version ?? 0) }, elapsed) }
         }
     }
 }

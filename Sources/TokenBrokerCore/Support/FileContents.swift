@@ -46,7 +46,7 @@ public enum FileContents {
 
 /// Why a file could not be read: the system's reason, a file that is not a regular one, or one too large.
 public struct FileReadError: Error, Sendable, Equatable, CustomStringConvertible {
-    private enum Code: Sendable, Equatable { case system, notRegular, tooLarge }
+    private enum Code: Sendable, Equatable { case system, missing, notRegular, tooLarge }
 
     private let code: Code
     /// What went wrong, in words, such as `is a FIFO, not a regular file`.
@@ -58,12 +58,16 @@ public struct FileReadError: Error, Sendable, Equatable, CustomStringConvertible
     }
 
     /// The system refused: `open`, `fstat` or `read` failed with `error`.
-    static func system(_ error: Int32) -> Self { .init(.system, String(cString: strerror(error))) }
+    static func system(_ error: Int32) -> Self {
+        .init(error == ENOENT ? .missing : .system, String(cString: strerror(error)))
+    }
     /// The path names something other than a regular file; `kind` says what.
     static func notRegular(_ kind: String) -> Self { .init(.notRegular, "is \(kind), not a regular file") }
     /// The file is larger than `limit` bytes.
     static func tooLarge(_ limit: Int) -> Self { .init(.tooLarge, "is larger than \(limit) bytes") }
 
+    /// Nothing is at the path (`ENOENT`).
+    public var isMissing: Bool { code == .missing }
     /// The file is larger than the limit.
     public var isTooLarge: Bool { code == .tooLarge }
     /// The path names a FIFO, a device, a directory or a socket.

@@ -1,0 +1,145 @@
+/// Where a provider keeps its token beyond its own memory, so that it outlives a restart.
+///
+/// The provider reads its record once, when it starts, before it fetches anything, and hands
+/// each new token to `save` after the fetch that brought it. A store seals what it keeps
+/// (`TokenBrokerStore`'s records are AES-256-GCM under a key of the operator's): it never holds
+/// a token in clear, nor any client secret, since a record holds only what `/token` would show.
+///
+/// - Important: neither call may wait on the caller's thread for I/O that can stall: `load`
+///   suspends while the store reads, and `save` hands the write to the store's own thread.
+public protocol TokenStore: Sendable {
+    /// The record kept under `key`, or why there is none to use.
+    func load(_ key: String) async -> StoreLoad
+    /// Keeps `record` under `key`, replacing what was there; returns at once.
+    func save(_ key: String, _ record: StoredToken)
+}
+
+/// A token as a store keeps it: what `/token` shows of it, with its version, dated by the wall
+/// clock (a restart loses the monotonic clock, so a record cannot be dated on it).
+public struct StoredToken: Sendable, Equatable {
+    public var accessToken: String
+    public var tokenType: String
+    public var scope: String?
+    /// The provider's version of the token, kept across a restart.
+    public var version: UInt64
+    /// When it was fetched.
+    public var issuedAt: WallTime
+    /// When it stops being valid; nil for a token without expiry.
+    public var expiresAt: WallTime?
+    /// A digest of the provider's settings when it was made (`StoreSlot.settings`).
+    public var settings: String
+
+    public init(
+        accessToken: String, tokenType: String, scope: String?, version: UInt64, issuedAt: WallTime,
+        expiresAt: WallTime?, settings: String = ""
+    ) {
+        self.settings = settings
+        self.accessToken = accessToken
+        self.tokenType = tokenType
+        self.scope = scope
+        self.version = version
+        self.issuedAt = issuedAt
+        self.expiresAt = expiresAt
+    }
+
+    /// The record of a token the provider holds, made under `settings`.
+    public init<Instant>(_ token: CachedToken<Instant>, settings: String = "") {
+        self.init(
+            accessToken: token.token.accessToken, tokenType: token.token.tokenType, scope: token.token.scope,
+            version: token.version, issuedAt: token.issuedAtDate, expiresAt: token.expiresAtDate, settings: settings)
+    }
+
+    /// Whether it may still be handed out at `now`.
+    public func isValid(at now: WallTime) -> Bool { expiresAt.map { now < $0 } ?? true }
+}
+
+/// What a store found under a key.
+public enum StoreLoad: Sendable, Equatable {
+    /// A record, authenticated and readable. It may have expired since: the provider checks.
+    case found(StoredToken)
+    /// Nothing is kept under the key.
+    case missing
+    /// Something is kept but may not be used: it failed to authenticate (another key, another
+    /// provider's record, a changed byte), or it cannot be read. The reason never quotes the record.
+    case refused(String)
+}
+
+/// A store and the key a provider's record has in it: the provider's name, and for a template's
+/// child its values too (`key(provider:values:)`).
+public struct StoreSlot: Sendable {
+    public let store: any TokenStore
+    public let key: String
+    /// A digest of the settings that decide which token the provider gets (its source's
+    /// `storeIdentity`, its signing key): a record made under other settings is not served,
+    /// since an operator who changed the issuer, the scope or the key wants tokens of the new ones.
+    public let settings: String
+
+    public init(store: any TokenStore, key: String, settings: String = "") {
+        self.store = store
+        self.key = key
+        self.settings = settings
+    }
+
+    /// The key of a provider's record, or of a template's child's: the name, then each value the
+    /// child names on a line of its own. Values are visible ASCII (the scope's spaces aside), so
+    /// no two children share a key.
+    public static func key(provider: String, values: TokenRequestValues = .none) -> String {
+        var key = provider
+        for parameter in RequestParameter.allCases {
+            if let value = values.value(parameter) { key += "\n\(parameter.rawValue)=\(value)" }
+        }
+        return key
+    }
+}
+
+/// A store that brokers on many hosts share, so that one fetch per refresh serves the fleet.
+///
+/// A provider with such a store fetches through `fetchForFleet` instead of calling its source:
+/// the store finds a newer record another broker stored, or takes the refresh lease and fetches
+/// (with the source) for everyone, or, when the store is out of reach, lets the provider fetch
+/// alone. It also tells the provider of each record another broker stores (`watch`), so that
+/// waiting requests everywhere are answered moments after one broker fetched.
+public protocol SharedTokenStore: TokenStore {
+    /// A fetch for the fleet.
+    /// - Parameters:
+    ///   - key: the record's key (`StoreSlot.key`); `settings`: the provider's (`StoreSlot.settings`).
+    ///   - current: the version the provider holds (0: none); a record must be newer to answer.
+    ///   - forced: a forced refresh asked for it (the retrier); the other brokers are told, and
+    ///     count it in their windows.
+    ///   - fetch: the provider's source, called only when this broker is the one to fetch.
+    func fetchForFleet(
+        _ key: String, settings: String, current: UInt64, forced: Bool,
+        fetch: @escaping @Sendable () async throws(TokenFetchError) -> FetchedToken
+    ) async -> Result<SharedFetch, TokenFetchError>
+
+    /// Calls `onRecord`, on a thread of the store's, with each record stored under `key` by
+    /// another broker (made under `settings`), and whether a forced refresh fetched it, until
+    /// `stopWatching` with the id returned.
+    func watch(_ key: String, settings: String, _ onRecord: @escaping @Sendable (StoredToken, _ forced: Bool) -> Void)
+        -> UInt64
+    func stopWatching(_ key: String, id: UInt64)
+}
+
+/// How a fetch for the fleet ended.
+public struct SharedFetch: Sendable {
+    /// Who fetched the record's token.
+    public enum Origin: Sendable, Equatable {
+        /// This broker, holding the lease: the record is stored for the fleet.
+        case fetchedForFleet
+        /// This broker, without the store (out of reach): the record is its own.
+        case fetchedAlone
+        /// Another broker: this one fetched nothing.
+        case fromFleet
+    }
+
+    public let record: StoredToken
+    public let origin: Origin
+    /// What the source said, when this broker fetched (its upstream status, for metrics).
+    public let fetched: FetchedToken?
+
+    public init(record: StoredToken, origin: Origin, fetched: FetchedToken?) {
+        self.record = record
+        self.origin = origin
+        self.fetched = fetched
+    }
+}

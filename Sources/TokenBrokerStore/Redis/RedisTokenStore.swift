@@ -1,0 +1,562 @@
+import Dispatch
+import Glibc
+import Synchronization
+import TokenBrokerCore
+import TokenBrokerCrypto
+
+/// The `redis` store: brokers on many hosts share their tokens through Redis, and one of them
+/// fetches for all at each refresh.
+///
+/// Keys, under `keyPrefix` (`P`), for a record key `K` (`StoreSlot.key`) whose SHA-256 in hex is `H`:
+///
+/// | key | holds | lives |
+/// |---|---|---|
+/// | `P record:H` | the sealed record (`StoreRecord`) | until the token expires (`PX`) |
+/// | `P lease:H` | the id of the broker fetching for the fleet | `leaseMsec` (`SET NX PX`) |
+/// | `P fence:H` | a counter, one more for each lease taken | a day after the last lease |
+/// | channel `P records` | `H` then the sealed record, for each record stored | |
+///
+/// A fetch for the fleet (`fetchForFleet`): a newer record, valid and made under the same
+/// settings, answers at once; else the broker takes the lease (a small script: `SET NX PX`, then
+/// `INCR` of the fence) and fetches, then stores the record with a second script that checks the
+/// fence is still its own (a broker whose lease ran out and was taken over cannot overwrite a newer
+/// record), publishes it, and lets the lease go. Brokers that find the lease taken wait for the
+/// record (the channel wakes them) or for the lease to end, then try again. A failed fetch keeps
+/// the lease, not extended: its holder retries under it on its backoff while it lasts, and the
+/// others wait, so a failing issuer sees one broker's retries, not the fleet's; once it lapses,
+/// whichever broker asks first fetches.
+///
+/// Every call to Redis runs on the store's own queue, bounded by `timeoutMsec`, never on a server
+/// thread (the request path never calls Redis: `/token` reads the provider's memory). A call that
+/// fails marks the store out of reach: fetches then go to the issuer alone, as without a store,
+/// and the store tries Redis again at most once a second, and rejoins when it answers. The
+/// subscriber has a connection and a queue of its own.
+public final class RedisTokenStore: SharedTokenStore {
+    /// What the store reports, for logs and metrics.
+    public struct Events: Sendable {
+        /// An operation (`load`, `lease`, `write`, `get`) and its result.
+        public var operation: @Sendable (_ operation: String, _ result: String) -> Void = { _, _ in }
+        /// A record arrived on the channel.
+        public var message: @Sendable () -> Void = {}
+        /// Redis became reachable (nil) or out of reach (why).
+        public var reachability: @Sendable (_ problem: String?) -> Void = { _ in }
+        public init() {}
+    }
+
+    /// Whether Redis answers, for `/readyz` and the metrics.
+    public struct Health: Sendable {
+        public var reachable: Bool
+        /// When Redis last answered, on the monotonic clock; nil: never.
+        public var lastReachable: ContinuousClock.Instant?
+        public var problem: String?
+    }
+
+    private let settings: RedisStoreSettings
+    private let password: String?
+    private let record: StoreRecord
+    private let events: Events
+    /// This broker's id in the leases it takes.
+    private let owner: [UInt8]
+    private let channel: [UInt8]
+    private let commands = DispatchQueue(label: "token-broker.store.redis")
+    private let subscriber = DispatchQueue(label: "token-broker.store.redis.subscriber")
+
+    /// The command connection. Unchecked: it is touched only on `commands`, one call at a time.
+    private struct Link: @unchecked Sendable {
+        var connection: RedisConnection?
+        var lastAttempt: ContinuousClock.Instant?
+    }
+
+    private struct Watcher {
+        let key: String
+        let settings: String
+        let onRecord: @Sendable (StoredToken, Bool) -> Void
+    }
+
+    private struct Watching {
+        var byHash: [String: [UInt64: Watcher]] = [:]
+        var nextID: UInt64 = 0
+        /// Messages seen for each hash: a broker waiting on a lease wakes when its count moves.
+        var notices: [String: UInt64] = [:]
+    }
+
+    /// Touched only on `commands` (the lock costs nothing there, and keeps the checker's view simple).
+    private let link = Lock(Link())
+    /// What each connection last found: the store is reachable while both answer. Kept apart, so
+    /// that one connection answering never clears what the other found (an ACL that lets the
+    /// subscriber in but refuses the scripts would otherwise flip the state at every call).
+    private struct Problems {
+        var commands: String?
+        var subscriber: String?
+        var lastReachable: ContinuousClock.Instant?
+        var problem: String? { commands ?? subscriber }
+    }
+    private let problems = Lock(Problems())
+    private let watching = Lock(Watching())
+    private let stopping = Atomic<Bool>(false)
+    private let subscriberEnded = DispatchSemaphore(value: 0)
+
+    /// How long a broker waits between two looks at a lease another holds.
+    private static let leasePoll: Duration = .milliseconds(250)
+    /// The shortest time between two attempts to connect while Redis is out of reach.
+    private static let reconnectGap: Duration = .seconds(1)
+
+    /// A store on `settings`, sealing with `cipher`; `password` from `passwordFile`, read at start.
+    /// Starts its subscriber at once.
+    public init(settings: RedisStoreSettings, password: String?, cipher: AESGCM, events: Events = Events())
+        throws(TokenFetchError)
+    {
+        self.settings = settings
+        self.password = password
+        self.events = events
+        record = StoreRecord(cipher: cipher)
+        owner = Array(Fingerprint.hex(try Crypto.randomBytes(16)).utf8)
+        channel = Array((settings.keyPrefix + "records").utf8)
+        subscriber.async { [self] in subscribe() }
+    }
+
+    /// The store's health now.
+    public var currentHealth: Health {
+        problems.withLock {
+            Health(reachable: $0.problem == nil, lastReachable: $0.lastReachable, problem: $0.problem)
+        }
+    }
+
+    /// Stops the subscriber and closes the connections; for the broker's stop.
+    public func stop() {
+        stopping.store(true, ordering: .relaxed)
+        _ = subscriberEnded.wait(timeout: .now() + .seconds(2))
+        commands.sync { link.withLock { $0.connection = nil } }
+    }
+
+    // MARK: - TokenStore
+
+    public func load(_ key: String) async -> StoreLoad {
+        let hash = Self.hash(key)
+        switch await call({ connection throws(RedisFailure) in
+            try connection.command([Array("GET".utf8), Array(self.name("record:", hash).utf8)])
+        }) {
+        case .failure(let failure):
+            // Counted and logged by the provider, as a refused load, with this reason.
+            return .refused("the Redis store is out of reach: \(failure)")
+        case .success(.string(let bytes)):
+            switch record.open(bytes, key: key) {
+            case .success(let stored): return .found(stored)
+            case .failure(let problem): return .refused("the record in Redis \(problem)")
+            }
+        case .success(.null):
+            return .missing
+        case .success(let other):
+            return .refused("Redis answered GET with \(Self.describe(other))")
+        }
+    }
+
+    /// Stores `stored` without a lease (not used by providers, which store through `fetchForFleet`).
+    public func save(_ key: String, _ stored: StoredToken) {
+        guard let sealed = try? record.seal(stored, key: key) else { return }
+        let hash = Self.hash(key)
+        commands.async { [self] in
+            _ = perform { connection throws(RedisFailure) in
+                try connection.command(
+                    [Array("SET".utf8), Array(name("record:", hash).utf8), sealed] + Self.expiry(stored))
+            }
+        }
+    }
+
+    // MARK: - SharedTokenStore
+
+    public func fetchForFleet(
+        _ key: String, settings wanted: String, current: UInt64, forced: Bool,
+        fetch: @escaping @Sendable () async throws(TokenFetchError) -> FetchedToken
+    ) async -> Result<SharedFetch, TokenFetchError> {
+        let hash = Self.hash(key)
+        let recordKey = Array(name("record:", hash).utf8)
+        let leaseKey = Array(name("lease:", hash).utf8)
+        let fenceKey = Array(name("fence:", hash).utf8)
+        while !Task.isCancelled {
+            // 1. A newer record, stored by another broker.
+            var storedRecord: StoredToken?
+            // The version in the record's header, whatever the record (another key's, other
+            // settings'): the lease script takes the lease only while it is still this one.
+            var seenVersion: [UInt8] = []
+            switch await call({ connection throws(RedisFailure) in
+                try connection.command([Array("GET".utf8), recordKey])
+            })
+            {
+            case .failure: return await alone(key, settings: wanted, current: current, fetch: fetch)
+            case .success(.string(let bytes)):
+                if StoreRecord.version(of: bytes) != nil { seenVersion = Array(bytes[8..<16]) }
+                if case .success(let stored) = record.open(bytes, key: key), stored.settings == wanted {
+                    storedRecord = stored
+                    if stored.version > current, stored.isValid(at: WallTime()) {
+                        return .success(SharedFetch(record: stored, origin: .fromFleet, fetched: nil))
+                    }
+                }
+            case .success: break
+            }
+            // 2. The lease.
+            let notices = watching.withLock { $0.notices[hash] ?? 0 }
+            let seen = seenVersion
+            let acquired = await call({ connection throws(RedisFailure) in
+                try connection.command([
+                    Array("EVAL".utf8), Array(Self.acquireScript.utf8), Array("3".utf8), leaseKey, fenceKey, recordKey,
+                    self.owner, Array(String(self.settings.leaseMsec).utf8),
+                    seen,
+                ])
+            })
+            switch acquired {
+            case .failure:
+                return await alone(key, settings: wanted, current: current, fetch: fetch)
+            case .success(.integer(let fence)) where fence > 0:
+                events.operation("lease", "acquired")
+                return await fetchHoldingLease(
+                    key, settings: wanted, fence: UInt64(fence), stored: storedRecord, current: current, forced: forced,
+                    keys: (recordKey, leaseKey, fenceKey), fetch: fetch)
+            case .success(.integer(-1)):
+                // A record was stored between the look above and the lease: read it (not fetch again).
+                continue
+            case .success(.integer):
+                events.operation("lease", "held")
+            case .success(let other):
+                // An answer the script cannot give (error replies are failures, above): the fleet
+                // cannot coordinate through this Redis, so this broker fetches alone.
+                refused("the lease script was answered with \(Self.describe(other))")
+                return await alone(key, settings: wanted, current: current, fetch: fetch)
+            }
+            // 3. Another broker fetches: wait for its record, or for its lease to end.
+            var waited: Duration = .zero
+            while waited < Self.leasePoll * 2 {
+                do {
+                    try await Task.sleep(for: .milliseconds(25))
+                } catch {
+                    break
+                }
+                waited += .milliseconds(25)
+                if watching.withLock({ $0.notices[hash] ?? 0 }) != notices { break }
+            }
+        }
+        return .failure(.timeout("waited for another broker's token until the fetch's deadline"))
+    }
+
+    public func watch(_ key: String, settings: String, _ onRecord: @escaping @Sendable (StoredToken, Bool) -> Void)
+        -> UInt64
+    {
+        watching.withLock { watching in
+            watching.nextID += 1
+            watching.byHash[Self.hash(key), default: [:]][watching.nextID] = Watcher(
+                key: key, settings: settings, onRecord: onRecord)
+            return watching.nextID
+        }
+    }
+
+    public func stopWatching(_ key: String, id: UInt64) {
+        let hash = Self.hash(key)
+        watching.withLock { watching in
+            watching.byHash[hash]?[id] = nil
+            if watching.byHash[hash]?.isEmpty == true {
+                watching.byHash[hash] = nil
+                watching.notices[hash] = nil
+            }
+        }
+    }
+
+    // MARK: - Fetching
+
+    /// Holding the lease: fetches, then stores and publishes the record if the fence is still this
+    /// broker's. A failed fetch keeps the lease, for this broker's retries.
+    ///
+    /// The record's version is the fence's, unless the store's record or the provider's token
+    /// already has a higher one; the same token again (an issuer handing out its current token)
+    /// keeps the stored record's version, so that the fleet's versions stay one token, one version.
+    private func fetchHoldingLease(
+        _ key: String, settings wanted: String, fence: UInt64, stored existing: StoredToken?, current: UInt64,
+        forced: Bool, keys: (record: [UInt8], lease: [UInt8], fence: [UInt8]),
+        fetch: @Sendable () async throws(TokenFetchError) -> FetchedToken
+    ) async -> Result<SharedFetch, TokenFetchError> {
+        let token: FetchedToken
+        do {
+            token = try await fetch()
+        } catch {
+            return .failure(error)
+        }
+        let version =
+            if let existing, existing.accessToken == token.accessToken { existing.version } else {
+                max(fence, (existing?.version ?? 0) + 1, current + 1)
+            }
+        let stored = Self.record(of: token, version: version, settings: wanted)
+        guard let sealed = try? record.seal(stored, key: key) else {
+            return .success(SharedFetch(record: stored, origin: .fetchedAlone, fetched: token))
+        }
+        let message = Array(Self.hash(key).utf8) + owner + Array((forced ? "F" : "R").utf8) + sealed
+        let expiry = Self.expiry(stored)
+        let written = await call({ connection throws(RedisFailure) in
+            try connection.command(
+                [
+                    Array("EVAL".utf8), Array(Self.writeScript.utf8), Array("3".utf8), keys.fence, keys.record,
+                    keys.lease, Array(String(fence).utf8), sealed, expiry.last ?? Array("0".utf8), self.channel,
+                    message,
+                    self.owner,
+                ])
+        })
+        switch written {
+        case .success(.integer(1)):
+            events.operation("write", "ok")
+            return .success(SharedFetch(record: stored, origin: .fetchedForFleet, fetched: token))
+        case .success(.integer):
+            // A newer lease was taken while this one fetched: its record will come; this token
+            // is valid all the same, and serves here until then.
+            events.operation("write", "fenced")
+            return .success(SharedFetch(record: stored, origin: .fetchedAlone, fetched: token))
+        case .success(let other):
+            refused("the write script was answered with \(Self.describe(other))")
+            events.operation("write", "error")
+            return .success(SharedFetch(record: stored, origin: .fetchedAlone, fetched: token))
+        case .failure:
+            events.operation("write", "unreachable")
+            return .success(SharedFetch(record: stored, origin: .fetchedAlone, fetched: token))
+        }
+    }
+
+    /// Redis is out of reach: the broker fetches for itself, as without a store.
+    private func alone(
+        _ key: String, settings wanted: String, current: UInt64,
+        fetch: @Sendable () async throws(TokenFetchError) -> FetchedToken
+    ) async -> Result<SharedFetch, TokenFetchError> {
+        do {
+            let token = try await fetch()
+            return .success(
+                SharedFetch(
+                    record: Self.record(of: token, version: current + 1, settings: wanted), origin: .fetchedAlone,
+                    fetched: token))
+        } catch {
+            return .failure(error)
+        }
+    }
+
+    // MARK: - Calls
+
+    /// Runs `body` on the store's queue with a connection, made if needed.
+    private func call(_ body: @escaping @Sendable (RedisConnection) throws(RedisFailure) -> RedisConnection.Reply) async
+        -> Result<RedisConnection.Reply, RedisFailure>
+    {
+        await withCheckedContinuation { continuation in
+            commands.async { [self] in continuation.resume(returning: perform(body)) }
+        }
+    }
+
+    /// `call`'s work, on `commands`: connects when needed (at most once per `reconnectGap` while
+    /// Redis is out of reach), runs `body`, and drops the connection when it fails. An error
+    /// reply (`NOAUTH`, `NOPERM`, `READONLY`, …) fails too: every command the store sends is one
+    /// the fleet needs, so Redis refusing it is Redis out of reach for the fleet, not an answer.
+    private func perform(_ body: (RedisConnection) throws(RedisFailure) -> RedisConnection.Reply) -> Result<
+        RedisConnection.Reply, RedisFailure
+    > {
+        let now = ContinuousClock.now
+        let connection: RedisConnection
+        if let open = link.withLock({ $0.connection }) {
+            connection = open
+        } else {
+            let last = link.withLock { $0.lastAttempt }
+            if let last, let problem = problems.withLock({ $0.commands }), last.duration(to: now) < Self.reconnectGap {
+                return .failure(RedisFailure(problem))
+            }
+            link.withLock { $0.lastAttempt = now }
+            do {
+                connection = try RedisConnection.connect(settings, password: password)
+            } catch {
+                mark(\.commands, error)
+                return .failure(error)
+            }
+            link.withLock { $0.connection = connection }
+        }
+        do throws(RedisFailure) {
+            let value = try body(connection)
+            if case .error(let text) = value {
+                throw RedisFailure("Redis refused: \(text)")
+            }
+            mark(\.commands, nil)
+            return .success(value)
+        } catch {
+            link.withLock { $0.connection = nil }
+            mark(\.commands, error)
+            return .failure(error)
+        }
+    }
+
+    /// Redis answers but refuses what the fleet needs: reported as out of reach, so that the
+    /// log, `/readyz` and the metrics say the broker fetches alone, and why.
+    private func refused(_ problem: String) {
+        mark(\.commands, RedisFailure(problem))
+    }
+
+    /// Records what one connection found (nil: Redis answered it), and reports a change of the
+    /// store's reachability: reachable while both connections answer.
+    private func mark(_ connection: WritableKeyPath<Problems, String?>, _ failure: RedisFailure?) {
+        let (before, after) = problems.withLock { problems -> (String?, String?) in
+            let before = problems.problem
+            problems[keyPath: connection] = failure?.description
+            if problems.problem == nil { problems.lastReachable = .now }
+            return (before, problems.problem)
+        }
+        if (before == nil) != (after == nil) { events.reachability(after) }
+    }
+
+    // MARK: - Subscriber
+
+    /// Listens on the channel until `stop()`, reconnecting after a failure; after each
+    /// (re)connection it reads every watched record once, for what it may have missed.
+    private func subscribe() {
+        defer { subscriberEnded.signal() }
+        while !stopping.load(ordering: .relaxed) {
+            do throws(RedisFailure) {
+                let connection = try RedisConnection.connect(settings, password: password)
+                try connection.send([Array("SUBSCRIBE".utf8), channel])
+                var lastProbe = ContinuousClock.now
+                while !stopping.load(ordering: .relaxed) {
+                    while let reply = try connection.bufferedReply() {
+                        if case .error(let text) = reply { throw RedisFailure("Redis refused: \(text)") }
+                        if case .array(let parts) = reply, parts.first == .string(Array("subscribe".utf8)) {
+                            // Subscribed: this connection answers; what was missed is read.
+                            mark(\.subscriber, nil)
+                            catchUp()
+                        }
+                        deliver(reply)
+                    }
+                    // While the command connection is out of reach, a probe a second on it says
+                    // when it answers again, even for a broker with no refresh due (Redis stopped
+                    // and resumed, say: this connection never broke).
+                    if problems.withLock({ $0.commands }) != nil, lastProbe.duration(to: .now) >= Self.reconnectGap {
+                        lastProbe = .now
+                        commands.async { [self] in
+                            _ = perform { connection throws(RedisFailure) in
+                                try connection.command([Array("PING".utf8)])
+                            }
+                        }
+                    }
+                    _ = try connection.read(waitingAtMost: 200)
+                }
+            } catch {
+                // Out of reach (or refusing): said at once, not at the next fetch; again in a second.
+                if !stopping.load(ordering: .relaxed) { mark(\.subscriber, error) }
+                for _ in 0..<10 where !stopping.load(ordering: .relaxed) { usleep(100_000) }
+            }
+        }
+    }
+
+    /// A message on the channel: the record goes to the providers watching its key. A message is
+    /// the key's hash (64 hex digits), the id of the broker that stored it (32), `F` when a forced
+    /// refresh fetched it or `R`, then the sealed record. This broker's own messages are skipped.
+    private func deliver(_ reply: RedisConnection.Reply) {
+        guard case .array(let parts) = reply, parts.count == 3, parts[0] == .string(Array("message".utf8)),
+            case .string(let payload) = parts[2], payload.count > 97
+        else { return }
+        guard payload.count <= 97 + StoreRecord.maximumSize else { return }
+        let hash = String(decoding: payload[..<64], as: UTF8.self)
+        guard Array(payload[64..<96]) != owner else { return }
+        let forced = payload[96] == UInt8(ascii: "F")
+        events.message()
+        let watchers = watching.withLock { watching -> [Watcher] in
+            // Counted only for keys watched here: a hash nobody watches leaves nothing behind.
+            guard let byHash = watching.byHash[hash] else { return [] }
+            watching.notices[hash, default: 0] &+= 1
+            return Array(byHash.values)
+        }
+        let sealed = Array(payload[97...])
+        for watcher in watchers {
+            if case .success(let stored) = record.open(sealed, key: watcher.key), stored.settings == watcher.settings {
+                watcher.onRecord(stored, forced)
+            }
+        }
+    }
+
+    /// Reads each watched record once (after the subscriber connected: it may have missed some).
+    private func catchUp() {
+        let watchers = watching.withLock { $0.byHash }
+        commands.async { [self] in
+            for (hash, byID) in watchers {
+                guard
+                    case .success(.string(let bytes)) = perform({ connection throws(RedisFailure) in
+                        try connection.command([Array("GET".utf8), Array(name("record:", hash).utf8)])
+                    })
+                else { continue }
+                for watcher in byID.values {
+                    if case .success(let stored) = record.open(bytes, key: watcher.key),
+                        stored.settings == watcher.settings
+                    {
+                        watcher.onRecord(stored, false)
+                    }
+                }
+            }
+        }
+    }
+
+    // MARK: - Helpers
+
+    private func name(_ kind: String, _ hash: String) -> String { settings.keyPrefix + kind + hash }
+
+    private static func hash(_ key: String) -> String { (try? Fingerprint.sha256Hex(key)) ?? "" }
+
+    /// A fetched token as a record, issued now by the wall clock.
+    private static func record(of token: FetchedToken, version: UInt64, settings: String) -> StoredToken {
+        let issuedAt = WallTime()
+        return StoredToken(
+            accessToken: token.accessToken, tokenType: token.tokenType, scope: token.scope, version: version,
+            issuedAt: issuedAt, expiresAt: token.lifetime.map { issuedAt.addingTimeInterval($0.inSeconds) },
+            settings: settings)
+    }
+
+    /// `PX` and the milliseconds the record's token has left, or nothing for a token without expiry.
+    private static func expiry(_ stored: StoredToken) -> [[UInt8]] {
+        guard let expiresAt = stored.expiresAt else { return [] }
+        let left = max(1, Int(min(expiresAt.timeIntervalSince(WallTime()) * 1000, 1e12)))
+        return [Array("PX".utf8), Array(String(left).utf8)]
+    }
+
+    private static func describe(_ reply: RedisConnection.Reply) -> String {
+        switch reply {
+        case .error(let text): "an error (\(text))"
+        case .integer: "an integer"
+        case .array: "an array"
+        case .status(let text): "a status (\(text))"
+        case .string: "a string"
+        case .null: "nil"
+        }
+    }
+
+    /// Takes the lease and returns the next fence; 0 when another holds it. Its holder asking again
+    /// (retrying after a failed fetch) keeps the lease without extending it, so a broker whose own
+    /// fetches fail (a local fault) holds up the fleet for `leaseMsec` at most. -1 when the record's version (bytes 9–16 of a record, in clear; empty for no
+    /// record or a value that is not one) is no longer the one the caller read, so that a broker
+    /// that looked just before another stored a new record, and asks just after that one let the
+    /// lease go, reads it instead of fetching again.
+    /// KEYS: lease, fence, record. ARGV: owner, leaseMsec, the version's 8 bytes as read (or none).
+    static let acquireScript = """
+        local record = redis.call('GET', KEYS[3])
+        local version = ''
+        if record and #record >= 16 and string.sub(record, 1, 8) == 'TBSTORE1' then
+          version = string.sub(record, 9, 16)
+        end
+        if version ~= ARGV[3] then return -1 end
+        local holder = redis.call('GET', KEYS[1])
+        if holder ~= ARGV[1] and not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+          return 0
+        end
+        local fence = redis.call('INCR', KEYS[2])
+        redis.call('PEXPIRE', KEYS[2], 86400000)
+        return fence
+        """
+
+    /// Stores and publishes a record if the fence is still the writer's, then lets its lease go; 1 when stored.
+    /// KEYS: fence, record, lease. ARGV: fence, record, milliseconds left (0: no expiry), channel, message, owner.
+    static let writeScript = """
+        if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+        if tonumber(ARGV[3]) > 0 then
+          redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+        else
+          redis.call('SET', KEYS[2], ARGV[2])
+        end
+        redis.call('PUBLISH', ARGV[4], ARGV[5])
+        if redis.call('GET', KEYS[3]) == ARGV[6] then redis.call('DEL', KEYS[3]) end
+        return 1
+        """
+}

@@ -1,0 +1,183 @@
+import TokenBrokerAPI
+import TokenBrokerCore
+import TokenBrokerCrypto
+import TokenBrokerSinks
+import TokenBrokerSources
+import TokenBrokerStore
+
+/// The token store (`store`): the steps `Broker.run` and `Broker.stop` take for it.
+///
+/// In `run`: `openStore` after the configuration is read (a key file without a key, a directory
+/// that cannot hold records, an unreadable Redis password file, exits 2, "invalid
+/// configuration"); each provider and template child is then made with its slot in the store
+/// (`storeSlot`), reads its record when it starts, and keeps each new token there. In `stop`:
+/// `closeStore` once the providers have ended, so that a record being written is whole before
+/// the process exits.
+extension Broker {
+    /// The configured store, opened.
+    enum OpenedStore: Sendable {
+        case file(FileTokenStore)
+        case redis(RedisTokenStore)
+
+        var tokenStore: any TokenStore {
+            switch self {
+            case .file(let store): store
+            case .redis(let store): store
+            }
+        }
+    }
+
+    /// The configured store, opened: nil for `memory`.
+    static func openStore(_ configuration: BrokerConfiguration, metrics: BrokerMetrics?, connect: Bool = true)
+        -> Result<OpenedStore?, ConfigurationError>
+    {
+        let keyFile: String
+        switch configuration.store {
+        case .memory: return .success(nil)
+        case .file(_, let file): keyFile = file
+        case .redis(let settings): keyFile = settings.keyFile
+        }
+        let cipher: AESGCM
+        switch StoreKeyFile.read(keyFile) {
+        case .success(let read): cipher = read
+        case .failure(let problem): return .failure(ConfigurationError(key: "store.keyFile", problem.description))
+        }
+        switch configuration.store {
+        case .memory:
+            return .success(nil)
+        case .file(let path, _):
+            let directory: SinkDirectory
+            switch SinkDirectory.open(path) {
+            case .success(let opened): directory = opened
+            case .failure(let problem): return .failure(ConfigurationError(key: "store.path", problem.description))
+            }
+            return .success(
+                .file(
+                    FileTokenStore(directory: directory, cipher: cipher) { key, problem in
+                        metrics?.recordStoreOperation("save", result: problem == nil ? "ok" : "error")
+                        guard let problem else { return }
+                        let (provider, values) = describe(key)
+                        if let values {
+                            Log.warning(
+                                "token not stored", ["provider": provider, "values": values, "problem": problem])
+                        } else {
+                            Log.warning("token not stored", ["provider": provider, "problem": problem])
+                        }
+                    }))
+        case .redis(let settings):
+            var password: String?
+            if let path = settings.passwordFile {
+                switch FileContents.read(path, limit: 4096) {
+                case .success(let bytes):
+                    var text = String(decoding: bytes, as: UTF8.self)
+                    while text.hasSuffix("\n") || text.hasSuffix("\r") { text.removeLast() }
+                    guard !text.isEmpty else {
+                        return .failure(ConfigurationError(key: "store.passwordFile", "\(path) is empty"))
+                    }
+                    password = text
+                case .failure(let error):
+                    return .failure(ConfigurationError(key: "store.passwordFile", "cannot read \(path): \(error)"))
+                }
+            }
+            guard connect else { return .success(nil) }
+            var events = RedisTokenStore.Events()
+            events.operation = { operation, result in metrics?.recordStoreOperation(operation, result: result) }
+            events.message = { metrics?.recordStoreOperation("message", result: "received") }
+            events.reachability = { problem in
+                if let problem {
+                    Log.warning(
+                        "token store out of reach; fetching alone until it answers",
+                        ["address": settings.address.description, "problem": problem])
+                } else {
+                    Log.info("token store reachable", ["address": settings.address.description])
+                }
+            }
+            do {
+                let store = try RedisTokenStore(settings: settings, password: password, cipher: cipher, events: events)
+                metrics?.observeStoreHealth {
+                    let health = store.currentHealth
+                    return (health.reachable, health.lastReachable.map { $0.duration(to: .now).inSeconds })
+                }
+                return .success(.redis(store))
+            } catch {
+                return .failure(ConfigurationError(key: "store", error.summary))
+            }
+        }
+    }
+
+    /// The slot of a provider, or of a template's child for `values`, in `store`; nil for a
+    /// provider whose tokens cannot outlive the process (`isStored`).
+    /// - Parameter signer: the provider's local signer, whose public key is part of the settings
+    ///   a record must have been made under.
+    static func storeSlot(
+        _ store: OpenedStore?, provider: ProviderConfiguration, signer: JWTSigner?,
+        values: TokenRequestValues = .none
+    ) -> StoreSlot? {
+        guard let store, isStored(provider) else { return nil }
+        // The signer's public key itself, not only its key id, which a configuration may fix.
+        let identity = provider.source.storeIdentity + "\n" + (signer.map { JWTSigner.jwks([$0]) } ?? "")
+        return StoreSlot(
+            store: store.tokenStore, key: StoreSlot.key(provider: provider.name, values: values),
+            settings: (try? Fingerprint.sha256Hex(identity)) ?? identity)
+    }
+
+    /// Whether a provider's tokens are kept in the store: all but a local signer's whose key is
+    /// generated at start, since the next process signs with another key and no reader of its
+    /// JWKS could verify a token kept from the last.
+    static func isStored(_ provider: ProviderConfiguration) -> Bool {
+        if case .jwt(let settings) = provider.source, settings.keyFile == nil { return false }
+        return true
+    }
+
+    /// Says which providers the store leaves out, and why; and, with Redis, which providers'
+    /// fetches may outlast the lease (another broker could then fetch too).
+    static func logStoreWarnings(_ configuration: BrokerConfiguration) {
+        guard configuration.store != .memory else { return }
+        for provider in configuration.providers where !isStored(provider) {
+            Log.info(
+                "tokens not stored: the local signer's key is generated at start (set keyFile to keep them)",
+                ["provider": provider.name])
+        }
+        guard case .redis(let settings) = configuration.store else { return }
+        for provider in configuration.providers {
+            // An issuer's exchange ends by its upstream timeout; a local signer's or a file's at once.
+            let exchange: Int
+            switch provider.source {
+            case .oauth2(let source): exchange = source.upstream.timeoutMsec
+            case .http(let source): exchange = source.upstream.timeoutMsec
+            case .jwt, .file: continue
+            }
+            guard exchange > settings.leaseMsec else { continue }
+            Log.warning(
+                "a fetch may outlast the fleet's lease, and another broker fetch too (raise store.leaseMsec)",
+                ["provider": provider.name, "timeoutMsec": String(exchange), "leaseMsec": String(settings.leaseMsec)])
+        }
+    }
+
+    /// What `/readyz` says of the store.
+    static func storeReport(_ store: OpenedStore?) -> AdminAPI.StoreReport? {
+        switch store {
+        case .file: AdminAPI.StoreReport(type: "file", problem: nil)
+        case .redis(let store):
+            AdminAPI.StoreReport(
+                type: "redis", problem: store.currentHealth.reachable ? nil : store.currentHealth.problem)
+        case nil: nil
+        }
+    }
+
+    /// Ends the store's work: the file store's writes under way, the Redis store's subscriber and
+    /// connections; the last step of `stop`.
+    static func closeStore(_ store: OpenedStore?) {
+        switch store {
+        case .file(let store): store.flush()
+        case .redis(let store): store.stop()
+        case nil: break
+        }
+    }
+
+    /// A record's key for the log: the provider, and a child's values (nil for a provider's own).
+    private static func describe(_ key: String) -> (provider: String, values: String?) {
+        let lines = key.split(separator: "\n", omittingEmptySubsequences: false)
+        return (String(lines.first ?? ""), lines.count > 1 ? lines.dropFirst().joined(separator: " ") : nil)
+    }
+}
