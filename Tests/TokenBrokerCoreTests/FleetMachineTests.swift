@@ -20,24 +20,13 @@ private func fleetRecord(
 }
 
 extension MachineHarness {
-    /// A harness whose machine has a (shared) store, as a provider with one makes it: it waits
-    /// for `storeLoaded` before any fetch.
-    fileprivate static func withFleetStore(
-        _ configuration: ProviderConfiguration = ProviderConfiguration(tokenRefreshDelaySec: 300),
-        jitter: Jitter = .fixed(0.5)
-    ) -> MachineHarness {
-        var harness = MachineHarness(configuration, jitter: jitter)
-        harness.machine = Machine(configuration: configuration, now: harness.now, jitter: jitter, awaitingStore: true)
-        return harness
-    }
-
     /// A harness with a shared store whose first fetch, through the fleet, brought `first`
     /// (version 1 by default, issued now, living 900 s): the machine serves it, fetching nothing.
     fileprivate static func servingFleetRecord(
         _ first: StoredToken = fleetRecord(version: 1, lifetime: 900, accessToken: "token-a"),
         configuration: ProviderConfiguration = ProviderConfiguration(tokenRefreshDelaySec: 300)
     ) -> MachineHarness {
-        var harness = MachineHarness.withFleetStore(configuration)
+        var harness = MachineHarness.awaitingStore(configuration)
         harness.start()
         harness.loadFleetRecord(nil)
         #expect(harness.fetchesStarted == 1)
@@ -169,7 +158,7 @@ extension MachineHarness {
     }
 
     @Test func withoutBackgroundRefreshARecordPlansNoRefresh() {
-        var harness = MachineHarness.withFleetStore(ProviderConfiguration(backgroundRefreshEnabled: false))
+        var harness = MachineHarness.awaitingStore(ProviderConfiguration(backgroundRefreshEnabled: false))
         harness.start()
         harness.loadFleetRecord(nil)
         #expect(harness.fetchesStarted == 0)
@@ -207,7 +196,7 @@ extension MachineHarness {
     }
 
     @Test func anExpiredRecordIsIgnoredEvenWithoutAToken() {
-        var harness = MachineHarness.withFleetStore()
+        var harness = MachineHarness.awaitingStore()
         harness.start()
         harness.loadFleetRecord(nil)
         harness.fail()
@@ -230,7 +219,7 @@ extension MachineHarness {
     }
 
     @Test func aRecordIsIgnoredWhileTheStoresRecordIsRead() {
-        var harness = MachineHarness.withFleetStore()
+        var harness = MachineHarness.awaitingStore()
         harness.start()
         let waiter = harness.wait(after: nil, for: .seconds(30))
         harness.arrive(fleetRecord(version: 5))
@@ -263,7 +252,7 @@ extension MachineHarness {
     }
 
     @Test func aRecordEndsTheFailuresAndTheLastError() {
-        var harness = MachineHarness.withFleetStore()
+        var harness = MachineHarness.awaitingStore()
         harness.start()
         harness.loadFleetRecord(nil)
         harness.fail(.serverError("boom", httpStatus: 503))
@@ -297,7 +286,7 @@ extension MachineHarness {
     // MARK: - fetchSucceeded(record:)
 
     @Test func aFetchThroughTheFleetEndsWithTheRecordsVersionAndDates() {
-        var harness = MachineHarness.withFleetStore()
+        var harness = MachineHarness.awaitingStore()
         harness.start()
         let waiter = harness.wait(after: nil, for: .seconds(30))
         harness.loadFleetRecord(nil)
@@ -394,7 +383,7 @@ extension MachineHarness {
     }
 
     @Test func aRecordNewerThanEverythingKeepsItsVersion() {
-        var harness = MachineHarness.withFleetStore()
+        var harness = MachineHarness.awaitingStore()
         harness.start()
         harness.loadFleetRecord(nil)
         harness.fleetFetchBrought(fleetRecord(version: 41))

@@ -20,16 +20,6 @@ private func record(
 }
 
 extension MachineHarness {
-    /// A harness whose machine has a store: it waits for `storeLoaded` before any fetch.
-    fileprivate static func awaitingStore(
-        _ configuration: ProviderConfiguration = ProviderConfiguration(tokenRefreshDelaySec: 300),
-        jitter: Jitter = .fixed(0.5)
-    ) -> MachineHarness {
-        var harness = MachineHarness(configuration, jitter: jitter)
-        harness.machine = Machine(configuration: configuration, now: harness.now, jitter: jitter, awaitingStore: true)
-        return harness
-    }
-
     /// The wall-clock time of the current instant.
     fileprivate var wallTime: WallTime { wallZero.addingTimeInterval(now.offset.inSeconds) }
 

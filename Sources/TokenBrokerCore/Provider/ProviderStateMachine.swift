@@ -263,11 +263,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     public mutating func fetchSucceeded(_ token: FetchedToken, fetch: UInt64? = nil, now: Instant, wallTime: WallTime)
         -> [Action]
     {
-        guard isCurrent(fetch) else { return [] }
-        isFetching = false
-        fetchDeadline = nil
-        failures = 0
-        lastError = nil
+        guard endFetch(fetch, succeeded: true) else { return [] }
         let expiresAt = token.lifetime.map { now.advanced(by: $0) }
         let accepted: Token
         if var same = cached, same.token.accessToken == token.accessToken {
@@ -298,11 +294,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     public mutating func fetchSucceeded(record: StoredToken, fetch: UInt64? = nil, now: Instant, wallTime: WallTime)
         -> [Action]
     {
-        guard isCurrent(fetch) else { return [] }
-        isFetching = false
-        fetchDeadline = nil
-        failures = 0
-        lastError = nil
+        guard endFetch(fetch, succeeded: true) else { return [] }
         return adopt(record, now: now, wallTime: wallTime, answeringFetch: true)
     }
 
@@ -402,9 +394,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     /// - Parameter fetch: as for `fetchSucceeded`: a failure of another fetch than the one in
     ///   flight is ignored.
     public mutating func fetchFailed(_ error: TokenFetchError, fetch: UInt64? = nil, now: Instant) -> [Action] {
-        guard isCurrent(fetch) else { return [] }
-        isFetching = false
-        fetchDeadline = nil
+        guard endFetch(fetch, succeeded: false) else { return [] }
         failures += 1
         lastError = error
         var actions: [Action] = []
@@ -554,6 +544,19 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         fetchNumber += 1
         fetchDeadline = now.advanced(by: fetchTimeout)
         return [.startFetch]
+    }
+
+    /// Ends fetch `number` (nil: the one in flight), succeeded or not; false when it is not the
+    /// one the machine waits for, whose result is then ignored.
+    private mutating func endFetch(_ number: UInt64?, succeeded: Bool) -> Bool {
+        guard isCurrent(number) else { return false }
+        isFetching = false
+        fetchDeadline = nil
+        if succeeded {
+            failures = 0
+            lastError = nil
+        }
+        return true
     }
 
     /// Whether a result of fetch `number` is the one the machine waits for (nil: whichever is).

@@ -25,6 +25,17 @@ struct MachineHarness {
         machine = Machine(configuration: configuration, now: now, jitter: jitter)
     }
 
+    /// A harness whose machine has a store, as a provider with one makes it: it waits for
+    /// `storeLoaded` before any fetch.
+    static func awaitingStore(
+        _ configuration: ProviderConfiguration = ProviderConfiguration(tokenRefreshDelaySec: 300),
+        jitter: Jitter = .fixed(0.5)
+    ) -> MachineHarness {
+        var harness = MachineHarness(configuration, jitter: jitter)
+        harness.machine = Machine(configuration: configuration, now: harness.now, jitter: jitter, awaitingStore: true)
+        return harness
+    }
+
     mutating func record(_ actions: [Machine.Action]) {
         for action in actions {
             switch action {
