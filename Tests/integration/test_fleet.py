@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -493,6 +494,29 @@ def test_the_window_of_forced_refreshes_is_counted_for_the_fleet(issuer, fleet):
     assert status == 429, (status, body)
     assert json.loads(body)["error"] == "excessive_refresh"
     assert issuer.requests() == before
+
+
+def test_the_readmes_acl_is_all_a_broker_needs(issuer, redis, fleet, tmp_path):
+    """The README's `ACL SETUSER` line, as written there, for a user the brokers log in as: the
+    fleet coordinates (fetches for the fleet, one per refresh) and no broker says Redis is out of
+    reach; the scripts' commands are checked against that ACL too."""
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
+    line = next(text for text in readme.splitlines() if text.startswith("ACL SETUSER token-broker "))
+    password = secrets.token_urlsafe(24)
+    SEEN.add(password)
+    assert redis.command("ACL", "SETUSER", *line.replace(">PASSWORD", ">" + password).split()[2:]) == "OK"
+    password_file = tmp_path / "redis-password"
+    password_file.write_text(password + "\n")
+    password_file.chmod(0o600)
+    brokers = fleet(3, username="token-broker", passwordFile=str(password_file))
+    current = refreshed(brokers, token(brokers[0])["version"])["version"]
+    before = issuer.requests()
+    refreshed(brokers, current)
+    assert issuer.requests() - before == 1, fetched_lines(brokers)
+    assert total(brokers, "token_broker_store_fetches_total", **{"for": "fleet"}) >= 2
+    assert total(brokers, "token_broker_store_fetches_total", **{"for": "alone"}) == 0
+    assert all(readyz(broker)[1]["store"] == {"type": "redis", "degraded": False} for broker in brokers)
+    assert not any(lines(broker, "token store out of reach; fetching alone until it answers") for broker in brokers)
 
 
 # A lease holder that dies
