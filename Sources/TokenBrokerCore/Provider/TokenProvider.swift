@@ -36,6 +36,8 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     private let events: ProviderEvents
     /// Where the token is kept across restarts, read once at start and written after each fetch.
     private let store: StoreSlot?
+    /// `store`'s store when brokers share it: fetches then go through it, and its records arrive.
+    private let shared: (any SharedTokenStore)?
     private let wallClock: @Sendable () -> WallTime
     private let state: Lock<State>
 
@@ -82,6 +84,7 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         self.clock = clock
         self.events = events
         self.store = store
+        shared = store?.store as? any SharedTokenStore
         state = Lock(
             State(
                 machine: Machine(
@@ -97,7 +100,7 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         apply(ifShutDown: ()) { machine, now in ((), machine.start(now: now)) }
         if let store { await loadStoredToken(store) }
         let watching = store.flatMap { slot in
-            (slot.store as? any SharedTokenStore).map { shared in
+            shared.map { shared in
                 (
                     shared, slot.key,
                     shared.watch(slot.key, settings: slot.settings) { [weak self] record, forced in
@@ -464,7 +467,7 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     /// keeps the new token.
     private func fetchOnce(_ number: UInt64) async {
         let result: FetchResult
-        if let store, let shared = store.store as? any SharedTokenStore {
+        if let store, let shared {
             let (current, forced) = state.withLock { ($0.machine.cached?.version ?? 0, $0.machine.fetchIsForced) }
             let source = source
             switch await shared.fetchForFleet(
