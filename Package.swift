@@ -76,7 +76,9 @@ let package = Package(
         .systemLibrary(name: "CSystem"),
         .target(name: "TokenBrokerCore", swiftSettings: optimized),
         .target(name: "TokenBrokerCrypto", dependencies: ["TokenBrokerCore", "COpenSSL"], swiftSettings: optimized),
-        .target(name: "TokenBrokerUpstream", dependencies: ["TokenBrokerCore", "CCurl"], swiftSettings: optimized),
+        .target(
+            name: "TokenBrokerUpstream", dependencies: ["TokenBrokerCore", "CCurl", "CSystem"], swiftSettings: optimized
+        ),
         .target(
             name: "TokenBrokerSources",
             dependencies: ["TokenBrokerCore", "TokenBrokerCrypto", "TokenBrokerUpstream", "COpenSSL"],

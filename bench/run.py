@@ -175,9 +175,9 @@ def http_post(address, path, body=b""):
 
 # ---------------------------------------------------------------------------- 1. cached GET /token
 
-def wrk(address, seconds, path="/token", headers=(GUARD,)):
-    flags = [flag for header in headers for flag in ("-H", header)]
-    output = subprocess.run(["wrk", "-t2", "-c64", f"-d{seconds}s", "--latency", *flags, f"http://{address}{path}"],
+def wrk(address, seconds, path="/token", headers=(GUARD,), connections=64, script=None):
+    flags = [flag for header in headers for flag in ("-H", header)] + (["-s", script] if script else [])
+    output = subprocess.run(["wrk", "-t2", f"-c{connections}", f"-d{seconds}s", "--latency", *flags, f"http://{address}{path}"],
                             capture_output=True, text=True, timeout=seconds + 30).stdout
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1))
     requests = int(re.search(r"(\d+) requests in", output).group(1))
@@ -187,8 +187,10 @@ def wrk(address, seconds, path="/token", headers=(GUARD,)):
         value, unit = re.search(rf"\s{label}%\s+([\d.]+)(us|ms|s)", output).groups()
         return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
 
+    sockets = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", output)
     return {"rps": rps, "requests": requests, "p50_ms": latency("50"), "p99_ms": latency("99"),
-            "non_2xx": int(errors.group(1)) if errors else 0}
+            "non_2xx": int(errors.group(1)) if errors else 0,
+            "socket_errors": sum(int(n) for n in sockets.groups()) if sockets else 0}
 
 
 def cached_token(rounds, seconds, c_binary):
@@ -513,6 +515,186 @@ def compat_answers(rounds, seconds):
     return {"rounds": results, "median": summary, "rps_ratio": ratios}
 
 
+# ---------------------------------------------------------------------------- 9. proxy mode
+
+PROXY_CASES = {
+    # name: (path on the upstream, wrk connections, method script or None)
+    "small GET": ("/x", 64, None),
+    "64 KiB answer": ("/big", 64, None),
+    "64 KiB POST": ("/post", 64, "post64k.lua"),
+    "slow upstream (10 ms), 256 connections": ("/slow", 256, None),
+}
+
+
+class ProxyUpstream:
+    """The upstream both proxies forward to: nginx, one worker. `/x` answers 2 bytes, `/big` a
+    64 KiB file, `/post` takes any body and answers 2 bytes, `/slow` answers after 10 ms (the echo
+    module's timer, which holds no worker). `/status` on a second port counts accepted connections."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="tb-upstream-")
+        os.chmod(self.dir, 0o755)  # nginx's worker may run as another user, and reads www/
+        os.makedirs(os.path.join(self.dir, "www"))
+        with open(os.path.join(self.dir, "www", "big"), "wb") as handle:
+            handle.write(b"b" * 65536)
+        port, status = free_port(), free_port()
+        conf = os.path.join(self.dir, "nginx.conf")
+        with open(conf, "w") as handle:
+            handle.write(f"""load_module /usr/lib/nginx/modules/ngx_http_echo_module.so;
+worker_processes 1;
+pid {self.dir}/nginx.pid;
+error_log {self.dir}/error.log;
+daemon off;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  client_body_temp_path {self.dir}/body;
+  client_body_buffer_size 128k;
+  client_max_body_size 1m;
+  keepalive_requests 1000000;
+  server {{
+    listen 127.0.0.1:{port} backlog=4096;
+    root {self.dir}/www;
+    location = /x {{ return 200 'ok'; }}
+    location = /big {{ }}
+    location = /post {{ return 200 'ok'; }}
+    location = /slow {{ echo_sleep 0.01; echo ok; }}
+  }}
+  server {{
+    listen 127.0.0.1:{status};
+    location = /status {{ stub_status; }}
+  }}
+}}
+""")
+        self.process = subprocess.Popen(["nginx", "-c", conf, "-p", self.dir])
+        self.address = f"127.0.0.1:{port}"
+        self.status_address = f"127.0.0.1:{status}"
+        wait_for_port(port)
+        wait_for_port(status)
+
+    def accepted(self):
+        """Connections the upstream accepted so far, on both ports (the caller subtracts its own)."""
+        _, body = request(self.status_address, "GET", "/status")
+        return int(body.decode().splitlines()[2].split()[0])
+
+    def stop(self):
+        self.process.send_signal(signal.SIGQUIT)
+        self.process.wait(15)
+
+
+class NginxProxy:
+    """nginx `proxy_pass` to the upstream with the token put in, one worker, upstream keep-alive 64:
+    the configuration the issue measured against. Bodies up to 128 KiB stay in memory both ways."""
+
+    def __init__(self, upstream, token):
+        self.dir = tempfile.mkdtemp(prefix="tb-nginx-proxy-")
+        port = free_port()
+        self.config = f"""worker_processes 1;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  keepalive_requests 1000000;
+  client_body_buffer_size 128k;
+  client_max_body_size 1m;
+  upstream target {{ server {upstream.address}; keepalive 64; keepalive_requests 1000000; }}
+  server {{
+    listen 127.0.0.1:{port} backlog=4096;
+    location /proxy/u/ {{
+      proxy_pass http://target/;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header Authorization "Bearer {token}";
+      proxy_buffers 32 8k;
+    }}
+  }}
+}}
+"""
+        conf = os.path.join(self.dir, "nginx.conf")
+        with open(conf, "w") as handle:
+            handle.write(f"pid {self.dir}/nginx.pid;\nerror_log {self.dir}/error.log;\ndaemon off;\n" + self.config
+                         .replace("http {", f"http {{\n  client_body_temp_path {self.dir}/body;\n  proxy_temp_path {self.dir}/proxy;", 1))
+        self.process = subprocess.Popen(["nginx", "-c", conf, "-p", self.dir])
+        self.token = f"127.0.0.1:{port}"
+        wait_for_port(port)
+
+    def pids(self):
+        children = subprocess.run(["pgrep", "-P", str(self.process.pid)], capture_output=True, text=True).stdout.split()
+        return [self.process.pid] + [int(p) for p in children]
+
+    def stop(self):
+        self.process.send_signal(signal.SIGQUIT)
+        self.process.wait(15)
+
+
+def threads(pid):
+    with open(f"/proc/{pid}/status") as handle:
+        return int(re.search(r"Threads:\s+(\d+)", handle.read()).group(1))
+
+
+def proxy_mode(rounds, seconds, cases=None):
+    """`/proxy/u/...` against nginx `proxy_pass` to the same upstream, alternated round by round
+    (the order flips each round), for each case: req/s, p50/p99, CPU per request of the proxy,
+    the upstream connections it opened, and (the broker) its peak thread count."""
+    work = tempfile.mkdtemp(prefix="tb-proxy-")
+    script = os.path.join(work, "post64k.lua")
+    with open(script, "w") as handle:
+        handle.write('wrk.method = "POST"\nwrk.body = string.rep("p", 65536)\n'
+                     'wrk.headers["Content-Type"] = "application/octet-stream"\n')
+    upstream = ProxyUpstream()
+    broker = Broker({"proxies": [{"name": "u", "target": "http://" + upstream.address}]})
+    status, body = http_get(broker.token, "/token")
+    assert status == 200, status
+    token = json.loads(body)["access_token"]
+    nginx = NginxProxy(upstream, token)
+    proxies = {"token-broker": (broker, lambda: [broker.pid]), "nginx": (nginx, nginx.pids)}
+    cases = {name: PROXY_CASES[name] for name in (cases or PROXY_CASES)}
+    results = {case: {name: [] for name in proxies} for case in cases}
+    try:
+        for name, (server, _) in proxies.items():  # each answers every case before it is measured
+            for path, _, method in cases.values():
+                status, _ = request(server.token, "POST" if method else "GET", "/proxy/u" + path,
+                                    {"Token-Broker-Request": "true"}, b"p" * 65536 if method else None)
+                assert status == 200, (name, path, status)
+        for index in range(rounds):
+            for case, (path, connections, method) in cases.items():
+                order = list(proxies) if index % 2 == 0 else list(reversed(proxies))
+                for name in order:
+                    server, pids = proxies[name]
+                    peak = [0]
+                    done = threading.Event()
+
+                    def watch():
+                        while not done.wait(0.2):
+                            peak[0] = max(peak[0], threads(broker.pid))
+
+                    watcher = threading.Thread(target=watch) if name == "token-broker" else None
+                    if watcher:
+                        watcher.start()
+                    accepted = upstream.accepted()
+                    before = cpu_seconds(pids())
+                    run = wrk(server.token, seconds, "/proxy/u" + path, (GUARD,),
+                              connections=connections, script=script if method else None)
+                    run["cpu_us_per_request"] = (cpu_seconds(pids()) - before) * 1e6 / max(run["requests"], 1)
+                    run["upstream_connections"] = upstream.accepted() - accepted - 1  # less the status query
+                    done.set()
+                    if watcher:
+                        watcher.join()
+                        run["peak_threads"] = peak[0]
+                    results[case][name].append(run)
+                    time.sleep(1)
+    finally:
+        broker.stop()
+        nginx.stop()
+        upstream.stop()
+    summary, ratios = {}, {}
+    for case, runs in results.items():
+        summary[case] = {name: {key: statistics.median(r[key] for r in rows) for key in rows[0]} for name, rows in runs.items()}
+        rps = [b["rps"] / n["rps"] for b, n in zip(runs["token-broker"], runs["nginx"])]
+        p99 = [b["p99_ms"] / n["p99_ms"] for b, n in zip(runs["token-broker"], runs["nginx"])]
+        ratios[case] = {"rps_per_round": rps, "rps": statistics.median(rps), "p99_per_round": p99, "p99": statistics.median(p99)}
+    return {"rounds": results, "median": summary, "ratios": ratios, "nginx_config": nginx.config}
+
+
 # ---------------------------------------------------------------------------- 8. the token store
 
 class Redis(Server):
@@ -719,6 +901,15 @@ def markdown(results):
         lines.append(f"| token store | Redis ÷ memory store req/s (median of rounds; each round) | {ratio['median']:.2f} ({', '.join(f'{v:.2f}' for v in ratio['per_round'])}) | ≥ 0.95 | {'yes' if ratio['median'] >= 0.95 else 'no'} |")
         for size, fleet in st["fleets"].items():
             lines.append(f"| token store, fleet of {size} | upstream fetches in {fleet['seconds']} s of {fleet['lifetime_s']} s tokens (about {fleet['refreshes_expected']} refreshes) | {fleet['upstream_fetches']} ({fleet['fetches_per_refresh']:.2f} per refresh) | 1 per refresh | {'yes' if fleet['fetches_per_refresh'] <= 1.25 else 'no'} |")
+    px = results.get("proxy")
+    if px:
+        for case, servers in px["median"].items():
+            for name, m in servers.items():
+                threads = f"; {m['peak_threads']:.0f} threads at most" if "peak_threads" in m else ""
+                lines.append(f"| proxy, {case}, {name} | req/s; p50 / p99; CPU per request; upstream connections opened{threads} | {m['rps']:,.0f}; {m['p50_ms']:.2f} / {m['p99_ms']:.2f} ms; {m['cpu_us_per_request']:.1f} µs; {m['upstream_connections']:.0f} | | |")
+            r = px["ratios"][case]
+            lines.append(f"| proxy, {case} | token-broker ÷ nginx req/s (median of rounds; each round) | {r['rps']:.2f} ({', '.join(f'{v:.2f}' for v in r['rps_per_round'])}) | ≥ 0.8 | {'yes' if r['rps'] >= 0.8 else 'no'} |")
+            lines.append(f"| proxy, {case} | token-broker ÷ nginx p99 (median of rounds) | {r['p99']:.2f} | ≤ 1.5 | {'yes' if r['p99'] <= 1.5 else 'no'} |")
     h = ma["healthy"]
     lines.append(f"| manners, healthy issuer | fetches in {h['seconds']} s with 30 s tokens (rule: {h['expected'][0]}–{h['expected'][1]}) | {h['upstream_fetches']} | rule ± 1 | {'yes' if h['within_rule'] else 'no'} |")
     f = ma["failing"]
@@ -740,7 +931,9 @@ def main():
     parser.add_argument("--footprint-floor", default=os.path.join(ROOT, ".build/bench/footprint-floor"))
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     parser.add_argument("--children", type=int, default=1000)
-    parser.add_argument("--only", choices=["cached", "longpoll", "templates", "compat", "store"], help="run one benchmark and print its JSON (for profiling work)")
+    parser.add_argument("--proxy-case", dest="proxy_cases", action="append", choices=list(PROXY_CASES),
+                        help="with --only proxy: measure only this case (repeatable)")
+    parser.add_argument("--only", choices=["cached", "longpoll", "templates", "compat", "store", "proxy"], help="run one benchmark and print its JSON (for profiling work)")
     options = parser.parse_args()
     if options.only == "cached":
         print(json.dumps(cached_token(options.rounds, options.seconds, options.c_server)["median"], indent=1))
@@ -751,6 +944,10 @@ def main():
     if options.only == "store":
         result = token_store(options.rounds, options.seconds)
         print(json.dumps({"median": result["median"], "rps_ratio": result["rps_ratio"], "fleets": result["fleets"]}, indent=1))
+        return
+    if options.only == "proxy":
+        result = proxy_mode(options.rounds, options.seconds, options.proxy_cases)
+        print(json.dumps({"median": result["median"], "ratios": result["ratios"]}, indent=1))
         return
     if options.only == "compat":
         result = compat_answers(options.rounds, options.seconds)
@@ -768,13 +965,13 @@ def main():
     os.makedirs(options.out, exist_ok=True)
 
     results = {"machine": {"cpus": os.cpu_count(), "kernel": os.uname().release}}
-    print("1/8 cached GET /token ...", flush=True)
+    print("1/9 cached GET /token ...", flush=True)
     results["cached_token"] = cached_token(options.rounds, options.seconds, options.c_server)
-    print("2/8 long-poll scale ...", flush=True)
+    print("2/9 long-poll scale ...", flush=True)
     results["long_poll"] = long_poll(options.waiters, options.bursts, options.longpoll_client, floors)
-    print("3/8 coalescing ...", flush=True)
+    print("3/9 coalescing ...", flush=True)
     results["coalescing"] = coalescing()
-    print("4/8 footprint ...", flush=True)
+    print("4/9 footprint ...", flush=True)
     runs, floor = [], []
     for _ in range(5):  # alternated: the broker, then the floor program
         runs.append(startup.one_run(BINARY))
@@ -791,14 +988,16 @@ def main():
                             "floor_rss_mib": median_mib(floor, 0), "floor_anon_mib": median_mib(floor, 1), "floor_file_mib": median_mib(floor, 2),
                             "binary_mb": os.path.getsize(BINARY) / 1e6, "stripped_mb": os.path.getsize(stripped) / 1e6,
                             "c_server_idle_rss_mib": c_rss}
-    print(f"5/8 manners ({options.manners_seconds} s healthy, 19 s failing) ...", flush=True)
+    print(f"5/9 manners ({options.manners_seconds} s healthy, 19 s failing) ...", flush=True)
     results["manners"] = manners(options.manners_seconds)
-    print(f"6/8 template children ({options.children}) ...", flush=True)
+    print(f"6/9 template children ({options.children}) ...", flush=True)
     results["template_children"] = template_children(options.rounds, options.seconds, options.children)
-    print("7/8 compatibility answers ...", flush=True)
+    print("7/9 compatibility answers ...", flush=True)
     results["compat"] = compat_answers(options.rounds, options.seconds)
-    print("8/8 token store (Redis against memory; fleets of 1, 5, 20) ...", flush=True)
+    print("8/9 token store (Redis against memory; fleets of 1, 5, 20) ...", flush=True)
     results["token_store"] = token_store(options.rounds, options.seconds)
+    print("9/9 proxy mode against nginx proxy_pass ...", flush=True)
+    results["proxy"] = proxy_mode(options.rounds, options.seconds)
 
     plot(results["long_poll"], os.path.join(options.out, "rss.png"))
     plot_wakeups(results["long_poll"], os.path.join(options.out, "wakeups.png"))

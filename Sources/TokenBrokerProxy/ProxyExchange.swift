@@ -151,22 +151,35 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
 
     // MARK: - The upstream's answer (on the upstream client's thread)
 
-    func upstreamHead(status: Int, headers: [(String, String)], length: Int64?) -> Bool {
+    func upstreamHead(
+        status: Int, headers: [(String, String)], length: Int64?, body first: UnsafeRawBufferPointer, complete: Bool
+    ) -> Bool {
         let settings = route.configuration
         let refused =
             settings.retryOn.contains(status)
             && (settings.retryOnHeader.map { headers.contains(named: $0) } ?? true)
         let attempt = state.withLock { $0.attempt }
         if refused, attempt == 1, replayable {
-            state.withLock { $0.mode = .collecting(status: status, headers: headers, body: []) }
+            let kept = Array(first.prefix(Self.rejectedBodyLimit))
+            state.withLock { $0.mode = .collecting(status: status, headers: headers, body: kept) }
+            return true
+        }
+        let bodyless = method == "HEAD" || status == 204 || status == 304 || status < 200
+        if complete, !bodyless {
+            // The whole answer came at once: it goes out as one buffer, with no stream between.
+            state.withLock { $0.mode = .done }
+            respond(HTTPResponse(status: status, body: Array(first), headers: ProxyHeaders.back(headers)))
             return true
         }
         let stream = HTTPResponseStream { [weak self] in self?.state.withLock { $0.upstream }?.resumeReceiving() }
-        let bodyless = method == "HEAD" || status == 204 || status == 304 || status < 200
         let response = HTTPResponse(
             status: status, headers: ProxyHeaders.back(headers), stream: stream,
             length: status == 204 || status == 304 || status < 200 ? 0 : length.map { UInt64($0) })
-        if bodyless && method != "HEAD" { stream.finish() }
+        if bodyless && method != "HEAD" {
+            stream.finish()
+        } else if first.count > 0 {
+            _ = stream.write(first)  // an empty stream takes any first write whole
+        }
         state.withLock { $0.mode = .streaming(stream) }
         respond(response)
         return true

@@ -21,8 +21,12 @@ public enum ProxyHeaders {
         _ headers: [(String, String)], token: String, injection: ProxyConfiguration.Injection, overwrite: Bool,
         cookieName: String, callerKeyInAuthorization: Bool
     ) -> [(String, String)] {
-        let dropped = droppedNames(headers).union(["host", "content-length", "expect", "token-broker-request"])
-        var out = headers.filter { !dropped.contains($0.0.lowercased()) && !isProxyHeader($0.0) }
+        let named = namedByConnection(headers)
+        var out = headers.filter { header in
+            let name = header.0.lowercased()
+            return !hopByHop.contains(name) && !notForwarded.contains(name) && !named.contains(name)
+                && !isProxyHeader(name)
+        }
         if callerKeyInAuthorization { out.removeAll(named: "Authorization") }
         switch injection {
         case .authorization:
@@ -38,9 +42,17 @@ public enum ProxyHeaders {
     /// The answer's headers to pass back to the client. `Content-Length` and `Date` are left to
     /// the broker's server, which sets them for what it actually sends.
     public static func back(_ headers: [(String, String)]) -> [(String, String)] {
-        let dropped = droppedNames(headers).union(["content-length", "date"])
-        return headers.filter { !dropped.contains($0.0.lowercased()) }
+        let named = namedByConnection(headers)
+        return headers.filter { header in
+            let name = header.0.lowercased()
+            return !hopByHop.contains(name) && !notReturned.contains(name) && !named.contains(name)
+        }
     }
+
+    /// Set by the client library toward the upstream, or the broker's own.
+    private static let notForwarded: Set<String> = ["host", "content-length", "expect", "token-broker-request"]
+    /// Set by the broker's server for what it actually sends.
+    private static let notReturned: Set<String> = ["content-length", "date"]
 
     /// `Proxy` and `Proxy-*` are meant for the broker as a proxy, never for the target; `Proxy`
     /// in particular becomes `HTTP_PROXY` in CGI-style servers (httpoxy, CVE-2016-5385).
@@ -49,9 +61,9 @@ public enum ProxyHeaders {
         return lower == "proxy" || lower.hasPrefix("proxy-")
     }
 
-    /// Hop-by-hop names, and every name listed in `Connection`.
-    private static func droppedNames(_ headers: [(String, String)]) -> Set<String> {
-        var names = hopByHop
+    /// Every name listed in `Connection` (lower case); usually none, and then nothing is built.
+    private static func namedByConnection(_ headers: [(String, String)]) -> Set<String> {
+        var names: Set<String> = []
         for (name, value) in headers where name.equalsIgnoringASCIICase("Connection") {
             for option in value.split(separator: ",") {
                 names.insert(option.trimmingCharacters(in: " \t").lowercased())

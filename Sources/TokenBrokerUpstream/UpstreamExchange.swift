@@ -15,27 +15,35 @@ public final class UpstreamExchange: @unchecked Sendable {
     let delegate: any UpstreamExchangeDelegate
     /// Set on the curl thread when the delegate refused the head.
     var stoppedOnPurpose = false
+    /// The loop it runs on, chosen when it is made so that every command finds it; nil when the
+    /// client is not running (then `start` fails it at once).
+    let loop: CurlLoop?
 
     public init(request: UpstreamRequest, streamsBody: Bool, bodyLength: Int?, delegate: any UpstreamExchangeDelegate) {
         self.request = request
         self.streamsBody = streamsBody
         self.bodyLength = bodyLength
         self.delegate = delegate
+        loop = UpstreamHTTPClient.shared.nextLoop()
     }
 
     /// Call after `upstreamBody` returned false, once there is room again.
-    public func resumeReceiving() { UpstreamHTTPClient.shared.post(.resumeReceiving, for: self) }
+    public func resumeReceiving() { loop?.post(.resumeReceiving, for: self) }
     /// Call after `upstreamReadBody` said `.wait`, once there are bytes.
-    public func resumeSending() { UpstreamHTTPClient.shared.post(.resumeSending, for: self) }
+    public func resumeSending() { loop?.post(.resumeSending, for: self) }
     /// Stops the exchange; `upstreamFinished` follows.
-    public func cancel() { UpstreamHTTPClient.shared.post(.cancel, for: self) }
+    public func cancel() { loop?.post(.cancel, for: self) }
 }
 
 /// Receives a streamed exchange's answer and supplies its streamed body.
 public protocol UpstreamExchangeDelegate: AnyObject, Sendable {
-    /// The final answer's status and headers (in order, names as sent). Return false to stop the
-    /// exchange without reading the body.
-    func upstreamHead(status: Int, headers: [(String, String)], length: Int64?) -> Bool
+    /// The final answer's status and headers (in order, names as sent), with the part of its body
+    /// that came with them (at most `CurlLoop.heldBodyLimit` bytes). When `complete`, that is
+    /// the whole answer, and `upstreamFinished(nil)` is all that follows. Return false to stop
+    /// the exchange without reading the rest of the body.
+    func upstreamHead(
+        status: Int, headers: [(String, String)], length: Int64?, body: UnsafeRawBufferPointer, complete: Bool
+    ) -> Bool
     /// A piece of the body. Return false, taking nothing, to pause until `resumeReceiving`.
     func upstreamBody(_ bytes: UnsafeRawBufferPointer) -> Bool
     /// The exchange ended: nil when the whole answer came, else why not.

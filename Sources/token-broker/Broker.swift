@@ -160,7 +160,10 @@ enum Broker {
                 case .jwt, .file: false
                 }
             }
-        return needed ? UpstreamHTTPClient.shared.startFailure : nil
+        guard needed else { return nil }
+        // Proxied traffic is spread over one libcurl loop per processor.
+        return configuration.proxies.isEmpty
+            ? UpstreamHTTPClient.shared.startFailure : UpstreamHTTPClient.shared.startProxyLoops()
     }
 
     /// Logs each local signer: its provider, algorithm, key id and key file.

@@ -1,0 +1,600 @@
+internal import CCurl
+internal import CSystem
+import Glibc
+import TokenBrokerCore
+
+/// One `curl_multi` loop on a thread of its own: the transfers given to it, from the easy
+/// handle's set-up to the answer handed over.
+///
+/// The loop waits in an epoll set of its own, holding the sockets libcurl asks it to watch
+/// (`CURLMOPT_SOCKETFUNCTION`) and an eventfd that other threads write to wake it, and tells
+/// libcurl which socket is ready (`curl_multi_socket_action`) or that its timer is due
+/// (`curl_multi_timeout`). A turn costs what happened in it, not the number of
+/// connections open: neither the kernel nor libcurl looks at the idle ones.
+///
+/// Other threads only queue work (a transfer, a command for a running exchange, a transfer whose
+/// caller gave up) and wake the loop, and only when the list they add to was empty: a loop that
+/// has not yet taken what was there will take theirs in the same turn, so one wake-up serves a
+/// burst of requests.
+///
+/// A streamed answer's head is held until the end of the turn in which it came, with the bytes
+/// of body that came in that turn: an answer that came whole in one turn is handed over whole,
+/// and a longer one starts streaming at the end of its first turn, never later.
+///
+/// Locks: `queue`, `abandoned` and `commands` are each taken alone, never one inside another.
+// Unchecked: `multi` and `thread` are set in `init` and `start`, before any other thread sees the
+// loop; everything else that changes is behind a lock or touched by the loop's thread alone.
+final class CurlLoop: @unchecked Sendable {
+    enum Command { case resumeReceiving, resumeSending, cancel }
+
+    let multi: UnsafeMutableRawPointer
+    private let epoll: Int32
+    private let wakeup: Int32
+    private let queue = Lock<[Transfer]>([])
+    /// Buffered requests whose caller gave up: stopped at the loop's next turn.
+    private let abandoned = Lock<[Transfer]>([])
+    /// Work on exchanges already running: unpause, or cancel.
+    private let commands = Lock<[(UpstreamExchange, Command)]>([])
+    private var thread = pthread_t()
+
+    // The loop thread's own state.
+    private var active: [UnsafeMutableRawPointer: Transfer] = [:]
+    private var streamed: [ObjectIdentifier: Transfer] = [:]
+    /// Streamed transfers whose head came in this turn and waits for its end.
+    fileprivate var heldHeads: [Transfer] = []
+    /// The most body held with a head before the head is handed over anyway.
+    static let heldBodyLimit = 64 * 1024
+    /// The sockets in the epoll set, with the events asked for each.
+    fileprivate var watched: [Int32: UInt32] = [:]
+
+    /// Nil when libcurl could not make a multi handle, or the kernel an epoll set or an eventfd;
+    /// `problem` says which.
+    init?(problem: inout String) {
+        let epoll = epoll_create1(Int32(EPOLL_CLOEXEC))
+        guard epoll >= 0 else {
+            problem = "cannot create the HTTP client's epoll set: \(String(cString: strerror(errno)))"
+            return nil
+        }
+        let wakeup = eventfd(0, Int32(EFD_CLOEXEC | EFD_NONBLOCK))
+        var event = epoll_event()
+        event.events = EPOLLIN.rawValue
+        event.data.fd = wakeup
+        guard wakeup >= 0, epoll_ctl(epoll, EPOLL_CTL_ADD, wakeup, &event) == 0 else {
+            problem = "cannot create the HTTP client's wake-up: \(String(cString: strerror(errno)))"
+            if wakeup >= 0 { close(wakeup) }
+            close(epoll)
+            return nil
+        }
+        guard let multi = curl_multi_init() else {
+            problem = "libcurl could not create its multi handle"
+            close(wakeup)
+            close(epoll)
+            return nil
+        }
+        self.multi = multi
+        self.epoll = epoll
+        self.wakeup = wakeup
+        // Idle connections kept for reuse: libcurl's default follows the handles added at the
+        // time, and closes connections a busy proxy would have reused a moment later.
+        var ok = CCurl_multi_setopt_long(multi, CURLMOPT_MAXCONNECTS, 256) == CURLM_OK
+        let context = Unmanaged.passUnretained(self).toOpaque()
+        ok = ok && CCurl_multi_setopt_socket_function(multi, socketCallback) == CURLM_OK
+        ok = ok && CCurl_multi_setopt_pointer(multi, CURLMOPT_SOCKETDATA, context) == CURLM_OK
+        guard ok else {
+            problem = "libcurl refused the multi handle's callbacks"
+            curl_multi_cleanup(multi)
+            close(wakeup)
+            close(epoll)
+            return nil
+        }
+    }
+
+    /// Starts the loop's thread; returns why it could not, or nil.
+    func start() -> String? {
+        let context = Unmanaged.passRetained(self).toOpaque()
+        let status = pthread_create(
+            &thread, nil,
+            { context in
+                Unmanaged<CurlLoop>.fromOpaque(context!).takeRetainedValue().run()
+                return nil
+            }, context)
+        guard status != 0 else { return nil }
+        Unmanaged<CurlLoop>.fromOpaque(context).release()
+        return "cannot start the HTTP client's thread: \(String(cString: strerror(status)))"
+    }
+
+    // MARK: - From any thread
+
+    func enqueue(_ transfer: Transfer) { add(transfer, to: queue) }
+
+    func abandon(_ transfer: Transfer) { add(transfer, to: abandoned) }
+
+    func post(_ command: Command, for exchange: UpstreamExchange) { add((exchange, command), to: commands) }
+
+    private func add<Item>(_ item: Item, to list: Lock<[Item]>) {
+        let wasEmpty = list.withLock { items in
+            items.append(item)
+            return items.count == 1
+        }
+        if wasEmpty { wake() }
+    }
+
+    private func wake() {
+        var one: UInt64 = 1
+        // EAGAIN means the counter is already set, which wakes the loop as well.
+        _ = write(wakeup, &one, 8)
+    }
+
+    // MARK: - The loop's thread
+
+    private func run() {
+        var events = [epoll_event](repeating: epoll_event(), count: 64)
+        while true {
+            for transfer in take(queue) { begin(transfer) }
+            for (exchange, command) in take(commands) {
+                guard let transfer = streamed[ObjectIdentifier(exchange)], let easy = transfer.easy else { continue }
+                switch command {
+                case .resumeReceiving, .resumeSending:
+                    curl_easy_pause(easy, CURLPAUSE_CONT)
+                case .cancel:
+                    active.removeValue(forKey: easy)
+                    streamed.removeValue(forKey: ObjectIdentifier(exchange))
+                    stop(transfer, easy)
+                }
+            }
+            for transfer in take(abandoned) {
+                guard let easy = transfer.easy, active[easy] === transfer else { continue }  // finished already
+                active.removeValue(forKey: easy)
+                stop(transfer, easy)
+            }
+            var running: Int32 = 0
+            var timeout = -1
+            curl_multi_timeout(multi, &timeout)
+            if timeout == 0 {
+                curl_multi_socket_action(multi, CURL_SOCKET_BAD, 0, &running)
+                collectFinished()
+                curl_multi_timeout(multi, &timeout)
+            }
+            // libcurl's next timer (asked each turn rather than told through CURLMOPT_TIMERFUNCTION,
+            // which reports only changes and so can be missed), and at least a turn a second.
+            let wait = Int32(timeout < 0 ? 1000 : min(timeout, 1000))
+            let count = events.withUnsafeMutableBufferPointer {
+                epoll_wait(epoll, $0.baseAddress, Int32($0.count), wait)
+            }
+            for index in 0..<max(Int(count), 0) {
+                let fd = events[index].data.fd
+                if fd == wakeup {
+                    var value: UInt64 = 0
+                    _ = read(wakeup, &value, 8)
+                    continue
+                }
+                let ready = events[index].events
+                var mask: Int32 = 0
+                if ready & EPOLLIN.rawValue != 0 { mask |= CURL_CSELECT_IN }
+                if ready & EPOLLOUT.rawValue != 0 { mask |= CURL_CSELECT_OUT }
+                if ready & (EPOLLERR.rawValue | EPOLLHUP.rawValue) != 0 { mask |= CURL_CSELECT_ERR }
+                curl_multi_socket_action(multi, fd, mask, &running)
+            }
+            collectFinished()
+        }
+    }
+
+    /// Ends the transfers libcurl says are done, then hands over the heads held in this turn.
+    private func collectFinished() {
+        var left: Int32 = 0
+        while let message = curl_multi_info_read(multi, &left) {
+            guard message.pointee.msg == CURLMSG_DONE, let easy = message.pointee.easy_handle,
+                let transfer = active.removeValue(forKey: easy)
+            else { continue }
+            let result = CCurl_message_result(message)
+            curl_multi_remove_handle(multi, easy)
+            if let exchange = transfer.exchange { streamed.removeValue(forKey: ObjectIdentifier(exchange)) }
+            finish(transfer, result)
+        }
+        for transfer in heldHeads where transfer.easy != nil && !transfer.headDelivered {
+            deliverHead(transfer, complete: false)
+        }
+        heldHeads.removeAll(keepingCapacity: true)
+    }
+
+    /// libcurl's socket callback: watch `socket` for what it asks (`CURL_POLL_*`), or stop.
+    fileprivate func watch(_ socket: Int32, _ what: Int32) {
+        var wanted: UInt32 = 0
+        if what == CURL_POLL_IN || what == CURL_POLL_INOUT { wanted |= EPOLLIN.rawValue }
+        if what == CURL_POLL_OUT || what == CURL_POLL_INOUT { wanted |= EPOLLOUT.rawValue }
+        guard what != CURL_POLL_REMOVE, wanted != 0 else {
+            if watched.removeValue(forKey: socket) != nil { _ = epoll_ctl(epoll, EPOLL_CTL_DEL, socket, nil) }
+            return
+        }
+        var event = epoll_event()
+        event.events = wanted
+        event.data.fd = socket
+        let operation = watched[socket] == nil ? EPOLL_CTL_ADD : EPOLL_CTL_MOD
+        var done = epoll_ctl(epoll, operation, socket, &event) == 0
+        if !done, errno == EEXIST || errno == ENOENT {
+            // A descriptor closed and reused behind libcurl's back: register it afresh.
+            done = epoll_ctl(epoll, errno == EEXIST ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, socket, &event) == 0
+        }
+        // A socket the kernel refuses to watch would hang its transfer: its timeout ends it.
+        if done { watched[socket] = wanted } else { watched.removeValue(forKey: socket) }
+    }
+
+    private func take<Item>(_ list: Lock<[Item]>) -> [Item] {
+        list.withLock { items in
+            defer { items = [] }
+            return items
+        }
+    }
+
+    private func begin(_ transfer: Transfer) {
+        if let problem = prepare(transfer) {
+            notStarted(transfer, problem)
+            return
+        }
+        let added = curl_multi_add_handle(multi, transfer.easy)
+        guard added == CURLM_OK else {
+            release(transfer)
+            notStarted(
+                transfer,
+                .clientFailure("libcurl could not start the request: \(String(cString: curl_multi_strerror(added)))"))
+            return
+        }
+        active[transfer.easy!] = transfer
+        if let exchange = transfer.exchange { streamed[ObjectIdentifier(exchange)] = transfer }
+    }
+
+    /// A transfer that could not be started: its waiter or its exchange learns why.
+    private func notStarted(_ transfer: Transfer, _ problem: UpstreamError) {
+        if let exchange = transfer.exchange {
+            exchange.delegate.upstreamFinished(problem)
+        } else {
+            transfer.continuation?.resume(throwing: problem)
+        }
+    }
+
+    /// Stops a running transfer on purpose (cancelled, or its caller gave up): its connection is
+    /// closed, never reused, and its waiter or exchange is finished.
+    private func stop(_ transfer: Transfer, _ easy: UnsafeMutableRawPointer) {
+        Self.forbidReuse(easy)
+        curl_multi_remove_handle(multi, easy)
+        transfer.cancelled = true
+        finish(transfer, CURLE_ABORTED_BY_CALLBACK)
+    }
+
+    /// Sets up the easy handle; returns an error instead when the request cannot be sent.
+    ///
+    /// Each transfer has a handle of its own. Handles reset with `curl_easy_reset` and used
+    /// again would save little (allocating and clearing one was under 1 % of a proxied request's
+    /// profile), and with them a transfer sometimes never started on libcurl 7.88 (2 runs of the
+    /// unit tests in 6 hung; none in 8 without).
+    private func prepare(_ transfer: Transfer) -> UpstreamError? {
+        guard let easy = curl_easy_init() else { return .clientFailure("curl_easy_init failed") }
+        transfer.easy = easy
+        transfer.loop = self
+        let request = transfer.request
+        let settings = request.settings
+        let context = Unmanaged.passUnretained(transfer).toOpaque()
+        var ok = true
+        func set(_ code: CURLcode) { ok = ok && code == CURLE_OK }
+        set(CCurl_setopt_string(easy, CURLOPT_URL, request.url))
+        set(CCurl_setopt_string(easy, CURLOPT_PROTOCOLS_STR, "http,https"))
+        set(CCurl_setopt_long(easy, CURLOPT_NOSIGNAL, 1))
+        set(CCurl_setopt_long(easy, CURLOPT_FOLLOWLOCATION, 0))
+        set(CCurl_setopt_long(easy, CURLOPT_SSL_VERIFYPEER, 1))
+        set(CCurl_setopt_long(easy, CURLOPT_SSL_VERIFYHOST, 2))
+        set(CCurl_setopt_long(easy, CURLOPT_CONNECTTIMEOUT_MS, settings.connectTimeoutMsec))
+        set(CCurl_setopt_long(easy, CURLOPT_TIMEOUT_MS, settings.timeoutMsec))
+        if let socket = request.unixSocketPath { set(CCurl_setopt_string(easy, CURLOPT_UNIX_SOCKET_PATH, socket)) }
+        if let caFile = settings.caFile { set(CCurl_setopt_string(easy, CURLOPT_CAINFO, caFile)) }
+        if let certificate = settings.clientCertFile { set(CCurl_setopt_string(easy, CURLOPT_SSLCERT, certificate)) }
+        if let key = settings.clientKeyFile { set(CCurl_setopt_string(easy, CURLOPT_SSLKEY, key)) }
+        set(CCurl_setopt_string(easy, CURLOPT_CUSTOMREQUEST, request.method))
+        if request.method == "HEAD" {
+            set(CCurl_setopt_long(easy, CURLOPT_NOBODY, 1))
+        } else if let exchange = transfer.exchange, exchange.streamsBody {
+            // The body is read from the exchange as it arrives from the client.
+            set(CCurl_setopt_long(easy, CURLOPT_UPLOAD, 1))
+            if let length = exchange.bodyLength { set(CCurl_setopt_long(easy, CURLOPT_INFILESIZE_LARGE, length)) }
+            set(CCurl_setopt_read_function(easy, readCallback))
+            set(CCurl_setopt_pointer(easy, CURLOPT_READDATA, context))
+        } else if request.method == "GET" && request.body.isEmpty {
+            set(CCurl_setopt_long(easy, CURLOPT_HTTPGET, 1))
+        } else if request.body.isEmpty && transfer.exchange != nil {
+            // DELETE, OPTIONS and the like without a body: the method alone.
+        } else {
+            // libcurl reads the body from this copy while the transfer runs; `release` frees it.
+            let copy = UnsafeMutableRawBufferPointer.allocate(byteCount: request.body.count, alignment: 1)
+            request.body.withUnsafeBytes { copy.copyMemory(from: $0) }
+            transfer.bodyCopy = copy
+            set(CCurl_setopt_long(easy, CURLOPT_POSTFIELDSIZE, request.body.count))
+            set(CCurl_setopt_pointer(easy, CURLOPT_POSTFIELDS, copy.baseAddress))
+        }
+        if transfer.exchange != nil {
+            // Proxied answers may be large: read them in pieces of up to 64 KiB rather than 16,
+            // so that most come whole in one turn.
+            set(CCurl_setopt_long(easy, CURLOPT_BUFFERSIZE, Self.heldBodyLimit))
+        }
+        for (name, value) in request.headers where !Self.breaksLine(name) && !Self.breaksLine(value) {
+            transfer.headerList = curl_slist_append(transfer.headerList, name + ": " + value)
+        }
+        // libcurl would add "Expect: 100-continue" to larger POSTs; issuers gain nothing from it.
+        transfer.headerList = curl_slist_append(transfer.headerList, "Expect:")
+        set(CCurl_setopt_pointer(easy, CURLOPT_HTTPHEADER, UnsafeMutableRawPointer(transfer.headerList)))
+        set(CCurl_setopt_write_function(easy, bodyCallback))
+        set(CCurl_setopt_pointer(easy, CURLOPT_WRITEDATA, context))
+        set(CCurl_setopt_header_function(easy, headerCallback))
+        set(CCurl_setopt_pointer(easy, CURLOPT_HEADERDATA, context))
+        guard ok else {
+            release(transfer)
+            return .settingsRefused
+        }
+        return nil
+    }
+
+    /// Whether a header's name or value holds CR or LF, which would start a line of its own.
+    private static func breaksLine(_ text: String) -> Bool {
+        text.utf8.contains { $0 == UInt8(ascii: "\r") || $0 == UInt8(ascii: "\n") }
+    }
+
+    private func finish(_ transfer: Transfer, _ result: CURLcode) {
+        defer { release(transfer) }
+        if let exchange = transfer.exchange {
+            finishStreamed(transfer, exchange, result)
+            return
+        }
+        guard let continuation = transfer.continuation else { return }
+        guard result == CURLE_OK else {
+            let reason = String(cString: curl_easy_strerror(result))
+            switch result {
+            case CURLE_WRITE_ERROR where transfer.tooLarge:
+                continuation.resume(throwing: UpstreamError.tooLarge(limit: transfer.request.settings.maxResponseBytes))
+            case CURLE_OPERATION_TIMEDOUT:
+                continuation.resume(throwing: UpstreamError.timeout(reason))
+            case _ where transfer.cancelled:
+                continuation.resume(throwing: UpstreamError.stopped)
+            default:
+                continuation.resume(throwing: UpstreamError.unreachable(reason))
+            }
+            return
+        }
+        var status = 0
+        _ = CCurl_getinfo_long(transfer.easy, CURLINFO_RESPONSE_CODE, &status)
+        continuation.resume(
+            returning: UpstreamResponse(status: status, headers: transfer.headers, body: transfer.body))
+    }
+
+    private func finishStreamed(_ transfer: Transfer, _ exchange: UpstreamExchange, _ result: CURLcode) {
+        // A head still held is handed over first: whole, or (the transfer failed) with what came of the body.
+        if transfer.headReady, !transfer.headDelivered, !transfer.cancelled {
+            deliverHead(transfer, complete: result == CURLE_OK)
+        }
+        switch result {
+        case CURLE_OK:
+            if !transfer.headDelivered { deliverHead(transfer, complete: true) }
+            exchange.delegate.upstreamFinished(nil)
+        case CURLE_OPERATION_TIMEDOUT:
+            exchange.delegate.upstreamFinished(.timeout(String(cString: curl_easy_strerror(result))))
+        case _ where transfer.cancelled || exchange.stoppedOnPurpose:
+            exchange.delegate.upstreamFinished(.stopped)
+        default:
+            exchange.delegate.upstreamFinished(.unreachable(String(cString: curl_easy_strerror(result))))
+        }
+    }
+
+    /// Hands the final answer's head over, once, with the body held since it came.
+    fileprivate func deliverHead(_ transfer: Transfer, complete: Bool) {
+        guard let exchange = transfer.exchange else { return }
+        transfer.headDelivered = true
+        var status = 0
+        _ = CCurl_getinfo_long(transfer.easy, CURLINFO_RESPONSE_CODE, &status)
+        var length: curl_off_t = -1
+        _ = CCurl_getinfo_offset(transfer.easy, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length)
+        let accepted = transfer.held.withUnsafeBytes {
+            exchange.delegate.upstreamHead(
+                status: status, headers: transfer.headerLines, length: length >= 0 ? Int64(length) : nil,
+                body: $0, complete: complete)
+        }
+        transfer.held = []
+        if !accepted {
+            // Writing nothing then fails the transfer, and libcurl closes a failed transfer's connection.
+            exchange.stoppedOnPurpose = true
+        }
+    }
+
+    /// Closes the transfer's connection when it ends instead of keeping it for the next request:
+    /// after an exchange that did not end cleanly, what the upstream has read of it is unknown,
+    /// and a later request on that connection could be read as part of it.
+    static func forbidReuse(_ easy: UnsafeMutableRawPointer?) {
+        _ = CCurl_setopt_long(easy, CURLOPT_FORBID_REUSE, 1)
+    }
+
+    /// Frees the transfer's libcurl resources.
+    private func release(_ transfer: Transfer) {
+        curl_easy_cleanup(transfer.easy)
+        curl_slist_free_all(transfer.headerList)
+        transfer.bodyCopy?.deallocate()
+        transfer.easy = nil
+        transfer.headerList = nil
+        transfer.bodyCopy = nil
+    }
+
+    // MARK: - What libcurl's callbacks do
+
+    fileprivate static func appendBody(_ transfer: Transfer, _ data: UnsafeRawBufferPointer) -> Int {
+        if let exchange = transfer.exchange {
+            if exchange.stoppedOnPurpose { return 0 }
+            if !transfer.headDelivered {
+                guard transfer.held.count + data.count > heldBodyLimit, let loop = transfer.loop else {
+                    transfer.held.append(contentsOf: data)
+                    return data.count
+                }
+                loop.deliverHead(transfer, complete: false)
+                if exchange.stoppedOnPurpose { return 0 }
+            }
+            return exchange.delegate.upstreamBody(data) ? data.count : Int(CURL_WRITEFUNC_PAUSE)
+        }
+        guard transfer.body.count + data.count <= transfer.request.settings.maxResponseBytes else {
+            transfer.tooLarge = true
+            return 0
+        }
+        transfer.body.append(contentsOf: data)
+        return data.count
+    }
+
+    fileprivate static func appendHeader(_ transfer: Transfer, _ line: UnsafeRawBufferPointer) -> Int {
+        guard let header = HeaderLine(line) else { return line.count }
+        switch header {
+        case .statusLine where !transfer.headReady:
+            // A new response (after 100 Continue): forget the interim one's headers.
+            transfer.headers = [:]
+            transfer.headerLines = []
+        case .end:
+            guard transfer.exchange != nil, !transfer.headReady else { break }
+            var status = 0
+            _ = CCurl_getinfo_long(transfer.easy, CURLINFO_RESPONSE_CODE, &status)
+            if status >= 200, let loop = transfer.loop {
+                transfer.headReady = true
+                loop.heldHeads.append(transfer)
+            }
+        case .statusLine:
+            break
+        case .field(let name, let value):
+            if transfer.exchange != nil {
+                // A trailer after the head is no header of the answer.
+                guard !transfer.headReady else { break }
+                // Streamed exchanges pass every header on, in order, names as sent.
+                if transfer.headerLines.count < 200 { transfer.headerLines.append((name, value)) }
+            } else if transfer.headers.count < 100 {
+                transfer.headers[name.lowercased()] = value
+            }
+        }
+        return line.count
+    }
+}
+
+/// One line of an answer's head as libcurl hands it over, read byte by byte.
+enum HeaderLine: Equatable {
+    case statusLine
+    /// The empty line that ends a head.
+    case end
+    /// A field: its name as sent, its value without surrounding blanks and line end.
+    case field(String, String)
+
+    /// Nil for a line that is none of these (a folded continuation, or a line without a colon).
+    init?(_ line: UnsafeRawBufferPointer) {
+        let space = UInt8(ascii: " ")
+        let tab = UInt8(ascii: "\t")
+        let cr = UInt8(ascii: "\r")
+        let lf = UInt8(ascii: "\n")
+        if line.starts(with: "HTTP/".utf8) {
+            self = .statusLine
+            return
+        }
+        var end = line.count
+        while end > 0, line[end - 1] == cr || line[end - 1] == lf { end -= 1 }
+        if end == 0 {
+            self = .end
+            return
+        }
+        guard let colon = line[..<end].firstIndex(of: UInt8(ascii: ":")) else { return nil }
+        var start = colon + 1
+        while start < end, line[start] == space || line[start] == tab { start += 1 }
+        while end > start, line[end - 1] == space || line[end - 1] == tab { end -= 1 }
+        self = .field(
+            String(decoding: UnsafeRawBufferPointer(rebasing: line[..<colon]), as: UTF8.self),
+            String(decoding: UnsafeRawBufferPointer(rebasing: line[start..<end]), as: UTF8.self))
+    }
+}
+
+/// One request in flight: its easy handle, what came back so far, and who waits.
+///
+/// - Important: only its loop's thread reads or changes it once queued; other threads only hand
+///   the reference over, through the loop's locks.
+final class Transfer: @unchecked Sendable {
+    let request: UpstreamRequest
+    /// A buffered request's waiter; nil for a streamed exchange.
+    let continuation: CheckedContinuation<UpstreamResponse, any Error>?
+    /// A streamed exchange; nil for a buffered request.
+    let exchange: UpstreamExchange?
+    /// The loop running it, once it runs.
+    fileprivate unowned(unsafe) var loop: CurlLoop?
+    var easy: UnsafeMutableRawPointer?
+    var headerList: UnsafeMutablePointer<curl_slist>?
+    var body: [UInt8] = []
+    var headers: [String: String] = [:]
+    /// Every header of the final answer, in order, names as sent (streamed exchanges).
+    var headerLines: [(String, String)] = []
+    var tooLarge = false
+    /// The request body as libcurl reads it (buffered requests with a body), freed by `release`.
+    var bodyCopy: UnsafeMutableRawBufferPointer?
+    /// The final answer's head is complete (streamed exchanges).
+    var headReady = false
+    var headDelivered = false
+    /// Body that came with a head not yet handed over.
+    var held: [UInt8] = []
+    var cancelled = false
+    /// Bytes of a streamed request body handed to libcurl so far.
+    var bodySent: Int64 = 0
+
+    init(request: UpstreamRequest, continuation: CheckedContinuation<UpstreamResponse, any Error>) {
+        self.request = request
+        self.continuation = continuation
+        exchange = nil
+    }
+
+    init(exchange: UpstreamExchange) {
+        request = exchange.request
+        continuation = nil
+        self.exchange = exchange
+    }
+
+    static func from(_ context: UnsafeMutableRawPointer) -> Transfer {
+        Unmanaged<Transfer>.fromOpaque(context).takeUnretainedValue()
+    }
+}
+
+// Top-level C callbacks: they capture nothing and find the transfer or the loop through their
+// context pointer.
+
+private let socketCallback: curl_socket_callback = { _, socket, what, context, _ in
+    guard let context else { return -1 }
+    Unmanaged<CurlLoop>.fromOpaque(context).takeUnretainedValue().watch(socket, what)
+    return 0
+}
+
+private let bodyCallback: curl_write_callback = { data, size, count, context in
+    guard let data, let context else { return 0 }
+    return CurlLoop.appendBody(Transfer.from(context), UnsafeRawBufferPointer(start: data, count: size * count))
+}
+
+private let headerCallback: curl_write_callback = { data, size, count, context in
+    guard let data, let context else { return 0 }
+    return CurlLoop.appendHeader(Transfer.from(context), UnsafeRawBufferPointer(start: data, count: size * count))
+}
+
+// A streamed request body goes to libcurl exactly as long as the exchange said (`bodyLength`, which
+// libcurl sends as Content-Length): never a byte more, and a body that ends short stops the
+// exchange (libcurl closes the connection of a transfer aborted this way; options may not be set
+// from inside a callback). Without a length, libcurl frames the body itself (chunked).
+private let readCallback: curl_read_callback = { buffer, size, count, context in
+    guard let buffer, let context else { return Int(CURL_READFUNC_ABORT) }
+    let transfer = Transfer.from(context)
+    guard let exchange = transfer.exchange else { return Int(CURL_READFUNC_ABORT) }
+    var room = size * count
+    if let declared = exchange.bodyLength {
+        let left = Int64(declared) - transfer.bodySent
+        guard left > 0 else { return 0 }
+        room = Int(min(Int64(room), left))
+    }
+    switch exchange.delegate.upstreamReadBody(into: UnsafeMutableRawBufferPointer(start: buffer, count: room)) {
+    case .bytes(let n):
+        transfer.bodySent += Int64(n)
+        return n
+    case .end where exchange.bodyLength.map({ Int64($0) == transfer.bodySent }) ?? true:
+        return 0
+    case .end, .abort:
+        return Int(CURL_READFUNC_ABORT)
+    case .wait:
+        return Int(CURL_READFUNC_PAUSE)
+    }
+}
