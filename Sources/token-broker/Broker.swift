@@ -45,6 +45,7 @@ enum Broker {
     /// Starts the broker and serves until SIGTERM or SIGINT; returns the exit status (0 stopped,
     /// 1 cannot start, 2 bad configuration).
     static func run(_ configuration: BrokerConfiguration) -> Int32 {
+        Log.use(configuration.logFormat)
         let sources: [(any TokenSource, JWTSigner?)]
         do {
             sources = try makeSources(configuration)

@@ -222,4 +222,14 @@ import TokenBrokerCore
         #expect(try BrokerConfiguration(json: Array("{}".utf8)).requestGuard)
         #expect(try !BrokerConfiguration(json: Array(#"{"requestGuard": false}"#.utf8)).requestGuard)
     }
+
+    @Test func logsAreLogfmtUnlessJSONIsAsked() throws {
+        #expect(try BrokerConfiguration(json: Array("{}".utf8)).logFormat == .logfmt)
+        #expect(try BrokerConfiguration(json: Array(#"{"logFormat": "json"}"#.utf8)).logFormat == .json)
+        #expect(try BrokerConfiguration(json: Array(#"{"logFormat": "logfmt"}"#.utf8)).logFormat == .logfmt)
+        for refused in [#""JSON""#, #""xml""#, #""""#, "1", "true"] {
+            #expect(
+                configurationProblem(#"{"logFormat": \#(refused)}"#)?.hasPrefix("logFormat: ") == true, "\(refused)")
+        }
+    }
 }

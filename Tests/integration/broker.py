@@ -14,7 +14,9 @@ import time
 BINARY = os.environ.get("TOKEN_BROKER_BIN", os.path.join(os.path.dirname(__file__), "../../.build/release/token-broker"))
 # Set by `make sanitize` ("address", "thread") when BINARY is a debug build with that sanitizer.
 SANITIZER = os.environ.get("TOKEN_BROKER_SANITIZER", "")
-LISTENING = re.compile(r"msg=listening listener=(token|admin) address=(\S+)")
+# The "listening" lines, in logfmt and in JSON (`"logFormat": "json"`).
+LISTENING = re.compile(r"msg=listening listener=(token|admin) address=(\S+)"
+                       r'|"msg":"listening","listener":"(token|admin)","address":"([^"]+)"')
 # The request guard's header, sent by default; tests of the guard leave it out.
 GUARD = {"Token-Broker-Request": "true"}
 # Settings of the sanitizers (`make sanitize`), handed on to every broker, whose environment is
@@ -79,7 +81,7 @@ class Broker:
     def _wait_for_listeners(self, timeout=15):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            found = dict(LISTENING.findall(self.stderr()))
+            found = {a or c: b or d for a, b, c, d in LISTENING.findall(self.stderr())}
             if len(found) == 2:
                 return found
             if self.process.poll() is not None:
@@ -104,7 +106,9 @@ class Broker:
         names = [provider.get("name", "default") for provider in providers
                  if provider.get("backgroundRefreshEnabled", True) and not provider.get("pauseWhenIdle", False)
                  and not provider.get("perRequest")]
-        fetched = [re.compile(rf'msg="token fetch(ed| failed)" provider={re.escape(str(name))}( |$)', re.M) for name in names]
+        fetched = [re.compile(rf'msg="token fetch(ed| failed)" provider={re.escape(str(name))}( |$)'
+                              rf'|"msg":"token fetch(ed| failed)","provider":{re.escape(json.dumps(str(name)))}[,}}]', re.M)
+                   for name in names]
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and self.process.poll() is None:
             log = self.stderr()
@@ -152,7 +156,9 @@ class Broker:
 
     def fetches(self, provider="default"):
         """Upstream fetches that succeeded, from the broker's own log lines."""
-        return self.stderr().count(f'msg="token fetched" provider={provider} ')
+        log = self.stderr()
+        return log.count(f'msg="token fetched" provider={provider} ') + log.count(
+            f'"msg":"token fetched","provider":"{provider}",')
 
     def connection(self, listener="token", timeout=10):
         host, port = self._split(listener)

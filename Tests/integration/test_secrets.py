@@ -18,8 +18,9 @@ from issuers.process import OAuthServer
 from test_http_api import wait_until
 
 
-@pytest.fixture(scope="module")
-def scenario(tmp_path_factory):
+@pytest.fixture(scope="module", params=["logfmt", "json"])
+def scenario(request, tmp_path_factory):
+    """The whole scenario, once with each log format."""
     workdir = tmp_path_factory.mktemp("secrets")
     values = {
         "client secret": "cs-" + secrets.token_urlsafe(24),
@@ -50,7 +51,7 @@ def scenario(tmp_path_factory):
         {"name": "app", "sha256": hashlib.sha256(values["caller key"].encode()).hexdigest(), "providers": ["*"]},
         {"name": "narrow", "sha256": hashlib.sha256(values["other caller key"].encode()).hexdigest(), "providers": ["signed"]},
     ]}))
-    config = {"clientKeysFile": str(workdir / "callers.json"), "providers": [
+    config = {"logFormat": request.param, "clientKeysFile": str(workdir / "callers.json"), "providers": [
         {"name": "oauth", "source": {"type": "oauth2", "tokenURL": issuer.base + "/o/token/", "clientID": "api",
                                      "clientSecretFile": str(workdir / "client-secret"), "scope": "api"}},
         {"name": "wrong", "maxErrorTokenRefreshDelayMsec": 200,
@@ -96,6 +97,9 @@ def scenario(tmp_path_factory):
             record("GET", "/.well-known/jwks.json", guard=False)
             broker.stop()
             log = broker.stderr() + broker.process.stdout.read().decode()
+            if request.param == "json":
+                lines = broker.stderr().splitlines()
+                assert lines and all(json.loads(line)["msg"] for line in lines), "every line is a JSON object"
     finally:
         issuer.close()
     return values, tokens, answers, log

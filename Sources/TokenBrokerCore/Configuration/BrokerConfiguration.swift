@@ -34,6 +34,14 @@ public struct BrokerConfiguration: Sendable, Equatable {
     public var compat = CompatConfiguration()
     /// Where tokens are kept beyond the process (`StoreConfiguration`). Default: memory only.
     public var store = StoreConfiguration.memory
+    /// How log lines are written. Default logfmt.
+    public var logFormat = LogFormat.logfmt
+
+    /// The shape of a log line: `key=value` pairs (logfmt), or one JSON object.
+    public enum LogFormat: String, Sendable, Equatable {
+        case logfmt
+        case json
+    }
 
     public static let defaultListen = "127.0.0.1:8080"
     public static let defaultAdminListen = "127.0.0.1:9090"
@@ -66,6 +74,13 @@ public struct BrokerConfiguration: Sendable, Equatable {
         maxWaitSec = try reader.int("maxWaitSec", 1...3600, default: maxWaitSec)
         requestGuard = try reader.bool("requestGuard", default: requestGuard)
         connectionMemoryKiB = try reader.int("connectionMemoryKiB", 4...1024, default: connectionMemoryKiB)
+        if let text = try reader.string("logFormat") {
+            guard let format = LogFormat(rawValue: text) else {
+                throw ConfigurationError(
+                    key: "logFormat", "\(JSONText.quoted(text)) is not a log format; allowed: \"logfmt\", \"json\"")
+            }
+            logFormat = format
+        }
         if let text = try reader.string("unixSocketMode") {
             guard text.count <= 4, let mode = UInt32(text, radix: 8), (0o600...0o777).contains(mode) else {
                 throw ConfigurationError(
