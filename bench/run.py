@@ -51,9 +51,9 @@ class Server:
 class Broker(Server):
     """The broker on ephemeral ports, with an optional configuration."""
 
-    def __init__(self, config=None):
+    def __init__(self, config=None, binary=None):
         self.dir = tempfile.mkdtemp(prefix="tb-bench-")
-        command = [BINARY]
+        command = [binary or BINARY]
         if config is not None:
             path = os.path.join(self.dir, "config.json")
             with open(path, "w") as handle:
@@ -631,10 +631,11 @@ def threads(pid):
         return int(re.search(r"Threads:\s+(\d+)", handle.read()).group(1))
 
 
-def proxy_mode(rounds, seconds, cases=None):
+def proxy_mode(rounds, seconds, cases=None, baseline=None):
     """`/proxy/u/...` against nginx `proxy_pass` to the same upstream, alternated round by round
     (the order flips each round), for each case: req/s, p50/p99, CPU per request of the proxy,
-    the upstream connections it opened, and (the broker) its peak thread count."""
+    the upstream connections it opened, and (the broker) its peak thread count. `baseline`, a
+    second broker binary (an earlier build), joins the rotation as "token-broker (baseline)"."""
     work = tempfile.mkdtemp(prefix="tb-proxy-")
     script = os.path.join(work, "post64k.lua")
     with open(script, "w") as handle:
@@ -647,6 +648,9 @@ def proxy_mode(rounds, seconds, cases=None):
     token = json.loads(body)["access_token"]
     nginx = NginxProxy(upstream, token)
     proxies = {"token-broker": (broker, lambda: [broker.pid]), "nginx": (nginx, nginx.pids)}
+    if baseline:
+        before = Broker({"proxies": [{"name": "u", "target": "http://" + upstream.address}]}, binary=baseline)
+        proxies["token-broker (baseline)"] = (before, lambda: [before.pid])
     cases = {name: PROXY_CASES[name] for name in (cases or PROXY_CASES)}
     results = {case: {name: [] for name in proxies} for case in cases}
     try:
@@ -663,11 +667,13 @@ def proxy_mode(rounds, seconds, cases=None):
                     peak = [0]
                     done = threading.Event()
 
+                    watched = server.pid if name.startswith("token-broker") else None
+
                     def watch():
                         while not done.wait(0.2):
-                            peak[0] = max(peak[0], threads(broker.pid))
+                            peak[0] = max(peak[0], threads(watched))
 
-                    watcher = threading.Thread(target=watch) if name == "token-broker" else None
+                    watcher = threading.Thread(target=watch) if watched else None
                     if watcher:
                         watcher.start()
                     accepted = upstream.accepted()
@@ -683,8 +689,8 @@ def proxy_mode(rounds, seconds, cases=None):
                     results[case][name].append(run)
                     time.sleep(1)
     finally:
-        broker.stop()
-        nginx.stop()
+        for name, (server, _) in proxies.items():
+            server.stop()
         upstream.stop()
     summary, ratios = {}, {}
     for case, runs in results.items():
@@ -692,6 +698,10 @@ def proxy_mode(rounds, seconds, cases=None):
         rps = [b["rps"] / n["rps"] for b, n in zip(runs["token-broker"], runs["nginx"])]
         p99 = [b["p99_ms"] / n["p99_ms"] for b, n in zip(runs["token-broker"], runs["nginx"])]
         ratios[case] = {"rps_per_round": rps, "rps": statistics.median(rps), "p99_per_round": p99, "p99": statistics.median(p99)}
+        if baseline:
+            gain = [b["rps"] / a["rps"] for b, a in zip(runs["token-broker"], runs["token-broker (baseline)"])]
+            ratios[case]["rps_vs_baseline_per_round"] = gain
+            ratios[case]["rps_vs_baseline"] = statistics.median(gain)
     return {"rounds": results, "median": summary, "ratios": ratios, "nginx_config": nginx.config}
 
 
@@ -933,6 +943,7 @@ def main():
     parser.add_argument("--children", type=int, default=1000)
     parser.add_argument("--proxy-case", dest="proxy_cases", action="append", choices=list(PROXY_CASES),
                         help="with --only proxy: measure only this case (repeatable)")
+    parser.add_argument("--proxy-baseline", help="with --only proxy: an earlier broker binary, measured in the same rotation")
     parser.add_argument("--only", choices=["cached", "longpoll", "templates", "compat", "store", "proxy"], help="run one benchmark and print its JSON (for profiling work)")
     options = parser.parse_args()
     if options.only == "cached":
@@ -946,7 +957,7 @@ def main():
         print(json.dumps({"median": result["median"], "rps_ratio": result["rps_ratio"], "fleets": result["fleets"]}, indent=1))
         return
     if options.only == "proxy":
-        result = proxy_mode(options.rounds, options.seconds, options.proxy_cases)
+        result = proxy_mode(options.rounds, options.seconds, options.proxy_cases, options.proxy_baseline)
         print(json.dumps({"median": result["median"], "ratios": result["ratios"]}, indent=1))
         return
     if options.only == "compat":
