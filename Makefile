@@ -13,9 +13,10 @@
 SHELL := /bin/bash
 SWIFT ?= swift
 PYTHON ?= python3
-# Build-time libraries, the tools the tests use, and debootstrap for the container check.
+# Build-time libraries, the tools the tests use (redis-server; promtool, from prometheus, for the
+# rules and dashboard in deploy/), and debootstrap for the container check.
 APT_PACKAGES := pkg-config libmicrohttpd-dev libssl-dev libcurl4-openssl-dev libhiredis-dev openssl curl ca-certificates \
-                python3 python3-venv debootstrap iproute2 util-linux redis-server
+                python3 python3-venv debootstrap iproute2 util-linux redis-server prometheus
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 RELEASE_FLAGS := -c release --static-swift-stdlib
 BIN := .build/release/token-broker
@@ -48,7 +49,7 @@ test: lint deps build $(VENV)/.installed
 	Tests/contract/run.sh $(BIN) $(VENV)
 	$(SUDO) Tests/container/runtime-check.sh $(BIN)
 	$(MAKE) fuzz-build
-	FUZZ_TARGETS="$(FUZZ_TARGETS)" Fuzz/run.sh -max_total_time=30
+	FUZZ_TARGETS="$(FUZZ_TARGETS)" Fuzz/run.sh -max_total_time=20
 
 build: deps
 	$(SWIFT) build $(RELEASE_FLAGS)
@@ -100,7 +101,13 @@ deps:
 	if [ -n "$$missing" ]; then \
 		echo "make: installing Debian packages:" $$missing; \
 		$(SUDO) apt-get update -qq && \
-		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing && \
+		case " $$missing " in *" prometheus "*) \
+			if command -v systemctl > /dev/null && [ -d /run/systemd/system ]; then \
+				echo "make: stopping the prometheus service Debian started (the tests need only promtool; it takes port 9090)"; \
+				$(SUDO) systemctl disable --now prometheus > /dev/null 2>&1 || true; \
+			fi;; \
+		esac; \
 	fi
 
 $(VENV)/.installed: Tests/integration/requirements.txt | deps
