@@ -71,7 +71,7 @@ enum HealthCheck {
             Log.error("healthcheck failed", ["address": asked, "status": String(response.status)])
             return 1
         case .failure(let error):
-            Log.error("healthcheck failed", ["address": asked, "problem": error.summary])
+            Log.error("healthcheck failed", ["address": asked, "problem": TokenFetchError(error).summary])
             return 1
         }
     }
@@ -102,22 +102,40 @@ enum HealthCheck {
     }
 
     /// The admin listener as something to connect to; nil for port 0, which only the broker knows.
-    static func target(adminListen: ListenAddress) -> Target? {
-        var address = adminListen
-        if let path = address.unixPath { return Target(url: "http://localhost/healthz", unixSocketPath: path) }
+    static func target(adminListen: ListenAddress) -> Target? { target(listen: adminListen, path: "/healthz") }
+
+    /// A listener of the configuration as something to connect to, asking `path` (empty, or
+    /// starting with `/`) there: 0.0.0.0 and `::` read as loopback, a `unix:` listener asked
+    /// through its socket. Nil for port 0, which only the broker knows. Shared with the command
+    /// line client (`token-broker token`, `token-broker status`).
+    static func target(listen: ListenAddress, path: String) -> Target? {
+        var address = listen
+        if let socket = address.unixPath { return Target(url: "http://localhost" + path, unixSocketPath: socket) }
         guard address.port != 0 else { return nil }
         if address.host == "0.0.0.0" { address.host = "127.0.0.1" }
         if address.isIPv6, address.host == "::" || address.host.allSatisfy({ $0 == "0" || $0 == ":" }) {
             address.host = "::1"
         }
-        return Target(url: "http://\(address)/healthz", unixSocketPath: nil)
+        return Target(url: "http://\(address)" + path, unixSocketPath: nil)
     }
 
     /// An address from the command line: `unix:/path`, or an http URL (no path means `/healthz`).
     static func target(given text: String) -> Target? {
+        guard let (origin, path) = origin(given: text) else { return nil }
+        var target = origin
+        target.url += path.isEmpty || path == "/" ? "/healthz" : path
+        return target
+    }
+
+    /// An address from the command line, split in two: where to connect (the URL up to its path,
+    /// or `http://localhost` through a `unix:` socket), and the URL's path, empty when it has none.
+    /// Nil for anything but `unix:/path` and an `http://` URL with a host. Shared with the command
+    /// line client, which asks paths of its own.
+    static func origin(given text: String) -> (origin: Target, path: Substring)? {
         if text.hasPrefix("unix:") {
-            guard let address = try? ListenAddress(parsing: text) else { return nil }
-            return target(adminListen: address)
+            guard let address = try? ListenAddress(parsing: text), let origin = target(listen: address, path: "")
+            else { return nil }
+            return (origin, "")
         }
         // By scalar: "\r\n" is one Character, equal to neither "\r" nor "\n".
         guard text.lowercased().hasPrefix("http://"),
@@ -128,10 +146,10 @@ enum HealthCheck {
         let rest = text.dropFirst("http://".count)
         guard let slash = rest.firstIndex(of: "/") else {
             guard !rest.isEmpty else { return nil }
-            return Target(url: text + "/healthz")
+            return (Target(url: text), "")
         }
         guard slash != rest.startIndex else { return nil }
-        return Target(url: rest[slash...] == "/" ? text + "healthz" : text)
+        return (Target(url: String(text[..<slash])), rest[slash...])
     }
 
     private static func fail(_ problem: String) -> Int32 {
@@ -139,16 +157,17 @@ enum HealthCheck {
         return 1
     }
 
-    /// Sends one request and blocks the main thread until it is answered (this is a command, not the server).
-    private static func waitFor(_ request: UpstreamRequest) -> Result<UpstreamResponse, TokenFetchError> {
-        let outcome = Lock<Result<UpstreamResponse, TokenFetchError>?>(nil)
+    /// Sends one request and blocks the main thread until it is answered (this is a command, not
+    /// the server). Shared with the command line client.
+    static func waitFor(_ request: UpstreamRequest) -> Result<UpstreamResponse, UpstreamError> {
+        let outcome = Lock<Result<UpstreamResponse, UpstreamError>?>(nil)
         let done = DispatchSemaphore(value: 0)
         Task {
-            let result: Result<UpstreamResponse, TokenFetchError>
+            let result: Result<UpstreamResponse, UpstreamError>
             do throws(UpstreamError) {
                 result = .success(try await UpstreamHTTPClient.shared.send(request))
             } catch {
-                result = .failure(TokenFetchError(error))
+                result = .failure(error)
             }
             outcome.withLock { $0 = result }
             done.signal()

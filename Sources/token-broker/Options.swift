@@ -4,7 +4,8 @@ import TokenBrokerCore
 import TokenBrokerSources
 
 /// The command line: `token-broker [--config FILE] [--check-config] [--help] [--version]`
-/// and `token-broker healthcheck [--config FILE] [URL | unix:/path]`.
+/// and `token-broker healthcheck [--config FILE] [URL | unix:/path]`; for scripts, `token-broker token`
+/// and `token-broker status` (`CommandLineClient`).
 enum Options {
     static let version = "0.1.0"
 
@@ -19,12 +20,19 @@ enum Options {
           token-broker healthcheck [--config FILE] [URL | unix:/path]
                                             exit 0 when the configured admin listener's /healthz
                                             answers 200 (or the one at URL; no path means /healthz)
-          token-broker --help | --version
+          token-broker token [--provider NAME] [--audience A] [--scope S] [--resource R]
+                             [--key-file FILE] [--config FILE | --address URL|unix:/path] [--timeout SEC]
+                                            print the running broker's access token (only it) on stdout
+          token-broker status [--config FILE | --address URL|unix:/path]
+                                            print the running broker's providers as a table (from
+                                            the admin listener's /readyz)
+          token-broker --help | --version   (token --help, status --help: their own)
 
         Environment:
           TOKEN_BROKER_CONFIG         configuration file, when --config is not given
           TOKEN_BROKER_LISTEN         token listener, overriding the file (default 127.0.0.1:8080)
           TOKEN_BROKER_ADMIN_LISTEN   admin listener, overriding the file (default 127.0.0.1:9090)
+          TOKEN_BROKER_CALLER_KEY_FILE  token: the caller key's file, when --key-file is not given
 
         Relative paths in the configuration file are read from the file's own directory.
 
@@ -44,6 +52,13 @@ enum Options {
           1  cannot start: a listener cannot bind (port busy, socket path taken) or a system
              resource is missing; the health check failed
           2  bad command line or configuration (the message names the key or the file)
+        token and status (a failure is one line on stderr, never holding the token or the key):
+          0  the token was printed; status: the broker answered, ready or not
+          1  an answer that is not the broker's (or not /readyz's)
+          2  bad command line, configuration or caller key file
+          3  the broker is unreachable: nothing listens, or no answer in time
+          4  token: the broker has no valid token now (503)
+          5  token: the broker refused (400 bad value, 401 caller key, 403, 404 unknown provider)
 
         See README.md for the configuration reference.
         """
@@ -59,6 +74,10 @@ enum Options {
         case broker(configPath: String?, checkOnly: Bool)
         /// `healthcheck`, with the arguments after it (`HealthCheck` reads them).
         case healthCheck(arguments: [String])
+        /// `token`, with the arguments after it (`TokenCommand` reads them).
+        case token(arguments: [String])
+        /// `status`, with the arguments after it (`StatusCommand` reads them).
+        case status(arguments: [String])
     }
 
     /// Why a command line was refused, as the usage message says it.
@@ -83,6 +102,10 @@ enum Options {
             return 0
         case .healthCheck(let arguments):
             return HealthCheck.run(arguments: arguments)
+        case .token(let arguments):
+            return TokenCommand.run(arguments: arguments)
+        case .status(let arguments):
+            return StatusCommand.run(arguments: arguments)
         case .broker(let configPath, let checkOnly):
             let environment = Environment.variables()
             let configuration: BrokerConfiguration
@@ -106,8 +129,11 @@ enum Options {
     /// Reads the arguments in order: the first `--help` or `--version` wins, unless a bad
     /// argument comes before it.
     static func parse(_ arguments: [String]) throws(Problem) -> Command {
-        if arguments.first == "healthcheck" {
-            return .healthCheck(arguments: Array(arguments.dropFirst()))
+        switch arguments.first {
+        case "healthcheck": return .healthCheck(arguments: Array(arguments.dropFirst()))
+        case "token": return .token(arguments: Array(arguments.dropFirst()))
+        case "status": return .status(arguments: Array(arguments.dropFirst()))
+        default: break
         }
         var configPath: String?
         var checkOnly = false

@@ -6,6 +6,7 @@
 //   Signals.swift          SIGTERM and SIGINT, blocked before any thread starts
 //   Log.swift              log lines on stderr, with fingerprints instead of secrets
 //   HealthCheck.swift      `token-broker healthcheck`, for container HEALTHCHECKs without curl
+//   CommandLineClient.swift  `token-broker token` and `status`, for scripts and people
 //   ProcessLimits.swift    the open-file limit, and the start-up check of secret files' modes
 //   Environment.swift      the environment variables, read from environ
 //   AllocatorTuning.swift  glibc's malloc limited to one arena, before any thread starts
