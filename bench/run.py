@@ -649,8 +649,8 @@ def proxy_mode(rounds, seconds, cases=None, baseline=None):
     nginx = NginxProxy(upstream, token)
     proxies = {"token-broker": (broker, lambda: [broker.pid]), "nginx": (nginx, nginx.pids)}
     if baseline:
-        before = Broker({"proxies": [{"name": "u", "target": "http://" + upstream.address}]}, binary=baseline)
-        proxies["token-broker (baseline)"] = (before, lambda: [before.pid])
+        earlier = Broker({"proxies": [{"name": "u", "target": "http://" + upstream.address}]}, binary=baseline)
+        proxies["token-broker (baseline)"] = (earlier, lambda: [earlier.pid])
     cases = {name: PROXY_CASES[name] for name in (cases or PROXY_CASES)}
     results = {case: {name: [] for name in proxies} for case in cases}
     try:
