@@ -582,9 +582,10 @@ http {{
         self.process.wait(15)
 
 
-class NginxProxy:
+class NginxProxy(Nginx):
     """nginx `proxy_pass` to the upstream with the token put in, one worker, upstream keep-alive 64:
-    the configuration the issue measured against. Bodies up to 128 KiB stay in memory both ways."""
+    the configuration the issue measured against. Bodies up to 128 KiB stay in memory both ways.
+    Its processes are counted and stopped as `Nginx`'s are."""
 
     def __init__(self, upstream, token):
         self.dir = tempfile.mkdtemp(prefix="tb-nginx-proxy-")
@@ -616,14 +617,6 @@ http {{
         self.process = subprocess.Popen(["nginx", "-c", conf, "-p", self.dir])
         self.token = f"127.0.0.1:{port}"
         wait_for_port(port)
-
-    def pids(self):
-        children = subprocess.run(["pgrep", "-P", str(self.process.pid)], capture_output=True, text=True).stdout.split()
-        return [self.process.pid] + [int(p) for p in children]
-
-    def stop(self):
-        self.process.send_signal(signal.SIGQUIT)
-        self.process.wait(15)
 
 
 def threads(pid):
