@@ -285,6 +285,7 @@ final class CurlLoop: @unchecked Sendable {
         set(CCurl_setopt_long(easy, CURLOPT_CONNECTTIMEOUT_MS, settings.connectTimeoutMsec))
         set(CCurl_setopt_long(easy, CURLOPT_TIMEOUT_MS, settings.timeoutMsec))
         if let socket = request.unixSocketPath { set(CCurl_setopt_string(easy, CURLOPT_UNIX_SOCKET_PATH, socket)) }
+        if request.bypassesProxies { set(CCurl_setopt_string(easy, CURLOPT_NOPROXY, "*")) }
         if let caFile = settings.caFile { set(CCurl_setopt_string(easy, CURLOPT_CAINFO, caFile)) }
         if let certificate = settings.clientCertFile { set(CCurl_setopt_string(easy, CURLOPT_SSLCERT, certificate)) }
         if let key = settings.clientKeyFile { set(CCurl_setopt_string(easy, CURLOPT_SSLKEY, key)) }

@@ -10,6 +10,9 @@ public struct UpstreamRequest: Sendable {
     public var settings: UpstreamConfiguration
     /// Connect to this Unix socket instead of the URL's host (the URL still gives path and `Host`).
     public var unixSocketPath: String?
+    /// Go to the server directly, never through a proxy from the environment (`http_proxy`,
+    /// `HTTPS_PROXY`, `ALL_PROXY`): for the broker's own commands asking the broker.
+    public var bypassesProxies = false
 
     public init(
         method: String = "POST", url: String, headers: [(String, String)] = [], body: [UInt8] = [],

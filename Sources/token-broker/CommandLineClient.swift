@@ -140,16 +140,15 @@ enum CommandLineClient {
     static func get(
         _ endpoint: Endpoint, headers: [(String, String)], timeoutMsec: Int, maxResponseBytes: Int
     ) -> Result<UpstreamResponse, Failure> {
-        // The broker is asked directly, never through an HTTP proxy from the environment
-        // (http_proxy and the like): the request may carry a caller key, and its answer a token.
-        setenv("no_proxy", "*", 1)
-        setenv("NO_PROXY", "*", 1)
         var settings = UpstreamConfiguration()
         settings.connectTimeoutMsec = min(2000, timeoutMsec)
         settings.timeoutMsec = timeoutMsec
         settings.maxResponseBytes = maxResponseBytes
         var request = UpstreamRequest(method: "GET", url: endpoint.target.url, headers: headers, settings: settings)
         request.unixSocketPath = endpoint.target.unixSocketPath
+        // The broker is asked directly, never through an HTTP proxy from the environment
+        // (http_proxy and the like): the request may carry a caller key, and its answer a token.
+        request.bypassesProxies = true
         switch HealthCheck.waitFor(request) {
         case .success(let response):
             return .success(response)

@@ -63,6 +63,9 @@ enum HealthCheck {
         settings.timeoutMsec = 3000
         var request = UpstreamRequest(method: "GET", url: target.url, settings: settings)
         request.unixSocketPath = target.unixSocketPath
+        // Directly: a proxy from the environment (http_proxy), which libcurl would use even for
+        // 127.0.0.1, would answer for the broker, or fail it.
+        request.bypassesProxies = true
         let asked = target.unixSocketPath.map { "unix:" + $0 } ?? target.url
         switch waitFor(request) {
         case .success(let response) where response.status == 200:

@@ -9,6 +9,7 @@ import os
 import pty
 import select
 import signal
+import socket
 import subprocess
 import time
 
@@ -258,3 +259,13 @@ def test_healthcheck_given_a_url_without_a_path_asks_healthz(broker):
     assert run_broker("healthcheck", f"http://{broker.addresses['admin']}", timeout=10).returncode == 0
     assert run_broker("healthcheck", f"http://{broker.addresses['admin']}/", timeout=10).returncode == 0
     assert run_broker("healthcheck", "ftp://127.0.0.1:1", timeout=10).returncode == 1
+
+
+def test_healthcheck_asks_the_broker_directly_whatever_proxy_the_environment_names(broker):
+    # libcurl would send even a 127.0.0.1 request through http_proxy; this one leads nowhere.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        proxy = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    environment = {"http_proxy": proxy, "HTTP_PROXY": proxy, "all_proxy": proxy, "ALL_PROXY": proxy}
+    result = run_broker("healthcheck", f"http://{broker.addresses['admin']}", env=environment, timeout=10)
+    assert result.returncode == 0, result.stderr
