@@ -341,6 +341,18 @@ def test_every_metric_the_rules_and_the_dashboard_name_is_exposed_by_a_running_b
     assert not missing, f"metrics named but not in /metrics: {missing}"
 
 
+def test_the_readmes_metrics_table_lists_exactly_the_families_a_running_broker_exports(full_broker):
+    full_broker.request("GET", "/proxy/orders/items")
+    status, _, body = full_broker.request("GET", "/metrics", listener="admin")
+    assert status == 200
+    families = {line.split()[2] for line in body.decode().splitlines() if line.startswith("# TYPE token_broker_")}
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    table = readme[readme.index("`/metrics` (Prometheus text format"):readme.index("## When the broker calls your issuer")]
+    documented = set(re.findall(r"`(token_broker_[a-z_]+)`", table))
+    assert families - documented == set(), "exported but not in the README's table"
+    assert documented - families == set(), "in the README's table but not exported"
+
+
 def test_the_metric_name_extraction_finds_names_and_ignores_strings():
     names, uses_up = metric_names(
         'sum by (provider) (rate(token_broker_refreshes_total{result!="token_broker_fake"}[5m])) '
