@@ -1,6 +1,7 @@
 internal import CCurl
 internal import CSystem
 import Glibc
+import Synchronization
 import TokenBrokerCore
 
 /// One `curl_multi` loop on a thread of its own: the transfers given to it, from the easy
@@ -107,7 +108,10 @@ final class CurlLoop: @unchecked Sendable {
 
     func enqueue(_ transfer: Transfer) { add(transfer, to: queue) }
 
-    func abandon(_ transfer: Transfer) { add(transfer, to: abandoned) }
+    func abandon(_ transfer: Transfer) {
+        transfer.givenUp.store(true, ordering: .relaxed)
+        add(transfer, to: abandoned)
+    }
 
     func post(_ command: Command, for exchange: UpstreamExchange) { add((exchange, command), to: commands) }
 
@@ -227,6 +231,15 @@ final class CurlLoop: @unchecked Sendable {
     }
 
     private func begin(_ transfer: Transfer) {
+        // Given up, or cancelled, before it started: a turn may take the queue just before the
+        // transfer is added and the list of abandoned ones (or of commands) just after, and the
+        // transfer would otherwise start with nobody waiting for it.
+        if transfer.givenUp.load(ordering: .relaxed)
+            || transfer.exchange?.cancelRequested.load(ordering: .relaxed) == true
+        {
+            notStarted(transfer, .stopped)
+            return
+        }
         if let problem = prepare(transfer) {
             notStarted(transfer, problem)
             return
@@ -481,7 +494,9 @@ enum HeaderLine: Equatable {
     /// A field: its name as sent, its value without surrounding blanks and line end.
     case field(String, String)
 
-    /// Nil for a line that is none of these (a folded continuation, or a line without a colon).
+    /// Nil for a line that is none of these (one without a colon). A folded continuation line
+    /// (obsolete, RFC 9112 §5.2) that holds a colon reads as a field whose name starts with a
+    /// blank, which is no header name: the server drops it rather than send it.
     init?(_ line: UnsafeRawBufferPointer) {
         let space = UInt8(ascii: " ")
         let tab = UInt8(ascii: "\t")
@@ -534,6 +549,8 @@ final class Transfer: @unchecked Sendable {
     /// Body that came with a head not yet handed over.
     var held: [UInt8] = []
     var cancelled = false
+    /// Set by `abandon`, from any thread: the caller gave up, so a transfer not yet started never starts.
+    let givenUp = Atomic<Bool>(false)
     /// Bytes of a streamed request body handed to libcurl so far.
     var bodySent: Int64 = 0
 

@@ -5,7 +5,7 @@ import TokenBrokerCore
 /// as the client sends it, and the answer flows out as the upstream sends it.
 ///
 /// The delegate's methods run on the upstream client's thread; none may block.
-// Unchecked: `stoppedOnPurpose`, its one variable, is read and written on the curl thread alone.
+// Unchecked: `stoppedOnPurpose`, its one plain variable, is read and written on the curl thread alone.
 public final class UpstreamExchange: @unchecked Sendable {
     public let request: UpstreamRequest
     /// Whether the body is read from the delegate as it arrives, rather than taken from `request.body`.
@@ -15,6 +15,8 @@ public final class UpstreamExchange: @unchecked Sendable {
     let delegate: any UpstreamExchangeDelegate
     /// Set on the curl thread when the delegate refused the head.
     var stoppedOnPurpose = false
+    /// Set by `cancel`, from any thread: an exchange cancelled before its loop started it never starts.
+    let cancelRequested = Atomic<Bool>(false)
     /// The loop it runs on, chosen when it is made so that every command finds it; nil when the
     /// client is not running (then `start` fails it at once).
     let loop: CurlLoop?
@@ -31,8 +33,11 @@ public final class UpstreamExchange: @unchecked Sendable {
     public func resumeReceiving() { loop?.post(.resumeReceiving, for: self) }
     /// Call after `upstreamReadBody` said `.wait`, once there are bytes.
     public func resumeSending() { loop?.post(.resumeSending, for: self) }
-    /// Stops the exchange; `upstreamFinished` follows.
-    public func cancel() { loop?.post(.cancel, for: self) }
+    /// Stops the exchange; `upstreamFinished` follows (with `.stopped` when it had not started).
+    public func cancel() {
+        cancelRequested.store(true, ordering: .relaxed)
+        loop?.post(.cancel, for: self)
+    }
 }
 
 /// Receives a streamed exchange's answer and supplies its streamed body.

@@ -41,6 +41,24 @@ import TokenBrokerCore
         #expect(await delegate.finished(timeout: .seconds(20)))
         #expect(delegate.error != nil, "an exchange whose body ended short is a failure, not an answer")
     }
+
+    /// A client gone before its loop took the exchange up: the request never leaves (the
+    /// cancel command alone came too early to find the transfer, which then started).
+    @Test func anExchangeCancelledBeforeItStartsNeverReachesTheServer() async throws {
+        let server = try CannedServer(answer: "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+        let delegate = Delegate(body: [])
+        let request = UpstreamRequest(
+            method: "GET", url: "http://127.0.0.1:\(server.port)/x", settings: UpstreamConfiguration())
+        let exchange = UpstreamExchange(request: request, streamsBody: false, bodyLength: nil, delegate: delegate)
+        exchange.cancel()
+        // Let the loop take the cancel command up first, with no transfer to find yet (with the
+        // fix the test passes whatever the timing; without it, this pause makes it fail).
+        try await Task.sleep(for: .milliseconds(200))
+        UpstreamHTTPClient.shared.start(exchange)
+        #expect(await delegate.finished(timeout: .seconds(20)))
+        #expect(delegate.error == .stopped)
+        #expect(await server.received(timeout: .seconds(2)) == nil, "the server was never asked")
+    }
 }
 
 /// Hands out a fixed body once, then its end; records how the exchange finished.
