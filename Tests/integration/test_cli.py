@@ -271,7 +271,11 @@ def test_a_waiting_command_ends_at_once_on_a_signal(sig):
         silent.listen(8)
         silent.setblocking(False)
         command = [BINARY, "token", "--address", f"http://127.0.0.1:{silent.getsockname()[1]}", "--timeout", "60"]
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=base_environment())
+        # A disposition of SIG_IGN is inherited across exec (a runner started under nohup ignores
+        # SIGHUP, a background shell SIGINT), and a command rightly keeps it: start this one with
+        # the defaults, as from a terminal.
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=base_environment(),
+                                   preexec_fn=default_signal_dispositions)
         try:
             # The command is asking once its connection arrives; it is held open, never answered.
             assert wait_until(lambda: accept_into(silent, held), timeout=10)
@@ -285,6 +289,11 @@ def test_a_waiting_command_ends_at_once_on_a_signal(sig):
             process.stderr.close()
             for connection in held:
                 connection.close()
+
+
+def default_signal_dispositions():
+    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(number, signal.SIG_DFL)
 
 
 def accept_into(listener, held):
