@@ -77,7 +77,7 @@ let package = Package(
         .target(name: "TokenBrokerCore", swiftSettings: optimized),
         .target(name: "TokenBrokerCrypto", dependencies: ["TokenBrokerCore", "COpenSSL"], swiftSettings: optimized),
         .target(
-            name: "TokenBrokerUpstream", dependencies: ["TokenBrokerCore", "CCurl", "CSystem"], swiftSettings: optimized
+            name: "TokenBrokerUpstream", dependencies: ["TokenBrokerCore", "CCurl"], swiftSettings: optimized
         ),
         .target(
             name: "TokenBrokerSources",

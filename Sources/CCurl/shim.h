@@ -40,16 +40,6 @@ static inline CURLMcode CCurl_multi_setopt_long(CURLM *multi, CURLMoption option
     return curl_multi_setopt(multi, option, value);
 }
 
-// curl_multi_setopt is variadic; the loop watches libcurl's sockets in its own epoll set.
-static inline CURLMcode CCurl_multi_setopt_socket_function(CURLM *multi, curl_socket_callback callback) {
-    return curl_multi_setopt(multi, CURLMOPT_SOCKETFUNCTION, callback);
-}
-
-// curl_multi_setopt is variadic; for CURLMOPT_SOCKETDATA.
-static inline CURLMcode CCurl_multi_setopt_pointer(CURLM *multi, CURLMoption option, void *value) {
-    return curl_multi_setopt(multi, option, value);
-}
-
 // curl_easy_getinfo is variadic; this reads a curl_off_t item such as CURLINFO_CONTENT_LENGTH_DOWNLOAD_T.
 static inline CURLcode CCurl_getinfo_offset(CURL *handle, CURLINFO info, curl_off_t *value) {
     return curl_easy_getinfo(handle, info, value);

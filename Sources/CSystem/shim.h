@@ -1,5 +1,5 @@
 // System headers that Glibc's Swift module leaves out: epoll and eventfd for the server's
-// hang-up watcher and the upstream client's loops, malloc.h for handing memory back after bursts and for allocator tuning,
+// hang-up watcher, malloc.h for handing memory back after bursts and for allocator tuning,
 // sys/xattr.h for finding a default ACL on a token file's directory.
 #ifndef CSYSTEM_SHIM_H
 #define CSYSTEM_SHIM_H

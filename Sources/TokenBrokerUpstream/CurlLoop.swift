@@ -1,5 +1,4 @@
 internal import CCurl
-internal import CSystem
 import Glibc
 import Synchronization
 import TokenBrokerCore
@@ -7,11 +6,12 @@ import TokenBrokerCore
 /// One `curl_multi` loop on a thread of its own: the transfers given to it, from the easy
 /// handle's set-up to the answer handed over.
 ///
-/// The loop waits in an epoll set of its own, holding the sockets libcurl asks it to watch
-/// (`CURLMOPT_SOCKETFUNCTION`) and an eventfd that other threads write to wake it, and tells
-/// libcurl which socket is ready (`curl_multi_socket_action`) or that its timer is due
-/// (`curl_multi_timeout`). A turn costs what happened in it, not the number of
-/// connections open: neither the kernel nor libcurl looks at the idle ones.
+/// Each turn runs `curl_multi_perform`, then waits in `curl_multi_poll`, which
+/// `curl_multi_wakeup` ends. (Driving libcurl through `curl_multi_socket_action` and an epoll
+/// set of the loop's own was tried and taken out: with it, an upstream that answers and resets
+/// the connection while a request body is still being sent lost its answer to a failed write in
+/// up to one exchange in six, where this way libcurl's own poll of the socket reads it first in
+/// almost every case, as the single loop before did.)
 ///
 /// Other threads only queue work (a transfer, a command for a running exchange, a transfer whose
 /// caller gave up) and wake the loop, and only when the list they add to was empty: a loop that
@@ -29,8 +29,6 @@ final class CurlLoop: @unchecked Sendable {
     enum Command { case resumeReceiving, resumeSending, cancel }
 
     let multi: UnsafeMutableRawPointer
-    private let epoll: Int32
-    private let wakeup: Int32
     private let queue = Lock<[Transfer]>([])
     /// Buffered requests whose caller gave up: stopped at the loop's next turn.
     private let abandoned = Lock<[Transfer]>([])
@@ -45,49 +43,17 @@ final class CurlLoop: @unchecked Sendable {
     fileprivate var heldHeads: [Transfer] = []
     /// The most body held with a head before the head is handed over anyway.
     static let heldBodyLimit = 64 * 1024
-    /// The sockets in the epoll set, with the events asked for each.
-    fileprivate var watched: [Int32: UInt32] = [:]
 
-    /// Nil when libcurl could not make a multi handle, or the kernel an epoll set or an eventfd;
-    /// `problem` says which.
+    /// Nil when libcurl could not make a multi handle; `problem` says why.
     init?(problem: inout String) {
-        let epoll = epoll_create1(Int32(EPOLL_CLOEXEC))
-        guard epoll >= 0 else {
-            problem = "cannot create the HTTP client's epoll set: \(String(cString: strerror(errno)))"
-            return nil
-        }
-        let wakeup = eventfd(0, Int32(EFD_CLOEXEC | EFD_NONBLOCK))
-        var event = epoll_event()
-        event.events = EPOLLIN.rawValue
-        event.data.fd = wakeup
-        guard wakeup >= 0, epoll_ctl(epoll, EPOLL_CTL_ADD, wakeup, &event) == 0 else {
-            problem = "cannot create the HTTP client's wake-up: \(String(cString: strerror(errno)))"
-            if wakeup >= 0 { close(wakeup) }
-            close(epoll)
-            return nil
-        }
         guard let multi = curl_multi_init() else {
             problem = "libcurl could not create its multi handle"
-            close(wakeup)
-            close(epoll)
             return nil
         }
         self.multi = multi
-        self.epoll = epoll
-        self.wakeup = wakeup
         // Idle connections kept for reuse: libcurl's default follows the handles added at the
         // time, and closes connections a busy proxy would have reused a moment later.
-        var ok = CCurl_multi_setopt_long(multi, CURLMOPT_MAXCONNECTS, 256) == CURLM_OK
-        let context = Unmanaged.passUnretained(self).toOpaque()
-        ok = ok && CCurl_multi_setopt_socket_function(multi, socketCallback) == CURLM_OK
-        ok = ok && CCurl_multi_setopt_pointer(multi, CURLMOPT_SOCKETDATA, context) == CURLM_OK
-        guard ok else {
-            problem = "libcurl refused the multi handle's callbacks"
-            curl_multi_cleanup(multi)
-            close(wakeup)
-            close(epoll)
-            return nil
-        }
+        _ = CCurl_multi_setopt_long(multi, CURLMOPT_MAXCONNECTS, 256)
     }
 
     /// Starts the loop's thread; returns why it could not, or nil.
@@ -120,19 +86,12 @@ final class CurlLoop: @unchecked Sendable {
             items.append(item)
             return items.count == 1
         }
-        if wasEmpty { wake() }
-    }
-
-    private func wake() {
-        var one: UInt64 = 1
-        // EAGAIN means the counter is already set, which wakes the loop as well.
-        _ = write(wakeup, &one, 8)
+        if wasEmpty { curl_multi_wakeup(multi) }
     }
 
     // MARK: - The loop's thread
 
     private func run() {
-        var events = [epoll_event](repeating: epoll_event(), count: 64)
         while true {
             for transfer in take(queue) { begin(transfer) }
             for (exchange, command) in take(commands) {
@@ -152,34 +111,9 @@ final class CurlLoop: @unchecked Sendable {
                 stop(transfer, easy)
             }
             var running: Int32 = 0
-            var timeout = -1
-            curl_multi_timeout(multi, &timeout)
-            if timeout == 0 {
-                curl_multi_socket_action(multi, CURL_SOCKET_BAD, 0, &running)
-                collectFinished()
-                curl_multi_timeout(multi, &timeout)
-            }
-            // libcurl's next timer (asked each turn rather than told through CURLMOPT_TIMERFUNCTION,
-            // which reports only changes and so can be missed), and at least a turn a second.
-            let wait = Int32(timeout < 0 ? 1000 : min(timeout, 1000))
-            let count = events.withUnsafeMutableBufferPointer {
-                epoll_wait(epoll, $0.baseAddress, Int32($0.count), wait)
-            }
-            for index in 0..<max(Int(count), 0) {
-                let fd = events[index].data.fd
-                if fd == wakeup {
-                    var value: UInt64 = 0
-                    _ = read(wakeup, &value, 8)
-                    continue
-                }
-                let ready = events[index].events
-                var mask: Int32 = 0
-                if ready & EPOLLIN.rawValue != 0 { mask |= CURL_CSELECT_IN }
-                if ready & EPOLLOUT.rawValue != 0 { mask |= CURL_CSELECT_OUT }
-                if ready & (EPOLLERR.rawValue | EPOLLHUP.rawValue) != 0 { mask |= CURL_CSELECT_ERR }
-                curl_multi_socket_action(multi, fd, mask, &running)
-            }
+            curl_multi_perform(multi, &running)
             collectFinished()
+            curl_multi_poll(multi, nil, 0, 1000, nil)
         }
     }
 
@@ -199,28 +133,6 @@ final class CurlLoop: @unchecked Sendable {
             deliverHead(transfer, complete: false)
         }
         heldHeads.removeAll(keepingCapacity: true)
-    }
-
-    /// libcurl's socket callback: watch `socket` for what it asks (`CURL_POLL_*`), or stop.
-    fileprivate func watch(_ socket: Int32, _ what: Int32) {
-        var wanted: UInt32 = 0
-        if what == CURL_POLL_IN || what == CURL_POLL_INOUT { wanted |= EPOLLIN.rawValue }
-        if what == CURL_POLL_OUT || what == CURL_POLL_INOUT { wanted |= EPOLLOUT.rawValue }
-        guard what != CURL_POLL_REMOVE, wanted != 0 else {
-            if watched.removeValue(forKey: socket) != nil { _ = epoll_ctl(epoll, EPOLL_CTL_DEL, socket, nil) }
-            return
-        }
-        var event = epoll_event()
-        event.events = wanted
-        event.data.fd = socket
-        let operation = watched[socket] == nil ? EPOLL_CTL_ADD : EPOLL_CTL_MOD
-        var done = epoll_ctl(epoll, operation, socket, &event) == 0
-        if !done, errno == EEXIST || errno == ENOENT {
-            // A descriptor closed and reused behind libcurl's back: register it afresh.
-            done = epoll_ctl(epoll, errno == EEXIST ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, socket, &event) == 0
-        }
-        // A socket the kernel refuses to watch would hang its transfer: its timeout ends it.
-        if done { watched[socket] = wanted } else { watched.removeValue(forKey: socket) }
     }
 
     private func take<Item>(_ list: Lock<[Item]>) -> [Item] {
@@ -571,14 +483,7 @@ final class Transfer: @unchecked Sendable {
     }
 }
 
-// Top-level C callbacks: they capture nothing and find the transfer or the loop through their
-// context pointer.
-
-private let socketCallback: curl_socket_callback = { _, socket, what, context, _ in
-    guard let context else { return -1 }
-    Unmanaged<CurlLoop>.fromOpaque(context).takeUnretainedValue().watch(socket, what)
-    return 0
-}
+// Top-level C callbacks: they capture nothing and find the transfer through their context pointer.
 
 private let bodyCallback: curl_write_callback = { data, size, count, context in
     guard let data, let context else { return 0 }
