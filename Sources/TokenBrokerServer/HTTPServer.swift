@@ -263,12 +263,6 @@ public final class HTTPServer: @unchecked Sendable {
         switch handler.begin(request) {
         case .buffer(let limit):
             state.bodyLimit = limit
-            // Room for the whole body at once, when its length is known and within the limit.
-            if let length = request.headers.value(named: "Content-Length").flatMap({ Int($0) }), length > 0,
-                length <= limit ?? configuration.maximumBodyBytes
-            {
-                state.body.reserveCapacity(length)
-            }
             return CMicroHTTPD_yes()
         case .refuse(let response):
             return queue(response, on: connection, nil)
