@@ -8,7 +8,6 @@ TOKEN_BROKER_LISTEN / TOKEN_BROKER_ADMIN_LISTEN over it, or `--address`. No fail
 holds a token or a caller key.
 """
 import hashlib
-import http.client
 import json
 import os
 import re
@@ -22,6 +21,7 @@ import jwt
 import pytest
 
 from broker import BINARY, Broker, base_environment, run_broker
+from test_hardening import unix_get
 from test_http_api import wait_until
 
 UNREACHABLE, NO_TOKEN, REFUSED, USAGE, UNEXPECTED = 3, 4, 5, 2, 1
@@ -119,27 +119,6 @@ def write_json(directory, name, value):
     with open(path, "w") as handle:
         json.dump(value, handle)
     return path
-
-
-class UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path):
-        super().__init__("localhost", timeout=10)
-        self.path = path
-
-    def connect(self):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(10)
-        self.sock.connect(self.path)
-
-
-def unix_get(path, route, headers=None):
-    connection = UnixConnection(path)
-    try:
-        connection.request("GET", route, headers=headers or {})
-        response = connection.getresponse()
-        return response.status, response.read()
-    finally:
-        connection.close()
 
 
 @pytest.fixture
