@@ -9,6 +9,7 @@ import TokenBrokerServer
 /// | `GET /healthz` | 200 while the process runs |
 /// | `GET /readyz` | 200 when every provider has a valid token, or is paused and still holds one, and every held template child is ready; else 503 |
 /// | `GET /metrics` | Prometheus text format 0.0.4 |
+/// | `POST /reload` | reads the configuration file again, as SIGHUP does; answers once the reload has ended (`ReloadOutcome`). Needs `Token-Broker-Request: true` |
 ///
 /// Templates (`perRequest`) are listed in `/readyz` with their children's count and how many
 /// are ready. Children made by requests come and go with their callers, so they do not make the
@@ -54,6 +55,9 @@ public final class AdminAPI: HTTPHandler {
     private let tokenFiles: @Sendable () -> [TokenFileReport]
     private let store: @Sendable () -> StoreReport?
     private let metrics: BrokerMetrics
+    /// Starts a reload, and calls back once with how it ended; nil where none can be made.
+    public typealias Reload = @Sendable (_ ended: @escaping @Sendable (ReloadOutcome) -> Void) -> Void
+    private let reload: Reload?
     private let healthy = HTTPResponse(status: 200, json: #"{"status":"ok"}"#)
 
     /// - Parameters:
@@ -61,11 +65,13 @@ public final class AdminAPI: HTTPHandler {
     ///   - templates: the provider templates.
     ///   - tokenFiles: the token files' state now, read at each `/readyz`.
     ///   - store: the token store's state now, read at each `/readyz`; nil without a store.
+    ///   - reload: what `POST /reload` asks for; without it the route answers 404.
     public init(
         providers: [any TokenProviding], templates: [any TemplateStatusReporting] = [],
         tokenFiles: @escaping @Sendable () -> [TokenFileReport] = { [] },
-        store: @escaping @Sendable () -> StoreReport? = { nil }, metrics: BrokerMetrics
+        store: @escaping @Sendable () -> StoreReport? = { nil }, metrics: BrokerMetrics, reload: Reload? = nil
     ) {
+        self.reload = reload
         self.providers = providers
         self.templates = templates
         self.tokenFiles = tokenFiles
@@ -88,6 +94,9 @@ public final class AdminAPI: HTTPHandler {
         case "/metrics":
             route = "/metrics"
             reply = Methods.only(Methods.read, request) ?? .response(exposition())
+        case "/reload" where reload != nil:
+            route = "/reload"
+            reply = Methods.only(Methods.post, request) ?? startReload(request)
         default:
             route = "other"
             reply = .response(ErrorAnswer.notFound(path: request.path).response)
@@ -96,6 +105,20 @@ public final class AdminAPI: HTTPHandler {
             metrics.recordRequest(listener: "admin", route: route, status: response.status)
         }
         return reply
+    }
+
+    /// Behind the request guard, as a browser's cross-site POST cannot be; the answer is the reload's outcome.
+    private func startReload(_ request: HTTPRequest) -> HTTPReply {
+        if let refused = RequestGuard.check(request) { return .response(refused.response) }
+        guard let reload else { return .response(ErrorAnswer.notFound(path: request.path).response) }
+        let metrics = metrics
+        return .deferred { responder in
+            reload { outcome in
+                let response = outcome.response
+                metrics.recordRequest(listener: "admin", route: "/reload", status: response.status)
+                responder.respond(response)
+            }
+        }
     }
 
     private func exposition() -> HTTPResponse {

@@ -23,7 +23,8 @@ public enum ErrorAnswer: Sendable, Equatable {
 
     /// An ambiguous or malformed request head; the connection closes, since where the body ends is not known.
     case malformedHead(problem: String)
-    /// A request still waiting when the broker stops (503, `Retry-After: 1`).
+    /// A request still waiting when the broker stops, or when a reload removes its provider
+    /// (503, `Retry-After: 1`).
     case shuttingDown
     /// A new request while the broker stops (503, `Retry-After: 1`); the connection closes after it.
     case refusedWhileStopping
@@ -124,6 +125,15 @@ public enum ErrorAnswer: Sendable, Equatable {
     /// upstream error's summary, when there was one.
     case upstreamUnreachable(proxy: String, problem: String?)
 
+    // MARK: Reload (`POST /reload`)
+
+    /// The configuration file is not valid (422 `invalid_configuration`); nothing changed.
+    case reloadInvalid(problem: String)
+    /// The file changes what only a restart can (409 `reload_refused`); nothing changed.
+    case reloadRefused(problem: String)
+    /// A changed provider's replacement got no token in time (503 `reload_abandoned`); nothing changed.
+    case reloadAbandoned(problem: String)
+
     /// The HTTP status.
     public var status: Int {
         switch self {
@@ -143,6 +153,9 @@ public enum ErrorAnswer: Sendable, Equatable {
         case .excessiveRefresh: 429
         case .tokenNotCookieSafe, .upstreamUnreachable: 502
         case .upstreamTimeout: 504
+        case .reloadInvalid: 422
+        case .reloadRefused: 409
+        case .reloadAbandoned: 503
         }
     }
 
@@ -178,6 +191,9 @@ public enum ErrorAnswer: Sendable, Equatable {
         case .tokenNotCookieSafe: "token_not_cookie_safe"
         case .upstreamTimeout: "upstream_timeout"
         case .upstreamUnreachable: "upstream_unreachable"
+        case .reloadInvalid: "invalid_configuration"
+        case .reloadRefused: "reload_refused"
+        case .reloadAbandoned: "reload_abandoned"
         }
     }
 
@@ -194,12 +210,14 @@ public enum ErrorAnswer: Sendable, Equatable {
             "no provider is named \(JSONText.quoted(String(name.prefix(64))))"
         case .malformedHead(let problem):
             problem
-        case .shuttingDown, .refusedWhileStopping:
+        case .shuttingDown:
+            "the broker is stopping, or a configuration reload removed the provider"
+        case .refusedWhileStopping:
             "the broker is stopping"
         case .clientClosed:
             "the client closed the connection"
         case .missingRequestHeader:
-            "token routes need the request header \"\(RequestGuard.headerName): true\""
+            "this route needs the request header \"\(RequestGuard.headerName): true\""
         case .forwardedRequest:
             "requests relayed by a proxy (with X-Forwarded-For) are refused"
         case .missingCallerKey:
@@ -270,6 +288,8 @@ public enum ErrorAnswer: Sendable, Equatable {
             "proxy \(JSONText.quoted(proxy)): the target did not answer within \(timeoutMsec) ms"
         case .upstreamUnreachable(let proxy, let problem):
             "proxy \(JSONText.quoted(proxy)): \(problem ?? "the target gave no answer")"
+        case .reloadInvalid(let problem), .reloadRefused(let problem), .reloadAbandoned(let problem):
+            "the configuration was not reloaded: \(problem)"
         }
     }
 

@@ -18,7 +18,9 @@ public final class HTTPServer: @unchecked Sendable {
     public let configuration: Configuration
     /// The port actually bound (the configured one, or the one picked for port 0).
     public let port: UInt16
-    private let handler: any HTTPHandler
+    /// The routes, read once per request; `replaceHandler` swaps them (a configuration reload).
+    private let handlerSlot: Lock<any HTTPHandler>
+    private var handler: any HTTPHandler { handlerSlot.withLock { $0 } }
     /// The handler's answer to a request whose client closed while it waited, asked for once.
     let clientClosedAnswer: HTTPResponse
     private var daemon: OpaquePointer?
@@ -42,7 +44,7 @@ public final class HTTPServer: @unchecked Sendable {
     /// - Throws: `HTTPServerError` naming the address and the reason when it cannot bind.
     public init(configuration: Configuration, handler: any HTTPHandler) throws(HTTPServerError) {
         self.configuration = configuration
-        self.handler = handler
+        handlerSlot = Lock(handler)
         clientClosedAnswer = handler.refusal(.clientClosed)
         do {
             watcher = try ConnectionWatcher(
@@ -87,6 +89,12 @@ public final class HTTPServer: @unchecked Sendable {
     }
 
     deinit { shutDown(grace: .zero) }
+
+    /// Answers requests that arrive from now on with `handler`'s routes. A request already begun
+    /// keeps the routes it began with, and so do answers under way; connections stay open.
+    public func replaceHandler(_ handler: any HTTPHandler) {
+        handlerSlot.withLock { $0 = handler }
+    }
 
     /// Requests that are being answered or are waiting suspended.
     public var inFlight: Int { requestsInFlight.load(ordering: .relaxed) }
@@ -256,6 +264,7 @@ public final class HTTPServer: @unchecked Sendable {
     private func begin(
         _ state: RequestState, _ connection: OpaquePointer, url: UnsafePointer<CChar>, method: UnsafePointer<CChar>
     ) -> MHD_Result {
+        let handler = handler
         if draining.load(ordering: .relaxed) { return queue(handler.refusal(.stopping), on: connection, nil) }
         var request = HTTPRequest(
             method: String(cString: method), path: String(cString: url), rawTarget: state.rawTarget,

@@ -9,7 +9,8 @@ import TokenBrokerSources
 import TokenBrokerStore
 import TokenBrokerUpstream
 
-/// Wires the configuration into sources, providers and the two listeners; runs until a stop signal.
+/// Wires the configuration into sources, providers and the two listeners; runs until a stop
+/// signal, reloading the configuration at each SIGHUP (`BrokerReload.swift`).
 ///
 /// `run` reads as the list of its steps; each step is a function below, in the order it runs.
 enum Broker {
@@ -20,8 +21,34 @@ enum Broker {
 
     /// The configured providers, made: the ordinary ones and the templates, each in configuration order.
     struct Providers {
-        let providers: [Provider]
-        let templates: [Template]
+        var providers: [Provider]
+        var templates: [Template]
+
+        /// A provider or a template, as made.
+        enum Made {
+            case provider(Provider)
+            case template(Template)
+
+            var name: String {
+                switch self {
+                case .provider(let provider): provider.name
+                case .template(let template): template.name
+                }
+            }
+        }
+
+        mutating func add(_ made: Made) {
+            switch made {
+            case .provider(let provider): providers.append(provider)
+            case .template(let template): templates.append(template)
+            }
+        }
+
+        /// The provider or template named `name`.
+        func named(_ name: String) -> Made? {
+            if let provider = providers.first(where: { $0.name == name }) { return .provider(provider) }
+            return templates.first(where: { $0.name == name }).map { .template($0) }
+        }
     }
 
     /// The HTTP servers: the token listener, the admin listener, and the cloud SDK protocols'
@@ -32,19 +59,42 @@ enum Broker {
         let compat: [CompatListener]
     }
 
-    /// What `start` set going, for `stop` to end.
-    struct Running {
-        let listeners: Listeners
-        let providers: Providers
-        let providerTasks: [Task<Void, Never>]
-        let callers: CallerKeyStore?
-        let sinks: RunningSinks
-        let store: OpenedStore?
+    /// Each listener's routes, made from one configuration; a reload makes new ones and swaps them in.
+    struct Handlers {
+        let token: TokenAPI<Provider>
+        let admin: AdminAPI
+        /// The cloud SDK protocols' own listeners' routes, with the listener's name and address.
+        let compat: [OwnCompatRoutes]
     }
 
-    /// Starts the broker and serves until SIGTERM or SIGINT; returns the exit status (0 stopped,
-    /// 1 cannot start, 2 bad configuration).
-    static func run(_ configuration: BrokerConfiguration) -> Int32 {
+    /// What `start` set going, for `stop` to end: the part a reload replaces (`Loaded`), and
+    /// what stays for the process's life. Read and changed on the main thread only.
+    final class Running {
+        var loaded: Loaded
+        var sinks: RunningSinks
+        let listeners: Listeners
+        let callers: CallerKeyStore?
+        let store: OpenedStore?
+        let metrics: BrokerMetrics
+        let reloads: ReloadRequests
+
+        init(
+            loaded: Loaded, sinks: RunningSinks, listeners: Listeners, callers: CallerKeyStore?, store: OpenedStore?,
+            metrics: BrokerMetrics, reloads: ReloadRequests
+        ) {
+            self.loaded = loaded
+            self.sinks = sinks
+            self.listeners = listeners
+            self.callers = callers
+            self.store = store
+            self.metrics = metrics
+            self.reloads = reloads
+        }
+    }
+
+    /// Starts the broker and serves until SIGTERM or SIGINT, reloading `path` at each SIGHUP;
+    /// returns the exit status (0 stopped, 1 cannot start, 2 bad configuration).
+    static func run(_ configuration: BrokerConfiguration, path: String?) -> Int32 {
         Log.use(configuration.logFormat)
         let sources: [(any TokenSource, JWTSigner?)]
         do {
@@ -102,18 +152,25 @@ enum Broker {
             return 2
         }
         warnAboutOpenFileLimit(configuration)
+        let reloads = ReloadRequests()
         let listeners: Listeners
         do {
-            listeners = try openListeners(
+            let handlers = makeHandlers(
                 configuration, providers: providers, sinks: sinks, jwks: JWTSigner.jwks(sources.compactMap(\.1)),
-                callers: callers, identityHeader: identityHeader, store: store, metrics: metrics)
+                callers: callers, identityHeader: identityHeader, store: store, metrics: metrics, reloads: reloads)
+            listeners = try openListeners(configuration, handlers: handlers, metrics: metrics)
         } catch {
             Log.error("cannot start", ["problem": error.description])
             return 1
         }
-        let running = start(providers, sinks: sinks, listeners: listeners, callers: callers, store: store)
+        let loaded = Loaded(
+            configuration: configuration, sources: sources, providers: providers, identityHeader: identityHeader)
+        let running = start(
+            loaded, sinks: sinks, listeners: listeners, callers: callers, store: store, metrics: metrics,
+            reloads: reloads)
         announce(configuration, listeners: listeners, callers: callers)
-        Log.info("stopping", ["signal": Signals.waitForStop()])
+        let signal = serve(running, path: path)
+        Log.info("stopping", ["signal": signal])
         stop(running)
         Log.info("stopped")
         return 0
@@ -152,7 +209,7 @@ enum Broker {
     }
 
     /// Why the HTTP client for issuers and proxy targets cannot run, when the configuration needs it.
-    private static func httpClientFailure(_ configuration: BrokerConfiguration) -> String? {
+    static func httpClientFailure(_ configuration: BrokerConfiguration) -> String? {
         let needed =
             !configuration.proxies.isEmpty
             || configuration.providers.contains { provider in
@@ -204,30 +261,38 @@ enum Broker {
         _ configuration: BrokerConfiguration, _ sources: [(any TokenSource, JWTSigner?)], store: OpenedStore?,
         metrics: BrokerMetrics
     ) -> Providers {
-        let events = ProviderEvents.logged(recordingIn: metrics)
-        let templateEvents = TemplateEvents.logged(recordingIn: metrics)
-        var providers: [Provider] = []
-        var templates: [Template] = []
-        for (settings, (base, signer)) in zip(configuration.providers, sources) {
-            guard settings.isTemplate else {
-                providers.append(
-                    Provider(
-                        configuration: settings, source: base, clock: ContinuousClock(), events: events,
-                        store: storeSlot(store, provider: settings, signer: signer)))
-                continue
-            }
-            templates.append(
-                Template(
-                    configuration: settings, clock: ContinuousClock(),
-                    makeChild: { values in
-                        Provider(
-                            configuration: settings, source: childSource(for: settings, values: values, base: base),
-                            clock: ContinuousClock(), events: .logged(recordingIn: metrics, child: values),
-                            store: storeSlot(store, provider: settings, signer: signer, values: values))
-                    },
-                    attach: { TokenResponseCache(for: $0) }, events: templateEvents))
+        var made = Providers(providers: [], templates: [])
+        for (settings, source) in zip(configuration.providers, sources) {
+            made.add(makeProvider(settings, source, store: store, metrics: metrics))
         }
-        return Providers(providers: providers, templates: templates)
+        return made
+    }
+
+    /// One provider, or one template, as `makeProviders` makes it.
+    /// - Parameter versionsAfter: for a provider that replaces one at a reload: the version it
+    ///   numbers its tokens after.
+    static func makeProvider(
+        _ settings: ProviderConfiguration, _ source: (any TokenSource, JWTSigner?), store: OpenedStore?,
+        metrics: BrokerMetrics, versionsAfter: UInt64 = 0
+    ) -> Providers.Made {
+        let (base, signer) = source
+        guard settings.isTemplate else {
+            return .provider(
+                Provider(
+                    configuration: settings, source: base, clock: ContinuousClock(),
+                    events: .logged(recordingIn: metrics), store: storeSlot(store, provider: settings, signer: signer),
+                    versionsAfter: versionsAfter))
+        }
+        return .template(
+            Template(
+                configuration: settings, clock: ContinuousClock(),
+                makeChild: { values in
+                    Provider(
+                        configuration: settings, source: childSource(for: settings, values: values, base: base),
+                        clock: ContinuousClock(), events: .logged(recordingIn: metrics, child: values),
+                        store: storeSlot(store, provider: settings, signer: signer, values: values))
+                },
+                attach: { TokenResponseCache(for: $0) }, events: .logged(recordingIn: metrics)))
     }
 
     /// The source of a template's child: the template's source, fetching with `values` put in
@@ -253,17 +318,15 @@ enum Broker {
         }
     }
 
-    /// Binds the listeners with their routes (the proxy's and the cloud SDK protocols' too,
-    /// when configured), and lets the metrics read their connection counts.
-    private static func openListeners(
+    /// Each listener's routes over `providers`: the token routes (with the proxy's and the cloud
+    /// SDK protocols', when configured), the admin routes, and each protocol's own listener's.
+    static func makeHandlers(
         _ configuration: BrokerConfiguration, providers: Providers, sinks: Sinks, jwks: String,
-        callers: CallerKeyStore?, identityHeader: [UInt8]?, store: OpenedStore?,
-        metrics: BrokerMetrics
-    ) throws(HTTPServerError) -> Listeners {
-        let compat = try compatRoutes(
+        callers: CallerKeyStore?, identityHeader: [UInt8]?, store: OpenedStore?, metrics: BrokerMetrics,
+        reloads: ReloadRequests
+    ) -> Handlers {
+        let compat = compatHandlers(
             configuration, templates: providers.templates, identityHeader: identityHeader, metrics: metrics)
-        var tokenSettings = tokenRouteSettings(configuration, address: configuration.listen, listener: "token")
-        if !configuration.proxies.isEmpty { tokenSettings.streamingPrefix = ProxyPath.prefix }
         let proxy =
             configuration.proxies.isEmpty
             ? nil
@@ -271,24 +334,38 @@ enum Broker {
                 proxies: configuration.proxies, providers: providers.providers,
                 maxWait: .seconds(configuration.maxWaitSec),
                 callerKeysInAuthorization: callers != nil, metrics: metrics)
-        let tokenServer = try HTTPServer(
-            configuration: tokenSettings,
-            handler: TokenAPI(
-                providers: providers.providers, templates: providers.templates,
-                defaultName: configuration.providers[0].name, jwks: jwks, maxWait: .seconds(configuration.maxWaitSec),
-                requestGuard: configuration.requestGuard, callers: callers, proxy: proxy,
-                compat: compat.onTokenListener, metrics: metrics))
+        let token = TokenAPI(
+            providers: providers.providers, templates: providers.templates,
+            defaultName: configuration.providers[0].name, jwks: jwks, maxWait: .seconds(configuration.maxWaitSec),
+            requestGuard: configuration.requestGuard, callers: callers, proxy: proxy,
+            compat: compat.onTokenListener, metrics: metrics)
+        let admin = AdminAPI(
+            providers: providers.providers, templates: providers.templates, tokenFiles: { sinks.reports() },
+            store: { storeReport(store) }, metrics: metrics, reload: { reloads.request($0) })
+        return Handlers(token: token, admin: admin, compat: compat.own)
+    }
+
+    /// Binds the listeners with their routes, and lets the metrics read their connection counts.
+    private static func openListeners(
+        _ configuration: BrokerConfiguration, handlers: Handlers, metrics: BrokerMetrics
+    ) throws(HTTPServerError) -> Listeners {
+        var tokenSettings = tokenRouteSettings(configuration, address: configuration.listen, listener: "token")
+        if !configuration.proxies.isEmpty { tokenSettings.streamingPrefix = ProxyPath.prefix }
+        let tokenServer = try HTTPServer(configuration: tokenSettings, handler: handlers.token)
         var adminSettings = HTTPServer.Configuration(address: configuration.adminListen)
         adminSettings.connectionLimit = 256
         adminSettings.connectionTimeoutSec = configuration.connectionTimeoutSec
         adminSettings.threads = 1
         adminSettings.unixSocketMode = configuration.unixSocketMode
         adminSettings.libraryLog = { Log.warning("libmicrohttpd", ["listener": "admin", "detail": $0]) }
-        let adminServer = try HTTPServer(
-            configuration: adminSettings,
-            handler: AdminAPI(
-                providers: providers.providers, templates: providers.templates, tokenFiles: { sinks.reports() },
-                store: { storeReport(store) }, metrics: metrics))
+        let adminServer = try HTTPServer(configuration: adminSettings, handler: handlers.admin)
+        var compat: [CompatListener] = []
+        for (name, address, handler) in handlers.compat {
+            let server = try HTTPServer(
+                configuration: tokenRouteSettings(configuration, address: address, listener: name), handler: handler)
+            metrics.observeOpenConnections(listener: name) { [weak server] in server?.openConnections ?? 0 }
+            compat.append(CompatListener(name: name, address: address, server: server))
+        }
         // Weakly: a server's routes hold the metrics, so a strong capture would be a cycle.
         metrics.observeOpenConnections(listener: "token") { [weak tokenServer] in tokenServer?.openConnections ?? 0 }
         metrics.observeOpenConnections(listener: "admin") { [weak adminServer] in adminServer?.openConnections ?? 0 }
@@ -299,17 +376,16 @@ enum Broker {
             adminServer?.evictedConnections ?? 0
         }
         metrics.observeDroppedResponseHeaders { HTTPResponse.droppedHeaders }
-        return Listeners(token: tokenServer, admin: adminServer, compat: compat.own)
+        return Listeners(token: tokenServer, admin: adminServer, compat: compat)
     }
 
     /// Runs each provider and each template in a task of its own, starts the token files' sinks,
     /// and starts watching the caller keys file.
     private static func start(
-        _ providers: Providers, sinks: Sinks, listeners: Listeners, callers: CallerKeyStore?, store: OpenedStore?
+        _ loaded: Loaded, sinks: Sinks, listeners: Listeners, callers: CallerKeyStore?, store: OpenedStore?,
+        metrics: BrokerMetrics, reloads: ReloadRequests
     ) -> Running {
-        let tasks =
-            providers.providers.map { provider in Task.detached { await provider.run() } }
-            + providers.templates.map { template in Task.detached { await template.run() } }
+        loaded.startTasks()
         if let callers {
             let path = callers.path
             callers.watch { result in
@@ -321,8 +397,8 @@ enum Broker {
             }
         }
         return Running(
-            listeners: listeners, providers: providers, providerTasks: tasks, callers: callers,
-            sinks: startSinks(sinks), store: store)
+            loaded: loaded, sinks: startSinks(sinks), listeners: listeners, callers: callers, store: store,
+            metrics: metrics, reloads: reloads)
     }
 
     /// Logs the addresses bound and the proxies ready, and warns about a configuration left open.
@@ -369,12 +445,11 @@ enum Broker {
     /// 5. The token store's writes under way end, so that no record is left half-made.
     private static func stop(_ running: Running) {
         stopSinks(running.sinks)
-        for provider in running.providers.providers { provider.shutDown() }
-        for template in running.providers.templates { template.shutDown() }
+        shutDown(running.loaded.providers)
         running.listeners.token.shutDown(grace: .seconds(5))
         for listener in running.listeners.compat { listener.server.shutDown(grace: .seconds(1)) }
         running.listeners.admin.shutDown(grace: .seconds(1))
-        waitForEnd(of: running.providerTasks, atMost: .seconds(5))
+        waitForEnd(of: Array(running.loaded.tasks.values), atMost: .seconds(5))
         running.callers?.stop()
         closeStore(running.store)
     }
@@ -397,7 +472,7 @@ enum Broker {
     }
 
     /// Blocks the calling thread (not one of Swift's pool) until every task has ended, or `limit` has passed.
-    private static func waitForEnd(of tasks: [Task<Void, Never>], atMost limit: Duration) {
+    static func waitForEnd(of tasks: [Task<Void, Never>], atMost limit: Duration) {
         let ended = DispatchSemaphore(value: 0)
         Task.detached {
             for task in tasks { await task.value }

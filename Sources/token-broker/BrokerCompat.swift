@@ -6,10 +6,14 @@ import TokenBrokerSources
 /// The cloud SDKs' protocols (`compat`): the steps `Broker.run` takes for them.
 ///
 /// In `run`: `readIdentityHeader` with the other secret files (a problem exits 2), and
-/// `compatWarnings` logged; `compatRoutes` when the listeners open: the routes served on the
-/// token listener, and a listener of its own for each protocol with a `listen` address.
+/// `compatWarnings` logged; `compatHandlers` when the routes are made (at start and at each
+/// reload): the routes served on the token listener, and those of each protocol with a
+/// `listen` address, which `openListeners` gives a listener of its own.
 /// `--check-config` reads the header file and prints the same warnings.
 extension Broker {
+    /// A protocol's routes for a listener of its own: its name, address and routes.
+    typealias OwnCompatRoutes = (name: String, address: ListenAddress, handler: CompatAPI<Provider>)
+
     /// A protocol's own listener.
     struct CompatListener {
         let name: String
@@ -89,12 +93,12 @@ extension Broker {
         return warnings
     }
 
-    /// The protocols' routes for the token listener (nil when none is served there), and a
-    /// listener of its own, opened, for each protocol with a `listen` address.
-    static func compatRoutes(
+    /// The protocols' routes for the token listener (nil when none is served there), and the
+    /// routes of each protocol with a `listen` address of its own, with its name and address.
+    static func compatHandlers(
         _ configuration: BrokerConfiguration, templates: [Template], identityHeader: [UInt8]?,
         metrics: BrokerMetrics
-    ) throws(HTTPServerError) -> (onTokenListener: CompatAPI<Provider>?, own: [CompatListener]) {
+    ) -> (onTokenListener: CompatAPI<Provider>?, own: [OwnCompatRoutes]) {
         let compat = configuration.compat
         let maxWait = Duration.seconds(configuration.maxWaitSec)
         let served = templates.map { $0 as any TemplateProviding<Provider> }
@@ -110,22 +114,16 @@ extension Broker {
         let shared = routes(
             gce: compat.gce?.listen == nil ? compat.gce : nil, azure: compat.azure?.listen == nil ? compat.azure : nil,
             listener: "token", address: configuration.listen)
-        var own: [CompatListener] = []
-        let separate: [(String, ListenAddress?, CompatAPI<Provider>?)] = [
-            (
-                "gce", compat.gce?.listen,
-                compat.gce?.listen.flatMap { routes(gce: compat.gce, azure: nil, listener: "gce", address: $0) }
-            ),
-            (
-                "azure", compat.azure?.listen,
-                compat.azure?.listen.flatMap { routes(gce: nil, azure: compat.azure, listener: "azure", address: $0) }
-            ),
-        ]
-        for case (let name, let address?, let handler?) in separate {
-            let server = try HTTPServer(
-                configuration: tokenRouteSettings(configuration, address: address, listener: name), handler: handler)
-            metrics.observeOpenConnections(listener: name) { [weak server] in server?.openConnections ?? 0 }
-            own.append(CompatListener(name: name, address: address, server: server))
+        var own: [OwnCompatRoutes] = []
+        if let gce = compat.gce, let address = gce.listen,
+            let handler = routes(gce: gce, azure: nil, listener: "gce", address: address)
+        {
+            own.append(("gce", address, handler))
+        }
+        if let azure = compat.azure, let address = azure.listen,
+            let handler = routes(gce: nil, azure: azure, listener: "azure", address: address)
+        {
+            own.append(("azure", address, handler))
         }
         return (shared, own)
     }

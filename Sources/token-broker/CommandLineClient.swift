@@ -3,12 +3,13 @@ import TokenBrokerCore
 import TokenBrokerSources
 import TokenBrokerUpstream
 
-/// `token-broker token` and `token-broker status`: the running broker, asked from a script.
+/// `token-broker token`, `status` and `reload`: the running broker, asked from a script.
 ///
 /// - `token [--provider NAME] [--audience A] [--scope S] [--resource R]` asks the token listener
 ///   for `/token` (or `/providers/{name}/token`), and prints the bare access token and a newline
 ///   on stdout, nothing else.
 /// - `status` asks the admin listener's `/readyz`, and prints the providers as a table.
+/// - `reload` asks the admin listener's `POST /reload` (`ReloadCommand`).
 ///
 /// Both find the broker as `healthcheck` does (`HealthCheck.target(listen:path:)`): the listener
 /// of the configuration the broker itself would run (`--config` or `TOKEN_BROKER_CONFIG`, with
@@ -135,16 +136,17 @@ enum CommandLineClient {
 
     // MARK: Asking
 
-    /// Sends one GET and waits for the answer, at most `timeoutMsec` (2 s of them to connect).
-    /// A failure to connect or to hear back in time is `unreachable`.
-    static func get(
-        _ endpoint: Endpoint, headers: [(String, String)], timeoutMsec: Int, maxResponseBytes: Int
+    /// Sends one request (a GET unless told) and waits for the answer, at most `timeoutMsec`
+    /// (2 s of them to connect). A failure to connect or to hear back in time is `unreachable`.
+    static func ask(
+        _ endpoint: Endpoint, method: String = "GET", headers: [(String, String)], timeoutMsec: Int,
+        maxResponseBytes: Int
     ) -> Result<UpstreamResponse, Failure> {
         var settings = UpstreamConfiguration()
         settings.connectTimeoutMsec = min(2000, timeoutMsec)
         settings.timeoutMsec = timeoutMsec
         settings.maxResponseBytes = maxResponseBytes
-        var request = UpstreamRequest(method: "GET", url: endpoint.target.url, headers: headers, settings: settings)
+        var request = UpstreamRequest(method: method, url: endpoint.target.url, headers: headers, settings: settings)
         request.unixSocketPath = endpoint.target.unixSocketPath
         // The broker is asked directly, never through an HTTP proxy from the environment
         // (http_proxy and the like): the request may carry a caller key, and its answer a token.
@@ -447,7 +449,7 @@ enum TokenCommand {
                 environment: environment)
             var headers = [("Token-Broker-Request", "true")]
             if let key { headers.append(("Authorization", "Bearer " + key)) }
-            let response = try CommandLineClient.get(
+            let response = try CommandLineClient.ask(
                 endpoint, headers: headers, timeoutMsec: given.timeoutSec * 1000, maxResponseBytes: 1 << 20
             ).get()
             let token = try token(status: response.status, body: response.body, shown: endpoint.shown).get()
@@ -556,7 +558,7 @@ enum StatusCommand {
             let endpoint = try CommandLineClient.endpoint(
                 address: given.address, configPath: given.configPath, listener: .admin, path: "/readyz",
                 environment: environment)
-            let response = try CommandLineClient.get(
+            let response = try CommandLineClient.ask(
                 endpoint, headers: [], timeoutMsec: 5000, maxResponseBytes: 16 << 20
             ).get()
             guard response.status == 200 || response.status == 503, let tables = tables(response.body) else {

@@ -26,7 +26,10 @@ enum Options {
           token-broker status [--config FILE | --address URL|unix:/path]
                                             print the running broker's providers as a table (from
                                             the admin listener's /readyz)
-          token-broker --help | --version   (token --help, status --help: their own)
+          token-broker reload [--config FILE | --address URL|unix:/path]
+                                            reload the running broker's configuration file, as
+                                            SIGHUP does, and print what changed
+          token-broker --help | --version   (token --help, status --help, reload --help: their own)
 
         Environment:
           TOKEN_BROKER_CONFIG         configuration file, when --config is not given
@@ -45,6 +48,9 @@ enum Options {
           ANY  /proxy/{name}/{path}   proxy mode: forwarded to the proxy's target with a token
         Admin listener:
           GET  /healthz, /readyz, /metrics (Prometheus)
+          POST /reload                reload the configuration file (as SIGHUP does)
+
+        Signals: SIGTERM and SIGINT stop the broker; SIGHUP reloads its configuration file.
 
         Exit status:
           0  stopped by SIGTERM or SIGINT (after letting requests in flight finish, at most 5 s);
@@ -52,13 +58,14 @@ enum Options {
           1  cannot start: a listener cannot bind (port busy, socket path taken) or a system
              resource is missing; the health check failed
           2  bad command line or configuration (the message names the key or the file)
-        token and status (a failure is one line on stderr, never holding the token or the key):
-          0  the token was printed; status: the broker answered, ready or not
+        token, status and reload (a failure is one line on stderr, never holding the token or the key):
+          0  the token was printed; status: the broker answered, ready or not; reload: reloaded
           1  an answer that is not the broker's (or not /readyz's)
           2  bad command line, configuration or caller key file
           3  the broker is unreachable: nothing listens, or no answer in time
           4  token: the broker has no valid token now (503)
-          5  token: the broker refused (400 bad value, 401 caller key, 403, 404 unknown provider)
+          5  token: the broker refused (400 bad value, 401 caller key, 403, 404 unknown provider);
+             reload: the configuration was not reloaded (invalid, needs a restart, or abandoned)
 
         See README.md for the configuration reference.
         """
@@ -78,6 +85,8 @@ enum Options {
         case token(arguments: [String])
         /// `status`, with the arguments after it (`StatusCommand` reads them).
         case status(arguments: [String])
+        /// `reload`, with the arguments after it (`ReloadCommand` reads them).
+        case reload(arguments: [String])
     }
 
     /// Why a command line was refused, as the usage message says it.
@@ -106,6 +115,8 @@ enum Options {
             return TokenCommand.run(arguments: arguments)
         case .status(let arguments):
             return StatusCommand.run(arguments: arguments)
+        case .reload(let arguments):
+            return ReloadCommand.run(arguments: arguments)
         case .broker(let configPath, let checkOnly):
             let environment = Environment.variables()
             let configuration: BrokerConfiguration
@@ -117,7 +128,9 @@ enum Options {
                 Log.error("invalid configuration", ["problem": error.description])
                 return 2
             }
-            guard checkOnly else { return Broker.run(configuration) }
+            guard checkOnly else {
+                return Broker.run(configuration, path: configurationPath(given: configPath, environment: environment))
+            }
             for warning in Broker.compatWarnings(configuration) { Log.warning("compat", ["problem": warning]) }
             print(
                 "configuration OK: \(configuration.providers.count) provider(s), token listener \(configuration.listen), admin listener \(configuration.adminListen)"
@@ -133,6 +146,7 @@ enum Options {
         case "healthcheck": return .healthCheck(arguments: Array(arguments.dropFirst()))
         case "token": return .token(arguments: Array(arguments.dropFirst()))
         case "status": return .status(arguments: Array(arguments.dropFirst()))
+        case "reload": return .reload(arguments: Array(arguments.dropFirst()))
         default: break
         }
         var configPath: String?

@@ -1,17 +1,20 @@
 import Glibc
 
-/// SIGTERM and SIGINT, and SIGHUP: blocked in every thread, then taken synchronously by the main
-/// thread.
-///
-/// SIGHUP's default action would end the process; an operator who sends it expecting a reload
-/// must not lose the broker. Reloading is not built yet, so SIGHUP is logged and ignored.
+/// SIGTERM and SIGINT, which stop the broker, and SIGHUP, which reloads its configuration:
+/// blocked in every thread, then taken synchronously by the main thread.
 enum Signals {
-    private static var stopSignals: sigset_t {
+    /// What the main thread is asked to do.
+    enum Event: Equatable {
+        /// Stop: SIGTERM or SIGINT, by name.
+        case stop(String)
+        /// Reload the configuration: SIGHUP (also what `POST /reload` raises).
+        case reload
+    }
+
+    private static func set(_ signals: [Int32]) -> sigset_t {
         var set = sigset_t()
         sigemptyset(&set)
-        sigaddset(&set, SIGTERM)
-        sigaddset(&set, SIGINT)
-        sigaddset(&set, SIGHUP)
+        for signal in signals { sigaddset(&set, signal) }
         return set
     }
 
@@ -19,9 +22,10 @@ enum Signals {
     /// and ignores SIGPIPE (a client that hangs up must not kill the broker).
     ///
     /// Without the mask a stop signal could land on any thread and end the process at once,
-    /// with no drain; so a failure stops the broker before it starts.
+    /// with no drain; and SIGHUP's default action would end it too. So a failure stops the
+    /// broker before it starts.
     static func blockStopSignals() {
-        var set = stopSignals
+        var set = set([SIGTERM, SIGINT, SIGHUP])
         let status = pthread_sigmask(SIG_BLOCK, &set, nil)
         guard status == 0 else {
             Log.error(
@@ -32,14 +36,29 @@ enum Signals {
         signal(SIGPIPE, SIG_IGN)  // fails only for an invalid signal number
     }
 
-    /// Waits for SIGTERM or SIGINT and returns its name; a SIGHUP meanwhile is logged and ignored.
-    static func waitForStop() -> String {
-        var set = stopSignals
-        while true {
-            var received: Int32 = 0
-            while sigwait(&set, &received) != 0 {}
-            guard received == SIGHUP else { return received == SIGTERM ? "SIGTERM" : "SIGINT" }
-            Log.warning("SIGHUP ignored: reloading the configuration is not supported yet; restart to apply changes")
+    /// Waits for SIGTERM, SIGINT or SIGHUP.
+    static func next() -> Event {
+        var set = set([SIGTERM, SIGINT, SIGHUP])
+        var received: Int32 = 0
+        while sigwait(&set, &received) != 0 {}
+        return event(received)
+    }
+
+    /// Waits at most `limit` for SIGTERM or SIGINT, and returns its name; a SIGHUP stays pending.
+    static func stopSignal(waitingAtMost limit: Duration) -> String? {
+        var set = set([SIGTERM, SIGINT])
+        let milliseconds = max(0, limit.wholeMilliseconds)
+        var timeout = timespec(tv_sec: Int(milliseconds / 1000), tv_nsec: Int(milliseconds % 1000) * 1_000_000)
+        let received = sigtimedwait(&set, nil, &timeout)
+        guard received > 0, case .stop(let name) = event(received) else { return nil }
+        return name
+    }
+
+    private static func event(_ signal: Int32) -> Event {
+        switch signal {
+        case SIGHUP: .reload
+        case SIGTERM: .stop("SIGTERM")
+        default: .stop("SIGINT")
         }
     }
 }

@@ -152,4 +152,56 @@ final class FakeTemplate: TemplateStatusReporting {
                 headers: ["Allow": "GET, HEAD"])
         }
     }
+
+    /// `POST /reload` is behind the request guard (a browser's cross-site form cannot set the
+    /// header), answers only once the reload has ended, and says how it ended.
+    @Test func reloadIsAGuardedPostAnsweredWithItsOutcome() {
+        let outcomes: [ReloadOutcome] = [
+            .reloaded(
+                {
+                    var summary = ReloadSummary()
+                    summary.added = ["new"]
+                    summary.changed = ["b"]
+                    summary.unchanged = ["a"]
+                    return summary
+                }()),
+            .invalid(problem: "providers[1].source: cannot read /k.pem"),
+            .refused(problem: "changing listen needs a restart"),
+            .abandoned(problem: "provider \"b\": its replacement got no token within 30 s"),
+        ]
+        let next = Lock(0)
+        let requested = Lock(0)
+        let api = AdminAPI(
+            providers: [FakeProvider()], metrics: BrokerMetrics(version: "test"),
+            reload: { ended in
+                requested.withLock { $0 += 1 }
+                ended(
+                    outcomes[
+                        next.withLock { index in
+                            defer { index += 1 }
+                            return index
+                        }])
+            })
+        expectError(api.handle(request("POST", "/reload", guarded: false)).immediate, 403, "missing_request_header")
+        expectError(
+            api.handle(request("GET", "/reload")).immediate, 405, "method_not_allowed", headers: ["Allow": "POST"])
+        #expect(requested.withLock { $0 } == 0, "a refused request starts no reload")
+        var answers: [HTTPResponse] = []
+        for _ in outcomes {
+            let responder = RecordingResponder()
+            #expect(api.handle(request("POST", "/reload")).start(responder), "the answer waits for the reload")
+            answers += responder.responses
+        }
+        #expect(answers.map(\.status) == [200, 422, 409, 503])
+        #expect(answers.map(\.errorCode) == [nil, "invalid_configuration", "reload_refused", "reload_abandoned"])
+        #expect(answers[0].bool("reloaded") == true)
+        #expect(
+            answers[0].bodyText.contains(
+                bytes: #""added":["new"],"changed":["b"],"removed":[],"unchanged":["a"]"#) == true)
+        #expect(answers[1].string("error_description")?.hasSuffix("providers[1].source: cannot read /k.pem") == true)
+    }
+
+    @Test func withoutAWayToReloadTheRouteIsNotThere() {
+        expectError(admin([FakeProvider()]).handle(request("POST", "/reload")).immediate, 404, "not_found")
+    }
 }

@@ -51,6 +51,27 @@ import TokenBrokerTestSupport
         #expect(store.authorize("Bearer key-a", provider: "payments") == .allowed)
     }
 
+    /// A file that names a provider the broker does not have yet is refused by the watch, and
+    /// not read again until it changes; the configuration reload that adds the provider reads it.
+    @Test func aReloadThatAddsAProviderLetsTheKeysNameIt() throws {
+        let directory = try TemporaryDirectory()
+        let path = directory.path("callers.json")
+        try write(#"{"keys": [{"name": "billing", "sha256": "\#(Self.hashA)", "providers": ["default"]}]}"#, to: path)
+        let store = try CallerKeyStore(path: path, knownProviders: ["default"])
+        try write(#"{"keys": [{"name": "billing", "sha256": "\#(Self.hashA)", "providers": ["orders"]}]}"#, to: path)
+        guard case .failure = store.reloadIfChanged() else {
+            Issue.record("a key for an unknown provider was accepted")
+            return
+        }
+        #expect(store.authorize("Bearer key-a", provider: "orders") == .forbidden(caller: "billing"))
+        #expect(store.use(knownProviders: ["default", "orders"]) == nil)
+        #expect(store.authorize("Bearer key-a", provider: "orders") == .allowed)
+        #expect(store.authorize("Bearer key-a", provider: "default") == .forbidden(caller: "billing"))
+        // A reload that removes it: the file read against the new set is refused, the list stays.
+        #expect(store.use(knownProviders: ["default"]) != nil)
+        #expect(store.authorize("Bearer key-a", provider: "orders") == .allowed)
+    }
+
     @Test func aFIFOInPlaceOfTheFileIsRefusedAndTheNextRegularFileIsLoaded() throws {
         let directory = try TemporaryDirectory()
         let path = directory.path("callers.json")

@@ -68,6 +68,44 @@ struct ProviderShutdownTests {
         service.cancel()
     }
 
+    /// A provider replaced at a reload hands its waiters to its replacement, which numbers its
+    /// tokens after the old one's: a long-poll for a version newer than the one it has is
+    /// answered by the replacement's first token, not by a 503.
+    @Test func aReplacedProvidersWaitersAreAnsweredByItsReplacement() async {
+        let clock = ManualClock()
+        let old = TokenProvider(
+            configuration: ProviderConfiguration(), source: ScriptedSource(), clock: clock, jitter: .fixed(0.5))
+        let oldRun = Task { await old.run() }
+        #expect(await eventually { old.status().version == 1 })
+        let heard = Lock<[Provider.WaitOutcome]>([])
+        for _ in 0..<2 {
+            old.addWaiter(after: 1, deadline: old.deadline(in: .seconds(30))) { outcome in
+                heard.withLock { $0.append(outcome) }
+            }
+        }
+        let source = ScriptedSource(gated: true)
+        let replacement = TokenProvider(
+            configuration: ProviderConfiguration(), source: source, clock: clock, jitter: .fixed(0.5),
+            versionsAfter: old.status().version ?? 0)
+        let replacementRun = Task { await replacement.run() }
+        #expect(await eventually { source.parkedCount == 1 })
+        old.shutDown(handingWaitersTo: replacement)
+        #expect(heard.withLock { $0 }.isEmpty, "the waiters wait on, for the replacement's token")
+        #expect(old.status().version == 1, "the old provider keeps its token; it answers no one now")
+        source.open()
+        #expect(await eventually { heard.withLock { $0.count } == 2 })
+        for outcome in heard.withLock({ $0 }) {
+            guard case .token(let token, _) = outcome else {
+                Issue.record("a handed-over waiter got \(outcome)")
+                continue
+            }
+            #expect(token.version == 2, "numbered after the replaced provider's version 1")
+        }
+        replacement.shutDown()
+        await oldRun.value
+        await replacementRun.value
+    }
+
     typealias Provider = TokenProvider<ManualClock>
 }
 

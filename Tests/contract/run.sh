@@ -57,9 +57,9 @@ compat='^/$|^/computeMetadata/|^/(msi/token|metadata/identity/oauth2/token)$'
 
 cd "$work"
 "$bin_dir/schemathesis" --config-file "$here/schemathesis.toml" run "$spec" --url "http://$token" \
-    --exclude-path-regex "^/(healthz|readyz|metrics)\$|$compat" \
+    --exclude-path-regex "^/(healthz|readyz|metrics|reload)\$|$compat" \
     --header "Authorization: Bearer $key" --checks all --max-examples 50 --seed 20261129 --no-color
-"$bin_dir/schemathesis" run "$spec" --url "http://$admin" --include-path-regex '^/(healthz|readyz|metrics)$' \
+"$bin_dir/schemathesis" run "$spec" --url "http://$admin" --include-path-regex '^/(healthz|readyz|metrics|reload)$' \
     --checks all --max-examples 30 --seed 20261129 --no-color
 "$bin_dir/schemathesis" --config-file "$here/schemathesis.toml" run "$spec" --url "http://$gce" \
     --include-path-regex '^/$|^/computeMetadata/' \

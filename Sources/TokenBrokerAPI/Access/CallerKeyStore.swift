@@ -15,7 +15,8 @@ import TokenBrokerCrypto
 /// Locks: `state` and `watcher` are each taken alone, never one inside the other.
 public final class CallerKeyStore: CallerAuthorizing, Sendable {
     public let path: String
-    private let knownProviders: Set<String>
+    /// The providers a key may name: those configured now (a reload changes them).
+    private let knownProviders: Lock<Set<String>>
     private let state: Lock<(list: CallerKeyList, identity: FileIdentity?)>
     private let watcher = Lock<Watch?>(nil)
 
@@ -32,7 +33,7 @@ public final class CallerKeyStore: CallerAuthorizing, Sendable {
     /// Reads the file once; the broker refuses to start when this throws.
     public init(path: String, knownProviders: Set<String>) throws(ConfigurationError) {
         self.path = path
-        self.knownProviders = knownProviders
+        self.knownProviders = Lock(knownProviders)
         let identity = FileIdentity(path)
         state = Lock((try Self.read(path, knownProviders: knownProviders), identity))
     }
@@ -75,12 +76,28 @@ public final class CallerKeyStore: CallerAuthorizing, Sendable {
         return watch.ended.wait(timeout: .now() + .milliseconds(Int(clamping: limit.wholeMilliseconds))) == .success
     }
 
+    /// At a configuration reload: the providers configured from now on. The file is read again
+    /// against them, now, and is the list in force when it is valid; otherwise the list stays,
+    /// and the problem is returned (the reload checked the file, so only a change since can fail).
+    public func use(knownProviders names: Set<String>) -> ConfigurationError? {
+        knownProviders.withLock { $0 = names }
+        let identity = FileIdentity(path)
+        do {
+            let list = try Self.read(path, knownProviders: names)
+            state.withLock { $0 = (list, identity) }
+            return nil
+        } catch {
+            state.withLock { $0.identity = identity }
+            return error
+        }
+    }
+
     /// Re-reads the file if it changed since the last look; nil when it did not.
     public func reloadIfChanged() -> Result<Int, ConfigurationError>? {
         let identity = FileIdentity(path)
         guard identity != state.withLock({ $0.identity }) else { return nil }
         do {
-            let list = try Self.read(path, knownProviders: knownProviders)
+            let list = try Self.read(path, knownProviders: knownProviders.withLock { $0 })
             state.withLock { $0 = (list, identity) }
             return .success(list.entries.count)
         } catch {

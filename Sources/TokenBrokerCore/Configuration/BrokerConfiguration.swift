@@ -28,6 +28,9 @@ public struct BrokerConfiguration: Sendable, Equatable {
     public var requestGuard: Bool
     /// The longest a request may wait for a token (on-demand fetches, long-polls). Default 60; 1–3600.
     public var maxWaitSec: Int
+    /// The longest a reload waits for each changed provider's replacement to get its first
+    /// token; past it, the reload is abandoned and the running configuration stays. Default 30; 1–600.
+    public var reloadTimeoutSec = 30
     /// Token files: each new token of a provider written to a file. Default: none.
     public var sinks: [SinkConfiguration] = []
     /// The cloud SDKs' own token protocols (Google's metadata server, Azure managed identity). Default: none.
@@ -72,6 +75,7 @@ public struct BrokerConfiguration: Sendable, Equatable {
         connectionLimit = try reader.int("connectionLimit", 16...1_000_000, default: connectionLimit)
         connectionTimeoutSec = try reader.int("connectionTimeoutSec", 1...3600, default: connectionTimeoutSec)
         maxWaitSec = try reader.int("maxWaitSec", 1...3600, default: maxWaitSec)
+        reloadTimeoutSec = try reader.int("reloadTimeoutSec", 1...600, default: reloadTimeoutSec)
         requestGuard = try reader.bool("requestGuard", default: requestGuard)
         connectionMemoryKiB = try reader.int("connectionMemoryKiB", 4...1024, default: connectionMemoryKiB)
         if let text = try reader.string("logFormat") {

@@ -37,6 +37,8 @@ public final class BrokerMetrics: Sendable {
         var storeOperations: [Labels: Int] = [:]
         var storeFetches: [String: Int] = [:]
         var storeHealth: (@Sendable () -> (reachable: Bool, secondsSinceReachable: Double?))?
+        /// Every result from the start, so that a rate over the series is defined before the first reload.
+        var reloads: [String: Int] = Dictionary(uniqueKeysWithValues: BrokerMetrics.reloadResults.map { ($0, 0) })
     }
 
     /// The key of a route's request counter.
@@ -156,6 +158,12 @@ public final class BrokerMetrics: Sendable {
     {
         state.withLock { $0.storeHealth = read }
     }
+
+    /// How a configuration reload ends: one of `reloadResults`.
+    public static let reloadResults = ["reloaded", "invalid", "refused", "abandoned"]
+
+    /// One configuration reload, by how it ended (`reloadResults`).
+    public func recordReload(result: String) { state.withLock { $0.reloads[result, default: 0] += 1 } }
 
     public func recordSinkWrite(provider: String, succeeded: Bool) {
         state.withLock { $0.sinkWrites[Labels(owner: provider, value: succeeded ? "ok" : "error"), default: 0] += 1 }
@@ -319,6 +327,11 @@ public final class BrokerMetrics: Sendable {
                 + "error); with Redis also lease (acquired, held), write (ok, fenced, error, unreachable), message "
                 + "(received) and record (from_fleet).",
             labels: ("operation", "result"), snapshot.storeOperations)
+        counters(
+            "token_broker_reloads_total",
+            "Configuration reloads by result: reloaded, invalid (the file), refused (a change that needs a "
+                + "restart), abandoned (a changed provider's replacement got no token in time).",
+            label: "result", snapshot.reloads)
         if let read = snapshot.storeHealth {
             counters(
                 "token_broker_store_fetches_total",

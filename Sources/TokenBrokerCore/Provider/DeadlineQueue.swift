@@ -40,5 +40,8 @@ struct DeadlineQueue<Instant: Comparable & Sendable>: Sendable {
         return due
     }
 
+    /// Every entry, in no order; cancelled waiters' among them.
+    var entries: [(deadline: Instant, id: UInt64)] { heap }
+
     mutating func removeAll() { heap.removeAll() }
 }

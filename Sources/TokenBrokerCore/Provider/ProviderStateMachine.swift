@@ -111,10 +111,14 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     private var refreshForcedAfterStore = false
 
     /// - Parameter awaitingStore: the provider has a store, whose record comes first (`storeLoaded`).
+    /// - Parameter versionsAfter: the first token's version is the next one after it (a provider
+    ///   that replaces another at a reload numbers its tokens after the one it replaces).
     public init(
-        configuration: ProviderConfiguration, now: Instant, jitter: Jitter = .random, awaitingStore: Bool = false
+        configuration: ProviderConfiguration, now: Instant, jitter: Jitter = .random, awaitingStore: Bool = false,
+        versionsAfter: UInt64 = 0
     ) {
         self.awaitingStore = awaitingStore
+        lastVersion = versionsAfter
         backgroundRefresh = configuration.backgroundRefreshEnabled
         pauseWhenIdle = configuration.pauseWhenIdle
         retryPolicy = RetryPolicy(
@@ -499,6 +503,30 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     }
 
     /// Completes every waiter: the provider is going away.
+    /// A waiter as a successor takes it over (`handOver`): what it asked for, and until when.
+    public struct HandedWaiter: Sendable {
+        public let id: UInt64
+        public let after: UInt64?
+        public let deadline: Instant
+        public let onDemand: Bool
+        public let forRefresh: Bool
+    }
+
+    /// Ends the provider as `shutDown` does, but gives its waiters back, in the order they
+    /// came, for a successor to take over, instead of answering them `.shuttingDown`.
+    public mutating func handOver() -> [HandedWaiter] {
+        let handed = deadlines.entries.compactMap { entry -> HandedWaiter? in
+            guard let waiter = waiters[entry.id] else { return nil }
+            return HandedWaiter(
+                id: entry.id, after: waiter.after, deadline: entry.deadline, onDemand: waiter.kind == .onDemand,
+                forRefresh: waiter.forRefresh)
+        }.sorted { $0.id < $1.id }
+        waiters.removeAll()
+        // No waiter is left to answer: this clears the deadlines and the planned fetch.
+        _ = shutDown()
+        return handed
+    }
+
     public mutating func shutDown() -> [Action] {
         let actions = waiters.isEmpty ? [] : [Action.complete(waiters: waiters.keys.sorted(), .shuttingDown)]
         waiters.removeAll()

@@ -73,10 +73,14 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     ///   - jitter: spreads retries and refreshes; tests pin it.
     ///   - events: hooks for logs and metrics.
     ///   - store: where the token outlives the process; nil keeps it in memory only.
+    ///   - versionsAfter: the first token's version is the next one after it: a provider that
+    ///     replaces another at a reload numbers its tokens after the one it replaces, so that a
+    ///     client waiting for a version newer than the one it has is still answered.
     public init(
         configuration: ProviderConfiguration, source: any TokenSource, clock: C,
         jitter: Jitter = .random, events: ProviderEvents = ProviderEvents(),
-        wallClock: @escaping @Sendable () -> WallTime = { WallTime() }, store: StoreSlot? = nil
+        wallClock: @escaping @Sendable () -> WallTime = { WallTime() }, store: StoreSlot? = nil,
+        versionsAfter: UInt64 = 0
     ) {
         self.wallClock = wallClock
         self.configuration = configuration
@@ -88,7 +92,8 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         state = Lock(
             State(
                 machine: Machine(
-                    configuration: configuration, now: clock.now, jitter: jitter, awaitingStore: store != nil)))
+                    configuration: configuration, now: clock.now, jitter: jitter, awaitingStore: store != nil,
+                    versionsAfter: versionsAfter)))
     }
 
     // MARK: - Service
@@ -143,6 +148,37 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         fetch?.cancel()
         perform(&work)
         runEnds?.finish()
+    }
+
+    /// Shuts down as `shutDown` does, but hands the waiters to `successor` (the provider that
+    /// replaces this one at a reload), each with what it asked for and its deadline, rather than
+    /// answering them `.shuttingDown`. The successor numbers its tokens after this one's, so a
+    /// waiter for a version newer than the one it has is answered by the successor's first
+    /// token, or by its deadline. A waiter's caller that goes away after this can no longer
+    /// remove it (its id was this provider's): it then ends at its deadline, answering no one.
+    public func shutDown(handingWaitersTo successor: TokenProvider<C>) {
+        var work = Work()
+        var handed: [(waiter: Machine.HandedWaiter, completion: Completion)] = []
+        let (fetch, runEnds) = state.withLock { state -> (Task<Void, Never>?, AsyncStream<Never>.Continuation?) in
+            state.isShutDown = true
+            for waiter in state.machine.handOver() {
+                if let completion = state.completions.removeValue(forKey: waiter.id) {
+                    handed.append((waiter, completion))
+                }
+            }
+            work.cancelledTimer = state.timer
+            state.timer = nil
+            state.timerDeadline = nil
+            return (state.fetch, state.runEnds)
+        }
+        fetch?.cancel()
+        perform(&work)
+        runEnds?.finish()
+        for (waiter, completion) in handed {
+            successor.addWaiter(
+                after: waiter.after, deadline: waiter.deadline, onDemand: waiter.onDemand,
+                forRefresh: waiter.forRefresh, completion: completion)
+        }
     }
 
     // MARK: - Reading

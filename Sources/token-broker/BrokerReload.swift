@@ -1,0 +1,321 @@
+import Glibc
+import TokenBrokerAPI
+import TokenBrokerCore
+import TokenBrokerCrypto
+import TokenBrokerServer
+import TokenBrokerSinks
+import TokenBrokerSources
+
+/// Reloading the configuration (SIGHUP, `POST /reload` on the admin listener, `token-broker
+/// reload`): the steps `Broker.serve` takes at each one, on the main thread, one at a time.
+///
+/// 1. The file is read again, the environment's overrides applied, and everything
+///    `--check-config` checks is checked. A problem: `invalid`, and nothing changes.
+/// 2. A change only a restart can make (`restartNeeded`): `refused`, and nothing changes.
+/// 3. The providers are compared by name (`compare`): one whose settings and secret files are
+///    the same keeps running as it is: its token, version, timers and waiters. A changed one gets
+///    a replacement, numbered after it; new ones are made.
+/// 4. The new providers that fetch at start (replacements and added ones) are given
+///    `reloadTimeoutSec` to get their first token, while the old ones keep serving, so that no
+///    route answers 503 for want of a first token. One that does not: `abandoned`, the new
+///    providers stop, and nothing changes. A stop signal meanwhile abandons the reload too.
+/// 5. Each listener's routes are made anew over the new providers and swapped in: requests
+///    from then on see the new configuration; connections, and requests under way, stay.
+/// 6. Token files whose settings or provider changed are stopped and started again (each file
+///    keeps its last token meanwhile).
+/// 7. The replaced and removed providers shut down. A replaced provider's waiters (long-polls,
+///    requests waiting for a token) are handed to its replacement, which numbers its tokens
+///    after the old one's; a removed provider's, and a replaced template's, are answered 503
+///    `shutting_down`, as at a stop.
+extension Broker {
+    /// What one configuration made: a reload replaces it whole, keeping the unchanged parts.
+    /// Read and changed on the main thread only.
+    final class Loaded {
+        let configuration: BrokerConfiguration
+        /// Each provider's source and local signer, by provider name.
+        let sources: [String: (any TokenSource, JWTSigner?)]
+        /// Each provider's secret files' digests, by provider name (`secretDigests`).
+        let digests: [String: [[UInt8]?]]
+        let providers: Providers
+        let identityHeader: [UInt8]?
+        /// Each provider's and template's running task, by name.
+        private(set) var tasks: [String: Task<Void, Never>]
+
+        init(
+            configuration: BrokerConfiguration, sources: [(any TokenSource, JWTSigner?)], providers: Providers,
+            identityHeader: [UInt8]?, tasks: [String: Task<Void, Never>] = [:]
+        ) {
+            self.configuration = configuration
+            // Names are unique: the configuration refuses a name given twice.
+            self.sources = Dictionary(zip(configuration.providers.map(\.name), sources)) { first, _ in first }
+            digests = Dictionary(configuration.providers.map { ($0.name, Broker.secretDigests($0)) }) { first, _ in
+                first
+            }
+            self.providers = providers
+            self.identityHeader = identityHeader
+            self.tasks = tasks
+        }
+
+        /// Runs each provider and template that has no task yet in a task of its own.
+        func startTasks() {
+            for provider in providers.providers where tasks[provider.name] == nil {
+                tasks[provider.name] = Task.detached { await provider.run() }
+            }
+            for template in providers.templates where tasks[template.name] == nil {
+                tasks[template.name] = Task.detached { await template.run() }
+            }
+        }
+
+        /// The JSON Web Key Set of the local signers, in configuration order.
+        var jwks: String {
+            JWTSigner.jwks(configuration.providers.compactMap { sources[$0.name]?.1 })
+        }
+    }
+
+    /// Shuts down each provider and template: their waiters are answered 503 `shutting_down`
+    /// now, their timers and fetches stop, and their tasks end.
+    static func shutDown(_ providers: Providers) {
+        for provider in providers.providers { provider.shutDown() }
+        for template in providers.templates { template.shutDown() }
+    }
+
+    /// SHA-256 of each secret file the provider's source reads (nil for one that cannot be
+    /// read), in `secretFiles` order: a key read once at start changes only through a replacement.
+    static func secretDigests(_ settings: ProviderConfiguration) -> [[UInt8]?] {
+        settings.source.secretFiles.map { path -> [UInt8]? in
+            guard case .success(let contents) = FileContents.read(path) else { return nil }
+            return try? Crypto.sha256(contents)
+        }
+    }
+
+    /// Serves until SIGTERM or SIGINT, and returns its name; reloads at each SIGHUP, and
+    /// answers the `POST /reload` requests waiting for it.
+    static func serve(_ running: Running, path: String?) -> String {
+        while true {
+            switch Signals.next() {
+            case .stop(let name):
+                return name
+            case .reload:
+                let waiting = running.reloads.take()
+                let (outcome, stop) = reload(running, path: path)
+                running.metrics.recordReload(result: outcome.result)
+                if case .reloaded(let summary) = outcome {
+                    Log.info(
+                        "configuration reloaded",
+                        [
+                            "added": summary.added.joined(separator: ","),
+                            "changed": summary.changed.joined(separator: ","),
+                            "removed": summary.removed.joined(separator: ","),
+                            "unchanged": summary.unchanged.joined(separator: ","),
+                        ])
+                } else {
+                    Log.error(
+                        "configuration not reloaded",
+                        ["result": outcome.result, "problem": outcome.problem ?? ""])
+                }
+                for ended in waiting { ended(outcome) }
+                if let stop { return stop }
+            }
+        }
+    }
+
+    /// One reload, by the steps above; with the stop signal that arrived during it, if one did.
+    private static func reload(_ running: Running, path: String?) -> (ReloadOutcome, stop: String?) {
+        let old = running.loaded
+        // 1. Read and check.
+        let configuration: BrokerConfiguration
+        let sources: [(any TokenSource, JWTSigner?)]
+        let directories: [SinkDirectory]
+        let identityHeader: [UInt8]?
+        do {
+            configuration = try Options.load(path: path, environment: Environment.variables())
+            sources = try makeSources(configuration)
+            directories = try openSinkDirectories(configuration).get()
+            identityHeader = try readIdentityHeader(configuration)
+            // The keys file must name only providers of the new configuration, as at start.
+            if old.configuration.clientKeysFile == configuration.clientKeysFile {
+                _ = try loadCallerKeys(configuration)
+            }
+        } catch {
+            return (.invalid(problem: error.description), nil)
+        }
+        // 2. What only a restart changes.
+        if let problem = restartNeeded(from: old.configuration, to: configuration) {
+            return (.refused(problem: problem), nil)
+        }
+        if let problem = httpClientFailure(configuration) { return (.invalid(problem: problem), nil) }
+        // 3. Compare, and make what is new.
+        let summary = compare(
+            old: old.configuration.providers.map { ($0, old.digests[$0.name] ?? []) },
+            new: configuration.providers.map { ($0, secretDigests($0)) })
+        var made = Providers(providers: [], templates: [])
+        var tasks: [String: Task<Void, Never>] = [:]
+        for (settings, source) in zip(configuration.providers, sources) where !summary.unchanged.contains(settings.name)
+        {
+            var versionsAfter: UInt64 = 0
+            if case .provider(let previous)? = old.providers.named(settings.name) {
+                versionsAfter = previous.status().version ?? 0
+            }
+            let provider = makeProvider(
+                settings, source, store: running.store, metrics: running.metrics, versionsAfter: versionsAfter)
+            made.add(provider)
+            switch provider {
+            case .provider(let provider): tasks[settings.name] = Task.detached { await provider.run() }
+            case .template(let template): tasks[settings.name] = Task.detached { await template.run() }
+            }
+        }
+        func abandon(_ problem: String, stop: String? = nil) -> (ReloadOutcome, stop: String?) {
+            shutDown(made)
+            waitForEnd(of: Array(tasks.values), atMost: .seconds(5))
+            return (.abandoned(problem: problem), stop)
+        }
+        // 4. The new providers' first tokens.
+        let awaited = made.providers.filter(\.configuration.backgroundRefreshEnabled)
+        let clock = ContinuousClock()
+        let deadline = clock.now.advanced(by: .seconds(configuration.reloadTimeoutSec))
+        while let pending = awaited.first(where: { !$0.status().hasValidToken }) {
+            if clock.now >= deadline {
+                let what = summary.added.contains(pending.name) ? "it" : "its replacement"
+                var problem =
+                    "provider \(JSONText.quoted(pending.name)): \(what) got no token within"
+                    + " \(configuration.reloadTimeoutSec) s (reloadTimeoutSec)"
+                if let error = pending.status().lastError { problem += "; last error: \(error.summary)" }
+                return abandon(problem)
+            }
+            if let stop = Signals.stopSignal(waitingAtMost: .milliseconds(20)) {
+                return abandon("the broker is stopping", stop: stop)
+            }
+        }
+        // 5. The new set, in configuration order, and the token files over it.
+        var providers = Providers(providers: [], templates: [])
+        for settings in configuration.providers {
+            guard let provider = made.named(settings.name) ?? old.providers.named(settings.name) else { continue }
+            providers.add(provider)
+        }
+        let restartsSinks =
+            configuration.sinks != old.configuration.sinks
+            || configuration.sinks.contains { !summary.unchanged.contains($0.provider) }
+        var sinks = running.sinks.sinks
+        if restartsSinks {
+            do {
+                sinks = try makeSinks(configuration, directories: directories, providers: providers) {
+                    [metrics = running.metrics] in metrics.recordSinkWrite(provider: $0, succeeded: $1)
+                }
+            } catch {
+                shutDown(made)
+                waitForEnd(of: Array(tasks.values), atMost: .seconds(5))
+                return (.invalid(problem: error.description), nil)
+            }
+        }
+        // An unchanged provider keeps its source: a local signer made at start keeps its key,
+        // which the JWKS must go on publishing (the file's read just now generated another).
+        let kept = zip(configuration.providers, sources).map { settings, source in
+            summary.unchanged.contains(settings.name) ? old.sources[settings.name] ?? source : source
+        }
+        let loaded = Loaded(
+            configuration: configuration, sources: kept, providers: providers, identityHeader: identityHeader,
+            tasks: tasks.merging(old.tasks.filter { summary.unchanged.contains($0.key) }) { new, _ in new })
+        let handlers = makeHandlers(
+            configuration, providers: providers, sinks: sinks, jwks: loaded.jwks, callers: running.callers,
+            identityHeader: identityHeader, store: running.store, metrics: running.metrics, reloads: running.reloads)
+        // The keys may name the new providers before their routes are served.
+        if let problem = running.callers?.use(knownProviders: Set(configuration.providers.map(\.name))) {
+            Log.error("caller keys not reloaded; the previous list stays", ["problem": problem.description])
+        }
+        running.listeners.token.replaceHandler(handlers.token)
+        running.listeners.admin.replaceHandler(handlers.admin)
+        for listener in running.listeners.compat {
+            if let routes = handlers.compat.first(where: { $0.name == listener.name }) {
+                listener.server.replaceHandler(routes.handler)
+            }
+        }
+        running.loaded = loaded
+        // 6. Token files: the old runners end before the new ones start, so that no two write a file.
+        if restartsSinks {
+            stopSinks(running.sinks)
+            running.sinks = startSinks(sinks)
+        }
+        // 7. What is no longer served. A replaced provider's waiters go to its replacement.
+        for settings in old.configuration.providers where !summary.unchanged.contains(settings.name) {
+            switch (old.providers.named(settings.name), made.named(settings.name)) {
+            case (.provider(let previous)?, .provider(let replacement)?):
+                previous.shutDown(handingWaitersTo: replacement)
+            case (.provider(let previous)?, _): previous.shutDown()
+            case (.template(let previous)?, _): previous.shutDown()
+            case (nil, _): break
+            }
+        }
+        let retired = old.configuration.providers.filter { !summary.unchanged.contains($0.name) }
+        waitForEnd(of: retired.compactMap { old.tasks[$0.name] }, atMost: .seconds(5))
+        for warning in compatWarnings(configuration) { Log.warning("compat", ["problem": warning]) }
+        return (.reloaded(summary), nil)
+    }
+
+    /// The providers by fate, by name: a provider is unchanged when its settings and its secret
+    /// files' digests are the same; a template that becomes a provider, or back, is changed.
+    static func compare(
+        old: [(settings: ProviderConfiguration, digests: [[UInt8]?])],
+        new: [(settings: ProviderConfiguration, digests: [[UInt8]?])]
+    ) -> ReloadSummary {
+        var summary = ReloadSummary()
+        for (settings, digests) in new {
+            guard let previous = old.first(where: { $0.settings.name == settings.name }) else {
+                summary.added.append(settings.name)
+                continue
+            }
+            if previous.settings == settings, previous.digests == digests {
+                summary.unchanged.append(settings.name)
+            } else {
+                summary.changed.append(settings.name)
+            }
+        }
+        summary.removed = old.map(\.settings.name).filter { name in !new.contains { $0.settings.name == name } }
+        return summary
+    }
+
+    /// Why `new` cannot be loaded without a restart: it changes a listener, the connections'
+    /// limits, the caller keys file, the store, the log format, or adds the first proxy (the
+    /// token listener reads proxied bodies as streams only when it starts with a proxy).
+    static func restartNeeded(from old: BrokerConfiguration, to new: BrokerConfiguration) -> String? {
+        var changed: [String] = []
+        if old.listen != new.listen { changed.append("listen") }
+        if old.adminListen != new.adminListen { changed.append("adminListen") }
+        if old.compat.gce?.listen != new.compat.gce?.listen { changed.append("compat.gce.listen") }
+        if old.compat.azure?.listen != new.compat.azure?.listen { changed.append("compat.azure.listen") }
+        if old.connectionLimit != new.connectionLimit { changed.append("connectionLimit") }
+        if old.connectionTimeoutSec != new.connectionTimeoutSec { changed.append("connectionTimeoutSec") }
+        if old.connectionMemoryKiB != new.connectionMemoryKiB { changed.append("connectionMemoryKiB") }
+        if old.unixSocketMode != new.unixSocketMode { changed.append("unixSocketMode") }
+        if old.clientKeysFile != new.clientKeysFile { changed.append("clientKeysFile") }
+        if old.store != new.store { changed.append("store") }
+        if old.logFormat != new.logFormat { changed.append("logFormat") }
+        if old.proxies.isEmpty, !new.proxies.isEmpty { changed.append("proxies (the first one)") }
+        guard !changed.isEmpty else { return nil }
+        return "changing \(changed.joined(separator: ", ")) needs a restart"
+    }
+}
+
+/// The `POST /reload` requests waiting for the main thread to reload: each asks by raising
+/// SIGHUP, which the main thread takes as any other; requests that arrive while a reload runs
+/// get the next one's outcome, since the file may have changed since that one read it.
+final class ReloadRequests: Sendable {
+    private let waiting = Lock<[@Sendable (ReloadOutcome) -> Void]>([])
+
+    /// Asks for a reload; `ended` is called once, on the main thread, with its outcome.
+    func request(_ ended: @escaping @Sendable (ReloadOutcome) -> Void) {
+        waiting.withLock { $0.append(ended) }
+        // Fails only for an invalid signal or for another process's pid.
+        if kill(getpid(), SIGHUP) != 0 {
+            let reason = String(cString: strerror(errno))
+            for ended in take() { ended(.abandoned(problem: "cannot signal the broker: \(reason)")) }
+        }
+    }
+
+    /// The requests waiting now, handed over once.
+    func take() -> [@Sendable (ReloadOutcome) -> Void] {
+        waiting.withLock { waiting in
+            defer { waiting = [] }
+            return waiting
+        }
+    }
+}

@@ -1,0 +1,598 @@
+"""Configuration reload: SIGHUP, `POST /reload` on the admin listener, and `token-broker reload`.
+
+A reload reads the configuration file again, checks it as --check-config does, and compares the
+providers by name: unchanged ones keep their token (no fetch at the issuer), changed ones get a
+replacement that serves once it has its first token, removed ones answer their waiters 503 and
+go, new ones start. An invalid file (422), a change that needs a restart (409) and a replacement
+that gets no token within `reloadTimeoutSec` (503) change nothing. The issuer is a real OAuth 2.0
+server (django-oauth-toolkit) that records every token request: each provider sends its own
+name as `audience`, which the issuer ignores and records, so fetches are counted per provider
+where they happen.
+"""
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+import jwt
+import pytest
+
+from broker import Broker, run_broker
+from issuers.process import OAuthServer
+from test_cli import assert_failure, closed_port
+from test_http_api import get, read_answer, wait_until
+from test_hardening import bearer, write_keys
+from test_logs import logfmt
+
+SECRET = "s3cret-value-for-reload-tests"
+# Long enough that no provider refreshes by itself during a test: every fetch counted is one a
+# reload (or the test) caused.
+LIFETIME = 600
+RELOADED, NOT_RELOADED = "configuration reloaded", "configuration not reloaded"
+RESULTS = ("reloaded", "invalid", "refused", "abandoned")
+UNREACHABLE, REFUSED = 3, 5
+
+
+@pytest.fixture(scope="module")
+def issuer(tmp_path_factory):
+    server = OAuthServer(str(tmp_path_factory.mktemp("reload")), {"reload": SECRET}, lifetime=LIFETIME)
+    yield server
+    server.close()
+
+
+def provider(issuer, name, scope="read", retry=None, **source):
+    """An oauth2 provider whose token requests carry its name as `audience`, for the issuer's records."""
+    settings = {"type": "oauth2", "tokenURL": issuer.base + "/o/token/", "clientID": "reload",
+                "clientSecret": SECRET, "scope": scope, "audience": name, **source}
+    return {"name": name, "source": settings, "maxErrorTokenRefreshDelayMsec": 500, **(retry or {})}
+
+
+def rewrite(broker, config):
+    """Replaces the broker's configuration file (as an operator would: a new file renamed over it)."""
+    path = os.path.join(broker.workdir, "config.json")
+    text = config if isinstance(config, str) else json.dumps(config)
+    with open(path + ".new", "w") as handle:
+        handle.write(text)
+    os.replace(path + ".new", path)
+
+
+def post_reload(broker, timeout=90, **kwargs):
+    """`POST /reload` on the admin listener: (status, JSON body). The answer comes once the reload has ended."""
+    status, _, body = broker.request("POST", "/reload", listener="admin", timeout=timeout, **kwargs)
+    try:
+        document = json.loads(body)
+    except ValueError:
+        document = body
+    return status, document
+
+
+def fetched(issuer, since, name):
+    """The token requests provider `name` sent the issuer after `since` (time.time())."""
+    return [r for r in issuer.token_requests(since=since) if r["audience"] == [name]]
+
+
+def served(broker, name):
+    return broker.get_json(f"/providers/{name}/token")[0]
+
+
+def first_token(broker, name):
+    """An added provider's token, once it has one: a reload starts new providers, it does not wait for them."""
+    return broker.get_json(f"/providers/{name}/token/ready?timeout=20", timeout=30)[0]
+
+
+def sha256(text):
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def log_entries(broker, message):
+    """The broker's log lines with this `msg`, as dicts, in logfmt or JSON."""
+    entries = []
+    for line in broker.stderr().splitlines():
+        fields = json.loads(line) if line.startswith("{") else logfmt(line)
+        if fields.get("msg") == message:
+            entries.append(fields)
+    return entries
+
+
+def names(entry, field):
+    """A comma-separated list of provider names in a log field, as a sorted list; empty when left out."""
+    return sorted(name for name in entry.get(field, "").split(",") if name)
+
+
+def reloads(broker):
+    return {result: broker.metric("token_broker_reloads_total", result=result) for result in RESULTS}
+
+
+def counted(**wanted):
+    return {result: wanted.get(result, 0) for result in RESULTS}
+
+
+def assert_outcome(document, added=(), changed=(), removed=(), unchanged=()):
+    """A successful reload's answer lists each provider where it belongs."""
+    assert isinstance(document, dict) and document.get("reloaded") is True, document
+    for key, wanted in (("added", added), ("changed", changed), ("removed", removed), ("unchanged", unchanged)):
+        assert sorted(document[key]) == sorted(wanted), (key, document)
+
+
+def assert_logged_reload(broker, added=(), changed=(), removed=(), unchanged=()):
+    assert wait_until(lambda: log_entries(broker, RELOADED), timeout=10), \
+        f"no line with msg={json.dumps(RELOADED)} in the log:\n{broker.stderr()}"
+    entry = log_entries(broker, RELOADED)[-1]
+    assert entry["level"] == "info", entry
+    for field, wanted in (("added", added), ("changed", changed), ("removed", removed), ("unchanged", unchanged)):
+        assert names(entry, field) == sorted(wanted), (field, entry)
+
+
+def assert_logged_refusal(broker, mentions=()):
+    """The last "configuration not reloaded" line is an error with a problem that says why."""
+    assert wait_until(lambda: log_entries(broker, NOT_RELOADED), timeout=10), \
+        f"no line with msg={json.dumps(NOT_RELOADED)} in the log:\n{broker.stderr()}"
+    entry = log_entries(broker, NOT_RELOADED)[-1]
+    assert entry["level"] == "error", entry
+    assert entry.get("problem"), entry
+    for text in mentions:
+        assert text in entry["problem"], (text, entry)
+    return entry
+
+
+def assert_still_running(broker, config, providers):
+    """The broker still runs `config`: its file again reloads with every provider unchanged."""
+    rewrite(broker, config)
+    status, document = post_reload(broker)
+    assert status == 200, document
+    assert_outcome(document, unchanged=providers)
+
+
+def readyz_names(broker):
+    _, _, body = broker.request("GET", "/readyz", listener="admin")
+    return {entry["name"] for entry in json.loads(body)["providers"]}
+
+
+# What a reload does to providers
+
+def test_a_reload_adds_changes_and_removes_providers_fetching_only_for_the_new_and_the_changed(issuer):
+    with Broker({"providers": [provider(issuer, "keep"), provider(issuer, "change"), provider(issuer, "drop")]}) as broker:
+        before = {name: served(broker, name) for name in ("keep", "change", "drop")}
+        assert before["change"]["scope"] == "read"
+        assert reloads(broker) == counted()
+        since = time.time()
+        rewrite(broker, {"providers": [provider(issuer, "keep"), provider(issuer, "change", scope="write"),
+                                       provider(issuer, "add")]})
+        status, document = post_reload(broker)
+        assert status == 200, document
+        assert_outcome(document, added=["add"], changed=["change"], removed=["drop"], unchanged=["keep"])
+        # The answer came once the reload had ended: what follows holds at once, without waiting.
+        # Unchanged: the same token and version, and the issuer saw nothing.
+        keep = served(broker, "keep")
+        assert (keep["access_token"], keep["version"]) == (before["keep"]["access_token"], before["keep"]["version"])
+        assert fetched(issuer, since, "keep") == []
+        assert broker.get_json("/token")[0]["access_token"] == keep["access_token"], "keep is still the first"
+        # Changed: one fetch, for the new scope, and the token it got is the one served.
+        [request] = fetched(issuer, since, "change")
+        assert request["status"] == 200 and request["scope"] == ["write"] and request["issued_scope"] == "write"
+        change = served(broker, "change")
+        assert change["access_token"] != before["change"]["access_token"]
+        assert sha256(change["access_token"]) == request["token_sha256"] and change["scope"] == "write"
+        assert issuer.get("/api/hello", change["access_token"]) == 200
+        # Removed: unknown from now on, and no fetch.
+        status, _, body = broker.request("GET", "/providers/drop/token")
+        assert status == 404 and json.loads(body)["error"] == "unknown_provider", body
+        assert fetched(issuer, since, "drop") == []
+        # Added: fetched once, served.
+        added = first_token(broker, "add")
+        [request] = fetched(issuer, since, "add")
+        assert sha256(added["access_token"]) == request["token_sha256"]
+        assert readyz_names(broker) == {"keep", "change", "add"}
+        assert_logged_reload(broker, added=["add"], changed=["change"], removed=["drop"], unchanged=["keep"])
+        assert reloads(broker) == counted(reloaded=1)
+        assert broker.process.poll() is None
+
+
+def test_a_changed_provider_serves_its_old_token_until_its_replacement_has_one(issuer):
+    config = {"reloadTimeoutSec": 60, "providers": [provider(issuer, "keep"), provider(issuer, "change")]}
+    with Broker(config) as broker:
+        old = served(broker, "change")
+        rewrite(broker, {**config, "providers": [provider(issuer, "keep"), provider(issuer, "change", scope="write")]})
+        answer = {}
+
+        def reload_in_background():
+            answer["status"], answer["document"] = post_reload(broker, timeout=120)
+
+        since = time.time()
+        issuer.fault("hang")  # the replacement's token request gets no answer while the fault lasts
+        reloading = threading.Thread(target=reload_in_background)
+        try:
+            reloading.start()
+            assert wait_until(lambda: any(outcome == "hang" for _, outcome in issuer.attempts(since)), timeout=20), \
+                "the replacement never asked for its token"
+            meanwhile = served(broker, "change")
+            assert meanwhile["access_token"] == old["access_token"] and meanwhile["scope"] == "read", \
+                "the old provider serves until its replacement has a token"
+            assert broker.get_json("/token")[0]["provider"] == "keep"
+            assert reloading.is_alive(), "POST /reload answered before the replacement had its token"
+            assert reloads(broker) == counted()
+        finally:
+            issuer.fault("none")
+        reloading.join(90)
+        assert not reloading.is_alive()
+        assert answer["status"] == 200, answer
+        assert_outcome(answer["document"], changed=["change"], unchanged=["keep"])
+        now = served(broker, "change")
+        assert now["scope"] == "write" and now["access_token"] != old["access_token"]
+        assert fetched(issuer, since, "keep") == []
+
+
+def test_long_polls_across_a_reload_the_unchanged_providers_is_answered_the_removed_providers_gets_503(issuer):
+    with Broker({"providers": [provider(issuer, "keep"), provider(issuer, "drop")]}) as broker:
+        versions = {name: served(broker, name)["version"] for name in ("keep", "drop")}
+        answers = {}
+
+        def long_poll(name):
+            answers[name] = broker.request(
+                "GET", f"/providers/{name}/token/ready?after={versions[name]}&timeout=40", timeout=60)
+
+        waiters = {name: threading.Thread(target=long_poll, args=(name,)) for name in versions}
+        for waiter in waiters.values():
+            waiter.start()
+        waiting = lambda name: broker.metric("token_broker_longpoll_waiters", provider=name)
+        assert wait_until(lambda: waiting("keep") == 1 and waiting("drop") == 1, timeout=10)
+        rewrite(broker, {"providers": [provider(issuer, "keep")]})
+        status, document = post_reload(broker)
+        assert status == 200, document
+        assert_outcome(document, removed=["drop"], unchanged=["keep"])
+        # The removed provider's waiter is answered 503 shutting_down.
+        waiters["drop"].join(30)
+        assert not waiters["drop"].is_alive(), "the removed provider's waiter was left waiting"
+        status, _, body = answers["drop"]
+        assert status == 503 and json.loads(body)["error"] == "shutting_down", (status, body)
+        # The unchanged provider's waiter is still there, and a forced refresh answers it.
+        assert waiters["keep"].is_alive() and waiting("keep") == 1, "the unchanged provider's waiter was dropped"
+        since = time.time()
+        status, _, body = broker.request("POST", "/providers/keep/token/refresh",
+                                         body=json.dumps({"rejected_version": versions["keep"]}).encode())
+        assert status == 200, body
+        waiters["keep"].join(30)
+        assert not waiters["keep"].is_alive()
+        status, _, body = answers["keep"]
+        assert status == 200, (status, body)
+        token = json.loads(body)
+        assert token["version"] > versions["keep"] and token["provider"] == "keep"
+        [request] = fetched(issuer, since, "keep")
+        assert sha256(token["access_token"]) == request["token_sha256"]
+
+
+def test_a_key_files_new_contents_make_its_provider_changed(tmp_path):
+    def make_key(path):
+        subprocess.run(["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256",
+                        "-out", str(path) + ".new"], check=True, capture_output=True)
+        os.replace(str(path) + ".new", str(path))
+
+    signing, other = tmp_path / "signing.pem", tmp_path / "other.pem"
+    make_key(signing)
+    make_key(other)
+    config = {"providers": [{"name": "signer", "source": {"type": "jwt", "keyFile": str(signing)}},
+                            {"name": "other", "source": {"type": "jwt", "keyFile": str(other)}}]}
+    with Broker(config) as broker:
+        old = served(broker, "signer")
+        other_before = served(broker, "other")
+        old_kid = jwt.get_unverified_header(old["access_token"])["kid"]
+        make_key(signing)  # the same configuration file, another key in the file it names
+        status, document = post_reload(broker)
+        assert status == 200, document
+        assert_outcome(document, changed=["signer"], unchanged=["other"])
+        new = served(broker, "signer")
+        kid = jwt.get_unverified_header(new["access_token"])["kid"]
+        assert kid != old_kid, "the new token is signed with the new key"
+        public = subprocess.run(["openssl", "pkey", "-in", str(signing), "-pubout"], check=True,
+                                capture_output=True).stdout
+        jwt.decode(new["access_token"], public, algorithms=["ES256"], audience="token-broker")
+        published = {key["kid"]: key for key in broker.get_json("/.well-known/jwks.json")[0]["keys"]}
+        assert kid in published, "the new key is published"
+        jwt.decode(new["access_token"], jwt.PyJWK(published[kid]).key, algorithms=["ES256"], audience="token-broker")
+        assert served(broker, "other")["access_token"] == other_before["access_token"]
+        assert broker.fetches("other") == 1
+
+
+def test_an_unchanged_signer_with_a_key_made_at_start_keeps_it_in_the_jwks():
+    # Reading the file again makes a new key for a signer without keyFile; an unchanged provider
+    # keeps signing with the key it made at start, and the JWKS must go on publishing that one.
+    with Broker({"providers": [{"name": "signer", "source": {"type": "jwt"}}]}) as broker:
+        token = served(broker, "signer")["access_token"]
+        before = broker.get_json("/.well-known/jwks.json")[0]
+        status, document = post_reload(broker)
+        assert status == 200, document
+        assert_outcome(document, unchanged=["signer"])
+        assert broker.get_json("/.well-known/jwks.json")[0] == before
+        kid = jwt.get_unverified_header(token)["kid"]
+        published = {key["kid"]: key for key in before["keys"]}
+        jwt.decode(token, jwt.PyJWK(published[kid]).key, algorithms=["ES256"], audience="token-broker")
+        assert served(broker, "signer")["access_token"] == token
+
+
+def test_caller_keys_may_name_a_provider_the_reload_adds_and_not_one_it_removes(tmp_path):
+    key = "caller-key-for-reload-tests"
+    keys = tmp_path / "callers.json"
+    write_keys(keys, [("billing", key, ["default"])])
+    config = {"clientKeysFile": str(keys), "providers": [{"name": "default"}]}
+    with Broker(config) as broker:
+        # The keys file names "orders" before the broker has it: the file's watch refuses it.
+        write_keys(keys, [("billing", key, ["default", "orders"])])
+        assert wait_until(lambda: "caller keys not reloaded" in broker.stderr(), timeout=15), broker.stderr()
+        rewrite(broker, {**config, "providers": [{"name": "default"}, {"name": "orders"}]})
+        status, document = post_reload(broker)
+        assert status == 200, document
+        assert_outcome(document, added=["orders"], unchanged=["default"])
+        assert broker.request("GET", "/providers/orders/token", headers=bearer(key))[0] == 200
+        # A file that would name a provider the reload removes is refused, as at start.
+        rewrite(broker, config)
+        status, document = post_reload(broker)
+        assert status == 422 and document["error"] == "invalid_configuration", document
+        assert "orders" in document["error_description"]
+        assert broker.request("GET", "/providers/orders/token", headers=bearer(key))[0] == 200
+
+
+def test_the_first_provider_in_the_reloaded_file_becomes_the_default(issuer):
+    with Broker({"providers": [provider(issuer, "first"), provider(issuer, "second")]}) as broker:
+        assert broker.get_json("/token")[0]["provider"] == "first"
+        second = served(broker, "second")
+        since = time.time()
+        rewrite(broker, {"providers": [provider(issuer, "second"), provider(issuer, "first")]})
+        status, document = post_reload(broker)
+        assert status == 200, document
+        assert_outcome(document, unchanged=["first", "second"])
+        token = broker.get_json("/token")[0]
+        assert token["provider"] == "second" and token["access_token"] == second["access_token"]
+        assert issuer.token_requests(since=since) == [], "a new order is no change to any provider"
+
+
+def test_settings_that_need_no_restart_apply_at_a_reload(issuer):
+    config = {"providers": [provider(issuer, "keep")]}
+    with Broker(config) as broker:
+        assert broker.request("GET", "/token", guard=False)[0] == 403
+        token = served(broker, "keep")["access_token"]
+        rewrite(broker, {**config, "requestGuard": False})
+        status, document = post_reload(broker)
+        assert status == 200, document
+        assert_outcome(document, unchanged=["keep"])
+        status, _, body = broker.request("GET", "/token", guard=False)
+        assert status == 200 and json.loads(body)["access_token"] == token
+
+
+# Reloads that change nothing
+
+def test_an_invalid_file_sent_by_sighup_changes_nothing_and_is_logged_and_counted(issuer):
+    config = {"providers": [provider(issuer, "keep"), provider(issuer, "other")]}
+    with Broker(config) as broker:
+        before = {name: served(broker, name) for name in ("keep", "other")}
+        since = time.time()
+        rewrite(broker, '{"providers": [' + json.dumps(provider(issuer, "keep", scope="write")) + ", ")  # cut short
+        broker.process.send_signal(signal.SIGHUP)
+        assert wait_until(lambda: reloads(broker)["invalid"] == 1, timeout=15), reloads(broker)
+        assert_logged_refusal(broker)
+        assert broker.process.poll() is None, "the broker keeps running on its old configuration"
+        assert reloads(broker) == counted(invalid=1)
+        assert not log_entries(broker, RELOADED)
+        for name, token in before.items():
+            assert served(broker, name)["access_token"] == token["access_token"]
+        assert issuer.token_requests(since=since) == []
+        assert_still_running(broker, config, ["keep", "other"])
+
+
+@pytest.mark.parametrize("case", ["unknown key", "out of range", "missing key file", "not JSON"])
+def test_an_invalid_file_posted_gets_422_naming_the_problem_and_changes_nothing(issuer, tmp_path, case):
+    config = {"providers": [provider(issuer, "keep"), provider(issuer, "other")]}
+    # Each file would change keep, remove other and add a provider, were it valid.
+    changes = {"providers": [provider(issuer, "keep", scope="write"), provider(issuer, "add")]}
+    mentions = []  # a file cut short: the parser's words, not a key
+    if case == "unknown key":
+        changes["bogusSetting"], mentions = 1, ["bogusSetting: unknown key"]
+    elif case == "out of range":
+        changes["providers"][1]["maxRetryCount"], mentions = 11, ["providers[1].maxRetryCount", "out of range"]
+    elif case == "missing key file":
+        missing = str(tmp_path / "missing.pem")
+        changes["providers"].append({"name": "signer", "source": {"type": "jwt", "keyFile": missing}})
+        mentions = [missing]
+    text = json.dumps(changes)[:-1] if case == "not JSON" else json.dumps(changes)
+    with Broker(config) as broker:
+        before = {name: served(broker, name) for name in ("keep", "other")}
+        since = time.time()
+        rewrite(broker, text)
+        status, document = post_reload(broker)
+        assert status == 422, document
+        assert document["error"] == "invalid_configuration", document
+        for needle in mentions:
+            assert needle in document["error_description"], (needle, document)
+        assert_logged_refusal(broker, mentions)
+        assert reloads(broker) == counted(invalid=1)
+        for name, token in before.items():
+            assert served(broker, name)["access_token"] == token["access_token"]
+        assert broker.request("GET", "/providers/add/token")[0] == 404
+        assert issuer.token_requests(since=since) == []
+        assert readyz_names(broker) == {"keep", "other"}
+        assert_still_running(broker, config, ["keep", "other"])
+
+
+REFUSED_CHANGES = {
+    "connectionLimit": lambda config: {**config, "connectionLimit": 64},
+    "logFormat": lambda config: {**config, "logFormat": "json"},
+    "listen": lambda config: {**config, "listen": f"127.0.0.1:{closed_port()}"},
+}
+
+
+@pytest.mark.parametrize("setting", sorted(REFUSED_CHANGES))
+def test_a_change_that_needs_a_restart_gets_409_and_changes_nothing(issuer, setting):
+    config = {"providers": [provider(issuer, "keep"), provider(issuer, "other")]}
+    if setting == "listen":
+        # Listeners from the file, not from the environment (whose TOKEN_BROKER_LISTEN would win).
+        config.update({"listen": "127.0.0.1:0", "adminListen": "127.0.0.1:0"})
+        options = {"listen": None, "admin": None}
+    else:
+        options = {}
+    with Broker(config, **options) as broker:
+        token = served(broker, "keep")["access_token"]
+        since = time.time()
+        changed = REFUSED_CHANGES[setting](config)
+        changed["providers"] = [provider(issuer, "keep", scope="write"), provider(issuer, "add")]
+        rewrite(broker, changed)
+        status, document = post_reload(broker)
+        assert status == 409, document
+        assert document["error"] == "reload_refused" and "restart" in document["error_description"], document
+        assert_logged_refusal(broker)
+        assert reloads(broker) == counted(refused=1)
+        assert served(broker, "keep")["access_token"] == token
+        assert served(broker, "other")["version"] == 1
+        assert broker.request("GET", "/providers/add/token")[0] == 404
+        assert issuer.token_requests(since=since) == []
+        if setting == "listen":
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection(("127.0.0.1", int(changed["listen"].rpartition(":")[2])), timeout=5).close()
+        if setting == "logFormat":
+            assert not any(line.startswith("{") for line in broker.stderr().splitlines()), "the log stays logfmt"
+        assert_still_running(broker, config, ["keep", "other"])
+
+
+def test_a_listen_address_in_the_file_that_the_environment_overrides_is_no_change(issuer):
+    config = {"providers": [provider(issuer, "keep")]}
+    with Broker(config) as broker:  # TOKEN_BROKER_LISTEN and TOKEN_BROKER_ADMIN_LISTEN are set
+        rewrite(broker, {**config, "listen": f"127.0.0.1:{closed_port()}", "adminListen": f"127.0.0.1:{closed_port()}"})
+        status, document = post_reload(broker)
+        assert status == 200, document
+        assert_outcome(document, unchanged=["keep"])
+        assert reloads(broker) == counted(reloaded=1)
+
+
+def test_a_replacement_without_a_token_in_time_abandons_the_reload(issuer):
+    config = {"reloadTimeoutSec": 2, "providers": [provider(issuer, "keep"), provider(issuer, "change")]}
+    with Broker(config) as broker:
+        before = {name: served(broker, name) for name in ("keep", "change")}
+        since = time.time()
+        # The issuer refuses the replacement's secret; it retries every 300 ms at most.
+        refused = provider(issuer, "change", clientSecret="not-the-secret",
+                           retry={"maxRetryCount": 0, "maxErrorTokenRefreshDelayMsec": 300})
+        rewrite(broker, {**config, "providers": [provider(issuer, "keep"), refused, provider(issuer, "add")]})
+        status, document = post_reload(broker)
+        assert status == 503, document
+        assert document["error"] == "reload_abandoned", document
+        assert_logged_refusal(broker)
+        assert reloads(broker) == counted(abandoned=1)
+        attempts = fetched(issuer, since, "change")
+        assert attempts and all(r["status"] == 401 for r in attempts), "the replacement asked, and was refused"
+        for name, token in before.items():
+            now = served(broker, name)
+            assert (now["access_token"], now["version"]) == (token["access_token"], token["version"])
+        assert broker.request("GET", "/providers/add/token")[0] == 404, "nothing changes: no provider is added"
+        # The replacement is gone: it asks no more.
+        time.sleep(1)
+        settled = len(fetched(issuer, since, "change"))
+        time.sleep(3)
+        assert len(fetched(issuer, since, "change")) == settled, "the abandoned replacement still fetches"
+        assert_still_running(broker, config, ["keep", "change"])
+
+
+# The route and the connections
+
+def test_the_reload_route_wants_post_and_the_request_header_and_lives_on_the_admin_listener_only(issuer):
+    config = {"providers": [provider(issuer, "keep")]}
+    with Broker(config) as broker:
+        rewrite(broker, {"providers": [provider(issuer, "keep"), provider(issuer, "add")]})
+        status, document = post_reload(broker, guard=False)
+        assert status == 403 and document["error"] == "missing_request_header", document
+        status, headers, body = broker.request("GET", "/reload", listener="admin")
+        assert status == 405 and json.loads(body)["error"] == "method_not_allowed", body
+        assert "POST" in headers.get("allow", ""), headers
+        status, _, body = broker.request("POST", "/reload")
+        assert status == 404, (status, body)
+        assert reloads(broker) == counted(), "no reload was made"
+        assert broker.request("GET", "/providers/add/token")[0] == 404
+        status, document = post_reload(broker)
+        assert status == 200, document
+        assert_outcome(document, added=["add"], unchanged=["keep"])
+
+
+def test_a_kept_alive_connection_opened_before_a_reload_is_answered_after_it(issuer):
+    config = {"providers": [provider(issuer, "keep"), provider(issuer, "drop")]}
+    with Broker(config) as broker:
+        host, _, port = broker.addresses["token"].rpartition(":")
+        admin_host, _, admin_port = broker.addresses["admin"].rpartition(":")
+        keep_alive = lambda path: get(path).replace(b"Connection: close\r\n", b"")
+        with socket.create_connection((host, int(port)), timeout=10) as client, \
+                socket.create_connection((admin_host, int(admin_port)), timeout=90) as admin:
+            client.sendall(keep_alive("/providers/keep/token"))
+            status, body = read_answer(client)
+            assert status == 200
+            token = json.loads(body)["access_token"]
+            rewrite(broker, {"providers": [provider(issuer, "keep"), provider(issuer, "add")]})
+            # The reload itself on a kept-alive admin connection, which then asks again.
+            admin.sendall(b"POST /reload HTTP/1.1\r\nHost: broker\r\nToken-Broker-Request: true\r\n"
+                          b"Content-Length: 0\r\n\r\n")
+            status, body = read_answer(admin)
+            assert status == 200, body
+            assert_outcome(json.loads(body), added=["add"], removed=["drop"], unchanged=["keep"])
+            admin.sendall(b"GET /healthz HTTP/1.1\r\nHost: broker\r\n\r\n")
+            assert read_answer(admin)[0] == 200
+            for path, wanted in (("/providers/keep/token", 200), ("/providers/add/token/ready?timeout=20", 200),
+                                 ("/providers/drop/token", 404), ("/token", 200)):
+                client.sendall(keep_alive(path))
+                status, body = read_answer(client)
+                assert status == wanted, (path, status, body)
+                if path.endswith("/keep/token"):
+                    assert json.loads(body)["access_token"] == token
+
+
+def test_reload_lines_in_json_logs_parse_and_sighup_applies_changes(issuer):
+    config = {"logFormat": "json", "providers": [provider(issuer, "keep"), provider(issuer, "drop")]}
+    with Broker(config) as broker:
+        rewrite(broker, {**config, "providers": [provider(issuer, "keep"), provider(issuer, "add")]})
+        broker.process.send_signal(signal.SIGHUP)
+        assert wait_until(lambda: broker.request("GET", "/providers/add/token")[0] == 200, timeout=20), broker.stderr()
+        assert broker.request("GET", "/providers/drop/token")[0] == 404
+        rewrite(broker, {**config, "bogusSetting": True})
+        status, document = post_reload(broker)
+        assert status == 422, document
+        assert wait_until(lambda: log_entries(broker, NOT_RELOADED), timeout=10)
+        lines = broker.stderr().splitlines()
+        for line in lines:
+            json.loads(line)  # fails the test on any line that is not JSON
+        [reloaded] = [json.loads(line) for line in lines if '"configuration reloaded"' in line]
+        assert reloaded["msg"] == RELOADED
+        assert names(reloaded, "added") == ["add"] and names(reloaded, "removed") == ["drop"]
+        assert names(reloaded, "unchanged") == ["keep"] and names(reloaded, "changed") == []
+        [refused] = [json.loads(line) for line in lines if '"configuration not reloaded"' in line]
+        assert refused["msg"] == NOT_RELOADED and "bogusSetting" in refused["problem"]
+        assert reloads(broker) == counted(reloaded=1, invalid=1)
+
+
+# token-broker reload
+
+def reload_command(admin_address):
+    """`token-broker reload`, finding the broker through TOKEN_BROKER_ADMIN_LISTEN as healthcheck does."""
+    return run_broker("reload", env={"TOKEN_BROKER_ADMIN_LISTEN": admin_address}, timeout=90)
+
+
+def test_the_reload_command_reloads_prints_one_line_and_says_why_it_did_not(issuer):
+    config = {"providers": [provider(issuer, "keep")]}
+    with Broker(config) as broker:
+        admin = broker.addresses["admin"]
+        rewrite(broker, {"providers": [provider(issuer, "keep"), provider(issuer, "add")]})
+        result = reload_command(admin)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.endswith("\n") and result.stdout.count("\n") == 1 and result.stdout.strip(), result.stdout
+        assert "add" in result.stdout, "the summary names the provider added"
+        assert result.stderr == ""
+        assert first_token(broker, "add")["provider"] == "add"
+        assert reloads(broker) == counted(reloaded=1)
+        # An invalid file: exit 5 and the problem.
+        rewrite(broker, {"providers": [provider(issuer, "keep")], "bogusSetting": 1})
+        assert_failure(reload_command(admin), REFUSED, command="reload", mentions=("bogusSetting",))
+        assert served(broker, "add")["provider"] == "add"
+        # A change that needs a restart: exit 5 too.
+        rewrite(broker, {"providers": [provider(issuer, "keep")], "connectionLimit": 64})
+        assert_failure(reload_command(admin), REFUSED, command="reload", mentions=("restart",))
+        assert served(broker, "add")["provider"] == "add"
+        assert reloads(broker) == counted(reloaded=1, invalid=1, refused=1)
+    # The broker stopped: unreachable, exit 3.
+    assert_failure(reload_command(admin), UNREACHABLE, command="reload")
