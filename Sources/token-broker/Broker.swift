@@ -96,6 +96,8 @@ enum Broker {
     /// returns the exit status (0 stopped, 1 cannot start, 2 bad configuration).
     static func run(_ configuration: BrokerConfiguration, path: String?) -> Int32 {
         Log.use(configuration.logFormat)
+        // Before the sources read the files: what a reload compares (`BrokerReload.swift`).
+        let digests = configuration.providers.map(secretDigests)
         let sources: [(any TokenSource, JWTSigner?)]
         do {
             sources = try makeSources(configuration)
@@ -164,7 +166,8 @@ enum Broker {
             return 1
         }
         let loaded = Loaded(
-            configuration: configuration, sources: sources, providers: providers, identityHeader: identityHeader)
+            configuration: configuration, sources: sources, digests: digests, providers: providers,
+            identityHeader: identityHeader)
         let running = start(
             loaded, sinks: sinks, listeners: listeners, callers: callers, store: store, metrics: metrics,
             reloads: reloads)

@@ -19,10 +19,11 @@ import TokenBrokerSources
 ///    `reloadTimeoutSec` to get their first token, while the old ones keep serving, so that no
 ///    route answers 503 for want of a first token. One that does not: `abandoned`, the new
 ///    providers stop, and nothing changes. A stop signal meanwhile abandons the reload too.
-/// 5. Each listener's routes are made anew over the new providers and swapped in: requests
+/// 5. When any token file's settings or provider changed, the token files are stopped and
+///    started again over the new providers (each file keeps its last token meanwhile), and the
+///    reload waits for each file that held a valid token to hold one again (`restartSinks`).
+/// 6. Each listener's routes are made anew over the new providers and swapped in: requests
 ///    from then on see the new configuration; connections, and requests under way, stay.
-/// 6. Token files whose settings or provider changed are stopped and started again (each file
-///    keeps its last token meanwhile).
 /// 7. The replaced and removed providers shut down. A replaced provider's waiters (long-polls,
 ///    requests waiting for a token) are handed to its replacement, which numbers its tokens
 ///    after the old one's; a removed provider's, and a replaced template's, are answered 503
@@ -41,19 +42,27 @@ extension Broker {
         /// Each provider's and template's running task, by name.
         private(set) var tasks: [String: Task<Void, Never>]
 
+        /// Signers no longer configured, or whose key changed, with the instant their last token
+        /// expires: the JWKS publishes their keys until then, so that tokens they signed still verify.
+        let retiredSigners: [(signer: JWTSigner, until: ContinuousClock.Instant)]
+
+        /// - Parameter digests: each provider's `secretDigests`, in configuration order, taken
+        ///   before its source read the files (a file changed in between makes the next reload
+        ///   replace the provider, never keep a stale key).
         init(
-            configuration: BrokerConfiguration, sources: [(any TokenSource, JWTSigner?)], providers: Providers,
-            identityHeader: [UInt8]?, tasks: [String: Task<Void, Never>] = [:]
+            configuration: BrokerConfiguration, sources: [(any TokenSource, JWTSigner?)], digests: [[[UInt8]?]],
+            providers: Providers, identityHeader: [UInt8]?, tasks: [String: Task<Void, Never>] = [:],
+            retiredSigners: [(signer: JWTSigner, until: ContinuousClock.Instant)] = []
         ) {
             self.configuration = configuration
             // Names are unique: the configuration refuses a name given twice.
-            self.sources = Dictionary(zip(configuration.providers.map(\.name), sources)) { first, _ in first }
-            digests = Dictionary(configuration.providers.map { ($0.name, Broker.secretDigests($0)) }) { first, _ in
-                first
-            }
+            let names = configuration.providers.map(\.name)
+            self.sources = Dictionary(zip(names, sources)) { first, _ in first }
+            self.digests = Dictionary(zip(names, digests)) { first, _ in first }
             self.providers = providers
             self.identityHeader = identityHeader
             self.tasks = tasks
+            self.retiredSigners = retiredSigners
         }
 
         /// Runs each provider and template that has no task yet in a task of its own.
@@ -66,9 +75,12 @@ extension Broker {
             }
         }
 
-        /// The JSON Web Key Set of the local signers, in configuration order.
+        /// The JSON Web Key Set of the local signers, in configuration order, then the retired
+        /// ones' whose tokens may still be valid; each key once.
         var jwks: String {
-            JWTSigner.jwks(configuration.providers.compactMap { sources[$0.name]?.1 })
+            var seen: Set<String> = []
+            let signers = configuration.providers.compactMap { sources[$0.name]?.1 } + retiredSigners.map(\.signer)
+            return JWTSigner.jwks(signers.filter { seen.insert($0.keyID).inserted })
         }
     }
 
@@ -124,11 +136,13 @@ extension Broker {
         let old = running.loaded
         // 1. Read and check.
         let configuration: BrokerConfiguration
+        let digests: [[[UInt8]?]]
         let sources: [(any TokenSource, JWTSigner?)]
         let directories: [SinkDirectory]
         let identityHeader: [UInt8]?
         do {
             configuration = try Options.load(path: path, environment: Environment.variables())
+            digests = configuration.providers.map(secretDigests)
             sources = try makeSources(configuration)
             directories = try openSinkDirectories(configuration).get()
             identityHeader = try readIdentityHeader(configuration)
@@ -147,14 +161,14 @@ extension Broker {
         // 3. Compare, and make what is new.
         let summary = compare(
             old: old.configuration.providers.map { ($0, old.digests[$0.name] ?? []) },
-            new: configuration.providers.map { ($0, secretDigests($0)) })
+            new: Array(zip(configuration.providers, digests)))
         var made = Providers(providers: [], templates: [])
         var tasks: [String: Task<Void, Never>] = [:]
         for (settings, source) in zip(configuration.providers, sources) where !summary.unchanged.contains(settings.name)
         {
             var versionsAfter: UInt64 = 0
             if case .provider(let previous)? = old.providers.named(settings.name) {
-                versionsAfter = previous.status().version ?? 0
+                versionsAfter = previous.highestVersion
             }
             let provider = makeProvider(
                 settings, source, store: running.store, metrics: running.metrics, versionsAfter: versionsAfter)
@@ -195,29 +209,46 @@ extension Broker {
         let restartsSinks =
             configuration.sinks != old.configuration.sinks
             || configuration.sinks.contains { !summary.unchanged.contains($0.provider) }
-        var sinks = running.sinks.sinks
         if restartsSinks {
-            do {
-                sinks = try makeSinks(configuration, directories: directories, providers: providers) {
-                    [metrics = running.metrics] in metrics.recordSinkWrite(provider: $0, succeeded: $1)
-                }
-            } catch {
+            switch restartSinks(running, configuration, directories, providers, until: deadline) {
+            case .started: break
+            case .invalid(let problem):
                 shutDown(made)
                 waitForEnd(of: Array(tasks.values), atMost: .seconds(5))
-                return (.invalid(problem: error.description), nil)
+                return (.invalid(problem: problem), nil)
+            case .notWritten(let problem):
+                return abandon(problem)
+            case .stopping(let stop):
+                return abandon("the broker is stopping", stop: stop)
             }
         }
-        // An unchanged provider keeps its source: a local signer made at start keeps its key,
-        // which the JWKS must go on publishing (the file's read just now generated another).
+        // 6. The routes over the new set. An unchanged provider keeps its source: a local signer
+        // made at start keeps its key, which the JWKS must go on publishing (the file's read just
+        // now generated another).
         let kept = zip(configuration.providers, sources).map { settings, source in
             summary.unchanged.contains(settings.name) ? old.sources[settings.name] ?? source : source
         }
+        let now = ContinuousClock.now
+        var retiredSigners = old.retiredSigners.filter { $0.until > now }
+        for settings in old.configuration.providers where !summary.unchanged.contains(settings.name) {
+            guard let signer = old.sources[settings.name]?.1 else { continue }
+            retiredSigners.append((signer, now.advanced(by: .seconds(signer.configuration.lifetimeSec))))
+        }
         let loaded = Loaded(
-            configuration: configuration, sources: kept, providers: providers, identityHeader: identityHeader,
-            tasks: tasks.merging(old.tasks.filter { summary.unchanged.contains($0.key) }) { new, _ in new })
+            configuration: configuration, sources: kept, digests: digests, providers: providers,
+            identityHeader: identityHeader,
+            tasks: tasks.merging(old.tasks.filter { summary.unchanged.contains($0.key) }) { new, _ in new },
+            retiredSigners: retiredSigners)
+        // The replacements go on after the versions the old providers handed out while they waited.
+        for replacement in made.providers {
+            if case .provider(let previous)? = old.providers.named(replacement.name) {
+                replacement.numberAfter(previous.highestVersion)
+            }
+        }
         let handlers = makeHandlers(
-            configuration, providers: providers, sinks: sinks, jwks: loaded.jwks, callers: running.callers,
-            identityHeader: identityHeader, store: running.store, metrics: running.metrics, reloads: running.reloads)
+            configuration, providers: providers, sinks: running.sinks.sinks, jwks: loaded.jwks,
+            callers: running.callers, identityHeader: identityHeader, store: running.store, metrics: running.metrics,
+            reloads: running.reloads)
         // The keys may name the new providers before their routes are served.
         if let problem = running.callers?.use(knownProviders: Set(configuration.providers.map(\.name))) {
             Log.error("caller keys not reloaded; the previous list stays", ["problem": problem.description])
@@ -230,11 +261,6 @@ extension Broker {
             }
         }
         running.loaded = loaded
-        // 6. Token files: the old runners end before the new ones start, so that no two write a file.
-        if restartsSinks {
-            stopSinks(running.sinks)
-            running.sinks = startSinks(sinks)
-        }
         // 7. What is no longer served. A replaced provider's waiters go to its replacement.
         for settings in old.configuration.providers where !summary.unchanged.contains(settings.name) {
             switch (old.providers.named(settings.name), made.named(settings.name)) {
@@ -249,6 +275,69 @@ extension Broker {
         waitForEnd(of: retired.compactMap { old.tasks[$0.name] }, atMost: .seconds(5))
         for warning in compatWarnings(configuration) { Log.warning("compat", ["problem": warning]) }
         return (.reloaded(summary), nil)
+    }
+
+    /// How restarting the token files ended.
+    private enum SinksRestart {
+        case started
+        /// The new configuration's files cannot all be held (a template at `maxChildren`).
+        case invalid(String)
+        /// A file that held a valid token before holds none at the deadline.
+        case notWritten(String)
+        case stopping(String)
+    }
+
+    /// Step 5, before the routes are swapped: the old writers end (a write under way finishes,
+    /// and their held template children are let go, so that the new files can hold theirs),
+    /// then the new ones start, over the new providers, and the reload waits until each file
+    /// that held a valid token holds one again, so that `/readyz` never reports a file the
+    /// reload emptied. On any failure the old writers are started again, as they were.
+    private static func restartSinks(
+        _ running: Running, _ configuration: BrokerConfiguration, _ directories: [SinkDirectory],
+        _ providers: Providers, until deadline: ContinuousClock.Instant
+    ) -> SinksRestart {
+        let readyBefore = Set(
+            running.sinks.sinks.runners.filter { $0.status().holdsValidToken }.map(\.configuration.path))
+        stopSinks(running.sinks)
+        let recordWrite: @Sendable (String, Bool) -> Void = { [metrics = running.metrics] in
+            metrics.recordSinkWrite(provider: $0, succeeded: $1)
+        }
+        func restoreOld() {
+            let old = running.loaded
+            do {
+                let directories = try openSinkDirectories(old.configuration).get()
+                let sinks = try makeSinks(
+                    old.configuration, directories: directories, providers: old.providers, events: recordWrite)
+                running.sinks = startSinks(sinks)
+            } catch {
+                Log.error(
+                    "token files not started again after a reload that did not take", ["problem": error.description])
+            }
+        }
+        let sinks: Sinks
+        do {
+            sinks = try makeSinks(configuration, directories: directories, providers: providers, events: recordWrite)
+        } catch {
+            restoreOld()
+            return .invalid(error.description)
+        }
+        let started = startSinks(sinks)
+        let clock = ContinuousClock()
+        while let pending = sinks.runners.first(where: {
+            readyBefore.contains($0.configuration.path) && !$0.status().holdsValidToken
+        }) {
+            var stop: String?
+            if clock.now < deadline { stop = Signals.stopSignal(waitingAtMost: .milliseconds(20)) }
+            guard clock.now >= deadline || stop != nil else { continue }
+            stopSinks(started)
+            restoreOld()
+            if let stop { return .stopping(stop) }
+            return .notWritten(
+                "token file \(JSONText.quoted(pending.configuration.path)) held no valid token within"
+                    + " \(configuration.reloadTimeoutSec) s (reloadTimeoutSec)")
+        }
+        running.sinks = started
+        return .started
     }
 
     /// The providers by fate, by name: a provider is unchanged when its settings and its secret

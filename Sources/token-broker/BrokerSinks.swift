@@ -130,7 +130,8 @@ extension Broker {
 
     /// One runner per sink, in configuration order, each on its provider: a configured provider
     /// found by name, or, for a template, the child held for the sink's values (kept alive, never
-    /// dropped for idleness, until `stopSinks`). Fails when a template cannot hold one more child.
+    /// dropped for idleness, until `stopSinks`). Fails when a template cannot hold one more child,
+    /// and then lets go of the children it held.
     /// - Parameter directories: `openSinkDirectories`' result, one per sink: what start checked
     ///   is what every write goes through.
     static func makeSinks(
@@ -138,6 +139,29 @@ extension Broker {
         events recordWrite: @escaping @Sendable (_ provider: String, _ succeeded: Bool) -> Void
     ) throws(ConfigurationError) -> Sinks {
         var targets: [SinkTarget] = []
+        do {
+            try holdTargets(configuration, providers: providers, into: &targets)
+        } catch {
+            for case (let template, let values)? in targets.map(\.held) { template.release(values) }
+            throw error
+        }
+        let events = SinkEvents(
+            wrote: { write in
+                recordWrite(write.sink.provider, write.error == nil)
+                logSinkWrite(write)
+            },
+            cleanedUp: logSinkCleanup)
+        return Sinks(
+            runners: zip(targets, directories).map { target, directory in
+                SinkRunner(configuration: target.sink, provider: target.provider, directory: directory, events: events)
+            },
+            held: targets.compactMap(\.held))
+    }
+
+    /// Each sink's provider, in order, appended to `targets` as it is found or held.
+    private static func holdTargets(
+        _ configuration: BrokerConfiguration, providers: Providers, into targets: inout [SinkTarget]
+    ) throws(ConfigurationError) {
         for (index, sink) in configuration.sinks.enumerated() {
             if let provider = providers.providers.first(where: { $0.name == sink.provider }) {
                 targets.append(SinkTarget(sink: sink, provider: provider))
@@ -164,17 +188,6 @@ extension Broker {
                 )
             }
         }
-        let events = SinkEvents(
-            wrote: { write in
-                recordWrite(write.sink.provider, write.error == nil)
-                logSinkWrite(write)
-            },
-            cleanedUp: logSinkCleanup)
-        return Sinks(
-            runners: zip(targets, directories).map { target, directory in
-                SinkRunner(configuration: target.sink, provider: target.provider, directory: directory, events: events)
-            },
-            held: targets.compactMap(\.held))
     }
 
     /// Starts each runner in a task of its own.

@@ -106,6 +106,75 @@ struct ProviderShutdownTests {
         await replacementRun.value
     }
 
+    /// The old provider goes on serving while its replacement waits for its first token, and
+    /// may refresh meanwhile: the hand-over numbers the replacement after every version the
+    /// old one handed out, so that no two tokens share a version and a waiter is answered.
+    @Test func aReplacementIsNumberedAfterEveryVersionTheOldProviderHandedOut() async {
+        let clock = ManualClock()
+        let old = TokenProvider(
+            configuration: ProviderConfiguration(), source: ScriptedSource(), clock: clock, jitter: .fixed(0.5))
+        let oldRun = Task { await old.run() }
+        #expect(await eventually { old.status().version == 1 })
+        let source = ScriptedSource(gated: true)
+        let replacement = TokenProvider(
+            configuration: ProviderConfiguration(), source: source, clock: clock, jitter: .fixed(0.5),
+            versionsAfter: old.highestVersion)
+        let replacementRun = Task { await replacement.run() }
+        _ = old.forceRefresh(rejected: 1)
+        #expect(await eventually { old.status().version == 2 })
+        source.open()
+        #expect(await eventually { replacement.status().version == 2 }, "made after version 1, so first numbered 2")
+        let heard = Lock<[Provider.WaitOutcome]>([])
+        old.addWaiter(after: 2, deadline: old.deadline(in: .seconds(30))) { outcome in
+            heard.withLock { $0.append(outcome) }
+        }
+        old.shutDown(handingWaitersTo: replacement)
+        #expect(replacement.status().version == 3, "renumbered after the old provider's version 2")
+        guard case .token(let token, _)? = heard.withLock({ $0.first }) else {
+            Issue.record("the waiter for a version after 2 was not answered: \(heard.withLock { $0 })")
+            return
+        }
+        #expect(token.version == 3)
+        replacement.shutDown()
+        await oldRun.value
+        await replacementRun.value
+    }
+
+    /// A handed waiter's caller that goes away removes it through the old provider's id, as
+    /// the routes know it: from the replacement, without an answer; a cancelled wait ends at once.
+    @Test func aHandedWaiterIsRemovedAndCancelledThroughItsOldID() async {
+        let clock = ManualClock()
+        let old = TokenProvider(
+            configuration: ProviderConfiguration(), source: ScriptedSource(), clock: clock, jitter: .fixed(0.5))
+        let oldRun = Task { await old.run() }
+        #expect(await eventually { old.status().version == 1 })
+        let heard = Lock(0)
+        let id = old.addWaiter(after: 1, deadline: old.deadline(in: .seconds(30))) { _ in heard.withLock { $0 += 1 } }
+        let asyncWait = Task { await old.onTokenReady(after: 1, timeout: .seconds(30)) }
+        #expect(await eventually { old.status().waiters == 2 })
+        let source = ScriptedSource(gated: true)
+        let replacement = TokenProvider(
+            configuration: ProviderConfiguration(), source: source, clock: clock, jitter: .fixed(0.5),
+            versionsAfter: old.highestVersion)
+        let replacementRun = Task { await replacement.run() }
+        old.shutDown(handingWaitersTo: replacement)
+        #expect(replacement.status().waiters == 2)
+        old.removeWaiter(id)
+        #expect(replacement.status().waiters == 1)
+        asyncWait.cancel()
+        guard case .cancelled = await asyncWait.value else {
+            Issue.record("the cancelled wait did not end as cancelled")
+            return
+        }
+        #expect(replacement.status().waiters == 0)
+        source.open()
+        #expect(await eventually { replacement.status().version == 2 })
+        #expect(heard.withLock { $0 } == 0, "a removed waiter is never answered")
+        replacement.shutDown()
+        await oldRun.value
+        await replacementRun.value
+    }
+
     typealias Provider = TokenProvider<ManualClock>
 }
 

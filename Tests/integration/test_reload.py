@@ -335,6 +335,60 @@ def test_caller_keys_may_name_a_provider_the_reload_adds_and_not_one_it_removes(
         assert broker.request("GET", "/providers/orders/token", headers=bearer(key))[0] == 200
 
 
+def test_a_changed_signers_old_key_stays_in_the_jwks_while_its_tokens_live():
+    # A signer without keyFile makes a new key when its settings change; the tokens the old key
+    # signed are valid for their lifetime, so the JWKS goes on publishing it.
+    config = {"providers": [{"name": "signer", "source": {"type": "jwt", "audience": "a", "lifetimeSec": 600}}]}
+    with Broker(config) as broker:
+        old = served(broker, "signer")["access_token"]
+        rewrite(broker, {"providers": [{"name": "signer", "source": {"type": "jwt", "audience": "b", "lifetimeSec": 600}}]})
+        status, document = post_reload(broker)
+        assert status == 200, document
+        assert_outcome(document, changed=["signer"])
+        new = served(broker, "signer")["access_token"]
+        published = {key["kid"]: key for key in broker.get_json("/.well-known/jwks.json")[0]["keys"]}
+        for token, audience in ((old, "a"), (new, "b")):
+            kid = jwt.get_unverified_header(token)["kid"]
+            assert kid in published, f"the key of the token for {audience} is published"
+            jwt.decode(token, jwt.PyJWK(published[kid]).key, algorithms=["ES256"], audience=audience)
+        assert len(published) == 2
+
+
+@pytest.mark.parametrize("room", [1, 2])
+def test_a_token_file_of_a_template_moves_to_other_values_when_the_template_has_room(issuer, tmp_path, room):
+    # The file's old child stays until it has been idle for childIdleSec: the new one needs room
+    # beside it. Without room the reload is refused, and the old writer goes on as it was.
+    template = {**provider(issuer, "t"), "perRequest": ["audience"], "allowedAudiences": ["https://t.example/*"],
+                "maxChildren": room}
+    path = str(tmp_path / "t.token")
+
+    def config(audience):
+        return {"providers": [template], "sinks": [{"provider": "t", "audience": audience, "path": path,
+                                                    "format": "token", "mode": "0600"}]}
+
+    with Broker(config("https://t.example/one")) as broker:
+        assert wait_until(lambda: os.path.exists(path), timeout=20)
+        first = open(path).read()
+        since = time.time()
+        rewrite(broker, config("https://t.example/two"))
+        status, document = post_reload(broker)
+        readiness = broker.get_json("/readyz", listener="admin")[0]
+        assert readiness["ready"] and readiness["sinks"][0]["ready"], readiness
+        if room == 1:
+            assert status == 422 and "maxChildren 1" in document["error_description"], document
+            assert open(path).read() == first
+            rewrite(broker, config("https://t.example/one"))
+            status, document = post_reload(broker)
+            assert status == 200, document
+            assert_outcome(document, unchanged=["t"])
+            assert broker.get_json("/readyz", listener="admin")[0]["sinks"][0]["ready"]
+            return
+        assert status == 200, document
+        assert_outcome(document, unchanged=["t"])
+        [record] = [r for r in issuer.token_requests(since=since) if r["audience"] == ["https://t.example/two"]]
+        assert wait_until(lambda: sha256(open(path).read().strip()) == record["token_sha256"], timeout=20)
+
+
 def test_the_first_provider_in_the_reloaded_file_becomes_the_default(issuer):
     with Broker({"providers": [provider(issuer, "first"), provider(issuer, "second")]}) as broker:
         assert broker.get_json("/token")[0]["provider"] == "first"

@@ -503,6 +503,21 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     }
 
     /// Completes every waiter: the provider is going away.
+    /// The highest version this provider has handed out, or was told to number after.
+    public var highestVersion: UInt64 { lastVersion }
+
+    /// Numbers this provider's tokens after `version` from now on, the cached one included
+    /// (a replacement, before it serves, after the provider it replaces); nothing when they
+    /// already are. A cached token renumbered so is the same token under a higher version.
+    public mutating func numberAfter(_ version: UInt64) {
+        guard lastVersion <= version else { return }
+        lastVersion = version
+        if cached != nil {
+            lastVersion += 1
+            cached?.version = lastVersion
+        }
+    }
+
     /// A waiter as a successor takes it over (`handOver`): what it asked for, and until when.
     public struct HandedWaiter: Sendable {
         public let id: UInt64

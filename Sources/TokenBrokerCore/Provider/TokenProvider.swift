@@ -52,6 +52,14 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         var isShutDown = false
         /// Ends `run()`'s wait: finished by `shutDown()` or by cancelling `run()`'s task.
         var runEnds: AsyncStream<Never>.Continuation?
+        /// After `shutDown(handingWaitersTo:)`: where each handed waiter went, by its id here,
+        /// so that a caller that goes away still removes it (`removeWaiter`).
+        var successor: TokenProvider?
+        var forwarded: [UInt64: UInt64] = [:]
+        /// Waiters being handed over, and those of them removed meanwhile.
+        var handing: Set<UInt64> = []
+        /// By id: whether it was cancelled (its completion is then owed `.cancelled`).
+        var removedWhileHanding: [UInt64: Bool] = [:]
     }
 
     /// What the lock hands back to be done outside it.
@@ -159,13 +167,17 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     public func shutDown(handingWaitersTo successor: TokenProvider<C>) {
         var work = Work()
         var handed: [(waiter: Machine.HandedWaiter, completion: Completion)] = []
+        var numberedUpTo: UInt64 = 0
         let (fetch, runEnds) = state.withLock { state -> (Task<Void, Never>?, AsyncStream<Never>.Continuation?) in
             state.isShutDown = true
+            numberedUpTo = state.machine.highestVersion
             for waiter in state.machine.handOver() {
                 if let completion = state.completions.removeValue(forKey: waiter.id) {
                     handed.append((waiter, completion))
                 }
             }
+            state.successor = successor
+            state.handing = Set(handed.map(\.waiter.id))
             work.cancelledTimer = state.timer
             state.timer = nil
             state.timerDeadline = nil
@@ -174,11 +186,29 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         fetch?.cancel()
         perform(&work)
         runEnds?.finish()
+        // A token this provider fetched since its successor was numbered must not share a version.
+        successor.numberAfter(numberedUpTo)
         for (waiter, completion) in handed {
-            successor.addWaiter(
+            let id = successor.addWaiter(
                 after: waiter.after, deadline: waiter.deadline, onDemand: waiter.onDemand,
                 forRefresh: waiter.forRefresh, completion: completion)
+            let removed = state.withLock { state -> Bool? in
+                state.handing.remove(waiter.id)
+                if let cancelled = state.removedWhileHanding.removeValue(forKey: waiter.id) { return cancelled }
+                state.forwarded[waiter.id] = id
+                return nil
+            }
+            if let cancelled = removed { successor.detachWaiter(id, cancelled: cancelled) }
         }
+    }
+
+    /// The highest version handed out, or numbered after (`numberAfter`).
+    public var highestVersion: UInt64 { state.withLock { $0.machine.highestVersion } }
+
+    /// Numbers the tokens after `version` from now on, the cached one included: for a provider
+    /// that replaces another at a reload, before it serves (`ProviderStateMachine.numberAfter`).
+    public func numberAfter(_ version: UInt64) {
+        state.withLock { $0.machine.numberAfter(version) }
     }
 
     // MARK: - Reading
@@ -261,10 +291,7 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
 
     /// Forgets a waiter whose caller went away; its completion is never called.
     public func removeWaiter(_ id: UInt64) {
-        state.withLock { state in
-            state.machine.removeWaiter(id)
-            state.completions[id] = nil
-        }
+        detachWaiter(id, cancelled: false)
     }
 
     /// The retrier: `rejected` is the version a downstream service refused.
@@ -347,11 +374,25 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
 
     /// Ends one waiter as cancelled, leaving the shared fetch running for the others.
     private func cancelWaiter(_ id: UInt64) {
-        let completion = state.withLock { state -> Completion? in
+        detachWaiter(id, cancelled: true)
+    }
+
+    /// Forgets a waiter, and when `cancelled` completes it with `.cancelled`; a waiter handed to
+    /// a successor is forgotten there (`shutDown(handingWaitersTo:)`), or once it has arrived.
+    private func detachWaiter(_ id: UInt64, cancelled: Bool) {
+        let (completion, forward) = state.withLock { state -> (Completion?, (TokenProvider, UInt64)?) in
+            if state.handing.contains(id) {
+                state.removedWhileHanding[id] = cancelled
+                return (nil, nil)
+            }
+            if let successor = state.successor, let handedID = state.forwarded.removeValue(forKey: id) {
+                return (nil, (successor, handedID))
+            }
             state.machine.removeWaiter(id)
-            return state.completions.removeValue(forKey: id)
+            return (state.completions.removeValue(forKey: id), nil)
         }
-        completion?(.cancelled)
+        if let (successor, handedID) = forward { successor.detachWaiter(handedID, cancelled: cancelled) }
+        if cancelled { completion?(.cancelled) }
     }
 
     /// Runs `event` on the machine under the lock, then carries out its actions; `ifShutDown`,
