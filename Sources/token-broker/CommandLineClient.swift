@@ -263,6 +263,33 @@ enum CommandLineClient {
         return true
     }
 
+    /// A command's frame: its arguments read (a bad one: exit 2), `--help` printed, interruption
+    /// allowed, then `body`, whose failure ends the command (`fail`) with the secrets it put in
+    /// `hidden` kept out of the line.
+    static func run<Arguments>(
+        _ command: String, _ arguments: [String], help: String,
+        parse: ([String]) throws(Options.Problem) -> Arguments, asksForHelp: (Arguments) -> Bool,
+        _ body: (Arguments, _ hidden: inout [String]) throws(Failure) -> Int32
+    ) -> Int32 {
+        let given: Arguments
+        do {
+            given = try parse(arguments)
+        } catch {
+            return fail(command, .init(.usage, error.description))
+        }
+        if asksForHelp(given) {
+            write(help + "\n", to: 1)
+            return 0
+        }
+        allowInterruption()
+        var hidden: [String] = []
+        do throws(Failure) {
+            return try body(given, &hidden)
+        } catch {
+            return fail(command, error, hiding: hidden)
+        }
+    }
+
     /// Ends a command with its failure: `token-broker COMMAND: reason`, one line on stderr.
     static func fail(_ command: String, _ failure: Failure, hiding secrets: [String] = []) -> Int32 {
         write("token-broker \(command): " + oneLine(failure.reason, hiding: secrets) + "\n", to: 2)
@@ -430,20 +457,10 @@ enum TokenCommand {
 
     /// Asks the broker and prints the token; returns the exit status.
     static func run(arguments: [String], environment: [String: String] = Environment.variables()) -> Int32 {
-        let given: Arguments
-        do {
-            given = try parse(arguments)
-        } catch {
-            return CommandLineClient.fail("token", .init(.usage, error.description))
-        }
-        if given.help {
-            CommandLineClient.write(help + "\n", to: 1)
-            return 0
-        }
-        CommandLineClient.allowInterruption()
-        var key: String?
-        do throws(CommandLineClient.Failure) {
-            key = try callerKey(file: given.keyFile, environment: environment)
+        CommandLineClient.run("token", arguments, help: help, parse: parse, asksForHelp: \.help) {
+            (given, hidden: inout [String]) throws(CommandLineClient.Failure) -> Int32 in
+            let key = try callerKey(file: given.keyFile, environment: environment)
+            if let key { hidden.append(key) }
             let endpoint = try CommandLineClient.endpoint(
                 address: given.address, configPath: given.configPath, listener: .token, path: path(given),
                 environment: environment)
@@ -457,8 +474,6 @@ enum TokenCommand {
                 throw .init(.unexpectedAnswer, "cannot write the token to stdout: \(String(cString: strerror(errno)))")
             }
             return 0
-        } catch {
-            return CommandLineClient.fail("token", error, hiding: key.map { [$0] } ?? [])
         }
     }
 }
@@ -543,18 +558,8 @@ enum StatusCommand {
 
     /// Asks the admin listener and prints the tables; returns the exit status.
     static func run(arguments: [String], environment: [String: String] = Environment.variables()) -> Int32 {
-        let given: Arguments
-        do {
-            given = try parse(arguments)
-        } catch {
-            return CommandLineClient.fail("status", .init(.usage, error.description))
-        }
-        if given.help {
-            CommandLineClient.write(help + "\n", to: 1)
-            return 0
-        }
-        CommandLineClient.allowInterruption()
-        do throws(CommandLineClient.Failure) {
+        CommandLineClient.run("status", arguments, help: help, parse: parse, asksForHelp: \.help) {
+            (given, _: inout [String]) throws(CommandLineClient.Failure) -> Int32 in
             let endpoint = try CommandLineClient.endpoint(
                 address: given.address, configPath: given.configPath, listener: .admin, path: "/readyz",
                 environment: environment)
@@ -571,8 +576,6 @@ enum StatusCommand {
                 throw .init(.unexpectedAnswer, "cannot write to stdout: \(String(cString: strerror(errno)))")
             }
             return 0
-        } catch {
-            return CommandLineClient.fail("status", error)
         }
     }
 }

@@ -69,18 +69,8 @@ enum ReloadCommand {
 
     /// Asks the admin listener and prints the outcome; returns the exit status.
     static func run(arguments: [String], environment: [String: String] = Environment.variables()) -> Int32 {
-        let given: Arguments
-        do {
-            given = try parse(arguments)
-        } catch {
-            return CommandLineClient.fail("reload", .init(.usage, error.description))
-        }
-        if given.help {
-            CommandLineClient.write(help + "\n", to: 1)
-            return 0
-        }
-        CommandLineClient.allowInterruption()
-        do throws(CommandLineClient.Failure) {
+        CommandLineClient.run("reload", arguments, help: help, parse: parse, asksForHelp: \.help) {
+            (given, _: inout [String]) throws(CommandLineClient.Failure) -> Int32 in
             let endpoint = try CommandLineClient.endpoint(
                 address: given.address, configPath: given.configPath, listener: .admin, path: "/reload",
                 environment: environment)
@@ -105,8 +95,6 @@ enum ReloadCommand {
                     .unexpectedAnswer,
                     "\(endpoint.shown) gave no reload answer (\(reason)); is it the broker's admin listener?")
             }
-        } catch {
-            return CommandLineClient.fail("reload", error)
         }
     }
 }

@@ -143,41 +143,34 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     }
 
     /// Completes every waiter with `.shuttingDown`, stops the timer and any fetch, and ends `run()`.
-    public func shutDown() {
-        var work = Work()
-        let (fetch, runEnds) = state.withLock { state -> (Task<Void, Never>?, AsyncStream<Never>.Continuation?) in
-            state.isShutDown = true
-            collect(state.machine.shutDown(), into: &work, state: &state)
-            work.cancelledTimer = state.timer
-            state.timer = nil
-            state.timerDeadline = nil
-            return (state.fetch, state.runEnds)
-        }
-        fetch?.cancel()
-        perform(&work)
-        runEnds?.finish()
-    }
+    public func shutDown() { end(handingWaitersTo: nil) }
 
     /// Shuts down as `shutDown` does, but hands the waiters to `successor` (the provider that
     /// replaces this one at a reload), each with what it asked for and its deadline, rather than
-    /// answering them `.shuttingDown`. The successor numbers its tokens after this one's, so a
-    /// waiter for a version newer than the one it has is answered by the successor's first
-    /// token, or by its deadline. A waiter's caller that goes away after this can no longer
-    /// remove it (its id was this provider's): it then ends at its deadline, answering no one.
-    public func shutDown(handingWaitersTo successor: TokenProvider<C>) {
+    /// answering them `.shuttingDown`. The successor is first numbered after every version this
+    /// one handed out, so a waiter for a version newer than the one it has is answered by the
+    /// successor's token, or by its deadline. A waiter's caller that goes away later removes it
+    /// through this provider, by the id it was given here (`removeWaiter`).
+    public func shutDown(handingWaitersTo successor: TokenProvider<C>) { end(handingWaitersTo: successor) }
+
+    private func end(handingWaitersTo successor: TokenProvider<C>?) {
         var work = Work()
         var handed: [(waiter: Machine.HandedWaiter, completion: Completion)] = []
         var numberedUpTo: UInt64 = 0
         let (fetch, runEnds) = state.withLock { state -> (Task<Void, Never>?, AsyncStream<Never>.Continuation?) in
             state.isShutDown = true
-            numberedUpTo = state.machine.highestVersion
-            for waiter in state.machine.handOver() {
-                if let completion = state.completions.removeValue(forKey: waiter.id) {
-                    handed.append((waiter, completion))
+            if let successor {
+                numberedUpTo = state.machine.highestVersion
+                for waiter in state.machine.handOver() {
+                    if let completion = state.completions.removeValue(forKey: waiter.id) {
+                        handed.append((waiter, completion))
+                    }
                 }
+                state.successor = successor
+                state.handing = Set(handed.map(\.waiter.id))
+            } else {
+                collect(state.machine.shutDown(), into: &work, state: &state)
             }
-            state.successor = successor
-            state.handing = Set(handed.map(\.waiter.id))
             work.cancelledTimer = state.timer
             state.timer = nil
             state.timerDeadline = nil
@@ -186,6 +179,7 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         fetch?.cancel()
         perform(&work)
         runEnds?.finish()
+        guard let successor else { return }
         // A token this provider fetched since its successor was numbered must not share a version.
         successor.numberAfter(numberedUpTo)
         for (waiter, completion) in handed {
