@@ -60,7 +60,9 @@ public final class HTTPServer: @unchecked Sendable {
         flags |= UInt32(MHD_ALLOW_SUSPEND_RESUME.rawValue | MHD_USE_ERROR_LOG.rawValue | MHD_USE_TURBO.rawValue)
         if configuration.address.isIPv6 { flags |= UInt32(MHD_USE_IPv6.rawValue) }
         let context = Unmanaged.passUnretained(self).toOpaque()
+        // The logger first: libmicrohttpd warns at start when another option comes before it.
         var options: [MHD_OptionItem] = [
+            CMicroHTTPD_option_logger(libraryLogCallback, context),
             MHD_OptionItem(option: .LISTEN_SOCKET, value: Int(listenSocket), ptr_value: nil),
             MHD_OptionItem(option: .CONNECTION_LIMIT, value: configuration.connectionLimit, ptr_value: nil),
             MHD_OptionItem(
@@ -69,7 +71,6 @@ public final class HTTPServer: @unchecked Sendable {
             MHD_OptionItem(option: .LISTEN_BACKLOG_SIZE, value: 4096, ptr_value: nil),
             CMicroHTTPD_option_notify_completed(requestCompletedCallback, context),
             CMicroHTTPD_option_notify_connection(connectionNotifyCallback, context),
-            CMicroHTTPD_option_logger(libraryLogCallback, context),
         ]
         if configuration.streamingPrefix != nil {
             options.append(CMicroHTTPD_option_uri_log(requestTargetCallback, context))

@@ -81,6 +81,17 @@ def test_every_json_line_parses_and_holds_what_the_logfmt_line_holds(tmp_path):
         assert (fields["msg"], tuple(k for k in fields if k not in ("time",))) in shapes, line
 
 
+def test_a_start_with_nothing_wrong_logs_no_warning():
+    # An operator who alerts on warnings must not be woken by every start (libmicrohttpd warned
+    # when its logger was not the first option the daemon was given).
+    with Broker() as broker:
+        assert broker.get_json("/token")[0]["version"] == 1
+        lines = broker.stderr().splitlines()
+    warnings = [line for line in lines if logfmt(line).get("level") not in ("info", None)]
+    assert warnings == [], warnings
+    assert any(logfmt(line).get("msg") == "listening" for line in lines)
+
+
 def test_an_unknown_log_format_is_refused_at_start(tmp_path):
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"logFormat": "xml"}))
