@@ -3,7 +3,7 @@
 #   make run    install what is missing, build in release mode, start the broker on its embedded default
 #   make test   the code's format first (`make lint`), then the same set-up and every test: Swift
 #               unit tests, integration tests against the real binary, the OpenAPI contract
-#               (schemathesis), the container runtime check, and each fuzz target for 30 s
+#               (schemathesis), the container runtime check, and each fuzz target for 20 s
 #
 # Not part of `make test`: `make fuzz` (each fuzz target to a million inputs) and `make sanitize`
 # (the integration tests against AddressSanitizer and ThreadSanitizer builds), longer runs.
@@ -23,7 +23,7 @@ BIN := .build/release/token-broker
 VENV := .venv
 # Fuzzing (Fuzz/): libFuzzer targets, built only when TOKEN_BROKER_FUZZ is set (see Package.swift),
 # with the toolchain's libFuzzer and AddressSanitizer, into a build directory of their own.
-FUZZ_TARGETS := FuzzJSON FuzzConfiguration FuzzCallerKeys FuzzTokenAnswer FuzzFileToken FuzzQuery FuzzProxyPath
+FUZZ_TARGETS := FuzzJSON FuzzConfiguration FuzzCallerKeys FuzzTokenAnswer FuzzFileToken FuzzQuery FuzzProxyPath FuzzHeaderLine
 FUZZ_BUILD := TOKEN_BROKER_FUZZ=1 $(SWIFT) build -c release --scratch-path .build/fuzz \
               -Xswiftc -sanitize=fuzzer,address -Xswiftc -enable-testing -Xswiftc -use-ld=lld
 # Sanitizer runs: reports do not stop the broker, so that every one is in its log, where the

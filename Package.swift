@@ -182,6 +182,7 @@ if Context.environment["TOKEN_BROKER_FUZZ"] != nil {
         ("FuzzFileToken", ["TokenBrokerCore", "TokenBrokerSources"]),
         ("FuzzQuery", ["TokenBrokerAPI"]),
         ("FuzzProxyPath", ["TokenBrokerProxy"]),
+        ("FuzzHeaderLine", ["TokenBrokerServer", "TokenBrokerUpstream"]),
     ]
     package.targets.append(.systemLibrary(name: "CLibFuzzer", path: "Fuzz/CLibFuzzer"))
     for target in fuzzTargets {

@@ -14,7 +14,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 BIN=${FUZZ_BIN:-.build/fuzz/release}
-TARGETS=${FUZZ_TARGETS:-FuzzJSON FuzzConfiguration FuzzCallerKeys FuzzTokenAnswer FuzzFileToken FuzzQuery FuzzProxyPath}
+TARGETS=${FUZZ_TARGETS:-FuzzJSON FuzzConfiguration FuzzCallerKeys FuzzTokenAnswer FuzzFileToken FuzzQuery FuzzProxyPath FuzzHeaderLine}
 mkdir -p .build/fuzz/crashes .build/fuzz/logs
 # A trap goes to libFuzzer's handler, which saves the input; Swift's own backtracer would read
 # memory that AddressSanitizer then reports instead of the trap.
