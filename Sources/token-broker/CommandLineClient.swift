@@ -46,6 +46,25 @@ enum CommandLineClient {
         }
     }
 
+    /// The arguments of a command that asks the admin listener and takes no value of its own
+    /// (`status`, `reload`): `--config FILE` or `--address ADDR`, and `--help`.
+    struct AdminArguments: Equatable {
+        var help = false
+        var configPath: String?
+        var address: String?
+
+        init(help: Bool = false, configPath: String? = nil, address: String? = nil) {
+            self.help = help
+            self.configPath = configPath
+            self.address = address
+        }
+
+        init(_ arguments: [String], usage: String) throws(Options.Problem) {
+            let found = try CommandLineClient.flags(arguments, valued: ["config", "address"], usage: usage)
+            self.init(help: found["help"] != nil, configPath: found["config"], address: found["address"])
+        }
+    }
+
     /// Which of the broker's listeners a command asks.
     enum Listener: String {
         case token, admin
@@ -497,16 +516,10 @@ enum StatusCommand {
         2 a bad command line or configuration; 3 the broker is unreachable.
         """
 
-    /// What the arguments ask for.
-    struct Arguments: Equatable {
-        var help = false
-        var configPath: String?
-        var address: String?
-    }
+    typealias Arguments = CommandLineClient.AdminArguments
 
     static func parse(_ arguments: [String]) throws(Options.Problem) -> Arguments {
-        let found = try CommandLineClient.flags(arguments, valued: ["config", "address"], usage: usage)
-        return Arguments(help: found["help"] != nil, configPath: found["config"], address: found["address"])
+        try Arguments(arguments, usage: usage)
     }
 
     /// `/readyz`'s body as the tables; nil when it is not `/readyz`'s shape.

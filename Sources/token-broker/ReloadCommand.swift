@@ -27,16 +27,10 @@ enum ReloadCommand {
     /// The longest wait for the answer: the longest `reloadTimeoutSec`, and time to spare.
     static let timeoutMsec = 660_000
 
-    /// What the arguments ask for.
-    struct Arguments: Equatable {
-        var help = false
-        var configPath: String?
-        var address: String?
-    }
+    typealias Arguments = CommandLineClient.AdminArguments
 
     static func parse(_ arguments: [String]) throws(Options.Problem) -> Arguments {
-        let found = try CommandLineClient.flags(arguments, valued: ["config", "address"], usage: usage)
-        return Arguments(help: found["help"] != nil, configPath: found["config"], address: found["address"])
+        try Arguments(arguments, usage: usage)
     }
 
     /// `POST /reload`'s 200 body as one line; nil when it is not that answer's shape.
