@@ -228,12 +228,7 @@ extension Broker {
         let kept = zip(configuration.providers, sources).map { settings, source in
             summary.unchanged.contains(settings.name) ? old.sources[settings.name] ?? source : source
         }
-        let now = ContinuousClock.now
-        var retiredSigners = old.retiredSigners.filter { $0.until > now }
-        for settings in old.configuration.providers where !summary.unchanged.contains(settings.name) {
-            guard let signer = old.sources[settings.name]?.1 else { continue }
-            retiredSigners.append((signer, now.advanced(by: .seconds(signer.configuration.lifetimeSec))))
-        }
+        let retiredSigners = retire(old, summary: summary, keeping: kept.compactMap(\.1))
         let loaded = Loaded(
             configuration: configuration, sources: kept, digests: digests, providers: providers,
             identityHeader: identityHeader,
@@ -275,6 +270,30 @@ extension Broker {
         waitForEnd(of: retired.compactMap { old.tasks[$0.name] }, atMost: .seconds(5))
         for warning in compatWarnings(configuration) { Log.warning("compat", ["problem": warning]) }
         return (.reloaded(summary), nil)
+    }
+
+    /// The most retired signers' keys the JWKS keeps publishing: reloads that change a signer
+    /// without `keyFile` make a new key each time, and neither memory nor the JWKS may grow
+    /// with their number. Past it, the oldest go first.
+    static let retiredSignersLimit = 16
+
+    /// The signers whose keys the JWKS keeps after this reload: the old configuration's
+    /// retired ones still within their tokens' lifetime, and the signers of the providers it
+    /// changes or removes, each key once and none that `current` still signs with, the newest
+    /// `retiredSignersLimit`.
+    static func retire(_ old: Loaded, summary: ReloadSummary, keeping current: [JWTSigner]) -> [(
+        signer: JWTSigner, until: ContinuousClock.Instant
+    )] {
+        let now = ContinuousClock.now
+        var retired = old.retiredSigners.filter { $0.until > now }
+        for settings in old.configuration.providers where !summary.unchanged.contains(settings.name) {
+            guard let signer = old.sources[settings.name]?.1 else { continue }
+            retired.append((signer, now.advanced(by: .seconds(signer.configuration.lifetimeSec))))
+        }
+        var seen = Set(current.map(\.keyID))
+        // The newest first, so that a key retired again keeps its latest expiry.
+        let kept = retired.reversed().filter { seen.insert($0.signer.keyID).inserted }
+        return Array(kept.prefix(retiredSignersLimit).reversed())
     }
 
     /// How restarting the token files ended.

@@ -354,6 +354,24 @@ def test_a_changed_signers_old_key_stays_in_the_jwks_while_its_tokens_live():
         assert len(published) == 2
 
 
+def test_the_jwks_keeps_at_most_sixteen_retired_keys_the_newest():
+    # Each reload that changes a signer without keyFile makes a key; the retired ones are
+    # published while their tokens live, but neither the JWKS nor memory grows without bound.
+    def config(n):
+        return {"providers": [{"name": "signer", "source": {"type": "jwt", "audience": f"a{n}", "lifetimeSec": 600}}]}
+
+    with Broker(config(0)) as broker:
+        kids = [jwt.get_unverified_header(served(broker, "signer")["access_token"])["kid"]]
+        for n in range(1, 21):
+            rewrite(broker, config(n))
+            status, document = post_reload(broker)
+            assert status == 200, document
+            kids.append(jwt.get_unverified_header(served(broker, "signer")["access_token"])["kid"])
+        assert len(set(kids)) == 21, "each change made a key"
+        published = [key["kid"] for key in broker.get_json("/.well-known/jwks.json")[0]["keys"]]
+        assert published == [kids[-1]] + kids[-17:-1], "the current key, then the 16 newest retired ones"
+
+
 @pytest.mark.parametrize("room", [1, 2])
 def test_a_token_file_of_a_template_moves_to_other_values_when_the_template_has_room(issuer, tmp_path, room):
     # The file's old child stays until it has been idle for childIdleSec: the new one needs room

@@ -53,8 +53,9 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         /// Ends `run()`'s wait: finished by `shutDown()` or by cancelling `run()`'s task.
         var runEnds: AsyncStream<Never>.Continuation?
         /// After `shutDown(handingWaitersTo:)`: where each handed waiter went, by its id here,
-        /// so that a caller that goes away still removes it (`removeWaiter`).
-        var successor: TokenProvider?
+        /// so that a caller that goes away still removes it (`removeWaiter`). Weak: a provider
+        /// kept alive (the broker keeps its first ones) must not keep every later one alive.
+        weak var successor: TokenProvider?
         var forwarded: [UInt64: UInt64] = [:]
         /// Waiters being handed over, and those of them removed meanwhile.
         var handing: Set<UInt64> = []
