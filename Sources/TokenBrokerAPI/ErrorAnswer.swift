@@ -131,7 +131,7 @@ public enum ErrorAnswer: Sendable, Equatable {
     case reloadInvalid(problem: String)
     /// The file changes what only a restart can (409 `reload_refused`); nothing changed.
     case reloadRefused(problem: String)
-    /// A changed provider's replacement got no token in time (503 `reload_abandoned`); nothing changed.
+    /// A new provider, or a token file, got no token in time (503 `reload_abandoned`); nothing changed.
     case reloadAbandoned(problem: String)
 
     /// The HTTP status.

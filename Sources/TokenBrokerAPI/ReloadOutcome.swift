@@ -10,7 +10,8 @@ public enum ReloadOutcome: Sendable, Equatable {
     case invalid(problem: String)
     /// The file changes something that only a restart can change (a listener's address, …).
     case refused(problem: String)
-    /// A changed provider's replacement got no token in time; the old configuration still runs.
+    /// A new provider (a replacement or an added one), or a token file, got no token in time;
+    /// the old configuration still runs.
     case abandoned(problem: String)
 
     /// The `result` label: one of `BrokerMetrics.reloadResults`.

@@ -28,8 +28,9 @@ public struct BrokerConfiguration: Sendable, Equatable {
     public var requestGuard: Bool
     /// The longest a request may wait for a token (on-demand fetches, long-polls). Default 60; 1–3600.
     public var maxWaitSec: Int
-    /// The longest a reload waits for each changed provider's replacement to get its first
-    /// token; past it, the reload is abandoned and the running configuration stays. Default 30; 1–600.
+    /// The longest a reload waits for its new providers (replacements and added ones) to get
+    /// their first token, and for its token files to hold one again; past it, the reload is
+    /// abandoned and the running configuration stays. Default 30; 1–600.
     public var reloadTimeoutSec = 30
     /// Token files: each new token of a provider written to a file. Default: none.
     public var sinks: [SinkConfiguration] = []

@@ -502,7 +502,6 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         return actions
     }
 
-    /// Completes every waiter: the provider is going away.
     /// The highest version this provider has handed out, or was told to number after.
     public var highestVersion: UInt64 { lastVersion }
 
@@ -542,6 +541,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         return handed
     }
 
+    /// Completes every waiter: the provider is going away.
     public mutating func shutDown() -> [Action] {
         let actions = waiters.isEmpty ? [] : [Action.complete(waiters: waiters.keys.sorted(), .shuttingDown)]
         waiters.removeAll()
