@@ -35,7 +35,26 @@ enum Broker {
                 case .template(let template): template.name
                 }
             }
+
+            /// Serves until shut down (`TokenProvider.run`, `ProviderTemplate.run`).
+            func run() async {
+                switch self {
+                case .provider(let provider): await provider.run()
+                case .template(let template): await template.run()
+                }
+            }
+
+            /// Answers its waiters 503 `shutting_down`, stops its timers and fetches, ends `run()`.
+            func shutDown() {
+                switch self {
+                case .provider(let provider): provider.shutDown()
+                case .template(let template): template.shutDown()
+                }
+            }
         }
+
+        /// The providers, then the templates.
+        var all: [Made] { providers.map(Made.provider) + templates.map(Made.template) }
 
         mutating func add(_ made: Made) {
             switch made {
@@ -155,19 +174,19 @@ enum Broker {
         }
         warnAboutOpenFileLimit(configuration)
         let reloads = ReloadRequests()
+        let loaded = Loaded(
+            configuration: configuration, sources: sources, digests: digests, providers: providers,
+            identityHeader: identityHeader)
         let listeners: Listeners
         do {
             let handlers = makeHandlers(
-                configuration, providers: providers, sinks: sinks, jwks: JWTSigner.jwks(sources.compactMap(\.1)),
-                callers: callers, identityHeader: identityHeader, store: store, metrics: metrics, reloads: reloads)
+                configuration, providers: providers, sinks: sinks, jwks: loaded.jwks, callers: callers,
+                identityHeader: identityHeader, store: store, metrics: metrics, reloads: reloads)
             listeners = try openListeners(configuration, handlers: handlers, metrics: metrics)
         } catch {
             Log.error("cannot start", ["problem": error.description])
             return 1
         }
-        let loaded = Loaded(
-            configuration: configuration, sources: sources, digests: digests, providers: providers,
-            identityHeader: identityHeader)
         let running = start(
             loaded, sinks: sinks, listeners: listeners, callers: callers, store: store, metrics: metrics,
             reloads: reloads)

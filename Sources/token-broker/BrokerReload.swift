@@ -67,11 +67,8 @@ extension Broker {
 
         /// Runs each provider and template that has no task yet in a task of its own.
         func startTasks() {
-            for provider in providers.providers where tasks[provider.name] == nil {
-                tasks[provider.name] = Task.detached { await provider.run() }
-            }
-            for template in providers.templates where tasks[template.name] == nil {
-                tasks[template.name] = Task.detached { await template.run() }
+            for made in providers.all where tasks[made.name] == nil {
+                tasks[made.name] = Task.detached { await made.run() }
             }
         }
 
@@ -87,8 +84,7 @@ extension Broker {
     /// Shuts down each provider and template: their waiters are answered 503 `shutting_down`
     /// now, their timers and fetches stop, and their tasks end.
     static func shutDown(_ providers: Providers) {
-        for provider in providers.providers { provider.shutDown() }
-        for template in providers.templates { template.shutDown() }
+        for made in providers.all { made.shutDown() }
     }
 
     /// SHA-256 of each secret file the provider's source reads (nil for one that cannot be
@@ -173,32 +169,30 @@ extension Broker {
             let provider = makeProvider(
                 settings, source, store: running.store, metrics: running.metrics, versionsAfter: versionsAfter)
             made.add(provider)
-            switch provider {
-            case .provider(let provider): tasks[settings.name] = Task.detached { await provider.run() }
-            case .template(let template): tasks[settings.name] = Task.detached { await template.run() }
-            }
+            tasks[settings.name] = Task.detached { await provider.run() }
         }
-        func abandon(_ problem: String, stop: String? = nil) -> (ReloadOutcome, stop: String?) {
+        /// Ends the reload with nothing changed: the providers it made stop.
+        func discard(_ outcome: ReloadOutcome, stop: String? = nil) -> (ReloadOutcome, stop: String?) {
             shutDown(made)
             waitForEnd(of: Array(tasks.values), atMost: .seconds(5))
-            return (.abandoned(problem: problem), stop)
+            return (outcome, stop)
+        }
+        func abandon(_ problem: String, stop: String? = nil) -> (ReloadOutcome, stop: String?) {
+            discard(.abandoned(problem: problem), stop: stop)
         }
         // 4. The new providers' first tokens.
         let awaited = made.providers.filter(\.configuration.backgroundRefreshEnabled)
-        let clock = ContinuousClock()
-        let deadline = clock.now.advanced(by: .seconds(configuration.reloadTimeoutSec))
-        while let pending = awaited.first(where: { !$0.status().hasValidToken }) {
-            if clock.now >= deadline {
-                let what = summary.added.contains(pending.name) ? "it" : "its replacement"
-                var problem =
-                    "provider \(JSONText.quoted(pending.name)): \(what) got no token within"
-                    + " \(configuration.reloadTimeoutSec) s (reloadTimeoutSec)"
-                if let error = pending.status().lastError { problem += "; last error: \(error.summary)" }
-                return abandon(problem)
-            }
-            if let stop = Signals.stopSignal(waitingAtMost: .milliseconds(20)) {
-                return abandon("the broker is stopping", stop: stop)
-            }
+        let deadline = ContinuousClock.now.advanced(by: .seconds(configuration.reloadTimeoutSec))
+        switch waitUntil(deadline, for: { awaited.first { !$0.status().hasValidToken } }) {
+        case .done: break
+        case .stopping(let stop): return abandon("the broker is stopping", stop: stop)
+        case .pastDeadline(let pending):
+            let what = summary.added.contains(pending.name) ? "it" : "its replacement"
+            var problem =
+                "provider \(JSONText.quoted(pending.name)): \(what) got no token within"
+                + " \(configuration.reloadTimeoutSec) s (reloadTimeoutSec)"
+            if let error = pending.status().lastError { problem += "; last error: \(error.summary)" }
+            return abandon(problem)
         }
         // 5. The new set, in configuration order, and the token files over it.
         var providers = Providers(providers: [], templates: [])
@@ -213,9 +207,7 @@ extension Broker {
             switch restartSinks(running, configuration, directories, providers, until: deadline) {
             case .started: break
             case .invalid(let problem):
-                shutDown(made)
-                waitForEnd(of: Array(tasks.values), atMost: .seconds(5))
-                return (.invalid(problem: problem), nil)
+                return discard(.invalid(problem: problem))
             case .notWritten(let problem):
                 return abandon(problem)
             case .stopping(let stop):
@@ -261,8 +253,7 @@ extension Broker {
             switch (old.providers.named(settings.name), made.named(settings.name)) {
             case (.provider(let previous)?, .provider(let replacement)?):
                 previous.shutDown(handingWaitersTo: replacement)
-            case (.provider(let previous)?, _): previous.shutDown()
-            case (.template(let previous)?, _): previous.shutDown()
+            case (let previous?, _): previous.shutDown()
             case (nil, _): break
             }
         }
@@ -341,22 +332,46 @@ extension Broker {
             return .invalid(error.description)
         }
         let started = startSinks(sinks)
-        let clock = ContinuousClock()
-        while let pending = sinks.runners.first(where: {
-            readyBefore.contains($0.configuration.path) && !$0.status().holdsValidToken
-        }) {
-            var stop: String?
-            if clock.now < deadline { stop = Signals.stopSignal(waitingAtMost: .milliseconds(20)) }
-            guard clock.now >= deadline || stop != nil else { continue }
-            stopSinks(started)
-            restoreOld()
-            if let stop { return .stopping(stop) }
-            return .notWritten(
+        let unwritten = {
+            sinks.runners.first { readyBefore.contains($0.configuration.path) && !$0.status().holdsValidToken }
+        }
+        let outcome: SinksRestart
+        switch waitUntil(deadline, for: unwritten) {
+        case .done:
+            running.sinks = started
+            return .started
+        case .stopping(let stop):
+            outcome = .stopping(stop)
+        case .pastDeadline(let pending):
+            outcome = .notWritten(
                 "token file \(JSONText.quoted(pending.configuration.path)) held no valid token within"
                     + " \(configuration.reloadTimeoutSec) s (reloadTimeoutSec)")
         }
-        running.sinks = started
-        return .started
+        stopSinks(started)
+        restoreOld()
+        return outcome
+    }
+
+    /// How `waitUntil` ended.
+    private enum WaitEnd<Pending> {
+        /// Nothing is pending any more.
+        case done
+        /// The deadline passed with this still pending.
+        case pastDeadline(Pending)
+        /// SIGTERM or SIGINT came, by name (a SIGHUP stays pending for the next reload).
+        case stopping(String)
+    }
+
+    /// Waits, on the main thread, until `pending` finds nothing, the deadline passes, or a stop
+    /// signal comes; it looks again every 20 ms.
+    private static func waitUntil<Pending>(
+        _ deadline: ContinuousClock.Instant, for pending: () -> Pending?
+    ) -> WaitEnd<Pending> {
+        while let found = pending() {
+            guard ContinuousClock.now < deadline else { return .pastDeadline(found) }
+            if let stop = Signals.stopSignal(waitingAtMost: .milliseconds(20)) { return .stopping(stop) }
+        }
+        return .done
     }
 
     /// The providers by fate, by name: a provider is unchanged when its settings and its secret
