@@ -44,16 +44,20 @@ final class CurlLoop: @unchecked Sendable {
     /// The most body held with a head before the head is handed over anyway.
     static let heldBodyLimit = 64 * 1024
 
-    /// Nil when libcurl could not make a multi handle; `problem` says why.
+    /// Nil when libcurl could not make or set up a multi handle; `problem` says why.
     init?(problem: inout String) {
         guard let multi = curl_multi_init() else {
             problem = "libcurl could not create its multi handle"
             return nil
         }
-        self.multi = multi
         // Idle connections kept for reuse: libcurl's default follows the handles added at the
         // time, and closes connections a busy proxy would have reused a moment later.
-        _ = CCurl_multi_setopt_long(multi, CURLMOPT_MAXCONNECTS, 256)
+        guard CCurl_multi_setopt_long(multi, CURLMOPT_MAXCONNECTS, 256) == CURLM_OK else {
+            problem = "libcurl refused the multi handle's connection cache size"
+            curl_multi_cleanup(multi)
+            return nil
+        }
+        self.multi = multi
     }
 
     /// Starts the loop's thread; returns why it could not, or nil.
@@ -113,7 +117,8 @@ final class CurlLoop: @unchecked Sendable {
             var running: Int32 = 0
             curl_multi_perform(multi, &running)
             collectFinished()
-            curl_multi_poll(multi, nil, 0, 1000, nil)
+            // A poll that fails (out of memory) returns at once: pause rather than spin.
+            if curl_multi_poll(multi, nil, 0, 1000, nil) != CURLM_OK { usleep(10_000) }
         }
     }
 
