@@ -313,7 +313,7 @@ def test_libmicrohttpds_own_messages_go_through_the_log_and_cannot_forge_a_line(
     request = f"GET /x%0a{forged} HTTP/1.1\r\nHost: x\r\n".encode() + GUARD + b"\r\n"
     with Broker() as broker:
         host, port = broker.addresses["token"].rsplit(":", 1)
-        for _ in range(20):
+        for _ in range(60):
             with socket.create_connection((host, int(port)), timeout=10) as connection:
                 connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 connection.sendall(request * 200)
