@@ -65,33 +65,35 @@ enum QueryParameters {
     /// ASCII case (the empty value for one without `=`), and the name is repeated when more than
     /// one parameter's name, read up to a decoded NUL, matches it.
     static func values(_ names: [String], _ request: HTTPRequest) throws(BadRequest) -> [String?] {
-        var found = [Found](repeating: Found(), count: names.count)
+        precondition(names.count <= UInt64.bitWidth, "one bit per name")
+        var values = [String?](repeating: nil, count: names.count)
+        // Bit i: names[i] was matched once (`seen`), more than once (`repeated`).
+        var seen: UInt64 = 0
+        var repeated: UInt64 = 0
         for (name, value) in request.query {
-            guard let index = index(of: name.utf8, in: names) else { continue }
-            found[index].count += 1
-            if found[index].value == nil, name.utf8.count == names[index].utf8.count {
-                found[index].value = value ?? ""
-            }
+            guard let index = index(of: name, in: names) else { continue }
+            let bit: UInt64 = 1 << index
+            repeated |= seen & bit
+            seen |= bit
+            if values[index] == nil, name.utf8.count == names[index].utf8.count { values[index] = value ?? "" }
         }
-        for (index, parameter) in found.enumerated() where parameter.value != nil && parameter.count > 1 {
+        for index in names.indices where values[index] != nil && repeated & (1 << index) != 0 {
             throw BadRequest(.repeatedParameter(names[index]))
         }
-        return found.map(\.value)
-    }
-
-    /// One name's first value (nil: not named by its whole name) and how many names, read up to a NUL, are it.
-    private struct Found {
-        var value: String?
-        var count = 0
+        return values
     }
 
     /// The index in `names` (each in lowercase) of the name that `name`, read up to a NUL, is,
-    /// without regard to ASCII case.
-    private static func index(of name: String.UTF8View, in names: [String]) -> Int? {
-        let length = name.firstIndex(of: 0).map { name.distance(from: name.startIndex, to: $0) } ?? name.count
-        let head = name.prefix(length)
+    /// without regard to ASCII case. Read in place: a route's every request comes through here.
+    private static func index(of name: String, in names: [String]) -> Int? {
+        if let found = name.utf8.withContiguousStorageIfAvailable({ index(of: $0, in: names) }) { return found }
+        return Array(name.utf8).withUnsafeBufferPointer { index(of: $0, in: names) }
+    }
+
+    private static func index(of name: UnsafeBufferPointer<UInt8>, in names: [String]) -> Int? {
+        let head = name.prefix { $0 != 0 }
         for (index, candidate) in names.enumerated()
-        where candidate.utf8.count == length
+        where candidate.utf8.count == head.count
             && head.elementsEqual(candidate.utf8, by: { (0x41...0x5A).contains($0) ? $0 | 0x20 == $1 : $0 == $1 })
         {
             return index

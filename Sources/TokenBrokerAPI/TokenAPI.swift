@@ -185,7 +185,9 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
     public func handle(_ request: HTTPRequest) -> HTTPReply {
         let path = request.path
         if let proxy, let target = request.rawTarget { return proxied(request, target: target, proxy: proxy) }
-        guard path.hasPrefix("/") else { return record(otherCounter, .response(ErrorAnswer.absoluteForm.response)) }
+        guard path.utf8.first == UInt8(ascii: "/") else {
+            return record(otherCounter, .response(ErrorAnswer.absoluteForm.response))
+        }
         if path == "/.well-known/jwks.json" {
             return record(jwksCounter, Methods.only(Methods.read, request) ?? .response(jwks))
         }
@@ -211,7 +213,7 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
         case "/token/refresh": route = .refresh
         default:
             // The cloud SDK protocols' paths, when served here, are none of the broker's own.
-            if let compat, compat.serves(path) { return compat.handle(request) }
+            if let compat, let answer = compat.answer(request) { return answer }
             return record(otherCounter, .response(ErrorAnswer.notFound(path: path).response))
         }
         let label: RequestCounter

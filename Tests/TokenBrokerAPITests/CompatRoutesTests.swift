@@ -319,9 +319,15 @@ private let secret = "app-service-secret"
     @Test func aLoopbackListenerRefusesAHostThatIsNotLocalAsARebindingPageSendsIt() {
         let local = [
             "127.0.0.1:8080", "127.1.2.3", "localhost:80", "LOCALHOST", "[::1]:9", "metadata.google.internal",
-            "metadata", "169.254.169.254:80",
+            "metadata", "169.254.169.254:80", "127.0.0.1", "[::1]", "127.255.255.255:65535",
+            "METADATA.Google.internal:80",
         ]
-        let foreign = ["evil.example:8080", "127.0.0.1.evil.example", "[::2]:80", "127.0.0.256", "localhost.evil", ""]
+        let foreign = [
+            "evil.example:8080", "127.0.0.1.evil.example", "[::2]:80", "127.0.0.256", "localhost.evil", "",
+            // An empty, long or lettered port; a broken literal; too few parts, an empty part, another /8.
+            "127.0.0.1:", "127.0.0.1:123456", "localhost:8o", ":80", "[::1]:", "[::1]x", "[::1", "127.0.0",
+            "127..0.1", "128.0.0.1", "127.0.0.1a", "1270.0.0.1", "127.0.0.1234",
+        ]
         for host in local {
             #expect(api.handle(gce("/", headers: [flavor, ("Host", host)])).immediate?.status == 200, "\(host)")
         }

@@ -13,6 +13,24 @@ import TokenBrokerCore
         #expect("".equalsIgnoringASCIICase(""))
     }
 
+    @Test func aBytePrefixIsComparedByteForByte() {
+        #expect("/computeMetadata/v1/x".hasBytePrefix("/computeMetadata/"))
+        #expect("/computeMetadata/".hasBytePrefix("/computeMetadata/"))
+        #expect(!"/computeMetadata".hasBytePrefix("/computeMetadata/"))
+        #expect(!"/computemetadata/v1".hasBytePrefix("/computeMetadata/"))
+        #expect("anything".hasBytePrefix(""))
+        #expect(!"".hasBytePrefix("/"))
+        // Bytes, not characters: a combining mark after the prefix leaves its bytes a prefix.
+        #expect("/a\u{301}".hasBytePrefix("/a"))
+        #expect(!"/a\u{301}".hasPrefix("/a"))
+        #expect("é/x".hasBytePrefix("é"))
+        // Small strings (stored inline) and long ones (on the heap) alike.
+        let long = String(repeating: "/segment", count: 40)
+        #expect(long.hasBytePrefix(String(repeating: "/segment", count: 39) + "/seg"))
+        #expect(!long.hasBytePrefix(String(repeating: "/segment", count: 39) + "/Seg"))
+        #expect(!"/seg".hasBytePrefix(long))
+    }
+
     @Test func listLookupsFindRemoveAndKeepOrder() {
         var fields = [("Accept", "a"), ("ACCEPT", "b"), ("Cookie", "c")]
         #expect(fields.value(named: "accept") == "a")

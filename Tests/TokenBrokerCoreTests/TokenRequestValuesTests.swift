@@ -89,6 +89,24 @@ import TokenBrokerCore
         #expect(problem(check(scope: "storage")) == RequestValueProblem(parameter: .scope, kind: .notAllowed))
     }
 
+    @Test func valuesAreOneKeyWhenEqualAndTwoWhenTheSameTextIsAnotherParameter() throws {
+        let url = "https://api.example/x"
+        let keys: [TokenRequestValues] = [
+            TokenRequestValues(audience: url), TokenRequestValues(resource: url),
+            TokenRequestValues(scopes: [url]), TokenRequestValues(audience: url, resource: url),
+            TokenRequestValues(), TokenRequestValues(scopes: []),
+        ]
+        #expect(Set(keys).count == keys.count)
+        var children: [TokenRequestValues: Int] = [:]
+        for (index, key) in keys.enumerated() { children[key] = index }
+        // Made again, from other strings and in another order: the same keys.
+        #expect(children[TokenRequestValues(audience: "https://api.example/" + "x")] == 0)
+        #expect(children[TokenRequestValues(scopes: [String(url.reversed().reversed())])] == 2)
+        #expect(TokenRequestValues(scopes: ["b", "a", "b"]) == TokenRequestValues(scopes: ["a", "b"]))
+        #expect(TokenRequestValues(scopes: ["b", "a"]).hashValue == TokenRequestValues(scopes: ["a", "b"]).hashValue)
+        #expect(TokenRequestValues(audience: "a") != TokenRequestValues(audience: "b"))
+    }
+
     @Test func malformedValuesAreRefusedBeforeTheAllowList() {
         let malformed = RequestValueProblem(parameter: .scope, kind: .malformed)
         // Empty, doubled, leading and trailing spaces; NQCHAR excludes " and \; control characters.

@@ -105,7 +105,7 @@ extension CompatAPI {
             guard azure.isIdentityHeader(request.header("X-IDENTITY-HEADER")) else {
                 return refuse(.invalidIdentityHeader, .azure, counter)
             }
-        } else if request.header("Metadata")?.lowercased() != "true" {
+        } else if request.header("Metadata")?.equalsIgnoringASCIICase("true") != true {
             return refuse(.missingMetadataHeader, .azure, counter)
         }
         let apiVersion = appService ? "2019-08-01" : "2018-02-01"

@@ -30,6 +30,9 @@ extension CompatAPI {
         let defaultValues: Result<TokenRequestValues, RequestValueProblem>
         /// Every path served, found with one look-up per request.
         let routes: [String: Route]
+        /// The token routes' paths (`default`'s and the email's), which SDKs ask most: compared
+        /// before the look-up, so that their requests do not hash the long path.
+        let tokenPaths: [(path: String, route: Route)]
         /// The values last checked for `…/token`'s `scopes` and `…/identity`'s `audience`.
         let scopesMemo = CheckedValuesMemo()
         let audienceMemo = CheckedValuesMemo()
@@ -96,6 +99,12 @@ extension CompatAPI {
                 if identities != nil { routes[account + "/identity"] = .identity }
             }
             self.routes = routes
+            tokenPaths = routes.filter {
+                switch $0.value {
+                case .token, .identity: true
+                case .fixed, .account: false
+                }
+            }.map { ($0.key, $0.value) }
             tokenRendering = Rendering(format: .gceToken, protocolName: .gce, margin: Self.margin) {
                 token, expiresIn, _ in
                 Self.json(
@@ -114,7 +123,7 @@ extension CompatAPI {
             metadataCounter = route(v1 + "/{metadata}")
         }
 
-        func serves(_ path: String) -> Bool { path == "/" || path.hasPrefix(Self.prefix) }
+        func serves(_ path: String) -> Bool { path == "/" || path.hasBytePrefix(Self.prefix) }
 
         /// A text answer, with the headers every metadata answer carries.
         static func text(_ text: String) -> HTTPResponse {
@@ -135,7 +144,7 @@ extension CompatAPI {
     /// Answers one metadata server request (`serves` said the path is its).
     func handleGCE(_ request: HTTPRequest) -> HTTPReply {
         guard let gce else { preconditionFailure("a metadata path without the metadata server") }
-        let route = gce.routes[request.path]
+        let route = gce.tokenPaths.first { $0.path == request.path }?.route ?? gce.routes[request.path]
         let counter: RequestCounter
         switch route {
         case .token?: counter = gce.tokenCounter

@@ -91,8 +91,19 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
         otherCounter = metrics.counter(listener: listener, route: "other")
     }
 
-    /// Whether `path` is one of the protocols' (for the token listener, which hands these over).
+    /// Whether `path` is one of the protocols'.
     public func serves(_ path: String) -> Bool { protocolFor(path) != nil }
+
+    /// The answer when the request's path is one of the protocols'; nil when it is not (for the
+    /// token listener, which hands these paths over and answers the others).
+    @_specialize(where Provider == TokenProvider<ContinuousClock>)
+    public func answer(_ request: HTTPRequest) -> HTTPReply? {
+        switch protocolFor(request.path) {
+        case .gce?: handleGCE(request)
+        case .azure?: handleAzure(request)
+        case nil: nil
+        }
+    }
 
     private func protocolFor(_ path: String) -> CompatProtocol? {
         if let gce, gce.serves(path) { return .gce }
@@ -102,12 +113,7 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
 
     @_specialize(where Provider == TokenProvider<ContinuousClock>)
     public func handle(_ request: HTTPRequest) -> HTTPReply {
-        switch protocolFor(request.path) {
-        case .gce?: return handleGCE(request)
-        case .azure?: return handleAzure(request)
-        case nil:
-            return refuse(.notFound(path: request.path), onlyProtocol, otherCounter)
-        }
+        answer(request) ?? refuse(.notFound(path: request.path), onlyProtocol, otherCounter)
     }
 
     public func refusal(_ reason: ServerRefusal) -> HTTPResponse {
@@ -293,30 +299,41 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
 /// rebinds its own name to 127.0.0.1 sends its own name, and is refused.
 enum CompatHost {
     /// The names, besides 127.0.0.0/8 and `[::1]`, in lowercase.
-    private static let names = ["localhost", "metadata.google.internal", "metadata", "169.254.169.254"]
+    private static let names: [[UInt8]] = ["localhost", "metadata.google.internal", "metadata", "169.254.169.254"]
+        .map { Array($0.utf8) }
 
-    /// Read byte by byte, without copying: every request on such a listener comes through here.
+    /// Read in place, byte by byte: every request on such a listener comes through here.
     static func isLocal(_ value: String) -> Bool {
-        let bytes = value.utf8
+        if let local = value.utf8.withContiguousStorageIfAvailable(isLocal) { return local }
+        return isLocal(Array(value.utf8))
+    }
+
+    private static func isLocal(_ bytes: [UInt8]) -> Bool { bytes.withUnsafeBufferPointer(isLocal) }
+
+    private static func isLocal(_ bytes: UnsafeBufferPointer<UInt8>) -> Bool {
         if bytes.first == UInt8(ascii: "[") {
             // `[::1]`, with or without a port.
             let literal = "[::1]".utf8
             guard bytes.starts(with: literal) else { return false }
-            let rest = bytes.dropFirst(literal.count)
+            let rest = bytes[literal.count...]
             return rest.isEmpty || (rest.first == UInt8(ascii: ":") && isPort(rest.dropFirst()))
         }
         var name = bytes[...]
         if let colon = bytes.lastIndex(of: UInt8(ascii: ":")) {
-            guard isPort(bytes[bytes.index(after: colon)...]) else { return false }
+            guard isPort(bytes[(colon + 1)...]) else { return false }
             name = bytes[..<colon]
         }
-        for known in names where name.elementsEqual(known.utf8, by: { lowercase($0) == $1 }) { return true }
+        for known in names where name.elementsEqual(known, by: { lowercase($0) == $1 }) { return true }
         return isLoopbackIPv4(name)
     }
 
+    private static let loopbackStart: [UInt8] = Array("127.".utf8)
+
     /// 127.0.0.0/8 in dotted decimal: four parts of 1–3 digits, each at most 255, the first 127.
-    private static func isLoopbackIPv4(_ name: Substring.UTF8View) -> Bool {
-        guard name.starts(with: "127.".utf8) else { return false }
+    private static func isLoopbackIPv4(_ name: Slice<UnsafeBufferPointer<UInt8>>) -> Bool {
+        guard name.count >= 4, name[name.startIndex..<name.startIndex + 4].elementsEqual(loopbackStart) else {
+            return false
+        }
         var parts = 0
         var value = 0
         var digits = 0
@@ -336,7 +353,7 @@ enum CompatHost {
         return digits > 0 && parts == 3
     }
 
-    private static func isPort(_ text: Substring.UTF8View) -> Bool {
+    private static func isPort(_ text: Slice<UnsafeBufferPointer<UInt8>>) -> Bool {
         !text.isEmpty && text.count <= 5 && text.allSatisfy { (0x30...0x39).contains($0) }
     }
 

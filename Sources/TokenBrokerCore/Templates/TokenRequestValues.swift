@@ -26,11 +26,14 @@ public enum RequestParameter: String, CaseIterable, Sendable, Hashable, Comparab
 /// an `http` source's placeholders use, see `ProviderConfiguration.requiredParameters`) must be named.
 public struct TokenRequestValues: Hashable, Sendable, CustomStringConvertible {
     /// The audience asked for, or nil.
-    public var audience: String?
+    public let audience: String?
     /// The scope set asked for, sorted and without repeats, or nil.
-    public private(set) var scopes: [String]?
+    public let scopes: [String]?
     /// The resource asked for, or nil.
-    public var resource: String?
+    public let resource: String?
+    /// The values' hash, taken once: a template looks its children up by their values on every
+    /// request, and an SDK's values (a scope URL) are long to hash again each time.
+    private let hash: Int
 
     /// No value named: the template's own defaults.
     public static let none = TokenRequestValues()
@@ -45,7 +48,19 @@ public struct TokenRequestValues: Hashable, Sendable, CustomStringConvertible {
             return unique
         }
         self.resource = resource
+        var hasher = Hasher()
+        hasher.combine(audience)
+        hasher.combine(self.scopes)
+        hasher.combine(resource)
+        hash = hasher.finalize()
     }
+
+    public static func == (lhs: Self, rhs: Self) -> Bool {
+        lhs.hash == rhs.hash && lhs.audience == rhs.audience && lhs.scopes == rhs.scopes
+            && lhs.resource == rhs.resource
+    }
+
+    public func hash(into hasher: inout Hasher) { hasher.combine(hash) }
 
     /// The scope set as the protocol sends it, space-separated, or nil.
     public var scope: String? { scopes?.joined(separator: " ") }
