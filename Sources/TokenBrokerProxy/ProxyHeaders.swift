@@ -7,7 +7,7 @@ import TokenBrokerCore
 /// library from the target and the body; the broker's own headers (`Token-Broker-Request`, and
 /// `Authorization` when it carries a caller key) never leave.
 public enum ProxyHeaders {
-    static let hopByHop: Set<String> = [
+    static let hopByHop = [
         "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
         "te", "trailer", "transfer-encoding", "upgrade",
     ]
@@ -23,8 +23,8 @@ public enum ProxyHeaders {
     ) -> [(String, String)] {
         let named = namedByConnection(headers)
         var out = headers.filter { header in
-            let name = header.0.lowercased()
-            return !hopByHop.contains(name) && !notForwarded.contains(name) && !named.contains(name)
+            let name = header.0
+            return !isListed(name, hopByHop) && !isListed(name, notForwarded) && !isListed(name, named)
                 && !isProxyHeader(name)
         }
         if callerKeyInAuthorization { out.removeAll(named: "Authorization") }
@@ -44,29 +44,61 @@ public enum ProxyHeaders {
     public static func back(_ headers: [(String, String)]) -> [(String, String)] {
         let named = namedByConnection(headers)
         return headers.filter { header in
-            let name = header.0.lowercased()
-            return !hopByHop.contains(name) && !notReturned.contains(name) && !named.contains(name)
+            !isListed(header.0, hopByHop) && !isListed(header.0, notReturned) && !isListed(header.0, named)
         }
     }
 
     /// Set by the client library toward the upstream, or the broker's own.
-    private static let notForwarded: Set<String> = ["host", "content-length", "expect", "token-broker-request"]
+    private static let notForwarded = ["host", "content-length", "expect", "token-broker-request"]
     /// Set by the broker's server for what it actually sends.
-    private static let notReturned: Set<String> = ["content-length", "date"]
+    private static let notReturned = ["content-length", "date"]
+
+    /// Whether `name` is one of `list` (each in lowercase), ASCII letters compared without regard
+    /// to case, in place and lengths first: every header of every proxied request and answer
+    /// comes through here. Header names are tokens, ASCII: the server refuses any other in a
+    /// request, and never sends one in an answer.
+    private static func isListed(_ name: String, _ list: [String]) -> Bool {
+        let count = name.utf8.count
+        for listed in list where listed.utf8.count == count && name.equalsIgnoringASCIICase(listed) { return true }
+        return false
+    }
 
     /// `Proxy` and `Proxy-*` are meant for the broker as a proxy, never for the target; `Proxy`
     /// in particular becomes `HTTP_PROXY` in CGI-style servers (httpoxy, CVE-2016-5385).
     static func isProxyHeader(_ name: String) -> Bool {
-        let lower = name.lowercased()
-        return lower == "proxy" || lower.hasPrefix("proxy-")
+        let bytes = name.utf8
+        guard bytes.count >= 5, bytes.prefix(5).elementsEqual("proxy".utf8, by: { $0.asciiLowercased == $1 }) else {
+            return false
+        }
+        return bytes.count == 5 || bytes.dropFirst(5).first == UInt8(ascii: "-")
     }
 
     /// Every name listed in `Connection` (lower case); usually none, and then nothing is built.
-    private static func namedByConnection(_ headers: [(String, String)]) -> Set<String> {
-        var names: Set<String> = []
+    /// Read as bytes: upstreams send `Connection: keep-alive` with every answer. An option with a
+    /// byte beyond ASCII (no token, so no header's name) is read as characters, as it always was.
+    private static func namedByConnection(_ headers: [(String, String)]) -> [String] {
+        var names: [String] = []
         for (name, value) in headers where name.equalsIgnoringASCIICase("Connection") {
-            for option in value.split(separator: ",") {
-                names.insert(option.trimmingCharacters(in: " \t").lowercased())
+            let bytes = Array(value.utf8)
+            var start = 0
+            while start < bytes.count {
+                let end = bytes[start...].firstIndex(of: UInt8(ascii: ",")) ?? bytes.count
+                defer { start = end + 1 }
+                var first = start
+                var last = end
+                while first < last, bytes[first] == UInt8(ascii: " ") || bytes[first] == UInt8(ascii: "\t") {
+                    first += 1
+                }
+                while last > first, bytes[last - 1] == UInt8(ascii: " ") || bytes[last - 1] == UInt8(ascii: "\t") {
+                    last -= 1
+                }
+                guard end > start else { continue }
+                let option = bytes[start..<end]
+                guard option.allSatisfy({ $0 < 0x80 }) else {
+                    names.append(String(decoding: option, as: UTF8.self).trimmingCharacters(in: " \t").lowercased())
+                    continue
+                }
+                names.append(String(decoding: bytes[first..<last].map(\.asciiLowercased), as: UTF8.self))
             }
         }
         return names

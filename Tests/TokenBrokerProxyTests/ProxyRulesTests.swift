@@ -95,6 +95,25 @@ import TokenBrokerAPI
         #expect(back.map(\.0) == ["Set-Cookie", "Set-Cookie"])
     }
 
+    @Test func proxyHeadersInAnyCaseStayAndNamesThatOnlyStartAlikeGo() {
+        let sent: [(String, String)] = [
+            ("Proxy", "http://evil"), ("PROXY-Authorization", "Basic x"), ("proxy-foo", "1"), ("Proxy-", "2"),
+            ("Proxyx", "3"), ("Proxies", "4"), ("X-Proxy", "5"), ("Prox", "6"), ("TE", "trailers"), ("Te-X", "7"),
+            ("UPGRADE", "h2c"), ("Upgrades", "8"),
+        ]
+        let forwarded = ProxyHeaders.forward(
+            sent, token: "T", injection: .authorization, overwrite: true, cookieName: "tok",
+            callerKeyInAuthorization: false)
+        #expect(forwarded.map(\.0) == ["Proxyx", "Proxies", "X-Proxy", "Prox", "Te-X", "Upgrades", "Authorization"])
+        let back = ProxyHeaders.back(
+            sent + [
+                ("CONNECTION", "x-one ,X-Two"), ("X-One", "1"), ("x-two", "2"), ("Connection", " ,\tX-Three\t, "),
+                ("X-THREE", "3"),
+            ])
+        // Answers keep `Proxy-*`, but not the hop-by-hop ones, nor those `Connection` names.
+        #expect(back.map(\.0) == sent.map(\.0).filter { !["PROXY-Authorization", "TE", "UPGRADE"].contains($0) })
+    }
+
     @Test func proxiesAreConfiguredStrictly() throws {
         let good =
             #"{"proxies": [{"name": "api", "target": "https://api.example.com/v1", "inject": "header:X-Api-Token", "overwrite": false, "retryOn": [202, 405], "retryOnHeader": "X-Amzn-Waf-Action"}]}"#
