@@ -51,9 +51,9 @@ class Server:
 class Broker(Server):
     """The broker on ephemeral ports, with an optional configuration."""
 
-    def __init__(self, config=None, binary=None):
+    def __init__(self, config=None, binary=None, wrapper=(), start_seconds=10):
         self.dir = tempfile.mkdtemp(prefix="tb-bench-")
-        command = [binary or BINARY]
+        command = [*wrapper, binary or BINARY]
         if config is not None:
             path = os.path.join(self.dir, "config.json")
             with open(path, "w") as handle:
@@ -62,7 +62,7 @@ class Broker(Server):
         self.log = open(os.path.join(self.dir, "log"), "w+")
         env = {"PATH": "/usr/bin:/bin", "TOKEN_BROKER_LISTEN": "127.0.0.1:0", "TOKEN_BROKER_ADMIN_LISTEN": "127.0.0.1:0"}
         self.process = subprocess.Popen(command, stderr=self.log, env=env)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + start_seconds
         while time.monotonic() < deadline:
             self.log.seek(0)
             found = dict(re.findall(r"msg=listening listener=(token|admin) address=(\S+)", self.log.read()))
@@ -464,11 +464,9 @@ def template_children(rounds, seconds, children):
 
 # ---------------------------------------------------------------------------- 7. compatibility answers
 
-def compat_answers(rounds, seconds):
-    """Cached answers of the cloud SDK protocols against /token, in one broker on the token
-    listener: GCE's token (scopes as google-auth sends them) and identity token, Azure IMDS's and
-    App Service's token, each a template's child answered from its cache, alternated round by round."""
-    work = tempfile.mkdtemp()
+def compat_config(work):
+    """The compatibility benchmark's broker: a configured provider `fixed`, three templates, and
+    `compat.gce` and `compat.azure` on the token listener, App Service's secret in `work`."""
     header_file = os.path.join(work, "identity-header")
     with open(header_file, "w") as handle:
         handle.write("bench-secret\n")
@@ -482,7 +480,14 @@ def compat_answers(rounds, seconds):
         "gce": {"provider": "gcp", "identityProvider": "gcp-id", "projectId": "bench", "serviceAccountEmail": "b@bench.example"},
         "azure": {"identities": [{"provider": "vault"}], "identityHeaderFile": header_file},
     }}
-    broker = Broker(config)
+    return config
+
+
+def compat_answers(rounds, seconds):
+    """Cached answers of the cloud SDK protocols against /token, in one broker on the token
+    listener: GCE's token (scopes as google-auth sends them) and identity token, Azure IMDS's and
+    App Service's token, each a template's child answered from its cache, alternated round by round."""
+    broker = Broker(compat_config(tempfile.mkdtemp()))
     account = "/computeMetadata/v1/instance/service-accounts/default"
     routes = {
         "/token": ("/token", (GUARD,)),

@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Instructions per request, counted by valgrind's callgrind: the user-space work of one route,
+repeatable on a shared, noisy machine where req/s move by 15 % between runs.
+
+    python3 bench/instructions.py [--binary B] [--requests 2000] ROUTE [ROUTE ...]
+    ROUTE: token, gce-token, gce-identity, azure-imds, azure-app-service, proxy
+
+For each route: the broker starts under callgrind with the compatibility benchmark's
+configuration (a proxy `u` to an nginx upstream for `proxy`), answers 50 requests on one
+keep-alive connection, then its counters are zeroed, it answers --requests more, and the
+counters are dumped. Every thread is counted, libcurl, libmicrohttpd and libc included; the
+kernel is not. The count covers what the process does between the dumps, so its timers count
+too (a few thousand instructions per second, spread over all requests). Talks only to 127.0.0.1.
+"""
+import argparse
+import glob
+import http.client
+import os
+import re
+import subprocess
+import tempfile
+
+from run import Broker, ProxyUpstream, compat_config
+
+ACCOUNT = "/computeMetadata/v1/instance/service-accounts/default"
+ROUTES = {
+    "token": ("/token", {"Token-Broker-Request": "true"}),
+    "gce-token": (ACCOUNT + "/token?scopes=https://www.googleapis.com/auth/cloud-platform", {"Metadata-Flavor": "Google"}),
+    "gce-identity": (ACCOUNT + "/identity?audience=https://svc.example/a&format=full", {"Metadata-Flavor": "Google"}),
+    "azure-imds": ("/metadata/identity/oauth2/token?api-version=2018-02-01&resource=https://vault.azure.net",
+                   {"Metadata": "true"}),
+    "azure-app-service": ("/msi/token?api-version=2019-08-01&resource=https://vault.azure.net",
+                          {"X-IDENTITY-HEADER": "bench-secret"}),
+    "proxy": ("/proxy/u/x", {"Token-Broker-Request": "true"}),
+}
+
+
+def send(address, path, headers, count):
+    host, port = address.rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    for _ in range(count):
+        connection.request("GET", path, headers=headers)
+        answer = connection.getresponse()
+        answer.read()
+        assert answer.status == 200, (path, answer.status)
+    connection.close()
+
+
+def count(route, binary, requests):
+    work = tempfile.mkdtemp(prefix="tb-instructions-")
+    upstream = ProxyUpstream() if route == "proxy" else None
+    config = {"proxies": [{"name": "u", "target": "http://" + upstream.address}]} if upstream else compat_config(work)
+    out = os.path.join(work, "callgrind.out")
+    broker = Broker(config, binary, wrapper=("valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p"),
+                    start_seconds=120)
+    try:
+        path, headers = ROUTES[route]
+        send(broker.token, path, headers, 50)
+        subprocess.run(["callgrind_control", "--zero", str(broker.pid)], check=True, capture_output=True)
+        send(broker.token, path, headers, requests)
+        subprocess.run(["callgrind_control", "--dump", str(broker.pid)], check=True, capture_output=True)
+        dump = sorted(glob.glob(f"{out}.{broker.pid}.*"))[0]
+        total = int(re.search(r"^(?:summary|totals):\s+(\d+)", open(dump).read(), re.M).group(1))
+    finally:
+        broker.stop()
+        if upstream:
+            upstream.stop()
+    return total / requests
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("routes", nargs="+", choices=sorted(ROUTES))
+    parser.add_argument("--binary", default=None, help="the broker (default: .build/release/token-broker)")
+    parser.add_argument("--requests", type=int, default=2000)
+    arguments = parser.parse_args()
+    for route in arguments.routes:
+        print(f"{route}: {count(route, arguments.binary, arguments.requests):,.0f} instructions per request", flush=True)
+
+
+if __name__ == "__main__":
+    main()
