@@ -34,7 +34,7 @@ enum QueryParameters {
     }
 
     /// The values a request names for a template's child, each as sent (percent-decoded).
-    struct RequestValues {
+    struct RequestValues: Equatable, Sendable {
         var audience: String?
         var scope: String?
         var resource: String?

@@ -62,6 +62,8 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
         let configuration: ProviderConfiguration
         /// As `Endpoint.counters`: one set for the template, whichever child answers.
         let counters: [RequestCounter]
+        /// The values last checked for the parameters a request named.
+        let checkedValues = CheckedValuesMemo<QueryParameters.RequestValues>()
 
         init(template: any TemplateProviding<Provider>, counters: [RequestCounter]) {
             self.template = template
@@ -263,12 +265,18 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
             return .success((endpoint, false))
         case .template(let endpoint):
             let values: TokenRequestValues
-            switch TokenRequestValues.checked(
-                audience: named.audience, scope: named.scope, resource: named.resource, for: endpoint.configuration)
-            {
-            case .success(let checked): values = checked
-            case .failure(let problem):
-                return .failure(BadRequest(.requestValue(problem, provider: endpoint.name)))
+            do throws(BadRequest) {
+                values = try endpoint.checkedValues.values(for: named) { () throws(BadRequest) in
+                    switch TokenRequestValues.checked(
+                        audience: named.audience, scope: named.scope, resource: named.resource,
+                        for: endpoint.configuration)
+                    {
+                    case .success(let checked): return checked
+                    case .failure(let problem): throw BadRequest(.requestValue(problem, provider: endpoint.name))
+                    }
+                }
+            } catch {
+                return .failure(error)
             }
             switch endpoint.template.child(for: values) {
             case .success(let (child, responses)):

@@ -418,7 +418,7 @@ private let secret = "app-service-secret"
 
 @Suite struct CheckedValuesMemoTests {
     @Test func theLastAcceptedValueIsKeptAndARefusalIsNeverKept() throws {
-        let memo = CheckedValuesMemo()
+        let memo = CheckedValuesMemo<String>()
         let checks = Mutex(0)
         func values(_ key: String) throws(BadRequest) -> TokenRequestValues {
             try memo.values(for: key) { () throws(BadRequest) in

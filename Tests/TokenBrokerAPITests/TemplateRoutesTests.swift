@@ -246,6 +246,31 @@ struct TemplateCallers: CallerAuthorizing {
         }
     }
 
+    @Test func theValuesKeptFromTheLastRequestNeverLetAnotherRequestsValuesThrough() async {
+        let shared = ValuesSource.Shared()
+        let template = liveTemplate(perRequest: [.audience], shared: shared)
+        let api = api(templates: [template])
+        await running([template]) {
+            let allowed = [("audience", "https://orders.example")]
+            #expect(await answer(api.handle(token("/providers/orders/token", allowed)))?.status == 200)
+            // Each refused between two accepted requests of the same values: checked, not taken
+            // for the values kept.
+            let refusals: [([(String, String)], String)] = [
+                ([("audience", "https://evil.example")], "value_not_allowed"),
+                ([("audience", "https://orders.example"), ("scope", "read")], "invalid_request"),
+                ([("audience", "https://orders.example"), ("resource", "urn:x")], "invalid_request"),
+                ([("audience", "https://orders.example/a b")], "invalid_request"),
+                ([("AUDIENCE", "https://orders.example"), ("audience", "https://orders.example")], "invalid_request"),
+            ]
+            for (query, code) in refusals {
+                let again = api.handle(token("/providers/orders/token", allowed)).immediate
+                #expect(again?.status == 200)
+                expectError(api.handle(token("/providers/orders/token", query)).immediate, 400, code)
+            }
+            #expect(template.status().children == 1 && shared.count == 1)
+        }
+    }
+
     @Test func anHTTPTemplatesPlaceholderHasNoDefaultSoEveryRequestMustNameItsValue() async {
         let shared = ValuesSource.Shared()
         var http = HTTPSourceConfiguration(url: "https://tokens.example/issue?aud={{audience}}")

@@ -24,7 +24,7 @@ extension CompatAPI {
             let settings: AzureConfiguration.Identity
             let source: Source
             /// The values last checked for a `resource`.
-            let memo = CheckedValuesMemo()
+            let memo = CheckedValuesMemo<String>()
         }
 
         let identities: [Identity]

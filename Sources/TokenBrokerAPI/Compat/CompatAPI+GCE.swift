@@ -34,8 +34,8 @@ extension CompatAPI {
         /// before the look-up, so that their requests do not hash the long path.
         let tokenPaths: [(path: String, route: Route)]
         /// The values last checked for `…/token`'s `scopes` and `…/identity`'s `audience`.
-        let scopesMemo = CheckedValuesMemo()
-        let audienceMemo = CheckedValuesMemo()
+        let scopesMemo = CheckedValuesMemo<String>()
+        let audienceMemo = CheckedValuesMemo<String>()
         let tokenRendering: Rendering
         let identityRendering: Rendering
         let tokenCounter: RequestCounter

@@ -1,0 +1,21 @@
+import TokenBrokerCore
+
+/// The child values last checked for one key of one route, so that a client asking the same
+/// thing again (an SDK asks the same scope or resource every time, a service the same audience)
+/// skips the allow-list checks and the building of the values. The key is what the request
+/// named: a compatibility route's query value, or a template route's `audience`, `scope` and
+/// `resource`. Only an accepted key is kept; the checks depend only on the key and the route's
+/// configuration, which does not change (a reload makes new routes).
+final class CheckedValuesMemo<Key: Equatable & Sendable>: Sendable {
+    private let last = Lock<(key: Key, values: TokenRequestValues)?>(nil)
+
+    /// The values for `key`: the ones kept when it is the key last checked, else `check`'s, kept.
+    func values(for key: Key, check: () throws(BadRequest) -> TokenRequestValues) throws(BadRequest)
+        -> TokenRequestValues
+    {
+        if let kept = last.withLock({ $0?.key == key ? $0?.values : nil }) { return kept }
+        let values = try check()
+        last.withLock { $0 = (key, values) }
+        return values
+    }
+}
