@@ -121,7 +121,7 @@ public enum ProxyPath {
 
     private static func text(_ bytes: ArraySlice<UInt8>) -> String { String(decoding: bytes, as: UTF8.self) }
 
-    private static func isAllowed(_ byte: UInt8) -> Bool {
+    static func isAllowed(_ byte: UInt8) -> Bool {
         switch byte {
         case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
             UInt8(ascii: "0")...UInt8(ascii: "9"):
@@ -136,7 +136,7 @@ public enum ProxyPath {
         }
     }
 
-    private static func wellFormedEscapes(_ bytes: [UInt8]) -> Bool {
+    static func wellFormedEscapes(_ bytes: [UInt8]) -> Bool {
         var index = 0
         while index < bytes.count {
             if bytes[index] == UInt8(ascii: "%") {

@@ -4,7 +4,8 @@
 import Testing
 import TokenBrokerAPI
 import TokenBrokerCore
-import TokenBrokerProxy
+
+@testable import TokenBrokerProxy
 
 @Suite struct ProxyPathEquivalenceTests {
     /// Path segments: dot segments in every spelling, encoded separators and controls in both
@@ -53,7 +54,10 @@ import TokenBrokerProxy
         let prefix = "/proxy/"
         guard raw.hasPrefix("/") else { return .failure(.absoluteForm) }
         guard raw.hasPrefix(prefix) else { return .failure(.notUnderProxy) }
-        guard raw.utf8.allSatisfy(isAllowed), wellFormedEscapes(raw) else { return .failure(.badCharacters) }
+        // The character checks, unchanged by the rewrite, are the parser's own.
+        guard raw.utf8.allSatisfy(ProxyPath.isAllowed), ProxyPath.wellFormedEscapes(Array(raw.utf8)) else {
+            return .failure(.badCharacters)
+        }
         let rest = raw.dropFirst(prefix.count)
         let pathPart = rest.prefix { $0 != "?" }
         let query = pathPart.count < rest.count ? String(rest.dropFirst(pathPart.count + 1)) : nil
@@ -76,36 +80,5 @@ import TokenBrokerProxy
         var path = "/" + resolved.joined(separator: "/")
         if directory, !resolved.isEmpty { path += "/" }
         return .success(ProxyRequestTarget(proxy: String(name), path: path, query: query))
-    }
-
-    private static func isAllowed(_ byte: UInt8) -> Bool {
-        switch byte {
-        case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
-            UInt8(ascii: "0")...UInt8(ascii: "9"):
-            true
-        case UInt8(ascii: "-"), UInt8(ascii: "."), UInt8(ascii: "_"), UInt8(ascii: "~"): true
-        case UInt8(ascii: "!"), UInt8(ascii: "$"), UInt8(ascii: "&"), UInt8(ascii: "'"), UInt8(ascii: "("),
-            UInt8(ascii: ")"), UInt8(ascii: "*"), UInt8(ascii: "+"), UInt8(ascii: ","), UInt8(ascii: ";"),
-            UInt8(ascii: "="):
-            true
-        case UInt8(ascii: ":"), UInt8(ascii: "@"), UInt8(ascii: "/"), UInt8(ascii: "?"), UInt8(ascii: "%"): true
-        default: false
-        }
-    }
-
-    private static func wellFormedEscapes(_ text: String) -> Bool {
-        let bytes = Array(text.utf8)
-        var index = 0
-        while index < bytes.count {
-            if bytes[index] == UInt8(ascii: "%") {
-                guard index + 2 < bytes.count, bytes[index + 1].hexDigitValue != nil,
-                    bytes[index + 2].hexDigitValue != nil
-                else { return false }
-                index += 3
-            } else {
-                index += 1
-            }
-        }
-        return true
     }
 }
