@@ -6,16 +6,37 @@ import TokenBrokerCore
 /// named: a compatibility route's query value, or a template route's `audience`, `scope` and
 /// `resource`. Only an accepted key is kept; the checks depend only on the key and the route's
 /// configuration, which does not change (a reload makes new routes).
-final class CheckedValuesMemo<Key: Equatable & Sendable>: Sendable {
+final class CheckedValuesMemo<Key: ExactKey>: Sendable {
     private let last = Lock<(key: Key, values: TokenRequestValues)?>(nil)
 
     /// The values for `key`: the ones kept when it is the key last checked, else `check`'s, kept.
     func values(for key: Key, check: () throws(BadRequest) -> TokenRequestValues) throws(BadRequest)
         -> TokenRequestValues
     {
-        if let kept = last.withLock({ $0?.key == key ? $0?.values : nil }) { return kept }
+        if let kept = last.withLock({ $0?.key.isExactly(key) == true ? $0?.values : nil }) { return kept }
         let values = try check()
         last.withLock { $0 = (key, values) }
         return values
+    }
+}
+
+/// A memo key compared byte for byte. `String`'s `==` holds canonically equivalent text equal
+/// (`K` and KELVIN SIGN, `;` and GREEK QUESTION MARK), where the checks read bytes and refuse
+/// anything beyond ASCII: a key equal by `==` alone would skip the check that refuses it.
+protocol ExactKey: Sendable {
+    func isExactly(_ other: Self) -> Bool
+}
+
+extension String: ExactKey {
+    func isExactly(_ other: String) -> Bool { utf8.elementsEqual(other.utf8) }
+}
+
+extension Optional: ExactKey where Wrapped == String {
+    func isExactly(_ other: String?) -> Bool {
+        switch (self, other) {
+        case (nil, nil): true
+        case (let mine?, let theirs?): mine.isExactly(theirs)
+        default: false
+        }
     }
 }

@@ -34,10 +34,14 @@ enum QueryParameters {
     }
 
     /// The values a request names for a template's child, each as sent (percent-decoded).
-    struct RequestValues: Equatable, Sendable {
+    struct RequestValues: Equatable, ExactKey {
         var audience: String?
         var scope: String?
         var resource: String?
+
+        func isExactly(_ other: Self) -> Bool {
+            audience.isExactly(other.audience) && scope.isExactly(other.scope) && resource.isExactly(other.resource)
+        }
 
         /// The first parameter named, in `RequestParameter` order; nil when none is.
         var first: RequestParameter? {

@@ -434,5 +434,8 @@ private let secret = "app-service-secret"
         #expect(throws: BadRequest.self) { try values("refused") }
         #expect(try values("a").scopes == ["a"] && values("b").scopes == ["b"])
         #expect(checks.withLock { $0 } == 4)
+        // Keys equal by `String`'s `==` but not byte for byte are two keys: KELVIN SIGN and `K`.
+        #expect(try values("K").scopes == ["K"] && values("\u{212A}").scopes == ["\u{212A}"])
+        #expect(checks.withLock { $0 } == 6)
     }
 }

@@ -267,7 +267,13 @@ struct TemplateCallers: CallerAuthorizing {
                 #expect(again?.status == 200)
                 expectError(api.handle(token("/providers/orders/token", query)).immediate, 400, code)
             }
-            #expect(template.status().children == 1 && shared.count == 1)
+            // Equal to the values kept by `String`'s `==` (KELVIN SIGN is canonically `K`), not by
+            // bytes: checked, and refused as the bytes are not ASCII.
+            let ascii = [("audience", "https://api.example/K")]
+            #expect(await answer(api.handle(token("/providers/orders/token", ascii)))?.status == 200)
+            let kelvin = [("audience", "https://api.example/\u{212A}")]
+            expectError(api.handle(token("/providers/orders/token", kelvin)).immediate, 400, "invalid_request")
+            #expect(template.status().children == 2 && shared.count == 2)
         }
     }
 
