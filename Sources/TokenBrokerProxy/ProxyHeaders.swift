@@ -84,6 +84,12 @@ public enum ProxyHeaders {
             while start < bytes.count {
                 let end = bytes[start...].firstIndex(of: UInt8(ascii: ",")) ?? bytes.count
                 defer { start = end + 1 }
+                guard end > start else { continue }
+                let option = bytes[start..<end]
+                guard option.allSatisfy({ $0 < 0x80 }) else {
+                    names.append(String(decoding: option, as: UTF8.self).trimmingCharacters(in: " \t").lowercased())
+                    continue
+                }
                 var first = start
                 var last = end
                 while first < last, bytes[first] == UInt8(ascii: " ") || bytes[first] == UInt8(ascii: "\t") {
@@ -91,12 +97,6 @@ public enum ProxyHeaders {
                 }
                 while last > first, bytes[last - 1] == UInt8(ascii: " ") || bytes[last - 1] == UInt8(ascii: "\t") {
                     last -= 1
-                }
-                guard end > start else { continue }
-                let option = bytes[start..<end]
-                guard option.allSatisfy({ $0 < 0x80 }) else {
-                    names.append(String(decoding: option, as: UTF8.self).trimmingCharacters(in: " \t").lowercased())
-                    continue
                 }
                 names.append(String(decoding: bytes[first..<last].map(\.asciiLowercased), as: UTF8.self))
             }

@@ -121,6 +121,7 @@ public enum ProxyPath {
 
     private static func text(_ bytes: ArraySlice<UInt8>) -> String { String(decoding: bytes, as: UTF8.self) }
 
+    /// RFC 3986 `pchar`, "/", "?" and "%": unreserved, sub-delims, ":" and "@".
     static func isAllowed(_ byte: UInt8) -> Bool {
         switch byte {
         case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
