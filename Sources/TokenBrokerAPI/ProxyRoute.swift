@@ -16,10 +16,11 @@ public protocol ProxyHandling: Sendable {
 
 extension TokenAPI {
     /// `begin` for targets under `/proxy/`: refuse what may not pass before any body is read.
-    /// The server calls it for every such request before `handle`, so admission happens here only.
+    /// The server calls it for every such request before `handle`, so admission happens here only;
+    /// the checked target is left in `request.admitted` for `handle`.
     /// Without proxies the server streams no prefix and never calls it; the body is then read whole.
     @_specialize(where Provider == TokenProvider<ContinuousClock>)
-    public func begin(_ request: HTTPRequest) -> BodyHandling {
+    public func begin(_ request: inout HTTPRequest) -> BodyHandling {
         guard let proxy else { return .buffer(limit: nil) }
         guard let raw = request.rawTarget else {
             // The server hands requests under its streaming prefix over with their raw target.
@@ -27,7 +28,9 @@ extension TokenAPI {
             return .refuse(ErrorAnswer.notFound(path: request.path).response)
         }
         switch proxyTarget(request, raw: raw, proxy: proxy, admitting: true) {
-        case .pass(let target): return proxy.begin(request, target: target)
+        case .pass(let target):
+            request.admitted = target
+            return proxy.begin(request, target: target)
         case .refuse(let refusal):
             let response = refusal.response
             proxyCounter.record(status: response.status)
@@ -39,7 +42,14 @@ extension TokenAPI {
     /// Reached only with proxies configured (`proxy` is not nil), so every `/proxy/{name}/` is
     /// either a proxy's or an `unknown_proxy`.
     func proxied(_ request: HTTPRequest, target raw: String, proxy: any ProxyHandling) -> HTTPReply {
-        switch proxyTarget(request, raw: raw, proxy: proxy, admitting: false) {
+        let admission: Admission
+        // Checked by `begin`; unless a reload since removed its proxy, and then it is checked again.
+        if let target = request.admitted as? ProxyRequestTarget, proxy.provider(ofProxy: target.proxy) != nil {
+            admission = .pass(target)
+        } else {
+            admission = proxyTarget(request, raw: raw, proxy: proxy, admitting: false)
+        }
+        switch admission {
         case .pass(let target): return proxy.handle(request, target: target)
         case .refuse(let refusal): return record(proxyCounter, .response(refusal.response))
         }

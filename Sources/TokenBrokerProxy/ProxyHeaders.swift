@@ -73,32 +73,40 @@ public enum ProxyHeaders {
         return bytes.count == 5 || bytes.dropFirst(5).first == UInt8(ascii: "-")
     }
 
-    /// Every name listed in `Connection` (lower case); usually none, and then nothing is built.
-    /// Read as bytes: upstreams send `Connection: keep-alive` with every answer. An option with a
-    /// byte beyond ASCII (no token, so no header's name) is read as characters, as it always was.
+    /// Every name listed in `Connection` (lower case) that is not already hop-by-hop; usually
+    /// none, and then nothing is built. Read as bytes in place: upstreams send
+    /// `Connection: keep-alive` with every answer. An option with a byte beyond ASCII (no token,
+    /// so no header's name) is read as characters, as it always was.
     private static func namedByConnection(_ headers: [(String, String)]) -> [String] {
         var names: [String] = []
         for (name, value) in headers where name.equalsIgnoringASCIICase("Connection") {
-            let bytes = Array(value.utf8)
-            var start = 0
-            while start < bytes.count {
-                let end = bytes[start...].firstIndex(of: UInt8(ascii: ",")) ?? bytes.count
-                defer { start = end + 1 }
-                guard end > start else { continue }
-                let option = bytes[start..<end]
-                guard option.allSatisfy({ $0 < 0x80 }) else {
-                    names.append(String(decoding: option, as: UTF8.self).trimmingCharacters(in: " \t").lowercased())
-                    continue
+            var value = value
+            value.withUTF8 { bytes in
+                var start = 0
+                while start < bytes.count {
+                    let end = bytes[start...].firstIndex(of: UInt8(ascii: ",")) ?? bytes.count
+                    defer { start = end + 1 }
+                    guard end > start else { continue }
+                    let option = UnsafeBufferPointer(rebasing: bytes[start..<end])
+                    guard option.allSatisfy({ $0 < 0x80 }) else {
+                        names.append(String(decoding: option, as: UTF8.self).trimmingCharacters(in: " \t").lowercased())
+                        continue
+                    }
+                    var first = start
+                    var last = end
+                    while first < last, bytes[first] == UInt8(ascii: " ") || bytes[first] == UInt8(ascii: "\t") {
+                        first += 1
+                    }
+                    while last > first, bytes[last - 1] == UInt8(ascii: " ") || bytes[last - 1] == UInt8(ascii: "\t") {
+                        last -= 1
+                    }
+                    let trimmed = UnsafeBufferPointer(rebasing: bytes[first..<last])
+                    let alreadyDropped = hopByHop.contains { listed in
+                        listed.utf8.count == trimmed.count
+                            && listed.utf8.elementsEqual(trimmed) { $0 == $1.asciiLowercased }
+                    }
+                    if !alreadyDropped { names.append(String(decoding: trimmed.map(\.asciiLowercased), as: UTF8.self)) }
                 }
-                var first = start
-                var last = end
-                while first < last, bytes[first] == UInt8(ascii: " ") || bytes[first] == UInt8(ascii: "\t") {
-                    first += 1
-                }
-                while last > first, bytes[last - 1] == UInt8(ascii: " ") || bytes[last - 1] == UInt8(ascii: "\t") {
-                    last -= 1
-                }
-                names.append(String(decoding: bytes[first..<last].map(\.asciiLowercased), as: UTF8.self))
             }
         }
         return names

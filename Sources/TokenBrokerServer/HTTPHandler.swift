@@ -8,8 +8,9 @@ public protocol HTTPHandler: Sendable {
     func handle(_ request: HTTPRequest) -> HTTPReply
 
     /// For requests under the server's `streamingPrefix` only: called when their headers have
-    /// arrived, before any body, to say what to do with the body.
-    func begin(_ request: HTTPRequest) -> BodyHandling
+    /// arrived, before any body, to say what to do with the body. `handle` later gets the
+    /// request as `begin` left it (with `admitted` set, if it set it), and the body.
+    func begin(_ request: inout HTTPRequest) -> BodyHandling
 
     /// The answer to a request the server itself refuses: the server knows no error text, so
     /// the handler words every answer. Called on a libmicrohttpd thread; keep it quick.
@@ -31,7 +32,7 @@ public enum ServerRefusal: Sendable, Equatable {
 }
 
 extension HTTPHandler {
-    public func begin(_ request: HTTPRequest) -> BodyHandling { .buffer(limit: nil) }
+    public func begin(_ request: inout HTTPRequest) -> BodyHandling { .buffer(limit: nil) }
 }
 
 /// What to do with a request's body, decided when its headers arrive.

@@ -19,6 +19,9 @@ public struct HTTPRequest: Sendable {
     public var bodyTooLarge: Bool
     /// The body as it arrives, when `HTTPHandler.begin` chose to stream it.
     public var bodyStream: HTTPRequestBodyStream?
+    /// What the handler's `begin` made of the head, left for its `handle` so that nothing is
+    /// worked out twice (proxy mode: the checked target); nil when `begin` left nothing.
+    public var admitted: (any Sendable)?
 
     public init(
         method: String, path: String, rawTarget: String? = nil, query: [(String, String?)] = [],

@@ -53,10 +53,18 @@ public final class HTTPResponse: @unchecked Sendable {
 
     private static func add(_ headers: [(String, String)], to handle: OpaquePointer) {
         for (name, value) in headers {
-            let sendable =
-                !name.isEmpty && name.utf8.allSatisfy(HTTPSyntax.isTokenCharacter)
-                && value.utf8.allSatisfy(HTTPSyntax.isFieldValueByte)
-            if !sendable || MHD_add_response_header(handle, name, value) != CMicroHTTPD_yes() {
+            var name = name
+            var value = value
+            let sendable = name.withUTF8 { name in
+                !name.isEmpty && name.allSatisfy(HTTPSyntax.isTokenCharacter)
+                    && value.withUTF8 { $0.allSatisfy(HTTPSyntax.isFieldValueByte) }
+            }
+            // Through `withCString`: passed straight as an argument, a short string (15 bytes or
+            // fewer, as most header names are) is first copied to a new array on the heap.
+            if !sendable
+                || name.withCString({ name in value.withCString { MHD_add_response_header(handle, name, $0) } })
+                    != CMicroHTTPD_yes()
+            {
                 droppedHeaderCount.add(1, ordering: .relaxed)
             }
         }

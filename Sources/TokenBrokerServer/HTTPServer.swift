@@ -222,10 +222,19 @@ public final class HTTPServer: @unchecked Sendable {
         }
         if draining.load(ordering: .relaxed) { return queue(handler.refusal(.stopping), on: connection, nil) }
         Self.clock(of: connection)?.requestArrived()
-        let request = HTTPRequest(
-            method: String(cString: method), path: String(cString: url), rawTarget: state?.rawTarget,
-            query: ConnectionValues.query(connection), headers: ConnectionValues.headers(connection),
-            body: state?.body ?? [], bodyTooLarge: state?.tooLarge ?? false)
+        let request: HTTPRequest
+        if let state, var head = state.head {
+            // Begun under the streaming prefix: its head was read then, and the handler's `begin` saw it.
+            state.head = nil
+            head.body = state.body
+            head.bodyTooLarge = state.tooLarge
+            request = head
+        } else {
+            request = HTTPRequest(
+                method: String(cString: method), path: String(cString: url), rawTarget: state?.rawTarget,
+                query: ConnectionValues.query(connection), headers: ConnectionValues.headers(connection),
+                body: state?.body ?? [], bodyTooLarge: state?.tooLarge ?? false)
+        }
         return reply(handler.handle(request), connection, streaming: false) { RequestState.attach(to: requestContext) }
     }
 
@@ -270,9 +279,10 @@ public final class HTTPServer: @unchecked Sendable {
         var request = HTTPRequest(
             method: String(cString: method), path: String(cString: url), rawTarget: state.rawTarget,
             query: ConnectionValues.query(connection), headers: ConnectionValues.headers(connection))
-        switch handler.begin(request) {
+        switch handler.begin(&request) {
         case .buffer(let limit):
             state.bodyLimit = limit
+            state.head = request
             return CMicroHTTPD_yes()
         case .refuse(let response):
             return queue(response, on: connection, nil)

@@ -8,6 +8,9 @@ final class RequestState {
     var responder: HTTPResponder?
     /// For requests under the streaming prefix: the target as sent.
     var rawTarget: String?
+    /// For requests under the streaming prefix whose body is read whole: the request as the
+    /// handler's `begin` left it, which `handle` gets with the body.
+    var head: HTTPRequest?
     var bodyLimit: Int?
     var bodyStream: HTTPRequestBodyStream?
 

@@ -206,20 +206,25 @@ final class CurlLoop: @unchecked Sendable {
         let context = Unmanaged.passUnretained(transfer).toOpaque()
         var ok = true
         func set(_ code: CURLcode) { ok = ok && code == CURLE_OK }
-        set(CCurl_setopt_string(easy, CURLOPT_URL, request.url))
-        set(CCurl_setopt_string(easy, CURLOPT_PROTOCOLS_STR, "http,https"))
+        // Through `withCString`: passed straight as an argument, a short string (15 bytes or
+        // fewer, such as a method) is first copied to a new array on the heap.
+        func set(_ option: CURLoption, _ text: String) {
+            text.withCString { set(CCurl_setopt_string(easy, option, $0)) }
+        }
+        set(CURLOPT_URL, request.url)
+        set(CURLOPT_PROTOCOLS_STR, "http,https")
         set(CCurl_setopt_long(easy, CURLOPT_NOSIGNAL, 1))
         set(CCurl_setopt_long(easy, CURLOPT_FOLLOWLOCATION, 0))
         set(CCurl_setopt_long(easy, CURLOPT_SSL_VERIFYPEER, 1))
         set(CCurl_setopt_long(easy, CURLOPT_SSL_VERIFYHOST, 2))
         set(CCurl_setopt_long(easy, CURLOPT_CONNECTTIMEOUT_MS, settings.connectTimeoutMsec))
         set(CCurl_setopt_long(easy, CURLOPT_TIMEOUT_MS, settings.timeoutMsec))
-        if let socket = request.unixSocketPath { set(CCurl_setopt_string(easy, CURLOPT_UNIX_SOCKET_PATH, socket)) }
-        if request.bypassesProxies { set(CCurl_setopt_string(easy, CURLOPT_NOPROXY, "*")) }
-        if let caFile = settings.caFile { set(CCurl_setopt_string(easy, CURLOPT_CAINFO, caFile)) }
-        if let certificate = settings.clientCertFile { set(CCurl_setopt_string(easy, CURLOPT_SSLCERT, certificate)) }
-        if let key = settings.clientKeyFile { set(CCurl_setopt_string(easy, CURLOPT_SSLKEY, key)) }
-        set(CCurl_setopt_string(easy, CURLOPT_CUSTOMREQUEST, request.method))
+        if let socket = request.unixSocketPath { set(CURLOPT_UNIX_SOCKET_PATH, socket) }
+        if request.bypassesProxies { set(CURLOPT_NOPROXY, "*") }
+        if let caFile = settings.caFile { set(CURLOPT_CAINFO, caFile) }
+        if let certificate = settings.clientCertFile { set(CURLOPT_SSLCERT, certificate) }
+        if let key = settings.clientKeyFile { set(CURLOPT_SSLKEY, key) }
+        set(CURLOPT_CUSTOMREQUEST, request.method)
         if request.method == "HEAD" {
             set(CCurl_setopt_long(easy, CURLOPT_NOBODY, 1))
         } else if let exchange = transfer.exchange, exchange.streamsBody {
@@ -245,11 +250,9 @@ final class CurlLoop: @unchecked Sendable {
             // so that most come whole in one turn.
             set(CCurl_setopt_long(easy, CURLOPT_BUFFERSIZE, Self.heldBodyLimit))
         }
-        for (name, value) in request.headers where !Self.breaksLine(name) && !Self.breaksLine(value) {
-            transfer.headerList = curl_slist_append(transfer.headerList, name + ": " + value)
-        }
+        for (name, value) in request.headers { ok = ok && Self.append(name, value, to: &transfer.headerList) }
         // libcurl would add "Expect: 100-continue" to larger POSTs; issuers gain nothing from it.
-        transfer.headerList = curl_slist_append(transfer.headerList, "Expect:")
+        ok = ok && Self.append("Expect", "", to: &transfer.headerList)
         set(CCurl_setopt_pointer(easy, CURLOPT_HTTPHEADER, UnsafeMutableRawPointer(transfer.headerList)))
         set(CCurl_setopt_write_function(easy, bodyCallback))
         set(CCurl_setopt_pointer(easy, CURLOPT_WRITEDATA, context))
@@ -262,9 +265,42 @@ final class CurlLoop: @unchecked Sendable {
         return nil
     }
 
-    /// Whether a header's name or value holds CR or LF, which would start a line of its own.
-    private static func breaksLine(_ text: String) -> Bool {
-        text.utf8.contains { $0 == UInt8(ascii: "\r") || $0 == UInt8(ascii: "\n") }
+    /// Adds the line `name: value` to a request's header list. A name or value that holds CR or
+    /// LF, which would start a line of its own, is left out. False only when libcurl could not
+    /// add the line (out of memory); the list is then unchanged.
+    ///
+    /// The line is put together in a temporary buffer, not as a Swift string: every proxied
+    /// request sends several headers, one of them the token.
+    static func append(_ name: String, _ value: String, to list: inout UnsafeMutablePointer<curl_slist>?) -> Bool {
+        var name = name
+        var value = value
+        return name.withUTF8 { name in
+            value.withUTF8 { value in
+                if breaksLine(name) || breaksLine(value) { return true }
+                let length = name.count + 2 + value.count
+                return withUnsafeTemporaryAllocation(of: CChar.self, capacity: length + 1) { line in
+                    guard let first = line.baseAddress else { return false }
+                    let start = UnsafeMutableRawPointer(first)
+                    if let bytes = name.baseAddress { start.copyMemory(from: bytes, byteCount: name.count) }
+                    line[name.count] = CChar(UInt8(ascii: ":"))
+                    line[name.count + 1] = CChar(UInt8(ascii: " "))
+                    if let bytes = value.baseAddress {
+                        (start + name.count + 2).copyMemory(from: bytes, byteCount: value.count)
+                    }
+                    line[length] = 0
+                    guard let appended = curl_slist_append(list, line.baseAddress) else { return false }
+                    list = appended
+                    return true
+                }
+            }
+        }
+    }
+
+    /// Whether a header's name or value holds CR or LF (`memchr`: a token is hundreds of bytes).
+    private static func breaksLine(_ bytes: UnsafeBufferPointer<UInt8>) -> Bool {
+        guard let start = bytes.baseAddress else { return false }
+        return memchr(start, Int32(UInt8(ascii: "\r")), bytes.count) != nil
+            || memchr(start, Int32(UInt8(ascii: "\n")), bytes.count) != nil
     }
 
     private func finish(_ transfer: Transfer, _ result: CURLcode) {
@@ -394,6 +430,7 @@ final class CurlLoop: @unchecked Sendable {
                 // A trailer after the head is no header of the answer.
                 guard !transfer.headReady else { break }
                 // Streamed exchanges pass every header on, in order, names as sent.
+                if transfer.headerLines.isEmpty { transfer.headerLines.reserveCapacity(16) }
                 if transfer.headerLines.count < 200 { transfer.headerLines.append((name, value)) }
             } else if transfer.headers.count < 100 {
                 transfer.headers[name.lowercased()] = value
@@ -419,7 +456,9 @@ enum HeaderLine: Equatable {
         let tab = UInt8(ascii: "\t")
         let cr = UInt8(ascii: "\r")
         let lf = UInt8(ascii: "\n")
-        if line.starts(with: "HTTP/".utf8) {
+        if line.count >= 5, line[0] == UInt8(ascii: "H"), line[1] == UInt8(ascii: "T"), line[2] == UInt8(ascii: "T"),
+            line[3] == UInt8(ascii: "P"), line[4] == UInt8(ascii: "/")
+        {
             self = .statusLine
             return
         }

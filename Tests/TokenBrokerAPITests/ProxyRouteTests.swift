@@ -7,18 +7,24 @@ import TokenBrokerServer
 
 @testable import TokenBrokerAPI
 
-/// Proxy mode with one proxy, `api`, reading provider `default`; it records what reaches it.
-/// Its path rules are the test's: the targets in `problems` are refused so, any other is split
-/// at its first slash after `/proxy/` (the real rules are `ProxyPath`'s, tested with the proxy).
+/// Proxy mode with proxies named in `names` (by default one, `api`), reading provider `default`;
+/// it records what reaches it. Its path rules are the test's: the targets in `problems` are
+/// refused so, any other is split at its first slash after `/proxy/` (the real rules are
+/// `ProxyPath`'s, tested with the proxy).
 final class FakeProxy: ProxyHandling {
+    let names: Set<String>
     let begun = Mutex<[ProxyRequestTarget]>([])
     let handled = Mutex<[ProxyRequestTarget]>([])
+    /// How many targets were split and checked.
+    let checked = Mutex(0)
+    init(names: Set<String> = ["api"]) { self.names = names }
     static let problems: [String: ProxyPathProblem] = [
         "/proxy/api/a b": .badCharacters, "/proxy/api/../../etc": .escapesRoot, "/proxy/api/a%2Fb": .encodedSeparator,
         "http://evil/proxy/api/": .absoluteForm, "/proxy/": .notUnderProxy,
     ]
 
     func target(_ rawTarget: String) -> Result<ProxyRequestTarget, ProxyPathProblem> {
+        checked.withLock { $0 += 1 }
         if let problem = Self.problems[rawTarget] { return .failure(problem) }
         let rest = rawTarget.dropFirst("/proxy/".count)
         let pathAndQuery = rest.split(separator: "?", maxSplits: 1, omittingEmptySubsequences: false)
@@ -29,7 +35,7 @@ final class FakeProxy: ProxyHandling {
                 query: pathAndQuery.count > 1 ? String(pathAndQuery[1]) : nil))
     }
 
-    func provider(ofProxy name: String) -> String? { name == "api" ? "default" : nil }
+    func provider(ofProxy name: String) -> String? { names.contains(name) ? "default" : nil }
 
     func begin(_ request: HTTPRequest, target: ProxyRequestTarget) -> BodyHandling {
         begun.withLock { $0.append(target) }
@@ -39,6 +45,14 @@ final class FakeProxy: ProxyHandling {
     func handle(_ request: HTTPRequest, target: ProxyRequestTarget) -> HTTPReply {
         handled.withLock { $0.append(target) }
         return .response(HTTPResponse(status: 202, body: []))
+    }
+}
+
+extension TokenAPI {
+    /// `begin` for a request the test does not keep.
+    func begin(_ request: HTTPRequest) -> BodyHandling {
+        var request = request
+        return begin(&request)
     }
 }
 
@@ -72,6 +86,25 @@ extension BodyHandling {
         // After `begin`, the guard and the caller are not checked again.
         #expect(api.handle(proxied("/proxy/api/a", guarded: false)).immediate?.status == 202)
         #expect(proxy.handled.withLock { $0.map(\.path) } == ["/a"])
+    }
+
+    @Test func handleTakesTheTargetBeginChecked() {
+        let proxy = FakeProxy()
+        let api = tokenAPI(proxy: proxy)
+        var request = proxied("/proxy/api/a/b?x=1")
+        #expect(api.begin(&request).bufferLimit == .some(7))
+        #expect(api.handle(request).immediate?.status == 202)
+        #expect(proxy.handled.withLock { $0 } == [ProxyRequestTarget(proxy: "api", path: "/a/b", query: "x=1")])
+        #expect(proxy.checked.withLock { $0 } == 1)
+    }
+
+    @Test func aProxyGoneBetweenBeginAndHandleIsUnknown() {
+        // A reload between the head and the end of the body may remove the proxy `begin` admitted.
+        var request = proxied("/proxy/api/x")
+        #expect(tokenAPI(proxy: FakeProxy()).begin(&request).bufferLimit == .some(7))
+        let reloaded = FakeProxy(names: ["other"])
+        expectError(tokenAPI(proxy: reloaded).handle(request).immediate, 404, "unknown_proxy")
+        #expect(reloaded.handled.withLock { $0 }.isEmpty)
     }
 
     @Test func malformedOrEscapingPathsAre400() {

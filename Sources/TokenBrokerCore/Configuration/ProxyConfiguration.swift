@@ -139,6 +139,8 @@ public struct ProxyTarget: Sendable, Equatable, CustomStringConvertible {
     public let authority: String
     /// The base path without a trailing slash; empty for the root.
     public let basePath: String
+    /// Scheme, authority and base path put together, which every proxied request's URL starts with.
+    private let base: String
 
     public init(parsing text: String) throws(ConfigurationError) {
         let problem = ConfigurationError(
@@ -167,12 +169,21 @@ public struct ProxyTarget: Sendable, Equatable, CustomStringConvertible {
         self.scheme = scheme
         self.authority = String(authority)
         self.basePath = path
+        base = "\(scheme)://\(authority)\(path)"
     }
 
-    public var description: String { "\(scheme)://\(authority)\(basePath)" }
+    public var description: String { base }
 
-    /// The upstream URL for a normalised path (starting with "/") and a query (without "?").
+    /// The upstream URL for a normalised path (starting with "/") and a query (without "?"), built
+    /// in one string of the right size.
     public func url(path: String, query: String?) -> String {
-        "\(scheme)://\(authority)\(basePath)\(path)" + (query.map { "?" + $0 } ?? "")
+        var url = base
+        url.reserveCapacity(base.utf8.count + path.utf8.count + 1 + (query?.utf8.count ?? 0))
+        url.append(path)
+        if let query {
+            url.append("?")
+            url.append(query)
+        }
+        return url
     }
 }

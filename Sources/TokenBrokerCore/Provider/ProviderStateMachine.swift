@@ -138,7 +138,13 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     /// When the owner's single timer must next fire: the next fetch, the deadline of the fetch
     /// in flight, or the earliest waiter deadline.
     public var nextWakeup: Instant? {
-        [fetchDueAt, fetchDeadline, deadlines.earliest].compactMap { $0 }.min()
+        // Read after every request's look-up: compared in place, with no array built.
+        func earlier(_ one: Instant?, _ other: Instant?) -> Instant? {
+            guard let one else { return other }
+            guard let other else { return one }
+            return min(one, other)
+        }
+        return earlier(earlier(fetchDueAt, fetchDeadline), deadlines.earliest)
     }
 
     /// The cached token if it is still valid at `now`; never an expired one.

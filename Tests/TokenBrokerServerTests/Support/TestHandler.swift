@@ -43,7 +43,7 @@ final class TestHandler: HTTPHandler {
         return answer(request)
     }
 
-    func begin(_ request: HTTPRequest) -> BodyHandling {
+    func begin(_ request: inout HTTPRequest) -> BodyHandling {
         begun.withLock { $0.append(request) }
         return bodyHandling(request)
     }
