@@ -8,6 +8,48 @@ struct BadRequest: Error {
     init(_ answer: ErrorAnswer) { self.answer = answer }
 }
 
+/// The names of the query parameters a route reads in one pass (`QueryParameters.values`), each
+/// in lowercase, at most `QueryValues.capacity`. Made once per route: their bytes are kept, so
+/// that a request's parameter names are matched against them in place.
+struct QueryNames: Sendable {
+    let names: [String]
+    /// Each name's UTF-8, in `names`' order.
+    let bytes: [[UInt8]]
+
+    init(_ names: [String]) {
+        precondition(names.count <= QueryValues.capacity, "at most \(QueryValues.capacity) names")
+        self.names = names
+        bytes = names.map { Array($0.utf8) }
+    }
+}
+
+/// The values `QueryParameters.values` found, by their name's index in its `QueryNames`; nil:
+/// not given. Kept as positions in the request's query (plain integers, in a SIMD vector for its
+/// subscript), so that reading a route's query allocates nothing and copies no string until a
+/// value is read.
+struct QueryValues {
+    /// The most names a route reads at once (managed identity's seven, and room for one more).
+    static let capacity = 8
+
+    private let query: [(String, String?)]
+    /// For each name, the position in `query` of the parameter that gives its value; -1: none.
+    private var positions = SIMD8<Int>(repeating: -1)
+
+    init(_ query: [(String, String?)]) { self.query = query }
+
+    /// The value for the name at `index`: as sent, the empty value for a parameter without `=`.
+    subscript(index: Int) -> String? {
+        let position = positions[index]
+        return position < 0 ? nil : query[position].1 ?? ""
+    }
+
+    /// Whether the name at `index` was given.
+    func isGiven(_ index: Int) -> Bool { positions[index] >= 0 }
+
+    /// Takes the parameter at `position` in the query as the value for the name at `index`.
+    mutating func take(_ index: Int, from position: Int) { positions[index] = position }
+}
+
 /// Reads and checks the query parameters of the token routes; a bad one is a 400 naming it.
 enum QueryParameters {
     /// The largest number a parameter may hold.
@@ -61,46 +103,55 @@ enum QueryParameters {
     }
 
     /// The request values' names, in `RequestParameter` order.
-    private static let requestValueNames = RequestParameter.allCases.map(\.rawValue)
+    private static let requestValueNames = QueryNames(RequestParameter.allCases.map(\.rawValue))
+
+    /// `values(_:_:)` for names given as an array, answered as one (for tests; the routes keep
+    /// their names as `QueryNames` and read `QueryValues`, which allocate nothing per request).
+    static func values(_ names: [String], _ request: HTTPRequest) throws(BadRequest) -> [String?] {
+        let found = try values(QueryNames(names), request)
+        return names.indices.map { found[$0] }
+    }
 
     /// The values of `names`, each given at most once, in one pass over the query (a route's
     /// every request comes through here), by the rules of `query(_:)` and `queryCount(_:)`: a
     /// name's value is that of the first parameter whose whole name matches it without regard to
     /// ASCII case (the empty value for one without `=`), and the name is repeated when more than
     /// one parameter's name, read up to a decoded NUL, matches it.
-    static func values(_ names: [String], _ request: HTTPRequest) throws(BadRequest) -> [String?] {
-        precondition(names.count <= UInt64.bitWidth, "one bit per name")
-        var values = [String?](repeating: nil, count: names.count)
+    static func values(_ names: QueryNames, _ request: HTTPRequest) throws(BadRequest) -> QueryValues {
+        var values = QueryValues(request.query)
         // Bit i: names[i] was matched once (`seen`), more than once (`repeated`).
-        var seen: UInt64 = 0
-        var repeated: UInt64 = 0
-        for (name, value) in request.query {
-            guard let index = index(of: name, in: names) else { continue }
-            let bit: UInt64 = 1 << index
+        var seen: UInt8 = 0
+        var repeated: UInt8 = 0
+        for position in request.query.indices {
+            guard let (index, whole) = match(request.query[position].0, in: names) else { continue }
+            let bit: UInt8 = 1 << index
             repeated |= seen & bit
             seen |= bit
-            if values[index] == nil, name.utf8.count == names[index].utf8.count { values[index] = value ?? "" }
+            if whole, !values.isGiven(index) { values.take(index, from: position) }
         }
-        for index in names.indices where values[index] != nil && repeated & (1 << index) != 0 {
-            throw BadRequest(.repeatedParameter(names[index]))
+        for index in names.names.indices where values.isGiven(index) && repeated & (1 << index) != 0 {
+            throw BadRequest(.repeatedParameter(names.names[index]))
         }
         return values
     }
 
-    /// The index in `names` (each in lowercase) of the name that `name`, read up to a NUL, is,
-    /// without regard to ASCII case. Read in place: a route's every request comes through here.
-    private static func index(of name: String, in names: [String]) -> Int? {
-        if let found = name.utf8.withContiguousStorageIfAvailable({ index(of: $0, in: names) }) { return found }
-        return Array(name.utf8).withUnsafeBufferPointer { index(of: $0, in: names) }
+    /// The index in `names` of the name that `name`, read up to a NUL, is, without regard to
+    /// ASCII case, and whether that is the whole of `name` (no NUL in it). Read in place: a
+    /// route's every request comes through here.
+    private static func match(_ name: String, in names: QueryNames) -> (index: Int, whole: Bool)? {
+        if let found = name.utf8.withContiguousStorageIfAvailable({ match($0, in: names) }) { return found }
+        return Array(name.utf8).withUnsafeBufferPointer { match($0, in: names) }
     }
 
-    private static func index(of name: UnsafeBufferPointer<UInt8>, in names: [String]) -> Int? {
-        let head = name.prefix { $0 != 0 }
-        for (index, candidate) in names.enumerated()
-        where candidate.utf8.count == head.count
-            && head.elementsEqual(candidate.utf8, by: { (0x41...0x5A).contains($0) ? $0 | 0x20 == $1 : $0 == $1 })
-        {
-            return index
+    private static func match(_ name: UnsafeBufferPointer<UInt8>, in names: QueryNames) -> (index: Int, whole: Bool)? {
+        let length = name.firstIndex(of: 0) ?? name.count
+        for (index, candidate) in names.bytes.enumerated() where candidate.count == length {
+            var equal = true
+            for offset in 0..<length where name[offset].asciiLowercased != candidate[offset] {
+                equal = false
+                break
+            }
+            if equal { return (index, length == name.count) }
         }
         return nil
     }

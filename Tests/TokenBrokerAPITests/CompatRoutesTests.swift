@@ -439,3 +439,39 @@ private let secret = "app-service-secret"
         #expect(checks.withLock { $0 } == 6)
     }
 }
+
+@Suite struct CompatHeadersTests {
+    @Test func eachIsTheFirstOfItsNameInAnyCaseAsHeaderFindsIt() {
+        let request = HTTPRequest(
+            method: "GET", path: "/",
+            headers: [
+                ("Metadata-Flavos", "no"), ("metadata-FLAVOR", "Google"), ("Metadata-Flavor", "second"),
+                ("X-FORWARDED-FOR", "10.0.0.1"), ("Metadatum", "no"), ("METADATA", "true"), ("metadata", "false"),
+                ("x-identity-header", "secret"), ("Hos", "no"), ("HoSt", "127.0.0.1"),
+            ])
+        let headers = CompatHeaders.read(request)
+        #expect(headers.metadataFlavor == "Google")
+        #expect(headers.forwardedFor == "10.0.0.1")
+        #expect(headers.metadata == "true")
+        #expect(headers.identityHeader == "secret")
+        #expect(headers.host == "127.0.0.1")
+        // The same values as the look-up by name, header by header.
+        #expect(headers.metadataFlavor == request.header("Metadata-Flavor"))
+        #expect(headers.forwardedFor == request.header("X-Forwarded-For"))
+        #expect(headers.metadata == request.header("Metadata"))
+        #expect(headers.identityHeader == request.header("X-IDENTITY-HEADER"))
+        #expect(headers.host == request.header("Host"))
+        let none = CompatHeaders.read(HTTPRequest(method: "GET", path: "/", headers: [("Accept", "*/*")]))
+        #expect(none.host == nil && none.forwardedFor == nil && none.metadataFlavor == nil)
+    }
+
+    @Test func textIsTheSameByItsBytesElseByStringComparison() {
+        #expect(sameText("Google", "Google"))
+        #expect(!sameText(nil, "Google") && !sameText("google", "Google") && !sameText("Googl", "Google"))
+        // Canonically equivalent text is the same text, as `==` holds: KELVIN SIGN and `K`. A memo
+        // key, compared byte for byte, is not.
+        #expect(sameText("\u{212A}", "K"))
+        #expect(!"\u{212A}".isExactly("K"))
+        #expect("".isExactly("") && "abc".isExactly("abc") && !"abc".isExactly("abd") && !"ab".isExactly("abc"))
+    }
+}

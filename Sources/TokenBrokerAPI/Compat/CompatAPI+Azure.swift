@@ -56,15 +56,28 @@ extension CompatAPI {
         }
 
         func serves(_ path: String) -> Bool {
-            path == Self.imdsPath || (identityHeader != nil && path == Self.appServicePath)
+            // Byte for byte first, as SDKs send the paths; `String`'s `==` (canonical
+            // equivalence) answers for any other path, as it always has.
+            if path.isExactly(Self.imdsPath) || (identityHeader != nil && path.isExactly(Self.appServicePath)) {
+                return true
+            }
+            return path == Self.imdsPath || (identityHeader != nil && path == Self.appServicePath)
         }
 
-        /// The index in `identities` of the one the ids name (`AzureQuery.idNames`' values; at
-        /// most one; none: the system-assigned one).
-        func identity(_ named: ArraySlice<String?>) throws(BadRequest) -> Int {
+        /// Whether `path` (one `serves` accepted) is App Service's: `path == appServicePath`,
+        /// answered from the bytes for the two paths as SDKs send them.
+        static func isAppService(_ path: String) -> Bool {
+            if path.isExactly(appServicePath) { return true }
+            if path.isExactly(imdsPath) { return false }
+            return path == appServicePath
+        }
+
+        /// The index in `identities` of the one the ids name (`AzureQuery.idNames`' values, from
+        /// `AzureQuery.firstId` in `named`; at most one; none: the system-assigned one).
+        func identity(_ named: QueryValues) throws(BadRequest) -> Int {
             var asked: (value: String, id: Int)?
-            for (id, value) in zip(AzureQuery.idNames.indices, named) {
-                guard let value else { continue }
+            for id in AzureQuery.idNames.indices {
+                guard let value = named[AzureQuery.firstId + id] else { continue }
                 if asked != nil { throw BadRequest(.conflictingIdentityParameters) }
                 asked = (value, id)
             }
@@ -94,18 +107,19 @@ extension CompatAPI {
     /// Answers one managed identity request (`serves` said the path is its).
     func handleAzure(_ request: HTTPRequest) -> HTTPReply {
         guard let azure else { preconditionFailure("a managed identity path without managed identity") }
-        let appService = request.path == Azure.appServicePath
+        let appService = Azure.isAppService(request.path)
         let counter = appService ? azure.appServiceCounter : azure.imdsCounter
         if request.method != "GET" {
             return refuse(.methodNotAllowed(method: request.method, allow: ["GET"]), .azure, counter)
         }
-        if request.header("X-Forwarded-For") != nil { return refuse(.forwardedRequest, .azure, counter) }
-        if let refusal = foreignHost(request) { return refuse(refusal, .azure, counter) }
+        let headers = CompatHeaders.read(request)
+        if headers.forwardedFor != nil { return refuse(.forwardedRequest, .azure, counter) }
+        if let refusal = foreignHost(headers.host) { return refuse(refusal, .azure, counter) }
         if appService {
-            guard azure.isIdentityHeader(request.header("X-IDENTITY-HEADER")) else {
+            guard azure.isIdentityHeader(headers.identityHeader) else {
                 return refuse(.invalidIdentityHeader, .azure, counter)
             }
-        } else if request.header("Metadata")?.equalsIgnoringASCIICase("true") != true {
+        } else if headers.metadata?.equalsIgnoringASCIICase("true") != true {
             return refuse(.missingMetadataHeader, .azure, counter)
         }
         let apiVersion = appService ? "2019-08-01" : "2018-02-01"
@@ -113,7 +127,7 @@ extension CompatAPI {
             let named = try QueryParameters.values(AzureQuery.names, request)
             guard named[0] == apiVersion else { throw BadRequest(.invalidAPIVersion(expected: apiVersion)) }
             guard let resource = named[1] else { throw BadRequest(.missingParameter("resource")) }
-            let index = try azure.identity(named[2...])
+            let index = try azure.identity(named)
             let source = azure.identities[index].source
             let values = try azure.identities[index].memo.values(for: resource) { () throws(BadRequest) in
                 let values: TokenRequestValues
@@ -170,8 +184,10 @@ extension CompatAPI {
 
 /// The query parameters of both managed identity routes, read in one pass.
 enum AzureQuery {
-    /// `api-version`, `resource`, then the ids (`idNames`).
-    static let names = ["api-version", "resource"] + idNames
+    /// `api-version`, `resource`, then the ids (`idNames`), from `firstId`.
+    static let names = QueryNames(["api-version", "resource"] + idNames)
+    /// The index in `names` of the first id.
+    static let firstId = 2
     /// The parameters that name a user-assigned identity.
     static let idNames = ["client_id", "object_id", "principal_id", "mi_res_id", "msi_res_id"]
 

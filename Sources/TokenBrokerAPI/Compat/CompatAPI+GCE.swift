@@ -144,7 +144,9 @@ extension CompatAPI {
     /// Answers one metadata server request (`serves` said the path is its).
     func handleGCE(_ request: HTTPRequest) -> HTTPReply {
         guard let gce else { preconditionFailure("a metadata path without the metadata server") }
-        let route = gce.tokenPaths.first { $0.path == request.path }?.route ?? gce.routes[request.path]
+        // A token path is matched byte for byte; any other path, and a token path written in
+        // other code points that `String` holds equal, by the look-up, as before.
+        let route = gce.tokenPaths.first { $0.path.isExactly(request.path) }?.route ?? gce.routes[request.path]
         let counter: RequestCounter
         switch route {
         case .token?: counter = gce.tokenCounter
@@ -154,9 +156,10 @@ extension CompatAPI {
         if !Methods.read.contains(request.method) {
             return refuse(.methodNotAllowed(method: request.method, allow: Methods.read), .gce, counter)
         }
-        if request.header("X-Forwarded-For") != nil { return refuse(.forwardedRequest, .gce, counter) }
-        if let refusal = foreignHost(request) { return refuse(refusal, .gce, counter) }
-        guard request.header("Metadata-Flavor") == "Google" else {
+        let headers = CompatHeaders.read(request)
+        if headers.forwardedFor != nil { return refuse(.forwardedRequest, .gce, counter) }
+        if let refusal = foreignHost(headers.host) { return refuse(refusal, .gce, counter) }
+        guard sameText(headers.metadataFlavor, "Google") else {
             return refuse(.missingMetadataFlavor, .gce, counter)
         }
         do throws(BadRequest) {
@@ -217,6 +220,6 @@ extension CompatAPI {
 
 /// The query parameters the metadata server's token routes read.
 enum GCEQuery {
-    static let token = ["scopes"]
-    static let identity = ["audience", "format"]
+    static let token = QueryNames(["scopes"])
+    static let identity = QueryNames(["audience", "format"])
 }

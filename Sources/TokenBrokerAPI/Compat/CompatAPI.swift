@@ -121,9 +121,10 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
         return onlyProtocol.map { answer.response(for: $0) } ?? answer.response
     }
 
-    /// The refusal of a request whose `Host` is not local, when the listener checks it; nil: it may pass.
-    func foreignHost(_ request: HTTPRequest) -> ErrorAnswer? {
-        guard checksHost, let host = request.header("Host"), !CompatHost.isLocal(host) else { return nil }
+    /// The refusal of a request whose `Host` (`host`, as `CompatHeaders` read it) is not local,
+    /// when the listener checks it; nil: it may pass.
+    func foreignHost(_ host: String?) -> ErrorAnswer? {
+        guard checksHost, let host, !CompatHost.isLocal(host) else { return nil }
         return .foreignHost
     }
 
@@ -293,6 +294,78 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
     }
 }
 
+/// The request headers the compatibility routes read, found in one pass over the headers rather
+/// than one look-up each (a request reads three or four of them): each holds the value of the
+/// first header of its name, names compared without regard to ASCII case, as
+/// `HTTPRequest.header(_:)` finds it; nil when there is none.
+struct CompatHeaders {
+    var forwardedFor: String?
+    var host: String?
+    var metadataFlavor: String?
+    var metadata: String?
+    var identityHeader: String?
+
+    private enum Field {
+        case forwardedFor, host, metadataFlavor, metadata, identityHeader
+    }
+
+    /// The headers of `request`. A function rather than an initializer: an initializer takes its
+    /// argument owned, which copies the whole request at every call.
+    static func read(_ request: HTTPRequest) -> CompatHeaders {
+        var found = CompatHeaders()
+        for index in request.headers.indices {
+            switch field(request.headers[index].0) {
+            case .forwardedFor?: if found.forwardedFor == nil { found.forwardedFor = request.headers[index].1 }
+            case .host?: if found.host == nil { found.host = request.headers[index].1 }
+            case .metadataFlavor?: if found.metadataFlavor == nil { found.metadataFlavor = request.headers[index].1 }
+            case .metadata?: if found.metadata == nil { found.metadata = request.headers[index].1 }
+            case .identityHeader?: if found.identityHeader == nil { found.identityHeader = request.headers[index].1 }
+            case nil: continue
+            }
+        }
+        return found
+    }
+
+    /// Which of the names `name` is, without regard to ASCII case (as `equalsIgnoringASCIICase`):
+    /// told by its length, then its bytes read in place. Most headers are none, by length alone.
+    private static func field(_ name: String) -> Field? {
+        switch name.utf8.count {
+        case 4, 8, 15, 17: break
+        default: return nil
+        }
+        if let found = name.utf8.withContiguousStorageIfAvailable(field) { return found }
+        return Array(name.utf8).withUnsafeBufferPointer(field)
+    }
+
+    private static func field(_ name: UnsafeBufferPointer<UInt8>) -> Field? {
+        switch name.count {
+        case 4: matches(name, "host") ? .host : nil
+        case 8: matches(name, "metadata") ? .metadata : nil
+        case 15:
+            matches(name, "x-forwarded-for") ? .forwardedFor : matches(name, "metadata-flavor") ? .metadataFlavor : nil
+        case 17: matches(name, "x-identity-header") ? .identityHeader : nil
+        default: nil
+        }
+    }
+
+    /// Whether `name` is `lowercase` (ASCII, in lowercase, of `name`'s length) without regard to
+    /// ASCII case; a `StaticString`'s bytes are constant data, read without an array.
+    private static func matches(_ name: UnsafeBufferPointer<UInt8>, _ lowercase: StaticString) -> Bool {
+        let known = UnsafeBufferPointer(start: lowercase.utf8Start, count: lowercase.utf8CodeUnitCount)
+        guard known.count == name.count else { return false }
+        for index in name.indices where name[index].asciiLowercased != known[index] { return false }
+        return true
+    }
+}
+
+/// `text == expected` (`String`'s comparison, by canonical equivalence), answered from the bytes
+/// when they are the same, which is the common case and costs a fraction of `==`; `==` answers
+/// only when they differ, so the answer is always `==`'s.
+func sameText(_ text: String?, _ expected: String) -> Bool {
+    guard let text else { return false }
+    return text.isExactly(expected) || text == expected
+}
+
 /// Which `Host` a compatibility route on a loopback listener accepts: this machine's loopback
 /// (`localhost`, 127.0.0.0/8, `[::1]`) and the names SDKs give metadata servers
 /// (`metadata.google.internal`, `metadata`, `169.254.169.254`), with any port. A web page that
@@ -315,25 +388,29 @@ enum CompatHost {
             // `[::1]`, with or without a port.
             let literal = "[::1]".utf8
             guard bytes.starts(with: literal) else { return false }
-            let rest = bytes[literal.count...]
-            return rest.isEmpty || (rest.first == UInt8(ascii: ":") && isPort(rest.dropFirst()))
+            return bytes.count == literal.count
+                || (bytes[literal.count] == UInt8(ascii: ":") && isPort(bytes, from: literal.count + 1))
         }
-        var name = bytes[...]
+        var end = bytes.count
         if let colon = bytes.lastIndex(of: UInt8(ascii: ":")) {
-            guard isPort(bytes[(colon + 1)...]) else { return false }
-            name = bytes[..<colon]
+            guard isPort(bytes, from: colon + 1) else { return false }
+            end = colon
         }
-        for known in names where name.elementsEqual(known, by: { lowercase($0) == $1 }) { return true }
-        return isLoopbackIPv4(name)
+        let name = UnsafeBufferPointer(rebasing: bytes[..<end])
+        // The usual `Host` is a loopback address: it is tried first (the order does not change
+        // the answer). A name is compared only when the lengths are the same.
+        if isLoopbackIPv4(name) { return true }
+        for known in names where known.count == name.count {
+            if zip(name, known).allSatisfy({ lowercase($0) == $1 }) { return true }
+        }
+        return false
     }
 
-    private static let loopbackStart: [UInt8] = Array("127.".utf8)
-
     /// 127.0.0.0/8 in dotted decimal: four parts of 1–3 digits, each at most 255, the first 127.
-    private static func isLoopbackIPv4(_ name: Slice<UnsafeBufferPointer<UInt8>>) -> Bool {
-        guard name.count >= 4, name[name.startIndex..<name.startIndex + 4].elementsEqual(loopbackStart) else {
-            return false
-        }
+    private static func isLoopbackIPv4(_ name: UnsafeBufferPointer<UInt8>) -> Bool {
+        guard name.count >= 4, name[0] == UInt8(ascii: "1"), name[1] == UInt8(ascii: "2"),
+            name[2] == UInt8(ascii: "7"), name[3] == UInt8(ascii: ".")
+        else { return false }
         var parts = 0
         var value = 0
         var digits = 0
@@ -342,7 +419,7 @@ enum CompatHost {
                 guard digits > 0 else { return false }
                 parts += 1
                 (value, digits) = (0, 0)
-            } else if (0x30...0x39).contains(byte), digits < 3 {
+            } else if byte >= 0x30, byte <= 0x39, digits < 3 {
                 value = value * 10 + Int(byte - 0x30)
                 digits += 1
                 guard value <= 255 else { return false }
@@ -353,8 +430,12 @@ enum CompatHost {
         return digits > 0 && parts == 3
     }
 
-    private static func isPort(_ text: Slice<UnsafeBufferPointer<UInt8>>) -> Bool {
-        !text.isEmpty && text.count <= 5 && text.allSatisfy { (0x30...0x39).contains($0) }
+    /// Whether `bytes` from `start` to the end are a port: 1–5 digits.
+    private static func isPort(_ bytes: UnsafeBufferPointer<UInt8>, from start: Int) -> Bool {
+        let count = bytes.count - start
+        guard count >= 1, count <= 5 else { return false }
+        for index in start..<bytes.count where bytes[index] < 0x30 || bytes[index] > 0x39 { return false }
+        return true
     }
 
     private static func lowercase(_ byte: UInt8) -> UInt8 { (0x41...0x5A).contains(byte) ? byte | 0x20 : byte }
