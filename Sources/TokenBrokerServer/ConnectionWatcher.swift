@@ -173,6 +173,8 @@ final class ConnectionWatcher: @unchecked Sendable {
     /// for every proxied request. `closed` and `hungUp` remove the entry when the socket leaves
     /// the set, so an entry is always about the connection now on its descriptor, and its events
     /// are level-triggered, so a hang-up already pending is reported again for the new responder.
+    /// This relies on `closed` coming before the socket is closed (see the type's note): an entry
+    /// left for a closed socket would keep a new connection on its number out of the set.
     func watch(_ fd: Int32, _ responder: HTTPResponder) {
         guard fd >= 0 else { return }
         state.withLock { state in

@@ -251,7 +251,9 @@ final class CurlLoop: @unchecked Sendable {
             set(CCurl_setopt_long(easy, CURLOPT_BUFFERSIZE, Self.heldBodyLimit))
         }
         for (name, value) in request.headers { ok = ok && Self.append(name, value, to: &transfer.headerList) }
-        // libcurl would add "Expect: 100-continue" to larger POSTs; issuers gain nothing from it.
+        // libcurl would add "Expect: 100-continue" to uploads (every streamed body) and to POSTs over
+        // 1 MiB; nobody here gains from it. A header given with a blank value keeps libcurl from
+        // adding its own, and libcurl sends no blank header.
         ok = ok && Self.append("Expect", "", to: &transfer.headerList)
         set(CCurl_setopt_pointer(easy, CURLOPT_HTTPHEADER, UnsafeMutableRawPointer(transfer.headerList)))
         set(CCurl_setopt_write_function(easy, bodyCallback))

@@ -469,9 +469,14 @@ private let secret = "app-service-secret"
         #expect(sameText("Google", "Google"))
         #expect(!sameText(nil, "Google") && !sameText("google", "Google") && !sameText("Googl", "Google"))
         // Canonically equivalent text is the same text, as `==` holds: KELVIN SIGN and `K`. A memo
-        // key, compared byte for byte, is not.
+        // key, compared byte for byte, is not; the second pair has the same length in bytes, so
+        // that the bytes themselves (not the lengths) tell it apart.
         #expect(sameText("\u{212A}", "K"))
         #expect(!"\u{212A}".isExactly("K"))
+        let marksInOneOrder = "e\u{301}\u{323}"
+        let marksInTheOther = "e\u{323}\u{301}"
+        #expect(marksInOneOrder.utf8.count == marksInTheOther.utf8.count && marksInOneOrder == marksInTheOther)
+        #expect(sameText(marksInOneOrder, marksInTheOther) && !marksInOneOrder.isExactly(marksInTheOther))
         #expect("".isExactly("") && "abc".isExactly("abc") && !"abc".isExactly("abd") && !"ab".isExactly("abc"))
     }
 }

@@ -142,6 +142,26 @@ struct HTTPServerTests {
         #expect(closed.withLock { $0 } == 1)
     }
 
+    /// The socket's hang-up watch outlives an answered wait (nothing is undone on the answer's
+    /// path), and the next wait on the same kept-alive connection takes it over without a new
+    /// registration: its hang-up must reach the second request, not the first, answered one.
+    @Test func aHangUpDuringASecondWaitOnAKeptAliveConnectionRunsItsOnClose() async throws {
+        let (handler, server, client, firstClosed) = try await oneWaiting()
+        defer { server.shutDown(grace: .zero) }
+        handler.deferred[0].respond(TestHandler.text(200, "first"))
+        #expect(try client.readResponse().text == "first")
+
+        try client.send("GET /wait HTTP/1.1\r\nHost: t\r\n\r\n")
+        #expect(await eventually { handler.deferred.count == 2 })
+        let secondClosed = Lock<Int>(0)
+        handler.deferred[1].onClose { secondClosed.withLock { $0 += 1 } }
+        client.close()
+
+        #expect(await eventually { secondClosed.withLock { $0 } == 1 })
+        #expect(await eventually { server.inFlight == 0 && server.openConnections == 0 })
+        #expect(firstClosed.withLock { $0 } == 0, "the first wait was answered")
+    }
+
     /// A client that only half-closes while its request waits still reads an answer: the
     /// handler's `refusal(.clientClosed)`, and the wait's cleanup runs.
     @Test func aHalfClosedClientWhileDeferredReadsTheHandlersClientClosedAnswer() async throws {

@@ -310,7 +310,7 @@ struct CompatHeaders {
     }
 
     /// The headers of `request`. A function rather than an initializer: an initializer takes its
-    /// argument owned, which copies the whole request at every call.
+    /// argument owned, which retains each of the request's fields at every call.
     static func read(_ request: HTTPRequest) -> CompatHeaders {
         var found = CompatHeaders()
         for index in request.headers.indices {
