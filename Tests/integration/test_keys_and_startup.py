@@ -269,3 +269,44 @@ def test_healthcheck_asks_the_broker_directly_whatever_proxy_the_environment_nam
     environment = {"http_proxy": proxy, "HTTP_PROXY": proxy, "all_proxy": proxy, "ALL_PROXY": proxy}
     result = run_broker("healthcheck", f"http://{broker.addresses['admin']}", env=environment, timeout=10)
     assert result.returncode == 0, result.stderr
+
+
+# The allocator
+
+GLIBC_HEAP_BYTES = 64 << 20
+
+
+def glibc_arena_heaps(pid):
+    """glibc's arenas beyond the main one, read from /proc/PID/maps: each lives in an anonymous
+    reservation of 64 MiB aligned on 64 MiB (HEAP_MAX_SIZE on 64-bit), its used part read-write
+    and the rest inaccessible. Thread stacks and libcurl's buffers are not laid out so."""
+    spans = {}
+    with open(f"/proc/{pid}/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            if len(fields) > 5:
+                continue  # a file, or [heap], [stack] and the like
+            start, end = (int(bound, 16) for bound in fields[0].split("-"))
+            base = start - start % GLIBC_HEAP_BYTES
+            if end <= base + GLIBC_HEAP_BYTES:
+                spans.setdefault(base, []).append((start, end))
+    return sum(1 for base, parts in spans.items()
+               if parts[0][0] == base and sum(end - start for start, end in parts) == GLIBC_HEAP_BYTES)
+
+
+@pytest.mark.parametrize("environment, limited", [
+    ({}, True),
+    ({"MALLOC_ARENA_MAX": "8"}, False),
+    ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=8"}, False),
+    ({"GLIBC_TUNABLES": "glibc.malloc.tcache_count=7"}, True),
+])
+def test_malloc_keeps_to_one_arena_unless_the_environment_sets_glibcs_limit(environment, limited):
+    """One arena by default, for memory after long-poll bursts; an operator's MALLOC_ARENA_MAX
+    (or glibc.malloc.arena_max in GLIBC_TUNABLES) is left to glibc, for a broker that mostly proxies."""
+    with Broker(env=environment) as broker:
+        assert broker.get_json("/token")[0]["access_token"]
+        heaps = glibc_arena_heaps(broker.process.pid)
+    if limited:
+        assert heaps == 0, f"{heaps} arenas beside the main one"
+    else:
+        assert heaps >= 1, "every thread allocated from the main arena"
