@@ -48,8 +48,14 @@ public enum Crypto {
 
     /// Compares two byte strings in time that depends only on their length (`CRYPTO_memcmp`).
     public static func constantTimeEqual(_ a: [UInt8], _ b: [UInt8]) -> Bool {
+        a.withUnsafeBufferPointer { constantTimeEqual($0, b) }
+    }
+
+    /// `constantTimeEqual` for bytes read in place, such as a header's value, without a copy.
+    public static func constantTimeEqual(_ a: UnsafeBufferPointer<UInt8>, _ b: [UInt8]) -> Bool {
         guard a.count == b.count else { return false }
-        return CRYPTO_memcmp(a, b, a.count) == 0
+        guard let start = a.baseAddress else { return true }  // both empty
+        return CRYPTO_memcmp(start, b, a.count) == 0
     }
 
     /// The last OpenSSL error as text, and clears the queue.

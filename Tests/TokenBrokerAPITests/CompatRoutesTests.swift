@@ -192,7 +192,8 @@ private let secret = "app-service-secret"
     @Test func appServiceNeedsTheSecretAndAnswersExpiresOnInEpochSeconds() async {
         await running(templates) {
             let query = [("api-version", "2019-08-01"), ("resource", "https://vault.azure.net")]
-            for sent in [nil, "wrong", secret + "x", String(secret.dropLast())] {
+            // Nothing, another length, and the same length with its last letter in capital.
+            for sent in [nil, "wrong", secret + "x", String(secret.dropLast()), String(secret.dropLast()) + "T"] {
                 let refused = api.handle(appService(query, secret: sent)).immediate
                 #expect(refused?.status == 401 && refused?.errorCode == "invalid_identity_header")
                 #expect(refused?.int("statusCode") == 401 && refused?.string("message")?.isEmpty == false)
