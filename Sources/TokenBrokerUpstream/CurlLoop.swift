@@ -41,6 +41,10 @@ final class CurlLoop: @unchecked Sendable {
     private var streamed: [ObjectIdentifier: Transfer] = [:]
     /// Streamed transfers whose head came in this turn and waits for its end.
     fileprivate var heldHeads: [Transfer] = []
+    /// Easy handles of transfers that ended cleanly, reset for the next ones (`release`).
+    private var spareHandles: [UnsafeMutableRawPointer] = []
+    /// The most spare handles kept: a burst's worth; past it, handles are freed.
+    static let spareHandleLimit = 64
     /// The most body held with a head before the head is handed over anyway.
     static let heldBodyLimit = 64 * 1024
 
@@ -191,14 +195,12 @@ final class CurlLoop: @unchecked Sendable {
         finish(transfer, CURLE_ABORTED_BY_CALLBACK)
     }
 
-    /// Sets up the easy handle; returns an error instead when the request cannot be sent.
-    ///
-    /// Each transfer has a handle of its own. Handles reset with `curl_easy_reset` and used
-    /// again would save little (allocating and clearing one was under 1 % of a proxied request's
-    /// profile), and with them a transfer sometimes never started on libcurl 7.88 (2 runs of the
-    /// unit tests in 6 hung; none in 8 without).
+    /// Sets up the easy handle, a spare one if there is one; returns an error instead when the
+    /// request cannot be sent.
     private func prepare(_ transfer: Transfer) -> UpstreamError? {
-        guard let easy = curl_easy_init() else { return .clientFailure("curl_easy_init failed") }
+        guard let easy = spareHandles.popLast() ?? curl_easy_init() else {
+            return .clientFailure("curl_easy_init failed")
+        }
         transfer.easy = easy
         transfer.loop = self
         let request = transfer.request
@@ -306,7 +308,10 @@ final class CurlLoop: @unchecked Sendable {
     }
 
     private func finish(_ transfer: Transfer, _ result: CURLcode) {
-        defer { release(transfer) }
+        defer {
+            let clean = result == CURLE_OK && !transfer.cancelled && !transfer.paused
+            release(transfer, reusable: clean && transfer.exchange?.stoppedOnPurpose != true)
+        }
         if let exchange = transfer.exchange {
             finishStreamed(transfer, exchange, result)
             return
@@ -377,9 +382,22 @@ final class CurlLoop: @unchecked Sendable {
         _ = CCurl_setopt_long(easy, CURLOPT_FORBID_REUSE, 1)
     }
 
-    /// Frees the transfer's libcurl resources.
-    private func release(_ transfer: Transfer) {
-        curl_easy_cleanup(transfer.easy)
+    /// Frees the transfer's libcurl resources. The easy handle of one that ended cleanly
+    /// (`reusable`) is reset and kept for the next transfer, up to `spareHandleLimit`: making and
+    /// freeing one cost about 16,000 instructions a proxied request (callgrind), an eighth of
+    /// them clearing its memory, and its 64 KiB buffer came from the allocator every time.
+    ///
+    /// Only a transfer never paused, cancelled or stopped on purpose leaves a handle to keep: a
+    /// handle is reset of its options, and a pause or an abort is state that outlives a transfer.
+    /// (Handles reset whatever their transfer's end made transfers hang in the unit tests, 2 runs
+    /// in 6, on libcurl 7.88.)
+    private func release(_ transfer: Transfer, reusable: Bool = false) {
+        if reusable, let easy = transfer.easy, spareHandles.count < Self.spareHandleLimit {
+            curl_easy_reset(easy)
+            spareHandles.append(easy)
+        } else {
+            curl_easy_cleanup(transfer.easy)
+        }
         curl_slist_free_all(transfer.headerList)
         transfer.bodyCopy?.deallocate()
         transfer.easy = nil
@@ -400,7 +418,11 @@ final class CurlLoop: @unchecked Sendable {
                 loop.deliverHead(transfer, complete: false)
                 if exchange.stoppedOnPurpose { return 0 }
             }
-            return exchange.delegate.upstreamBody(data) ? data.count : Int(CURL_WRITEFUNC_PAUSE)
+            guard exchange.delegate.upstreamBody(data) else {
+                transfer.paused = true
+                return Int(CURL_WRITEFUNC_PAUSE)
+            }
+            return data.count
         }
         guard transfer.body.count + data.count <= transfer.request.settings.maxResponseBytes else {
             transfer.tooLarge = true
@@ -507,6 +529,8 @@ final class Transfer: @unchecked Sendable {
     /// Body that came with a head not yet handed over.
     var held: [UInt8] = []
     var cancelled = false
+    /// Set when a callback paused the transfer: its handle is not kept for another (`release`).
+    var paused = false
     /// Set by `abandon`, from any thread: the caller gave up, so a transfer not yet started never starts.
     let givenUp = Atomic<Bool>(false)
     /// Bytes of a streamed request body handed to libcurl so far.
@@ -564,6 +588,7 @@ private let readCallback: curl_read_callback = { buffer, size, count, context in
     case .end, .abort:
         return Int(CURL_READFUNC_ABORT)
     case .wait:
+        transfer.paused = true
         return Int(CURL_READFUNC_PAUSE)
     }
 }
