@@ -31,19 +31,16 @@ protocol ExactKey: Sendable {
 extension String: ExactKey {
     /// Byte for byte, in place: lengths first, then one `memcmp` of the two strings' UTF-8. A
     /// memo compares its key on every request, and an SDK's key (a scope URL) is long: walking
-    /// two `UTF8View`s costs some 70 instructions a byte. A string without contiguous UTF-8 (a
-    /// bridged one; none in the broker) is compared through its view.
+    /// two `UTF8View`s costs some 70 instructions a byte.
     func isExactly(_ other: String) -> Bool {
         guard utf8.count == other.utf8.count else { return false }
-        let inPlace = utf8.withContiguousStorageIfAvailable { mine in
-            other.utf8.withContiguousStorageIfAvailable { theirs in
+        return withUTF8Bytes { mine in
+            other.withUTF8Bytes { theirs in
                 // Equal counts: an empty buffer (which may have no address) equals the other.
                 guard let mine = mine.baseAddress, let theirs = theirs.baseAddress else { return true }
                 return memcmp(mine, theirs, other.utf8.count) == 0
             }
         }
-        if let inPlace, let equal = inPlace { return equal }
-        return utf8.elementsEqual(other.utf8)
     }
 }
 

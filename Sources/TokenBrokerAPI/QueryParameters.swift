@@ -139,8 +139,7 @@ enum QueryParameters {
     /// ASCII case, and whether that is the whole of `name` (no NUL in it). Read in place: a
     /// route's every request comes through here.
     private static func match(_ name: String, in names: QueryNames) -> (index: Int, whole: Bool)? {
-        if let found = name.utf8.withContiguousStorageIfAvailable({ match($0, in: names) }) { return found }
-        return Array(name.utf8).withUnsafeBufferPointer { match($0, in: names) }
+        name.withUTF8Bytes { match($0, in: names) }
     }
 
     private static func match(_ name: UnsafeBufferPointer<UInt8>, in names: QueryNames) -> (index: Int, whole: Bool)? {

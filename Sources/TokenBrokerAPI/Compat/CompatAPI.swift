@@ -333,8 +333,7 @@ struct CompatHeaders {
         case 4, 8, 15, 17: break
         default: return nil
         }
-        if let found = name.utf8.withContiguousStorageIfAvailable(field) { return found }
-        return Array(name.utf8).withUnsafeBufferPointer(field)
+        return name.withUTF8Bytes(field)
     }
 
     private static func field(_ name: UnsafeBufferPointer<UInt8>) -> Field? {
@@ -376,12 +375,7 @@ enum CompatHost {
         .map { Array($0.utf8) }
 
     /// Read in place, byte by byte: every request on such a listener comes through here.
-    static func isLocal(_ value: String) -> Bool {
-        if let local = value.utf8.withContiguousStorageIfAvailable(isLocal) { return local }
-        return isLocal(Array(value.utf8))
-    }
-
-    private static func isLocal(_ bytes: [UInt8]) -> Bool { bytes.withUnsafeBufferPointer(isLocal) }
+    static func isLocal(_ value: String) -> Bool { value.withUTF8Bytes(isLocal) }
 
     private static func isLocal(_ bytes: UnsafeBufferPointer<UInt8>) -> Bool {
         if bytes.first == UInt8(ascii: "[") {
@@ -401,7 +395,7 @@ enum CompatHost {
         // the answer). A name is compared only when the lengths are the same.
         if isLoopbackIPv4(name) { return true }
         for known in names where known.count == name.count {
-            if zip(name, known).allSatisfy({ lowercase($0) == $1 }) { return true }
+            if zip(name, known).allSatisfy({ $0.asciiLowercased == $1 }) { return true }
         }
         return false
     }
@@ -438,5 +432,4 @@ enum CompatHost {
         return true
     }
 
-    private static func lowercase(_ byte: UInt8) -> UInt8 { (0x41...0x5A).contains(byte) ? byte | 0x20 : byte }
 }
