@@ -110,9 +110,9 @@ deps:
 		esac; \
 	fi
 
-$(VENV)/.installed: Tests/integration/requirements.txt | deps
+$(VENV)/.installed: Tests/integration/requirements.txt Tests/integration/constraints.txt | deps
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install -q -r Tests/integration/requirements.txt
+	$(VENV)/bin/python -m pip install -q -r Tests/integration/requirements.txt -c Tests/integration/constraints.txt
 	touch $@
 
 # Benchmarks, not tests: compared with nginx and a plain C libmicrohttpd server; about 8 minutes.
@@ -120,7 +120,7 @@ $(VENV)/.installed: Tests/integration/requirements.txt | deps
 bench: build $(VENV)/.installed
 	@for package in nginx-light wrk; do dpkg-query -W -f='$${Status}' $$package 2>/dev/null | grep -q 'install ok installed' || \
 		{ $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx-light wrk; break; }; done
-	$(VENV)/bin/python -m pip install -q -r bench/requirements.txt
+	$(VENV)/bin/python -m pip install -q -r bench/requirements.txt -c Tests/integration/constraints.txt
 	mkdir -p .build/bench
 	cc -O2 -Wall -o .build/bench/minimal bench/c-server/minimal.c -lmicrohttpd
 	cc -O2 -Wall -o .build/bench/longpoll bench/longpoll-client/longpoll.c
