@@ -55,8 +55,12 @@ class Broker:
     # Every broker started, for the teardown's check.
     started = []
 
-    def __init__(self, config=None, env=None, args=(), listen="127.0.0.1:0", admin="127.0.0.1:0", binary=None, umask=-1):
-        """`umask`, when not -1, is the broker's file-creation mask (the files it writes, token files among them)."""
+    def __init__(self, config=None, env=None, args=(), listen="127.0.0.1:0", admin="127.0.0.1:0", binary=None, umask=-1,
+                 fetching=None):
+        """`umask`, when not -1, is the broker's file-creation mask (the files it writes, token files among them).
+
+        `fetching` names the providers whose first fetch to wait for, where `config` cannot tell
+        (a configuration given some other way); empty for none (a stand-in for the binary)."""
         self.workdir = tempfile.mkdtemp(prefix="token-broker-it-")
         self.log_path = os.path.join(self.workdir, "stderr.log")
         command = [binary or BINARY, *args]
@@ -76,7 +80,7 @@ class Broker:
         self.checked = False
         Broker.started.append(self)
         self.addresses = self._wait_for_listeners()
-        self._wait_for_first_fetches(config)
+        self._wait_for_first_fetches(config, fetching)
 
     def _wait_for_listeners(self, timeout=15):
         deadline = time.monotonic() + timeout
@@ -89,7 +93,7 @@ class Broker:
             time.sleep(0.02)
         raise RuntimeError(f"broker did not start listening in {timeout}s:\n{self.stderr()}")
 
-    def _wait_for_first_fetches(self, config, timeout=10):
+    def _wait_for_first_fetches(self, config, fetching, timeout=10):
         """Waits until each provider that fetches at start has fetched once, or failed to.
 
         The broker listens before its first fetch (it answers 503 until then, as documented), and
@@ -99,13 +103,16 @@ class Broker:
         the test to find out. A template (`perRequest`) fetches nothing at start: its children are
         made on request, and each child's first request waits for its first token.
         """
-        providers = (config or {}).get("providers") if isinstance(config, dict) else None
-        providers = providers or [{}]
-        if not isinstance(providers, list) or not all(isinstance(provider, dict) for provider in providers):
-            return
-        names = [provider.get("name", "default") for provider in providers
-                 if provider.get("backgroundRefreshEnabled", True) and not provider.get("pauseWhenIdle", False)
-                 and not provider.get("perRequest")]
+        if fetching is not None:
+            names = list(fetching)
+        else:
+            providers = (config or {}).get("providers") if isinstance(config, dict) else None
+            providers = providers or [{}]
+            if not isinstance(providers, list) or not all(isinstance(provider, dict) for provider in providers):
+                return
+            names = [provider.get("name", "default") for provider in providers
+                     if provider.get("backgroundRefreshEnabled", True) and not provider.get("pauseWhenIdle", False)
+                     and not provider.get("perRequest")]
         fetched = [re.compile(rf'msg="token fetch(ed| failed)" provider={re.escape(str(name))}( |$)'
                               rf'|"msg":"token fetch(ed| failed)","provider":{re.escape(json.dumps(str(name)))}[,}}]', re.M)
                    for name in names]

@@ -30,7 +30,7 @@ def stand_in(tmp_path):
 def test_sanitizer_options_reach_the_broker(stand_in, monkeypatch):
     monkeypatch.setenv("TSAN_OPTIONS", "halt_on_error=0:history_size=3")
     monkeypatch.setenv("ASAN_OPTIONS", "detect_leaks=1")
-    with Broker(binary=stand_in) as broker:
+    with Broker(binary=stand_in, fetching=()) as broker:
         pass
     assert "TSAN_OPTIONS=halt_on_error=0:history_size=3 ASAN_OPTIONS=detect_leaks=1" in broker.stderr()
 
@@ -38,7 +38,7 @@ def test_sanitizer_options_reach_the_broker(stand_in, monkeypatch):
 @pytest.mark.parametrize("report", ["WARNING: ThreadSanitizer: data race (pid=1)", "ERROR: AddressSanitizer: heap-use-after-free",
                                     "ERROR: LeakSanitizer: detected memory leaks"])
 def test_a_report_at_stop_fails_the_test(stand_in, report):
-    broker = Broker(binary=stand_in, env={"REPORT": report})
+    broker = Broker(binary=stand_in, env={"REPORT": report}, fetching=())
     try:
         with pytest.raises(AssertionError, match="sanitizer finding"):
             broker.stop()

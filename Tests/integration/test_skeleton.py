@@ -174,7 +174,7 @@ def test_check_config_accepts_a_valid_file_and_names_the_bad_key_otherwise(tmp_p
 def test_the_environment_names_the_file_and_overrides_its_listeners(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"listen": "127.0.0.1:1", "adminListen": "127.0.0.1:2", "providers": [{"name": "from-env"}]}))
-    with Broker(env={"TOKEN_BROKER_CONFIG": str(path)}) as broker:
+    with Broker(env={"TOKEN_BROKER_CONFIG": str(path)}, fetching=["from-env"]) as broker:
         assert broker.get_json("/token")[0]["provider"] == "from-env"
     result = run_broker("--check-config", env={"TOKEN_BROKER_CONFIG": str(path), "TOKEN_BROKER_LISTEN": "nowhere"})
     assert result.returncode == 2 and "TOKEN_BROKER_LISTEN" in result.stderr
