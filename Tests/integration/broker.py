@@ -80,7 +80,8 @@ class Broker:
         self.checked = False
         Broker.started.append(self)
         self.addresses = self._wait_for_listeners()
-        self._wait_for_first_fetches(config, fetching)
+        self.fetching = fetching
+        self._wait_for_first_fetches(config)
 
     def _wait_for_listeners(self, timeout=15):
         deadline = time.monotonic() + timeout
@@ -93,7 +94,7 @@ class Broker:
             time.sleep(0.02)
         raise RuntimeError(f"broker did not start listening in {timeout}s:\n{self.stderr()}")
 
-    def _wait_for_first_fetches(self, config, fetching, timeout=10):
+    def _wait_for_first_fetches(self, config, timeout=10):
         """Waits until each provider that fetches at start has fetched once, or failed to.
 
         The broker listens before its first fetch (it answers 503 until then, as documented), and
@@ -103,8 +104,8 @@ class Broker:
         the test to find out. A template (`perRequest`) fetches nothing at start: its children are
         made on request, and each child's first request waits for its first token.
         """
-        if fetching is not None:
-            names = list(fetching)
+        if self.fetching is not None:
+            names = list(self.fetching)
         else:
             providers = (config or {}).get("providers") if isinstance(config, dict) else None
             providers = providers or [{}]
