@@ -1,4 +1,5 @@
 internal import CMicroHTTPD
+import Glibc
 import Synchronization
 import TokenBrokerCore
 
@@ -68,6 +69,13 @@ public final class HTTPResponder: HTTPResponding {
 
     /// Resumes a connection suspended by `suspendForStream` (or waiting for its answer).
     func resumeStream() { server.resume(self) }
+
+    /// Shuts the connection's socket down both ways: the client sees the end at once, and
+    /// libmicrohttpd sees the hang-up and frees the connection. Only while libmicrohttpd still
+    /// holds the socket open, as inside one of its callbacks for this connection.
+    func shutDownSocket() {
+        if fd >= 0 { _ = Glibc.shutdown(fd, Int32(SHUT_RDWR)) }
+    }
 
     /// The answer to queue once the connection is back, taken once.
     func takeAnswer() -> HTTPResponse? {

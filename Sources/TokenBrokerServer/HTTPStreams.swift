@@ -120,8 +120,17 @@ public final class HTTPResponseStream: Sendable {
 
     /// libmicrohttpd's content reader: bytes, or 0 after suspending the connection until more
     /// come, or -1 at the end, or -2 to cut the connection.
+    ///
+    /// A cut also shuts the socket down here. libmicrohttpd 0.9.75 (epoll) marks the connection
+    /// closed when the reader says -2, but when that comes on the reader's first call, right
+    /// after the head was written (the producer failed before the answer was queued, as when
+    /// a proxied upstream sends its head and then breaks off while the request body is still
+    /// coming in), it does not get back to the connection to close its socket until something
+    /// else happens on it: the client, holding the head, waits for a body until its own
+    /// timeout or the connection timeout.
     func read(into buffer: UnsafeMutableRawBufferPointer) -> Int {
         var drained = false
+        var cut: HTTPResponder?
         let result = state.withLock { state -> Int in
             if state.queue.count > 0 {
                 let n = state.queue.take(into: buffer)
@@ -131,12 +140,17 @@ public final class HTTPResponseStream: Sendable {
                 }
                 return n
             }
-            if state.finished { return state.failed ? -2 : -1 }
-            guard let responder = state.responder, responder.suspendForStream() else { return -2 }
-            state.consumerWaiting = true
-            return 0
+            if state.finished, !state.failed { return -1 }
+            if !state.finished, let responder = state.responder, responder.suspendForStream() {
+                state.consumerWaiting = true
+                return 0
+            }
+            cut = state.responder
+            return -2
         }
         if drained { onDrained() }
+        // Still libmicrohttpd's socket: it is closed only after this call returns.
+        cut?.shutDownSocket()
         return result
     }
 }

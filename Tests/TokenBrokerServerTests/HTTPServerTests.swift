@@ -316,6 +316,28 @@ struct HTTPServerTests {
         #expect(await eventually { producer.isDone })
     }
 
+    /// A streamed answer whose producer failed before libmicrohttpd first asked it for bytes (a
+    /// proxied upstream that sent its head, then broke off while the request body was still
+    /// coming in) is cut at once: the client gets the head, then the connection's end, rather
+    /// than waiting for a body that will never come until libmicrohttpd's connection timeout.
+    @Test func streamedAnswerThatFailedBeforeItsFirstReadIsCutAtOnce() throws {
+        let stream = HTTPResponseStream(onDrained: {})
+        stream.finish(failed: true)
+        let handler = TestHandler { _ in .response(HTTPResponse(status: 403, headers: [], stream: stream, length: 20)) }
+        let server = try startServer(handler)
+        defer { server.shutDown(grace: .zero) }
+        let client = try TestHTTPClient(port: server.port, timeoutSeconds: 3)
+
+        try client.send("GET /cut HTTP/1.1\r\nHost: t\r\n\r\n")
+        let head = try client.readHead()
+
+        #expect(head.status == 403 && head.header("Content-Length") == "20")
+        let clock = ContinuousClock()
+        let start = clock.now
+        #expect(client.isClosedByServer(), "the connection ends instead of staying open without a body")
+        #expect(clock.now - start < .seconds(2))
+    }
+
     @Test func streamedRequestBodyReachesItsConsumerWholeThroughPauses() async throws {
         // Larger than a stream holds before its producer pauses, so the upload is suspended and resumed.
         let size = 3 * StreamLimits.highWater + 12_345

@@ -1,6 +1,7 @@
 """Proxy mode against a real resource server that verifies the broker's tokens with PyJWT."""
 import asyncio
 import hashlib
+import http.client
 import json
 import os
 import socket
@@ -157,6 +158,23 @@ def test_an_upstream_that_answers_before_reading_a_streamed_body_is_passed_on(br
     status, _, payload = echo(broker, "POST", "/proxy/api/refuse-early", body=os.urandom(9_000_000))
     assert status == 403 and json.loads(payload)["error"] == "not_here"
     assert broker.get_json("/token")[0]["version"] >= 1
+
+
+def test_an_upstream_that_resets_after_its_head_during_a_streamed_body_cuts_the_answer_at_once(broker):
+    # The answer's head is passed on while the request body is still coming in, and the upstream
+    # fails before libmicrohttpd first asks for the answer's body: the client must see the cut
+    # then, not wait for a body that will never come.
+    connection = broker.connection(timeout=10)
+    start = time.monotonic()
+    try:
+        connection.request("POST", "/proxy/api/head-then-reset", body=os.urandom(9_000_000), headers=GUARD)
+        response = connection.getresponse()
+        assert response.status == 403
+        with pytest.raises(http.client.IncompleteRead):
+            response.read()
+    finally:
+        connection.close()
+    assert time.monotonic() - start < 5, "the cut reaches the client at once"
 
 
 def test_a_chunked_upload_streams_through(broker):

@@ -92,6 +92,23 @@ final class TestHTTPClient {
     /// Reads one response: its head, then a body framed by `Content-Length`, chunked, or ended
     /// by the server closing the connection.
     func readResponse() throws -> Response {
+        let head = try readHead()
+        let body: [UInt8]
+        if let length = head.header("Content-Length") {
+            guard let count = Int(length), count >= 0, count <= Self.mostBytes else {
+                throw Failure(description: "bad Content-Length: \(length)")
+            }
+            body = try take(count)
+        } else if head.header("Transfer-Encoding")?.lowercased() == "chunked" {
+            body = try readChunks()
+        } else {
+            body = try readUntilClosed()
+        }
+        return Response(status: head.status, headers: head.headers, body: body)
+    }
+
+    /// Reads one response's head only (its body empty here), leaving the body to be read.
+    func readHead() throws -> Response {
         let headEnd = try fill { Self.find([13, 10, 13, 10], in: $0) }
         let head = String(decoding: received[..<headEnd], as: UTF8.self)
         received.removeFirst(headEnd + 4)
@@ -106,19 +123,7 @@ final class TestHTTPClient {
             let value = line[line.index(after: colon)...].drop { $0 == " " || $0 == "\t" }
             headers.append((String(line[..<colon]), String(value)))
         }
-        let response = Response(status: status, headers: headers, body: [])
-        let body: [UInt8]
-        if let length = response.header("Content-Length") {
-            guard let count = Int(length), count >= 0, count <= Self.mostBytes else {
-                throw Failure(description: "bad Content-Length: \(length)")
-            }
-            body = try take(count)
-        } else if response.header("Transfer-Encoding")?.lowercased() == "chunked" {
-            body = try readChunks()
-        } else {
-            body = try readUntilClosed()
-        }
-        return Response(status: status, headers: headers, body: body)
+        return Response(status: status, headers: headers, body: [])
     }
 
     /// Whether the server closed the connection: the next receive finds its end (or a reset)

@@ -12,11 +12,15 @@ with `WWW-Authenticate`. Tokens can be revoked one by one, as an issuer would.
 - `GET /api/slow?seconds=S`: answers after S seconds.
 - `ANY /api/status/CODE?header=NAME`: answers CODE, with header NAME if given.
 - `POST /api/refuse-early`: 403 before reading the body, then closes.
+- `POST /api/head-then-reset`: a 403 head promising a 20-byte body, before reading the request
+  body; then, a moment later, resets the connection without sending that body.
 - `POST /admin/config` `{"jwks": URL, "cookie": NAME, "header": NAME}`; `POST /admin/revoke`
   `{"token": T}`; `POST /admin/release`; `GET /admin/stats`: counts by status, and the requests seen.
 """
 import hashlib
 import json
+import socket
+import struct
 import sys
 import threading
 import time
@@ -96,6 +100,15 @@ class Handler(BaseHTTPRequestHandler):
             # Answers before reading the body, as servers do with uploads they will not take.
             self.close_connection = True
             return self.answer(403, b'{"error":"not_here"}', [("Connection", "close")])
+        if split.path == "/api/head-then-reset":
+            self.close_connection = True
+            self.send_response(403)
+            self.send_header("Content-Length", "20")
+            self.end_headers()
+            time.sleep(0.2)  # long enough for the proxy to take the head before the reset
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.connection.close()
+            return None
         body = self.read_body()
         if split.path.startswith("/admin/"):
             return self.admin(split.path, body)
