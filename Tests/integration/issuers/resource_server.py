@@ -11,7 +11,7 @@ with `WWW-Authenticate`. Tokens can be revoked one by one, as an issuer would.
   `/admin/release` (to prove the answer streams).
 - `GET /api/slow?seconds=S`: answers after S seconds.
 - `ANY /api/status/CODE?header=NAME`: answers CODE, with header NAME if given.
-- `POST /api/refuse-early`: 403 before reading the body, then closes.
+- `POST /api/refuse-early`: 403 before reading the body, then closes gracefully (a lingering close).
 - `POST /api/head-then-reset`: a 403 head promising a 20-byte body, before reading the request
   body; then, a moment later, resets the connection without sending that body.
 - `POST /admin/config` `{"jwks": URL, "cookie": NAME, "header": NAME}`; `POST /admin/revoke`
@@ -97,9 +97,22 @@ class Handler(BaseHTTPRequestHandler):
     def handle_any(self):
         split = urlsplit(self.path)
         if split.path == "/api/refuse-early":
-            # Answers before reading the body, as servers do with uploads they will not take.
+            # Answers before reading the body, as servers do with uploads they will not take;
+            # then closes as they do (nginx's lingering close, RFC 9112 §9.6): stops writing, and
+            # reads and drops what the client still sends for a while, so that no reset of unread
+            # data can destroy the answer before the client reads it. (`head-then-reset` resets.)
             self.close_connection = True
-            return self.answer(403, b'{"error":"not_here"}', [("Connection", "close")])
+            self.answer(403, b'{"error":"not_here"}', [("Connection", "close")])
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_WR)
+            self.connection.settimeout(1)
+            deadline = time.monotonic() + 5
+            try:
+                while time.monotonic() < deadline and self.connection.recv(65536):
+                    pass
+            except OSError:
+                pass
+            return None
         if split.path == "/api/head-then-reset":
             self.close_connection = True
             self.send_response(403)
