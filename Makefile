@@ -35,6 +35,10 @@ TSAN_RUN_OPTIONS := TOKEN_BROKER_SANITIZER=thread TSAN_OPTIONS=halt_on_error=0:s
 # thread's frames, without every thread's registers and the list of loaded images, so that the
 # reason is still on screen, and in the end of a CI log, when the run stops.
 UNIT_TEST := SWIFT_BACKTRACE=enable=yes,interactive=no,color=no,threads=crashed,registers=none,images=none $(SWIFT) test
+# Integration tests: most wait on the broker's timers and on servers, not on the CPU, so two
+# workers (pytest-xdist) take half the time; each test file runs whole in one worker, so that its
+# module's servers start once.
+INTEGRATION_TEST := TOKEN_BROKER_BIN=$(abspath $(BIN)) $(VENV)/bin/python -m pytest -q -n 2 --dist loadfile Tests/integration
 
 .PHONY: run test deps build lint format unit-test integration-test contract-test container-check fuzz fuzz-build sanitize \
         bench soak link-order clean
@@ -45,7 +49,7 @@ run: deps build
 
 test: lint deps build $(VENV)/.installed
 	$(UNIT_TEST)
-	TOKEN_BROKER_BIN=$(abspath $(BIN)) $(VENV)/bin/python -m pytest -q Tests/integration
+	$(INTEGRATION_TEST)
 	Tests/contract/run.sh $(BIN) $(VENV)
 	$(SUDO) Tests/container/runtime-check.sh $(BIN)
 	$(MAKE) fuzz-build
@@ -67,7 +71,7 @@ unit-test: deps
 	$(UNIT_TEST)
 
 integration-test: build $(VENV)/.installed
-	TOKEN_BROKER_BIN=$(abspath $(BIN)) $(VENV)/bin/python -m pytest -q Tests/integration
+	$(INTEGRATION_TEST)
 
 contract-test: build $(VENV)/.installed
 	Tests/contract/run.sh $(BIN) $(VENV)
