@@ -16,8 +16,6 @@ RELEASE_BUILD_ONLY = {
         "measures RSS, which the sanitizers' shadow memory and freed-memory quarantine inflate",
     "test_an_upstream_fault_is_survived_reported_retried_by_the_policy_and_healed":
         "checks retry gaps and counters against the issuer's clock at release-build speed",
-    "test_an_upstream_that_answers_before_reading_a_streamed_body_is_passed_on":
-        "at sanitizer speed the upstream's early close can reach libcurl before its answer (502)",
     "test_malloc_keeps_to_one_arena_unless_the_environment_sets_glibcs_limit":
         "counts glibc's malloc arenas, and the sanitizers bring an allocator of their own",
 }
