@@ -332,10 +332,8 @@ struct HTTPServerTests {
         let head = try client.readHead()
 
         #expect(head.status == 403 && head.header("Content-Length") == "20")
-        let clock = ContinuousClock()
-        let start = clock.now
+        // Within the client's 3 s read timeout, long before the server's 30 s connection timeout.
         #expect(client.isClosedByServer(), "the connection ends instead of staying open without a body")
-        #expect(clock.now - start < .seconds(2))
     }
 
     @Test func streamedRequestBodyReachesItsConsumerWholeThroughPauses() async throws {
