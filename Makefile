@@ -93,10 +93,10 @@ fuzz-build: deps
 sanitize: deps $(VENV)/.installed
 	$(SWIFT) build -c debug -Xswiftc -sanitize=address --scratch-path .build/asan
 	$(ASAN_RUN_OPTIONS) TOKEN_BROKER_BIN=$(abspath .build/asan/debug/token-broker) \
-		$(VENV)/bin/python -m pytest -q -rs Tests/integration
+		$(VENV)/bin/python -m pytest -q -rs -n 2 --dist loadfile Tests/integration
 	$(SWIFT) build -c debug -Xswiftc -sanitize=thread --scratch-path .build/tsan
 	$(TSAN_RUN_OPTIONS) TOKEN_BROKER_BIN=$(abspath .build/tsan/debug/token-broker) \
-		$(VENV)/bin/python -m pytest -q -rs Tests/integration
+		$(VENV)/bin/python -m pytest -q -rs -n 2 --dist loadfile Tests/integration
 
 # Installs only the packages that are missing, so a second run touches nothing.
 deps:
