@@ -97,13 +97,13 @@ extension CompatAPI {
         /// Whether `sent` is App Service's secret, in time that depends only on the secret's
         /// length: a header of another length is compared with the secret itself, and refused.
         func isIdentityHeader(_ sent: String?) -> Bool {
-            guard let secret = identityHeader, var sent else { return false }
+            guard let secret = identityHeader, let sent else { return false }
             let sameLength = sent.utf8.count == secret.count
             // Read in place. A header of another length is not compared; the secret is compared
             // with itself instead, so that the time taken does not depend on the header either way.
             let equal =
                 sameLength
-                ? sent.withUTF8 { Crypto.constantTimeEqual($0, secret) } : Crypto.constantTimeEqual(secret, secret)
+                ? sent.withUTF8Bytes { Crypto.constantTimeEqual($0, secret) } : Crypto.constantTimeEqual(secret, secret)
             return sameLength && equal
         }
     }
