@@ -38,7 +38,8 @@ UNIT_TEST := SWIFT_BACKTRACE=enable=yes,interactive=no,color=no,threads=crashed,
 # Integration tests: most wait on the broker's timers and on servers, not on the CPU, so two
 # workers (pytest-xdist) take half the time; each test file runs whole in one worker, so that its
 # module's servers start once.
-INTEGRATION_TEST := TOKEN_BROKER_BIN=$(abspath $(BIN)) $(VENV)/bin/python -m pytest -q -n 2 --dist loadfile Tests/integration
+PYTEST_WORKERS := -n 2 --dist loadfile
+INTEGRATION_TEST := TOKEN_BROKER_BIN=$(abspath $(BIN)) $(VENV)/bin/python -m pytest -q $(PYTEST_WORKERS) Tests/integration
 
 .PHONY: run test deps build lint format unit-test integration-test contract-test container-check fuzz fuzz-build sanitize \
         bench soak link-order clean
@@ -93,10 +94,10 @@ fuzz-build: deps
 sanitize: deps $(VENV)/.installed
 	$(SWIFT) build -c debug -Xswiftc -sanitize=address --scratch-path .build/asan
 	$(ASAN_RUN_OPTIONS) TOKEN_BROKER_BIN=$(abspath .build/asan/debug/token-broker) \
-		$(VENV)/bin/python -m pytest -q -rs -n 2 --dist loadfile Tests/integration
+		$(VENV)/bin/python -m pytest -q -rs $(PYTEST_WORKERS) Tests/integration
 	$(SWIFT) build -c debug -Xswiftc -sanitize=thread --scratch-path .build/tsan
 	$(TSAN_RUN_OPTIONS) TOKEN_BROKER_BIN=$(abspath .build/tsan/debug/token-broker) \
-		$(VENV)/bin/python -m pytest -q -rs -n 2 --dist loadfile Tests/integration
+		$(VENV)/bin/python -m pytest -q -rs $(PYTEST_WORKERS) Tests/integration
 
 # Installs only the packages that are missing, so a second run touches nothing.
 deps:
