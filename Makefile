@@ -131,6 +131,7 @@ bench: build $(VENV)/.installed
 	cc -O2 -Wall -o .build/bench/longpoll bench/longpoll-client/longpoll.c
 	cc -O2 -Wall -pthread -o .build/bench/release-all bench/longpoll-client/release-all.c
 	cc -O2 -Wall -pthread -o .build/bench/mhd-release-all bench/longpoll-client/mhd-release-all.c -lmicrohttpd
+	cc -O2 -Wall -pthread -o .build/bench/proxy-floor bench/proxy-floor/floor.c -lmicrohttpd -lcurl
 	$(SWIFT)c -O -static-stdlib -use-ld=lld -Xlinker -z -Xlinker pack-relative-relocs \
 		-I Sources/CMicroHTTPD -I Sources/COpenSSL -I Sources/CCurl -I Sources/CHiredis \
 		-module-cache-path .build/bench/module-cache -o .build/bench/footprint-floor bench/footprint-floor/main.swift

@@ -624,16 +624,34 @@ http {{
         wait_for_port(port)
 
 
+class ProxyFloor(Server):
+    """`bench/proxy-floor/floor.c`: the broker's two libraries as a bare C proxy, one event loop per
+    thread, sending the same token. It proxies GETs only, so it joins the GET cases alone."""
+
+    def __init__(self, upstream, token, binary, work):
+        token_file = os.path.join(work, "floor-token")
+        with open(token_file, "w") as handle:
+            handle.write(token)
+        port = free_port()
+        self.process = subprocess.Popen([binary, str(port), upstream.address, token_file], stdout=subprocess.DEVNULL)
+        self.token = f"127.0.0.1:{port}"
+        wait_for_port(port)
+
+
 def threads(pid):
     with open(f"/proc/{pid}/status") as handle:
         return int(re.search(r"Threads:\s+(\d+)", handle.read()).group(1))
 
 
-def proxy_mode(rounds, seconds, cases=None, baseline=None):
+PROXY_FLOOR = os.path.join(ROOT, ".build/bench/proxy-floor")
+
+
+def proxy_mode(rounds, seconds, cases=None, baseline=None, floor=PROXY_FLOOR):
     """`/proxy/u/...` against nginx `proxy_pass` to the same upstream, alternated round by round
     (the order flips each round), for each case: req/s, p50/p99, CPU per request of the proxy,
     the upstream connections it opened, and (the broker) its peak thread count. `baseline`, a
-    second broker binary (an earlier build), joins the rotation as "token-broker (baseline)"."""
+    second broker binary (an earlier build), joins the rotation as "token-broker (baseline)".
+    `floor`, the C proxy floor's binary when it was built, joins the GET cases as "C floor"."""
     work = tempfile.mkdtemp(prefix="tb-proxy-")
     script = os.path.join(work, "post64k.lua")
     with open(script, "w") as handle:
@@ -649,17 +667,26 @@ def proxy_mode(rounds, seconds, cases=None, baseline=None):
     if baseline:
         earlier = Broker({"proxies": [{"name": "u", "target": "http://" + upstream.address}]}, binary=baseline)
         proxies["token-broker (baseline)"] = (earlier, lambda: [earlier.pid])
+    if floor and os.path.exists(floor):
+        bare = ProxyFloor(upstream, token, floor, work)
+        proxies["C floor"] = (bare, lambda: [bare.pid])
     cases = {name: PROXY_CASES[name] for name in (cases or PROXY_CASES)}
-    results = {case: {name: [] for name in proxies} for case in cases}
+
+    def takes(name, method):
+        return name != "C floor" or method is None
+
+    results = {case: {name: [] for name in proxies if takes(name, method)} for case, (_, _, method) in cases.items()}
     try:
         for name, (server, _) in proxies.items():  # each answers every case before it is measured
             for path, _, method in cases.values():
+                if not takes(name, method):
+                    continue
                 status, _ = request(server.token, "POST" if method else "GET", "/proxy/u" + path,
                                     {"Token-Broker-Request": "true"}, b"p" * 65536 if method else None)
                 assert status == 200, (name, path, status)
         for index in range(rounds):
             for case, (path, connections, method) in cases.items():
-                order = list(proxies) if index % 2 == 0 else list(reversed(proxies))
+                order = list(results[case]) if index % 2 == 0 else list(reversed(results[case]))
                 for name in order:
                     server, pids = proxies[name]
                     peak = [0]
@@ -700,6 +727,11 @@ def proxy_mode(rounds, seconds, cases=None, baseline=None):
             gain = [b["rps"] / a["rps"] for b, a in zip(runs["token-broker"], runs["token-broker (baseline)"])]
             ratios[case]["rps_vs_baseline_per_round"] = gain
             ratios[case]["rps_vs_baseline"] = statistics.median(gain)
+        if "C floor" in runs:
+            bare = [f["rps"] / n["rps"] for f, n in zip(runs["C floor"], runs["nginx"])]
+            bare_p99 = [f["p99_ms"] / n["p99_ms"] for f, n in zip(runs["C floor"], runs["nginx"])]
+            ratios[case].update({"floor_rps_per_round": bare, "floor_rps": statistics.median(bare),
+                                 "floor_p99_per_round": bare_p99, "floor_p99": statistics.median(bare_p99)})
     return {"rounds": results, "median": summary, "ratios": ratios, "nginx_config": nginx.config}
 
 
@@ -918,6 +950,8 @@ def markdown(results):
             r = px["ratios"][case]
             lines.append(f"| proxy, {case} | token-broker ÷ nginx req/s (median of rounds; each round) | {r['rps']:.2f} ({', '.join(f'{v:.2f}' for v in r['rps_per_round'])}) | ≥ 0.8 | {'yes' if r['rps'] >= 0.8 else 'no'} |")
             lines.append(f"| proxy, {case} | token-broker ÷ nginx p99 (median of rounds) | {r['p99']:.2f} | ≤ 1.5 | {'yes' if r['p99'] <= 1.5 else 'no'} |")
+            if "floor_rps" in r:
+                lines.append(f"| proxy, {case} | C floor ÷ nginx req/s; p99 (medians; the libraries alone, no target) | {r['floor_rps']:.2f} ({', '.join(f'{v:.2f}' for v in r['floor_rps_per_round'])}); {r['floor_p99']:.2f} | | |")
     h = ma["healthy"]
     lines.append(f"| manners, healthy issuer | fetches in {h['seconds']} s with 30 s tokens (rule: {h['expected'][0]}–{h['expected'][1]}) | {h['upstream_fetches']} | rule ± 1 | {'yes' if h['within_rule'] else 'no'} |")
     f = ma["failing"]
