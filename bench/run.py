@@ -483,10 +483,14 @@ def compat_config(work):
     return config
 
 
-def compat_answers(rounds, seconds):
+def compat_answers(rounds, seconds, c_binary=None):
     """Cached answers of the cloud SDK protocols against /token, in one broker on the token
     listener: GCE's token (scopes as google-auth sends them) and identity token, Azure IMDS's and
-    App Service's token, each a template's child answered from its cache, alternated round by round."""
+    App Service's token, each a template's child answered from its cache, alternated round by round.
+
+    With `c_binary` (the minimal C libmicrohttpd server), the same requests also go to it, which
+    answers every one with the same prebuilt body: its ratio for a protocol's request to its
+    `/token` request is what the longer request alone costs libmicrohttpd, the kernel and wrk."""
     broker = Broker(compat_config(tempfile.mkdtemp()))
     account = "/computeMetadata/v1/instance/service-accounts/default"
     routes = {
@@ -496,28 +500,47 @@ def compat_answers(rounds, seconds):
         "Azure IMDS": ("/metadata/identity/oauth2/token?api-version=2018-02-01&resource=https://vault.azure.net", ("Metadata: true",)),
         "Azure App Service": ("/msi/token?api-version=2019-08-01&resource=https://vault.azure.net", ("X-IDENTITY-HEADER: bench-secret",)),
     }
-    results = {name: [] for name in routes}
+    servers = {"token-broker": broker}
+    if c_binary and os.path.exists(c_binary):
+        _, body = http_get(broker.token, "/token")
+        body_file = os.path.join(broker.dir, "body.json")
+        with open(body_file, "wb") as handle:
+            handle.write(body)
+        servers["C floor"] = CServer(body_file, c_binary)
+    results = {server: {name: [] for name in routes} for server in servers}
     try:
         for name, (path, headers) in routes.items():
             status, _ = request(broker.token, "GET", path, dict(h.split(": ", 1) for h in headers))
             assert status == 200, (name, status)
         for _ in range(rounds):
             for name, (path, headers) in routes.items():
-                before = cpu_seconds([broker.pid])
-                run = wrk(broker.token, seconds, path, headers)
-                run["cpu_us_per_request"] = (cpu_seconds([broker.pid]) - before) * 1e6 / max(run["requests"], 1)
-                results[name].append(run)
-                time.sleep(1)
+                for server_name, server in servers.items():
+                    before = cpu_seconds([server.pid])
+                    run = wrk(server.token, seconds, path, headers)
+                    run["cpu_us_per_request"] = (cpu_seconds([server.pid]) - before) * 1e6 / max(run["requests"], 1)
+                    results[server_name][name].append(run)
+                    time.sleep(1)
     finally:
-        broker.stop()
-    summary = {name: {key: statistics.median(r[key] for r in runs) for key in runs[0]} for name, runs in results.items()}
+        for server in servers.values():
+            server.stop()
+    summary = {name: {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+               for name, runs in results["token-broker"].items()}
     ratios = {}
     for name in routes:
         if name == "/token":
             continue
-        per_round = [c["rps"] / t["rps"] for c, t in zip(results[name], results["/token"])]
+        rows = results["token-broker"]
+        per_round = [c["rps"] / t["rps"] for c, t in zip(rows[name], rows["/token"])]
         ratios[name] = {"per_round": per_round, "median": statistics.median(per_round)}
-    return {"rounds": results, "median": summary, "rps_ratio": ratios}
+        if "C floor" in results:
+            floor = results["C floor"]
+            floor_per_round = [c["rps"] / t["rps"] for c, t in zip(floor[name], floor["/token"])]
+            ratios[name].update({"floor_per_round": floor_per_round, "floor_median": statistics.median(floor_per_round)})
+    out = {"rounds": results["token-broker"], "median": summary, "rps_ratio": ratios}
+    if "C floor" in results:
+        out["floor_median"] = {name: {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+                               for name, runs in results["C floor"].items()}
+    return out
 
 
 # ---------------------------------------------------------------------------- 9. proxy mode
@@ -933,6 +956,10 @@ def markdown(results):
             lines.append(f"| compatibility, {name} | cached req/s; p50 / p99; CPU per request | {m['rps']:,.0f}; {m['p50_ms']:.2f} / {m['p99_ms']:.2f} ms; {m['cpu_us_per_request']:.1f} µs | | |")
         for name, ratio in co_answers["rps_ratio"].items():
             lines.append(f"| compatibility, {name} | ÷ /token req/s, same broker (median of rounds; each round) | {ratio['median']:.2f} ({', '.join(f'{v:.2f}' for v in ratio['per_round'])}) | as fast | |")
+            if "floor_median" in ratio:
+                lines.append(f"| compatibility, {name} | the C server's own ratio for the same two requests (median; each round) | {ratio['floor_median']:.2f} ({', '.join(f'{v:.2f}' for v in ratio['floor_per_round'])}) | | |")
+        for name, m in co_answers.get("floor_median", {}).items():
+            lines.append(f"| compatibility, C server, {name}'s request | req/s; CPU per request | {m['rps']:,.0f}; {m['cpu_us_per_request']:.1f} µs | | |")
     st = results.get("token_store")
     if st:
         for name, m in st["median"].items():
@@ -993,8 +1020,8 @@ def main():
         print(json.dumps({"median": result["median"], "ratios": result["ratios"]}, indent=1))
         return
     if options.only == "compat":
-        result = compat_answers(options.rounds, options.seconds)
-        print(json.dumps({"median": result["median"], "rps_ratio": result["rps_ratio"]}, indent=1))
+        result = compat_answers(options.rounds, options.seconds, options.c_server)
+        print(json.dumps({key: result[key] for key in ("median", "floor_median", "rps_ratio") if key in result}, indent=1))
         return
     floors = {
         "libmicrohttpd": lambda mode: [options.mhd_release_all, str(options.waiters)],
@@ -1036,7 +1063,7 @@ def main():
     print(f"6/9 template children ({options.children}) ...", flush=True)
     results["template_children"] = template_children(options.rounds, options.seconds, options.children)
     print("7/9 compatibility answers ...", flush=True)
-    results["compat"] = compat_answers(options.rounds, options.seconds)
+    results["compat"] = compat_answers(options.rounds, options.seconds, options.c_server)
     print("8/9 token store (Redis against memory; fleets of 1, 5, 20) ...", flush=True)
     results["token_store"] = token_store(options.rounds, options.seconds)
     print("9/9 proxy mode against nginx proxy_pass ...", flush=True)

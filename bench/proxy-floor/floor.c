@@ -1,11 +1,13 @@
 /* The proxy floor: what libmicrohttpd and libcurl, the broker's two libraries, reach as a proxy
    when nothing else runs, in C, in the fastest arrangement found for them (BENCHMARKS.md, issue 19).
 
-   Each of THREADS threads owns one libmicrohttpd daemon (external epoll, the listening port
-   shared through SO_REUSEPORT) and one curl multi handle driven by curl_multi_socket_action, both
-   on the thread's own epoll set: a request is read, sent upstream, answered and written on the
-   one thread that accepted it, and no thread wakes another. Connections to the upstream stay in
-   the epoll set between transfers, so a kept-alive connection costs no epoll_ctl per request.
+   Each of THREADS threads owns one libmicrohttpd daemon (external epoll mode, the listening port
+   shared through SO_REUSEPORT) and one curl multi handle. The thread waits in curl_multi_poll,
+   which watches libcurl's own sockets and, as an extra descriptor, the daemon's epoll set; then
+   it runs libcurl (curl_multi_perform) and the daemon (MHD_run). A request is read, sent upstream,
+   answered and written on the one thread that accepted it, and no thread wakes another.
+   (Driving libcurl through curl_multi_socket_action and one epoll set instead measured the same,
+   BENCHMARKS.md; this way keeps libcurl's own poll of its sockets, as the broker's loops do.)
 
    It does what a proxied GET needs and nothing more, which is what makes it a floor:
    GET /proxy/u/PATH goes to http://UPSTREAM/PATH with "Authorization: Bearer TOKEN" (the token
@@ -15,7 +17,6 @@
    usage: floor PORT UPSTREAM_HOST:PORT TOKEN_FILE [THREADS]    (listens on 127.0.0.1) */
 #include <arpa/inet.h>
 #include <curl/curl.h>
-#include <errno.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -24,10 +25,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/epoll.h>
 #include <unistd.h>
 
-#define MAX_FD 65536
 #define SPARE_HANDLES 256
 
 static char upstream[256];
@@ -42,25 +41,17 @@ struct exchange {
   int started, done;
 };
 
-/* One thread: its daemon, its multi handle, its epoll set. */
+/* One thread: its daemon and its multi handle. */
 struct worker {
   pthread_t thread;
-  int epoll;
   struct MHD_Daemon *daemon;
+  int daemon_epoll; /* the daemon's epoll set, which curl_multi_poll watches too */
   CURLM *multi;
-  long curl_timeout; /* ms; -1: none */
-  int resumed;       /* a connection was resumed: run the daemon this turn */
+  int resumed;      /* a connection was resumed: run the daemon this turn */
   CURL *spare[SPARE_HANDLES];
   int spares;
   struct curl_slist *headers;
 };
-
-static char daemon_tag; /* epoll data for the daemon's own epoll descriptor */
-
-/* Per thread, for curl's sockets: the events registered in epoll (-1: not in the set) and the
-   events curl wants now (0: none; the socket stays in the set, muted if it fires). */
-static __thread signed char registered[MAX_FD];
-static __thread signed char wanted[MAX_FD];
 
 static void fail(const char *what) {
   perror(what);
@@ -82,39 +73,6 @@ static size_t on_body(char *data, size_t size, size_t count, void *context) {
   return n;
 }
 
-static int on_socket(CURL *easy, curl_socket_t fd, int what, void *context, void *socket_context) {
-  (void)easy;
-  (void)socket_context;
-  struct worker *w = context;
-  if (fd < 0 || fd >= MAX_FD) return -1;
-  if (what == CURL_POLL_REMOVE) {
-    wanted[fd] = 0;
-    return 0;
-  }
-  int events = (what & CURL_POLL_IN ? EPOLLIN : 0) | (what & CURL_POLL_OUT ? EPOLLOUT : 0);
-  wanted[fd] = (signed char)events;
-  if (registered[fd] == events) return 0;
-  struct epoll_event event = {.events = (uint32_t)events, .data.u64 = (uint64_t)fd + 1};
-  if (epoll_ctl(w->epoll, registered[fd] < 0 ? EPOLL_CTL_ADD : EPOLL_CTL_MOD, fd, &event) != 0) return -1;
-  registered[fd] = (signed char)events;
-  return 0;
-}
-
-static int on_timer(CURLM *multi, long timeout_ms, void *context) {
-  (void)multi;
-  ((struct worker *)context)->curl_timeout = timeout_ms; /* acted on by the loop */
-  return 0;
-}
-
-static int on_close(void *context, curl_socket_t fd) {
-  (void)context;
-  if (fd >= 0 && fd < MAX_FD) {
-    registered[fd] = -1; /* closing drops it from the epoll set */
-    wanted[fd] = 0;
-  }
-  return close(fd);
-}
-
 static CURL *easy_handle(struct worker *w) {
   if (w->spares) return w->spare[--w->spares];
   CURL *easy = curl_easy_init();
@@ -123,7 +81,6 @@ static CURL *easy_handle(struct worker *w) {
   curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, on_body);
   curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(easy, CURLOPT_PROXY, "");
-  curl_easy_setopt(easy, CURLOPT_CLOSESOCKETFUNCTION, on_close);
   return easy;
 }
 
@@ -215,54 +172,25 @@ static void completed(void *context, struct MHD_Connection *connection, void **r
 
 static void *run(void *context) {
   struct worker *w = context;
-  memset(registered, -1, sizeof registered);
-  struct epoll_event events[128];
+  int running;
   for (;;) {
-    int timeout = -1;
+    int timeout = 1000;
     MHD_UNSIGNED_LONG_LONG daemon_timeout;
     if (w->resumed) timeout = 0;
-    else if (MHD_get_timeout(w->daemon, &daemon_timeout) == MHD_YES)
-      timeout = daemon_timeout > 1000 ? 1000 : (int)daemon_timeout;
-    if (w->curl_timeout >= 0 && (timeout < 0 || w->curl_timeout < timeout)) timeout = (int)w->curl_timeout;
-    int n = epoll_wait(w->epoll, events, 128, timeout);
-    if (n < 0) {
-      if (errno != EINTR) fail("epoll_wait");
-      n = 0;
-    }
-    int run_daemon = w->resumed || n == 0, running;
-    for (int i = 0; i < n; i++) {
-      if (events[i].data.ptr == &daemon_tag) {
-        run_daemon = 1;
-        continue;
-      }
-      int fd = (int)(events[i].data.u64 - 1);
-      if (!wanted[fd]) { /* an idle kept-alive connection: mute it until curl wants it again */
-        if (events[i].events & (EPOLLERR | EPOLLHUP)) { /* reported even when muted: drop it */
-          if (epoll_ctl(w->epoll, EPOLL_CTL_DEL, fd, NULL) == 0) registered[fd] = -1;
-        } else if (registered[fd] != 0) {
-          struct epoll_event muted = {.events = 0, .data.u64 = (uint64_t)fd + 1};
-          if (epoll_ctl(w->epoll, EPOLL_CTL_MOD, fd, &muted) == 0) registered[fd] = 0;
-        }
-        continue;
-      }
-      uint32_t e = events[i].events;
-      int flags = (e & EPOLLIN ? CURL_CSELECT_IN : 0) | (e & EPOLLOUT ? CURL_CSELECT_OUT : 0) |
-                  (e & (EPOLLERR | EPOLLHUP) ? CURL_CSELECT_ERR : 0);
-      curl_multi_socket_action(w->multi, fd, flags, &running);
-    }
-    if (w->curl_timeout == 0 || (n == 0 && w->curl_timeout > 0)) {
-      w->curl_timeout = -1;
-      curl_multi_socket_action(w->multi, CURL_SOCKET_TIMEOUT, 0, &running);
-    }
+    else if (MHD_get_timeout(w->daemon, &daemon_timeout) == MHD_YES && daemon_timeout < 1000)
+      timeout = (int)daemon_timeout;
+    struct curl_waitfd daemon_ready = {.fd = w->daemon_epoll, .events = CURL_WAIT_POLLIN};
+    int ready = 0;
+    if (curl_multi_poll(w->multi, &daemon_ready, 1, timeout, &ready) != CURLM_OK) fail("curl_multi_poll");
+    curl_multi_perform(w->multi, &running);
     collect(w);
-    if (run_daemon) {
+    /* The daemon runs when its set is ready, a connection was resumed, or the wait timed out
+       (libmicrohttpd may have work that leaves its set quiet, such as an answer to write). */
+    if (w->resumed || daemon_ready.revents || ready == 0) {
       w->resumed = 0;
-      MHD_run(w->daemon); /* answers resumed connections, reads new requests, starts transfers */
-      if (w->curl_timeout == 0) { /* start the new transfers in this same turn */
-        w->curl_timeout = -1;
-        curl_multi_socket_action(w->multi, CURL_SOCKET_TIMEOUT, 0, &running);
-        collect(w);
-      }
+      MHD_run(w->daemon); /* answers resumed connections, reads new requests, adds transfers */
+      curl_multi_perform(w->multi, &running); /* and sends the new transfers in this same turn */
+      collect(w);
     }
   }
   return NULL;
@@ -297,16 +225,10 @@ int main(int argc, char **argv) {
   if (!workers) return 1;
   for (int i = 0; i < threads; i++) {
     struct worker *w = &workers[i];
-    w->curl_timeout = -1;
-    w->epoll = epoll_create1(EPOLL_CLOEXEC);
     w->headers = curl_slist_append(NULL, authorization);
     w->multi = curl_multi_init();
-    if (w->epoll < 0 || !w->headers || !w->multi) fail("set-up");
+    if (!w->headers || !w->multi) fail("set-up");
     curl_multi_setopt(w->multi, CURLMOPT_MAXCONNECTS, 256L);
-    curl_multi_setopt(w->multi, CURLMOPT_SOCKETFUNCTION, on_socket);
-    curl_multi_setopt(w->multi, CURLMOPT_SOCKETDATA, w);
-    curl_multi_setopt(w->multi, CURLMOPT_TIMERFUNCTION, on_timer);
-    curl_multi_setopt(w->multi, CURLMOPT_TIMERDATA, w);
     /* The broker's flags, less its internal thread. In external mode a resume only sets a flag
        (no inter-thread signal): the loop runs the daemon itself after resuming. */
     w->daemon = MHD_start_daemon(
@@ -320,8 +242,8 @@ int main(int argc, char **argv) {
       return 1;
     }
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(w->daemon, MHD_DAEMON_INFO_EPOLL_FD);
-    struct epoll_event event = {.events = EPOLLIN, .data.ptr = &daemon_tag};
-    if (!info || epoll_ctl(w->epoll, EPOLL_CTL_ADD, info->epoll_fd, &event) != 0) fail("epoll_ctl");
+    if (!info) fail("MHD_get_daemon_info");
+    w->daemon_epoll = info->epoll_fd;
     MHD_run(w->daemon); /* adds the listening socket to the daemon's epoll set */
   }
   for (int i = 0; i < threads; i++)
