@@ -120,7 +120,7 @@ $(VENV)/.installed: Tests/integration/requirements.txt Tests/integration/constra
 	$(VENV)/bin/python -m pip install -q -r Tests/integration/requirements.txt -c Tests/integration/constraints.txt
 	touch $@
 
-# Benchmarks, not tests: compared with nginx and a plain C libmicrohttpd server; about 8 minutes.
+# Benchmarks, not tests: compared with nginx and with floors in C built on the same libraries.
 # Results go to bench/results/ (results.json, results.md, rss.png, wakeups.png); see BENCHMARKS.md.
 bench: build $(VENV)/.installed
 	@for package in nginx-light wrk; do dpkg-query -W -f='$${Status}' $$package 2>/dev/null | grep -q 'install ok installed' || \
