@@ -144,6 +144,25 @@ def rss_mib(pid):
     return startup.memory_kb(pid)[0] / 1024
 
 
+def medians(runs_by_name):
+    """Each name's runs reduced to the median of every measure they hold."""
+    return {name: {key: statistics.median(r[key] for r in runs) for key in runs[0]} for name, runs in runs_by_name.items()}
+
+
+def per_round(runs, reference, key="rps"):
+    """`key` of each round of `runs` divided by the same round's of `reference`."""
+    return [r[key] / f[key] for r, f in zip(runs, reference)]
+
+
+def token_body_file(broker):
+    """The broker's `/token` answer, and a file in its directory holding it (for the C server)."""
+    _, body = http_get(broker.token, "/token")
+    path = os.path.join(broker.dir, "body.json")
+    with open(path, "wb") as handle:
+        handle.write(body)
+    return body, path
+
+
 def free_port():
     """A loopback port the kernel just handed out, for servers that cannot report an ephemeral one."""
     import socket
@@ -195,10 +214,7 @@ def wrk(address, seconds, path="/token", headers=(GUARD,), connections=64, scrip
 
 def cached_token(rounds, seconds, c_binary):
     broker = Broker()
-    _, body = http_get(broker.token, "/token")
-    body_file = os.path.join(broker.dir, "body.json")
-    with open(body_file, "wb") as handle:
-        handle.write(body)
+    body, body_file = token_body_file(broker)
     servers = {"token-broker": broker, "nginx": Nginx(body.decode()), "c-libmicrohttpd": CServer(body_file, c_binary)}
     results = {name: [] for name in servers}
     try:
@@ -213,10 +229,10 @@ def cached_token(rounds, seconds, c_binary):
     finally:
         for server in servers.values():
             server.stop()
-    summary = {name: {key: statistics.median(r[key] for r in runs) for key in runs[0]} for name, runs in results.items()}
+    summary = medians(results)
     ratios = {
-        "rps_vs_nginx": [b["rps"] / n["rps"] for b, n in zip(results["token-broker"], results["nginx"])],
-        "cpu_vs_c": [b["cpu_us_per_request"] / c["cpu_us_per_request"] for b, c in zip(results["token-broker"], results["c-libmicrohttpd"])],
+        "rps_vs_nginx": per_round(results["token-broker"], results["nginx"]),
+        "cpu_vs_c": per_round(results["token-broker"], results["c-libmicrohttpd"], "cpu_us_per_request"),
     }
     return {"rounds": results, "median": summary, "ratios": {k: {"per_round": v, "median": statistics.median(v)} for k, v in ratios.items()},
             "body_bytes": len(body)}
@@ -451,10 +467,9 @@ def template_children(rounds, seconds, children):
         counted = [t["children"] for t in json.loads(readiness).get("templates", []) if t["name"] == "apis"]
     finally:
         broker.stop()
-    summary = {name: {key: statistics.median(r[key] for r in runs) for key in runs[0]} for name, runs in results.items()}
-    ratio = [c["rps"] / f["rps"] for c, f in zip(results["template child"], results["configured provider"])]
-    cpu = [c["cpu_us_per_request"] / f["cpu_us_per_request"]
-           for c, f in zip(results["template child"], results["configured provider"])]
+    summary = medians(results)
+    ratio = per_round(results["template child"], results["configured provider"])
+    cpu = per_round(results["template child"], results["configured provider"], "cpu_us_per_request")
     return {"rounds": results, "median": summary, "rps_ratio": {"per_round": ratio, "median": statistics.median(ratio)},
             "cpu_ratio": {"per_round": cpu, "median": statistics.median(cpu)},
             "children": {"asked": children, "answered_200": made + 1, "counted_by_readyz": counted[0] if counted else None,
@@ -502,11 +517,7 @@ def compat_answers(rounds, seconds, c_binary=None):
     }
     servers = {"token-broker": broker}
     if c_binary and os.path.exists(c_binary):
-        _, body = http_get(broker.token, "/token")
-        body_file = os.path.join(broker.dir, "body.json")
-        with open(body_file, "wb") as handle:
-            handle.write(body)
-        servers["C floor"] = CServer(body_file, c_binary)
+        servers["C floor"] = CServer(token_body_file(broker)[1], c_binary)
     results = {server: {name: [] for name in routes} for server in servers}
     try:
         for name, (path, headers) in routes.items():
@@ -523,23 +534,21 @@ def compat_answers(rounds, seconds, c_binary=None):
     finally:
         for server in servers.values():
             server.stop()
-    summary = {name: {key: statistics.median(r[key] for r in runs) for key in runs[0]}
-               for name, runs in results["token-broker"].items()}
+    summary = medians(results["token-broker"])
     ratios = {}
     for name in routes:
         if name == "/token":
             continue
         rows = results["token-broker"]
-        per_round = [c["rps"] / t["rps"] for c, t in zip(rows[name], rows["/token"])]
-        ratios[name] = {"per_round": per_round, "median": statistics.median(per_round)}
+        rounds = per_round(rows[name], rows["/token"])
+        ratios[name] = {"per_round": rounds, "median": statistics.median(rounds)}
         if "C floor" in results:
             floor = results["C floor"]
-            floor_per_round = [c["rps"] / t["rps"] for c, t in zip(floor[name], floor["/token"])]
-            ratios[name].update({"floor_per_round": floor_per_round, "floor_median": statistics.median(floor_per_round)})
+            floor_rounds = per_round(floor[name], floor["/token"])
+            ratios[name].update({"floor_per_round": floor_rounds, "floor_median": statistics.median(floor_rounds)})
     out = {"rounds": results["token-broker"], "median": summary, "rps_ratio": ratios}
     if "C floor" in results:
-        out["floor_median"] = {name: {key: statistics.median(r[key] for r in runs) for key in runs[0]}
-                               for name, runs in results["C floor"].items()}
+        out["floor_median"] = medians(results["C floor"])
     return out
 
 
@@ -742,17 +751,17 @@ def proxy_mode(rounds, seconds, cases=None, baseline=None, floor=PROXY_FLOOR):
         upstream.stop()
     summary, ratios = {}, {}
     for case, runs in results.items():
-        summary[case] = {name: {key: statistics.median(r[key] for r in rows) for key in rows[0]} for name, rows in runs.items()}
-        rps = [b["rps"] / n["rps"] for b, n in zip(runs["token-broker"], runs["nginx"])]
-        p99 = [b["p99_ms"] / n["p99_ms"] for b, n in zip(runs["token-broker"], runs["nginx"])]
+        summary[case] = medians(runs)
+        rps = per_round(runs["token-broker"], runs["nginx"])
+        p99 = per_round(runs["token-broker"], runs["nginx"], "p99_ms")
         ratios[case] = {"rps_per_round": rps, "rps": statistics.median(rps), "p99_per_round": p99, "p99": statistics.median(p99)}
         if baseline:
-            gain = [b["rps"] / a["rps"] for b, a in zip(runs["token-broker"], runs["token-broker (baseline)"])]
+            gain = per_round(runs["token-broker"], runs["token-broker (baseline)"])
             ratios[case]["rps_vs_baseline_per_round"] = gain
             ratios[case]["rps_vs_baseline"] = statistics.median(gain)
         if "C floor" in runs:
-            bare = [f["rps"] / n["rps"] for f, n in zip(runs["C floor"], runs["nginx"])]
-            bare_p99 = [f["p99_ms"] / n["p99_ms"] for f, n in zip(runs["C floor"], runs["nginx"])]
+            bare = per_round(runs["C floor"], runs["nginx"])
+            bare_p99 = per_round(runs["C floor"], runs["nginx"], "p99_ms")
             ratios[case].update({"floor_rps_per_round": bare, "floor_rps": statistics.median(bare),
                                  "floor_p99_per_round": bare_p99, "floor_p99": statistics.median(bare_p99)})
     return {"rounds": results, "median": summary, "ratios": ratios, "nginx_config": nginx.config}
@@ -816,8 +825,8 @@ def token_store(rounds, seconds, fleet_sizes=(1, 5, 20), cycles=5, lifetime=4):
     finally:
         for broker in brokers.values():
             broker.stop()
-    summary = {name: {key: statistics.median(r[key] for r in runs) for key in runs[0]} for name, runs in results.items()}
-    ratio = [r["rps"] / m["rps"] for r, m in zip(results["redis store"], results["memory store"])]
+    summary = medians(results)
+    ratio = per_round(results["redis store"], results["memory store"])
 
     fleets = {}
     for size in fleet_sizes:
