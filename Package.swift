@@ -138,7 +138,7 @@ let package = Package(
         ),
         .testTarget(
             name: "TokenBrokerServerTests",
-            dependencies: ["TokenBrokerTestSupport", "TokenBrokerServer", "TokenBrokerCore"]),
+            dependencies: ["TokenBrokerTestSupport", "TokenBrokerServer", "TokenBrokerCore", "TokenBrokerUpstream"]),
         .testTarget(
             name: "TokenBrokerProxyTests",
             dependencies: [

@@ -70,6 +70,27 @@ static inline void *CMicroHTTPD_socket_context(struct MHD_Connection *connection
 }
 
 // MHD_YES and MHD_NO are enum constants whose type changed across versions (int, then enum MHD_Result).
+// MHD_get_daemon_info returns a union; the epoll descriptor of a daemon in external epoll mode,
+// which the event loop running it polls; -1 if there is none.
+static inline int CMicroHTTPD_daemon_epoll_fd(struct MHD_Daemon *daemon) {
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(daemon, MHD_DAEMON_INFO_EPOLL_FD);
+    return info == NULL ? -1 : info->epoll_fd;
+}
+
+// MHD_get_connection_info returns a union; the daemon that runs a connection.
+static inline struct MHD_Daemon *CMicroHTTPD_connection_daemon(struct MHD_Connection *connection) {
+    const union MHD_ConnectionInfo *info = MHD_get_connection_info(connection, MHD_CONNECTION_INFO_DAEMON);
+    return info == NULL ? NULL : info->daemon;
+}
+
+// MHD_get_timeout reports through a pointer to an unsigned long long; the milliseconds until a
+// daemon in external mode must run again, capped at 1000 (also when it has no timeout).
+static inline int CMicroHTTPD_timeout_ms(struct MHD_Daemon *daemon) {
+    MHD_UNSIGNED_LONG_LONG timeout = 0;
+    if (MHD_get_timeout(daemon, &timeout) != MHD_YES || timeout > 1000) return 1000;
+    return (int)timeout;
+}
+
 static inline enum MHD_Result CMicroHTTPD_yes(void) { return MHD_YES; }
 static inline enum MHD_Result CMicroHTTPD_no(void) { return MHD_NO; }
 

@@ -17,6 +17,11 @@ extension HTTPServer {
         public var connectionTimeoutSec: Int = 30
         /// Threads polling connections.
         public var threads: Int = 2
+        /// When not empty, the listener has no threads of its own (`threads` is ignored): one
+        /// daemon per loop runs on the loop's thread, with its share of `connectionLimit`. The
+        /// broker's token listener runs on the HTTP client's loops when proxies are configured,
+        /// so that a proxied request and its upstream exchange never change threads.
+        public var eventLoops: [any EventLoopHost] = []
         /// Request bodies longer than this are answered with 413.
         public var maximumBodyBytes: Int = 64 * 1024
         /// The file mode of a Unix socket listener.

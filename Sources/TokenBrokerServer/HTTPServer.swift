@@ -5,7 +5,9 @@ import TokenBrokerCore
 
 /// One listener: a libmicrohttpd daemon with its own threads, answering through an `HTTPHandler`.
 ///
-/// The daemon runs an epoll loop on a small thread pool. Deferred answers suspend their
+/// The daemon runs an epoll loop on a small thread pool; or, when the configuration names event
+/// loops (`Configuration.eventLoops`), one daemon per loop runs on that loop's thread, each
+/// polling the same listening socket. Deferred answers suspend their
 /// connection (`MHD_suspend_connection`), so a waiting request holds a few hundred bytes, not a
 /// thread. Responses are queued on the second call of the access handler, never the first,
 /// which keeps keep-alive working.
@@ -13,7 +15,8 @@ import TokenBrokerCore
 /// - Important: call `shutDown` before releasing the server; it answers every suspended
 ///   connection first, since libmicrohttpd must not be stopped with connections suspended.
 public final class HTTPServer: @unchecked Sendable {
-    // @unchecked: `daemon` and `listenSocket` change only in `init` and `shutDown`, never on libmicrohttpd's threads.
+    // @unchecked: `daemon`, `loopDaemons` and `listenSocket` change only in `init` and `shutDown`,
+    // never on libmicrohttpd's threads; `loopDaemons` only in `init`.
 
     public let configuration: Configuration
     /// The port actually bound (the configured one, or the one picked for port 0).
@@ -23,7 +26,11 @@ public final class HTTPServer: @unchecked Sendable {
     private var handler: any HTTPHandler { handlerSlot.withLock { $0 } }
     /// The handler's answer to a request whose client closed while it waited, asked for once.
     let clientClosedAnswer: HTTPResponse
+    /// The daemon with threads of its own; nil when it runs on event loops, or once stopped.
     private var daemon: OpaquePointer?
+    /// The daemons run by event loops, one per loop, each a source of its loop.
+    private var loopDaemons: [LoopDaemon] = []
+    private var stopped = false
     private var listenSocket: Int32 = -1
     /// The suspended connections.
     ///
@@ -75,6 +82,16 @@ public final class HTTPServer: @unchecked Sendable {
         if configuration.streamingPrefix != nil {
             options.append(CMicroHTTPD_option_uri_log(requestTargetCallback, context))
         }
+        if !configuration.eventLoops.isEmpty {
+            // No threads of its own: MHD_run is called by the loops.
+            flags &= ~UInt32(MHD_USE_INTERNAL_POLLING_THREAD.rawValue)
+            if let problem = startOnLoops(flags: flags, options: options, context: context) {
+                watcher.stop()
+                close(listenSocket)
+                throw HTTPServerError(address: configuration.address, reason: problem)
+            }
+            return
+        }
         if configuration.threads > 1 {
             options.append(MHD_OptionItem(option: .THREAD_POOL_SIZE, value: configuration.threads, ptr_value: nil))
         }
@@ -87,6 +104,68 @@ public final class HTTPServer: @unchecked Sendable {
             close(listenSocket)
             throw HTTPServerError(address: configuration.address, reason: "libmicrohttpd could not start its daemon")
         }
+    }
+
+    /// Starts one daemon in external mode per event loop, each with a duplicate of the listening
+    /// socket (the kernel gives each new connection to one of them) and its share of the
+    /// connection limit, and attaches it to its loop. Returns why it could not, having stopped
+    /// the ones it started, or nil.
+    private func startOnLoops(flags: UInt32, options: [MHD_OptionItem], context: UnsafeMutableRawPointer) -> String? {
+        let hosts = configuration.eventLoops
+        let share = max(1, (configuration.connectionLimit + hosts.count - 1) / hosts.count)
+        for host in hosts {
+            let fd = dup(listenSocket)
+            guard fd >= 0 else {
+                stopLoopDaemons()
+                return "cannot share the listening socket: \(String(cString: strerror(errno)))"
+            }
+            var own = options.map { item in
+                switch item.option {
+                case .LISTEN_SOCKET: MHD_OptionItem(option: .LISTEN_SOCKET, value: Int(fd), ptr_value: nil)
+                case .CONNECTION_LIMIT: MHD_OptionItem(option: .CONNECTION_LIMIT, value: share, ptr_value: nil)
+                default: item
+                }
+            }
+            own.append(MHD_OptionItem(option: .END, value: 0, ptr_value: nil))
+            let started = own.withUnsafeMutableBufferPointer { buffer in
+                CMicroHTTPD_start_daemon(flags, accessHandlerCallback, context, buffer.baseAddress)
+            }
+            guard let handle = started else {
+                close(fd)
+                stopLoopDaemons()
+                return "libmicrohttpd could not start its daemon"
+            }
+            let epoll = CMicroHTTPD_daemon_epoll_fd(handle)
+            guard epoll >= 0 else {
+                MHD_stop_daemon(handle)
+                stopLoopDaemons()
+                return "libmicrohttpd gave no epoll descriptor"
+            }
+            let source = EventLoopSource(
+                descriptor: epoll, host: host, timeoutMilliseconds: { CMicroHTTPD_timeout_ms(handle) },
+                run: { _ = MHD_run(handle) })
+            host.attach(source)
+            loopDaemons.append(LoopDaemon(handle: handle, source: source))
+        }
+        return nil
+    }
+
+    /// Stops the daemons run by event loops, each on its loop's thread: MHD_run must not run
+    /// while it stops.
+    private func stopLoopDaemons() {
+        for daemon in loopDaemons {
+            daemon.source.host.runOnLoop {
+                daemon.source.host.detach(daemon.source)
+                MHD_stop_daemon(daemon.handle)
+            }
+        }
+    }
+
+    /// A daemon an event loop runs. Unchecked: its handle is used on that loop's thread, but for
+    /// `MHD_resume_connection`, which libmicrohttpd allows from any thread.
+    private struct LoopDaemon: @unchecked Sendable {
+        let handle: OpaquePointer
+        let source: EventLoopSource
     }
 
     deinit { shutDown(grace: .zero) }
@@ -143,12 +222,13 @@ public final class HTTPServer: @unchecked Sendable {
     /// with `finalAnswer` (by default the handler's `refusal(.stopped)`) near the end of the grace;
     /// the broker answers its long-polls before calling this, through its providers.
     public func shutDown(finalAnswer: HTTPResponse? = nil, grace: Duration) {
-        guard let daemon else { return }
+        guard !stopped else { return }
+        stopped = true
         let finalAnswer = finalAnswer ?? handler.refusal(.stopped)
         draining.store(true, ordering: .relaxed)
         // libmicrohttpd no longer polls the socket: close it, so that connections are refused
         // now rather than left in the backlog until the end.
-        if MHD_quiesce_daemon(daemon) >= 0 { closeListeningSocket() }
+        if quiesce() { closeListeningSocket() }
         let clock = ContinuousClock()
         let end = clock.now.advanced(by: grace)
         // The last quarter second (or less, for a short grace) is for the final answers to go out.
@@ -159,10 +239,25 @@ public final class HTTPServer: @unchecked Sendable {
         while inFlight > 0, clock.now < end { usleep(10_000) }
         // Anything suspended since must be resumed before MHD_stop_daemon.
         for responder in suspended.withLock({ $0.all }) { resume(responder) }
-        MHD_stop_daemon(daemon)
+        if let daemon { MHD_stop_daemon(daemon) }
+        stopLoopDaemons()
         watcher.stop()
-        self.daemon = nil
+        daemon = nil
         closeListeningSocket()
+    }
+
+    /// Stops every daemon polling the listening socket; true when all let it go. A daemon on an
+    /// event loop is quiesced on its loop's thread, and its copy of the socket closed there.
+    private func quiesce() -> Bool {
+        if let daemon { return MHD_quiesce_daemon(daemon) >= 0 }
+        let failures = Atomic<Int>(0)
+        for daemon in loopDaemons {
+            daemon.source.host.runOnLoop {
+                let fd = MHD_quiesce_daemon(daemon.handle)
+                if fd >= 0 { close(fd) } else { failures.add(1, ordering: .relaxed) }
+            }
+        }
+        return failures.load(ordering: .relaxed) == 0
     }
 
     /// Closes the listening socket (and removes a Unix socket's file), once.
@@ -327,7 +422,13 @@ public final class HTTPServer: @unchecked Sendable {
             suspended.peak = 0
             return (removed, true)
         }
-        if wasSuspended { MHD_resume_connection(responder.connection) }
+        if wasSuspended {
+            MHD_resume_connection(responder.connection)
+            // A daemon on an event loop learns of it only when its loop runs it.
+            if !loopDaemons.isEmpty, let owner = CMicroHTTPD_connection_daemon(responder.connection) {
+                for daemon in loopDaemons where daemon.handle == owner { daemon.source.markPending() }
+            }
+        }
         if trim { watcher.requestMemoryTrim() }
     }
 

@@ -1,4 +1,5 @@
 internal import CCurl
+import Dispatch
 import Glibc
 import Synchronization
 import TokenBrokerCore
@@ -22,10 +23,16 @@ import TokenBrokerCore
 /// of body that came in that turn: an answer that came whole in one turn is handed over whole,
 /// and a longer one starts streaming at the end of its first turn, never later.
 ///
-/// Locks: `queue`, `abandoned` and `commands` are each taken alone, never one inside another.
+/// The loop is also an `EventLoopHost`: other libraries' sources (the token listener's
+/// libmicrohttpd daemons, when proxies are configured) are polled in the same `curl_multi_poll`,
+/// as extra descriptors, and run on this thread. A proxied request is then read, sent upstream,
+/// and answered by one thread, with no hand-over between threads.
+///
+/// Locks: `queue`, `abandoned`, `commands` and `tasks` are each taken alone, never one inside
+/// another.
 // Unchecked: `multi` and `thread` are set in `init` and `start`, before any other thread sees the
 // loop; everything else that changes is behind a lock or touched by the loop's thread alone.
-final class CurlLoop: @unchecked Sendable {
+final class CurlLoop: EventLoopHost, @unchecked Sendable {
     enum Command { case resumeReceiving, resumeSending, cancel }
 
     let multi: UnsafeMutableRawPointer
@@ -34,11 +41,17 @@ final class CurlLoop: @unchecked Sendable {
     private let abandoned = Lock<[Transfer]>([])
     /// Work on exchanges already running: unpause, or cancel.
     private let commands = Lock<[(UpstreamExchange, Command)]>([])
-    private var thread = pthread_t()
+    /// Work other threads run on this one (`runOnLoop`): attaching and detaching sources.
+    private let tasks = Lock<[@Sendable () -> Void]>([])
+    private(set) var thread = pthread_t()
+    private let started = Atomic<Bool>(false)
 
     // The loop thread's own state.
     private var active: [UnsafeMutableRawPointer: Transfer] = [:]
     private var streamed: [ObjectIdentifier: Transfer] = [:]
+    /// The sources polled besides libcurl's sockets, each with when it must run at the latest
+    /// and whether it is due this turn.
+    private var sources: [(source: EventLoopSource, deadline: Int64, due: Bool)] = []
     /// Streamed transfers whose head came in this turn and waits for its end.
     fileprivate var heldHeads: [Transfer] = []
     /// Easy handles of transfers that ended cleanly, reset for the next ones (`release`).
@@ -73,7 +86,10 @@ final class CurlLoop: @unchecked Sendable {
                 Unmanaged<CurlLoop>.fromOpaque(context!).takeRetainedValue().run()
                 return nil
             }, context)
-        guard status != 0 else { return nil }
+        guard status != 0 else {
+            started.store(true, ordering: .releasing)
+            return nil
+        }
         Unmanaged<CurlLoop>.fromOpaque(context).release()
         return "cannot start the HTTP client's thread: \(String(cString: strerror(status)))"
     }
@@ -94,36 +110,107 @@ final class CurlLoop: @unchecked Sendable {
             items.append(item)
             return items.count == 1
         }
-        if wasEmpty { curl_multi_wakeup(multi) }
+        // On the loop's own thread (a source's work) the turn that follows takes it: no wake-up.
+        if wasEmpty, !isCurrent { curl_multi_wakeup(multi) }
     }
+
+    private var isCurrent: Bool { pthread_equal(pthread_self(), thread) != 0 }
+
+    // MARK: - EventLoopHost
+
+    func runOnLoop(_ work: @escaping @Sendable () -> Void) {
+        guard !isCurrent else { return work() }
+        precondition(started.load(ordering: .acquiring), "runOnLoop on a loop that never started")
+        let done = DispatchSemaphore(value: 0)
+        add(
+            {
+                work()
+                done.signal()
+            }, to: tasks)
+        done.wait()
+    }
+
+    func attach(_ source: EventLoopSource) {
+        runOnLoop { [self] in sources.append((source, 0, true)) }
+    }
+
+    func detach(_ source: EventLoopSource) {
+        precondition(isCurrent, "detach runs on the loop's thread")
+        sources.removeAll { $0.source === source }
+    }
+
+    func wake() { curl_multi_wakeup(multi) }
 
     // MARK: - The loop's thread
 
     private func run() {
+        var waits: [curl_waitfd] = []
         while true {
-            for transfer in take(queue) { begin(transfer) }
-            for (exchange, command) in take(commands) {
-                guard let transfer = streamed[ObjectIdentifier(exchange)], let easy = transfer.easy else { continue }
-                switch command {
-                case .resumeReceiving, .resumeSending:
-                    curl_easy_pause(easy, CURLPAUSE_CONT)
-                case .cancel:
-                    active.removeValue(forKey: easy)
-                    streamed.removeValue(forKey: ObjectIdentifier(exchange))
-                    stop(transfer, easy)
-                }
+            turn()
+            if runDueSources() { turn() }
+            // The sources' descriptors are polled with libcurl's sockets; the wait ends at the
+            // earliest source's timeout, at once when one is pending.
+            waits.removeAll(keepingCapacity: true)
+            var timeout: Int32 = 1000
+            let now = Self.milliseconds()
+            for index in sources.indices {
+                let source = sources[index].source
+                let wait = source.isPending ? 0 : min(max(source.timeoutMilliseconds, 0), 1000)
+                sources[index].deadline = now + Int64(wait)
+                timeout = min(timeout, wait)
+                waits.append(curl_waitfd(fd: source.descriptor, events: Int16(CURL_WAIT_POLLIN), revents: 0))
             }
-            for transfer in take(abandoned) {
-                guard let easy = transfer.easy, active[easy] === transfer else { continue }  // finished already
+            // A poll that fails (out of memory) returns at once: pause rather than spin.
+            if curl_multi_poll(multi, &waits, UInt32(waits.count), timeout, nil) != CURLM_OK { usleep(10_000) }
+            let after = Self.milliseconds()
+            for index in sources.indices {
+                sources[index].due = waits[index].revents != 0 || after >= sources[index].deadline
+            }
+        }
+    }
+
+    /// Runs the sources whose descriptor was ready, whose timeout ended or that are pending;
+    /// true when one ran (its work may have queued transfers for this loop).
+    private func runDueSources() -> Bool {
+        var ran = false
+        // A source's work cannot attach or detach one (that is a task, run in `turn`).
+        for index in sources.indices where sources[index].due || sources[index].source.isPending {
+            sources[index].due = false
+            sources[index].source.run()
+            ran = true
+        }
+        return ran
+    }
+
+    private static func milliseconds() -> Int64 {
+        var now = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &now)
+        return Int64(now.tv_sec) * 1000 + Int64(now.tv_nsec) / 1_000_000
+    }
+
+    /// One turn of the loop's own work: what other threads queued, then libcurl's transfers.
+    private func turn() {
+        for task in take(tasks) { task() }
+        for transfer in take(queue) { begin(transfer) }
+        for (exchange, command) in take(commands) {
+            guard let transfer = streamed[ObjectIdentifier(exchange)], let easy = transfer.easy else { continue }
+            switch command {
+            case .resumeReceiving, .resumeSending:
+                curl_easy_pause(easy, CURLPAUSE_CONT)
+            case .cancel:
                 active.removeValue(forKey: easy)
+                streamed.removeValue(forKey: ObjectIdentifier(exchange))
                 stop(transfer, easy)
             }
-            var running: Int32 = 0
-            curl_multi_perform(multi, &running)
-            collectFinished()
-            // A poll that fails (out of memory) returns at once: pause rather than spin.
-            if curl_multi_poll(multi, nil, 0, 1000, nil) != CURLM_OK { usleep(10_000) }
         }
+        for transfer in take(abandoned) {
+            guard let easy = transfer.easy, active[easy] === transfer else { continue }  // finished already
+            active.removeValue(forKey: easy)
+            stop(transfer, easy)
+        }
+        var running: Int32 = 0
+        curl_multi_perform(multi, &running)
+        collectFinished()
     }
 
     /// Ends the transfers libcurl says are done, then hands over the heads held in this turn.

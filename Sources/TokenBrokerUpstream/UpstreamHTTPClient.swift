@@ -10,7 +10,8 @@ import TokenBrokerCore
 /// exchange never blocks a server thread nor a thread of Swift's cooperative pool; callers
 /// simply `await`. Issuers' requests share the first loop. Proxy exchanges are spread over one
 /// loop per processor (at most eight) once `startProxyLoops` has run, so that proxied traffic is
-/// not held to one thread. TLS verification is always on, redirects are never followed, only
+/// not held to one thread; the token listener then runs on those loops too, so that a proxied
+/// request and its exchange share a thread. TLS verification is always on, redirects are never followed, only
 /// http and https are spoken, bodies are capped, and `HTTPS_PROXY` / `NO_PROXY` are honoured as
 /// libcurl reads them from the environment. It knows nothing of tokens: a failure is an
 /// `UpstreamError`.
@@ -63,10 +64,19 @@ public final class UpstreamHTTPClient: Sendable {
         }
     }
 
-    /// The loop for the next proxy exchange: the running loops in turn.
+    /// The loops started so far, as hosts for other event sources (the token listener's daemons
+    /// when proxies are configured; see `CurlLoop`). Call `startProxyLoops` first.
+    public var eventLoops: [any EventLoopHost] {
+        Array(loops[..<running.load(ordering: .acquiring)])
+    }
+
+    /// The loop for the next proxy exchange: the calling thread's own when it is one (a request
+    /// read by a daemon that loop runs), else the running loops in turn.
     func nextLoop() -> CurlLoop? {
         let count = running.load(ordering: .acquiring)
         guard count > 0 else { return nil }
+        let me = pthread_self()
+        for loop in loops[..<count] where pthread_equal(loop.thread, me) != 0 { return loop }
         return loops[turn.add(1, ordering: .relaxed).newValue % count]
     }
 

@@ -372,7 +372,12 @@ enum Broker {
         _ configuration: BrokerConfiguration, handlers: Handlers, metrics: BrokerMetrics
     ) throws(HTTPServerError) -> Listeners {
         var tokenSettings = tokenRouteSettings(configuration, address: configuration.listen, listener: "token")
-        if !configuration.proxies.isEmpty { tokenSettings.streamingPrefix = ProxyPath.prefix }
+        if !configuration.proxies.isEmpty {
+            tokenSettings.streamingPrefix = ProxyPath.prefix
+            // The token listener runs on the proxy's libcurl loops (started by `httpClientFailure`):
+            // a proxied request is read, sent upstream and answered on one thread.
+            tokenSettings.eventLoops = UpstreamHTTPClient.shared.eventLoops
+        }
         let tokenServer = try HTTPServer(configuration: tokenSettings, handler: handlers.token)
         var adminSettings = HTTPServer.Configuration(address: configuration.adminListen)
         adminSettings.connectionLimit = 256

@@ -10,14 +10,19 @@ import TokenBrokerTestSupport
 /// for (a malformed head, a request while stopping, the final answer). A plain socket client
 /// plays the other side, so what is checked is what goes over the wire.
 ///
+/// Each test runs twice: on a server with threads of its own, and on one run by the HTTP client's
+/// event loops (the token listener when proxies are configured).
+///
 /// Serialized: each test blocks its thread on a socket for a moment, and one at a time is enough.
 @Suite(.serialized)
 struct HTTPServerTests {
     // MARK: - Requests as values
 
-    @Test func requestArrivesAsAValueWithMethodPathQueryHeadersInOrderAndBody() throws {
+    @Test(arguments: Polling.allCases) func requestArrivesAsAValueWithMethodPathQueryHeadersInOrderAndBody(
+        _ polling: Polling
+    ) throws {
         let handler = TestHandler()
-        let server = try startServer(handler)
+        let server = try startServer(handler, polling)
         defer { server.shutDown(grace: .zero) }
         let client = try TestHTTPClient(port: server.port)
 
@@ -42,9 +47,9 @@ struct HTTPServerTests {
 
     /// Query look-ups read as libmicrohttpd's own did: a name matches without regard to ASCII
     /// case, a parameter without `=` has no value, and a repeated name counts exactly, up to a NUL.
-    @Test func queryLookupsKeepLibmicrohttpdsReading() throws {
+    @Test(arguments: Polling.allCases) func queryLookupsKeepLibmicrohttpdsReading(_ polling: Polling) throws {
         let handler = TestHandler()
-        let server = try startServer(handler)
+        let server = try startServer(handler, polling)
         defer { server.shutDown(grace: .zero) }
         let client = try TestHTTPClient(port: server.port)
 
@@ -59,9 +64,11 @@ struct HTTPServerTests {
         #expect(request.query("x") == "1")
     }
 
-    @Test func bodyPastMaximumBodyBytesArrivesMarkedTooLargeAndEmpty() throws {
+    @Test(arguments: Polling.allCases) func bodyPastMaximumBodyBytesArrivesMarkedTooLargeAndEmpty(_ polling: Polling)
+        throws
+    {
         let handler = TestHandler()
-        let server = try startServer(handler) { $0.maximumBodyBytes = 8 }
+        let server = try startServer(handler, polling) { $0.maximumBodyBytes = 8 }
         defer { server.shutDown(grace: .zero) }
         let client = try TestHTTPClient(port: server.port)
 
@@ -76,9 +83,9 @@ struct HTTPServerTests {
         #expect(requests[1].path == "/over" && requests[1].body.isEmpty && requests[1].bodyTooLarge)
     }
 
-    @Test func keepAliveServesTwoRequestsOnOneConnection() throws {
+    @Test(arguments: Polling.allCases) func keepAliveServesTwoRequestsOnOneConnection(_ polling: Polling) throws {
         let handler = TestHandler { request in .response(TestHandler.text(200, "answer to \(request.path)")) }
-        let server = try startServer(handler)
+        let server = try startServer(handler, polling)
         defer { server.shutDown(grace: .zero) }
         let client = try TestHTTPClient(port: server.port)
 
@@ -93,11 +100,38 @@ struct HTTPServerTests {
         #expect(server.openConnections == 1)
     }
 
+    /// Servers on the event loops share their threads: each loop polls one daemon of each. Every
+    /// server answers with its own routes, and stopping one leaves the others serving.
+    @Test func serversSharingTheEventLoopsAnswerEachWithItsOwnRoutesAndStopAlone() throws {
+        let servers = try (0..<3).map { index in
+            try startServer(TestHandler { _ in .response(TestHandler.text(200, "server \(index)")) }, .eventLoops)
+        }
+        defer { for server in servers { server.shutDown(grace: .zero) } }
+        func ask(_ server: HTTPServer) throws -> String {
+            let client = try TestHTTPClient(port: server.port)
+            try client.send("GET /who HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            return try client.readResponse().text
+        }
+        // Several connections each, so that more than one of each server's daemons accepts.
+        for _ in 0..<8 {
+            #expect(try servers.map(ask) == ["server 0", "server 1", "server 2"])
+        }
+
+        servers[1].shutDown(grace: .zero)
+
+        #expect(TestHTTPClient.isRefused(port: servers[1].port))
+        for _ in 0..<8 {
+            #expect(try ask(servers[0]) == "server 0")
+            #expect(try ask(servers[2]) == "server 2")
+        }
+    }
+
     // MARK: - Deferred answers
 
-    @Test func deferredAnswerResumesTheConnectionAndIsSent() async throws {
+    @Test(arguments: Polling.allCases) func deferredAnswerResumesTheConnectionAndIsSent(_ polling: Polling) async throws
+    {
         let handler = TestHandler.deferring()
-        let server = try startServer(handler)
+        let server = try startServer(handler, polling)
         defer { server.shutDown(grace: .zero) }
         let client = try TestHTTPClient(port: server.port)
 
@@ -118,9 +152,9 @@ struct HTTPServerTests {
     }
 
     /// A deferring server with one request waiting on it, and the count of that wait's cleanups.
-    private func oneWaiting() async throws -> (TestHandler, HTTPServer, TestHTTPClient, Lock<Int>) {
+    private func oneWaiting(_ polling: Polling) async throws -> (TestHandler, HTTPServer, TestHTTPClient, Lock<Int>) {
         let handler = TestHandler.deferring()
-        let server = try startServer(handler)
+        let server = try startServer(handler, polling)
         let client = try TestHTTPClient(port: server.port)
         try client.send("GET /wait HTTP/1.1\r\nHost: t\r\n\r\n")
         #expect(await eventually { handler.deferred.count == 1 })
@@ -129,8 +163,8 @@ struct HTTPServerTests {
         return (handler, server, client, closed)
     }
 
-    @Test func clientHangingUpWhileDeferredRunsOnClose() async throws {
-        let (handler, server, client, closed) = try await oneWaiting()
+    @Test(arguments: Polling.allCases) func clientHangingUpWhileDeferredRunsOnClose(_ polling: Polling) async throws {
+        let (handler, server, client, closed) = try await oneWaiting(polling)
         defer { server.shutDown(grace: .zero) }
 
         client.close()
@@ -145,8 +179,10 @@ struct HTTPServerTests {
     /// The socket's hang-up watch outlives an answered wait (nothing is undone on the answer's
     /// path), and the next wait on the same kept-alive connection takes it over without a new
     /// registration: its hang-up must reach the second request, not the first, answered one.
-    @Test func aHangUpDuringASecondWaitOnAKeptAliveConnectionRunsItsOnClose() async throws {
-        let (handler, server, client, firstClosed) = try await oneWaiting()
+    @Test(arguments: Polling.allCases) func aHangUpDuringASecondWaitOnAKeptAliveConnectionRunsItsOnClose(
+        _ polling: Polling
+    ) async throws {
+        let (handler, server, client, firstClosed) = try await oneWaiting(polling)
         defer { server.shutDown(grace: .zero) }
         handler.deferred[0].respond(TestHandler.text(200, "first"))
         #expect(try client.readResponse().text == "first")
@@ -164,8 +200,10 @@ struct HTTPServerTests {
 
     /// A client that only half-closes while its request waits still reads an answer: the
     /// handler's `refusal(.clientClosed)`, and the wait's cleanup runs.
-    @Test func aHalfClosedClientWhileDeferredReadsTheHandlersClientClosedAnswer() async throws {
-        let (_, server, client, closed) = try await oneWaiting()
+    @Test(arguments: Polling.allCases) func aHalfClosedClientWhileDeferredReadsTheHandlersClientClosedAnswer(
+        _ polling: Polling
+    ) async throws {
+        let (_, server, client, closed) = try await oneWaiting(polling)
         defer { server.shutDown(grace: .zero) }
 
         client.closeSending()
@@ -177,9 +215,11 @@ struct HTTPServerTests {
 
     // MARK: - Shutting down
 
-    @Test func shutDownAnswersADeferredRequestWithTheHandlersStoppedAnswer() async throws {
+    @Test(arguments: Polling.allCases) func shutDownAnswersADeferredRequestWithTheHandlersStoppedAnswer(
+        _ polling: Polling
+    ) async throws {
         let handler = TestHandler.deferring()
-        let server = try startServer(handler)
+        let server = try startServer(handler, polling)
         let client = try TestHTTPClient(port: server.port)
         try client.send("GET /wait HTTP/1.1\r\nHost: t\r\n\r\n")
         #expect(await eventually { handler.deferred.count == 1 })
@@ -192,9 +232,11 @@ struct HTTPServerTests {
         #expect(await eventually(within: 30) { shutdown.isDone })
     }
 
-    @Test func requestDuringTheDrainGetsTheHandlersStoppingAnswerWhileAnswersInFlightGoOn() async throws {
+    @Test(arguments: Polling.allCases) func requestDuringTheDrainGetsTheHandlersStoppingAnswerWhileAnswersInFlightGoOn(
+        _ polling: Polling
+    ) async throws {
         let handler = TestHandler.deferring("/wait")
-        let server = try startServer(handler)
+        let server = try startServer(handler, polling)
         let waiting = try TestHTTPClient(port: server.port)
         try waiting.send("GET /wait HTTP/1.1\r\nHost: t\r\n\r\n")
         #expect(await eventually { handler.deferred.count == 1 })
@@ -204,7 +246,7 @@ struct HTTPServerTests {
 
         // The grace is long: the drain lasts until the waiting request is answered below.
         let shutdown = BackgroundWork { server.shutDown(grace: .seconds(60)) }
-        #expect(await eventually { !TestHTTPClient.canConnect(port: server.port) }, "new connections are refused")
+        #expect(await eventually { TestHTTPClient.isRefused(port: server.port) }, "new connections are refused")
         try kept.send("GET /late HTTP/1.1\r\nHost: t\r\n\r\n")
         let late = try kept.readResponse()
 
@@ -222,9 +264,11 @@ struct HTTPServerTests {
 
     // MARK: - What the server refuses itself
 
-    @Test func malformedHeadGetsTheHandlersAnswerAndTheConnectionCloses() throws {
+    @Test(arguments: Polling.allCases) func malformedHeadGetsTheHandlersAnswerAndTheConnectionCloses(_ polling: Polling)
+        throws
+    {
         let handler = TestHandler()
-        let server = try startServer(handler)
+        let server = try startServer(handler, polling)
         defer { server.shutDown(grace: .zero) }
         let client = try TestHTTPClient(port: server.port)
 
@@ -246,12 +290,14 @@ struct HTTPServerTests {
 
     // MARK: - The streaming prefix
 
-    @Test func beginSeesTheHeadBeforeTheBodyAndRefuseAnswersWithoutReadingIt() throws {
+    @Test(arguments: Polling.allCases) func beginSeesTheHeadBeforeTheBodyAndRefuseAnswersWithoutReadingIt(
+        _ polling: Polling
+    ) throws {
         let handler = TestHandler(begin: { request in
             request.path == "/up/refuse"
                 ? .refuse(TestHandler.text(413, "refused", headers: [("Connection", "close")])) : .buffer(limit: 4)
         })
-        let server = try startServer(handler) { $0.streamingPrefix = "/up/" }
+        let server = try startServer(handler, polling) { $0.streamingPrefix = "/up/" }
         defer { server.shutDown(grace: .zero) }
         let client = try TestHTTPClient(port: server.port)
 
@@ -269,9 +315,11 @@ struct HTTPServerTests {
         #expect(client.isClosedByServer())
     }
 
-    @Test func bufferLimitFromBeginAppliesUnderThePrefixAndOtherPathsSkipBegin() throws {
+    @Test(arguments: Polling.allCases) func bufferLimitFromBeginAppliesUnderThePrefixAndOtherPathsSkipBegin(
+        _ polling: Polling
+    ) throws {
         let handler = TestHandler(begin: { _ in .buffer(limit: 4) })
-        let server = try startServer(handler) { $0.streamingPrefix = "/up/" }
+        let server = try startServer(handler, polling) { $0.streamingPrefix = "/up/" }
         defer { server.shutDown(grace: .zero) }
         let client = try TestHTTPClient(port: server.port)
 
@@ -292,11 +340,11 @@ struct HTTPServerTests {
 
     // MARK: - Streamed bodies
 
-    @Test func streamedAnswerIsSentAsItsProducerWritesIt() async throws {
+    @Test(arguments: Polling.allCases) func streamedAnswerIsSentAsItsProducerWritesIt(_ polling: Polling) async throws {
         let stream = HTTPResponseStream(onDrained: {})
         let handler = TestHandler { _ in .response(HTTPResponse(status: 200, headers: [], stream: stream, length: nil))
         }
-        let server = try startServer(handler)
+        let server = try startServer(handler, polling)
         defer { server.shutDown(grace: .zero) }
         let client = try TestHTTPClient(port: server.port)
 
@@ -320,11 +368,13 @@ struct HTTPServerTests {
     /// proxied upstream that sent its head, then broke off while the request body was still
     /// coming in) is cut at once: the client gets the head, then the connection's end, rather
     /// than waiting for a body that will never come until libmicrohttpd's connection timeout.
-    @Test func streamedAnswerThatFailedBeforeItsFirstReadIsCutAtOnce() throws {
+    @Test(arguments: Polling.allCases) func streamedAnswerThatFailedBeforeItsFirstReadIsCutAtOnce(_ polling: Polling)
+        throws
+    {
         let stream = HTTPResponseStream(onDrained: {})
         stream.finish(failed: true)
         let handler = TestHandler { _ in .response(HTTPResponse(status: 403, headers: [], stream: stream, length: 20)) }
-        let server = try startServer(handler)
+        let server = try startServer(handler, polling)
         defer { server.shutDown(grace: .zero) }
         let client = try TestHTTPClient(port: server.port, timeoutSeconds: 3)
 
@@ -336,7 +386,9 @@ struct HTTPServerTests {
         #expect(client.isClosedByServer(), "the connection ends instead of staying open without a body")
     }
 
-    @Test func streamedRequestBodyReachesItsConsumerWholeThroughPauses() async throws {
+    @Test(arguments: Polling.allCases) func streamedRequestBodyReachesItsConsumerWholeThroughPauses(_ polling: Polling)
+        async throws
+    {
         // Larger than a stream holds before its producer pauses, so the upload is suspended and resumed.
         let size = 3 * StreamLimits.highWater + 12_345
         let sent = (0..<size).map { UInt8(truncatingIfNeeded: $0 &* 31) }
@@ -347,7 +399,7 @@ struct HTTPServerTests {
                     _ = BackgroundWork { responder.respond(Self.consume(body)) }
                 }
             }, begin: { _ in .stream(HTTPRequestBodyStream(limit: 4 * 1024 * 1024)) })
-        let server = try startServer(handler) { $0.streamingPrefix = "/up/" }
+        let server = try startServer(handler, polling) { $0.streamingPrefix = "/up/" }
         defer { server.shutDown(grace: .zero) }
         let client = try TestHTTPClient(port: server.port)
 
@@ -384,7 +436,9 @@ struct HTTPServerTests {
 
     // MARK: - Response headers
 
-    @Test func responseHeadersWithABadNameOrAControlCharacterAreDroppedAndCounted() throws {
+    @Test(arguments: Polling.allCases) func responseHeadersWithABadNameOrAControlCharacterAreDroppedAndCounted(
+        _ polling: Polling
+    ) throws {
         let before = HTTPResponse.droppedHeaders
         let answer = HTTPResponse(
             status: 200, body: Array("ok".utf8),
@@ -396,7 +450,7 @@ struct HTTPServerTests {
         #expect(HTTPResponse.droppedHeaders - before >= 4)
         #expect(answer.headers.count == 7, "the headers stay readable as given")
         let handler = TestHandler { _ in .response(answer) }
-        let server = try startServer(handler)
+        let server = try startServer(handler, polling)
         defer { server.shutDown(grace: .zero) }
         let client = try TestHTTPClient(port: server.port)
 

@@ -10,6 +10,13 @@ final class TestHTTPClient {
         let description: String
     }
 
+    /// A connection that could not be made, with `connect`'s errno.
+    struct ConnectFailure: Error, CustomStringConvertible {
+        let code: Int32
+        let port: UInt16
+        var description: String { "connect to 127.0.0.1:\(port) failed: errno \(code)" }
+    }
+
     /// One response as read off the wire.
     struct Response {
         let status: Int
@@ -38,10 +45,17 @@ final class TestHTTPClient {
     deinit { close() }
 
     /// Whether a new connection to 127.0.0.1 on `port` is accepted now.
-    static func canConnect(port: UInt16) -> Bool {
-        guard let fd = try? connected(port: port, timeoutSeconds: 1) else { return false }
-        Glibc.close(fd)
-        return true
+    /// Whether the kernel refuses a connection to the port (`ECONNREFUSED`): nothing listens
+    /// there. A full backlog or a timeout is not a refusal.
+    static func isRefused(port: UInt16) -> Bool {
+        do {
+            Glibc.close(try connected(port: port, timeoutSeconds: 1))
+            return false
+        } catch let failure as ConnectFailure {
+            return failure.code == ECONNREFUSED
+        } catch {
+            return false
+        }
     }
 
     private static func connected(port: UInt16, timeoutSeconds: Int) throws -> Int32 {
@@ -62,7 +76,7 @@ final class TestHTTPClient {
         guard result == 0 else {
             let code = errno
             Glibc.close(fd)
-            throw Failure(description: "connect to 127.0.0.1:\(port) failed: errno \(code)")
+            throw ConnectFailure(code: code, port: port)
         }
         return fd
     }
