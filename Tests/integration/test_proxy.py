@@ -1,19 +1,22 @@
 """Proxy mode against a real resource server that verifies the broker's tokens with PyJWT."""
 import asyncio
+import functools
 import hashlib
 import http.client
+import http.server
 import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
 import pytest
 
 from broker import GUARD, Broker
-from test_hardening import parse, raw
+from test_hardening import UnixConnection, parse, raw
 from test_http_api import wait_until
 
 HERE = os.path.dirname(__file__)
@@ -88,6 +91,48 @@ def test_requests_are_forwarded_with_a_verified_token_and_answers_come_back(brok
     assert seen["body_length"] == 1000 and seen["body_sha256"] == hashlib.sha256(body).hexdigest()
     assert headers["x-upstream"] == "yes" and "x-hop" not in headers
     assert broker.metric("token_broker_proxy_requests_total", proxy="api", code="200") == 1
+
+
+@pytest.mark.parametrize("family", ["ipv6", "unix"])
+def test_a_token_listener_on_ipv6_or_a_unix_socket_proxies_and_stops_cleanly(resource, tmp_path, family):
+    # With proxies, the token listener runs on the proxy's loops, each with a copy of its socket.
+    socket_path = str(tmp_path / "token.sock")
+    config = {"proxies": [{"name": "api", "target": resource.base + "/api"}], "providers": [{"name": "default"}]}
+    with Broker(config, listen="[::1]:0" if family == "ipv6" else "unix:" + socket_path) as broker:
+
+        def get(path):
+            connection = UnixConnection(socket_path) if family == "unix" else broker.connection()
+            try:
+                connection.request("GET", path, headers=GUARD)
+                response = connection.getresponse()
+                return response.status, response.read()
+            finally:
+                connection.close()
+
+        # The resource server reads the broker's keys from a plain HTTP server on loopback (it
+        # cannot reach a Unix socket).
+        status, jwks = get("/.well-known/jwks.json")
+        assert status == 200, jwks
+        (tmp_path / "jwks.json").write_bytes(jwks)
+        files = http.server.ThreadingHTTPServer(
+            ("127.0.0.1", 0), functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path)))
+        threading.Thread(target=files.serve_forever, daemon=True).start()
+        try:
+            resource.admin("/admin/reset", {})
+            resource.admin("/admin/config", {"jwks": f"http://127.0.0.1:{files.server_port}/jwks.json",
+                                             "cookie": None, "header": None})
+            # Several connections, so that more than one loop's daemon accepts.
+            for index in range(8):
+                status, payload = get(f"/proxy/api/echo/{index}")
+                assert status == 200, payload
+                assert json.loads(payload)["target"] == f"/api/echo/{index}"
+        finally:
+            files.shutdown()
+            files.server_close()
+        assert broker.stop() == 0
+        assert "stopped" in broker.stderr()
+    if family == "unix":
+        assert not os.path.exists(socket_path), "the socket file is removed at stop"
 
 
 def test_methods_without_bodies_and_head_pass_through(broker):
