@@ -35,7 +35,7 @@ public final class UpstreamHTTPClient: Sendable {
             startFailure = "libcurl could not initialise: \(String(cString: curl_easy_strerror(code)))"
             return
         }
-        let count = min(max(Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))), 1), 8)
+        let count = Self.loopCount
         var loops: [CurlLoop] = []
         var problem = ""
         for _ in 0..<count {
@@ -50,6 +50,9 @@ public final class UpstreamHTTPClient: Sendable {
         startFailure = first.start()
         if startFailure == nil { running.store(1, ordering: .releasing) }
     }
+
+    /// How many loops there are: one per processor, at most eight. Reading it starts nothing.
+    public static let loopCount = min(max(Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))), 1), 8)
 
     /// Starts the loops beyond the first, for proxied traffic; returns why one could not start
     /// (the ones started keep running), or nil. Safe to call more than once.

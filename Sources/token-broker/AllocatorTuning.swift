@@ -1,5 +1,6 @@
 internal import CSystem
 import Glibc
+import TokenBrokerUpstream
 
 /// How the C allocator is set up for a server whose memory comes in bursts of waiters.
 enum AllocatorTuning {
@@ -14,12 +15,15 @@ enum AllocatorTuning {
     /// with one +1 %. The token routes allocate almost nothing, so one arena costs them no
     /// measurable throughput (same `make bench`).
     ///
-    /// Proxied requests do allocate, on a server thread and on a libcurl loop's, and free on the
-    /// other; with one arena the threads wait for its lock. glibc's default gave proxy mode 1.18
-    /// times the req/s (BENCHMARKS.md, issue 19, third session), which is why an operator may
-    /// want `MALLOC_ARENA_MAX=8` for a broker that mostly proxies (README, Operating it).
+    /// Proxied requests do allocate. With proxies configured, the token listener runs on the
+    /// libcurl loops, and a proxied request is allocated and freed on its loop's thread; with one
+    /// arena the loops wait for its lock. So such a broker gets one arena per loop besides the
+    /// first (`forConfiguration`): 1.13 times the req/s and 0.71 times the p99 on proxied small
+    /// GETs with two loops (BENCHMARKS.md, issue 19, 2026-12-03).
     ///
-    /// - Important: call it first thing in `main`, before any thread starts.
+    /// - Important: glibc fixes its arena limit when a thread other than the main one first
+    ///   allocates: call it before any thread starts (first thing in `main`, and again in
+    ///   `Broker.run` before anything starts a thread).
     static func limitArenas(_ arenas: Int32) {
         if getenv("MALLOC_ARENA_MAX") != nil { return }
         if let tunables = getenv("GLIBC_TUNABLES"),
@@ -28,5 +32,10 @@ enum AllocatorTuning {
             return
         }
         _ = mallopt(M_ARENA_MAX, arenas)
+    }
+
+    /// The arenas for a broker with or without proxies: one, or one more per libcurl loop.
+    static func arenas(proxying: Bool) -> Int32 {
+        proxying ? Int32(1 + UpstreamHTTPClient.loopCount) : 1
     }
 }

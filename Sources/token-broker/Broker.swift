@@ -114,6 +114,8 @@ enum Broker {
     /// Starts the broker and serves until SIGTERM or SIGINT, reloading `path` at each SIGHUP;
     /// returns the exit status (0 stopped, 1 cannot start, 2 bad configuration).
     static func run(_ configuration: BrokerConfiguration, path: String?) -> Int32 {
+        // Before any thread starts (see `AllocatorTuning`).
+        AllocatorTuning.limitArenas(AllocatorTuning.arenas(proxying: !configuration.proxies.isEmpty))
         Log.use(configuration.logFormat)
         // Before the sources read the files: what a reload compares (`BrokerReload.swift`).
         let digests = configuration.providers.map(secretDigests)

@@ -11,7 +11,7 @@
 //   ReloadCommand.swift    `token-broker reload`, which asks the admin listener's POST /reload
 //   ProcessLimits.swift    the open-file limit, and the start-up check of secret files' modes
 //   Environment.swift      the environment variables, read from environ
-//   AllocatorTuning.swift  glibc's malloc kept to one arena unless the environment says otherwise, before any thread starts
+//   AllocatorTuning.swift  glibc's malloc arenas: one, or one per libcurl loop more with proxies; before any thread starts
 import Glibc
 
 // Block the stop signals first, so every thread started later inherits the mask and only

@@ -18,6 +18,8 @@ RELEASE_BUILD_ONLY = {
         "checks retry gaps and counters against the issuer's clock at release-build speed",
     "test_malloc_keeps_to_one_arena_unless_the_environment_sets_glibcs_limit":
         "counts glibc's malloc arenas, and the sanitizers bring an allocator of their own",
+    "test_with_proxies_each_libcurl_loop_gets_an_arena_of_its_own":
+        "counts glibc's malloc arenas, and the sanitizers bring an allocator of their own",
 }
 
 

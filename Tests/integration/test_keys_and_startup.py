@@ -3,7 +3,9 @@
 Keys are made by the `openssl` command line and tokens verified by PyJWT, not by the broker's code.
 """
 import base64
+import functools
 import hashlib
+import http.server
 import json
 import os
 import pty
@@ -11,6 +13,7 @@ import select
 import signal
 import socket
 import subprocess
+import threading
 import time
 
 import jwt
@@ -310,3 +313,23 @@ def test_malloc_keeps_to_one_arena_unless_the_environment_sets_glibcs_limit(envi
         assert heaps == 0, f"{heaps} arenas beside the main one"
     else:
         assert heaps >= 1, "every thread allocated from the main arena"
+
+
+def test_with_proxies_each_libcurl_loop_gets_an_arena_of_its_own(tmp_path):
+    """With proxies, the token listener runs on the libcurl loops (one per processor, at most
+    eight), each allocating and freeing its own requests: one arena each besides the main one."""
+    (tmp_path / "x").write_text("upstream")
+    files = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path)))
+    threading.Thread(target=files.serve_forever, daemon=True).start()
+    config = {"proxies": [{"name": "files", "target": f"http://127.0.0.1:{files.server_port}"}]}
+    try:
+        with Broker(config) as broker:
+            for _ in range(40):  # new connections each, so that every loop's daemon takes some
+                status, _, body = broker.request("GET", "/proxy/files/x")
+                assert status == 200 and body == b"upstream"
+            heaps = glibc_arena_heaps(broker.process.pid)
+    finally:
+        files.shutdown()
+        files.server_close()
+    assert 1 <= heaps <= min(os.cpu_count(), 8), f"{heaps} arenas beside the main one"
