@@ -276,15 +276,21 @@ def long_poll_burst(broker, count, client, mode):
             "read_p99_ms": p99(r for _, _, _, r in answers), "arrived_ms": arrived}
 
 
-def long_poll(waiters, bursts, client, floors):
+def long_poll(waiters, bursts, client, floors, proxied=False):
     """Bursts of `waiters` long-polls on one broker, first with keep-alive clients, then with
     clients that send `Connection: close`, sampling RSS throughout. After each burst every floor
     in `floors` (name: a function of the mode giving its command line) answers the same number
-    of held requests for the same client: broker, floors, broker, floors, ..."""
+    of held requests for the same client: broker, floors, broker, floors, ...
+
+    `proxied`: the broker has a proxy configured (never called), so that its token listener
+    runs on the libcurl loops, as in a broker that both proxies and serves long-polls."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, waiters * 2 + 1000), hard))
     # Each burst forces one refresh; the refresh window (5 per 30 s) would refuse a sixth.
-    broker = Broker({"connectionLimit": waiters + 2000, "providers": [{"forcedRefreshMaxAttempts": 100}]})
+    config = {"connectionLimit": waiters + 2000, "providers": [{"forcedRefreshMaxAttempts": 100}]}
+    if proxied:
+        config["proxies"] = [{"name": "unused", "target": "http://127.0.0.1:9"}]
+    broker = Broker(config)
     samples = []
     stop = threading.Event()
 
@@ -1012,6 +1018,8 @@ def main():
     parser.add_argument("--proxy-case", dest="proxy_cases", action="append", choices=list(PROXY_CASES),
                         help="with --only proxy: measure only this case (repeatable)")
     parser.add_argument("--proxy-baseline", help="with --only proxy: an earlier broker binary, measured in the same rotation")
+    parser.add_argument("--longpoll-proxied", action="store_true",
+                        help="with --only longpoll: the broker has a proxy configured, so its token listener runs on the libcurl loops")
     parser.add_argument("--only", choices=["cached", "longpoll", "templates", "compat", "store", "proxy"], help="run one benchmark and print its JSON (for profiling work)")
     options = parser.parse_args()
     if options.only == "cached":
@@ -1037,7 +1045,8 @@ def main():
         "bare": lambda mode: [options.release_all, str(options.waiters), mode],
     }
     if options.only == "longpoll":
-        result = without_arrivals(long_poll(options.waiters, options.bursts, options.longpoll_client, floors))
+        result = without_arrivals(long_poll(options.waiters, options.bursts, options.longpoll_client, floors,
+                                            proxied=options.longpoll_proxied))
         result.pop("samples")
         print(json.dumps(result, indent=1))
         return
