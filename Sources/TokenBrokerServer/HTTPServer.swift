@@ -107,16 +107,16 @@ public final class HTTPServer: @unchecked Sendable {
     }
 
     /// Starts one daemon in external mode per event loop, each with a duplicate of the listening
-    /// socket (the kernel gives each new connection to one of them) and its share of the
-    /// connection limit, and attaches it to its loop. Returns why it could not, having stopped
-    /// the ones it started, or nil.
+    /// socket (the loops all poll it, and whichever accepts first takes a new connection) and its
+    /// share of the connection limit, and attaches it to its loop. Returns why it could not,
+    /// having stopped and forgotten the ones it started, or nil.
     private func startOnLoops(flags: UInt32, options: [MHD_OptionItem], context: UnsafeMutableRawPointer) -> String? {
         let hosts = configuration.eventLoops
         let share = max(1, (configuration.connectionLimit + hosts.count - 1) / hosts.count)
         for host in hosts {
             let fd = dup(listenSocket)
             guard fd >= 0 else {
-                stopLoopDaemons()
+                abandonLoopDaemons()
                 return "cannot share the listening socket: \(String(cString: strerror(errno)))"
             }
             var own = options.map { item in
@@ -132,13 +132,13 @@ public final class HTTPServer: @unchecked Sendable {
             }
             guard let handle = started else {
                 close(fd)
-                stopLoopDaemons()
+                abandonLoopDaemons()
                 return "libmicrohttpd could not start its daemon"
             }
             let epoll = CMicroHTTPD_daemon_epoll_fd(handle)
             guard epoll >= 0 else {
                 MHD_stop_daemon(handle)
-                stopLoopDaemons()
+                abandonLoopDaemons()
                 return "libmicrohttpd gave no epoll descriptor"
             }
             let source = EventLoopSource(
@@ -159,6 +159,12 @@ public final class HTTPServer: @unchecked Sendable {
                 MHD_stop_daemon(daemon.handle)
             }
         }
+    }
+
+    /// Stops the daemons started so far when the server cannot start: no other thread knows them.
+    private func abandonLoopDaemons() {
+        stopLoopDaemons()
+        loopDaemons = []
     }
 
     /// A daemon an event loop runs. Unchecked: its handle is used on that loop's thread, but for
@@ -222,7 +228,8 @@ public final class HTTPServer: @unchecked Sendable {
     /// with `finalAnswer` (by default the handler's `refusal(.stopped)`) near the end of the grace;
     /// the broker answers its long-polls before calling this, through its providers.
     public func shutDown(finalAnswer: HTTPResponse? = nil, grace: Duration) {
-        guard !stopped else { return }
+        // Once, and only for a server that started (`deinit` calls it after a failed `init` too).
+        guard !stopped, daemon != nil || !loopDaemons.isEmpty else { return }
         stopped = true
         let finalAnswer = finalAnswer ?? handler.refusal(.stopped)
         draining.store(true, ordering: .relaxed)
