@@ -52,6 +52,8 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
     /// The sources polled besides libcurl's sockets, each with when it must run at the latest
     /// and whether it is due this turn.
     private var sources: [(source: EventLoopSource, deadline: Int64, due: Bool)] = []
+    /// Set while the sources' work runs; a turn always follows.
+    private var runningSources = false
     /// Streamed transfers whose head came in this turn and waits for its end.
     fileprivate var heldHeads: [Transfer] = []
     /// Easy handles of transfers that ended cleanly, reset for the next ones (`release`).
@@ -110,8 +112,9 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
             items.append(item)
             return items.count == 1
         }
-        // On the loop's own thread (a source's work) the turn that follows takes it: no wake-up.
-        if wasEmpty, !isCurrent { curl_multi_wakeup(multi) }
+        // Queued by a source's work, on the loop's own thread: the turn that follows it takes
+        // the item, so no wake-up (`isCurrent` first: the flag is the loop thread's alone).
+        if wasEmpty, !(isCurrent && runningSources) { curl_multi_wakeup(multi) }
     }
 
     private var isCurrent: Bool { pthread_equal(pthread_self(), thread) != 0 }
@@ -172,6 +175,8 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
     /// Runs the sources whose descriptor was ready, whose timeout ended or that are pending;
     /// true when one ran (its work may have queued transfers for this loop).
     private func runDueSources() -> Bool {
+        runningSources = true
+        defer { runningSources = false }
         var ran = false
         // A source's work cannot attach or detach one (that is a task, run in `turn`).
         for index in sources.indices where sources[index].due || sources[index].source.isPending {
