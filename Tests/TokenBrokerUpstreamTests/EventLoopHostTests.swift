@@ -29,15 +29,17 @@ import TokenBrokerUpstream
         }
 
         func source(on host: any EventLoopHost) -> EventLoopSource {
-            EventLoopSource(descriptor: readEnd, host: host, timeoutMilliseconds: { 1000 }) { [self] in
-                runs.add(1, ordering: .relaxed)
-                threads.withLock { _ = $0.insert(UInt(pthread_self())) }
-                var buffer = [UInt8](repeating: 0, count: 64)
-                while true {
-                    let count = read(readEnd, &buffer, buffer.count)
-                    guard count > 0 else { break }
-                    bytesRead.add(count, ordering: .relaxed)
-                }
+            EventLoopSource(descriptor: readEnd, host: host, timeoutMilliseconds: { 1000 }, run: drain)
+        }
+
+        private func drain() {
+            runs.add(1, ordering: .relaxed)
+            threads.withLock { _ = $0.insert(UInt(pthread_self())) }
+            var buffer = [UInt8](repeating: 0, count: 64)
+            while true {
+                let count = read(readEnd, &buffer, buffer.count)
+                guard count > 0 else { break }
+                bytesRead.add(count, ordering: .relaxed)
             }
         }
 
