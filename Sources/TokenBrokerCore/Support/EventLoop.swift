@@ -20,6 +20,10 @@ public protocol EventLoopHost: AnyObject, Sendable {
 /// One source of events on an `EventLoopHost`: a descriptor the loop polls for reading, and the
 /// work it runs on the loop's thread when the descriptor is readable, when the source's own
 /// timeout ends, or after another thread called `markPending`.
+///
+/// - Important: the work must never block: the loop's other work (libcurl's transfers, other
+///   sources) waits while it runs. A libmicrohttpd daemon's `MHD_run` in external mode polls
+///   with a zero timeout.
 // Unchecked: the closures are run on the host's thread alone; `pending` is atomic.
 public final class EventLoopSource: @unchecked Sendable {
     public let descriptor: Int32
