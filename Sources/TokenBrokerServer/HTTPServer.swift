@@ -15,8 +15,8 @@ import TokenBrokerCore
 /// - Important: call `shutDown` before releasing the server; it answers every suspended
 ///   connection first, since libmicrohttpd must not be stopped with connections suspended.
 public final class HTTPServer: @unchecked Sendable {
-    // @unchecked: `daemon`, `loopDaemons` and `listenSocket` change only in `init` and `shutDown`,
-    // never on libmicrohttpd's threads; `loopDaemons` only in `init`.
+    // @unchecked: `daemon`, `loopDaemons`, `stopped` and `listenSocket` change only in `init` and
+    // `shutDown`, never on libmicrohttpd's threads; `loopDaemons` only in `init`.
 
     public let configuration: Configuration
     /// The port actually bound (the configured one, or the one picked for port 0).

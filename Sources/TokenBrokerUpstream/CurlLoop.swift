@@ -43,7 +43,7 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
     private let commands = Lock<[(UpstreamExchange, Command)]>([])
     /// Work other threads run on this one (`runOnLoop`): attaching and detaching sources.
     private let tasks = Lock<[@Sendable () -> Void]>([])
-    private(set) var thread = pthread_t()
+    private var thread = pthread_t()
     private let started = Atomic<Bool>(false)
 
     // The loop thread's own state.
@@ -117,7 +117,8 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
         if wasEmpty, !(isCurrent && runningSources) { curl_multi_wakeup(multi) }
     }
 
-    private var isCurrent: Bool { pthread_equal(pthread_self(), thread) != 0 }
+    /// Whether the calling thread is this loop's.
+    var isCurrent: Bool { pthread_equal(pthread_self(), thread) != 0 }
 
     // MARK: - EventLoopHost
 

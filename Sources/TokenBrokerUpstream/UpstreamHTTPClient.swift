@@ -11,9 +11,9 @@ import TokenBrokerCore
 /// simply `await`. Issuers' requests share the first loop. Proxy exchanges are spread over one
 /// loop per processor (at most eight) once `startProxyLoops` has run, so that proxied traffic is
 /// not held to one thread; the token listener then runs on those loops too, so that a proxied
-/// request and its exchange share a thread. TLS verification is always on, redirects are never followed, only
-/// http and https are spoken, bodies are capped, and `HTTPS_PROXY` / `NO_PROXY` are honoured as
-/// libcurl reads them from the environment. It knows nothing of tokens: a failure is an
+/// request and its exchange share a thread. TLS verification is always on, redirects are never
+/// followed, only http and https are spoken, bodies are capped, and `HTTPS_PROXY` / `NO_PROXY`
+/// are honoured as libcurl reads them from the environment. It knows nothing of tokens: a failure is an
 /// `UpstreamError`.
 public final class UpstreamHTTPClient: Sendable {
     public static let shared = UpstreamHTTPClient()
@@ -78,8 +78,7 @@ public final class UpstreamHTTPClient: Sendable {
     func nextLoop() -> CurlLoop? {
         let count = running.load(ordering: .acquiring)
         guard count > 0 else { return nil }
-        let me = pthread_self()
-        for loop in loops[..<count] where pthread_equal(loop.thread, me) != 0 { return loop }
+        for loop in loops[..<count] where loop.isCurrent { return loop }
         return loops[turn.add(1, ordering: .relaxed).newValue % count]
     }
 

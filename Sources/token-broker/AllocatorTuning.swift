@@ -18,7 +18,7 @@ enum AllocatorTuning {
     /// Proxied requests do allocate. With proxies configured, the token listener runs on the
     /// libcurl loops, and a proxied request is allocated and freed on its loop's thread; with one
     /// arena the loops wait for its lock. So such a broker gets one arena per loop besides the
-    /// first (`forConfiguration`): 1.13 times the req/s and 0.71 times the p99 on proxied small
+    /// first (`arenas(proxying:)`): 1.13 times the req/s and 0.71 times the p99 on proxied small
     /// GETs with two loops (BENCHMARKS.md, issue 19, 2026-12-03).
     ///
     /// - Important: glibc fixes its arena limit when a thread other than the main one first
