@@ -131,13 +131,58 @@ def wait_for_port(port, timeout=10):
     raise RuntimeError(f"nothing listens on {port}")
 
 
-def cpu_seconds(pids):
+def cpu_seconds(pids, kernel_only=False):
+    """CPU time of `pids`, user and kernel (or the kernel's part alone)."""
     total = 0
     for pid in pids:
         with open(f"/proc/{pid}/stat") as handle:
             fields = handle.read().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])  # utime, stime
+        total += (0 if kernel_only else int(fields[11])) + int(fields[12])  # utime, stime
     return total / TICKS
+
+
+def machine_busy_seconds():
+    """CPU time the whole machine spent not idle, every core summed (`/proc/stat`): what the
+    load generator, the upstream, the proxy and the kernel's network work (softirq, wherever it
+    is charged) cost together."""
+    with open("/proc/stat") as handle:
+        fields = [int(value) for value in handle.readline().split()[1:]]
+    idle, iowait = fields[3], fields[4]
+    return (sum(fields[:8]) - idle - iowait) / TICKS
+
+
+def children_cpu_seconds():
+    """CPU time of the child processes waited for so far: measured around `wrk`, its own."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+class CPUSplit:
+    """Where the machine's CPU time went while wrk ran, per request: the server measured
+    (`cpu_us_per_request`, and its part in the kernel), the upstream behind it, wrk (`load_…`),
+    and the whole machine (`machine_…`); the rest of the machine's is work charged to no process
+    of these, and noise. Also how many cores were busy on average (`busy_cores`, of
+    `os.cpu_count()`): when the machine is saturated, req/s is the busy cores' time divided by
+    the machine's CPU per request. Start it just before wrk, and read it just after."""
+
+    def __init__(self, server_pids, upstream_pids=()):
+        self.server_pids, self.upstream_pids = list(server_pids), list(upstream_pids)
+        self.start = self.read()
+        self.started = time.monotonic()
+
+    def read(self):
+        return (cpu_seconds(self.server_pids), cpu_seconds(self.server_pids, kernel_only=True),
+                cpu_seconds(self.upstream_pids), children_cpu_seconds(), machine_busy_seconds())
+
+    def per_request(self, requests):
+        spent = [end - start for end, start in zip(self.read(), self.start)]
+        keys = ["cpu_us_per_request", "kernel_cpu_us_per_request", "upstream_cpu_us_per_request",
+                "load_cpu_us_per_request", "machine_cpu_us_per_request"]
+        split = {key: value * 1e6 / max(requests, 1) for key, value in zip(keys, spent)}
+        if not self.upstream_pids:
+            del split["upstream_cpu_us_per_request"]
+        split["busy_cores"] = spent[-1] / (time.monotonic() - self.started)
+        return split
 
 
 def rss_mib(pid):
@@ -532,9 +577,9 @@ def compat_answers(rounds, seconds, c_binary=None):
         for _ in range(rounds):
             for name, (path, headers) in routes.items():
                 for server_name, server in servers.items():
-                    before = cpu_seconds([server.pid])
+                    split = CPUSplit([server.pid])
                     run = wrk(server.token, seconds, path, headers)
-                    run["cpu_us_per_request"] = (cpu_seconds([server.pid]) - before) * 1e6 / max(run["requests"], 1)
+                    run.update(split.per_request(run["requests"]))
                     results[server_name][name].append(run)
                     time.sleep(1)
     finally:
@@ -615,6 +660,8 @@ http {{
         wait_for_port(port)
         wait_for_port(status)
 
+    pids = Nginx.pids
+
     def accepted(self):
         """Connections the upstream accepted so far, on both ports (the caller subtracts its own)."""
         _, body = request(self.status_address, "GET", "/status")
@@ -674,6 +721,15 @@ class ProxyFloor(Server):
         self.process = subprocess.Popen([binary, str(port), upstream.address, token_file], stdout=subprocess.DEVNULL)
         self.token = f"127.0.0.1:{port}"
         wait_for_port(port)
+
+
+def proxy_budget(run, nginx, target=0.8):
+    """The proxy's CPU per request at which `run` would have made `target` times nginx's req/s
+    in the same round, with everything else in its run as it was: the machine's busy cores,
+    and what the upstream, wrk and the rest cost per request. On a saturated machine req/s is
+    the busy cores' time divided by the machine's CPU per request."""
+    machine = run["busy_cores"] * 1e6 / (target * nginx["rps"])
+    return machine - (run["machine_cpu_us_per_request"] - run["cpu_us_per_request"])
 
 
 def threads(pid):
@@ -740,10 +796,10 @@ def proxy_mode(rounds, seconds, cases=None, baseline=None, floor=PROXY_FLOOR):
                     if watcher:
                         watcher.start()
                     accepted = upstream.accepted()
-                    before = cpu_seconds(pids())
+                    split = CPUSplit(pids(), upstream.pids())
                     run = wrk(server.token, seconds, "/proxy/u" + path, (GUARD,),
                               connections=connections, script=script if method else None)
-                    run["cpu_us_per_request"] = (cpu_seconds(pids()) - before) * 1e6 / max(run["requests"], 1)
+                    run.update(split.per_request(run["requests"]))
                     run["upstream_connections"] = upstream.accepted() - accepted - 1  # less the status query
                     done.set()
                     if watcher:
@@ -760,7 +816,9 @@ def proxy_mode(rounds, seconds, cases=None, baseline=None, floor=PROXY_FLOOR):
         summary[case] = medians(runs)
         rps = per_round(runs["token-broker"], runs["nginx"])
         p99 = per_round(runs["token-broker"], runs["nginx"], "p99_ms")
-        ratios[case] = {"rps_per_round": rps, "rps": statistics.median(rps), "p99_per_round": p99, "p99": statistics.median(p99)}
+        budget = [proxy_budget(run, reference) for run, reference in zip(runs["token-broker"], runs["nginx"])]
+        ratios[case] = {"rps_per_round": rps, "rps": statistics.median(rps), "p99_per_round": p99, "p99": statistics.median(p99),
+                        "budget_us_per_round": budget, "budget_us": statistics.median(budget)}
         if baseline:
             gain = per_round(runs["token-broker"], runs["token-broker (baseline)"])
             ratios[case]["rps_vs_baseline_per_round"] = gain
@@ -768,8 +826,10 @@ def proxy_mode(rounds, seconds, cases=None, baseline=None, floor=PROXY_FLOOR):
         if "C floor" in runs:
             bare = per_round(runs["C floor"], runs["nginx"])
             bare_p99 = per_round(runs["C floor"], runs["nginx"], "p99_ms")
+            bare_budget = [proxy_budget(run, reference) for run, reference in zip(runs["C floor"], runs["nginx"])]
             ratios[case].update({"floor_rps_per_round": bare, "floor_rps": statistics.median(bare),
-                                 "floor_p99_per_round": bare_p99, "floor_p99": statistics.median(bare_p99)})
+                                 "floor_p99_per_round": bare_p99, "floor_p99": statistics.median(bare_p99),
+                                 "floor_budget_us": statistics.median(bare_budget)})
     return {"rounds": results, "median": summary, "ratios": ratios, "nginx_config": nginx.config}
 
 
@@ -968,13 +1028,13 @@ def markdown(results):
     co_answers = results.get("compat")
     if co_answers:
         for name, m in co_answers["median"].items():
-            lines.append(f"| compatibility, {name} | cached req/s; p50 / p99; CPU per request | {m['rps']:,.0f}; {m['p50_ms']:.2f} / {m['p99_ms']:.2f} ms; {m['cpu_us_per_request']:.1f} µs | | |")
+            lines.append(f"| compatibility, {name} | cached req/s; p50 / p99; CPU per request: the broker, wrk; the whole machine, and its cores busy | {m['rps']:,.0f}; {m['p50_ms']:.2f} / {m['p99_ms']:.2f} ms; {m['cpu_us_per_request']:.1f}, {m['load_cpu_us_per_request']:.1f}; {m['machine_cpu_us_per_request']:.1f} µs, {m['busy_cores']:.2f} | | |")
         for name, ratio in co_answers["rps_ratio"].items():
             lines.append(f"| compatibility, {name} | ÷ /token req/s, same broker (median of rounds; each round) | {ratio['median']:.2f} ({', '.join(f'{v:.2f}' for v in ratio['per_round'])}) | as fast | |")
             if "floor_median" in ratio:
                 lines.append(f"| compatibility, {name} | the C server's own ratio for the same two requests (median; each round) | {ratio['floor_median']:.2f} ({', '.join(f'{v:.2f}' for v in ratio['floor_per_round'])}) | | |")
         for name, m in co_answers.get("floor_median", {}).items():
-            lines.append(f"| compatibility, C server, {name}'s request | req/s; CPU per request | {m['rps']:,.0f}; {m['cpu_us_per_request']:.1f} µs | | |")
+            lines.append(f"| compatibility, C server, {name}'s request | req/s; CPU per request: the server, wrk; the whole machine, and its cores busy | {m['rps']:,.0f}; {m['cpu_us_per_request']:.1f}, {m['load_cpu_us_per_request']:.1f}; {m['machine_cpu_us_per_request']:.1f} µs, {m['busy_cores']:.2f} | | |")
     st = results.get("token_store")
     if st:
         for name, m in st["median"].items():
@@ -989,11 +1049,14 @@ def markdown(results):
             for name, m in servers.items():
                 threads = f"; {m['peak_threads']:.0f} threads at most" if "peak_threads" in m else ""
                 lines.append(f"| proxy, {case}, {name} | req/s; p50 / p99; CPU per request; upstream connections opened{threads} | {m['rps']:,.0f}; {m['p50_ms']:.2f} / {m['p99_ms']:.2f} ms; {m['cpu_us_per_request']:.1f} µs; {m['upstream_connections']:.0f} | | |")
+                lines.append(f"| proxy, {case}, {name} | CPU per request: the proxy (in the kernel), the upstream, wrk; the whole machine, and its cores busy | {m['cpu_us_per_request']:.1f} ({m['kernel_cpu_us_per_request']:.1f}), {m['upstream_cpu_us_per_request']:.1f}, {m['load_cpu_us_per_request']:.1f}; {m['machine_cpu_us_per_request']:.1f} µs, {m['busy_cores']:.2f} | | |")
             r = px["ratios"][case]
             lines.append(f"| proxy, {case} | token-broker ÷ nginx req/s (median of rounds; each round) | {r['rps']:.2f} ({', '.join(f'{v:.2f}' for v in r['rps_per_round'])}) | ≥ 0.8 | {'yes' if r['rps'] >= 0.8 else 'no'} |")
             lines.append(f"| proxy, {case} | token-broker ÷ nginx p99 (median of rounds) | {r['p99']:.2f} | ≤ 1.5 | {'yes' if r['p99'] <= 1.5 else 'no'} |")
+            lines.append(f"| proxy, {case} | the proxy's CPU per request at which the broker's rounds would have made 0.8 × nginx (median of rounds; each round) | {r['budget_us']:.1f} µs ({', '.join(f'{v:.1f}' for v in r['budget_us_per_round'])}) | | |")
             if "floor_rps" in r:
                 lines.append(f"| proxy, {case} | C floor ÷ nginx req/s (median of rounds; each round); p99 ratio | {r['floor_rps']:.2f} ({', '.join(f'{v:.2f}' for v in r['floor_rps_per_round'])}); {r['floor_p99']:.2f} | | |")
+                lines.append(f"| proxy, {case} | the C floor's CPU per request at which its rounds would have made 0.8 × nginx (median of rounds) | {r['floor_budget_us']:.1f} µs | | |")
     h = ma["healthy"]
     lines.append(f"| manners, healthy issuer | fetches in {h['seconds']} s with 30 s tokens (rule: {h['expected'][0]}–{h['expected'][1]}) | {h['upstream_fetches']} | rule ± 1 | {'yes' if h['within_rule'] else 'no'} |")
     f = ma["failing"]
