@@ -4,7 +4,7 @@ repeatable on a shared, noisy machine where req/s move by 15 % between runs.
 
     python3 bench/instructions.py [--binary B] [--requests 2000] ROUTE [ROUTE ...]
     ROUTE: token, token-with-query, template-child, gce-token, gce-identity, azure-imds,
-           azure-app-service, proxy
+           azure-app-service, proxy, proxy-floor
 
 For each route: the broker starts under callgrind with the compatibility benchmark's
 configuration (a proxy `u` to an nginx upstream for `proxy`), answers the route's first 200
@@ -13,17 +13,22 @@ keep-alive connection, then its counters are zeroed, it answers --requests more,
 counters are dumped. Every thread is counted, libcurl, libmicrohttpd and libc included; the
 kernel is not. The count covers what the process does between the dumps, so its timers count
 too (a few thousand instructions per second, spread over all requests). Talks only to 127.0.0.1.
+
+`proxy-floor` counts the C proxy floor (`bench/proxy-floor/floor.c`, built by `make bench`) the
+same way, on `proxy`'s request, sending the broker's own token: what libmicrohttpd and libcurl
+cost with no broker code.
 """
 import argparse
 import glob
 import http.client
+import json
 import os
 import re
 import subprocess
 import tempfile
 import time
 
-from run import Broker, ProxyUpstream, compat_config
+from run import PROXY_FLOOR, Broker, ProxyFloor, ProxyUpstream, compat_config, http_get
 
 ACCOUNT = "/computeMetadata/v1/instance/service-accounts/default"
 ROUTES = {
@@ -40,6 +45,7 @@ ROUTES = {
     "azure-app-service": ("/msi/token?api-version=2019-08-01&resource=https://vault.azure.net",
                           {"X-IDENTITY-HEADER": "bench-secret"}),
     "proxy": ("/proxy/u/x", {"Token-Broker-Request": "true"}),
+    "proxy-floor": ("/proxy/u/x", {"Token-Broker-Request": "true"}),
 }
 
 
@@ -72,22 +78,33 @@ def send(address, path, headers, count):
 
 def count(route, binary, requests):
     work = tempfile.mkdtemp(prefix="tb-instructions-")
-    upstream = ProxyUpstream() if route == "proxy" else None
+    upstream = ProxyUpstream() if route.startswith("proxy") else None
     config = {"proxies": [{"name": "u", "target": "http://" + upstream.address}]} if upstream else compat_config(work)
     out = os.path.join(work, "callgrind.out")
-    broker = Broker(config, binary, wrapper=("valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p"),
-                    start_seconds=120)
+    wrapper = ("valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p")
+    server = None
     try:
+        if route == "proxy-floor":
+            broker = Broker(config, binary)  # only for its token, which the floor then sends
+            try:
+                _, body = http_get(broker.token, "/token")
+            finally:
+                broker.stop()
+            server = ProxyFloor(upstream, json.loads(body)["access_token"], PROXY_FLOOR, work, wrapper=wrapper,
+                                start_seconds=120)
+        else:
+            server = Broker(config, binary, wrapper=wrapper, start_seconds=120)
         path, headers = ROUTES[route]
-        ready(broker.token, path, headers)
-        send(broker.token, path, headers, 50)
-        subprocess.run(["callgrind_control", "--zero", str(broker.pid)], check=True, capture_output=True)
-        send(broker.token, path, headers, requests)
-        subprocess.run(["callgrind_control", "--dump", str(broker.pid)], check=True, capture_output=True)
-        dump = sorted(glob.glob(f"{out}.{broker.pid}.*"))[0]
+        ready(server.token, path, headers)
+        send(server.token, path, headers, 50)
+        subprocess.run(["callgrind_control", "--zero", str(server.pid)], check=True, capture_output=True)
+        send(server.token, path, headers, requests)
+        subprocess.run(["callgrind_control", "--dump", str(server.pid)], check=True, capture_output=True)
+        dump = sorted(glob.glob(f"{out}.{server.pid}.*"))[0]
         total = int(re.search(r"^(?:summary|totals):\s+(\d+)", open(dump).read(), re.M).group(1))
     finally:
-        broker.stop()
+        if server:
+            server.stop()
         if upstream:
             upstream.stop()
     return total / requests

@@ -713,14 +713,15 @@ class ProxyFloor(Server):
     """`bench/proxy-floor/floor.c`: the broker's two libraries as a bare C proxy, one event loop per
     thread, sending the same token. It proxies GETs only, so it joins the GET cases alone."""
 
-    def __init__(self, upstream, token, binary, work):
+    def __init__(self, upstream, token, binary, work, wrapper=(), start_seconds=10):
         token_file = os.path.join(work, "floor-token")
         with open(token_file, "w") as handle:
             handle.write(token)
         port = free_port()
-        self.process = subprocess.Popen([binary, str(port), upstream.address, token_file], stdout=subprocess.DEVNULL)
+        self.process = subprocess.Popen([*wrapper, binary, str(port), upstream.address, token_file],
+                                        stdout=subprocess.DEVNULL)
         self.token = f"127.0.0.1:{port}"
-        wait_for_port(port)
+        wait_for_port(port, start_seconds)
 
 
 def proxy_budget(run, nginx, target=0.8):
