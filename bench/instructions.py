@@ -21,14 +21,13 @@ cost with no broker code.
 import argparse
 import glob
 import http.client
-import json
 import os
 import re
 import subprocess
 import tempfile
 import time
 
-from run import PROXY_FLOOR, Broker, ProxyFloor, ProxyUpstream, compat_config, http_get
+from run import PROXY_FLOOR, Broker, ProxyFloor, ProxyUpstream, access_token, compat_config
 
 ACCOUNT = "/computeMetadata/v1/instance/service-accounts/default"
 ROUTES = {
@@ -87,11 +86,10 @@ def count(route, binary, requests):
         if route == "proxy-floor":
             broker = Broker(config, binary)  # only for its token, which the floor then sends
             try:
-                _, body = http_get(broker.token, "/token")
+                token = access_token(broker)
             finally:
                 broker.stop()
-            server = ProxyFloor(upstream, json.loads(body)["access_token"], PROXY_FLOOR, work, wrapper=wrapper,
-                                start_seconds=120)
+            server = ProxyFloor(upstream, token, PROXY_FLOOR, work, wrapper=wrapper, start_seconds=120)
         else:
             server = Broker(config, binary, wrapper=wrapper, start_seconds=120)
         path, headers = ROUTES[route]

@@ -199,6 +199,13 @@ def per_round(runs, reference, key="rps"):
     return [r[key] / f[key] for r, f in zip(runs, reference)]
 
 
+def access_token(broker):
+    """The token the broker serves now, from its `/token`."""
+    status, body = http_get(broker.token, "/token")
+    assert status == 200, status
+    return json.loads(body)["access_token"]
+
+
 def token_body_file(broker):
     """The broker's `/token` answer, and a file in its directory holding it (for the C server)."""
     _, body = http_get(broker.token, "/token")
@@ -265,10 +272,9 @@ def cached_token(rounds, seconds, c_binary):
     try:
         for _ in range(rounds):
             for name, server in servers.items():
-                pids = server.pids() if isinstance(server, Nginx) else [server.pid]
-                before = cpu_seconds(pids)
+                split = CPUSplit(server.pids() if isinstance(server, Nginx) else [server.pid])
                 run = wrk(server.token, seconds)
-                run["cpu_us_per_request"] = (cpu_seconds(pids) - before) * 1e6 / max(run["requests"], 1)
+                run.update(split.per_request(run["requests"]))
                 results[name].append(run)
                 time.sleep(1)
     finally:
@@ -501,9 +507,9 @@ def template_children(rounds, seconds, children):
             assert status == 200, (path, status)
         for _ in range(rounds):
             for name, path in paths.items():
-                before = cpu_seconds([broker.pid])
+                split = CPUSplit([broker.pid])
                 run = wrk(broker.token, seconds, path)
-                run["cpu_us_per_request"] = (cpu_seconds([broker.pid]) - before) * 1e6 / max(run["requests"], 1)
+                run.update(split.per_request(run["requests"]))
                 results[name].append(run)
                 time.sleep(1)
         time.sleep(2)
@@ -754,9 +760,7 @@ def proxy_mode(rounds, seconds, cases=None, baseline=None, floor=PROXY_FLOOR):
                      'wrk.headers["Content-Type"] = "application/octet-stream"\n')
     upstream = ProxyUpstream()
     broker = Broker({"proxies": [{"name": "u", "target": "http://" + upstream.address}]})
-    status, body = http_get(broker.token, "/token")
-    assert status == 200, status
-    token = json.loads(body)["access_token"]
+    token = access_token(broker)
     nginx = NginxProxy(upstream, token)
     proxies = {"token-broker": (broker, lambda: [broker.pid]), "nginx": (nginx, nginx.pids)}
     if baseline:
@@ -884,9 +888,9 @@ def token_store(rounds, seconds, fleet_sizes=(1, 5, 20), cycles=5, lifetime=4):
             assert status == 200, status
         for _ in range(rounds):
             for name, broker in brokers.items():
-                before = cpu_seconds([broker.pid])
+                split = CPUSplit([broker.pid])
                 run = wrk(broker.token, seconds, "/token")
-                run["cpu_us_per_request"] = (cpu_seconds([broker.pid]) - before) * 1e6 / max(run["requests"], 1)
+                run.update(split.per_request(run["requests"]))
                 results[name].append(run)
                 time.sleep(1)
     finally:
