@@ -78,6 +78,8 @@ public final class HTTPServer: @unchecked Sendable {
             MHD_OptionItem(option: .LISTEN_BACKLOG_SIZE, value: 4096, ptr_value: nil),
             CMicroHTTPD_option_notify_completed(requestCompletedCallback, context),
             CMicroHTTPD_option_notify_connection(connectionNotifyCallback, context),
+            // MHD_http_unescape's answers, without its byte-at-a-time pass over a target with no '%'.
+            CMicroHTTPD_option_unescape(),
         ]
         if configuration.streamingPrefix != nil {
             options.append(CMicroHTTPD_option_uri_log(requestTargetCallback, context))
