@@ -558,15 +558,20 @@ def compat_config(work):
 def compat_answers(rounds, seconds, c_binary=None):
     """Cached answers of the cloud SDK protocols against /token, in one broker on the token
     listener: GCE's token (scopes as google-auth sends them) and identity token, Azure IMDS's and
-    App Service's token, each a template's child answered from its cache, alternated round by round.
+    App Service's token, each a template's child answered from its cache.
 
-    With `c_binary` (the minimal C libmicrohttpd server), the same requests also go to it, which
+    Each protocol's run is paired with a `/token` run just before or just after it, the order
+    alternating round by round (A B, then B A): a ratio compares two runs seconds apart, so that
+    the machine's drift over the benchmark (other tenants, a warming cache) falls on both sides
+    of it alike. A protocol's ratio is the median of its pairs.
+
+    With `c_binary` (the minimal C libmicrohttpd server), the same pairs also go to it, which
     answers every one with the same prebuilt body: its ratio for a protocol's request to its
     `/token` request is what the longer request alone costs libmicrohttpd, the kernel and wrk."""
     broker = Broker(compat_config(tempfile.mkdtemp()))
     account = "/computeMetadata/v1/instance/service-accounts/default"
+    token_route = ("/token", (GUARD,))
     routes = {
-        "/token": ("/token", (GUARD,)),
         "GCE token": (account + "/token?scopes=https://www.googleapis.com/auth/cloud-platform", ("Metadata-Flavor: Google",)),
         "GCE identity": (account + "/identity?audience=https://svc.example/a&format=full", ("Metadata-Flavor: Google",)),
         "Azure IMDS": ("/metadata/identity/oauth2/token?api-version=2018-02-01&resource=https://vault.azure.net", ("Metadata: true",)),
@@ -575,37 +580,48 @@ def compat_answers(rounds, seconds, c_binary=None):
     servers = {"token-broker": broker}
     if c_binary and os.path.exists(c_binary):
         servers["C floor"] = CServer(token_body_file(broker)[1], c_binary)
-    results = {server: {name: [] for name in routes} for server in servers}
+    # For each server and protocol: the protocol's runs, and the /token run paired with each.
+    pairs = {server: {name: {"protocol": [], "/token": []} for name in routes} for server in servers}
+
+    def measure(server, path, headers):
+        split = CPUSplit([server.pid])
+        run = wrk(server.token, seconds, path, headers)
+        run.update(split.per_request(run["requests"]))
+        time.sleep(1)
+        return run
+
     try:
-        for name, (path, headers) in routes.items():
+        for name, (path, headers) in [("/token", token_route), *routes.items()]:
             status, _ = request(broker.token, "GET", path, dict(h.split(": ", 1) for h in headers))
             assert status == 200, (name, status)
-        for _ in range(rounds):
-            for name, (path, headers) in routes.items():
+        for round_index in range(rounds):
+            for name, route in routes.items():
                 for server_name, server in servers.items():
-                    split = CPUSplit([server.pid])
-                    run = wrk(server.token, seconds, path, headers)
-                    run.update(split.per_request(run["requests"]))
-                    results[server_name][name].append(run)
-                    time.sleep(1)
+                    order = ("/token", "protocol") if round_index % 2 == 0 else ("protocol", "/token")
+                    for side in order:
+                        path, headers = token_route if side == "/token" else route
+                        pairs[server_name][name][side].append(measure(server, path, headers))
     finally:
         for server in servers.values():
             server.stop()
-    summary = medians(results["token-broker"])
+
+    def summary(server_name):
+        by_name = {"/token": [run for name in routes for run in pairs[server_name][name]["/token"]]}
+        by_name.update({name: pairs[server_name][name]["protocol"] for name in routes})
+        return medians(by_name)
+
     ratios = {}
     for name in routes:
-        if name == "/token":
-            continue
-        rows = results["token-broker"]
-        rounds = per_round(rows[name], rows["/token"])
-        ratios[name] = {"per_round": rounds, "median": statistics.median(rounds)}
-        if "C floor" in results:
-            floor = results["C floor"]
-            floor_rounds = per_round(floor[name], floor["/token"])
-            ratios[name].update({"floor_per_round": floor_rounds, "floor_median": statistics.median(floor_rounds)})
-    out = {"rounds": results["token-broker"], "median": summary, "rps_ratio": ratios}
-    if "C floor" in results:
-        out["floor_median"] = medians(results["C floor"])
+        mine = pairs["token-broker"][name]
+        each = per_round(mine["protocol"], mine["/token"])
+        ratios[name] = {"per_round": each, "median": statistics.median(each)}
+        if "C floor" in pairs:
+            floor = pairs["C floor"][name]
+            floor_each = per_round(floor["protocol"], floor["/token"])
+            ratios[name].update({"floor_per_round": floor_each, "floor_median": statistics.median(floor_each)})
+    out = {"pairs": pairs["token-broker"], "median": summary("token-broker"), "rps_ratio": ratios}
+    if "C floor" in pairs:
+        out["floor_median"] = summary("C floor")
     return out
 
 
@@ -1035,9 +1051,9 @@ def markdown(results):
         for name, m in co_answers["median"].items():
             lines.append(f"| compatibility, {name} | cached req/s; p50 / p99; CPU per request: the broker, wrk; the whole machine, and its cores busy | {m['rps']:,.0f}; {m['p50_ms']:.2f} / {m['p99_ms']:.2f} ms; {m['cpu_us_per_request']:.1f}, {m['load_cpu_us_per_request']:.1f}; {m['machine_cpu_us_per_request']:.1f} µs, {m['busy_cores']:.2f} | | |")
         for name, ratio in co_answers["rps_ratio"].items():
-            lines.append(f"| compatibility, {name} | ÷ /token req/s, same broker (median of rounds; each round) | {ratio['median']:.2f} ({', '.join(f'{v:.2f}' for v in ratio['per_round'])}) | as fast | |")
+            lines.append(f"| compatibility, {name} | ÷ /token req/s, same broker, each run paired with a /token run beside it (median of pairs; each pair) | {ratio['median']:.2f} ({', '.join(f'{v:.2f}' for v in ratio['per_round'])}) | as fast | |")
             if "floor_median" in ratio:
-                lines.append(f"| compatibility, {name} | the C server's own ratio for the same two requests (median; each round) | {ratio['floor_median']:.2f} ({', '.join(f'{v:.2f}' for v in ratio['floor_per_round'])}) | | |")
+                lines.append(f"| compatibility, {name} | the C server's own ratio for the same two requests, paired the same way (median; each pair) | {ratio['floor_median']:.2f} ({', '.join(f'{v:.2f}' for v in ratio['floor_per_round'])}) | | |")
         for name, m in co_answers.get("floor_median", {}).items():
             lines.append(f"| compatibility, C server, {name}'s request | req/s; CPU per request: the server, wrk; the whole machine, and its cores busy | {m['rps']:,.0f}; {m['cpu_us_per_request']:.1f}, {m['load_cpu_us_per_request']:.1f}; {m['machine_cpu_us_per_request']:.1f} µs, {m['busy_cores']:.2f} | | |")
     st = results.get("token_store")
