@@ -102,6 +102,20 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
             }
         }
 
+        /// The route `rest` (the path, or what follows a provider's name) names; nil: none. Told
+        /// apart by length before any comparison: most other paths (the cloud SDK protocols',
+        /// under `/computeMetadata/` or `/msi/`) are none of these lengths, and are not compared.
+        /// The answer is `==`'s: these paths are ASCII without `K`, and no other text is
+        /// canonically equivalent to such text, so none of another length is equal to one.
+        static func named(_ rest: Substring) -> Route? {
+            switch rest.utf8.count {
+            case 6: rest == "/token" ? .token : nil
+            case 12: rest == "/token/ready" ? .ready : nil
+            case 14: rest == "/token/refresh" ? .refresh : nil
+            default: nil
+            }
+        }
+
         /// The request counters of the three routes under `routePrefix`, in `Route` order.
         static func counters(routePrefix: String, metrics: BrokerMetrics) -> [RequestCounter] {
             allCases.map { metrics.counter(listener: "token", route: routePrefix + $0.rawValue) }
@@ -208,12 +222,7 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
             target = named
             rest = tail[name.endIndex...]
         }
-        let route: Route
-        switch rest {
-        case "/token": route = .token
-        case "/token/ready": route = .ready
-        case "/token/refresh": route = .refresh
-        default:
+        guard let route = Route.named(rest) else {
             // The cloud SDK protocols' paths, when served here, are none of the broker's own.
             if let compat, let answer = compat.answer(request) { return answer }
             return record(otherCounter, .response(ErrorAnswer.notFound(path: path).response))

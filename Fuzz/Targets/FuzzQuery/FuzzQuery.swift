@@ -1,4 +1,5 @@
 import CLibFuzzer
+import CMicroHTTPD
 import TokenBrokerCore
 
 @testable import TokenBrokerAPI
@@ -20,8 +21,11 @@ let template: ProviderConfiguration = {
 /// that comes out must be one the input spells in digits. It is also read as each value of a
 /// template's child: an accepted one is the input itself (the scope, the input's set of tokens),
 /// visible ASCII, within the length limit and allowed by the template's list. And it is read as
-/// the `Host` of a compatibility route, whose check must agree with one written plainly.
+/// the `Host` of a compatibility route, whose check must agree with one written plainly. Before
+/// any of that, the server's percent-decoding of a target (`CMicroHTTPD_unescape`) must give
+/// libmicrohttpd's own `MHD_http_unescape`'s bytes for it.
 func fuzzQuery(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
+    fuzzUnescape(UnsafeBufferPointer(start: data, count: size))
     let text = String(decoding: UnsafeBufferPointer(start: data, count: size), as: UTF8.self)
     if let version = QueryParameters.number(text) {
         precondition(
@@ -71,6 +75,17 @@ func fuzzRequestValues(_ text: String) {
             tokens.allSatisfy { token in template.allowedScopes.contains { $0.matches(token) } },
             "a scope token outside the list")
     }
+}
+
+/// Decodes `bytes`, up to a NUL as libmicrohttpd reads a target, with the server's decoder and
+/// with libmicrohttpd's: the same length, the same bytes.
+func fuzzUnescape(_ bytes: UnsafeBufferPointer<UInt8>) {
+    func decoded(_ decode: (UnsafeMutablePointer<CChar>) -> Int) -> [CChar] {
+        var buffer = bytes.map { CChar(bitPattern: $0) } + [0]
+        return buffer.withUnsafeMutableBufferPointer { Array($0[..<decode($0.baseAddress!)]) }
+    }
+    let ours = decoded { CMicroHTTPD_unescape(nil, nil, $0) }
+    precondition(ours == decoded { MHD_http_unescape($0) }, "decoded \(Array(bytes)) otherwise than libmicrohttpd")
 }
 
 /// `CompatHost.isLocal` written plainly, on copies and splits: a loopback or metadata server name,

@@ -123,7 +123,10 @@ extension CompatAPI {
             metadataCounter = route(v1 + "/{metadata}")
         }
 
-        func serves(_ path: String) -> Bool { path == "/" || path.hasBytePrefix(Self.prefix) }
+        /// `/`, by its one byte (no other text equals it), or a path under `/computeMetadata/`.
+        func serves(_ path: String) -> Bool {
+            path.utf8.count == 1 ? path.utf8.first == UInt8(ascii: "/") : path.hasBytePrefix(Self.prefix)
+        }
 
         /// A text answer, with the headers every metadata answer carries.
         static func text(_ text: String) -> HTTPResponse {

@@ -295,32 +295,41 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
 }
 
 /// The request headers the compatibility routes read, found in one pass over the headers rather
-/// than one look-up each (a request reads three or four of them): each holds the value of the
-/// first header of its name, names compared without regard to ASCII case, as
+/// than one look-up each (a request reads three or four of them): each property is the value of
+/// the first header of its name, names compared without regard to ASCII case, as
 /// `HTTPRequest.header(_:)` finds it; nil when there is none.
+///
+/// The pass keeps positions in the request's headers, not the values: only the values a route
+/// reads are copied out, and what it keeps costs one reference count, not one per value.
 struct CompatHeaders {
-    var forwardedFor: String?
-    var host: String?
-    var metadataFlavor: String?
-    var metadata: String?
-    var identityHeader: String?
+    private let headers: [(String, String)]
+    /// For each `Field`, by its raw value, the position of the first header of its name; -1: none.
+    private var positions = SIMD8<Int>(repeating: -1)
 
-    private enum Field {
+    private enum Field: Int {
         case forwardedFor, host, metadataFlavor, metadata, identityHeader
+    }
+
+    var forwardedFor: String? { value(.forwardedFor) }
+    var host: String? { value(.host) }
+    var metadataFlavor: String? { value(.metadataFlavor) }
+    var metadata: String? { value(.metadata) }
+    var identityHeader: String? { value(.identityHeader) }
+
+    private init(_ headers: [(String, String)]) { self.headers = headers }
+
+    private func value(_ field: Field) -> String? {
+        let position = positions[field.rawValue]
+        return position < 0 ? nil : headers[position].1
     }
 
     /// The headers of `request`. A function rather than an initializer: an initializer takes its
     /// argument owned, which retains each of the request's fields at every call.
     static func read(_ request: HTTPRequest) -> CompatHeaders {
-        var found = CompatHeaders()
+        var found = CompatHeaders(request.headers)
         for index in request.headers.indices {
-            switch field(request.headers[index].0) {
-            case .forwardedFor?: if found.forwardedFor == nil { found.forwardedFor = request.headers[index].1 }
-            case .host?: if found.host == nil { found.host = request.headers[index].1 }
-            case .metadataFlavor?: if found.metadataFlavor == nil { found.metadataFlavor = request.headers[index].1 }
-            case .metadata?: if found.metadata == nil { found.metadata = request.headers[index].1 }
-            case .identityHeader?: if found.identityHeader == nil { found.identityHeader = request.headers[index].1 }
-            case nil: continue
+            if let field = field(request.headers[index].0), found.positions[field.rawValue] < 0 {
+                found.positions[field.rawValue] = index
             }
         }
         return found
