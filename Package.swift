@@ -138,7 +138,9 @@ let package = Package(
         ),
         .testTarget(
             name: "TokenBrokerServerTests",
-            dependencies: ["TokenBrokerTestSupport", "TokenBrokerServer", "TokenBrokerCore", "TokenBrokerUpstream"]),
+            dependencies: [
+                "TokenBrokerTestSupport", "TokenBrokerServer", "TokenBrokerCore", "TokenBrokerUpstream", "CMicroHTTPD",
+            ]),
         .testTarget(
             name: "TokenBrokerProxyTests",
             dependencies: [
@@ -180,7 +182,7 @@ if Context.environment["TOKEN_BROKER_FUZZ"] != nil {
         ("FuzzCallerKeys", ["TokenBrokerCore"]),
         ("FuzzTokenAnswer", ["TokenBrokerCore", "TokenBrokerUpstream", "TokenBrokerSources"]),
         ("FuzzFileToken", ["TokenBrokerCore", "TokenBrokerSources"]),
-        ("FuzzQuery", ["TokenBrokerAPI"]),
+        ("FuzzQuery", ["TokenBrokerAPI", "CMicroHTTPD"]),
         ("FuzzProxyPath", ["TokenBrokerProxy"]),
         ("FuzzHeaderLine", ["TokenBrokerServer", "TokenBrokerUpstream"]),
     ]

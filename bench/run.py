@@ -563,7 +563,9 @@ def compat_answers(rounds, seconds, c_binary=None):
     Each protocol's run is paired with a `/token` run just before or just after it, the order
     alternating round by round (A B, then B A): a ratio compares two runs seconds apart, so that
     the machine's drift over the benchmark (other tenants, a warming cache) falls on both sides
-    of it alike. A protocol's ratio is the median of its pairs.
+    of it alike. A protocol's ratio is the median of its pairs. With an odd number of rounds one
+    order has one pair more. The JSON keeps each protocol's runs under `pairs` (`protocol` and the
+    `/token` run paired with each), where the other benchmarks have `rounds`.
 
     With `c_binary` (the minimal C libmicrohttpd server), the same pairs also go to it, which
     answers every one with the same prebuilt body: its ratio for a protocol's request to its

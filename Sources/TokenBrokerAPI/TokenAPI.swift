@@ -105,8 +105,9 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
         /// The route `rest` (the path, or what follows a provider's name) names; nil: none. Told
         /// apart by length before any comparison: most other paths (the cloud SDK protocols',
         /// under `/computeMetadata/` or `/msi/`) are none of these lengths, and are not compared.
-        /// The answer is `==`'s: these paths are ASCII without `K`, and no other text is
-        /// canonically equivalent to such text, so none of another length is equal to one.
+        /// The answer is `==`'s: the only characters canonically equivalent to ASCII ones are
+        /// U+212A (`K`), U+037E (`;`) and U+1FEF (`` ` ``), which these paths do not hold, so no
+        /// text of another length is equal to one of them.
         static func named(_ rest: Substring) -> Route? {
             switch rest.utf8.count {
             case 6: rest == "/token" ? .token : nil

@@ -58,6 +58,8 @@ import Testing
     @Test(arguments: [
         ("/plain/path", "/plain/path"), ("", ""), ("%", "%"), ("%4", "%4"), ("%41", "A"), ("a%41b%2", "aAb%2"),
         ("%zz%41", "%zzA"), ("x%2F%2f", "x//"), ("%%41", "%A"), ("tail%", "tail%"),
+        // A decoded NUL counts in the length: libmicrohttpd keeps a query value by its length.
+        ("a%00b", "a\u{0}b"), ("%00", "\u{0}"),
     ])
     func decodesKnownTargets(_ target: String, _ expected: String) {
         #expect(Self.decoded(Array(target.utf8)) { CMicroHTTPD_unescape(nil, nil, $0) } == Array(expected.utf8))
