@@ -185,6 +185,15 @@ class CPUSplit:
         return split
 
 
+def split_wrk(server_pids, address, seconds, *wrk_args, upstream_pids=(), **wrk_options):
+    """One `wrk` run (`wrk`'s arguments after `address` and `seconds`), with where the machine's
+    CPU time went per request (`CPUSplit`) added to its figures."""
+    split = CPUSplit(server_pids, upstream_pids)
+    run = wrk(address, seconds, *wrk_args, **wrk_options)
+    run.update(split.per_request(run["requests"]))
+    return run
+
+
 def rss_mib(pid):
     return startup.memory_kb(pid)[0] / 1024
 
@@ -272,9 +281,7 @@ def cached_token(rounds, seconds, c_binary):
     try:
         for _ in range(rounds):
             for name, server in servers.items():
-                split = CPUSplit(server.pids() if isinstance(server, Nginx) else [server.pid])
-                run = wrk(server.token, seconds)
-                run.update(split.per_request(run["requests"]))
+                run = split_wrk(server.pids() if isinstance(server, Nginx) else [server.pid], server.token, seconds)
                 results[name].append(run)
                 time.sleep(1)
     finally:
@@ -507,9 +514,7 @@ def template_children(rounds, seconds, children):
             assert status == 200, (path, status)
         for _ in range(rounds):
             for name, path in paths.items():
-                split = CPUSplit([broker.pid])
-                run = wrk(broker.token, seconds, path)
-                run.update(split.per_request(run["requests"]))
+                run = split_wrk([broker.pid], broker.token, seconds, path)
                 results[name].append(run)
                 time.sleep(1)
         time.sleep(2)
@@ -586,9 +591,7 @@ def compat_answers(rounds, seconds, c_binary=None):
     pairs = {server: {name: {"protocol": [], "/token": []} for name in routes} for server in servers}
 
     def measure(server, path, headers):
-        split = CPUSplit([server.pid])
-        run = wrk(server.token, seconds, path, headers)
-        run.update(split.per_request(run["requests"]))
+        run = split_wrk([server.pid], server.token, seconds, path, headers)
         time.sleep(1)
         return run
 
@@ -819,10 +822,8 @@ def proxy_mode(rounds, seconds, cases=None, baseline=None, floor=PROXY_FLOOR):
                     if watcher:
                         watcher.start()
                     accepted = upstream.accepted()
-                    split = CPUSplit(pids(), upstream.pids())
-                    run = wrk(server.token, seconds, "/proxy/u" + path, (GUARD,),
-                              connections=connections, script=script if method else None)
-                    run.update(split.per_request(run["requests"]))
+                    run = split_wrk(pids(), server.token, seconds, "/proxy/u" + path, (GUARD,), upstream_pids=upstream.pids(),
+                                    connections=connections, script=script if method else None)
                     run["upstream_connections"] = upstream.accepted() - accepted - 1  # less the status query
                     done.set()
                     if watcher:
@@ -906,9 +907,7 @@ def token_store(rounds, seconds, fleet_sizes=(1, 5, 20), cycles=5, lifetime=4):
             assert status == 200, status
         for _ in range(rounds):
             for name, broker in brokers.items():
-                split = CPUSplit([broker.pid])
-                run = wrk(broker.token, seconds, "/token")
-                run.update(split.per_request(run["requests"]))
+                run = split_wrk([broker.pid], broker.token, seconds, "/token")
                 results[name].append(run)
                 time.sleep(1)
     finally:
