@@ -1,23 +1,52 @@
 import Glibc
 import TokenBrokerCore
 
-/// The child values last checked for one key of one route, so that a client asking the same
-/// thing again (an SDK asks the same scope or resource every time, a service the same audience)
-/// skips the allow-list checks and the building of the values. The key is what the request
-/// named: a compatibility route's query value, or a template route's `audience`, `scope` and
-/// `resource`. Only an accepted key is kept; the checks depend only on the key and the route's
-/// configuration, which does not change (a reload makes new routes).
-final class CheckedValuesMemo<Key: ExactKey>: Sendable {
-    private let last = Lock<(key: Key, values: TokenRequestValues)?>(nil)
+/// For one route and its template, the child values last checked for one key, and the lease of
+/// their child: a client asking the same thing again (an SDK asks the same scope or resource
+/// every time, a service the same audience) skips the allow-list checks, the building of the
+/// values, and the template's look-up of the child (`TemplateProviding.renew(_:)` reads it
+/// again, unless it was dropped). The key is what the request named: a compatibility route's
+/// query value, or a template route's `audience`, `scope` and `resource`. Only an accepted key
+/// is kept; the checks depend only on the key and the route's configuration, which does not
+/// change (a reload makes new routes).
+final class CheckedValuesMemo<Key: ExactKey, Provider: TokenProviding>: Sendable {
+    /// The template the children come from.
+    let template: any TemplateProviding<Provider>
+    private let last = Lock<Kept?>(nil)
 
-    /// The values for `key`: the ones kept when it is the key last checked, else `check`'s, kept.
-    func values(for key: Key, check: () throws(BadRequest) -> TokenRequestValues) throws(BadRequest)
-        -> TokenRequestValues
-    {
-        if let kept = last.withLock({ $0?.key.isExactly(key) == true ? $0?.values : nil }) { return kept }
-        let values = try check()
-        last.withLock { $0 = (key, values) }
-        return values
+    private struct Kept: Sendable {
+        let key: Key
+        let values: TokenRequestValues
+        /// The child last found for `values`; nil when the template refused one.
+        let lease: TemplateLease<Provider>?
+    }
+
+    init(_ template: any TemplateProviding<Provider>) { self.template = template }
+
+    /// The template's child for `key`: the one kept, read again, when `key` is the key last
+    /// checked and the child was not dropped; else the template's child for the values kept for
+    /// `key` or, for another key, for `check`'s, kept with them.
+    func child(for key: Key, check: () throws(BadRequest) -> TokenRequestValues) throws(BadRequest) -> Result<
+        TemplateLease<Provider>, ChildRefusal
+    > {
+        // Only the lease is copied out on the way that most requests take.
+        if let lease = last.withLock({ $0?.key.isExactly(key) == true ? $0?.lease : nil }), template.renew(lease) {
+            return .success(lease)
+        }
+        let values: TokenRequestValues
+        if let kept = last.withLock({ $0?.key.isExactly(key) == true ? $0?.values : nil }) {
+            values = kept
+        } else {
+            values = try check()
+        }
+        let found = template.child(for: values)
+        let lease: TemplateLease<Provider>? =
+            switch found {
+            case .success(let lease): lease
+            case .failure: nil
+            }
+        last.withLock { $0 = Kept(key: key, values: values, lease: lease) }
+        return found
     }
 }
 

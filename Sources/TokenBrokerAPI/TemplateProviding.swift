@@ -3,35 +3,39 @@
 import TokenBrokerCore
 
 /// A provider template as the token routes see it: its settings (`perRequest`, allow-lists),
-/// and the child for a request's checked values, with the answers rendered for that child.
+/// and the lease of the child for a request's checked values, whose attachment is the cache of
+/// the answers rendered for that child.
 ///
-/// - Important: the token routes call `child(for:)` on a server thread: it must not block.
+/// - Important: the token routes call `child(for:)` and `renew(_:)` on a server thread: they must not block.
 public protocol TemplateProviding<Provider>: TemplateStatusReporting {
     /// The children's type.
     associatedtype Provider: TokenProviding
 
     /// The template's settings, as configured.
     var configuration: ProviderConfiguration { get }
-    /// The child for `values`, made on first use; counts as a read of it. Refused past
-    /// `maxChildren` and once stopped.
-    func child(for values: TokenRequestValues) -> Result<
-        (child: Provider, attachment: TokenResponseCache<Provider.Instant>), ChildRefusal
-    >
+    /// The lease of the child for `values`, made on first use; counts as a read of it. Refused
+    /// past `maxChildren` and once stopped. The attachment is the child's `TokenResponseCache`.
+    func child(for values: TokenRequestValues) -> Result<TemplateLease<Provider>, ChildRefusal>
+    /// Reads the child of `lease`, one of this template's, again; false once it was dropped or
+    /// the template stopped (then ask `child(for:)`).
+    func renew(_ lease: TemplateLease<Provider>) -> Bool
+}
+
+/// A child of a template the token routes read, with its rendered answers as its attachment.
+public typealias TemplateLease<Provider: TokenProviding> = ChildLease<Provider, ChildAttachment, Provider.Instant>
+
+extension ChildLease where Child: TokenProviding, Attachment == ChildAttachment, Instant == Child.Instant {
+    /// The child's rendered answers: the attachment, which `TemplateProviding` says is its cache.
+    var cache: TokenResponseCache<Child.Instant> {
+        unsafeDowncast(attachment, to: TokenResponseCache<Child.Instant>.self)
+    }
 }
 
 /// The broker's template, whose attachment per child is the cache of its rendered answers,
 /// kept as an object (`ChildAttachment`) so that the template's lookup runs specialised.
 ///
 /// - Important: make such a template with `attach` returning the child's `TokenResponseCache`.
-extension ProviderTemplate: TemplateProviding where Child: TokenProviding, Attachment == ChildAttachment {
+extension ProviderTemplate: TemplateProviding
+where Child: TokenProviding, Attachment == ChildAttachment, C.Instant == Child.Instant {
     public typealias Provider = Child
-
-    @_specialize(where Child == TokenProvider<ContinuousClock>, C == ContinuousClock)
-    public func child(for values: TokenRequestValues) -> Result<
-        (child: Provider, attachment: TokenResponseCache<Provider.Instant>), ChildRefusal
-    > {
-        let found: Result<(child: Child, attachment: ChildAttachment), ChildRefusal> = child(for: values)
-        // The attachment is the cache `attach` made for this child: no check needed at run time.
-        return found.map { ($0.child, unsafeDowncast($0.attachment, to: TokenResponseCache<Provider.Instant>.self)) }
-    }
 }

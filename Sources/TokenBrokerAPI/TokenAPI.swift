@@ -62,14 +62,15 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
         let configuration: ProviderConfiguration
         /// As `Endpoint.counters`: one set for the template, whichever child answers.
         let counters: [RequestCounter]
-        /// The values last checked for the parameters a request named.
-        let checkedValues = CheckedValuesMemo<QueryParameters.RequestValues>()
+        /// The values last checked for the parameters a request named, with their child.
+        let checkedValues: CheckedValuesMemo<QueryParameters.RequestValues, Provider>
 
         init(template: any TemplateProviding<Provider>, counters: [RequestCounter]) {
             self.template = template
             name = template.name
             configuration = template.configuration
             self.counters = counters
+            checkedValues = CheckedValuesMemo(template)
         }
 
         func counter(_ route: Route) -> RequestCounter { counters[route.index] }
@@ -274,9 +275,9 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
             }
             return .success((endpoint, false))
         case .template(let endpoint):
-            let values: TokenRequestValues
+            let found: Result<TemplateLease<Provider>, ChildRefusal>
             do throws(BadRequest) {
-                values = try endpoint.checkedValues.values(for: named) { () throws(BadRequest) in
+                found = try endpoint.checkedValues.child(for: named) { () throws(BadRequest) in
                     switch TokenRequestValues.checked(
                         audience: named.audience, scope: named.scope, resource: named.resource,
                         for: endpoint.configuration)
@@ -288,9 +289,10 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
             } catch {
                 return .failure(error)
             }
-            switch endpoint.template.child(for: values) {
-            case .success(let (child, responses)):
-                return .success((Endpoint(provider: child, responses: responses, counters: endpoint.counters), true))
+            switch found {
+            case .success(let lease):
+                return .success(
+                    (Endpoint(provider: lease.child, responses: lease.cache, counters: endpoint.counters), true))
             case .failure(.full(let limit, let retryAfter)):
                 return .failure(
                     BadRequest(.tooManyChildren(provider: endpoint.name, limit: limit, retryAfter: retryAfter)))

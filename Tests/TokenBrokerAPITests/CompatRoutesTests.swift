@@ -4,17 +4,17 @@
 // binary by Tests/integration/test_compat.py.
 import Synchronization
 import Testing
-import TokenBrokerCore
 import TokenBrokerServer
 import TokenBrokerTestSupport
 
 @testable import TokenBrokerAPI
+@testable import TokenBrokerCore
 
 /// A template whose every request reaches one fake child, for the margin's rules.
 final class OneChildTemplate: TemplateProviding {
     typealias Provider = FakeProvider
     let child = FakeProvider(name: "gcp")
-    let cache: TokenResponseCache<FakeProvider.Instant>
+    let lease: TemplateLease<FakeProvider>
     let configuration: ProviderConfiguration
 
     init(perRequest: Set<RequestParameter>) {
@@ -24,14 +24,13 @@ final class OneChildTemplate: TemplateProviding {
         configuration.allowedAudiences = [AllowPattern("https://svc.example/*")!]
         configuration.allowedResources = [AllowPattern("read")!]
         self.configuration = configuration
-        cache = TokenResponseCache(for: child)
+        lease = ChildLease(child: child, attachment: TokenResponseCache(for: child), readAt: child.now)
     }
 
     var name: String { configuration.name }
     func status() -> TemplateStatus { TemplateStatus(name: name, maxChildren: 1) }
-    func child(for values: TokenRequestValues) -> Result<
-        (child: FakeProvider, attachment: TokenResponseCache<FakeProvider.Instant>), ChildRefusal
-    > { .success((child, cache)) }
+    func child(for values: TokenRequestValues) -> Result<TemplateLease<FakeProvider>, ChildRefusal> { .success(lease) }
+    func renew(_ lease: TemplateLease<FakeProvider>) -> Bool { true }
 }
 
 /// A template made as the broker makes one, on `ValuesSource`, with its own allow-lists.
@@ -417,27 +416,112 @@ private let secret = "app-service-secret"
     }
 }
 
+/// A real template on a manual clock, counting what the routes ask of it.
+final class CountingTemplate: TemplateProviding {
+    typealias Provider = TokenProvider<ManualClock>
+    let clock = ManualClock()
+    let template: ProviderTemplate<Provider, ChildAttachment, ManualClock>
+    let lookUps = Mutex(0)
+    let renewals = Mutex(0)
+
+    init(maxChildren: Int = 100) {
+        var configuration = ProviderConfiguration(name: "gcp")
+        configuration.perRequest = [.scope]
+        configuration.maxChildren = maxChildren
+        configuration.childIdleSec = 60
+        let settings = configuration
+        let clock = clock
+        template = ProviderTemplate(
+            configuration: settings, clock: clock,
+            makeChild: { _ in TokenProvider(configuration: settings, source: ScriptedSource(), clock: clock) },
+            attach: { TokenResponseCache(for: $0) })
+    }
+
+    var name: String { template.name }
+    var configuration: ProviderConfiguration { template.configuration }
+    func status() -> TemplateStatus { template.status() }
+    func child(for values: TokenRequestValues) -> Result<TemplateLease<Provider>, ChildRefusal> {
+        lookUps.withLock { $0 += 1 }
+        return template.child(for: values)
+    }
+    func renew(_ lease: TemplateLease<Provider>) -> Bool {
+        renewals.withLock { $0 += 1 }
+        return template.renew(lease)
+    }
+}
+
 @Suite struct CheckedValuesMemoTests {
-    @Test func theLastAcceptedValueIsKeptAndARefusalIsNeverKept() throws {
-        let memo = CheckedValuesMemo<String>()
-        let checks = Mutex(0)
-        func values(_ key: String) throws(BadRequest) -> TokenRequestValues {
-            try memo.values(for: key) { () throws(BadRequest) in
+    typealias Child = TokenProvider<ManualClock>
+
+    /// A memo over `template` whose checks are counted in `checks`; the key "refused" fails its check.
+    private func memo(_ template: CountingTemplate, _ checks: Lock<Int>) -> (String) throws(BadRequest) -> Child? {
+        let memo = CheckedValuesMemo<String, Child>(template)
+        return { key throws(BadRequest) in
+            let found = try memo.child(for: key) { () throws(BadRequest) in
                 checks.withLock { $0 += 1 }
                 guard key != "refused" else { throw BadRequest(.missingParameter("scopes")) }
                 return TokenRequestValues(scopes: [key])
             }
+            return try? found.get().child
         }
-        #expect(try values("a").scopes == ["a"])
-        #expect(try values("a").scopes == ["a"])
+    }
+
+    @Test func theLastAcceptedKeysChildIsReadAgainWithoutALookUpAndARefusalIsNeverKept() throws {
+        let template = CountingTemplate()
+        defer { template.template.shutDown() }
+        let checks = Lock(0)
+        let child = memo(template, checks)
+        let first = try child("a")
+        #expect(first != nil && first?.name == "gcp")
+        #expect(try child("a") === first)
         #expect(checks.withLock { $0 } == 1)
-        #expect(throws: BadRequest.self) { try values("refused") }
-        #expect(throws: BadRequest.self) { try values("refused") }
-        #expect(try values("a").scopes == ["a"] && values("b").scopes == ["b"])
+        #expect(template.lookUps.withLock { $0 } == 1, "the second request renewed the lease")
+        #expect(template.renewals.withLock { $0 } == 1)
+        #expect(throws: BadRequest.self) { try child("refused") }
+        #expect(throws: BadRequest.self) { try child("refused") }
+        #expect(try child("a") === first && child("b") !== first)
         #expect(checks.withLock { $0 } == 4)
-        // Keys equal by `String`'s `==` but not byte for byte are two keys: KELVIN SIGN and `K`.
-        #expect(try values("K").scopes == ["K"] && values("\u{212A}").scopes == ["\u{212A}"])
+        // Keys equal by `String`'s `==` but not byte for byte are two keys, each checked: KELVIN
+        // SIGN and `K` (the broker's checks refuse the first).
+        _ = try child("K")
+        _ = try child("\u{212A}")
         #expect(checks.withLock { $0 } == 6)
+    }
+
+    @Test func aRenewalIsAReadAndADroppedChildIsReplacedWithoutCheckingAgain() throws {
+        let template = CountingTemplate()
+        defer { template.template.shutDown() }
+        let checks = Lock(0)
+        let child = memo(template, checks)
+        let first = try child("a")
+        template.clock.advance(by: .seconds(59))
+        #expect(try child("a") === first)
+        template.clock.advance(by: .seconds(59))
+        template.template.sweep()
+        #expect(template.status().children == 1, "the renewal at 59 s was a read")
+        template.clock.advance(by: .seconds(1))
+        template.template.sweep()
+        #expect(template.status().children == 0)
+        // The lease is ended: the memo asks the template, which makes a new child, with the values kept.
+        let second = try child("a")
+        #expect(second != nil && second !== first)
+        #expect(checks.withLock { $0 } == 1)
+        #expect(template.lookUps.withLock { $0 } == 2 && template.renewals.withLock { $0 } == 2)
+    }
+
+    @Test func aTemplatesRefusalIsAskedAgainAndAShutDownTemplatesChildIsNeverRenewed() throws {
+        let template = CountingTemplate(maxChildren: 1)
+        let checks = Lock(0)
+        let child = memo(template, checks)
+        let first = try child("a")
+        #expect(first != nil)
+        #expect(try child("b") == nil, "past maxChildren")
+        #expect(try child("b") == nil)
+        #expect(template.lookUps.withLock { $0 } == 3, "a refusal keeps no child")
+        #expect(checks.withLock { $0 } == 2, "but keeps the checked values")
+        #expect(try child("a") === first)
+        template.template.shutDown()
+        #expect(try child("a") == nil, "the lease ended with the template")
     }
 }
 

@@ -389,12 +389,13 @@ struct TemplateCallers: CallerAuthorizing {
             let first = api.handle(token("/providers/orders/token", [("audience", "https://orders.example")]))
             #expect(first.immediate == nil, "the first request waits for the child's first token")
             guard
-                case .success(let (child, _)) = template.child(
+                case .success(let lease) = template.child(
                     for: TokenRequestValues(audience: "https://orders.example"))
             else {
                 Issue.record("no child")
                 return
             }
+            let child = lease.child
             #expect(await eventually { child.status().lastError != nil })
             let later = api.handle(token("/providers/orders/token", [("audience", "https://orders.example")]))
             expectError(later.immediate, 503, "token_unavailable", headers: ["Retry-After": "1"])
@@ -445,7 +446,8 @@ final class AnyTemplate: TemplateProviding {
     var name: String { template.name }
     var configuration: ProviderConfiguration { template.configuration }
     func status() -> TemplateStatus { template.status() }
-    func child(for values: TokenRequestValues) -> Result<
-        (child: Provider, attachment: TokenResponseCache<Provider.Instant>), ChildRefusal
-    > { template.child(for: values) }
+    func child(for values: TokenRequestValues) -> Result<TemplateLease<Provider>, ChildRefusal> {
+        template.child(for: values)
+    }
+    func renew(_ lease: TemplateLease<Provider>) -> Bool { template.renew(lease) }
 }

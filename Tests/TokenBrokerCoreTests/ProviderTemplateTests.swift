@@ -176,6 +176,41 @@ private final class TemplateFixture: Sendable {
         fixture.template.shutDown()
     }
 
+    @Test func aRenewedLeaseIsAReadAndADroppedOrShutDownChildsLeaseIsRefused() throws {
+        let fixture = TemplateFixture(childIdleSec: 60)
+        let lease = try fixture.template.child(for: audience("a")).get()
+        fixture.clock.advance(by: .seconds(30))
+        #expect(fixture.template.renew(lease))
+        fixture.clock.advance(by: .seconds(59))
+        fixture.template.sweep()
+        #expect(fixture.children == 1, "renewed at 30")
+        fixture.clock.advance(by: .seconds(1))
+        fixture.template.sweep()
+        #expect(fixture.children == 0)
+        #expect(!fixture.template.renew(lease), "the dropped child's lease ended with it")
+        let replacement = try fixture.template.child(for: audience("a")).get()
+        #expect(replacement.child !== lease.child && fixture.children == 1)
+        #expect(fixture.template.renew(replacement))
+        fixture.template.shutDown()
+        #expect(!fixture.template.renew(replacement), "every lease ends with the template")
+    }
+
+    @Test func aRenewalRacingTheSweepIsEitherSeenByItOrRefused() async throws {
+        // Each round: a child due to be dropped, renewed on one thread while another sweeps. A
+        // renewal that succeeds must keep the child; one that comes after the drop must fail.
+        for round in 0..<200 {
+            let fixture = TemplateFixture(childIdleSec: 60)
+            let lease = try fixture.template.child(for: audience("r\(round)")).get()
+            fixture.clock.advance(by: .seconds(60))
+            async let swept: Void = Task.detached { fixture.template.sweep() }.value
+            async let renewed = Task.detached { fixture.template.renew(lease) }.value
+            _ = await swept
+            let wasRenewed = await renewed
+            #expect(wasRenewed == (fixture.children == 1), "round \(round)")
+            fixture.template.shutDown()
+        }
+    }
+
     @Test func theTemplatesTimerDropsIdleChildrenOnItsOwn() async {
         let fixture = TemplateFixture(childIdleSec: 60)
         let service = Task { await fixture.template.run() }

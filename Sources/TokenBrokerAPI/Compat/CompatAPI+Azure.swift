@@ -23,8 +23,14 @@ extension CompatAPI {
         struct Identity: Sendable {
             let settings: AzureConfiguration.Identity
             let source: Source
-            /// The values last checked for a `resource`.
-            let memo = CheckedValuesMemo<String>()
+            /// The values last checked for a `resource`, with their child.
+            let memo: CheckedValuesMemo<String, Provider>
+
+            init(settings: AzureConfiguration.Identity, source: Source) {
+                self.settings = settings
+                self.source = source
+                memo = CheckedValuesMemo(source.template)
+            }
         }
 
         let identities: [Identity]
@@ -133,7 +139,7 @@ extension CompatAPI {
             guard let resource = named[1] else { throw BadRequest(.missingParameter("resource")) }
             let index = try azure.identity(named)
             let source = azure.identities[index].source
-            let values = try azure.identities[index].memo.values(for: resource) { () throws(BadRequest) in
+            let child = try azure.identities[index].memo.child(for: resource) { () throws(BadRequest) in
                 let values: TokenRequestValues
                 if source.configuration.perRequest.contains(.resource) {
                     values = try Self.checked(audience: nil, scope: nil, resource: resource, for: source)
@@ -160,7 +166,7 @@ extension CompatAPI {
                 return values
             }
             let rendering = appService ? azure.appServiceRenderings[index] : azure.imdsRenderings[index]
-            return token(from: source, values: values, rendering: rendering, resource: resource, counter: counter)
+            return token(from: source, child: child, rendering: rendering, resource: resource, counter: counter)
         } catch {
             return refuse(error.answer, .azure, counter)
         }

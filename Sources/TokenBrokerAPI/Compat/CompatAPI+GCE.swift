@@ -25,17 +25,18 @@ extension CompatAPI {
     final class GCE: Sendable {
         let tokens: Source
         let identities: Source?
-        /// The child values of the configured scopes, for a token request that names none
-        /// (checked at start: the configuration allows them).
-        let defaultValues: Result<TokenRequestValues, RequestValueProblem>
         /// Every path served, found with one look-up per request.
         let routes: [String: Route]
         /// The token routes' paths (`default`'s and the email's), which SDKs ask most: compared
         /// before the look-up, so that their requests do not hash the long path.
         let tokenPaths: [(path: String, route: Route)]
-        /// The values last checked for `…/token`'s `scopes` and `…/identity`'s `audience`.
-        let scopesMemo = CheckedValuesMemo<String>()
-        let audienceMemo = CheckedValuesMemo<String>()
+        /// The values last checked for `…/token`'s `scopes` (nil: none named, the configured
+        /// scopes) and `…/identity`'s `audience`, with their children.
+        let scopesMemo: CheckedValuesMemo<String?, Provider>
+        let audienceMemo: CheckedValuesMemo<String, Provider>?
+        /// The configured scopes, space-separated, for a token request that names none (the
+        /// configuration checked that the template allows them).
+        let defaultScope: String
         let tokenRendering: Rendering
         let identityRendering: Rendering
         let tokenCounter: RequestCounter
@@ -63,9 +64,9 @@ extension CompatAPI {
         ) {
             self.tokens = tokens
             self.identities = identities
-            defaultValues = TokenRequestValues.checked(
-                audience: nil, scope: settings.scopes.joined(separator: " "), resource: nil,
-                for: tokens.configuration)
+            scopesMemo = CheckedValuesMemo(tokens.template)
+            audienceMemo = identities.map { CheckedValuesMemo($0.template) }
+            defaultScope = settings.scopes.joined(separator: " ")
             let v1 = "/computeMetadata/v1"
             let accountsPath = v1 + "/instance/service-accounts"
             let accountNames = ["default", settings.serviceAccountEmail]
@@ -173,32 +174,29 @@ extension CompatAPI {
                 return record(counter, request.query("recursive") == "true" ? recursive : listing)
             case .token?:
                 // A comma-separated list, made space-separated byte by byte; an empty entry leaves
-                // two spaces, or one at an end, which `checked` refuses.
-                let values: TokenRequestValues
-                if let scopes = try QueryParameters.values(GCEQuery.token, request)[0] {
-                    values = try gce.scopesMemo.values(for: scopes) { () throws(BadRequest) in
-                        let scope =
-                            scopes.utf8.contains(0x2C)
-                            ? String(decoding: scopes.utf8.map { $0 == 0x2C ? 0x20 : $0 }, as: UTF8.self) : scopes
-                        return try Self.checked(audience: nil, scope: scope, for: gce.tokens)
+                // two spaces, or one at an end, which `checked` refuses. None: the configured scopes.
+                let scopes = try QueryParameters.values(GCEQuery.token, request)[0]
+                let child = try gce.scopesMemo.child(for: scopes) { () throws(BadRequest) in
+                    guard let scopes else {
+                        return try Self.checked(audience: nil, scope: gce.defaultScope, for: gce.tokens)
                     }
-                } else {
-                    values = try gce.defaultValues.mapError {
-                        BadRequest(.requestValue($0, provider: gce.tokens.configuration.name))
-                    }.get()
+                    let scope =
+                        scopes.utf8.contains(0x2C)
+                        ? String(decoding: scopes.utf8.map { $0 == 0x2C ? 0x20 : $0 }, as: UTF8.self) : scopes
+                    return try Self.checked(audience: nil, scope: scope, for: gce.tokens)
                 }
-                return token(from: gce.tokens, values: values, rendering: gce.tokenRendering, counter: counter)
+                return token(from: gce.tokens, child: child, rendering: gce.tokenRendering, counter: counter)
             case .identity?:
-                guard let identities = gce.identities else { break }
+                guard let identities = gce.identities, let audienceMemo = gce.audienceMemo else { break }
                 let named = try QueryParameters.values(GCEQuery.identity, request)
                 guard let audience = named[0] else { throw BadRequest(.missingParameter("audience")) }
                 if let format = named[1], format != "standard", format != "full" {
                     throw BadRequest(.invalidParameter("format", allowed: "standard or full"))
                 }
-                let values = try gce.audienceMemo.values(for: audience) { () throws(BadRequest) in
+                let child = try audienceMemo.child(for: audience) { () throws(BadRequest) in
                     try Self.checked(audience: audience, scope: nil, for: identities)
                 }
-                return token(from: identities, values: values, rendering: gce.identityRendering, counter: counter)
+                return token(from: identities, child: child, rendering: gce.identityRendering, counter: counter)
             case nil:
                 break
             }

@@ -143,7 +143,7 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
         let render: @Sendable (CachedToken<Provider.Instant>, _ expiresIn: Int, _ resource: String) -> HTTPResponse
     }
 
-    /// The answer with the token of `source`'s child for `values`: at once when the child holds
+    /// The answer with the token of `found`, `source`'s child for the request: at once when the child holds
     /// one the SDK will not treat as expired; else after the child's first fetch (a new child,
     /// waited for at most `maxWait`), or after one forced refresh (a token inside the SDK's
     /// margin, when a fresher one can be had: once per token version, waited for at most
@@ -152,13 +152,13 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
     /// - Parameter resource: what the answer names as its resource (Azure's); the same for every
     ///   request that reaches the same child, since the child's values are made from it.
     func token(
-        from source: Source, values: TokenRequestValues, rendering: Rendering, resource: String = "",
-        counter: RequestCounter
+        from source: Source, child found: Result<TemplateLease<Provider>, ChildRefusal>, rendering: Rendering,
+        resource: String = "", counter: RequestCounter
     ) -> HTTPReply {
         let child: Provider
         let cache: TokenResponseCache<Provider.Instant>
-        switch source.template.child(for: values) {
-        case .success(let found): (child, cache) = found
+        switch found {
+        case .success(let lease): (child, cache) = (lease.child, lease.cache)
         case .failure(.full(let limit, let retryAfter)):
             return refuse(
                 .tooManyChildren(provider: source.configuration.name, limit: limit, retryAfter: retryAfter),

@@ -12,12 +12,13 @@ public typealias ChildAttachment = AnyObject & Sendable
 /// - At most `maxChildren` children live at once; past it, `child(for:)` refuses with the time
 ///   after which the earliest idle child could be dropped (at least 1 s; `childIdleSec` when
 ///   every child is held).
-/// - A child neither read through `child(for:)` nor held for `childIdleSec`, and without
-///   waiters (a long-poll in progress counts as reading), is dropped: removed, then shut down,
-///   its token and timers gone.
+/// - A child neither read (through `child(for:)` or a renewal of its lease) nor held for
+///   `childIdleSec`, and without waiters (a long-poll in progress counts as reading), is
+///   dropped: removed, its lease ended, then shut down, its token and timers gone.
 /// - A held child (`hold(_:)`, a token file's) is never dropped for idleness until released.
 ///
-/// Locking: one lock, `state`. While it is held the template reads its clock and its table
+/// Locking: one lock, `state`, and each child's lease's own (taken inside `state`, or alone by
+/// `renew`). While `state` is held the template reads its clock, its table and the leases
 /// only: children are made, started, asked for their status and shut down after it is released,
 /// and a timer task is created after it too (as `TokenProvider` does).
 ///
@@ -37,13 +38,16 @@ where C.Duration == Duration {
     private let idleLimit: Duration
     private let state: Lock<State>
 
+    /// A child as handed out, with its read time: see `ChildLease`.
+    public typealias Lease = ChildLease<Child, Attachment, C.Instant>
+
     private struct Entry: Sendable {
-        let child: Child
-        let attachment: Attachment
+        let lease: Lease
         /// The child's own number, which its task reports when it ends.
         let number: UInt64
-        var lastRead: C.Instant
         var holds: Int = 0
+
+        var child: Child { lease.child }
     }
 
     private struct State: Sendable {
@@ -81,7 +85,8 @@ where C.Duration == Duration {
 
     // MARK: - Children
 
-    /// The child for `values`, made and started on first use, with its attachment.
+    /// The lease of the child for `values`, made and started on first use: the child, its
+    /// attachment, and the means to read the child again without this look-up (`renew(_:)`).
     ///
     /// Counts as a read: the child's idle time starts again. Refused past `maxChildren`
     /// (`.full`), and once the template has shut down (`.stopped`).
@@ -90,13 +95,19 @@ where C.Duration == Duration {
     // the continuous clock, attachments as objects), not generic code that looks up type
     // metadata and copies entries through value witnesses at run time.
     @_specialize(where Child == TokenProvider<ContinuousClock>, Attachment == ChildAttachment, C == ContinuousClock)
-    public func child(for values: TokenRequestValues) -> Result<(child: Child, attachment: Attachment), ChildRefusal> {
+    public func child(for values: TokenRequestValues) -> Result<Lease, ChildRefusal> {
         switch find(values, holding: false) {
-        case .found(let entry): .success((entry.child, entry.attachment))
+        case .found(let entry): .success(entry.lease)
         case .refused(let refusal): refused(refusal, values)
-        case .absent: adopt(values, holding: false).map { ($0.child, $0.attachment) }
+        case .absent: adopt(values, holding: false).map(\.lease)
         }
     }
+
+    /// Reads the child of `lease` (one of this template's) again, as `child(for:)` would: its idle
+    /// time starts again. False once the child was dropped or the template shut down: then ask
+    /// `child(for:)`, which makes a new child or says why not.
+    @_specialize(where Child == TokenProvider<ContinuousClock>, Attachment == ChildAttachment, C == ContinuousClock)
+    public func renew(_ lease: Lease) -> Bool { lease.renew(at: clock.now) }
 
     /// A child kept alive while held (a token file's): never dropped for idleness until
     /// `release(_:)`. It counts toward `maxChildren`; each hold needs its own release.
@@ -117,7 +128,7 @@ where C.Duration == Duration {
                 return
             }
             state.children.values[index].holds -= 1
-            state.children.values[index].lastRead = now
+            _ = state.children.values[index].lease.renew(at: now)
             timer = planTimer(&state)
         }
         if let timer { armTimer(until: timer.0, generation: timer.1) }
@@ -147,7 +158,8 @@ where C.Duration == Duration {
     /// The child for `values`, counted as read now (or held once more); nil when there is none. Under the lock.
     private func read(_ values: TokenRequestValues, holding: Bool, now: C.Instant, _ state: inout State) -> Entry? {
         guard let index = state.children.index(forKey: values) else { return nil }
-        state.children.values[index].lastRead = now
+        // A child in the table has a lease not ended: the template ends it only as it removes the child.
+        _ = state.children.values[index].lease.renew(at: now)
         if holding { state.children.values[index].holds += 1 }
         return state.children.values[index]
     }
@@ -179,7 +191,8 @@ where C.Duration == Duration {
             if let full = noRoom(state, now: now) { return .failure(full) }
             state.nextNumber += 1
             let entry = Entry(
-                child: child, attachment: attachment, number: state.nextNumber, lastRead: now, holds: holding ? 1 : 0)
+                lease: Lease(child: child, attachment: attachment, readAt: now), number: state.nextNumber,
+                holds: holding ? 1 : 0)
             state.children[values] = entry
             timer = planTimer(&state)
             return .success((entry, true))
@@ -200,7 +213,7 @@ where C.Duration == Duration {
     /// When the earliest child that could be dropped will be: at least 1 s from now, and
     /// `childIdleSec` when every child is held.
     private func retryAfter(_ state: State, now: C.Instant) -> Duration {
-        let earliest = state.children.values.lazy.filter { $0.holds == 0 }.map(\.lastRead).min()
+        let earliest = state.children.values.lazy.filter { $0.holds == 0 }.map(\.lease.lastRead).min()
         guard let earliest else { return idleLimit }
         return max(.seconds(1), now.duration(to: earliest.advanced(by: idleLimit)))
     }
@@ -256,7 +269,10 @@ where C.Duration == Duration {
     public func shutDown() {
         let (children, timer, runEnds) = state.withLock { state in
             state.isShutDown = true
-            let children = state.children.values.map(\.child)
+            let children = state.children.values.map { entry in
+                entry.lease.end()
+                return entry.child
+            }
             state.children.removeAll()
             let timer = state.timer
             state.timer = nil
@@ -272,13 +288,15 @@ where C.Duration == Duration {
     ///
     /// Two steps: the children due are picked under the lock; their waiters are read outside it
     /// (a child with waiters is being read, and its idle time starts again); the rest are removed
-    /// under the lock, each only if no request read it in between, then shut down outside it.
+    /// under the lock, each only if no request read it in between (its lease ended in the same
+    /// step under the lease's lock, so that no renewal slips between the check and the end),
+    /// then shut down outside it.
     func sweep() {
         let now = clock.now
         let due = state.withLock { state -> [(TokenRequestValues, Child)] in
             guard !state.isShutDown else { return [] }
             return state.children.compactMap { values, entry in
-                entry.holds == 0 && entry.lastRead.advanced(by: idleLimit) <= now ? (values, entry.child) : nil
+                entry.holds == 0 && entry.lease.lastRead.advanced(by: idleLimit) <= now ? (values, entry.child) : nil
             }
         }
         let waiting = Set(due.compactMap { values, child in child.status().waiters > 0 ? values : nil })
@@ -291,10 +309,10 @@ where C.Duration == Duration {
                     state.children.values[index].child === child
                 else { continue }
                 let entry = state.children.values[index]
-                guard entry.holds == 0, entry.lastRead.advanced(by: idleLimit) <= now else { continue }
+                guard entry.holds == 0 else { continue }
                 if waiting.contains(values) {
-                    state.children.values[index].lastRead = now
-                } else {
+                    _ = entry.lease.renew(at: now)
+                } else if entry.lease.endIfIdle(for: idleLimit, at: now) {
                     state.children.remove(at: index)
                     dropped.append((values, child))
                 }
@@ -314,7 +332,7 @@ where C.Duration == Duration {
     /// the deadline changed; replacing a timer cancels the old one when the new one is stored.
     private func planTimer(_ state: inout State) -> (C.Instant, UInt64)? {
         guard !state.isShutDown else { return nil }
-        let wanted = state.children.values.lazy.filter { $0.holds == 0 }.map(\.lastRead).min()?.advanced(
+        let wanted = state.children.values.lazy.filter { $0.holds == 0 }.map(\.lease.lastRead).min()?.advanced(
             by: idleLimit)
         // A timer earlier than needed only sweeps and plans again; a later one would miss a child.
         if let current = state.timerDeadline, let wanted, current <= wanted { return nil }
