@@ -9,6 +9,10 @@ import TokenBrokerCore
 /// query value, or a template route's `audience`, `scope` and `resource`. Only an accepted key
 /// is kept; the checks depend only on the key and the route's configuration, which does not
 /// change (a reload makes new routes).
+///
+/// The lease is held weakly: the template holds its children's leases while they live, and a
+/// dropped child, with the token in its rendered answers, is freed when the template lets go of
+/// it, not kept until this route's next request.
 final class CheckedValuesMemo<Key: ExactKey, Provider: TokenProviding>: Sendable {
     /// The template the children come from.
     let template: any TemplateProviding<Provider>
@@ -17,8 +21,8 @@ final class CheckedValuesMemo<Key: ExactKey, Provider: TokenProviding>: Sendable
     private struct Kept: Sendable {
         let key: Key
         let values: TokenRequestValues
-        /// The child last found for `values`; nil when the template refused one.
-        let lease: TemplateLease<Provider>?
+        /// The child last found for `values`; nil when the template refused one, or has dropped it.
+        weak var lease: TemplateLease<Provider>?
     }
 
     init(_ template: any TemplateProviding<Provider>) { self.template = template }

@@ -63,14 +63,14 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
         /// As `Endpoint.counters`: one set for the template, whichever child answers.
         let counters: [RequestCounter]
         /// The values last checked for the parameters a request named, with their child.
-        let checkedValues: CheckedValuesMemo<QueryParameters.RequestValues, Provider>
+        let memo: CheckedValuesMemo<QueryParameters.RequestValues, Provider>
 
         init(template: any TemplateProviding<Provider>, counters: [RequestCounter]) {
             self.template = template
             name = template.name
             configuration = template.configuration
             self.counters = counters
-            checkedValues = CheckedValuesMemo(template)
+            memo = CheckedValuesMemo(template)
         }
 
         func counter(_ route: Route) -> RequestCounter { counters[route.index] }
@@ -277,7 +277,7 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
         case .template(let endpoint):
             let found: Result<TemplateLease<Provider>, ChildRefusal>
             do throws(BadRequest) {
-                found = try endpoint.checkedValues.child(for: named) { () throws(BadRequest) in
+                found = try endpoint.memo.child(for: named) { () throws(BadRequest) in
                     switch TokenRequestValues.checked(
                         audience: named.audience, scope: named.scope, resource: named.resource,
                         for: endpoint.configuration)

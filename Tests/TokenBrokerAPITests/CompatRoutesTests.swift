@@ -150,6 +150,14 @@ private let secret = "app-service-secret"
             // No scopes: the account's configured ones.
             let plain = await answer(api.handle(gce(accounts + "/b@proj-1.example/token")))
             #expect(plain?.string("access_token") == "tok-2:scope=\"read\"")
+            // Requests with and without scopes, taking turns, each find their own child at once.
+            for _ in 0..<2 {
+                let scoped = api.handle(gce(accounts + "/default/token", [("scopes", "read,write")])).immediate
+                #expect(scoped?.string("access_token") == "tok-1:scope=\"read+write\"")
+                let unscoped = api.handle(gce(accounts + "/default/token")).immediate
+                #expect(unscoped?.string("access_token") == "tok-2:scope=\"read\"")
+            }
+            #expect(shared.count == 2)
         }
     }
 
@@ -482,7 +490,7 @@ final class CountingTemplate: TemplateProviding {
         #expect(try child("a") === first && child("b") !== first)
         #expect(checks.withLock { $0 } == 4)
         // Keys equal by `String`'s `==` but not byte for byte are two keys, each checked: KELVIN
-        // SIGN and `K` (the broker's checks refuse the first).
+        // SIGN and `K` (this test's check accepts both; the broker's refuse anything beyond ASCII).
         _ = try child("K")
         _ = try child("\u{212A}")
         #expect(checks.withLock { $0 } == 6)
@@ -506,7 +514,22 @@ final class CountingTemplate: TemplateProviding {
         let second = try child("a")
         #expect(second != nil && second !== first)
         #expect(checks.withLock { $0 } == 1)
-        #expect(template.lookUps.withLock { $0 } == 2 && template.renewals.withLock { $0 } == 2)
+        // The dropped child's lease was freed with it: the memo had nothing to renew.
+        #expect(template.lookUps.withLock { $0 } == 2 && template.renewals.withLock { $0 } == 1)
+    }
+
+    @Test func aDroppedChildIsFreedWithoutWaitingForTheRoutesNextRequest() async throws {
+        let template = CountingTemplate()
+        defer { template.template.shutDown() }
+        let child = memo(template, Lock(0))
+        weak var first = try child("a")
+        #expect(first != nil)
+        template.clock.advance(by: .seconds(60))
+        template.template.sweep()
+        #expect(template.status().children == 0)
+        // The template let go of it and its task ended: nothing else holds the child, its token
+        // and its rendered answers, though the memo still has "a" as its last key.
+        #expect(await eventually { first == nil })
     }
 
     @Test func aTemplatesRefusalIsAskedAgainAndAShutDownTemplatesChildIsNeverRenewed() throws {

@@ -195,6 +195,53 @@ private final class TemplateFixture: Sendable {
         #expect(!fixture.template.renew(replacement), "every lease ends with the template")
     }
 
+    @Test func aLeaseEndsOnlyOnceIdleAndOnceEndedIsNeverRenewed() {
+        let clock = ManualClock()
+        let lease = ChildLease(child: 1, attachment: 2, readAt: clock.now)
+        clock.advance(by: .seconds(59))
+        #expect(!lease.endIfIdle(for: .seconds(60), at: clock.now))
+        #expect(lease.renew(at: clock.now))
+        // A renewal that read the clock before another did never moves the read time back.
+        #expect(lease.renew(at: clock.now.advanced(by: .seconds(-30))))
+        // Read at 59: idle for 60 at 119, not before.
+        clock.advance(by: .seconds(59))
+        #expect(!lease.endIfIdle(for: .seconds(60), at: clock.now))
+        clock.advance(by: .seconds(1))
+        #expect(lease.endIfIdle(for: .seconds(60), at: clock.now))
+        #expect(!lease.renew(at: clock.now))
+        #expect(!lease.endIfIdle(for: .seconds(60), at: clock.now), "ended once")
+    }
+
+    @Test func aReadBetweenTheSweepsTwoStepsKeepsTheChild() throws {
+        // The sweep picks the children due, asks each for its waiters with the lock released, then
+        // drops those still idle. A child that is read in between, here from inside its own
+        // `status()`, which the sweep calls between the two steps, must stay.
+        let clock = ManualClock()
+        let renewal = Lock<(@Sendable () -> Bool)?>(nil)
+        let renewed = Lock<Bool?>(nil)
+        let template = ProviderTemplate<StatusHookChild, Int, ManualClock>(
+            configuration: TemplateFixture().template.configuration, clock: clock,
+            makeChild: { _ in
+                StatusHookChild {
+                    let renew = renewal.withLock { $0 }
+                    if let renew { renewed.withLock { $0 = renew() } }
+                }
+            },
+            attach: { _ in 0 })
+        let lease = try template.child(for: audience("a")).get()
+        renewal.withLock { $0 = { template.renew(lease) } }
+        clock.advance(by: .seconds(3600))
+        template.sweep()
+        #expect(renewed.withLock { $0 } == true)
+        #expect(template.status().children == 1, "read between the steps")
+        renewal.withLock { $0 = nil }
+        clock.advance(by: .seconds(3600))
+        template.sweep()
+        #expect(template.status().children == 0)
+        #expect(!template.renew(lease))
+        template.shutDown()
+    }
+
     @Test func aRenewalRacingTheSweepIsEitherSeenByItOrRefused() async throws {
         // Each round: a child due to be dropped, renewed on one thread while another sweeps. A
         // renewal that succeeds must keep the child; one that comes after the drop must fail.
@@ -324,4 +371,21 @@ extension Result where Success == Void, Failure == ChildRefusal {
         default: false
         }
     }
+}
+
+/// A child that does nothing but call `onStatus` whenever its status is asked for.
+private final class StatusHookChild: TemplateChild {
+    private let onStatus: @Sendable () -> Void
+
+    init(onStatus: @escaping @Sendable () -> Void) { self.onStatus = onStatus }
+
+    func status() -> ProviderStatus {
+        onStatus()
+        return ProviderStatus(
+            name: "hook", phase: .fresh, version: nil, stale: false, expiresIn: nil, lastError: nil,
+            consecutiveFailures: 0, waiters: 0, backgroundRefresh: true)
+    }
+
+    func run() async {}
+    func shutDown() {}
 }

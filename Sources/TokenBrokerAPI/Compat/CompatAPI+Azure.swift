@@ -139,7 +139,7 @@ extension CompatAPI {
             guard let resource = named[1] else { throw BadRequest(.missingParameter("resource")) }
             let index = try azure.identity(named)
             let source = azure.identities[index].source
-            let child = try azure.identities[index].memo.child(for: resource) { () throws(BadRequest) in
+            let found = try azure.identities[index].memo.child(for: resource) { () throws(BadRequest) in
                 let values: TokenRequestValues
                 if source.configuration.perRequest.contains(.resource) {
                     values = try Self.checked(audience: nil, scope: nil, resource: resource, for: source)
@@ -166,7 +166,7 @@ extension CompatAPI {
                 return values
             }
             let rendering = appService ? azure.appServiceRenderings[index] : azure.imdsRenderings[index]
-            return token(from: source, child: child, rendering: rendering, resource: resource, counter: counter)
+            return token(from: source, child: found, rendering: rendering, resource: resource, counter: counter)
         } catch {
             return refuse(error.answer, .azure, counter)
         }

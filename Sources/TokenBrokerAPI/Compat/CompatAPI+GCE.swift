@@ -24,18 +24,22 @@ extension CompatAPI {
     /// A class, so that reading it per request costs one reference count, not one per answer it holds.
     final class GCE: Sendable {
         let tokens: Source
-        let identities: Source?
+        /// The identity tokens' template, when configured, and the values last checked for
+        /// `…/identity`'s `audience`, with their child.
+        let identities: (source: Source, memo: CheckedValuesMemo<String, Provider>)?
         /// Every path served, found with one look-up per request.
         let routes: [String: Route]
         /// The token routes' paths (`default`'s and the email's), which SDKs ask most: compared
         /// before the look-up, so that their requests do not hash the long path.
         let tokenPaths: [(path: String, route: Route)]
-        /// The values last checked for `…/token`'s `scopes` (nil: none named, the configured
-        /// scopes) and `…/identity`'s `audience`, with their children.
-        let scopesMemo: CheckedValuesMemo<String?, Provider>
-        let audienceMemo: CheckedValuesMemo<String, Provider>?
-        /// The configured scopes, space-separated, for a token request that names none (the
-        /// configuration checked that the template allows them).
+        /// The values last checked for `…/token`'s `scopes`, with their child.
+        let scopesMemo: CheckedValuesMemo<String, Provider>
+        /// The same for a token request that names no scopes, which asks for the configured
+        /// ones: a memo of its own (its one key is the empty text), so that SDKs asking with and
+        /// without scopes do not take turns at one memo.
+        let defaultScopesMemo: CheckedValuesMemo<String, Provider>
+        /// The configured scopes, space-separated (the configuration checked that the template
+        /// allows them).
         let defaultScope: String
         let tokenRendering: Rendering
         let identityRendering: Rendering
@@ -63,9 +67,9 @@ extension CompatAPI {
             _ settings: GCEConfiguration, tokens: Source, identities: Source?, listener: String, metrics: BrokerMetrics
         ) {
             self.tokens = tokens
-            self.identities = identities
+            self.identities = identities.map { ($0, CheckedValuesMemo($0.template)) }
             scopesMemo = CheckedValuesMemo(tokens.template)
-            audienceMemo = identities.map { CheckedValuesMemo($0.template) }
+            defaultScopesMemo = CheckedValuesMemo(tokens.template)
             defaultScope = settings.scopes.joined(separator: " ")
             let v1 = "/computeMetadata/v1"
             let accountsPath = v1 + "/instance/service-accounts"
@@ -175,28 +179,32 @@ extension CompatAPI {
             case .token?:
                 // A comma-separated list, made space-separated byte by byte; an empty entry leaves
                 // two spaces, or one at an end, which `checked` refuses. None: the configured scopes.
-                let scopes = try QueryParameters.values(GCEQuery.token, request)[0]
-                let child = try gce.scopesMemo.child(for: scopes) { () throws(BadRequest) in
-                    guard let scopes else {
-                        return try Self.checked(audience: nil, scope: gce.defaultScope, for: gce.tokens)
+                let found: Result<TemplateLease<Provider>, ChildRefusal>
+                if let scopes = try QueryParameters.values(GCEQuery.token, request)[0] {
+                    found = try gce.scopesMemo.child(for: scopes) { () throws(BadRequest) in
+                        let scope =
+                            scopes.utf8.contains(0x2C)
+                            ? String(decoding: scopes.utf8.map { $0 == 0x2C ? 0x20 : $0 }, as: UTF8.self) : scopes
+                        return try Self.checked(audience: nil, scope: scope, for: gce.tokens)
                     }
-                    let scope =
-                        scopes.utf8.contains(0x2C)
-                        ? String(decoding: scopes.utf8.map { $0 == 0x2C ? 0x20 : $0 }, as: UTF8.self) : scopes
-                    return try Self.checked(audience: nil, scope: scope, for: gce.tokens)
+                } else {
+                    found = try gce.defaultScopesMemo.child(for: "") { () throws(BadRequest) in
+                        try Self.checked(audience: nil, scope: gce.defaultScope, for: gce.tokens)
+                    }
                 }
-                return token(from: gce.tokens, child: child, rendering: gce.tokenRendering, counter: counter)
+                return token(from: gce.tokens, child: found, rendering: gce.tokenRendering, counter: counter)
             case .identity?:
-                guard let identities = gce.identities, let audienceMemo = gce.audienceMemo else { break }
+                guard let identities = gce.identities else { break }
                 let named = try QueryParameters.values(GCEQuery.identity, request)
                 guard let audience = named[0] else { throw BadRequest(.missingParameter("audience")) }
                 if let format = named[1], format != "standard", format != "full" {
                     throw BadRequest(.invalidParameter("format", allowed: "standard or full"))
                 }
-                let child = try audienceMemo.child(for: audience) { () throws(BadRequest) in
-                    try Self.checked(audience: audience, scope: nil, for: identities)
+                let found = try identities.memo.child(for: audience) { () throws(BadRequest) in
+                    try Self.checked(audience: audience, scope: nil, for: identities.source)
                 }
-                return token(from: identities, child: child, rendering: gce.identityRendering, counter: counter)
+                return token(
+                    from: identities.source, child: found, rendering: gce.identityRendering, counter: counter)
             case nil:
                 break
             }

@@ -143,12 +143,12 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
         let render: @Sendable (CachedToken<Provider.Instant>, _ expiresIn: Int, _ resource: String) -> HTTPResponse
     }
 
-    /// The answer with the token of `found`, `source`'s child for the request: at once when the child holds
-    /// one the SDK will not treat as expired; else after the child's first fetch (a new child,
-    /// waited for at most `maxWait`), or after one forced refresh (a token inside the SDK's
-    /// margin, when a fresher one can be had: once per token version, waited for at most
-    /// `marginWait`, then the token held is served). Refused: values outside the allow-lists,
-    /// no room for another child, no valid token.
+    /// The answer with the token of `found`, the child of `source` for the request's checked
+    /// values: at once when the child holds one the SDK will not treat as expired; else after the
+    /// child's first fetch (a new child, waited for at most `maxWait`), or after one forced
+    /// refresh (a token inside the SDK's margin, when a fresher one can be had: once per token
+    /// version, waited for at most `marginWait`, then the token held is served). Refused: no
+    /// child (no room for another, or the template stopped), no valid token.
     /// - Parameter resource: what the answer names as its resource (Azure's); the same for every
     ///   request that reaches the same child, since the child's values are made from it.
     func token(

@@ -13,6 +13,9 @@
 ///   is being shut down without its idle time having passed.
 ///
 /// Locking: the lease's lock is taken alone, or inside the template's (never the other way round).
+///
+/// Not to be confused with the token store's refresh lease (`leaseMsec`), which says which
+/// broker of a fleet fetches.
 public final class ChildLease<Child: Sendable, Attachment: Sendable, Instant: InstantProtocol>: Sendable {
     /// The child.
     public let child: Child
