@@ -6,11 +6,11 @@
 ///
 /// Rules:
 /// - The template keeps each child's read time here, and nowhere else.
-/// - Once the template drops the child (idle), the lease is ended: `renew` says false, and the
-///   caller asks the template again, which makes a new child. The drop checks the read time
-///   and ends the lease under the lease's lock, so that a renewal is either seen by the drop
-///   (the child stays) or refused (the caller gets the new child): never a read of a child that
-///   is being shut down without its idle time having passed.
+/// - Once the template drops the child (idle), or shuts down, the lease is ended: `renew` says
+///   false, and the caller asks the template again (which makes a new child, or says why not).
+///   The drop checks the read time and ends the lease in one step under the lease's lock, so a
+///   renewal is either seen by the drop (the child stays) or refused: no renewal succeeds for a
+///   child that is being dropped.
 ///
 /// Locking: the lease's lock is taken alone, or inside the template's (never the other way round).
 ///

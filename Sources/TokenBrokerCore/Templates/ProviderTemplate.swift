@@ -19,8 +19,9 @@ public typealias ChildAttachment = AnyObject & Sendable
 ///
 /// Locking: one lock, `state`, and each child's lease's own (taken inside `state`, or alone by
 /// `renew`). While `state` is held the template reads its clock and its table, and reads,
-/// renews and ends leases, nothing else: children are made, started, asked for their status and shut down after it is released,
-/// and a timer task is created after it too (as `TokenProvider` does).
+/// renews and ends leases, nothing else: children are made, started, asked for their status
+/// and shut down after it is released, and a timer task is created after it too (as
+/// `TokenProvider` does).
 ///
 /// - Important: call `run()` from a task you own: it drops idle children until `shutDown()`.
 public final class ProviderTemplate<Child: TemplateChild, Attachment: Sendable, C: Clock>: Sendable,
