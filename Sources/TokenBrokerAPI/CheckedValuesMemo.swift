@@ -10,9 +10,10 @@ import TokenBrokerCore
 /// is kept; the checks depend only on the key and the route's configuration, which does not
 /// change (a reload makes new routes).
 ///
-/// The lease is held weakly: the template holds its children's leases while they live, and a
-/// dropped child, with the token in its rendered answers, is freed when the template lets go of
-/// it, not kept until this route's next request.
+/// The memo keeps the lease, which lets go of its child when it ends: a dropped child, with the
+/// token in its rendered answers, is freed when the template lets go of it, not kept until this
+/// route's next request. (Holding the lease weakly would do the same, at some 600 instructions a
+/// request: every reference count of an object with weak references takes the slow path.)
 final class CheckedValuesMemo<Key: ExactKey, Provider: TokenProviding>: Sendable {
     /// The template the children come from.
     let template: any TemplateProviding<Provider>
@@ -21,8 +22,8 @@ final class CheckedValuesMemo<Key: ExactKey, Provider: TokenProviding>: Sendable
     private struct Kept: Sendable {
         let key: Key
         let values: TokenRequestValues
-        /// The child last found for `values`; nil when the template refused one, or has dropped it.
-        weak var lease: TemplateLease<Provider>?
+        /// The lease of the child last found for `values`; nil when the template refused one.
+        let lease: TemplateLease<Provider>?
     }
 
     init(_ template: any TemplateProviding<Provider>) { self.template = template }
@@ -31,11 +32,13 @@ final class CheckedValuesMemo<Key: ExactKey, Provider: TokenProviding>: Sendable
     /// checked and the child was not dropped; else the template's child for the values kept for
     /// `key` or, for another key, for `check`'s, kept with them.
     func child(for key: Key, check: () throws(BadRequest) -> TokenRequestValues) throws(BadRequest) -> Result<
-        TemplateLease<Provider>, ChildRefusal
+        LeasedChild<Provider>, ChildRefusal
     > {
         // Only the lease is copied out on the way that most requests take.
-        if let lease = last.withLock({ $0?.key.isExactly(key) == true ? $0?.lease : nil }), template.renew(lease) {
-            return .success(lease)
+        if let lease = last.withLock({ $0?.key.isExactly(key) == true ? $0?.lease : nil }),
+            let child = template.renew(lease)
+        {
+            return .success(child)
         }
         let values: TokenRequestValues
         if let kept = last.withLock({ $0?.key.isExactly(key) == true ? $0?.values : nil }) {
@@ -46,11 +49,11 @@ final class CheckedValuesMemo<Key: ExactKey, Provider: TokenProviding>: Sendable
         let found = template.child(for: values)
         let lease: TemplateLease<Provider>? =
             switch found {
-            case .success(let lease): lease
+            case .success(let found): found.lease
             case .failure: nil
             }
         last.withLock { $0 = Kept(key: key, values: values, lease: lease) }
-        return found
+        return found.map(\.held)
     }
 }
 

@@ -31,16 +31,16 @@ struct QueryValues {
     /// The most names a route reads at once (managed identity's seven, and room for one more).
     static let capacity = 8
 
-    private let query: [(String, String?)]
+    private let query: HTTPFields
     /// For each name, the position in `query` of the parameter that gives its value; -1: none.
     private var positions = SIMD8<Int>(repeating: -1)
 
-    init(_ query: [(String, String?)]) { self.query = query }
+    init(_ query: HTTPFields) { self.query = query }
 
     /// The value for the name at `index`: as sent, the empty value for a parameter without `=`.
     subscript(index: Int) -> String? {
         let position = positions[index]
-        return position < 0 ? nil : query[position].1 ?? ""
+        return position < 0 ? nil : query.value(at: position) ?? ""
     }
 
     /// Whether the name at `index` was given.
@@ -122,12 +122,13 @@ enum QueryParameters {
         // Bit i: names[i] was matched once (`seen`), more than once (`repeated`).
         var seen: UInt8 = 0
         var repeated: UInt8 = 0
-        for position in request.query.indices {
-            guard let (index, whole) = match(request.query[position].0, in: names) else { continue }
+        request.query.forEachName { position, name in
+            guard let (index, whole) = match(name, in: names) else { return true }
             let bit: UInt8 = 1 << index
             repeated |= seen & bit
             seen |= bit
             if whole, !values.isGiven(index) { values.take(index, from: position) }
+            return true
         }
         for index in names.names.indices where values.isGiven(index) && repeated & (1 << index) != 0 {
             throw BadRequest(.repeatedParameter(names.names[index]))
@@ -138,10 +139,6 @@ enum QueryParameters {
     /// The index in `names` of the name that `name`, read up to a NUL, is, without regard to
     /// ASCII case, and whether that is the whole of `name` (no NUL in it). Read in place: a
     /// route's every request comes through here.
-    private static func match(_ name: String, in names: QueryNames) -> (index: Int, whole: Bool)? {
-        name.withUTF8Bytes { match($0, in: names) }
-    }
-
     private static func match(_ name: UnsafeBufferPointer<UInt8>, in names: QueryNames) -> (index: Int, whole: Bool)? {
         let length = name.firstIndex(of: 0) ?? name.count
         for (index, candidate) in names.bytes.enumerated() where candidate.count == length {

@@ -3,8 +3,8 @@
 import TokenBrokerCore
 
 /// A provider template as the token routes see it: its settings (`perRequest`, allow-lists),
-/// and the lease of the child for a request's checked values, whose attachment is the cache of
-/// the answers rendered for that child.
+/// and the lease of the child for a request's checked values, with the child and its attachment,
+/// the cache of the answers rendered for that child.
 ///
 /// - Important: the token routes call `child(for:)` and `renew(_:)` on a server thread: they must not block.
 public protocol TemplateProviding<Provider>: TemplateStatusReporting {
@@ -13,18 +13,24 @@ public protocol TemplateProviding<Provider>: TemplateStatusReporting {
 
     /// The template's settings, as configured.
     var configuration: ProviderConfiguration { get }
-    /// The lease of the child for `values`, made on first use; counts as a read of it. Refused
-    /// past `maxChildren` and once stopped. The attachment is the child's `TokenResponseCache`.
-    func child(for values: TokenRequestValues) -> Result<TemplateLease<Provider>, ChildRefusal>
-    /// Reads the child of `lease`, one of this template's, again; false once it was dropped or
+    /// The lease of the child for `values`, made on first use, and the child; counts as a read
+    /// of it. Refused past `maxChildren` and once stopped. The attachment is the child's
+    /// `TokenResponseCache`.
+    func child(for values: TokenRequestValues) -> Result<
+        (lease: TemplateLease<Provider>, held: LeasedChild<Provider>), ChildRefusal
+    >
+    /// Reads the child of `lease`, one of this template's, again; nil once it was dropped or
     /// the template stopped (then ask `child(for:)`).
-    func renew(_ lease: TemplateLease<Provider>) -> Bool
+    func renew(_ lease: TemplateLease<Provider>) -> LeasedChild<Provider>?
 }
 
-/// A child of a template the token routes read, with its rendered answers as its attachment.
+/// The lease of a template's child the token routes read, with its rendered answers as its attachment.
 public typealias TemplateLease<Provider: TokenProviding> = ChildLease<Provider, ChildAttachment, Provider.Instant>
 
-extension ChildLease where Child: TokenProviding, Attachment == ChildAttachment, Instant == Child.Instant {
+/// A template's child as a read of its lease gives it, with its rendered answers.
+public typealias LeasedChild<Provider: TokenProviding> = TemplateLease<Provider>.Held
+
+extension ChildLease.Held where Child: TokenProviding, Attachment == ChildAttachment, Instant == Child.Instant {
     /// The child's rendered answers: the attachment, which `TemplateProviding` says is its cache.
     var cache: TokenResponseCache<Child.Instant> {
         unsafeDowncast(attachment, to: TokenResponseCache<Child.Instant>.self)

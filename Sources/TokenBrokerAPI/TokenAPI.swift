@@ -275,7 +275,7 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
             }
             return .success((endpoint, false))
         case .template(let endpoint):
-            let found: Result<TemplateLease<Provider>, ChildRefusal>
+            let found: Result<LeasedChild<Provider>, ChildRefusal>
             do throws(BadRequest) {
                 found = try endpoint.memo.child(for: named) { () throws(BadRequest) in
                     switch TokenRequestValues.checked(
@@ -290,9 +290,9 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
                 return .failure(error)
             }
             switch found {
-            case .success(let lease):
+            case .success(let leased):
                 return .success(
-                    (Endpoint(provider: lease.child, responses: lease.cache, counters: endpoint.counters), true))
+                    (Endpoint(provider: leased.child, responses: leased.cache, counters: endpoint.counters), true))
             case .failure(.full(let limit, let retryAfter)):
                 return .failure(
                     BadRequest(.tooManyChildren(provider: endpoint.name, limit: limit, retryAfter: retryAfter)))

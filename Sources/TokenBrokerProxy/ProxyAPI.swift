@@ -86,7 +86,7 @@ public final class ProxyAPI: ProxyHandling {
             return .response(ProxyFailure.bodyTooLarge.response(settings, provider: route.provider.name))
         }
         // The request is valid only now: copy what the exchange needs.
-        var headers = request.headers
+        var headers = request.headers.pairs.map { ($0.name, $0.value ?? "") }
         let hasBody = request.bodyStream != nil || !request.body.isEmpty
         if hasBody, !headers.contains(named: "Content-Type") {
             headers.append(("Content-Type", ""))  // an empty value tells libcurl not to add its own

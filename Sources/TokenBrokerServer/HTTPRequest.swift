@@ -8,11 +8,13 @@ public struct HTTPRequest: Sendable {
     /// The request target exactly as sent (path and query, not percent-decoded), for requests
     /// under the server's `streamingPrefix`; nil for others.
     public var rawTarget: String?
-    /// The query parameters in the order sent, percent-decoded; nil for one without `=`. A decoded
-    /// NUL (`%00`) stays in the value, so that `after=1%00` is refused rather than read as `after=1`.
-    public var query: [(String, String?)]
-    /// Every request header in the order sent, names as sent.
-    public var headers: [(String, String)]
+    /// The query parameters in the order sent, percent-decoded; a parameter without `=` has no
+    /// value. A decoded NUL (`%00`) stays in the value, so that `after=1%00` is refused rather
+    /// than read as `after=1`.
+    public var query: HTTPFields
+    /// Every request header in the order sent, names as sent; a header without a value has the
+    /// empty one.
+    public var headers: HTTPFields
     /// The body, up to the server's cap.
     public var body: [UInt8]
     /// Whether the body was longer than the cap (and was cut).
@@ -28,6 +30,16 @@ public struct HTTPRequest: Sendable {
         headers: [(String, String)] = [], body: [UInt8] = [], bodyTooLarge: Bool = false,
         bodyStream: HTTPRequestBodyStream? = nil
     ) {
+        self.init(
+            method: method, path: path, rawTarget: rawTarget, query: HTTPFields(query),
+            headers: HTTPFields(headers.map { ($0.0, $0.1) }), body: body, bodyTooLarge: bodyTooLarge,
+            bodyStream: bodyStream)
+    }
+
+    init(
+        method: String, path: String, rawTarget: String?, query: HTTPFields, headers: HTTPFields,
+        body: [UInt8] = [], bodyTooLarge: Bool = false, bodyStream: HTTPRequestBodyStream? = nil
+    ) {
         self.method = method
         self.path = path
         self.rawTarget = rawTarget
@@ -39,12 +51,12 @@ public struct HTTPRequest: Sendable {
     }
 
     /// The value of a request header, by name without regard to case; the first when repeated.
-    public func header(_ name: String) -> String? { headers.value(named: name) }
+    public func header(_ name: String) -> String? { headers.firstIndex(named: name).flatMap(headers.value(at:)) }
 
     /// The value of a query parameter, as libmicrohttpd looks one up: the first parameter whose name
     /// matches without regard to ASCII case; nil when there is none, or when it has no `=`.
     public func query(_ name: String) -> String? {
-        query.first { $0.0.equalsIgnoringASCIICase(name) }?.1
+        query.firstIndex(named: name).flatMap(query.value(at:))
     }
 
     /// How many parameters `query(_:)` could have found for `name`: names compared without regard
@@ -52,8 +64,6 @@ public struct HTTPRequest: Sendable {
     /// `after=1&after%00=2` and `audience=a&AUDIENCE=b` are each a repeated parameter, refused,
     /// rather than one value for the broker and another for a proxy in front that reads names exactly.
     public func queryCount(_ name: String) -> Int {
-        query.reduce(0) { count, parameter in
-            count + (parameter.0.prefix { $0 != "\u{0}" }.equalsIgnoringASCIICase(name) ? 1 : 0)
-        }
+        query.count(namedUpToNUL: name)
     }
 }

@@ -336,7 +336,7 @@ public final class HTTPServer: @unchecked Sendable {
         } else {
             request = HTTPRequest(
                 method: String(cString: method), path: String(cString: url), rawTarget: state?.rawTarget,
-                query: ConnectionValues.query(connection), headers: ConnectionValues.headers(connection),
+                query: HTTPFields(connection, .GET_ARGUMENT_KIND), headers: HTTPFields(connection, .HEADER_KIND),
                 body: state?.body ?? [], bodyTooLarge: state?.tooLarge ?? false)
         }
         return reply(handler.handle(request), connection, streaming: false) { RequestState.attach(to: requestContext) }
@@ -382,7 +382,7 @@ public final class HTTPServer: @unchecked Sendable {
         if draining.load(ordering: .relaxed) { return queue(handler.refusal(.stopping), on: connection, nil) }
         var request = HTTPRequest(
             method: String(cString: method), path: String(cString: url), rawTarget: state.rawTarget,
-            query: ConnectionValues.query(connection), headers: ConnectionValues.headers(connection))
+            query: HTTPFields(connection, .GET_ARGUMENT_KIND), headers: HTTPFields(connection, .HEADER_KIND))
         switch handler.begin(&request) {
         case .buffer(let limit):
             state.bodyLimit = limit

@@ -29,8 +29,12 @@ final class OneChildTemplate: TemplateProviding {
 
     var name: String { configuration.name }
     func status() -> TemplateStatus { TemplateStatus(name: name, maxChildren: 1) }
-    func child(for values: TokenRequestValues) -> Result<TemplateLease<FakeProvider>, ChildRefusal> { .success(lease) }
-    func renew(_ lease: TemplateLease<FakeProvider>) -> Bool { true }
+    func child(for values: TokenRequestValues) -> Result<
+        (lease: TemplateLease<FakeProvider>, held: LeasedChild<FakeProvider>), ChildRefusal
+    > {
+        lease.renew(at: child.now).map { .success((lease, $0)) } ?? .failure(.stopped)
+    }
+    func renew(_ lease: TemplateLease<FakeProvider>) -> LeasedChild<FakeProvider>? { lease.renew(at: child.now) }
 }
 
 /// A template made as the broker makes one, on `ValuesSource`, with its own allow-lists.
@@ -240,7 +244,7 @@ private let secret = "app-service-secret"
             ]
             for (request, status, code) in refused {
                 let answer = api.handle(request).immediate
-                #expect(answer?.status == status && answer?.errorCode == code, "\(request.query)")
+                #expect(answer?.status == status && answer?.errorCode == code, "\(request.query.pairs)")
                 #expect(answer?.int("statusCode") == status)
             }
             #expect(shared.count == 0)
@@ -448,11 +452,13 @@ final class CountingTemplate: TemplateProviding {
     var name: String { template.name }
     var configuration: ProviderConfiguration { template.configuration }
     func status() -> TemplateStatus { template.status() }
-    func child(for values: TokenRequestValues) -> Result<TemplateLease<Provider>, ChildRefusal> {
+    func child(for values: TokenRequestValues) -> Result<
+        (lease: TemplateLease<Provider>, held: LeasedChild<Provider>), ChildRefusal
+    > {
         lookUps.withLock { $0 += 1 }
         return template.child(for: values)
     }
-    func renew(_ lease: TemplateLease<Provider>) -> Bool {
+    func renew(_ lease: TemplateLease<Provider>) -> LeasedChild<Provider>? {
         renewals.withLock { $0 += 1 }
         return template.renew(lease)
     }
@@ -514,15 +520,15 @@ final class CountingTemplate: TemplateProviding {
         let second = try child("a")
         #expect(second != nil && second !== first)
         #expect(checks.withLock { $0 } == 1)
-        // The dropped child's lease was freed with it: the memo had nothing to renew.
-        #expect(template.lookUps.withLock { $0 } == 2 && template.renewals.withLock { $0 } == 1)
+        // The renewal of the dropped child's lease was refused, and the memo looked the values up.
+        #expect(template.lookUps.withLock { $0 } == 2 && template.renewals.withLock { $0 } == 2)
     }
 
     @Test func aDroppedChildIsFreedWithoutWaitingForTheRoutesNextRequest() async throws {
         let template = CountingTemplate()
         defer { template.template.shutDown() }
         let child = memo(template, Lock(0))
-        weak var first = try child("a")
+        weak let first = try child("a")
         #expect(first != nil)
         template.clock.advance(by: .seconds(60))
         template.template.sweep()
@@ -569,8 +575,17 @@ final class CountingTemplate: TemplateProviding {
         #expect(headers.metadata == request.header("Metadata"))
         #expect(headers.identityHeader == request.header("X-IDENTITY-HEADER"))
         #expect(headers.host == request.header("Host"))
+        // The values as the routes read them, in place.
+        #expect(headers.has(.forwardedFor) && headers.has(.host))
+        #expect(headers.withValue(.host) { $0.map(Array.init) } == Array("127.0.0.1".utf8))
+        #expect(headers.value(.metadata, equalsIgnoringCase: "true"))
+        #expect(!headers.value(.metadataFlavor, equalsIgnoringCase: "true"))
+        let shouted = CompatHeaders.read(HTTPRequest(method: "GET", path: "/", headers: [("Metadata", "TRUE")]))
+        #expect(shouted.value(.metadata, equalsIgnoringCase: "true"))
         let none = CompatHeaders.read(HTTPRequest(method: "GET", path: "/", headers: [("Accept", "*/*")]))
         #expect(none.host == nil && none.forwardedFor == nil && none.metadataFlavor == nil)
+        #expect(!none.has(.forwardedFor) && none.withValue(.host) { $0 == nil })
+        #expect(!none.value(.metadata, equalsIgnoringCase: "true"))
     }
 
     @Test func textIsTheSameByItsBytesElseByStringComparison() {
@@ -586,5 +601,18 @@ final class CountingTemplate: TemplateProviding {
         #expect(marksInOneOrder.utf8.count == marksInTheOther.utf8.count && marksInOneOrder == marksInTheOther)
         #expect(sameText(marksInOneOrder, marksInTheOther) && !marksInOneOrder.isExactly(marksInTheOther))
         #expect("".isExactly("") && "abc".isExactly("abc") && !"abc".isExactly("abd") && !"ab".isExactly("abc"))
+    }
+
+    /// The routes compare header values read in place: each answer must be the string comparison's.
+    @Test(arguments: [
+        ("Google", "Google"), ("google", "Google"), ("Googl", "Google"), ("", "Google"), ("", ""),
+        ("\u{212A}", "K"), ("e\u{301}\u{323}", "e\u{323}\u{301}"), ("Google ", "Google"),
+    ])
+    func textAsBytesIsTheSameAsTheStringComparisonSays(_ text: String, _ expected: String) {
+        let bytes = Array(text.utf8)
+        #expect(bytes.withUnsafeBufferPointer { sameText(utf8: $0, expected) } == sameText(text, expected))
+        #expect(!sameText(utf8: nil, expected))
+        // Bytes that are not UTF-8 compare as the replacement character they read as.
+        #expect([0xFF].withUnsafeBufferPointer { sameText(utf8: $0, "\u{FFFD}") })
     }
 }

@@ -395,7 +395,7 @@ struct TemplateCallers: CallerAuthorizing {
                 Issue.record("no child")
                 return
             }
-            let child = lease.child
+            let child = lease.held.child
             #expect(await eventually { child.status().lastError != nil })
             let later = api.handle(token("/providers/orders/token", [("audience", "https://orders.example")]))
             expectError(later.immediate, 503, "token_unavailable", headers: ["Retry-After": "1"])
@@ -446,8 +446,10 @@ final class AnyTemplate: TemplateProviding {
     var name: String { template.name }
     var configuration: ProviderConfiguration { template.configuration }
     func status() -> TemplateStatus { template.status() }
-    func child(for values: TokenRequestValues) -> Result<TemplateLease<Provider>, ChildRefusal> {
+    func child(for values: TokenRequestValues) -> Result<
+        (lease: TemplateLease<Provider>, held: LeasedChild<Provider>), ChildRefusal
+    > {
         template.child(for: values)
     }
-    func renew(_ lease: TemplateLease<Provider>) -> Bool { template.renew(lease) }
+    func renew(_ lease: TemplateLease<Provider>) -> LeasedChild<Provider>? { template.renew(lease) }
 }

@@ -69,7 +69,7 @@ import TokenBrokerTestSupport
                 Issue.record("no child")
                 return
             }
-            children.append(made.child)
+            children.append(made.held.child)
         }
         let waiter = Task { await children[0].onTokenReady(timeout: .seconds(60)) }
         #expect(await eventually { template.status().waiters == 1 })

@@ -49,7 +49,7 @@ private final class TemplateFixture: Sendable {
 
     /// The child for the audience `https://<name>`, which must be given.
     func child(_ name: String) -> Child? {
-        try? template.child(for: TokenRequestValues(audience: "https://\(name)")).get().child
+        try? template.child(for: TokenRequestValues(audience: "https://\(name)")).get().held.child
     }
 
     var children: Int { template.status().children }
@@ -90,12 +90,12 @@ private final class TemplateFixture: Sendable {
         func checked(_ scope: String, audience: String? = nil) throws -> TokenRequestValues {
             try TokenRequestValues.checked(audience: audience, scope: scope, resource: nil, for: configuration).get()
         }
-        let first = try fixture.template.child(for: checked("read write")).get().child
-        let second = try fixture.template.child(for: checked("write read")).get().child
-        let repeated = try fixture.template.child(for: checked("write read write")).get().child
+        let first = try fixture.template.child(for: checked("read write")).get().held.child
+        let second = try fixture.template.child(for: checked("write read")).get().held.child
+        let repeated = try fixture.template.child(for: checked("write read write")).get().held.child
         #expect(first === second && first === repeated)
-        let other = try fixture.template.child(for: checked("read")).get().child
-        let withAudience = try fixture.template.child(for: checked("read", audience: "https://a")).get().child
+        let other = try fixture.template.child(for: checked("read")).get().held.child
+        let withAudience = try fixture.template.child(for: checked("read", audience: "https://a")).get().held.child
         #expect(other !== first && withAudience !== other)
         #expect(fixture.children == 3)
         fixture.template.shutDown()
@@ -178,21 +178,21 @@ private final class TemplateFixture: Sendable {
 
     @Test func aRenewedLeaseIsAReadAndADroppedOrShutDownChildsLeaseIsRefused() throws {
         let fixture = TemplateFixture(childIdleSec: 60)
-        let lease = try fixture.template.child(for: audience("a")).get()
+        let (lease, first) = try fixture.template.child(for: audience("a")).get()
         fixture.clock.advance(by: .seconds(30))
-        #expect(fixture.template.renew(lease))
+        #expect(fixture.template.renew(lease)?.child === first.child)
         fixture.clock.advance(by: .seconds(59))
         fixture.template.sweep()
         #expect(fixture.children == 1, "renewed at 30")
         fixture.clock.advance(by: .seconds(1))
         fixture.template.sweep()
         #expect(fixture.children == 0)
-        #expect(!fixture.template.renew(lease), "the dropped child's lease ended with it")
+        #expect(fixture.template.renew(lease) == nil, "the dropped child's lease ended with it")
         let replacement = try fixture.template.child(for: audience("a")).get()
-        #expect(replacement.child !== lease.child && fixture.children == 1)
-        #expect(fixture.template.renew(replacement))
+        #expect(replacement.held.child !== first.child && fixture.children == 1)
+        #expect(fixture.template.renew(replacement.lease)?.child === replacement.held.child)
         fixture.template.shutDown()
-        #expect(!fixture.template.renew(replacement), "every lease ends with the template")
+        #expect(fixture.template.renew(replacement.lease) == nil, "every lease ends with the template")
     }
 
     @Test func aLeaseEndsOnlyOnceIdleAndOnceEndedIsNeverRenewed() {
@@ -200,15 +200,15 @@ private final class TemplateFixture: Sendable {
         let lease = ChildLease(child: 1, attachment: 2, readAt: clock.now)
         clock.advance(by: .seconds(59))
         #expect(!lease.endIfIdle(for: .seconds(60), at: clock.now))
-        #expect(lease.renew(at: clock.now))
+        #expect(lease.renew(at: clock.now)?.child == 1)
         // A renewal that read the clock before another did never moves the read time back.
-        #expect(lease.renew(at: clock.now.advanced(by: .seconds(-30))))
+        #expect(lease.renew(at: clock.now.advanced(by: .seconds(-30)))?.attachment == 2)
         // Read at 59: idle for 60 at 119, not before.
         clock.advance(by: .seconds(59))
         #expect(!lease.endIfIdle(for: .seconds(60), at: clock.now))
         clock.advance(by: .seconds(1))
         #expect(lease.endIfIdle(for: .seconds(60), at: clock.now))
-        #expect(!lease.renew(at: clock.now))
+        #expect(lease.renew(at: clock.now) == nil)
         #expect(!lease.endIfIdle(for: .seconds(60), at: clock.now), "ended once")
     }
 
@@ -228,8 +228,8 @@ private final class TemplateFixture: Sendable {
                 }
             },
             attach: { _ in 0 })
-        let lease = try template.child(for: audience("a")).get()
-        renewal.withLock { $0 = { template.renew(lease) } }
+        let lease = try template.child(for: audience("a")).get().lease
+        renewal.withLock { $0 = { template.renew(lease) != nil } }
         clock.advance(by: .seconds(3600))
         template.sweep()
         #expect(renewed.withLock { $0 } == true)
@@ -238,7 +238,7 @@ private final class TemplateFixture: Sendable {
         clock.advance(by: .seconds(3600))
         template.sweep()
         #expect(template.status().children == 0)
-        #expect(!template.renew(lease))
+        #expect(template.renew(lease) == nil)
         template.shutDown()
     }
 
@@ -247,10 +247,10 @@ private final class TemplateFixture: Sendable {
         // renewal that succeeds must keep the child; one that comes after the drop must fail.
         for round in 0..<200 {
             let fixture = TemplateFixture(childIdleSec: 60)
-            let lease = try fixture.template.child(for: audience("r\(round)")).get()
+            let lease = try fixture.template.child(for: audience("r\(round)")).get().lease
             fixture.clock.advance(by: .seconds(60))
             async let swept: Void = Task.detached { fixture.template.sweep() }.value
-            async let renewed = Task.detached { fixture.template.renew(lease) }.value
+            async let renewed = Task.detached { fixture.template.renew(lease) != nil }.value
             _ = await swept
             let wasRenewed = await renewed
             #expect(wasRenewed == (fixture.children == 1), "round \(round)")

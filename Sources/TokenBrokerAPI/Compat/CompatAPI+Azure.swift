@@ -102,14 +102,12 @@ extension CompatAPI {
 
         /// Whether `sent` is App Service's secret, in time that depends only on the secret's
         /// length: a header of another length is compared with the secret itself, and refused.
-        func isIdentityHeader(_ sent: String?) -> Bool {
+        func isIdentityHeader(_ sent: UnsafeBufferPointer<UInt8>?) -> Bool {
             guard let secret = identityHeader, let sent else { return false }
-            let sameLength = sent.utf8.count == secret.count
-            // Read in place. A header of another length is not compared; the secret is compared
-            // with itself instead, so that the time taken does not depend on the header either way.
-            let equal =
-                sameLength
-                ? sent.withUTF8Bytes { Crypto.constantTimeEqual($0, secret) } : Crypto.constantTimeEqual(secret, secret)
+            let sameLength = sent.count == secret.count
+            // A header of another length is not compared; the secret is compared with itself
+            // instead, so that the time taken does not depend on the header either way.
+            let equal = sameLength ? Crypto.constantTimeEqual(sent, secret) : Crypto.constantTimeEqual(secret, secret)
             return sameLength && equal
         }
     }
@@ -123,13 +121,13 @@ extension CompatAPI {
             return refuse(.methodNotAllowed(method: request.method, allow: ["GET"]), .azure, counter)
         }
         let headers = CompatHeaders.read(request)
-        if headers.forwardedFor != nil { return refuse(.forwardedRequest, .azure, counter) }
-        if let refusal = foreignHost(headers.host) { return refuse(refusal, .azure, counter) }
+        if headers.has(.forwardedFor) { return refuse(.forwardedRequest, .azure, counter) }
+        if let refusal = foreignHost(headers) { return refuse(refusal, .azure, counter) }
         if appService {
-            guard azure.isIdentityHeader(headers.identityHeader) else {
+            guard headers.withValue(.identityHeader, azure.isIdentityHeader) else {
                 return refuse(.invalidIdentityHeader, .azure, counter)
             }
-        } else if headers.metadata?.equalsIgnoringASCIICase("true") != true {
+        } else if !headers.value(.metadata, equalsIgnoringCase: "true") {
             return refuse(.missingMetadataHeader, .azure, counter)
         }
         let apiVersion = appService ? "2019-08-01" : "2018-02-01"

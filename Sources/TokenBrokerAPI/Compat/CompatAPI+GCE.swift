@@ -165,9 +165,9 @@ extension CompatAPI {
             return refuse(.methodNotAllowed(method: request.method, allow: Methods.read), .gce, counter)
         }
         let headers = CompatHeaders.read(request)
-        if headers.forwardedFor != nil { return refuse(.forwardedRequest, .gce, counter) }
-        if let refusal = foreignHost(headers.host) { return refuse(refusal, .gce, counter) }
-        guard sameText(headers.metadataFlavor, "Google") else {
+        if headers.has(.forwardedFor) { return refuse(.forwardedRequest, .gce, counter) }
+        if let refusal = foreignHost(headers) { return refuse(refusal, .gce, counter) }
+        guard headers.withValue(.metadataFlavor, { sameText(utf8: $0, "Google") }) else {
             return refuse(.missingMetadataFlavor, .gce, counter)
         }
         do throws(BadRequest) {
@@ -179,7 +179,7 @@ extension CompatAPI {
             case .token?:
                 // A comma-separated list, made space-separated byte by byte; an empty entry leaves
                 // two spaces, or one at an end, which `checked` refuses. None: the configured scopes.
-                let found: Result<TemplateLease<Provider>, ChildRefusal>
+                let found: Result<LeasedChild<Provider>, ChildRefusal>
                 if let scopes = try QueryParameters.values(GCEQuery.token, request)[0] {
                     found = try gce.scopesMemo.child(for: scopes) { () throws(BadRequest) in
                         let scope =

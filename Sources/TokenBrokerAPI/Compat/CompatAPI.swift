@@ -1,3 +1,4 @@
+import Glibc
 import TokenBrokerCore
 import TokenBrokerServer
 
@@ -121,10 +122,12 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
         return onlyProtocol.map { answer.response(for: $0) } ?? answer.response
     }
 
-    /// The refusal of a request whose `Host` (`host`, as `CompatHeaders` read it) is not local,
-    /// when the listener checks it; nil: it may pass.
-    func foreignHost(_ host: String?) -> ErrorAnswer? {
-        guard checksHost, let host, !CompatHost.isLocal(host) else { return nil }
+    /// The refusal of a request whose `Host` (as `CompatHeaders` found it) is not local, when
+    /// the listener checks it; nil: it may pass (a request without one, too).
+    func foreignHost(_ headers: CompatHeaders) -> ErrorAnswer? {
+        guard checksHost, headers.withValue(.host, { $0.map { !CompatHost.isLocal($0) } ?? false }) else {
+            return nil
+        }
         return .foreignHost
     }
 
@@ -152,13 +155,13 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
     /// - Parameter resource: what the answer names as its resource (Azure's); the same for every
     ///   request that reaches the same child, since the child's values are made from it.
     func token(
-        from source: Source, child found: Result<TemplateLease<Provider>, ChildRefusal>, rendering: Rendering,
+        from source: Source, child found: Result<LeasedChild<Provider>, ChildRefusal>, rendering: Rendering,
         resource: String = "", counter: RequestCounter
     ) -> HTTPReply {
         let child: Provider
         let cache: TokenResponseCache<Provider.Instant>
         switch found {
-        case .success(let lease): (child, cache) = (lease.child, lease.cache)
+        case .success(let leased): (child, cache) = (leased.child, leased.cache)
         case .failure(.full(let limit, let retryAfter)):
             return refuse(
                 .tooManyChildren(provider: source.configuration.name, limit: limit, retryAfter: retryAfter),
@@ -299,15 +302,30 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
 /// the first header of its name, names compared without regard to ASCII case, as
 /// `HTTPRequest.header(_:)` finds it; nil when there is none.
 ///
-/// The pass keeps positions in the request's headers, not the values: only the values a route
-/// reads are copied out, and what it keeps costs one reference count, not one per value.
+/// The pass compares the names in place and keeps positions in the request's headers, not the
+/// values: the routes read the values in place too (`withValue`), and make no strings of them.
 struct CompatHeaders {
-    private let headers: [(String, String)]
+    private let headers: HTTPFields
     /// For each `Field`, by its raw value, the position of the first header of its name; -1: none.
     private var positions = SIMD8<Int>(repeating: -1)
 
-    private enum Field: Int {
+    enum Field: Int {
         case forwardedFor, host, metadataFlavor, metadata, identityHeader
+    }
+
+    /// Whether the request has a header `field`.
+    func has(_ field: Field) -> Bool { positions[field.rawValue] >= 0 }
+
+    /// Calls `body` with the bytes of the value of the header `field`, read in place; nil when
+    /// the request has none.
+    func withValue<Result>(_ field: Field, _ body: (UnsafeBufferPointer<UInt8>?) -> Result) -> Result {
+        let position = positions[field.rawValue]
+        return position < 0 ? body(nil) : headers.withValue(at: position, body)
+    }
+
+    /// Whether the value of the header `field` is `lowercase` (ASCII) without regard to ASCII case.
+    func value(_ field: Field, equalsIgnoringCase lowercase: StaticString) -> Bool {
+        withValue(field) { $0.map { Self.matches($0, lowercase) } ?? false }
     }
 
     var forwardedFor: String? { value(.forwardedFor) }
@@ -316,35 +334,28 @@ struct CompatHeaders {
     var metadata: String? { value(.metadata) }
     var identityHeader: String? { value(.identityHeader) }
 
-    private init(_ headers: [(String, String)]) { self.headers = headers }
+    private init(_ headers: HTTPFields) { self.headers = headers }
 
     private func value(_ field: Field) -> String? {
         let position = positions[field.rawValue]
-        return position < 0 ? nil : headers[position].1
+        return position < 0 ? nil : headers.value(at: position)
     }
 
     /// The headers of `request`. A function rather than an initializer: an initializer takes its
     /// argument owned, which retains each of the request's fields at every call.
     static func read(_ request: HTTPRequest) -> CompatHeaders {
         var found = CompatHeaders(request.headers)
-        for index in request.headers.indices {
-            if let field = field(request.headers[index].0), found.positions[field.rawValue] < 0 {
+        request.headers.forEachName { index, name in
+            if let field = field(name), found.positions[field.rawValue] < 0 {
                 found.positions[field.rawValue] = index
             }
+            return true
         }
         return found
     }
 
     /// Which of the names `name` is, without regard to ASCII case (as `equalsIgnoringASCIICase`):
-    /// told by its length, then its bytes read in place. Most headers are none, by length alone.
-    private static func field(_ name: String) -> Field? {
-        switch name.utf8.count {
-        case 4, 8, 15, 17: break
-        default: return nil
-        }
-        return name.withUTF8Bytes(field)
-    }
-
+    /// told by its length, then its bytes. Most headers are none, by length alone.
     private static func field(_ name: UnsafeBufferPointer<UInt8>) -> Field? {
         switch name.count {
         case 4: matches(name, "host") ? .host : nil
@@ -358,7 +369,7 @@ struct CompatHeaders {
 
     /// Whether `name` is `lowercase` (ASCII, in lowercase, of `name`'s length) without regard to
     /// ASCII case; a `StaticString`'s bytes are constant data, read without an array.
-    private static func matches(_ name: UnsafeBufferPointer<UInt8>, _ lowercase: StaticString) -> Bool {
+    fileprivate static func matches(_ name: UnsafeBufferPointer<UInt8>, _ lowercase: StaticString) -> Bool {
         let known = UnsafeBufferPointer(start: lowercase.utf8Start, count: lowercase.utf8CodeUnitCount)
         guard known.count == name.count else { return false }
         for index in name.indices where name[index].asciiLowercased != known[index] { return false }
@@ -374,6 +385,16 @@ func sameText(_ text: String?, _ expected: String) -> Bool {
     return text.isExactly(expected) || text == expected
 }
 
+/// `sameText` for text given as its UTF-8 bytes (nil: none), read in place: a string is made of
+/// them only when they differ from `expected`'s.
+func sameText(utf8 bytes: UnsafeBufferPointer<UInt8>?, _ expected: String) -> Bool {
+    guard let bytes else { return false }
+    let exactly = expected.withUTF8Bytes {
+        $0.count == bytes.count && (bytes.isEmpty || memcmp($0.baseAddress!, bytes.baseAddress!, bytes.count) == 0)
+    }
+    return exactly || String(decoding: bytes, as: UTF8.self) == expected
+}
+
 /// Which `Host` a compatibility route on a loopback listener accepts: this machine's loopback
 /// (`localhost`, 127.0.0.0/8, `[::1]`) and the names SDKs give metadata servers
 /// (`metadata.google.internal`, `metadata`, `169.254.169.254`), with any port. A web page that
@@ -386,7 +407,7 @@ enum CompatHost {
     /// Read in place, byte by byte: every request on such a listener comes through here.
     static func isLocal(_ value: String) -> Bool { value.withUTF8Bytes(isLocal) }
 
-    private static func isLocal(_ bytes: UnsafeBufferPointer<UInt8>) -> Bool {
+    static func isLocal(_ bytes: UnsafeBufferPointer<UInt8>) -> Bool {
         if bytes.first == UInt8(ascii: "[") {
             // `[::1]`, with or without a port.
             let literal = "[::1]".utf8

@@ -6,8 +6,10 @@
 ///
 /// Rules:
 /// - The template keeps each child's read time here, and nowhere else.
-/// - Once the template drops the child (idle), or shuts down, the lease is ended: `renew` says
-///   false, and the caller asks the template again (which makes a new child, or says why not).
+/// - Once the template drops the child (idle), or shuts down, the lease is ended: `renew` gives
+///   nothing, and the caller asks the template again (which makes a new child, or says why not).
+///   An ended lease lets go of the child and its attachment: a caller may keep a lease without
+///   keeping a dropped child alive.
 ///   The drop checks the read time and ends the lease in one step under the lease's lock, so a
 ///   renewal is either seen by the drop (the child stays) or refused: no renewal succeeds for a
 ///   child that is being dropped.
@@ -17,46 +19,57 @@
 /// Not to be confused with the token store's refresh lease (`leaseMsec`), which says which
 /// broker of a fleet fetches.
 public final class ChildLease<Child: Sendable, Attachment: Sendable, Instant: InstantProtocol>: Sendable {
-    /// The child.
-    public let child: Child
-    /// What the caller keeps beside the child (the token routes' rendered answers).
-    public let attachment: Attachment
-    private let reads: Lock<Reads>
+    /// The child and what the caller keeps beside it (the token routes' rendered answers), as a
+    /// read of the lease gives them.
+    public struct Held: Sendable {
+        public let child: Child
+        public let attachment: Attachment
+    }
 
-    private struct Reads: Sendable {
+    private let state: Lock<State>
+
+    private struct State: Sendable {
         var last: Instant
-        var ended = false
+        /// The child and attachment; nil once the lease has ended, so that a caller keeping an
+        /// ended lease does not keep the dropped child, its token and its rendered answers.
+        var held: Held?
     }
 
     /// A lease read at `readAt`. The template makes its children's; a test's stand-in template may make its own.
     public init(child: Child, attachment: Attachment, readAt: Instant) {
-        self.child = child
-        self.attachment = attachment
-        reads = Lock(Reads(last: readAt))
+        state = Lock(State(last: readAt, held: Held(child: child, attachment: attachment)))
     }
 
-    /// Counts a read at `now`, unless the lease has ended; whether it had not.
-    func renew(at now: Instant) -> Bool {
-        reads.withLock { reads in
-            guard !reads.ended else { return false }
-            reads.last = max(reads.last, now)
-            return true
+    /// Counts a read at `now` and gives the child, unless the lease has ended (nil).
+    func renew(at now: Instant) -> Held? {
+        state.withLock { state in
+            guard let held = state.held else { return nil }
+            state.last = max(state.last, now)
+            return held
         }
     }
 
     /// When the child was last read.
-    var lastRead: Instant { reads.withLock { $0.last } }
+    var lastRead: Instant { state.withLock { $0.last } }
 
     /// Ends the lease when the child has been idle for `limit` at `now` (its last read at least
     /// `limit` before); whether it did.
     func endIfIdle(for limit: Instant.Duration, at now: Instant) -> Bool {
-        reads.withLock { reads in
-            guard !reads.ended, reads.last.advanced(by: limit) <= now else { return false }
-            reads.ended = true
-            return true
+        // What the lease let go of is released after the lock.
+        let released = state.withLock { state -> Held? in
+            guard state.held != nil, state.last.advanced(by: limit) <= now else { return nil }
+            defer { state.held = nil }
+            return state.held
         }
+        return released != nil
     }
 
     /// Ends the lease (the template shut down).
-    func end() { reads.withLock { $0.ended = true } }
+    func end() {
+        let released = state.withLock { state -> Held? in
+            defer { state.held = nil }
+            return state.held
+        }
+        _ = released
+    }
 }

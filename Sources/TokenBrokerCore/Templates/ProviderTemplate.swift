@@ -44,11 +44,14 @@ where C.Duration == Duration {
 
     private struct Entry: Sendable {
         let lease: Lease
+        /// The child and its attachment, which the template keeps while the child lives (the
+        /// lease lets go of them when it ends).
+        let held: Lease.Held
         /// The child's own number, which its task reports when it ends.
         let number: UInt64
         var holds: Int = 0
 
-        var child: Child { lease.child }
+        var child: Child { held.child }
     }
 
     private struct State: Sendable {
@@ -86,8 +89,8 @@ where C.Duration == Duration {
 
     // MARK: - Children
 
-    /// The lease of the child for `values`, made and started on first use: the child, its
-    /// attachment, and the means to read the child again without this look-up (`renew(_:)`).
+    /// The lease of the child for `values`, made and started on first use (the means to read the
+    /// child again without this look-up, `renew(_:)`), and the child with its attachment.
     ///
     /// Counts as a read: the child's idle time starts again. Refused past `maxChildren`
     /// (`.full`), and once the template has shut down (`.stopped`).
@@ -96,19 +99,19 @@ where C.Duration == Duration {
     // the continuous clock, attachments as objects), not generic code that looks up type
     // metadata and copies entries through value witnesses at run time.
     @_specialize(where Child == TokenProvider<ContinuousClock>, Attachment == ChildAttachment, C == ContinuousClock)
-    public func child(for values: TokenRequestValues) -> Result<Lease, ChildRefusal> {
+    public func child(for values: TokenRequestValues) -> Result<(lease: Lease, held: Lease.Held), ChildRefusal> {
         switch find(values, holding: false) {
-        case .found(let entry): .success(entry.lease)
+        case .found(let entry): .success((entry.lease, entry.held))
         case .refused(let refusal): refused(refusal, values)
-        case .absent: adopt(values, holding: false).map(\.lease)
+        case .absent: adopt(values, holding: false).map { ($0.lease, $0.held) }
         }
     }
 
     /// Reads the child of `lease` (one of this template's) again, as `child(for:)` would: its idle
-    /// time starts again. False once the child was dropped or the template shut down: then ask
+    /// time starts again. Nil once the child was dropped or the template shut down: then ask
     /// `child(for:)`, which makes a new child or says why not.
     @_specialize(where Child == TokenProvider<ContinuousClock>, Attachment == ChildAttachment, C == ContinuousClock)
-    public func renew(_ lease: Lease) -> Bool { lease.renew(at: clock.now) }
+    public func renew(_ lease: Lease) -> Lease.Held? { lease.renew(at: clock.now) }
 
     /// A child kept alive while held (a token file's): never dropped for idleness until
     /// `release(_:)`. It counts toward `maxChildren`; each hold needs its own release.
@@ -192,7 +195,8 @@ where C.Duration == Duration {
             if let full = noRoom(state, now: now) { return .failure(full) }
             state.nextNumber += 1
             let entry = Entry(
-                lease: Lease(child: child, attachment: attachment, readAt: now), number: state.nextNumber,
+                lease: Lease(child: child, attachment: attachment, readAt: now),
+                held: Lease.Held(child: child, attachment: attachment), number: state.nextNumber,
                 holds: holding ? 1 : 0)
             state.children[values] = entry
             timer = planTimer(&state)
