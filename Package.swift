@@ -182,7 +182,7 @@ if Context.environment["TOKEN_BROKER_FUZZ"] != nil {
         ("FuzzCallerKeys", ["TokenBrokerCore"]),
         ("FuzzTokenAnswer", ["TokenBrokerCore", "TokenBrokerUpstream", "TokenBrokerSources"]),
         ("FuzzFileToken", ["TokenBrokerCore", "TokenBrokerSources"]),
-        ("FuzzQuery", ["TokenBrokerAPI", "CMicroHTTPD"]),
+        ("FuzzQuery", ["TokenBrokerAPI", "TokenBrokerServer", "CMicroHTTPD"]),
         ("FuzzProxyPath", ["TokenBrokerProxy"]),
         ("FuzzHeaderLine", ["TokenBrokerServer", "TokenBrokerUpstream"]),
     ]

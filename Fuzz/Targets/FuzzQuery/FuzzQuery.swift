@@ -1,6 +1,7 @@
 import CLibFuzzer
 import CMicroHTTPD
 import TokenBrokerCore
+import TokenBrokerServer
 
 @testable import TokenBrokerAPI
 
@@ -23,9 +24,11 @@ let template: ProviderConfiguration = {
 /// visible ASCII, within the length limit and allowed by the template's list. And it is read as
 /// the `Host` of a compatibility route, whose check must agree with one written plainly. Before
 /// any of that, the server's percent-decoding of a target (`CMicroHTTPD_unescape`) must give
-/// libmicrohttpd's own `MHD_http_unescape`'s bytes for it.
+/// libmicrohttpd's own `MHD_http_unescape`'s bytes for it, and the input read as a query's
+/// parameters must come back from `HTTPFields` as they went in.
 func fuzzQuery(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
     fuzzUnescape(UnsafeBufferPointer(start: data, count: size))
+    fuzzFields(UnsafeBufferPointer(start: data, count: size))
     let text = String(decoding: UnsafeBufferPointer(start: data, count: size), as: UTF8.self)
     if let version = QueryParameters.number(text) {
         precondition(
@@ -74,6 +77,41 @@ func fuzzRequestValues(_ text: String) {
         precondition(
             tokens.allSatisfy { token in template.allowedScopes.contains { $0.matches(token) } },
             "a scope token outside the list")
+    }
+}
+
+/// `bytes` split as a query is (`&` between parameters, the first `=` between a name and its
+/// value, none without one), kept in `HTTPFields`: every name and value reads back as it went in,
+/// and the look-ups by name answer as the same look-ups over the strings do. The bytes are also
+/// a header value that `sameText(utf8:_:)` must compare as `sameText` compares its string.
+func fuzzFields(_ bytes: UnsafeBufferPointer<UInt8>) {
+    let pairs: [(String, String?)] = bytes.split(separator: UInt8(ascii: "&"), omittingEmptySubsequences: false).map {
+        part in
+        guard let equals = part.firstIndex(of: UInt8(ascii: "=")) else {
+            return (String(decoding: part, as: UTF8.self), nil)
+        }
+        return (
+            String(decoding: part[..<equals], as: UTF8.self),
+            String(decoding: part[(equals + 1)...], as: UTF8.self)
+        )
+    }
+    let fields = HTTPFields(pairs)
+    precondition(fields.count == pairs.count, "\(pairs.count) fields kept as \(fields.count)")
+    for (index, pair) in pairs.enumerated() {
+        precondition(fields.name(at: index) == pair.0 && fields.value(at: index) == pair.1, "field \(index) changed")
+    }
+    for name in Set(pairs.map(\.0)).prefix(8) {
+        for asked in [name, name.uppercased(), name.lowercased()] {
+            let index = pairs.firstIndex { $0.0.equalsIgnoringASCIICase(asked) }
+            let count = pairs.count { $0.0.prefix { $0 != "\u{0}" }.equalsIgnoringASCIICase(asked) }
+            precondition(fields.firstIndex(named: asked) == index, "\(asked.debugDescription) found elsewhere")
+            precondition(fields.count(namedUpToNUL: asked) == count, "\(asked.debugDescription) counted otherwise")
+        }
+    }
+    let text = String(decoding: bytes, as: UTF8.self)
+    for expected in ["Google", text, String(text.prefix(3))] {
+        precondition(
+            sameText(utf8: bytes, expected) == sameText(text, expected), "\(text.debugDescription) compared otherwise")
     }
 }
 
