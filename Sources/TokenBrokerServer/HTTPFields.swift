@@ -79,6 +79,7 @@ public struct HTTPFields: Sendable {
             var next = placesSize
             func copy(_ bytes: UnsafeRawBufferPointer) -> UInt32 {
                 let start = next
+                precondition(start + bytes.count <= size, "the fields' lengths changed while they were copied")
                 if let source = bytes.baseAddress, !bytes.isEmpty {
                     (base.baseAddress! + start).copyMemory(from: source, byteCount: bytes.count)
                 }

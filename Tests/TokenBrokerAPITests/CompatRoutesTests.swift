@@ -524,18 +524,29 @@ final class CountingTemplate: TemplateProviding {
         #expect(template.lookUps.withLock { $0 } == 2 && template.renewals.withLock { $0 } == 2)
     }
 
-    @Test func aDroppedChildIsFreedWithoutWaitingForTheRoutesNextRequest() async throws {
+    @Test(arguments: [false, true])
+    func aDroppedChildAndItsAnswersAreFreedWithoutWaitingForTheRoutesNextRequest(shuttingDown: Bool) async throws {
         let template = CountingTemplate()
         defer { template.template.shutDown() }
-        let child = memo(template, Lock(0))
-        weak let first = try child("a")
-        #expect(first != nil)
-        template.clock.advance(by: .seconds(60))
-        template.template.sweep()
+        let memo = CheckedValuesMemo<String, Child>(template)
+        weak var child: Child?
+        weak var answers: TokenResponseCache<Child.Instant>?
+        do {
+            // Only the memo and the template hold them once this block ends.
+            let found = try memo.child(for: "a") { () throws(BadRequest) in TokenRequestValues(scopes: ["a"]) }.get()
+            (child, answers) = (found.child, found.cache)
+        }
+        #expect(child != nil && answers != nil)
+        if shuttingDown {
+            template.template.shutDown()
+        } else {
+            template.clock.advance(by: .seconds(60))
+            template.template.sweep()
+        }
         #expect(template.status().children == 0)
         // The template let go of it and its task ended: nothing else holds the child, its token
-        // and its rendered answers, though the memo still has "a" as its last key.
-        #expect(await eventually { first == nil })
+        // and its rendered answers, though the memo still has "a" as its last key and its lease.
+        #expect(await eventually { child == nil && answers == nil })
     }
 
     @Test func aTemplatesRefusalIsAskedAgainAndAShutDownTemplatesChildIsNeverRenewed() throws {
@@ -564,27 +575,28 @@ final class CountingTemplate: TemplateProviding {
                 ("x-identity-header", "secret"), ("Hos", "no"), ("HoSt", "127.0.0.1"),
             ])
         let headers = CompatHeaders.read(request)
-        #expect(headers.metadataFlavor == "Google")
-        #expect(headers.forwardedFor == "10.0.0.1")
-        #expect(headers.metadata == "true")
-        #expect(headers.identityHeader == "secret")
-        #expect(headers.host == "127.0.0.1")
+        func text(_ field: CompatHeaders.Field) -> String? {
+            headers.withValue(field) { $0.map { String(decoding: $0, as: UTF8.self) } }
+        }
+        #expect(text(.metadataFlavor) == "Google")
+        #expect(text(.forwardedFor) == "10.0.0.1")
+        #expect(text(.metadata) == "true")
+        #expect(text(.identityHeader) == "secret")
+        #expect(text(.host) == "127.0.0.1")
         // The same values as the look-up by name, header by header.
-        #expect(headers.metadataFlavor == request.header("Metadata-Flavor"))
-        #expect(headers.forwardedFor == request.header("X-Forwarded-For"))
-        #expect(headers.metadata == request.header("Metadata"))
-        #expect(headers.identityHeader == request.header("X-IDENTITY-HEADER"))
-        #expect(headers.host == request.header("Host"))
-        // The values as the routes read them, in place.
+        #expect(text(.metadataFlavor) == request.header("Metadata-Flavor"))
+        #expect(text(.forwardedFor) == request.header("X-Forwarded-For"))
+        #expect(text(.metadata) == request.header("Metadata"))
+        #expect(text(.identityHeader) == request.header("X-IDENTITY-HEADER"))
+        #expect(text(.host) == request.header("Host"))
         #expect(headers.has(.forwardedFor) && headers.has(.host))
-        #expect(headers.withValue(.host) { $0.map(Array.init) } == Array("127.0.0.1".utf8))
         #expect(headers.value(.metadata, equalsIgnoringCase: "true"))
         #expect(!headers.value(.metadataFlavor, equalsIgnoringCase: "true"))
         let shouted = CompatHeaders.read(HTTPRequest(method: "GET", path: "/", headers: [("Metadata", "TRUE")]))
         #expect(shouted.value(.metadata, equalsIgnoringCase: "true"))
         let none = CompatHeaders.read(HTTPRequest(method: "GET", path: "/", headers: [("Accept", "*/*")]))
-        #expect(none.host == nil && none.forwardedFor == nil && none.metadataFlavor == nil)
-        #expect(!none.has(.forwardedFor) && none.withValue(.host) { $0 == nil })
+        #expect(!none.has(.forwardedFor) && !none.has(.host) && !none.has(.metadataFlavor))
+        #expect(none.withValue(.host) { $0 == nil } && none.withValue(.metadataFlavor) { $0 == nil })
         #expect(!none.value(.metadata, equalsIgnoringCase: "true"))
     }
 

@@ -75,6 +75,28 @@ struct HTTPServerTests {
         #expect(request.query("x") == "1")
     }
 
+    /// Bytes that are not UTF-8, in a query name and value (percent-encoded) and in a header value
+    /// (obs-text), are kept as sent, and read as strings the way `String(decoding:)` repairs them.
+    @Test(arguments: Polling.allCases) func fieldsKeepBytesThatAreNotUTF8(_ polling: Polling) throws {
+        let handler = TestHandler()
+        let server = try startServer(handler, polling)
+        defer { server.shutDown(grace: .zero) }
+        let client = try TestHTTPClient(port: server.port)
+
+        try client.send(
+            Array("GET /q?%FF=1&A%00b=2&v=%C3%A9%FF HTTP/1.1\r\nHost: test\r\nX-Bytes: caf".utf8)
+                + [0xC3, 0xA9, 0x20, 0xFF] + Array("\r\n\r\n".utf8))
+        #expect(try client.readResponse().status == 200)
+        let request = try #require(handler.handled.withLock { $0.first })
+        #expect(request.query.pairs.map(\.name) == ["\u{FFFD}", "A\u{0}b", "v"])
+        #expect(request.query.pairs.map(\.value) == ["1", "2", "\u{E9}\u{FFFD}"])
+        #expect(request.query.withName(at: 0) { Array($0) } == [0xFF])
+        #expect(request.query("a") == nil && request.queryCount("a") == 1, "A%00b is a up to its NUL")
+        #expect(request.header("x-bytes") == "caf\u{E9} \u{FFFD}")
+        #expect(
+            request.headers.withValue(at: 1) { $0.map(Array.init) } == Array("caf".utf8) + [0xC3, 0xA9, 0x20, 0xFF])
+    }
+
     @Test(arguments: Polling.allCases) func bodyPastMaximumBodyBytesArrivesMarkedTooLargeAndEmpty(_ polling: Polling)
         throws
     {

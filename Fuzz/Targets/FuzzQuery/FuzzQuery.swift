@@ -100,7 +100,10 @@ func fuzzFields(_ bytes: UnsafeBufferPointer<UInt8>) {
     for (index, pair) in pairs.enumerated() {
         precondition(fields.name(at: index) == pair.0 && fields.value(at: index) == pair.1, "field \(index) changed")
     }
-    for name in Set(pairs.map(\.0)).prefix(8) {
+    // The first eight names, in the input's order (not a set's, which changes from run to run).
+    var names: [String] = []
+    for pair in pairs where names.count < 8 && !names.contains(pair.0) { names.append(pair.0) }
+    for name in names {
         for asked in [name, name.uppercased(), name.lowercased()] {
             let index = pairs.firstIndex { $0.0.equalsIgnoringASCIICase(asked) }
             let count = pairs.count { $0.0.prefix { $0 != "\u{0}" }.equalsIgnoringASCIICase(asked) }

@@ -298,9 +298,9 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
 }
 
 /// The request headers the compatibility routes read, found in one pass over the headers rather
-/// than one look-up each (a request reads three or four of them): each property is the value of
-/// the first header of its name, names compared without regard to ASCII case, as
-/// `HTTPRequest.header(_:)` finds it; nil when there is none.
+/// than one look-up each (a request reads three or four of them): each `Field` is the first
+/// header of its name, names compared without regard to ASCII case, as `HTTPRequest.header(_:)`
+/// finds it.
 ///
 /// The pass compares the names in place and keeps positions in the request's headers, not the
 /// values: the routes read the values in place too (`withValue`), and make no strings of them.
@@ -328,21 +328,11 @@ struct CompatHeaders {
         withValue(field) { $0.map { Self.matches($0, lowercase) } ?? false }
     }
 
-    var forwardedFor: String? { value(.forwardedFor) }
-    var host: String? { value(.host) }
-    var metadataFlavor: String? { value(.metadataFlavor) }
-    var metadata: String? { value(.metadata) }
-    var identityHeader: String? { value(.identityHeader) }
-
     private init(_ headers: HTTPFields) { self.headers = headers }
 
-    private func value(_ field: Field) -> String? {
-        let position = positions[field.rawValue]
-        return position < 0 ? nil : headers.value(at: position)
-    }
-
     /// The headers of `request`. A function rather than an initializer: an initializer takes its
-    /// argument owned, which retains each of the request's fields at every call.
+    /// argument owned, which retains the request's fields (path, method, headers, query, body) at
+    /// every call.
     static func read(_ request: HTTPRequest) -> CompatHeaders {
         var found = CompatHeaders(request.headers)
         request.headers.forEachName { index, name in

@@ -55,7 +55,8 @@ public final class ChildLease<Child: Sendable, Attachment: Sendable, Instant: In
     /// Ends the lease when the child has been idle for `limit` at `now` (its last read at least
     /// `limit` before); whether it did.
     func endIfIdle(for limit: Instant.Duration, at now: Instant) -> Bool {
-        // What the lease let go of is released after the lock.
+        // What the lease lets go of is released after its lock (the template, which holds the
+        // same child, lets go of it after its own).
         let released = state.withLock { state -> Held? in
             guard state.held != nil, state.last.advanced(by: limit) <= now else { return nil }
             defer { state.held = nil }

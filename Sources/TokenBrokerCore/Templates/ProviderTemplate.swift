@@ -272,11 +272,12 @@ where C.Duration == Duration {
 
     /// Shuts every child down, stops the timer and ends `run()`; later requests are refused (`.stopped`).
     public func shutDown() {
+        // The children and their attachments are let go of after the lock, with `children`.
         let (children, timer, runEnds) = state.withLock { state in
             state.isShutDown = true
             let children = state.children.values.map { entry in
                 entry.lease.end()
-                return entry.child
+                return entry.held
             }
             state.children.removeAll()
             let timer = state.timer
@@ -285,7 +286,7 @@ where C.Duration == Duration {
             return (children, timer, state.runEnds)
         }
         timer?.cancel()
-        for child in children { child.shutDown() }
+        for held in children { held.child.shutDown() }
         runEnds?.finish()
     }
 
@@ -306,9 +307,10 @@ where C.Duration == Duration {
         }
         let waiting = Set(due.compactMap { values, child in child.status().waiters > 0 ? values : nil })
         var timer: (C.Instant, UInt64)?
-        let dropped = state.withLock { state -> [(TokenRequestValues, Child)] in
+        // The children dropped, and their attachments, are let go of after the lock, with `dropped`.
+        let dropped = state.withLock { state -> [(TokenRequestValues, Lease.Held)] in
             guard !state.isShutDown else { return [] }
-            var dropped: [(TokenRequestValues, Child)] = []
+            var dropped: [(TokenRequestValues, Lease.Held)] = []
             for (values, child) in due {
                 guard let index = state.children.index(forKey: values),
                     state.children.values[index].child === child
@@ -319,14 +321,14 @@ where C.Duration == Duration {
                     _ = entry.lease.renew(at: now)
                 } else if entry.lease.endIfIdle(for: idleLimit, at: now) {
                     state.children.remove(at: index)
-                    dropped.append((values, child))
+                    dropped.append((values, entry.held))
                 }
             }
             timer = planTimer(&state)
             return dropped
         }
-        for (values, child) in dropped {
-            child.shutDown()
+        for (values, held) in dropped {
+            held.child.shutDown()
             events.dropped(name, values)
         }
         if let timer { armTimer(until: timer.0, generation: timer.1) }
