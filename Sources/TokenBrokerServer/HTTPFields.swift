@@ -7,8 +7,9 @@ import TokenBrokerCore
 /// Every field's name and value are copied out of libmicrohttpd in one block, with no string
 /// made until a route asks for one: a request reads a few of its fields, and most routes compare
 /// them as bytes (`firstIndex(named:)`, `withName(at:_:)`). Making each name and value a `String`
-/// up front cost about a fifth of a cached `/token` answer's instructions: a UTF-8 check for each,
-/// an allocation for each longer than 15 bytes, and the same again to free them.
+/// up front cost about a tenth of a cached `/token` answer's instructions (2,500 of 24,800): a
+/// UTF-8 check for each, an allocation for each longer than 15 bytes, and the same again to free
+/// them.
 ///
 /// The block is one allocation: a `Place` per field (16 bytes: where its name and value start and
 /// how long they are), then the names' and values' bytes. A value's length of `UInt32.max` says

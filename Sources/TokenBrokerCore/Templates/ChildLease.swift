@@ -57,20 +57,17 @@ public final class ChildLease<Child: Sendable, Attachment: Sendable, Instant: In
     func endIfIdle(for limit: Instant.Duration, at now: Instant) -> Bool {
         // What the lease lets go of is released after its lock (the template, which holds the
         // same child, lets go of it after its own).
-        let released = state.withLock { state -> Held? in
-            guard state.held != nil, state.last.advanced(by: limit) <= now else { return nil }
-            defer { state.held = nil }
-            return state.held
+        var released: Held?
+        state.withLock { state in
+            guard state.held != nil, state.last.advanced(by: limit) <= now else { return }
+            swap(&released, &state.held)
         }
         return released != nil
     }
 
     /// Ends the lease (the template shut down).
     func end() {
-        let released = state.withLock { state -> Held? in
-            defer { state.held = nil }
-            return state.held
-        }
-        _ = released
+        var released: Held?
+        state.withLock { swap(&released, &$0.held) }
     }
 }
