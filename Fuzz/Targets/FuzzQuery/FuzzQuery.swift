@@ -39,7 +39,7 @@ func fuzzQuery(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
         precondition(text.contains(String(version)), "\(text) read as version \(version)")
     }
     fuzzRequestValues(text)
-    precondition(CompatHost.isLocal(text) == plainlyLocal(text), "Host \(text.debugDescription)")
+    precondition(text.withUTF8Bytes(CompatHost.isLocal) == plainlyLocal(text), "Host \(text.debugDescription)")
     return 0
 }
 
@@ -83,7 +83,7 @@ func fuzzRequestValues(_ text: String) {
 /// `bytes` split as a query is (`&` between parameters, the first `=` between a name and its
 /// value, none without one), kept in `HTTPFields`: every name and value reads back as it went in,
 /// and the look-ups by name answer as the same look-ups over the strings do. The bytes are also
-/// a header value that `sameText(utf8:_:)` must compare as `sameText` compares its string.
+/// a header value that `sameText(utf8:_:)` must compare as `String`'s `==` compares its string.
 func fuzzFields(_ bytes: UnsafeBufferPointer<UInt8>) {
     let pairs: [(String, String?)] = bytes.split(separator: UInt8(ascii: "&"), omittingEmptySubsequences: false).map {
         part in
@@ -114,7 +114,7 @@ func fuzzFields(_ bytes: UnsafeBufferPointer<UInt8>) {
     let text = String(decoding: bytes, as: UTF8.self)
     for expected in ["Google", text, String(text.prefix(3))] {
         precondition(
-            sameText(utf8: bytes, expected) == sameText(text, expected), "\(text.debugDescription) compared otherwise")
+            sameText(utf8: bytes, expected) == (text == expected), "\(text.debugDescription) compared otherwise")
     }
 }
 

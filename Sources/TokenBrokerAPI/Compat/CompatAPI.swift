@@ -359,7 +359,7 @@ struct CompatHeaders {
 
     /// Whether `name` is `lowercase` (ASCII, in lowercase, of `name`'s length) without regard to
     /// ASCII case; a `StaticString`'s bytes are constant data, read without an array.
-    fileprivate static func matches(_ name: UnsafeBufferPointer<UInt8>, _ lowercase: StaticString) -> Bool {
+    private static func matches(_ name: UnsafeBufferPointer<UInt8>, _ lowercase: StaticString) -> Bool {
         let known = UnsafeBufferPointer(start: lowercase.utf8Start, count: lowercase.utf8CodeUnitCount)
         guard known.count == name.count else { return false }
         for index in name.indices where name[index].asciiLowercased != known[index] { return false }
@@ -367,16 +367,9 @@ struct CompatHeaders {
     }
 }
 
-/// `text == expected` (`String`'s comparison, by canonical equivalence), answered from the bytes
-/// when they are the same, which is the common case and costs a fraction of `==`; `==` answers
-/// only when they differ, so the answer is always `==`'s.
-func sameText(_ text: String?, _ expected: String) -> Bool {
-    guard let text else { return false }
-    return text.isExactly(expected) || text == expected
-}
-
-/// `sameText` for text given as its UTF-8 bytes (nil: none), read in place: a string is made of
-/// them only when they differ from `expected`'s.
+/// Whether the text whose UTF-8 is `bytes` (nil: none) is `expected` by `String`'s `==` (by
+/// canonical equivalence), answered from the bytes when they are the same, which is the common
+/// case and costs a fraction of `==`; a string is made of them, for `==`, only when they differ.
 func sameText(utf8 bytes: UnsafeBufferPointer<UInt8>?, _ expected: String) -> Bool {
     guard let bytes else { return false }
     let exactly = expected.withUTF8Bytes {
@@ -394,9 +387,8 @@ enum CompatHost {
     private static let names: [[UInt8]] = ["localhost", "metadata.google.internal", "metadata", "169.254.169.254"]
         .map { Array($0.utf8) }
 
-    /// Read in place, byte by byte: every request on such a listener comes through here.
-    static func isLocal(_ value: String) -> Bool { value.withUTF8Bytes(isLocal) }
-
+    /// Whether the `Host` value whose bytes are `bytes` is local, read in place, byte by byte:
+    /// every request on such a listener comes through here.
     static func isLocal(_ bytes: UnsafeBufferPointer<UInt8>) -> Bool {
         if bytes.first == UInt8(ascii: "[") {
             // `[::1]`, with or without a port.
