@@ -370,6 +370,29 @@ def test_azure_a_wrong_identity_header_fails(issuer, tmp_key, identity_header):
         assert issuer.token_requests(since=started) == []
 
 
+def test_azure_the_identity_header_is_compared_as_the_bytes_sent(issuer, tmp_key, tmp_path):
+    """A secret beyond ASCII is matched by its own UTF-8 alone. HTTP lets a header value carry
+    bytes that are not UTF-8 (obs-text); one read as text, with each bad byte made U+FFFD, would
+    let a single byte 0xFF stand for the secret's U+FFFD (three bytes)."""
+    secret = secrets.token_urlsafe(24) + "\ufffd\u00e9"
+    header_file = tmp_path / "identity-header"
+    header_file.write_bytes(secret.encode() + b"\n")
+    header_file.chmod(0o600)
+    stem = secret[:-2].encode()  # the secret before its last two characters
+    with Broker(compat_config(issuer, tmp_key, str(header_file))) as broker:
+        address = broker.addresses["token"]
+        started = time.time()
+        for sent in (
+            stem + b"\xff" + "\u00e9".encode(),  # 0xFF in the place of U+FFFD
+            stem + b"\xef\xbf\xbd\xe9",  # é in Latin-1
+            stem + b"\xef\xbf\xbd",  # the secret cut short by a character
+        ):
+            document = azure(address, msi(), expect=401, headers={"X-IDENTITY-HEADER": sent})
+            assert document.get("statusCode") == 401, (sent, document)
+        assert issuer.token_requests(since=started) == [], "no refused request reaches the issuer"
+        assert azure(address, msi(), headers={"X-IDENTITY-HEADER": secret.encode()})["access_token"]
+
+
 def test_azure_a_user_assigned_identity_by_client_id_works_and_an_unknown_one_fails(issuer, tmp_key, identity_header):
     secret, header_file = identity_header
     with Broker(compat_config(issuer, tmp_key, header_file)) as broker:
