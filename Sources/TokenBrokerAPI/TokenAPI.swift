@@ -308,8 +308,12 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
     func admit(_ request: HTTPRequest, provider: String) -> ErrorAnswer? {
         if guardRequests, let refusal = RequestGuard.check(request) { return refusal }
         if let callers {
-            return CallerCheck.refusal(
-                callers.authorize(request.header("Authorization"), provider: provider), provider: provider)
+            // The header's bytes as sent, not a string made of them (`CallerAuthorizing`).
+            let decision =
+                request.headers.firstIndex(named: "Authorization").map { index in
+                    request.headers.withValue(at: index) { callers.authorize($0, provider: provider) }
+                } ?? callers.authorize(UnsafeBufferPointer<UInt8>?.none, provider: provider)
+            return CallerCheck.refusal(decision, provider: provider)
         }
         return nil
     }

@@ -30,6 +30,32 @@ import TokenBrokerTestSupport
         }
     }
 
+    /// A key is hashed as the bytes sent: `key-` then 0xFF (not UTF-8) is its own key, not the
+    /// one with U+FFFD in its place that a string made of the bytes would read. The hashes are
+    /// `printf 'key-\xff' | sha256sum` and `printf 'key-\xef\xbf\xbd' | sha256sum`.
+    @Test func aKeyIsHashedAsTheBytesSent() throws {
+        let directory = try TemporaryDirectory()
+        let path = directory.path("callers.json")
+        let raw = "073f40987690c0300c5c793f618b8375ce14925ee903332ebffacc0923cf13cd"
+        let replaced = "f555139b4c06509f6df4e081b9e614580a1f11cc118719942780e3f457cd660c"
+        try write(
+            #"{"keys": [{"name": "raw", "sha256": "\#(raw)", "providers": ["default"]},"#
+                + #"{"name": "replaced", "sha256": "\#(replaced)", "providers": ["payments"]}]}"#, to: path)
+        let store = try CallerKeyStore(path: path, knownProviders: ["default", "payments"])
+        func authorize(_ header: [UInt8], _ provider: String) -> CallerDecision {
+            header.withUnsafeBufferPointer { store.authorize($0, provider: provider) }
+        }
+        let bearer = Array("Bearer key-".utf8)
+        #expect(authorize(bearer + [0xFF], "default") == .allowed)
+        #expect(authorize(bearer + [0xFF], "payments") == .forbidden(caller: "raw"))
+        #expect(authorize(bearer + [0xEF, 0xBF, 0xBD], "payments") == .allowed)
+        #expect(authorize(bearer + [0xEF, 0xBF, 0xBD], "default") == .forbidden(caller: "replaced"))
+        #expect(store.authorize("Bearer key-\u{FFFD}", provider: "payments") == .allowed)
+        #expect(authorize(bearer + [0xFF, 0xFF], "default") == .unknownKey)
+        #expect(authorize(Array("BEARER   key-".utf8) + [0xFF], "default") == .allowed)
+        #expect(authorize(bearer + [0xFF, 0x20, 0x61], "default") == .missingKey)
+    }
+
     @Test func aChangedFileIsReloadedAndABrokenOneKeepsThePreviousList() throws {
         let directory = try TemporaryDirectory()
         let path = directory.path("callers.json")

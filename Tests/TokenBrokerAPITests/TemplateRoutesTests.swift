@@ -92,8 +92,8 @@ func liveTemplate(
 
 /// Callers by key: `Bearer orders` may read `orders` only, `Bearer other` nothing.
 struct TemplateCallers: CallerAuthorizing {
-    func authorize(_ authorization: String?, provider: String) -> CallerDecision {
-        switch authorization {
+    func authorize(_ authorization: UnsafeBufferPointer<UInt8>?, provider: String) -> CallerDecision {
+        switch authorization.map({ String(decoding: $0, as: UTF8.self) }) {
         case nil: .missingKey
         case "Bearer orders": provider == "orders" ? .allowed : .forbidden(caller: "orders")
         case "Bearer other": .forbidden(caller: "other")

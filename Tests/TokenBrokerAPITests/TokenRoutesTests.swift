@@ -8,8 +8,8 @@ import TokenBrokerServer
 
 /// A caller check of the test's making: `Bearer good` may read everything, `Bearer billing` nothing.
 struct FakeCallers: CallerAuthorizing {
-    func authorize(_ authorization: String?, provider: String) -> CallerDecision {
-        switch authorization {
+    func authorize(_ authorization: UnsafeBufferPointer<UInt8>?, provider: String) -> CallerDecision {
+        switch authorization.map({ String(decoding: $0, as: UTF8.self) }) {
         case nil: .missingKey
         case "Bearer good": .allowed
         case "Bearer billing": .forbidden(caller: "billing")

@@ -73,6 +73,31 @@ def test_caller_keys_decide_who_reads_which_provider(tmp_path):
         assert broker.metric("token_broker_http_requests_total", listener="token", route="/providers/{name}/token", code="403") == 1
 
 
+def test_a_caller_key_is_hashed_as_the_bytes_sent(tmp_path):
+    """The key is the bytes after `Bearer `, hashed as sent. HTTP lets a header value carry bytes
+    that are not UTF-8 (obs-text); read as text first, with each bad byte made U+FFFD, a key
+    ending in 0xFF would be taken for one ending in U+FFFD, another caller's."""
+    stem = secrets.token_urlsafe(24).encode()
+    raw, replaced = stem + b"\xff", stem + "\ufffd".encode()
+    keys = tmp_path / "callers.json"
+    keys.write_text(json.dumps({"keys": [
+        {"name": "raw", "sha256": hashlib.sha256(raw).hexdigest(), "providers": ["default"]},
+        {"name": "replaced", "sha256": hashlib.sha256(replaced).hexdigest(), "providers": ["payments"]},
+    ]}))
+    with Broker({"providers": TWO_PROVIDERS, "clientKeysFile": str(keys)}) as broker:
+        for key, allowed, refused in ((raw, "/token", "/providers/payments/token"),
+                                      (replaced, "/providers/payments/token", "/token")):
+            authorization = {"Authorization": b"Bearer " + key}
+            assert broker.get_json(allowed, headers=authorization)[0]["access_token"]
+            status, _, body = broker.request("GET", refused, headers=authorization)
+            assert status == 403, (key, refused, status, body)
+            assert json.loads(body)["error"] == "provider_not_allowed"
+            assert ("raw" if key == raw else "replaced") in json.loads(body)["error_description"], body
+        # The key alone, not the key and the bytes after it.
+        status, _, body = broker.request("GET", "/token", headers={"Authorization": b"Bearer " + raw + b"\xff"})
+        assert status == 401 and json.loads(body)["error"] == "invalid_caller_key", body
+
+
 def test_the_keys_file_is_reread_when_it_changes_and_a_broken_one_keeps_the_previous_list(tmp_path):
     first, second = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
     keys = tmp_path / "callers.json"

@@ -25,10 +25,12 @@ let template: ProviderConfiguration = {
 /// the `Host` of a compatibility route, whose check must agree with one written plainly. Before
 /// any of that, the server's percent-decoding of a target (`CMicroHTTPD_unescape`) must give
 /// libmicrohttpd's own `MHD_http_unescape`'s bytes for it, and the input read as a query's
-/// parameters must come back from `HTTPFields` as they went in.
+/// parameters must come back from `HTTPFields` as they went in, and the input read as an
+/// `Authorization` header must give the caller key a plain reading finds.
 func fuzzQuery(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
     fuzzUnescape(UnsafeBufferPointer(start: data, count: size))
     fuzzFields(UnsafeBufferPointer(start: data, count: size))
+    fuzzBearerKey(UnsafeBufferPointer(start: data, count: size))
     let text = String(decoding: UnsafeBufferPointer(start: data, count: size), as: UTF8.self)
     if let version = QueryParameters.number(text) {
         precondition(
@@ -115,6 +117,23 @@ func fuzzFields(_ bytes: UnsafeBufferPointer<UInt8>) {
     for expected in ["Google", text, String(text.prefix(3))] {
         precondition(
             sameText(utf8: bytes, expected) == (text == expected), "\(text.debugDescription) compared otherwise")
+    }
+}
+
+/// `bytes` as an `Authorization` header: the key `CallerKeyStore.bearerKey` reads is the one a
+/// plain reading on copies finds (the scheme `bearer ` in any case, then spaces, then the key: the
+/// rest, not empty, without a space), and it lies at the end of the header, as sent.
+func fuzzBearerKey(_ bytes: UnsafeBufferPointer<UInt8>) {
+    let plain: [UInt8]? = {
+        let all = Array(bytes)
+        guard all.count > 7, all.prefix(7).map(\.asciiLowercased) == Array("bearer ".utf8) else { return nil }
+        let key = all.dropFirst(7).drop { $0 == 0x20 }
+        return key.isEmpty || key.contains(0x20) ? nil : Array(key)
+    }()
+    let key = CallerKeyStore.bearerKey(bytes)
+    precondition(key.map(Array.init) == plain, "\(Array(bytes)) read as the key \(key.map(Array.init) ?? [])")
+    if let key, let start = key.baseAddress, let base = bytes.baseAddress {
+        precondition(start + key.count == base + bytes.count, "the key is not the end of the header")
     }
 }
 

@@ -109,10 +109,10 @@ public final class CallerKeyStore: CallerAuthorizing, Sendable {
 
     public var count: Int { state.withLock { $0.list.entries.count } }
 
-    public func authorize(_ authorization: String?, provider: String) -> CallerDecision {
+    public func authorize(_ authorization: UnsafeBufferPointer<UInt8>?, provider: String) -> CallerDecision {
         guard let key = Self.bearerKey(authorization) else { return .missingKey }
         // A key that cannot be hashed matches no one.
-        guard let digest = try? Crypto.sha256(key.utf8) else { return .unknownKey }
+        guard let digest = try? Crypto.sha256(key) else { return .unknownKey }
         let entries = state.withLock { $0.list.entries }
         var match: CallerKeyList.Entry?
         for entry in entries {
@@ -123,15 +123,21 @@ public final class CallerKeyStore: CallerAuthorizing, Sendable {
         return match.mayRead(provider) ? .allowed : .forbidden(caller: match.name)
     }
 
-    /// The key of `Authorization: Bearer <key>` (RFC 6750 §2.1; the scheme in any case).
-    static func bearerKey(_ header: String?) -> Substring? {
-        guard let header else { return nil }
-        let text = Substring(header)
-        guard text.count > 7, text.prefix(7).equalsIgnoringASCIICase("bearer ") else { return nil }
-        let key = text.dropFirst(7).drop { $0 == " " }
-        guard !key.isEmpty, !key.contains(" ") else { return nil }
+    /// The key of `Authorization: Bearer <key>` (RFC 6750 §2.1; the scheme in any case), as the
+    /// bytes sent: after the scheme and the spaces that follow it, up to the end, none of them a
+    /// space; nil when there is none.
+    static func bearerKey(_ header: UnsafeBufferPointer<UInt8>?) -> UnsafeBufferPointer<UInt8>? {
+        guard let header, header.count > scheme.count else { return nil }
+        for (index, byte) in scheme.enumerated() where header[index].asciiLowercased != byte { return nil }
+        var start = scheme.count
+        while start < header.count, header[start] == 0x20 { start += 1 }
+        let key = UnsafeBufferPointer(rebasing: header[start...])
+        guard !key.isEmpty, !key.contains(0x20) else { return nil }
         return key
     }
+
+    /// `Bearer ` in lowercase.
+    private static let scheme = Array("bearer ".utf8)
 
     /// The largest caller-keys file read: 4 MiB, some twenty thousand callers.
     public static let maxFileBytes = 4 << 20

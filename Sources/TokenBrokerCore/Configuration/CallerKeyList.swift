@@ -106,9 +106,19 @@ public struct CallerKeyList: Sendable, Equatable {
 /// Who may read which provider: what the token routes ask before answering.
 public protocol CallerAuthorizing: Sendable {
     /// - Parameters:
-    ///   - authorization: the request's `Authorization` header, if any.
+    ///   - authorization: the bytes of the request's `Authorization` header as sent, if any, read
+    ///     in place (valid during the call only). Not decoded: a key is the bytes the caller sent
+    ///     (HTTP lets a header carry bytes that are not UTF-8), never text repaired from them.
     ///   - provider: the provider the request reads.
-    func authorize(_ authorization: String?, provider: String) -> CallerDecision
+    func authorize(_ authorization: UnsafeBufferPointer<UInt8>?, provider: String) -> CallerDecision
+}
+
+extension CallerAuthorizing {
+    /// `authorize(_:provider:)` for a header given as text: its UTF-8.
+    public func authorize(_ authorization: String?, provider: String) -> CallerDecision {
+        guard var authorization else { return authorize(UnsafeBufferPointer<UInt8>?.none, provider: provider) }
+        return authorization.withUTF8 { authorize($0, provider: provider) }
+    }
 }
 
 /// The answer to "may this request read this provider?".
