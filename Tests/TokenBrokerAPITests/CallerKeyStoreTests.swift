@@ -25,7 +25,8 @@ import TokenBrokerTestSupport
         #expect(store.authorize("Bearer key-a", provider: "payments") == .forbidden(caller: "billing"))
         #expect(store.authorize("Bearer key-b", provider: "default") == .unknownKey)
         #expect(store.authorize("Bearer key-", provider: "default") == .unknownKey)
-        for header in [nil, "", "Bearer", "Bearer ", "Basic a2V5LWE=", "key-a", "Bearer key a"] as [String?] {
+        for header in [nil, "", "Bearer", "Bearer ", "Bearer  ", "Basic a2V5LWE=", "key-a", "Bearer key a"] as [String?]
+        {
             #expect(store.authorize(header, provider: "default") == .missingKey, "\(String(describing: header))")
         }
     }

@@ -93,12 +93,13 @@ func liveTemplate(
 /// Callers by key: `Bearer orders` may read `orders` only, `Bearer other` nothing.
 struct TemplateCallers: CallerAuthorizing {
     func authorize(_ authorization: UnsafeBufferPointer<UInt8>?, provider: String) -> CallerDecision {
-        switch authorization.map({ String(decoding: $0, as: UTF8.self) }) {
-        case nil: .missingKey
-        case "Bearer orders": provider == "orders" ? .allowed : .forbidden(caller: "orders")
-        case "Bearer other": .forbidden(caller: "other")
-        default: .unknownKey
+        // The bytes as sent, compared as bytes: a string made of them would not be.
+        guard let authorization else { return .missingKey }
+        if authorization.elementsEqual("Bearer orders".utf8) {
+            return provider == "orders" ? .allowed : .forbidden(caller: "orders")
         }
+        if authorization.elementsEqual("Bearer other".utf8) { return .forbidden(caller: "other") }
+        return .unknownKey
     }
 }
 

@@ -122,7 +122,8 @@ func fuzzFields(_ bytes: UnsafeBufferPointer<UInt8>) {
 
 /// `bytes` as an `Authorization` header: the key `CallerKeyStore.bearerKey` reads is the one a
 /// plain reading on copies finds (the scheme `bearer ` in any case, then spaces, then the key: the
-/// rest, not empty, without a space), and it lies at the end of the header, as sent.
+/// rest, not empty, without a space), it lies at the end of the header, as sent, and in ASCII it
+/// is the one the earlier reading on a string found.
 func fuzzBearerKey(_ bytes: UnsafeBufferPointer<UInt8>) {
     let plain: [UInt8]? = {
         let all = Array(bytes)
@@ -134,6 +135,17 @@ func fuzzBearerKey(_ bytes: UnsafeBufferPointer<UInt8>) {
     precondition(key.map(Array.init) == plain, "\(Array(bytes)) read as the key \(key.map(Array.init) ?? [])")
     if let key, let start = key.baseAddress, let base = bytes.baseAddress {
         precondition(start + key.count == base + bytes.count, "the key is not the end of the header")
+    }
+    // In ASCII, where a string's characters are its bytes, the key is the one the reading on a
+    // string that came before it found (it took `Bearer` and the spaces as characters).
+    if bytes.allSatisfy({ $0 < 0x80 }) {
+        let text = Substring(String(decoding: bytes, as: UTF8.self))
+        var textual: Substring?
+        if text.count > 7, text.prefix(7).equalsIgnoringASCIICase("bearer ") {
+            let rest = text.dropFirst(7).drop { $0 == " " }
+            if !rest.isEmpty, !rest.contains(" ") { textual = rest }
+        }
+        precondition(key.map(Array.init) == textual.map { Array($0.utf8) }, "\(text.debugDescription) read otherwise")
     }
 }
 

@@ -113,14 +113,6 @@ public protocol CallerAuthorizing: Sendable {
     func authorize(_ authorization: UnsafeBufferPointer<UInt8>?, provider: String) -> CallerDecision
 }
 
-extension CallerAuthorizing {
-    /// `authorize(_:provider:)` for a header given as text: its UTF-8.
-    public func authorize(_ authorization: String?, provider: String) -> CallerDecision {
-        guard var authorization else { return authorize(UnsafeBufferPointer<UInt8>?.none, provider: provider) }
-        return authorization.withUTF8 { authorize($0, provider: provider) }
-    }
-}
-
 /// The answer to "may this request read this provider?".
 public enum CallerDecision: Sendable, Equatable {
     case allowed
