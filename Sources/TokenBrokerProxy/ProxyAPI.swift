@@ -86,12 +86,15 @@ public final class ProxyAPI: ProxyHandling {
             return .response(ProxyFailure.bodyTooLarge.response(settings, provider: route.provider.name))
         }
         // The request is valid only now: copy what the exchange needs.
-        var headers = request.headers.pairs.map { ($0.name, $0.value ?? "") }
+        // Values as the bytes sent: one that is not UTF-8 goes on as it came (`ProxyHeaders`).
+        var headers = (0..<request.headers.count).map { index in
+            (request.headers.name(at: index), request.headers.withValue(at: index) { $0.map(Array.init) ?? [] })
+        }
         let hasBody = request.bodyStream != nil || !request.body.isEmpty
         if hasBody, !headers.contains(named: "Content-Type") {
-            headers.append(("Content-Type", ""))  // an empty value tells libcurl not to add its own
+            headers.append(("Content-Type", []))  // an empty value tells libcurl not to add its own
         }
-        if !headers.contains(named: "Accept") { headers.append(("Accept", "")) }
+        if !headers.contains(named: "Accept") { headers.append(("Accept", [])) }
         let exchange = ProxyExchange(
             api: self, route: route, method: request.method,
             url: settings.target.url(path: target.path, query: target.query),

@@ -30,7 +30,7 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
         /// No answer head yet.
         case waiting
         /// A refused answer, kept in case no new token comes.
-        case collecting(status: Int, headers: [(String, String)], body: [UInt8])
+        case collecting(status: Int, headers: [ProxyHeaders.Field], body: [UInt8])
         /// Passing the answer on.
         case streaming(HTTPResponseStream)
         case done
@@ -51,11 +51,14 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
     private let route: ProxyAPI.Route
     private let method: String
     private let url: String
-    private let headers: [(String, String)]
+    /// The request's headers, values as the bytes sent.
+    private let headers: [ProxyHeaders.Field]
     private let body: Body
     private let state = Lock(State())
 
-    init(api: ProxyAPI, route: ProxyAPI.Route, method: String, url: String, headers: [(String, String)], body: Body) {
+    init(
+        api: ProxyAPI, route: ProxyAPI.Route, method: String, url: String, headers: [ProxyHeaders.Field], body: Body
+    ) {
         self.api = api
         self.route = route
         self.method = method
@@ -123,13 +126,11 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
             fail(.tokenNotCookieSafe)
             return
         }
-        var request = UpstreamRequest(
-            method: method, url: url,
-            headers: ProxyHeaders.forward(
-                headers, token: token.token.accessToken, injection: settings.inject, overwrite: settings.overwrite,
-                cookieName: provider.configuration.cookie.tokenCookieName,
-                callerKeyInAuthorization: api.callerKeysInAuthorization),
-            settings: settings.upstream)
+        var request = UpstreamRequest(method: method, url: url, settings: settings.upstream)
+        request.headers = ProxyHeaders.forward(
+            headers, token: token.token.accessToken, injection: settings.inject, overwrite: settings.overwrite,
+            cookieName: provider.configuration.cookie.tokenCookieName,
+            callerKeyInAuthorization: api.callerKeysInAuthorization)
         let upstream: UpstreamExchange
         switch body {
         case .buffered(let bytes):
@@ -152,7 +153,7 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
     // MARK: - The upstream's answer (on the upstream client's thread)
 
     func upstreamHead(
-        status: Int, headers: [(String, String)], length: Int64?, body first: UnsafeRawBufferPointer, complete: Bool
+        status: Int, headers: [ProxyHeaders.Field], length: Int64?, body first: UnsafeRawBufferPointer, complete: Bool
     ) -> Bool {
         let settings = route.configuration
         let refused =
@@ -168,12 +169,12 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
         if complete, !bodyless {
             // The whole answer came at once: it goes out as one buffer, with no stream between.
             state.withLock { $0.mode = .done }
-            respond(HTTPResponse(status: status, body: Array(first), headers: ProxyHeaders.back(headers)))
+            respond(HTTPResponse(status: status, body: Array(first), rawHeaders: ProxyHeaders.back(headers)))
             return true
         }
         let stream = HTTPResponseStream { [weak self] in self?.state.withLock { $0.upstream }?.resumeReceiving() }
         let response = HTTPResponse(
-            status: status, headers: ProxyHeaders.back(headers), stream: stream,
+            status: status, rawHeaders: ProxyHeaders.back(headers), stream: stream,
             length: status == 204 || status == 304 || status < 200 ? 0 : length.map { UInt64($0) })
         if bodyless && method != "HEAD" {
             stream.finish()
@@ -216,7 +217,7 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
         case .collecting(let status, let headers, let body) where error == nil:
             Task {
                 await self.retry(
-                    rejected: HTTPResponse(status: status, body: body, headers: ProxyHeaders.back(headers)))
+                    rejected: HTTPResponse(status: status, body: body, rawHeaders: ProxyHeaders.back(headers)))
             }
         case .collecting, .waiting:
             if case .streamed(let stream, _) = body, stream.isTooLarge {

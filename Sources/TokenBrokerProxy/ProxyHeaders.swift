@@ -6,7 +6,15 @@ import TokenBrokerCore
 /// both directions. Toward the upstream, `Host` and the body's framing are set by the client
 /// library from the target and the body; the broker's own headers (`Token-Broker-Request`, and
 /// `Authorization` when it carries a caller key) never leave.
+///
+/// Values are the bytes as they came, in both directions: one that is not UTF-8 (obs-text,
+/// RFC 9110 §5.5) crosses unchanged, where a string would have replaced its bytes with U+FFFD.
+/// Names are tokens, ASCII: the server refuses any other in a request, and drops any other from
+/// an answer.
 public enum ProxyHeaders {
+    /// A header: its name, and its value as the bytes sent.
+    public typealias Field = (String, [UInt8])
+
     static let hopByHop = [
         "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
         "te", "trailer", "transfer-encoding", "upgrade",
@@ -18,9 +26,9 @@ public enum ProxyHeaders {
     ///   - callerKeyInAuthorization: `Authorization` holds the caller's key for the broker: drop it.
     ///   - cookieName: the provider's cookie name, for `.cookie`.
     public static func forward(
-        _ headers: [(String, String)], token: String, injection: ProxyConfiguration.Injection, overwrite: Bool,
+        _ headers: [Field], token: String, injection: ProxyConfiguration.Injection, overwrite: Bool,
         cookieName: String, callerKeyInAuthorization: Bool
-    ) -> [(String, String)] {
+    ) -> [Field] {
         let named = namedByConnection(headers)
         var out = headers.filter { header in
             let name = header.0
@@ -30,9 +38,11 @@ public enum ProxyHeaders {
         if callerKeyInAuthorization { out.removeAll(named: "Authorization") }
         switch injection {
         case .authorization:
-            put(&out, name: "Authorization", value: "Bearer " + token, overwrite: overwrite)
+            var value = Array("Bearer ".utf8)
+            value.append(contentsOf: token.utf8)
+            put(&out, name: "Authorization", value: value, overwrite: overwrite)
         case .header(let name):
-            put(&out, name: name, value: token, overwrite: overwrite)
+            put(&out, name: name, value: Array(token.utf8), overwrite: overwrite)
         case .cookie:
             putCookie(&out, name: cookieName, value: token, overwrite: overwrite)
         }
@@ -41,7 +51,7 @@ public enum ProxyHeaders {
 
     /// The answer's headers to pass back to the client. `Content-Length` and `Date` are left to
     /// the broker's server, which sets them for what it actually sends.
-    public static func back(_ headers: [(String, String)]) -> [(String, String)] {
+    public static func back(_ headers: [Field]) -> [Field] {
         let named = namedByConnection(headers)
         return headers.filter { header in
             !isListed(header.0, hopByHop) && !isListed(header.0, notReturned) && !isListed(header.0, named)
@@ -55,8 +65,7 @@ public enum ProxyHeaders {
 
     /// Whether `name` is one of `list` (each in lowercase), ASCII letters compared without regard
     /// to case, in place and lengths first: every header of every proxied request and answer
-    /// comes through here. Header names are tokens, ASCII: the server refuses any other in a
-    /// request, and never sends one in an answer.
+    /// comes through here.
     private static func isListed(_ name: String, _ list: [String]) -> Bool {
         let count = name.utf8.count
         for listed in list where listed.utf8.count == count && name.equalsIgnoringASCIICase(listed) { return true }
@@ -74,45 +83,43 @@ public enum ProxyHeaders {
     }
 
     /// Every name listed in `Connection` (lower case) that is not already hop-by-hop; usually
-    /// none, and then nothing is built. Read as bytes in place: upstreams send
-    /// `Connection: keep-alive` with every answer. An option with a byte beyond ASCII (no token,
-    /// so no header's name) is read as characters, as it always was.
-    private static func namedByConnection(_ headers: [(String, String)]) -> [String] {
+    /// none, and then nothing is built: upstreams send `Connection: keep-alive` with every answer.
+    /// An option with a byte beyond ASCII is no token, so it names no header, and is passed over.
+    private static func namedByConnection(_ headers: [Field]) -> [String] {
         var names: [String] = []
         for (name, value) in headers where name.equalsIgnoringASCIICase("Connection") {
-            var value = value
-            value.withUTF8 { bytes in
+            value.withUnsafeBufferPointer { bytes in
                 var start = 0
                 while start < bytes.count {
                     let end = bytes[start...].firstIndex(of: UInt8(ascii: ",")) ?? bytes.count
                     defer { start = end + 1 }
-                    guard end > start else { continue }
-                    let option = UnsafeBufferPointer(rebasing: bytes[start..<end])
-                    guard option.allSatisfy({ $0 < 0x80 }) else {
-                        names.append(String(decoding: option, as: UTF8.self).trimmingCharacters(in: " \t").lowercased())
-                        continue
-                    }
                     var first = start
                     var last = end
-                    while first < last, bytes[first] == UInt8(ascii: " ") || bytes[first] == UInt8(ascii: "\t") {
-                        first += 1
-                    }
-                    while last > first, bytes[last - 1] == UInt8(ascii: " ") || bytes[last - 1] == UInt8(ascii: "\t") {
-                        last -= 1
-                    }
-                    let trimmed = UnsafeBufferPointer(rebasing: bytes[first..<last])
+                    while first < last, isBlank(bytes[first]) { first += 1 }
+                    while last > first, isBlank(bytes[last - 1]) { last -= 1 }
+                    let option = UnsafeBufferPointer(rebasing: bytes[first..<last])
+                    guard !option.isEmpty, option.allSatisfy({ $0 < 0x80 }) else { continue }
                     let alreadyDropped = hopByHop.contains { listed in
-                        listed.utf8.count == trimmed.count
-                            && listed.utf8.elementsEqual(trimmed) { $0 == $1.asciiLowercased }
+                        listed.utf8.count == option.count
+                            && listed.utf8.elementsEqual(option) { $0 == $1.asciiLowercased }
                     }
-                    if !alreadyDropped { names.append(String(decoding: trimmed.map(\.asciiLowercased), as: UTF8.self)) }
+                    if !alreadyDropped { names.append(String(decoding: option.map(\.asciiLowercased), as: UTF8.self)) }
                 }
             }
         }
         return names
     }
 
-    private static func put(_ headers: inout [(String, String)], name: String, value: String, overwrite: Bool) {
+    private static func isBlank(_ byte: UInt8) -> Bool { byte == UInt8(ascii: " ") || byte == UInt8(ascii: "\t") }
+
+    /// The bytes without the spaces and tabs around them.
+    private static func trimmingBlanks(_ bytes: ArraySlice<UInt8>) -> ArraySlice<UInt8> {
+        guard let first = bytes.firstIndex(where: { !isBlank($0) }), let last = bytes.lastIndex(where: { !isBlank($0) })
+        else { return [] }
+        return bytes[first...last]
+    }
+
+    private static func put(_ headers: inout [Field], name: String, value: [UInt8], overwrite: Bool) {
         if headers.contains(named: name) {
             guard overwrite else { return }
             headers.removeAll(named: name)
@@ -123,21 +130,24 @@ public enum ProxyHeaders {
     /// Puts `name=value` into the request's `Cookie` header. A token that is not a cookie value
     /// (`TokenRules.isCookieValue`) is never put in: `tok;admin=1` would add a cookie of its
     /// own. The proxy refuses such a token before it gets here (502 `token_not_cookie_safe`).
-    private static func putCookie(_ headers: inout [(String, String)], name: String, value: String, overwrite: Bool) {
+    /// The caller's other cookies keep their bytes.
+    private static func putCookie(_ headers: inout [Field], name: String, value: String, overwrite: Bool) {
         guard TokenRules.isCookieValue(value) else { return }
+        var pair = Array(name.utf8)
+        pair.append(UInt8(ascii: "="))
+        let prefix = pair.count
+        pair.append(contentsOf: value.utf8)
         guard let index = headers.firstIndex(where: { $0.0.equalsIgnoringASCIICase("Cookie") }) else {
-            headers.append(("Cookie", "\(name)=\(value)"))
+            headers.append(("Cookie", pair))
             return
         }
-        var pairs = headers[index].1.split(separator: ";").map { $0.trimmingCharacters(in: " \t") }.filter {
-            !$0.isEmpty
-        }
-        let existing = pairs.firstIndex { $0.hasPrefix(name + "=") }
+        var pairs = headers[index].1.split(separator: UInt8(ascii: ";")).map(trimmingBlanks).filter { !$0.isEmpty }
+        let existing = pairs.firstIndex { $0.starts(with: pair[..<prefix]) }
         switch existing {
         case .some where !overwrite: return
-        case .some(let at): pairs[at] = "\(name)=\(value)"
-        case .none: pairs.append("\(name)=\(value)")
+        case .some(let at): pairs[at] = pair[...]
+        case .none: pairs.append(pair[...])
         }
-        headers[index].1 = pairs.joined(separator: "; ")
+        headers[index].1 = Array(pairs.joined(separator: Array("; ".utf8)))
     }
 }

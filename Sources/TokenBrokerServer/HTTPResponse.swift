@@ -11,8 +11,8 @@ public final class HTTPResponse: @unchecked Sendable {
     // @unchecked: every stored property is immutable; the libmicrohttpd response behind `handle`
     // is reference-counted by libmicrohttpd and safe to queue from any thread.
     public let status: Int
-    /// The headers as given (before any is dropped as unsendable), for tests.
-    public let headers: [(String, String)]
+    /// The headers as given (before any is dropped as unsendable), values as the bytes to send.
+    public let rawHeaders: [(String, [UInt8])]
     /// The body, for an answer built whole; empty for a streamed one.
     public let body: [UInt8]
     let handle: OpaquePointer
@@ -22,51 +22,77 @@ public final class HTTPResponse: @unchecked Sendable {
     /// - Parameters:
     ///   - headers: names and values; a header whose name is not an RFC 9110 token or whose value
     ///     holds a control character other than tab is dropped rather than sent, and counted.
-    public init(status: Int, body: [UInt8], headers: [(String, String)] = []) {
+    public convenience init(status: Int, body: [UInt8], headers: [(String, String)] = []) {
+        self.init(status: status, body: body, rawHeaders: Self.bytes(headers))
+    }
+
+    /// An answer whose header values are bytes as they came, which need not be UTF-8 (obs-text,
+    /// RFC 9110 §5.5): a proxied answer's. Dropped as `init(status:body:headers:)` says.
+    public init(status: Int, body: [UInt8], rawHeaders: [(String, [UInt8])]) {
         self.status = status
-        self.headers = headers
+        self.rawHeaders = rawHeaders
         self.body = body
         handle = body.withUnsafeBytes { raw in
             CMicroHTTPD_response_copying(raw.count, raw.baseAddress)
         }
         stream = nil
-        Self.add(headers, to: handle)
+        Self.add(rawHeaders, to: handle)
     }
 
     /// A streamed answer: the body comes from `stream` as its producer writes it.
     /// - Parameter length: the body's length when known (sent as `Content-Length`); otherwise
     ///   HTTP/1.1 clients get it chunked.
-    public init(status: Int, headers: [(String, String)], stream: HTTPResponseStream, length: UInt64?) {
+    public convenience init(status: Int, headers: [(String, String)], stream: HTTPResponseStream, length: UInt64?) {
+        self.init(status: status, rawHeaders: Self.bytes(headers), stream: stream, length: length)
+    }
+
+    /// A streamed answer whose header values are bytes as they came (a proxied answer's).
+    public init(status: Int, rawHeaders: [(String, [UInt8])], stream: HTTPResponseStream, length: UInt64?) {
         self.status = status
-        self.headers = headers
+        self.rawHeaders = rawHeaders
         body = []
         self.stream = stream
         let context = Unmanaged.passRetained(stream).toOpaque()
         handle = MHD_create_response_from_callback(
             length ?? UInt64.max, 32 * 1024, streamReader, context, streamReleaser)
-        Self.add(headers, to: handle)
+        Self.add(rawHeaders, to: handle)
     }
+
+    /// The headers as text, for tests; a byte that is not UTF-8 reads as U+FFFD.
+    public var headers: [(String, String)] { rawHeaders.map { ($0.0, String(decoding: $0.1, as: UTF8.self)) } }
 
     /// Headers refused, here or by libmicrohttpd, since start; `/metrics` shows the count.
     public static var droppedHeaders: Int { droppedHeaderCount.load(ordering: .relaxed) }
     private static let droppedHeaderCount = Atomic<Int>(0)
 
-    private static func add(_ headers: [(String, String)], to handle: OpaquePointer) {
+    private static func bytes(_ headers: [(String, String)]) -> [(String, [UInt8])] {
+        headers.map { ($0.0, Array($0.1.utf8)) }
+    }
+
+    private static func add(_ headers: [(String, [UInt8])], to handle: OpaquePointer) {
         for (name, value) in headers {
             var name = name
-            var value = value
-            let sendable = name.withUTF8 { name in
-                !name.isEmpty && name.allSatisfy(HTTPSyntax.isTokenCharacter)
-                    && value.withUTF8 { $0.allSatisfy(HTTPSyntax.isFieldValueByte) }
+            let sent = name.withUTF8 { name in
+                guard !name.isEmpty, name.allSatisfy(HTTPSyntax.isTokenCharacter),
+                    value.allSatisfy(HTTPSyntax.isFieldValueByte)
+                else { return false }
+                // Name and value as two C strings in one temporary buffer, not on the heap.
+                return withUnsafeTemporaryAllocation(of: CChar.self, capacity: name.count + value.count + 2) {
+                    line in
+                    guard let first = line.baseAddress else { return false }
+                    let start = UnsafeMutableRawPointer(first)
+                    if let bytes = name.baseAddress { start.copyMemory(from: bytes, byteCount: name.count) }
+                    line[name.count] = 0
+                    value.withUnsafeBytes { value in
+                        if let bytes = value.baseAddress {
+                            (start + name.count + 1).copyMemory(from: bytes, byteCount: value.count)
+                        }
+                    }
+                    line[name.count + 1 + value.count] = 0
+                    return MHD_add_response_header(handle, first, first + name.count + 1) == CMicroHTTPD_yes()
+                }
             }
-            // Through `withCString`: passed straight as an argument, a short string (15 bytes or
-            // fewer, as most header names are) is first copied to a new array on the heap.
-            if !sendable
-                || name.withCString({ name in value.withCString { MHD_add_response_header(handle, name, $0) } })
-                    != CMicroHTTPD_yes()
-            {
-                droppedHeaderCount.add(1, ordering: .relaxed)
-            }
+            if !sent { droppedHeaderCount.add(1, ordering: .relaxed) }
         }
     }
 

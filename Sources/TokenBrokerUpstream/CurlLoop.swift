@@ -349,7 +349,7 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
         // libcurl would add "Expect: 100-continue" to uploads (every streamed body) and to POSTs over
         // 1 MiB; nobody here gains from it. A header given with a blank value keeps libcurl from
         // adding its own, and libcurl sends no blank header.
-        ok = ok && Self.append("Expect", "", to: &transfer.headerList)
+        ok = ok && Self.append("Expect", [], to: &transfer.headerList)
         set(CCurl_setopt_pointer(easy, CURLOPT_HTTPHEADER, UnsafeMutableRawPointer(transfer.headerList)))
         set(CCurl_setopt_write_function(easy, bodyCallback))
         set(CCurl_setopt_pointer(easy, CURLOPT_WRITEDATA, context))
@@ -362,17 +362,17 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
         return nil
     }
 
-    /// Adds the line `name: value` to a request's header list. A name or value that holds CR or
-    /// LF, which would start a line of its own, is left out. False only when libcurl could not
-    /// add the line (out of memory); the list is then unchanged.
+    /// Adds the line `name: value` to a request's header list; the value is the bytes to send. A
+    /// name or value that holds CR or LF, which would start a line of its own, or NUL, which would
+    /// cut the line short, is left out. False only when libcurl could not add the line (out of
+    /// memory); the list is then unchanged.
     ///
     /// The line is put together in a temporary buffer, not as a Swift string: every proxied
     /// request sends several headers, one of them the token.
-    static func append(_ name: String, _ value: String, to list: inout UnsafeMutablePointer<curl_slist>?) -> Bool {
+    static func append(_ name: String, _ value: [UInt8], to list: inout UnsafeMutablePointer<curl_slist>?) -> Bool {
         var name = name
-        var value = value
         return name.withUTF8 { name in
-            value.withUTF8 { value in
+            value.withUnsafeBufferPointer { value in
                 if breaksLine(name) || breaksLine(value) { return true }
                 let length = name.count + 2 + value.count
                 return withUnsafeTemporaryAllocation(of: CChar.self, capacity: length + 1) { line in
@@ -393,11 +393,11 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
         }
     }
 
-    /// Whether a header's name or value holds CR or LF (`memchr`: a token is hundreds of bytes).
+    /// Whether a header's name or value holds CR, LF or NUL (`memchr`: a token is hundreds of bytes).
     private static func breaksLine(_ bytes: UnsafeBufferPointer<UInt8>) -> Bool {
         guard let start = bytes.baseAddress else { return false }
         return memchr(start, Int32(UInt8(ascii: "\r")), bytes.count) != nil
-            || memchr(start, Int32(UInt8(ascii: "\n")), bytes.count) != nil
+            || memchr(start, Int32(UInt8(ascii: "\n")), bytes.count) != nil || memchr(start, 0, bytes.count) != nil
     }
 
     private func finish(_ transfer: Transfer, _ result: CURLcode) {
@@ -551,7 +551,8 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
                 if transfer.headerLines.isEmpty { transfer.headerLines.reserveCapacity(16) }
                 if transfer.headerLines.count < 200 { transfer.headerLines.append((name, value)) }
             } else if transfer.headers.count < 100 {
-                transfer.headers[name.lowercased()] = value
+                // An issuer's answer is read, not passed on: its values as text.
+                transfer.headers[name.lowercased()] = String(decoding: value, as: UTF8.self)
             }
         }
         return line.count
@@ -563,8 +564,9 @@ enum HeaderLine: Equatable {
     case statusLine
     /// The empty line that ends a head.
     case end
-    /// A field: its name as sent, its value without surrounding blanks and line end.
-    case field(String, String)
+    /// A field: its name as sent, its value without surrounding blanks and line end, as the bytes
+    /// sent (a proxied answer passes them on; obs-text, RFC 9110 §5.5, is no UTF-8).
+    case field(String, [UInt8])
 
     /// Nil for a line that is none of these (one without a colon). A folded continuation line
     /// (obsolete, RFC 9112 §5.2) that holds a colon reads as a field whose name starts with a
@@ -592,7 +594,7 @@ enum HeaderLine: Equatable {
         while end > start, line[end - 1] == space || line[end - 1] == tab { end -= 1 }
         self = .field(
             String(decoding: UnsafeRawBufferPointer(rebasing: line[..<colon]), as: UTF8.self),
-            String(decoding: UnsafeRawBufferPointer(rebasing: line[start..<end]), as: UTF8.self))
+            Array(UnsafeRawBufferPointer(rebasing: line[start..<end])))
     }
 }
 
@@ -613,7 +615,7 @@ final class Transfer: @unchecked Sendable {
     var body: [UInt8] = []
     var headers: [String: String] = [:]
     /// Every header of the final answer, in order, names as sent (streamed exchanges).
-    var headerLines: [(String, String)] = []
+    var headerLines: [(String, [UInt8])] = []
     var tooLarge = false
     /// The request body as libcurl reads it (buffered requests with a body), freed by `release`.
     var bodyCopy: UnsafeMutableRawBufferPointer?

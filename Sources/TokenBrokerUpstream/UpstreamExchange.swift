@@ -42,12 +42,12 @@ public final class UpstreamExchange: @unchecked Sendable {
 
 /// Receives a streamed exchange's answer and supplies its streamed body.
 public protocol UpstreamExchangeDelegate: AnyObject, Sendable {
-    /// The final answer's status and headers (in order, names as sent), with the part of its body
-    /// that came with them (at most `CurlLoop.heldBodyLimit` bytes). When `complete`, that is
-    /// the whole answer, and `upstreamFinished(nil)` is all that follows. Return false to stop
-    /// the exchange without reading the rest of the body.
+    /// The final answer's status and headers (in order, names as sent, values as the bytes sent),
+    /// with the part of its body that came with them (at most `CurlLoop.heldBodyLimit` bytes).
+    /// When `complete`, that is the whole answer, and `upstreamFinished(nil)` is all that
+    /// follows. Return false to stop the exchange without reading the rest of the body.
     func upstreamHead(
-        status: Int, headers: [(String, String)], length: Int64?, body: UnsafeRawBufferPointer, complete: Bool
+        status: Int, headers: [(String, [UInt8])], length: Int64?, body: UnsafeRawBufferPointer, complete: Bool
     ) -> Bool
     /// A piece of the body. Return false, taking nothing, to pause until `resumeReceiving`.
     func upstreamBody(_ bytes: UnsafeRawBufferPointer) -> Bool

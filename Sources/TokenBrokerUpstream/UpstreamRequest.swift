@@ -4,7 +4,9 @@ import TokenBrokerCore
 public struct UpstreamRequest: Sendable {
     public var method: String = "POST"
     public var url: String
-    public var headers: [(String, String)] = []
+    /// Names and values; a value is the bytes sent, so that the proxy passes on a value that is
+    /// not UTF-8 as it came (obs-text, RFC 9110 §5.5), where a string would have replaced it.
+    public var headers: [(String, [UInt8])] = []
     public var body: [UInt8] = []
     /// TLS and limits, usually shared by every request of a source.
     public var settings: UpstreamConfiguration
@@ -20,7 +22,7 @@ public struct UpstreamRequest: Sendable {
     ) {
         self.method = method
         self.url = url
-        self.headers = headers
+        self.headers = headers.map { ($0.0, Array($0.1.utf8)) }
         self.body = body
         self.settings = settings
     }

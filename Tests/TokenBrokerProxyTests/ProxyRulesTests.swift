@@ -68,9 +68,9 @@ import TokenBrokerAPI
         {
             Dictionary(
                 ProxyHeaders.forward(
-                    sent, token: "T", injection: injection, overwrite: overwrite, cookieName: "tok",
+                    bytes(sent), token: "T", injection: injection, overwrite: overwrite, cookieName: "tok",
                     callerKeyInAuthorization: callerKey
-                ).map { ($0.0.lowercased(), $0.1) }
+                ).map { ($0.0.lowercased(), String(decoding: $0.1, as: UTF8.self)) }
             ) { a, _ in a }
         }
         let bearer = forwarded(.authorization)
@@ -88,10 +88,11 @@ import TokenBrokerAPI
         #expect(forwarded(.header("X-Token"))["x-token"] == "T")
         #expect(forwarded(.header("X-Token"), callerKey: true)["authorization"] == nil)
 
-        let back = ProxyHeaders.back([
-            ("Content-Length", "9"), ("Set-Cookie", "a"), ("Set-Cookie", "b"), ("Connection", "X-H"), ("X-H", "1"),
-            ("Date", "d"),
-        ])
+        let back = ProxyHeaders.back(
+            bytes([
+                ("Content-Length", "9"), ("Set-Cookie", "a"), ("Set-Cookie", "b"), ("Connection", "X-H"), ("X-H", "1"),
+                ("Date", "d"),
+            ]))
         #expect(back.map(\.0) == ["Set-Cookie", "Set-Cookie"])
     }
 
@@ -102,16 +103,43 @@ import TokenBrokerAPI
             ("UPGRADE", "h2c"), ("Upgrades", "8"),
         ]
         let forwarded = ProxyHeaders.forward(
-            sent, token: "T", injection: .authorization, overwrite: true, cookieName: "tok",
+            bytes(sent), token: "T", injection: .authorization, overwrite: true, cookieName: "tok",
             callerKeyInAuthorization: false)
         #expect(forwarded.map(\.0) == ["Proxyx", "Proxies", "X-Proxy", "Prox", "Te-X", "Upgrades", "Authorization"])
         let back = ProxyHeaders.back(
-            sent + [
-                ("CONNECTION", "x-one ,X-Two"), ("X-One", "1"), ("x-two", "2"), ("Connection", " ,\tX-Three\t, "),
-                ("X-THREE", "3"),
-            ])
+            bytes(
+                sent + [
+                    ("CONNECTION", "x-one ,X-Two"), ("X-One", "1"), ("x-two", "2"), ("Connection", " ,\tX-Three\t, "),
+                    ("X-THREE", "3"),
+                ]))
         // Answers keep `Proxy-*`, but not the hop-by-hop ones, nor those `Connection` names.
         #expect(back.map(\.0) == sent.map(\.0).filter { !["PROXY-Authorization", "TE", "UPGRADE"].contains($0) })
+    }
+
+    /// obs-text (RFC 9110 §5.5): values cross as the bytes sent, in both directions, whatever
+    /// else is done to the headers around them.
+    @Test func valuesThatAreNotUTF8CrossUnchanged() {
+        let latin1: [UInt8] = Array("caf".utf8) + [0xE9, 0x20, 0xFF]
+        let utf8: [UInt8] = Array("caf".utf8) + [0xC3, 0xA9]
+        let cookie: [UInt8] = Array("a=".utf8) + [0xE9] + Array("; tok=old;b=\t".utf8) + [0xFF]
+        let sent: [ProxyHeaders.Field] = [
+            ("X-Latin1", latin1), ("X-UTF8", utf8), ("Cookie", cookie), ("Connection", [0xE9] + Array(", X-Hop".utf8)),
+            ("X-Hop", latin1),
+        ]
+        for injection in [ProxyConfiguration.Injection.authorization, .header("X-Token"), .cookie] {
+            let forwarded = ProxyHeaders.forward(
+                sent, token: "T", injection: injection, overwrite: true, cookieName: "tok",
+                callerKeyInAuthorization: false)
+            #expect(forwarded.first { $0.0 == "X-Latin1" }?.1 == latin1, "\(injection)")
+            #expect(forwarded.first { $0.0 == "X-UTF8" }?.1 == utf8, "\(injection)")
+            #expect(!forwarded.contains(named: "X-Hop"), "Connection still names its headers")
+            let expectedCookie =
+                injection == .cookie ? Array("a=".utf8) + [0xE9] + Array("; tok=T; b=\t".utf8) + [0xFF] : cookie
+            #expect(forwarded.first { $0.0 == "Cookie" }?.1 == expectedCookie, "\(injection)")
+        }
+        let back = ProxyHeaders.back(sent)
+        #expect(back.map(\.0) == ["X-Latin1", "X-UTF8", "Cookie"])
+        #expect(back.map(\.1) == [latin1, utf8, cookie])
     }
 
     @Test func proxiesAreConfiguredStrictly() throws {
@@ -150,4 +178,9 @@ import TokenBrokerAPI
             }
         }
     }
+}
+
+/// Headers given as text, as the proxy gets them: values as bytes.
+private func bytes(_ headers: [(String, String)]) -> [ProxyHeaders.Field] {
+    headers.map { ($0.0, Array($0.1.utf8)) }
 }

@@ -79,7 +79,7 @@ import TokenBrokerUpstream
         let parent = try template.request(now: now)
         let child = try template.child(for: .none).request(now: now)
         #expect(child.method == parent.method && child.url == parent.url && child.body == parent.body)
-        #expect(child.headers.map { $0.0 + ": " + $0.1 } == parent.headers.map { $0.0 + ": " + $0.1 })
+        #expect(child.headers.map(\.0) == parent.headers.map(\.0) && child.headers.map(\.1) == parent.headers.map(\.1))
         #expect(template.child(for: .none).values == .none && template.values == .none)
     }
 
@@ -286,7 +286,7 @@ import TokenBrokerUpstream
             .request()
         #expect(named.url == "http://127.0.0.1:1/t?aud=a&scope=r")
         #expect(String(decoding: named.body, as: UTF8.self) == #"{"aud":"a"}"#)
-        #expect(named.headers.first { $0.0 == "X-Resource" }?.1 == "[urn:x]")
+        #expect(named.headers.first { $0.0 == "X-Resource" }?.1 == Array("[urn:x]".utf8))
         // Without placeholders, no value is needed: the template's request is the child's.
         let plain = HTTPTokenSource(configuration: HTTPSourceConfiguration(url: "http://127.0.0.1:1/t"))
         #expect(try plain.child(for: .none).request().url == plain.request().url)

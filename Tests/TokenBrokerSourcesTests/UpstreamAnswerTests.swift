@@ -101,7 +101,9 @@ import TokenBrokerUpstream
         settings.scope = "read write"
         settings.resources = ["https://a.test", "https://b.test"]
         let request = try OAuth2TokenSource(configuration: settings).request(now: WallTime())
-        let authorization = request.headers.first { $0.0 == "Authorization" }?.1
+        let authorization = request.headers.first { $0.0 == "Authorization" }.map {
+            String(decoding: $0.1, as: UTF8.self)
+        }
         // RFC 6749 §2.3.1: "my+client:p%40ss%3Aword", then Base64.
         #expect(authorization == "Basic " + Data("my+client:p%40ss%3Aword".utf8).base64EncodedString())
         #expect(

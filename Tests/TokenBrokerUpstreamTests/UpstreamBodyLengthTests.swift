@@ -70,7 +70,7 @@ private final class Delegate: UpstreamExchangeDelegate, @unchecked Sendable {
     var error: UpstreamError? { state.withLock { $0.error } }
 
     func upstreamHead(
-        status: Int, headers: [(String, String)], length: Int64?, body: UnsafeRawBufferPointer, complete: Bool
+        status: Int, headers: [(String, [UInt8])], length: Int64?, body: UnsafeRawBufferPointer, complete: Bool
     ) -> Bool { true }
     func upstreamBody(_ bytes: UnsafeRawBufferPointer) -> Bool { true }
     func upstreamFinished(_ error: UpstreamError?) {

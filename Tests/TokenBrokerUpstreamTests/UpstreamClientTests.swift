@@ -50,6 +50,27 @@ import TokenBrokerUpstream
         #expect(!head.lowercased().contains("expect:"), "libcurl's Expect: 100-continue is never sent")
     }
 
+    /// A value goes out as its bytes, UTF-8 or not (the proxy passes on obs-text as it came); one
+    /// holding CR or LF, which would start a header of its own, or NUL, which would end the line
+    /// early, is left out.
+    @Test func headerValuesAreSentAsTheirBytesAndOnesThatWouldBreakTheLineAreLeftOut() async throws {
+        let server = try CannedServer(answer: "HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
+        var sent = request(server)
+        let obsText: [UInt8] = Array("caf".utf8) + [0xE9, 0x20, 0xFF]
+        sent.headers = [
+            ("X-Obs-Text", obsText), ("X-Cr", Array("a\rX-Injected: 1".utf8)),
+            ("X-Lf", Array("a\nX-Injected: 2".utf8)), ("X-Nul", Array("a\u{0}b".utf8)), ("X-After", Array("kept".utf8)),
+        ]
+        #expect(try await UpstreamHTTPClient.shared.send(sent).status == 204)
+        let head = try #require(await server.received(timeout: .seconds(20)))
+        let lines = head.split(separator: Array("\r\n".utf8)).map { Array($0) }
+        #expect(lines.contains(Array("X-Obs-Text: ".utf8) + obsText))
+        #expect(lines.contains(Array("X-After: kept".utf8)))
+        for name in ["x-cr", "x-lf", "x-nul", "x-injected"] {
+            #expect(!String(decoding: head, as: UTF8.self).lowercased().contains(name + ":"), "\(name)")
+        }
+    }
+
     @Test func aRedirectIsHandedBackNotFollowed() async throws {
         let server = try CannedServer(
             answer: "HTTP/1.1 302 Found\r\nLocation: http://127.0.0.1:1/elsewhere\r\nContent-Length: 0\r\n\r\n")

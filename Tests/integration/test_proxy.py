@@ -92,6 +92,26 @@ def test_requests_are_forwarded_with_a_verified_token_and_answers_come_back(brok
     assert broker.metric("token_broker_proxy_requests_total", proxy="api", code="200") == 1
 
 
+def test_header_bytes_that_are_not_utf8_cross_the_proxy_unchanged(broker):
+    """Header values may hold bytes that are not UTF-8 (obs-text, RFC 9110 §5.5): they cross the
+    proxy as sent, both ways, not each made U+FFFD; UTF-8 crosses as sent too. Over a raw socket,
+    so that no client library encodes the values on its own."""
+    obs_text, utf8 = b"caf\xe9 \xff end", b"caf\xc3\xa9"  # the resource server's X-Raw and X-Raw-Utf8 too
+    answer = raw(broker, b"GET /proxy/api/echo/bytes?raw_header=1 HTTP/1.1\r\nHost: b\r\nToken-Broker-Request: true\r\n"
+                         b"X-Custom: " + obs_text + b"\r\nX-Utf8: " + utf8 + b"\r\nConnection: close\r\n\r\n")
+    status, _, body = parse(answer)
+    assert status == 200, answer
+    # The resource server reads each header byte as one Latin-1 character: encoding gives the bytes back.
+    seen = {name.lower(): value.encode("latin-1") for name, value in json.loads(body)["headers"]}
+    # The answer's header lines, as bytes (parse() decodes and lower-cases them).
+    lines = answer.partition(b"\r\n\r\n")[0].split(b"\r\n")[1:]
+    received = {name.strip().lower(): value.strip(b" \t") for name, _, value in (line.partition(b":") for line in lines)}
+    got = {"upstream saw X-Custom": seen.get("x-custom"), "upstream saw X-Utf8": seen.get("x-utf8"),
+           "client got X-Raw": received.get(b"x-raw"), "client got X-Raw-Utf8": received.get(b"x-raw-utf8")}
+    assert got == {"upstream saw X-Custom": obs_text, "upstream saw X-Utf8": utf8,
+                   "client got X-Raw": obs_text, "client got X-Raw-Utf8": utf8}, "header bytes changed"
+
+
 @pytest.mark.parametrize("family", ["ipv6", "unix"])
 def test_a_token_listener_on_ipv6_or_a_unix_socket_proxies_and_stops_cleanly(resource, tmp_path, family):
     # With proxies, the token listener runs on the proxy's loops, each with a copy of its socket.

@@ -62,14 +62,17 @@ extension Array where Element == (String, String) {
     public func value(named name: String) -> String? {
         first { $0.0.equalsIgnoringASCIICase(name) }?.1
     }
+}
 
-    /// Whether a field named `name` is present (compared without regard to case).
-    public func contains(named name: String) -> Bool {
+extension Array {
+    /// Whether a field named `name` is present (compared without regard to case); for fields
+    /// whose values are text, and for those whose values are the bytes as sent (the proxy's).
+    public func contains<Value>(named name: String) -> Bool where Element == (String, Value) {
         contains { $0.0.equalsIgnoringASCIICase(name) }
     }
 
     /// Removes every field named `name` (compared without regard to case).
-    public mutating func removeAll(named name: String) {
+    public mutating func removeAll<Value>(named name: String) where Element == (String, Value) {
         removeAll { $0.0.equalsIgnoringASCIICase(name) }
     }
 }
