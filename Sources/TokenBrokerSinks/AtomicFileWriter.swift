@@ -172,6 +172,16 @@ public final class AtomicFileWriter: Sendable {
         return (removed, failure)
     }
 
+    /// Removes the file (a name that has become a link loses the link, never its target); a file
+    /// already gone is no failure. Not synced: should a crash undo the removal, the file is back
+    /// as it was.
+    public func remove() -> FileWriteError? {
+        guard unlinkat(directory.descriptor, name, 0) == 0 || errno == ENOENT else {
+            return .system("unlink", path, errno)
+        }
+        return nil
+    }
+
     /// Whether `name` is `.{name}.tmp-{digits}-{digits}`.
     private func isLeftover(_ name: [UInt8]) -> Bool {
         guard name.count > leftoverPrefix.count, name.starts(with: leftoverPrefix) else { return false }

@@ -13,6 +13,10 @@ import TokenBrokerSinks
 /// - Writes are atomic and durable (`AtomicFileWriter`: a temporary file, `fsync`, `rename`,
 ///   mode 0600) and run on the store's own queue, in order, never on the caller's thread.
 /// - Reads go through `FileContents`, which never waits on a FIFO or reads past `maximumSize`.
+/// - A forgotten key's record (a template child dropped, `forget`) is removed once its token has
+///   expired (at once for a token without expiry, or a record that cannot be opened), unless the
+///   key is saved again first: the directory does not grow with every child ever made, nor the
+///   store's memory with a writer for each.
 public final class FileTokenStore: TokenStore {
     /// What the store reports of its writes, for logs and metrics: the key, and the problem when one failed.
     public typealias SaveReport = @Sendable (_ key: String, _ problem: String?) -> Void
@@ -21,15 +25,42 @@ public final class FileTokenStore: TokenStore {
     public let directory: SinkDirectory
     private let record: StoreRecord
     private let onSave: SaveReport
+    private let onRemove: SaveReport
     private let queue = DispatchQueue(label: "token-broker.store.file")
     /// One writer per key, made at its first write (and its leftovers removed then).
     private let writers = Lock<[String: AtomicFileWriter]>([:])
+    /// Keys forgotten and not saved since, whose records are removed once their tokens expire.
+    private let forgotten = Lock<Set<String>>([])
+    private let wallClock: @Sendable () -> WallTime
+    private let after: @Sendable (Duration, @escaping @Sendable () -> Void) -> Void
+
+    /// The longest wait before a forgotten record is looked at again (a token that lives for
+    /// years is looked at daily, not scheduled years ahead).
+    static let longestWait = Duration.seconds(86_400)
 
     /// A store in `directory`, sealing with `cipher`.
-    public init(directory: SinkDirectory, cipher: AESGCM, onSave: @escaping SaveReport = { _, _ in }) {
+    /// - Parameters:
+    ///   - onRemove: each forgotten record removed (`forget`), with the problem when that failed.
+    ///   - wallClock: now, for when a forgotten record's token expires.
+    ///   - after: runs its work after the delay (on any thread); tests run it when they choose.
+    public init(
+        directory: SinkDirectory, cipher: AESGCM, onSave: @escaping SaveReport = { _, _ in },
+        onRemove: @escaping SaveReport = { _, _ in }, wallClock: @escaping @Sendable () -> WallTime = { WallTime() },
+        after: (@Sendable (Duration, @escaping @Sendable () -> Void) -> Void)? = nil
+    ) {
         self.directory = directory
         record = StoreRecord(cipher: cipher)
         self.onSave = onSave
+        self.onRemove = onRemove
+        self.wallClock = wallClock
+        let queue = queue
+        self.after =
+            after ?? { delay, work in
+                let (seconds, attoseconds) = delay.components
+                queue.asyncAfter(
+                    deadline: .now() + .seconds(Int(seconds)) + .nanoseconds(Int(attoseconds / 1_000_000_000)),
+                    execute: work)
+            }
     }
 
     /// The file of the record kept under `key`, in the store's directory.
@@ -54,6 +85,8 @@ public final class FileTokenStore: TokenStore {
 
     public func save(_ key: String, _ token: StoredToken) {
         queue.async { [self] in
+            // Needed again (a child made anew for the same values): kept.
+            _ = forgotten.withLock { $0.remove(key) }
             let sealed: [UInt8]
             do throws(TokenFetchError) {
                 sealed = try record.seal(token, key: key)
@@ -68,8 +101,46 @@ public final class FileTokenStore: TokenStore {
         }
     }
 
+    public func forget(_ key: String) {
+        queue.async { [self] in
+            _ = forgotten.withLock { $0.insert(key) }
+            removeIfExpired(key)
+        }
+    }
+
     /// Waits until every write handed to the store has ended; for the broker's stop.
     public func flush() { queue.sync {} }
+
+    /// On the queue: removes a forgotten key's record if its token has expired, has no expiry or
+    /// the record cannot be opened under its key (none of which a provider would serve), else
+    /// looks again when the token expires. A file that cannot be read is left alone.
+    private func removeIfExpired(_ key: String) {
+        guard forgotten.withLock({ $0.contains(key) }) else { return }
+        let path = path(for: key)
+        switch FileContents.read(path, limit: StoreRecord.maximumSize) {
+        case .failure(let error):
+            letGo(key)
+            if !error.isMissing { onRemove(key, "cannot read \(path): \(error)") }
+            return
+        case .success(let bytes):
+            if case .success(let token) = record.open(bytes, key: key), let expiresAt = token.expiresAt,
+                case let left = expiresAt.timeIntervalSince(wallClock()), left > 0
+            {
+                let wait = min(Duration.milliseconds(Int64(rounding: left * 1000, .up) ?? .max), Self.longestWait)
+                after(wait) { [self] in queue.async { self.removeIfExpired(key) } }
+                return
+            }
+        }
+        let writer = letGo(key) ?? AtomicFileWriter(directory: directory, path: path, mode: 0o600)
+        onRemove(key, writer.remove()?.description)
+    }
+
+    /// Stops tracking a forgotten key; returns its writer, if it had one.
+    @discardableResult
+    private func letGo(_ key: String) -> AtomicFileWriter? {
+        _ = forgotten.withLock { $0.remove(key) }
+        return writers.withLock { $0.removeValue(forKey: key) }
+    }
 
     private func writer(for key: String) -> AtomicFileWriter {
         writers.withLock { writers in

@@ -307,6 +307,15 @@ enum Broker {
                     events: .logged(recordingIn: metrics), store: storeSlot(store, provider: settings, signer: signer),
                     versionsAfter: versionsAfter))
         }
+        var events = TemplateEvents.logged(recordingIn: metrics)
+        if let store, isStored(settings) {
+            // A dropped child's record goes once its token expires (`TokenStore.forget`).
+            let logged = events.dropped
+            events.dropped = { name, values in
+                logged(name, values)
+                store.tokenStore.forget(StoreSlot.key(provider: name, values: values))
+            }
+        }
         return .template(
             Template(
                 configuration: settings, clock: ContinuousClock(),
@@ -316,7 +325,7 @@ enum Broker {
                         clock: ContinuousClock(), events: .logged(recordingIn: metrics, child: values),
                         store: storeSlot(store, provider: settings, signer: signer, values: values))
                 },
-                attach: { TokenResponseCache(for: $0) }, events: .logged(recordingIn: metrics)))
+                attach: { TokenResponseCache(for: $0) }, events: events))
     }
 
     /// The source of a template's child: the template's source, fetching with `values` put in

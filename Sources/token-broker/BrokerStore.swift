@@ -53,17 +53,18 @@ extension Broker {
             }
             return .success(
                 .file(
-                    FileTokenStore(directory: directory, cipher: cipher) { key, problem in
-                        metrics?.recordStoreOperation("save", result: problem == nil ? "ok" : "error")
-                        guard let problem else { return }
-                        let (provider, values) = describe(key)
-                        if let values {
-                            Log.warning(
-                                "token not stored", ["provider": provider, "values": values, "problem": problem])
-                        } else {
-                            Log.warning("token not stored", ["provider": provider, "problem": problem])
-                        }
-                    }))
+                    FileTokenStore(
+                        directory: directory, cipher: cipher,
+                        onSave: { key, problem in
+                            metrics?.recordStoreOperation("save", result: problem == nil ? "ok" : "error")
+                            if let problem { logStoreProblem("token not stored", key: key, problem: problem) }
+                        },
+                        onRemove: { key, problem in
+                            metrics?.recordStoreOperation("remove", result: problem == nil ? "ok" : "error")
+                            if let problem {
+                                logStoreProblem("dropped child's record not removed", key: key, problem: problem)
+                            }
+                        })))
         case .redis(let settings):
             var password: String?
             if let path = settings.passwordFile {
@@ -172,6 +173,16 @@ extension Broker {
         case .file(let store): store.flush()
         case .redis(let store): store.stop()
         case nil: break
+        }
+    }
+
+    /// Logs a store's problem with a record, naming its provider and the child's values.
+    private static func logStoreProblem(_ message: String, key: String, problem: String) {
+        let (provider, values) = describe(key)
+        if let values {
+            Log.warning(message, ["provider": provider, "values": values, "problem": problem])
+        } else {
+            Log.warning(message, ["provider": provider, "problem": problem])
         }
     }
 

@@ -26,19 +26,43 @@ import TokenBrokerTestSupport
         func add(_ key: String, _ problem: String?) { reports.withLock { $0.append((key, problem)) } }
     }
 
+    /// The store's wall clock, and the work it asked to run later, run when a test says.
+    private final class Time: Sendable {
+        private let state = Lock<(now: WallTime, pending: [(delay: Duration, work: @Sendable () -> Void)])>(
+            (WallTime(timeIntervalSince1970: 1_700_000_000), []))
+        var now: WallTime { state.withLock { $0.now } }
+        var delays: [Duration] { state.withLock { $0.pending.map(\.delay) } }
+        func advance(seconds: Double) { state.withLock { $0.now = $0.now.addingTimeInterval(seconds) } }
+        func after(_ delay: Duration, _ work: @escaping @Sendable () -> Void) {
+            state.withLock { $0.pending.append((delay, work)) }
+        }
+        /// Runs the work due so far, as the timers would have.
+        func runPending() {
+            let due = state.withLock { state in
+                defer { state.pending = [] }
+                return state.pending
+            }
+            for (_, work) in due { work() }
+        }
+    }
+
     /// A temporary folder that only its owner may enter and write (mode 0700), the store's directory.
     private struct Setup {
         let folder: TemporaryDirectory
         let directory: SinkDirectory
         let reports = SaveReports()
+        let removals = SaveReports()
+        let time = Time()
         let store: FileTokenStore
 
         init(key: [UInt8] = FileTokenStoreTests.key) throws {
             folder = try TemporaryDirectory()
             #expect(chmod(folder.url.path, 0o700) == 0)
             directory = try SinkDirectory.open(folder.url.path).get()
-            let reports = reports
-            store = FileTokenStore(directory: directory, cipher: AESGCM(key: key)!, onSave: reports.add)
+            let (reports, removals, time) = (reports, removals, time)
+            store = FileTokenStore(
+                directory: directory, cipher: AESGCM(key: key)!, onSave: reports.add, onRemove: removals.add,
+                wallClock: { time.now }, after: time.after)
         }
 
         /// Another store on the same directory, as a broker started again opens it.
@@ -240,5 +264,72 @@ import TokenBrokerTestSupport
         let path = setup.store.path(for: "orders")
         #expect(mkfifo(path, 0o600) == 0)
         #expect(await refusal(setup.store)?.contains("not a regular file") == true)
+    }
+
+    // MARK: - Forgotten keys (dropped template children)
+
+    @Test func aForgottenRecordGoesOnceItsTokenHasExpired() async throws {
+        let setup = try Setup()
+        setup.store.save("t\nscope=a", Self.token)  // expires 900 s after the clock's now
+        setup.store.forget("t\nscope=a")
+        setup.store.flush()
+        #expect(setup.names.count == 1, "kept while its token is valid: a child made again starts with it")
+        #expect(setup.time.delays == [.seconds(900)], "looked at again when the token expires")
+        setup.time.advance(seconds: 900)
+        setup.time.runPending()
+        setup.store.flush()
+        #expect(setup.names.isEmpty)
+        #expect(setup.removals.all.map(\.key) == ["t\nscope=a"] && setup.removals.all[0].problem == nil)
+        #expect(setup.time.delays.isEmpty, "nothing more to look at")
+    }
+
+    @Test func aRecordSavedAgainAfterItsKeyWasForgottenIsKept() async throws {
+        let setup = try Setup()
+        setup.store.save("t\nscope=a", Self.token)
+        setup.store.forget("t\nscope=a")
+        setup.store.save("t\nscope=a", Self.token)  // a child made again for the same values
+        setup.store.flush()
+        setup.time.advance(seconds: 1000)
+        setup.time.runPending()
+        setup.store.flush()
+        #expect(setup.names.count == 1)
+        #expect(setup.removals.all.isEmpty)
+        #expect(await setup.store.load("t\nscope=a") == .found(Self.token))
+    }
+
+    @Test func aTokenWithoutExpiryOrARecordThatDoesNotOpenGoesAtOnce() async throws {
+        let setup = try Setup()
+        var forever = Self.token
+        forever.expiresAt = nil
+        setup.store.save("forever", forever)
+        try setup.write(Array("TBSTORE1 not a record".utf8), to: setup.store.path(for: "garbage"))
+        setup.store.save("expired", Self.token)
+        setup.time.advance(seconds: 901)
+        for key in ["forever", "garbage", "expired"] { setup.store.forget(key) }
+        setup.store.flush()
+        #expect(setup.names.isEmpty, "\(setup.names)")
+        #expect(setup.removals.all.map(\.key) == ["forever", "garbage", "expired"])
+        #expect(setup.time.delays.isEmpty)
+    }
+
+    @Test func aForgottenKeyWithoutARecordLeavesNothingToDo() async throws {
+        let setup = try Setup()
+        setup.store.forget("never-saved")
+        setup.store.flush()
+        #expect(setup.removals.all.isEmpty && setup.time.delays.isEmpty && setup.names.isEmpty)
+    }
+
+    @Test func aTokenThatLivesForYearsIsLookedAtDaily() async throws {
+        let setup = try Setup()
+        var long = Self.token
+        long.expiresAt = setup.time.now.addingTimeInterval(10 * 365 * 86_400)
+        setup.store.save("long", long)
+        setup.store.forget("long")
+        setup.store.flush()
+        #expect(setup.time.delays == [FileTokenStore.longestWait])
+        setup.time.advance(seconds: 86_400)
+        setup.time.runPending()
+        setup.store.flush()
+        #expect(setup.names.count == 1 && setup.time.delays == [FileTokenStore.longestWait])
     }
 }

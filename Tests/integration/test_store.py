@@ -410,6 +410,30 @@ def test_a_template_child_is_stored_under_its_values_and_served_after_a_restart_
         assert (ops(second, "load", "served"), ops(second, "load", "missing")) == (1, 1)
 
 
+def test_a_dropped_childs_record_is_removed_once_its_token_expires_and_the_others_stay(short_issuer, store):
+    """A child idle for childIdleSec (60 s, the least allowed) is dropped; its record goes once its
+    4-second token has expired. A child still read, and a configured provider, keep theirs."""
+    template = oauth(short_issuer, "orders", perRequest=["scope"], allowedScopes=["read", "api"], childIdleSec=60)
+    config = configuration(store, oauth(short_issuer), template)
+    dropped, kept = "orders\nscope=read", "orders\nscope=api"
+    with StoreBroker(config) as broker:
+        token(broker, "orders", "?scope=read")
+        token(broker, "orders", "?scope=api")
+        wait_until(lambda: all(store.path(key).exists() for key in (dropped, kept, "default")), 10)
+        deadline = time.monotonic() + 150
+        while store.path(dropped).exists() and time.monotonic() < deadline:
+            token(broker, "orders", "?scope=api")  # read again and again: never idle
+            time.sleep(2)
+        assert not store.path(dropped).exists(), broker.stderr()
+        assert 'msg="template child dropped: idle for childIdleSec" provider=orders values="scope=\\"read\\""' \
+            in broker.stderr()
+        assert store.path(kept).exists() and store.path("default").exists()
+        assert store.read(kept)[1]["scope"] == "api"
+        assert (ops(broker, "remove", "ok"), ops(broker, "remove", "error")) == (1, 0)
+        assert sorted(p.name for p in store.directory.iterdir()) == sorted(
+            store.path(key).name for key in (kept, "default")), "nothing else left behind"
+
+
 def test_a_local_signer_with_a_generated_key_stores_nothing_and_one_with_a_key_file_is_kept(store, tmp_key):
     config = configuration(store, {"name": "generated", "source": {"type": "jwt"}},
                            {"name": "keyed", "source": {"type": "jwt", "keyFile": tmp_key("ec"), "lifetimeSec": 300}})

@@ -12,6 +12,15 @@ public protocol TokenStore: Sendable {
     func load(_ key: String) async -> StoreLoad
     /// Keeps `record` under `key`, replacing what was there; returns at once.
     func save(_ key: String, _ record: StoredToken)
+    /// Nobody here needs the record under `key` any more (a template's child was dropped): a store
+    /// may remove it once its token has expired, unless `key` is saved again first; returns at
+    /// once. A store shared with other brokers keeps it (they may still read it).
+    func forget(_ key: String)
+}
+
+extension TokenStore {
+    /// Keeps the record: for stores whose records expire on their own, or that nothing else reads.
+    public func forget(_ key: String) {}
 }
 
 /// A token as a store keeps it: what `/token` shows of it, with its version, dated by the wall
