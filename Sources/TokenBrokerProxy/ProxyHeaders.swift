@@ -9,8 +9,8 @@ import TokenBrokerCore
 ///
 /// Values are the bytes as they came, in both directions: one that is not UTF-8 (obs-text,
 /// RFC 9110 §5.5) crosses unchanged, where a string would have replaced its bytes with U+FFFD.
-/// Names are tokens, ASCII: the server refuses any other in a request, and drops any other from
-/// an answer.
+/// Names are tokens, ASCII: the server refuses any other in a request, and does not send any
+/// other in an answer (`HTTPResponse`).
 public enum ProxyHeaders {
     /// A header: its name, and its value as the bytes sent.
     public typealias Field = (String, [UInt8])

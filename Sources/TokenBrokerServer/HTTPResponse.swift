@@ -11,89 +11,123 @@ public final class HTTPResponse: @unchecked Sendable {
     // @unchecked: every stored property is immutable; the libmicrohttpd response behind `handle`
     // is reference-counted by libmicrohttpd and safe to queue from any thread.
     public let status: Int
-    /// The headers as given (before any is dropped as unsendable), values as the bytes to send.
-    public let rawHeaders: [(String, [UInt8])]
     /// The body, for an answer built whole; empty for a streamed one.
     public let body: [UInt8]
     let handle: OpaquePointer
     /// The body's producer, for a streamed answer (which is sent once).
     let stream: HTTPResponseStream?
+    /// The headers as given (before any is dropped as unsendable).
+    private let fields: Fields
+
+    /// Headers as the broker writes them, or as a proxied answer's came: values as bytes, which
+    /// need not be UTF-8 (obs-text, RFC 9110 §5.5). Kept as given: neither is copied into the other.
+    private enum Fields {
+        case text([(String, String)])
+        case bytes([(String, [UInt8])])
+    }
 
     /// - Parameters:
     ///   - headers: names and values; a header whose name is not an RFC 9110 token or whose value
     ///     holds a control character other than tab is dropped rather than sent, and counted.
     public convenience init(status: Int, body: [UInt8], headers: [(String, String)] = []) {
-        self.init(status: status, body: body, rawHeaders: Self.bytes(headers))
+        self.init(status: status, body: body, fields: .text(headers))
     }
 
-    /// An answer whose header values are bytes as they came, which need not be UTF-8 (obs-text,
-    /// RFC 9110 §5.5): a proxied answer's. Dropped as `init(status:body:headers:)` says.
-    public init(status: Int, body: [UInt8], rawHeaders: [(String, [UInt8])]) {
+    /// An answer whose header values are the bytes that came (a proxied answer's), sent as they
+    /// are; dropped as `init(status:body:headers:)` says.
+    public convenience init(status: Int, body: [UInt8], rawHeaders: [(String, [UInt8])]) {
+        self.init(status: status, body: body, fields: .bytes(rawHeaders))
+    }
+
+    private init(status: Int, body: [UInt8], fields: Fields) {
         self.status = status
-        self.rawHeaders = rawHeaders
+        self.fields = fields
         self.body = body
         handle = body.withUnsafeBytes { raw in
             CMicroHTTPD_response_copying(raw.count, raw.baseAddress)
         }
         stream = nil
-        Self.add(rawHeaders, to: handle)
+        Self.add(fields, to: handle)
     }
 
     /// A streamed answer: the body comes from `stream` as its producer writes it.
     /// - Parameter length: the body's length when known (sent as `Content-Length`); otherwise
     ///   HTTP/1.1 clients get it chunked.
     public convenience init(status: Int, headers: [(String, String)], stream: HTTPResponseStream, length: UInt64?) {
-        self.init(status: status, rawHeaders: Self.bytes(headers), stream: stream, length: length)
+        self.init(status: status, fields: .text(headers), stream: stream, length: length)
     }
 
-    /// A streamed answer whose header values are bytes as they came (a proxied answer's).
-    public init(status: Int, rawHeaders: [(String, [UInt8])], stream: HTTPResponseStream, length: UInt64?) {
+    /// A streamed answer whose header values are the bytes that came (a proxied answer's).
+    public convenience init(
+        status: Int, rawHeaders: [(String, [UInt8])], stream: HTTPResponseStream, length: UInt64?
+    ) {
+        self.init(status: status, fields: .bytes(rawHeaders), stream: stream, length: length)
+    }
+
+    private init(status: Int, fields: Fields, stream: HTTPResponseStream, length: UInt64?) {
         self.status = status
-        self.rawHeaders = rawHeaders
+        self.fields = fields
         body = []
         self.stream = stream
         let context = Unmanaged.passRetained(stream).toOpaque()
         handle = MHD_create_response_from_callback(
             length ?? UInt64.max, 32 * 1024, streamReader, context, streamReleaser)
-        Self.add(rawHeaders, to: handle)
+        Self.add(fields, to: handle)
     }
 
-    /// The headers as text, for tests; a byte that is not UTF-8 reads as U+FFFD.
-    public var headers: [(String, String)] { rawHeaders.map { ($0.0, String(decoding: $0.1, as: UTF8.self)) } }
+    /// The headers as given, as text, for tests; a byte that is not UTF-8 reads as U+FFFD.
+    public var headers: [(String, String)] {
+        switch fields {
+        case .text(let headers): headers
+        case .bytes(let headers): headers.map { ($0.0, String(decoding: $0.1, as: UTF8.self)) }
+        }
+    }
+
+    /// The headers as given, values as the bytes to send, for tests.
+    public var rawHeaders: [(String, [UInt8])] {
+        switch fields {
+        case .text(let headers): headers.map { ($0.0, Array($0.1.utf8)) }
+        case .bytes(let headers): headers
+        }
+    }
 
     /// Headers refused, here or by libmicrohttpd, since start; `/metrics` shows the count.
     public static var droppedHeaders: Int { droppedHeaderCount.load(ordering: .relaxed) }
     private static let droppedHeaderCount = Atomic<Int>(0)
 
-    private static func bytes(_ headers: [(String, String)]) -> [(String, [UInt8])] {
-        headers.map { ($0.0, Array($0.1.utf8)) }
+    private static func add(_ fields: Fields, to handle: OpaquePointer) {
+        switch fields {
+        case .text(let headers):
+            for (name, value) in headers {
+                var value = value
+                value.withUTF8 { add(name, $0, to: handle) }
+            }
+        case .bytes(let headers):
+            for (name, value) in headers { value.withUnsafeBufferPointer { add(name, $0, to: handle) } }
+        }
     }
 
-    private static func add(_ headers: [(String, [UInt8])], to handle: OpaquePointer) {
-        for (name, value) in headers {
-            var name = name
-            let sent = name.withUTF8 { name in
-                guard !name.isEmpty, name.allSatisfy(HTTPSyntax.isTokenCharacter),
-                    value.allSatisfy(HTTPSyntax.isFieldValueByte)
-                else { return false }
-                // Name and value as two C strings in one temporary buffer, not on the heap.
-                return withUnsafeTemporaryAllocation(of: CChar.self, capacity: name.count + value.count + 2) {
-                    line in
-                    guard let first = line.baseAddress else { return false }
-                    let start = UnsafeMutableRawPointer(first)
-                    if let bytes = name.baseAddress { start.copyMemory(from: bytes, byteCount: name.count) }
-                    line[name.count] = 0
-                    value.withUnsafeBytes { value in
-                        if let bytes = value.baseAddress {
-                            (start + name.count + 1).copyMemory(from: bytes, byteCount: value.count)
-                        }
-                    }
-                    line[name.count + 1 + value.count] = 0
-                    return MHD_add_response_header(handle, first, first + name.count + 1) == CMicroHTTPD_yes()
+    /// Adds one header, or drops and counts it.
+    private static func add(_ name: String, _ value: UnsafeBufferPointer<UInt8>, to handle: OpaquePointer) {
+        var name = name
+        let sent = name.withUTF8 { name in
+            guard !name.isEmpty, name.allSatisfy(HTTPSyntax.isTokenCharacter),
+                value.allSatisfy(HTTPSyntax.isFieldValueByte)
+            else { return false }
+            // Name and value as two C strings in one temporary buffer, not on the heap.
+            return withUnsafeTemporaryAllocation(of: CChar.self, capacity: name.count + value.count + 2) { line in
+                guard let first = line.baseAddress else { return false }
+                let start = UnsafeMutableRawPointer(first)
+                if let bytes = name.baseAddress { start.copyMemory(from: bytes, byteCount: name.count) }
+                line[name.count] = 0
+                if let bytes = value.baseAddress {
+                    (start + name.count + 1).copyMemory(from: bytes, byteCount: value.count)
                 }
+                line[name.count + 1 + value.count] = 0
+                return MHD_add_response_header(handle, first, first + name.count + 1) == CMicroHTTPD_yes()
             }
-            if !sent { droppedHeaderCount.add(1, ordering: .relaxed) }
         }
+        if !sent { droppedHeaderCount.add(1, ordering: .relaxed) }
     }
 
     deinit { MHD_destroy_response(handle) }

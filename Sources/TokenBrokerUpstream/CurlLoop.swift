@@ -614,7 +614,8 @@ final class Transfer: @unchecked Sendable {
     var headerList: UnsafeMutablePointer<curl_slist>?
     var body: [UInt8] = []
     var headers: [String: String] = [:]
-    /// Every header of the final answer, in order, names as sent (streamed exchanges).
+    /// Every header of the final answer, in order, names as sent and values as the bytes sent
+    /// (streamed exchanges).
     var headerLines: [(String, [UInt8])] = []
     var tooLarge = false
     /// The request body as libcurl reads it (buffered requests with a body), freed by `release`.

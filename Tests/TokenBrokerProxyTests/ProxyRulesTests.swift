@@ -142,6 +142,33 @@ import TokenBrokerAPI
         #expect(back.map(\.1) == [latin1, utf8, cookie])
     }
 
+    /// The token's cookie, put among the caller's as bytes: blanks and empty pairs tidied, a
+    /// cookie whose name only begins like the token's left alone, the caller's kept with
+    /// `overwrite: false`.
+    @Test func theTokensCookieIsPutAmongTheCallersBytes() {
+        func cookie(_ sent: [ProxyHeaders.Field], overwrite: Bool = true) -> [UInt8]? {
+            ProxyHeaders.forward(
+                sent, token: "T", injection: .cookie, overwrite: overwrite, cookieName: "tok",
+                callerKeyInAuthorization: false
+            ).first { $0.0.equalsIgnoringASCIICase("Cookie") }?.1
+        }
+        #expect(cookie([("Accept", Array("*/*".utf8))]) == Array("tok=T".utf8), "no Cookie: one is added")
+        let messy: [UInt8] = Array("tokx=1;; tok=old ; \t".utf8) + [0xFF]
+        #expect(cookie([("cookie", messy)]) == Array("tokx=1; tok=T; ".utf8) + [0xFF])
+        #expect(cookie([("Cookie", messy)], overwrite: false) == messy, "the caller's cookie header untouched")
+        #expect(cookie([("Cookie", [0xE9] + Array("=1".utf8))]) == [0xE9] + Array("=1; tok=T".utf8))
+    }
+
+    /// `Connection` options are tokens (RFC 9110 §7.6.1): one with a byte beyond ASCII names no
+    /// header, not even one whose name it lowercases to (U+212A, the Kelvin sign, lowercases to
+    /// `k`).
+    @Test func aConnectionOptionThatIsNoTokenNamesNoHeader() {
+        let sent: [ProxyHeaders.Field] = [
+            ("Connection", Array("X-\u{212A}ey, x-hop".utf8)), ("X-Key", Array("1".utf8)), ("X-Hop", Array("2".utf8)),
+        ]
+        #expect(ProxyHeaders.back(sent).map(\.0) == ["X-Key"])
+    }
+
     @Test func proxiesAreConfiguredStrictly() throws {
         let good =
             #"{"proxies": [{"name": "api", "target": "https://api.example.com/v1", "inject": "header:X-Api-Token", "overwrite": false, "retryOn": [202, 405], "retryOnHeader": "X-Amzn-Waf-Action"}]}"#

@@ -497,4 +497,32 @@ struct HTTPServerTests {
         #expect(names.isDisjoint(with: ["bad name", "x-ctl", "x-split", "x-injected", ""]))
         #expect(!response.headers.contains { $0.1 == "empty" })
     }
+
+    /// A proxied answer's values are sent as the bytes that came (obs-text, RFC 9110 §5.5), and
+    /// checked as text values are: a control byte drops the header, and is counted.
+    @Test(arguments: Polling.allCases) func rawHeaderValuesAreSentAsTheirBytes(_ polling: Polling) throws {
+        let before = HTTPResponse.droppedHeaders
+        let obsText: [UInt8] = Array("caf".utf8) + [0xE9, 0x20, 0xFF]
+        let answer = HTTPResponse(
+            status: 200, body: Array("ok".utf8),
+            rawHeaders: [
+                ("X-Obs", obsText), ("X-Nul", [0x61, 0x00, 0x62]), ("X-Del", [0x61, 0x7F]),
+                ("X-Split", Array("a\r\nX-Injected: 1".utf8)), ("X-Last", Array("2".utf8)),
+            ])
+        #expect(HTTPResponse.droppedHeaders - before >= 3)
+        #expect(answer.rawHeaders.first?.1 == obsText, "kept as given")
+        let handler = TestHandler { _ in .response(answer) }
+        let server = try startServer(handler, polling)
+        defer { server.shutDown(grace: .zero) }
+        let client = try TestHTTPClient(port: server.port)
+
+        try client.send("GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+        let response = try client.readResponse()
+
+        let lines = response.head.split(separator: Array("\r\n".utf8)).map { Array($0) }
+        #expect(lines.contains(Array("X-Obs: ".utf8) + obsText), "\(lines)")
+        #expect(lines.contains(Array("X-Last: 2".utf8)))
+        let names = Set(response.headers.map { $0.0.lowercased() })
+        #expect(names.isDisjoint(with: ["x-nul", "x-del", "x-split", "x-injected"]))
+    }
 }

@@ -23,6 +23,8 @@ final class TestHTTPClient {
         /// Every header in the order received.
         let headers: [(String, String)]
         let body: [UInt8]
+        /// The head's bytes as received, without the blank line that ends it.
+        var head: [UInt8] = []
 
         /// The first header of that name, without regard to case.
         func header(_ name: String) -> String? {
@@ -118,13 +120,14 @@ final class TestHTTPClient {
         } else {
             body = try readUntilClosed()
         }
-        return Response(status: head.status, headers: head.headers, body: body)
+        return Response(status: head.status, headers: head.headers, body: body, head: head.head)
     }
 
     /// Reads one response's head only (its body empty here), leaving the body to be read.
     func readHead() throws -> Response {
         let headEnd = try fill { Self.find([13, 10, 13, 10], in: $0) }
-        let head = String(decoding: received[..<headEnd], as: UTF8.self)
+        let bytes = Array(received[..<headEnd])
+        let head = String(decoding: bytes, as: UTF8.self)
         received.removeFirst(headEnd + 4)
         let lines = head.split(separator: "\r\n", omittingEmptySubsequences: false).map(String.init)
         let statusParts = lines[0].split(separator: " ", maxSplits: 2)
@@ -137,7 +140,7 @@ final class TestHTTPClient {
             let value = line[line.index(after: colon)...].drop { $0 == " " || $0 == "\t" }
             headers.append((String(line[..<colon]), String(value)))
         }
-        return Response(status: status, headers: headers, body: [])
+        return Response(status: status, headers: headers, body: [], head: bytes)
     }
 
     /// Whether the server closed the connection: the next receive finds its end (or a reset)
