@@ -29,8 +29,9 @@ public final class FileTokenStore: TokenStore {
     private let queue = DispatchQueue(label: "token-broker.store.file")
     /// One writer per key, made at its first write (and its leftovers removed then).
     private let writers = Lock<[String: AtomicFileWriter]>([:])
-    /// Keys forgotten and not saved since, whose records are removed once their tokens expire.
-    private let forgotten = Lock<Set<String>>([])
+    /// Keys forgotten and not saved since, whose records are removed once their tokens expire,
+    /// each with the number of its one pending check (a check of an earlier number stops).
+    private let forgotten = Lock<(keys: [String: UInt64], lastCheck: UInt64)>(([:], 0))
     private let wallClock: @Sendable () -> WallTime
     private let after: @Sendable (Duration, @escaping @Sendable () -> Void) -> Void
 
@@ -86,7 +87,7 @@ public final class FileTokenStore: TokenStore {
     public func save(_ key: String, _ token: StoredToken) {
         queue.async { [self] in
             // Needed again (a child made anew for the same values): kept.
-            _ = forgotten.withLock { $0.remove(key) }
+            _ = forgotten.withLock { $0.keys.removeValue(forKey: key) }
             let sealed: [UInt8]
             do throws(TokenFetchError) {
                 sealed = try record.seal(token, key: key)
@@ -103,8 +104,14 @@ public final class FileTokenStore: TokenStore {
 
     public func forget(_ key: String) {
         queue.async { [self] in
-            _ = forgotten.withLock { $0.insert(key) }
-            removeIfExpired(key)
+            // Forgotten already: its check is pending.
+            let check = forgotten.withLock { forgotten -> UInt64? in
+                guard forgotten.keys[key] == nil else { return nil }
+                forgotten.lastCheck += 1
+                forgotten.keys[key] = forgotten.lastCheck
+                return forgotten.lastCheck
+            }
+            if let check { removeIfExpired(key, check: check) }
         }
     }
 
@@ -114,8 +121,8 @@ public final class FileTokenStore: TokenStore {
     /// On the queue: removes a forgotten key's record if its token has expired, has no expiry or
     /// the record cannot be opened under its key (none of which a provider would serve), else
     /// looks again when the token expires. A file that cannot be read is left alone.
-    private func removeIfExpired(_ key: String) {
-        guard forgotten.withLock({ $0.contains(key) }) else { return }
+    private func removeIfExpired(_ key: String, check: UInt64) {
+        guard forgotten.withLock({ $0.keys[key] == check }) else { return }
         let path = path(for: key)
         switch FileContents.read(path, limit: StoreRecord.maximumSize) {
         case .failure(let error):
@@ -127,18 +134,24 @@ public final class FileTokenStore: TokenStore {
                 case let left = expiresAt.timeIntervalSince(wallClock()), left > 0
             {
                 let wait = min(Duration.milliseconds(Int64(rounding: left * 1000, .up) ?? .max), Self.longestWait)
-                after(wait) { [self] in queue.async { self.removeIfExpired(key) } }
+                after(wait) { [self] in queue.async { self.removeIfExpired(key, check: check) } }
                 return
             }
         }
-        let writer = letGo(key) ?? AtomicFileWriter(directory: directory, path: path, mode: 0o600)
+        let writer =
+            letGo(key)
+            ?? {
+                let writer = AtomicFileWriter(directory: directory, path: path, mode: 0o600)
+                _ = writer.removeLeftovers()  // a crash's temporary files of this record, too
+                return writer
+            }()
         onRemove(key, writer.remove()?.description)
     }
 
     /// Stops tracking a forgotten key; returns its writer, if it had one.
     @discardableResult
     private func letGo(_ key: String) -> AtomicFileWriter? {
-        _ = forgotten.withLock { $0.remove(key) }
+        _ = forgotten.withLock { $0.keys.removeValue(forKey: key) }
         return writers.withLock { $0.removeValue(forKey: key) }
     }
 

@@ -309,12 +309,9 @@ enum Broker {
         }
         var events = TemplateEvents.logged(recordingIn: metrics)
         if let store, isStored(settings) {
-            // A dropped child's record goes once its token expires (`TokenStore.forget`).
-            let logged = events.dropped
-            events.dropped = { name, values in
-                logged(name, values)
-                store.tokenStore.forget(StoreSlot.key(provider: name, values: values))
-            }
+            // A dropped child's record goes once its token expires (`TokenStore.forget`); told
+            // when the child has ended, so that no save of its last fetch comes after.
+            events.ended = { name, values in store.tokenStore.forget(StoreSlot.key(provider: name, values: values)) }
         }
         return .template(
             Template(

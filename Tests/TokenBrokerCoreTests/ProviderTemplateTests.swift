@@ -44,6 +44,7 @@ private final class TemplateFixture: Sendable {
             events: TemplateEvents(
                 made: { name, values in events.withLock { $0.append("made \(name) \(values)") } },
                 dropped: { name, values in events.withLock { $0.append("dropped \(name) \(values)") } },
+                ended: { name, values in events.withLock { $0.append("ended \(name) \(values)") } },
                 refused: { name, values in events.withLock { $0.append("refused \(name) \(values)") } }))
     }
 
@@ -317,6 +318,29 @@ private final class TemplateFixture: Sendable {
         fixture.template.sweep()
         #expect(fixture.children == 0)
         fixture.template.shutDown()
+    }
+
+    /// `ended` comes once a dropped child's `run()` has returned, its fetch with it (so that no
+    /// save of that fetch can follow the store's `forget`); a child shut down with its template
+    /// is not dropped, and is not reported.
+    @Test func aDroppedChildIsReportedEndedOnceItsFetchHasEnded() async {
+        let fixture = TemplateFixture(childIdleSec: 60, source: ScriptedSource(gated: true))
+        let service = Task { await fixture.template.run() }
+        #expect(fixture.child("a") != nil)
+        #expect(await eventually { fixture.source.parkedCount == 1 }, "its first fetch waits at the gate")
+        fixture.clock.advance(by: .seconds(60))
+        fixture.template.sweep()
+        #expect(fixture.children == 0)
+        let ended = { fixture.events.withLock { $0.filter { $0.hasPrefix("ended") } } }
+        // The fetch is parked at the gate, so run() has not returned: a moment's wait shows no `ended`.
+        try? await Task.sleep(for: .milliseconds(100))
+        #expect(ended().isEmpty, "reported while its fetch still runs")
+        fixture.source.open()
+        #expect(await eventually { ended() == [#"ended orders audience="https://a""#] })
+        #expect(fixture.child("b") != nil)
+        fixture.template.shutDown()
+        await service.value
+        #expect(ended() == [#"ended orders audience="https://a""#], "a child shut down with its template is not")
     }
 
     @Test func shutDownEndsRunAndEveryChildAndRefusesLaterRequests() async {

@@ -319,6 +319,36 @@ import TokenBrokerTestSupport
         #expect(setup.removals.all.isEmpty && setup.time.delays.isEmpty && setup.names.isEmpty)
     }
 
+    @Test func aKeyForgottenTwiceHasOneCheckAndOneSavedAgainStartsOver() async throws {
+        let setup = try Setup()
+        setup.store.save("k", Self.token)
+        setup.store.forget("k")
+        setup.store.forget("k")  // a child made again from the record, without a fetch, dropped again
+        setup.store.flush()
+        #expect(setup.time.delays == [.seconds(900)], "one check per key")
+        setup.store.save("k", Self.token)
+        setup.store.forget("k")
+        setup.store.flush()
+        #expect(setup.time.delays.count == 2)
+        setup.time.advance(seconds: 900)
+        setup.time.runPending()  // the first check is stale: only the second removes
+        setup.store.flush()
+        #expect(setup.names.isEmpty && setup.removals.all.count == 1)
+        setup.store.save("k", Self.token)  // the key in use again: a new writer
+        setup.store.flush()
+        #expect(setup.names.count == 1 && setup.reports.all.allSatisfy { $0.problem == nil })
+    }
+
+    @Test func aRecordThatCannotBeReadIsLeftAndReported() async throws {
+        let setup = try Setup()
+        #expect(mkdir(setup.store.path(for: "k"), 0o700) == 0)
+        setup.store.forget("k")
+        setup.store.flush()
+        #expect(setup.names == [(setup.store.path(for: "k") as NSString).lastPathComponent])
+        #expect(setup.removals.all.count == 1 && setup.removals.all[0].problem?.contains("cannot read") == true)
+        #expect(setup.time.delays.isEmpty)
+    }
+
     @Test func aTokenThatLivesForYearsIsLookedAtDaily() async throws {
         let setup = try Setup()
         var long = Self.token

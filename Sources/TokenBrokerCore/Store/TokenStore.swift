@@ -5,21 +5,23 @@
 /// (`TokenBrokerStore`'s records are AES-256-GCM under a key of the operator's): it never holds
 /// a token in clear, nor any client secret, since a record holds only what `/token` would show.
 ///
-/// - Important: neither call may wait on the caller's thread for I/O that can stall: `load`
-///   suspends while the store reads, and `save` hands the write to the store's own thread.
+/// - Important: no call may wait on the caller's thread for I/O that can stall: `load`
+///   suspends while the store reads, and `save` and `forget` hand their work to the store's own
+///   thread.
 public protocol TokenStore: Sendable {
     /// The record kept under `key`, or why there is none to use.
     func load(_ key: String) async -> StoreLoad
     /// Keeps `record` under `key`, replacing what was there; returns at once.
     func save(_ key: String, _ record: StoredToken)
-    /// Nobody here needs the record under `key` any more (a template's child was dropped): a store
-    /// may remove it once its token has expired, unless `key` is saved again first; returns at
-    /// once. A store shared with other brokers keeps it (they may still read it).
+    /// Nobody here needs the record under `key` any more (a template's child was dropped, and has
+    /// ended): a store may remove it once its token has expired, unless `key` is saved again
+    /// first; returns at once. A store shared with other brokers keeps it (they may still read it).
     func forget(_ key: String)
 }
 
 extension TokenStore {
-    /// Keeps the record: for stores whose records expire on their own, or that nothing else reads.
+    /// Keeps the record: for stores that other brokers share (Redis, whose records expire with
+    /// their tokens; one of a token without expiry stays), and stores of tests.
     public func forget(_ key: String) {}
 }
 

@@ -58,6 +58,8 @@ where C.Duration == Duration {
         var children: [TokenRequestValues: Entry] = [:]
         /// Children's `run()` tasks that have not ended, by the child's number: dropped children's too.
         var tasks: [UInt64: Task<Void, Never>] = [:]
+        /// The numbers of children dropped for idleness whose `run()` has not ended yet.
+        var dropping: Set<UInt64> = []
         var nextNumber: UInt64 = 0
         var timer: Task<Void, Never>?
         var timerDeadline: C.Instant?
@@ -208,7 +210,7 @@ where C.Duration == Duration {
         case .success(let (entry, isNew)):
             if isNew {
                 events.made(name, values)
-                launch(entry)
+                launch(entry, values)
             }
             if let timer { armTimer(until: timer.0, generation: timer.1) }
             return .success(entry)
@@ -227,7 +229,10 @@ where C.Duration == Duration {
     /// stored, under the lock, only while the template runs, so that `run()` awaits every child
     /// task that ever ran; turned away otherwise (the template shut down, and shut the child
     /// down with it, between the unlock and the store).
-    private func launch(_ entry: Entry) {
+    ///
+    /// A child dropped for idleness is reported once more when its `run()` has ended
+    /// (`TemplateEvents.ended`): a fetch that finished as it was dropped has saved its token by then.
+    private func launch(_ entry: Entry, _ values: TokenRequestValues) {
         let (gate, opener) = AsyncStream<Bool>.makeStream()
         let child = entry.child
         let number = entry.number
@@ -235,7 +240,11 @@ where C.Duration == Duration {
             var admission = gate.makeAsyncIterator()
             guard await admission.next() == true else { return }
             await child.run()
-            _ = state.withLock { $0.tasks.removeValue(forKey: number) }
+            let wasDropped = state.withLock { state in
+                state.tasks.removeValue(forKey: number)
+                return state.dropping.remove(number) != nil
+            }
+            if wasDropped { events.ended(name, values) }
         }
         let stored = state.withLock { state -> Bool in
             guard !state.isShutDown else { return false }
@@ -322,6 +331,7 @@ where C.Duration == Duration {
                 } else if entry.lease.endIfIdle(for: idleLimit, at: now) {
                     state.children.remove(at: index)
                     dropped.append((values, entry.held))
+                    state.dropping.insert(entry.number)
                 }
             }
             timer = planTimer(&state)
@@ -454,6 +464,8 @@ public struct TemplateEvents: Sendable {
     public var made: @Sendable (String, TokenRequestValues) -> Void
     /// A child was dropped, idle for `childIdleSec`.
     public var dropped: @Sendable (String, TokenRequestValues) -> Void
+    /// A dropped child's `run()` ended, its last fetch with it: nothing more of it is stored.
+    public var ended: @Sendable (String, TokenRequestValues) -> Void
     /// A new child was refused: `maxChildren` live already.
     public var refused: @Sendable (String, TokenRequestValues) -> Void
 
@@ -461,10 +473,12 @@ public struct TemplateEvents: Sendable {
     public init(
         made: @escaping @Sendable (String, TokenRequestValues) -> Void = { _, _ in },
         dropped: @escaping @Sendable (String, TokenRequestValues) -> Void = { _, _ in },
+        ended: @escaping @Sendable (String, TokenRequestValues) -> Void = { _, _ in },
         refused: @escaping @Sendable (String, TokenRequestValues) -> Void = { _, _ in }
     ) {
         self.made = made
         self.dropped = dropped
+        self.ended = ended
         self.refused = refused
     }
 }
