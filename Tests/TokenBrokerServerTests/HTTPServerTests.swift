@@ -482,13 +482,7 @@ struct HTTPServerTests {
         // Other suites may drop headers at the same time: the count grows by at least these four.
         #expect(HTTPResponse.droppedHeaders - before >= 4)
         #expect(answer.headers.count == 7, "the headers stay readable as given")
-        let handler = TestHandler { _ in .response(answer) }
-        let server = try startServer(handler, polling)
-        defer { server.shutDown(grace: .zero) }
-        let client = try TestHTTPClient(port: server.port)
-
-        try client.send("GET / HTTP/1.1\r\nHost: t\r\n\r\n")
-        let response = try client.readResponse()
+        let response = try sent(answer, polling)
 
         #expect(response.status == 200 && response.text == "ok")
         #expect(
@@ -496,6 +490,15 @@ struct HTTPServerTests {
         let names = Set(response.headers.map { $0.0.lowercased() })
         #expect(names.isDisjoint(with: ["bad name", "x-ctl", "x-split", "x-injected", ""]))
         #expect(!response.headers.contains { $0.1 == "empty" })
+    }
+
+    /// What a client reads of `answer`, given to every request by a server polling as said.
+    private func sent(_ answer: HTTPResponse, _ polling: Polling) throws -> TestHTTPClient.Response {
+        let server = try startServer(TestHandler { _ in .response(answer) }, polling)
+        defer { server.shutDown(grace: .zero) }
+        let client = try TestHTTPClient(port: server.port)
+        try client.send("GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+        return try client.readResponse()
     }
 
     /// A proxied answer's values are sent as the bytes that came (obs-text, RFC 9110 §5.5), and
@@ -511,13 +514,7 @@ struct HTTPServerTests {
             ])
         #expect(HTTPResponse.droppedHeaders - before >= 3)
         #expect(answer.rawHeaders.first?.1 == obsText, "kept as given")
-        let handler = TestHandler { _ in .response(answer) }
-        let server = try startServer(handler, polling)
-        defer { server.shutDown(grace: .zero) }
-        let client = try TestHTTPClient(port: server.port)
-
-        try client.send("GET / HTTP/1.1\r\nHost: t\r\n\r\n")
-        let response = try client.readResponse()
+        let response = try sent(answer, polling)
 
         let lines = response.head.split(separator: Array("\r\n".utf8)).map { Array($0) }
         #expect(lines.contains(Array("X-Obs: ".utf8) + obsText), "\(lines)")
