@@ -87,18 +87,18 @@ public final class ProxyAPI: ProxyHandling {
         }
         // The request is valid only now: copy what the exchange needs.
         // Values as the bytes sent: one that is not UTF-8 goes on as it came (`ProxyHeaders`).
-        var headers = (0..<request.headers.count).map { index in
+        let headers = (0..<request.headers.count).map { index in
             (request.headers.name(at: index), request.headers.withValue(at: index) { $0.map(Array.init) ?? [] })
         }
+        // What the client did not send, libcurl is not to add of its own accord.
         let hasBody = request.bodyStream != nil || !request.body.isEmpty
-        if hasBody, !headers.contains(named: "Content-Type") {
-            headers.append(("Content-Type", []))  // an empty value tells libcurl not to add its own
-        }
-        if !headers.contains(named: "Accept") { headers.append(("Accept", [])) }
+        var withheld: [String] = []
+        if hasBody, !headers.contains(named: "Content-Type") { withheld.append("Content-Type") }
+        if !headers.contains(named: "Accept") { withheld.append("Accept") }
         let exchange = ProxyExchange(
             api: self, route: route, method: request.method,
             url: settings.target.url(path: target.path, query: target.query),
-            headers: headers,
+            headers: headers, withheld: withheld,
             body: request.bodyStream.map { .streamed($0, length: request.header("Content-Length").flatMap { Int($0) }) }
                 ?? .buffered(request.body))
         return .deferred { responder in exchange.start(responder) }

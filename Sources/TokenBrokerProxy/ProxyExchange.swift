@@ -53,17 +53,21 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
     private let url: String
     /// The request's headers, values as the bytes sent.
     private let headers: [ProxyHeaders.Field]
+    /// What libcurl is not to add of its own accord (`UpstreamRequest.withheld`).
+    private let withheld: [String]
     private let body: Body
     private let state = Lock(State())
 
     init(
-        api: ProxyAPI, route: ProxyAPI.Route, method: String, url: String, headers: [ProxyHeaders.Field], body: Body
+        api: ProxyAPI, route: ProxyAPI.Route, method: String, url: String, headers: [ProxyHeaders.Field],
+        withheld: [String], body: Body
     ) {
         self.api = api
         self.route = route
         self.method = method
         self.url = url
         self.headers = headers
+        self.withheld = withheld
         self.body = body
     }
 
@@ -131,6 +135,7 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
             headers, token: token.token.accessToken, injection: settings.inject, overwrite: settings.overwrite,
             cookieName: provider.configuration.cookie.tokenCookieName,
             callerKeyInAuthorization: api.callerKeysInAuthorization)
+        request.withheld = withheld
         let upstream: UpstreamExchange
         switch body {
         case .buffered(let bytes):

@@ -114,16 +114,21 @@ public final class HTTPResponse: @unchecked Sendable {
             guard !name.isEmpty, name.allSatisfy(HTTPSyntax.isTokenCharacter),
                 value.allSatisfy(HTTPSyntax.isFieldValueByte)
             else { return false }
+            // libmicrohttpd refuses an empty value: one space is sent instead, which is the same
+            // empty value (RFC 9110 §5.5: a field value has no leading or trailing whitespace).
+            let valueCount = max(value.count, 1)
             // Name and value as two C strings in one temporary buffer, not on the heap.
-            return withUnsafeTemporaryAllocation(of: CChar.self, capacity: name.count + value.count + 2) { line in
+            return withUnsafeTemporaryAllocation(of: CChar.self, capacity: name.count + valueCount + 2) { line in
                 guard let first = line.baseAddress else { return false }
                 let start = UnsafeMutableRawPointer(first)
                 if let bytes = name.baseAddress { start.copyMemory(from: bytes, byteCount: name.count) }
                 line[name.count] = 0
-                if let bytes = value.baseAddress {
+                if let bytes = value.baseAddress, !value.isEmpty {
                     (start + name.count + 1).copyMemory(from: bytes, byteCount: value.count)
+                } else {
+                    line[name.count + 1] = CChar(UInt8(ascii: " "))
                 }
-                line[name.count + 1 + value.count] = 0
+                line[name.count + 1 + valueCount] = 0
                 return MHD_add_response_header(handle, first, first + name.count + 1) == CMicroHTTPD_yes()
             }
         }

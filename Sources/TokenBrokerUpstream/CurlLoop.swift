@@ -347,9 +347,8 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
         }
         for (name, value) in request.headers { ok = ok && Self.append(name, value, to: &transfer.headerList) }
         // libcurl would add "Expect: 100-continue" to uploads (every streamed body) and to POSTs over
-        // 1 MiB; nobody here gains from it. A header given with a blank value keeps libcurl from
-        // adding its own, and libcurl sends no blank header.
-        ok = ok && Self.append("Expect", [], to: &transfer.headerList)
+        // 1 MiB; nobody here gains from it.
+        for name in request.withheld + ["Expect"] { ok = ok && Self.withhold(name, from: &transfer.headerList) }
         set(CCurl_setopt_pointer(easy, CURLOPT_HTTPHEADER, UnsafeMutableRawPointer(transfer.headerList)))
         set(CCurl_setopt_write_function(easy, bodyCallback))
         set(CCurl_setopt_pointer(easy, CURLOPT_WRITEDATA, context))
@@ -362,27 +361,38 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
         return nil
     }
 
-    /// Adds the line `name: value` to a request's header list; the value is the bytes to send. A
-    /// name or value that holds CR or LF, which would start a line of its own, or NUL, which would
-    /// cut the line short, is left out. False only when libcurl could not add the line (out of
-    /// memory); the list is then unchanged.
+    /// Adds the line `name: value` to a request's header list; the value is the bytes to send, and
+    /// may be empty (given to libcurl as `name;`, its form for a header without a value: `name:`
+    /// would withhold the header). A name or value that holds CR or LF, which would start a line
+    /// of its own, or NUL, which would cut the line short, is left out. False only when libcurl
+    /// could not add the line (out of memory); the list is then unchanged.
     ///
     /// The line is put together in a temporary buffer, not as a Swift string: every proxied
     /// request sends several headers, one of them the token.
     static func append(_ name: String, _ value: [UInt8], to list: inout UnsafeMutablePointer<curl_slist>?) -> Bool {
+        line(name, value.isEmpty ? Array(";".utf8) : Array(": ".utf8) + value, to: &list)
+    }
+
+    /// Keeps libcurl from sending a header it would add of its own accord (`name:`).
+    static func withhold(_ name: String, from list: inout UnsafeMutablePointer<curl_slist>?) -> Bool {
+        line(name, Array(":".utf8), to: &list)
+    }
+
+    /// Adds `name` followed by `rest` as one line, unless either holds CR, LF or NUL.
+    private static func line(_ name: String, _ rest: [UInt8], to list: inout UnsafeMutablePointer<curl_slist>?)
+        -> Bool
+    {
         var name = name
         return name.withUTF8 { name in
-            value.withUnsafeBufferPointer { value in
+            rest.withUnsafeBufferPointer { value in
                 if breaksLine(name) || breaksLine(value) { return true }
-                let length = name.count + 2 + value.count
+                let length = name.count + value.count
                 return withUnsafeTemporaryAllocation(of: CChar.self, capacity: length + 1) { line in
                     guard let first = line.baseAddress else { return false }
                     let start = UnsafeMutableRawPointer(first)
                     if let bytes = name.baseAddress { start.copyMemory(from: bytes, byteCount: name.count) }
-                    line[name.count] = CChar(UInt8(ascii: ":"))
-                    line[name.count + 1] = CChar(UInt8(ascii: " "))
                     if let bytes = value.baseAddress {
-                        (start + name.count + 2).copyMemory(from: bytes, byteCount: value.count)
+                        (start + name.count).copyMemory(from: bytes, byteCount: value.count)
                     }
                     line[length] = 0
                     guard let appended = curl_slist_append(list, line.baseAddress) else { return false }

@@ -7,6 +7,9 @@ public struct UpstreamRequest: Sendable {
     /// Names and values; a value is the bytes sent, so that the proxy passes on a value that is
     /// not UTF-8 as it came (obs-text, RFC 9110 §5.5), where a string would have replaced it.
     public var headers: [(String, [UInt8])] = []
+    /// Headers the client library would add of its own accord (`Accept`, `Content-Type`) that are
+    /// not to be sent. (`Expect` never is.)
+    public var withheld: [String] = []
     public var body: [UInt8] = []
     /// TLS and limits, usually shared by every request of a source.
     public var settings: UpstreamConfiguration

@@ -510,7 +510,7 @@ struct HTTPServerTests {
             status: 200, body: Array("ok".utf8),
             rawHeaders: [
                 ("X-Obs", obsText), ("X-Nul", [0x61, 0x00, 0x62]), ("X-Del", [0x61, 0x7F]),
-                ("X-Split", Array("a\r\nX-Injected: 1".utf8)), ("X-Last", Array("2".utf8)),
+                ("X-Split", Array("a\r\nX-Injected: 1".utf8)), ("X-Empty", []), ("X-Last", Array("2".utf8)),
             ])
         #expect(HTTPResponse.droppedHeaders - before >= 3)
         #expect(answer.rawHeaders.first?.1 == obsText, "kept as given")
@@ -519,6 +519,7 @@ struct HTTPServerTests {
         let lines = response.head.split(separator: Array("\r\n".utf8)).map { Array($0) }
         #expect(lines.contains(Array("X-Obs: ".utf8) + obsText), "\(lines)")
         #expect(lines.contains(Array("X-Last: 2".utf8)))
+        #expect(response.header("X-Empty") == "", "an empty value is sent (as a space, which is no part of it)")
         let names = Set(response.headers.map { $0.0.lowercased() })
         #expect(names.isDisjoint(with: ["x-nul", "x-del", "x-split", "x-injected"]))
     }

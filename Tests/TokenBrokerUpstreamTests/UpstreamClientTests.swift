@@ -50,22 +50,26 @@ import TokenBrokerUpstream
         #expect(!head.lowercased().contains("expect:"), "libcurl's Expect: 100-continue is never sent")
     }
 
-    /// A value goes out as its bytes, UTF-8 or not (the proxy passes on obs-text as it came); one
-    /// holding CR or LF, which would start a header of its own, or NUL, which would end the line
-    /// early, is left out.
+    /// A value goes out as its bytes, UTF-8 or not (the proxy passes on obs-text as it came), an
+    /// empty one too; one holding CR or LF, which would start a header of its own, or NUL, which
+    /// would end the line early, is left out. A withheld header libcurl would add is not sent.
     @Test func headerValuesAreSentAsTheirBytesAndOnesThatWouldBreakTheLineAreLeftOut() async throws {
         let server = try CannedServer(answer: "HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n")
         var sent = request(server)
         let obsText: [UInt8] = Array("caf".utf8) + [0xE9, 0x20, 0xFF]
         sent.headers = [
             ("X-Obs-Text", obsText), ("X-Cr", Array("a\rX-Injected: 1".utf8)),
-            ("X-Lf", Array("a\nX-Injected: 2".utf8)), ("X-Nul", Array("a\u{0}b".utf8)), ("X-After", Array("kept".utf8)),
+            ("X-Lf", Array("a\nX-Injected: 2".utf8)), ("X-Nul", Array("a\u{0}b".utf8)), ("X-Empty", []),
+            ("X-After", Array("kept".utf8)),
         ]
+        sent.withheld = ["Accept"]
         #expect(try await UpstreamHTTPClient.shared.send(sent).status == 204)
         let head = try #require(await server.received(timeout: .seconds(20)))
         let lines = head.split(separator: Array("\r\n".utf8)).map { Array($0) }
         #expect(lines.contains(Array("X-Obs-Text: ".utf8) + obsText))
         #expect(lines.contains(Array("X-After: kept".utf8)))
+        #expect(lines.contains(Array("X-Empty:".utf8)), "an empty value is sent")
+        #expect(!lines.contains { $0.starts(with: Array("Accept:".utf8)) }, "libcurl's Accept withheld")
         for name in ["x-cr", "x-lf", "x-nul", "x-injected"] {
             #expect(!String(decoding: head, as: UTF8.self).lowercased().contains(name + ":"), "\(name)")
         }

@@ -94,11 +94,11 @@ def test_requests_are_forwarded_with_a_verified_token_and_answers_come_back(brok
 
 def test_header_bytes_that_are_not_utf8_cross_the_proxy_unchanged(broker):
     """Header values may hold bytes that are not UTF-8 (obs-text, RFC 9110 §5.5): they cross the
-    proxy as sent, both ways, not each made U+FFFD; UTF-8 crosses as sent too. Over a raw socket,
-    so that no client library encodes the values on its own."""
+    proxy as sent, both ways, not each made U+FFFD; UTF-8 crosses as sent too, and so does an
+    empty value. Over a raw socket, so that no client library encodes the values on its own."""
     obs_text, utf8 = b"caf\xe9 \xff end", b"caf\xc3\xa9"  # the resource server's X-Raw and X-Raw-Utf8 too
     answer = raw(broker, b"GET /proxy/api/echo/bytes?raw_header=1 HTTP/1.1\r\nHost: b\r\nToken-Broker-Request: true\r\n"
-                         b"X-Custom: " + obs_text + b"\r\nX-Utf8: " + utf8 + b"\r\nConnection: close\r\n\r\n")
+                         b"X-Custom: " + obs_text + b"\r\nX-Utf8: " + utf8 + b"\r\nX-Empty:\r\nConnection: close\r\n\r\n")
     status, _, body = parse(answer)
     assert status == 200, answer
     # The resource server reads each header byte as one Latin-1 character: encoding gives the bytes back.
@@ -107,9 +107,11 @@ def test_header_bytes_that_are_not_utf8_cross_the_proxy_unchanged(broker):
     lines = answer.partition(b"\r\n\r\n")[0].split(b"\r\n")[1:]
     received = {name.strip().lower(): value.strip(b" \t") for name, _, value in (line.partition(b":") for line in lines)}
     got = {"upstream saw X-Custom": seen.get("x-custom"), "upstream saw X-Utf8": seen.get("x-utf8"),
-           "client got X-Raw": received.get(b"x-raw"), "client got X-Raw-Utf8": received.get(b"x-raw-utf8")}
-    assert got == {"upstream saw X-Custom": obs_text, "upstream saw X-Utf8": utf8,
-                   "client got X-Raw": obs_text, "client got X-Raw-Utf8": utf8}, "header bytes changed"
+           "upstream saw X-Empty": seen.get("x-empty"), "client got X-Raw": received.get(b"x-raw"),
+           "client got X-Raw-Utf8": received.get(b"x-raw-utf8"), "client got X-Raw-Empty": received.get(b"x-raw-empty")}
+    assert got == {"upstream saw X-Custom": obs_text, "upstream saw X-Utf8": utf8, "upstream saw X-Empty": b"",
+                   "client got X-Raw": obs_text, "client got X-Raw-Utf8": utf8, "client got X-Raw-Empty": b""}, \
+        "header bytes changed"
 
 
 @pytest.mark.parametrize("family", ["ipv6", "unix"])

@@ -9,7 +9,8 @@ with `WWW-Authenticate`. Tokens can be revoked one by one, as an issuer would.
 - `ANY /api/echo/...`: what arrived, as JSON: method, raw target, headers, body length and SHA-256.
   Header values are as http.server reads them, each byte one Latin-1 character, so
   `.encode("latin-1")` gives back the bytes sent. With `?raw_header=1`, the answer also carries
-  `X-Raw: caf<E9> <FF> end`, with bytes that are not UTF-8, and `X-Raw-Utf8: caf<C3 A9>`, UTF-8.
+  `X-Raw: caf<E9> <FF> end`, with bytes that are not UTF-8, `X-Raw-Utf8: caf<C3 A9>`, UTF-8,
+  and `X-Raw-Empty:` with an empty value.
 - `GET /api/big?bytes=N`: N bytes, chunked; the rest waits after the first 64 KiB until
   `/admin/release` (to prove the answer streams).
 - `GET /api/slow?seconds=S`: answers after S seconds.
@@ -139,7 +140,8 @@ class Handler(BaseHTTPRequestHandler):
             document = {"method": self.command, "target": self.path, "headers": [[k, v] for k, v in self.headers.items()],
                         "body_length": len(body), "body_sha256": hashlib.sha256(body).hexdigest()}
             # send_header writes each character as one Latin-1 byte: these go out as the bytes written.
-            raw = [("X-Raw", "caf\xe9 \xff end"), ("X-Raw-Utf8", "caf\xc3\xa9")] if "raw_header" in query else []
+            raw = ([("X-Raw", "caf\xe9 \xff end"), ("X-Raw-Utf8", "caf\xc3\xa9"), ("X-Raw-Empty", "")]
+                   if "raw_header" in query else [])
             return self.answer(200, json.dumps(document).encode(), [("Content-Type", "application/json"), ("Set-Cookie", "a=1"),
                                                                      ("Set-Cookie", "b=2"), ("X-Upstream", "yes"),
                                                                      ("Connection", "X-Hop"), ("X-Hop", "must-not-pass"), *raw])
