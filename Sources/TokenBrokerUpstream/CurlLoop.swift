@@ -370,35 +370,36 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
     /// The line is put together in a temporary buffer, not as a Swift string: every proxied
     /// request sends several headers, one of them the token.
     static func append(_ name: String, _ value: [UInt8], to list: inout UnsafeMutablePointer<curl_slist>?) -> Bool {
-        line(name, value.isEmpty ? Array(";".utf8) : Array(": ".utf8) + value, to: &list)
+        value.withUnsafeBufferPointer { value in line(name, value.isEmpty ? ";" : ": ", value, to: &list) }
     }
 
     /// Keeps libcurl from sending a header it would add of its own accord (`name:`).
     static func withhold(_ name: String, from list: inout UnsafeMutablePointer<curl_slist>?) -> Bool {
-        line(name, Array(":".utf8), to: &list)
+        line(name, ":", UnsafeBufferPointer(start: nil, count: 0), to: &list)
     }
 
-    /// Adds `name` followed by `rest` as one line, unless either holds CR, LF or NUL.
-    private static func line(_ name: String, _ rest: [UInt8], to list: inout UnsafeMutablePointer<curl_slist>?)
-        -> Bool
-    {
+    /// Adds `name`, `separator` and `value` as one line, unless the name or value holds CR, LF or NUL.
+    private static func line(
+        _ name: String, _ separator: StaticString, _ value: UnsafeBufferPointer<UInt8>,
+        to list: inout UnsafeMutablePointer<curl_slist>?
+    ) -> Bool {
         var name = name
         return name.withUTF8 { name in
-            rest.withUnsafeBufferPointer { value in
-                if breaksLine(name) || breaksLine(value) { return true }
-                let length = name.count + value.count
-                return withUnsafeTemporaryAllocation(of: CChar.self, capacity: length + 1) { line in
-                    guard let first = line.baseAddress else { return false }
-                    let start = UnsafeMutableRawPointer(first)
-                    if let bytes = name.baseAddress { start.copyMemory(from: bytes, byteCount: name.count) }
-                    if let bytes = value.baseAddress {
-                        (start + name.count).copyMemory(from: bytes, byteCount: value.count)
-                    }
-                    line[length] = 0
-                    guard let appended = curl_slist_append(list, line.baseAddress) else { return false }
-                    list = appended
-                    return true
+            if breaksLine(name) || breaksLine(value) { return true }
+            let middle = separator.utf8CodeUnitCount
+            let length = name.count + middle + value.count
+            return withUnsafeTemporaryAllocation(of: CChar.self, capacity: length + 1) { line in
+                guard let first = line.baseAddress else { return false }
+                let start = UnsafeMutableRawPointer(first)
+                if let bytes = name.baseAddress { start.copyMemory(from: bytes, byteCount: name.count) }
+                (start + name.count).copyMemory(from: separator.utf8Start, byteCount: middle)
+                if let bytes = value.baseAddress {
+                    (start + name.count + middle).copyMemory(from: bytes, byteCount: value.count)
                 }
+                line[length] = 0
+                guard let appended = curl_slist_append(list, line.baseAddress) else { return false }
+                list = appended
+                return true
             }
         }
     }
