@@ -90,15 +90,10 @@ public final class ProxyAPI: ProxyHandling {
         let headers = (0..<request.headers.count).map { index in
             (request.headers.name(at: index), request.headers.withValue(at: index) { $0.map(Array.init) ?? [] })
         }
-        // What the client did not send, libcurl is not to add of its own accord.
-        let hasBody = request.bodyStream != nil || !request.body.isEmpty
-        var withheld: [String] = []
-        if hasBody, !headers.contains(named: "Content-Type") { withheld.append("Content-Type") }
-        if !headers.contains(named: "Accept") { withheld.append("Accept") }
         let exchange = ProxyExchange(
             api: self, route: route, method: request.method,
             url: settings.target.url(path: target.path, query: target.query),
-            headers: headers, withheld: withheld,
+            headers: headers,
             body: request.bodyStream.map { .streamed($0, length: request.header("Content-Length").flatMap { Int($0) }) }
                 ?? .buffered(request.body))
         return .deferred { responder in exchange.start(responder) }

@@ -53,26 +53,30 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
     private let url: String
     /// The request's headers, values as the bytes sent.
     private let headers: [ProxyHeaders.Field]
-    /// What libcurl is not to add of its own accord (`UpstreamRequest.withheld`).
-    private let withheld: [String]
     private let body: Body
     private let state = Lock(State())
 
     init(
-        api: ProxyAPI, route: ProxyAPI.Route, method: String, url: String, headers: [ProxyHeaders.Field],
-        withheld: [String], body: Body
+        api: ProxyAPI, route: ProxyAPI.Route, method: String, url: String, headers: [ProxyHeaders.Field], body: Body
     ) {
         self.api = api
         self.route = route
         self.method = method
         self.url = url
         self.headers = headers
-        self.withheld = withheld
         self.body = body
     }
 
     private var name: String { route.configuration.name }
     private var provider: ProxyAPI.Provider { route.provider }
+
+    /// Whether the request has a body (libcurl would give it a `Content-Type` of its own).
+    private var hasBody: Bool {
+        switch body {
+        case .buffered(let bytes): !bytes.isEmpty
+        case .streamed: true
+        }
+    }
 
     /// Whether the request can be sent a second time exactly as the first.
     private var replayable: Bool { if case .buffered = body { true } else { false } }
@@ -135,7 +139,9 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
             headers, token: token.token.accessToken, injection: settings.inject, overwrite: settings.overwrite,
             cookieName: provider.configuration.cookie.tokenCookieName,
             callerKeyInAuthorization: api.callerKeysInAuthorization)
-        request.withheld = withheld
+        // What the request does not carry, libcurl is not to add of its own accord.
+        if !request.headers.contains(named: "Accept") { request.withheld.append("Accept") }
+        if hasBody, !request.headers.contains(named: "Content-Type") { request.withheld.append("Content-Type") }
         let upstream: UpstreamExchange
         switch body {
         case .buffered(let bytes):

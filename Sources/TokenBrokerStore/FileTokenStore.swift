@@ -15,8 +15,8 @@ import TokenBrokerSinks
 /// - Reads go through `FileContents`, which never waits on a FIFO or reads past `maximumSize`.
 /// - A forgotten key's record (a template child dropped, `forget`) is removed once its token has
 ///   expired (at once for a token without expiry, or a record that cannot be opened), unless the
-///   key is saved again first: the directory does not grow with every child ever made, nor the
-///   store's memory with a writer for each.
+///   key is loaded or saved again first: the directory does not grow with every child ever made,
+///   nor the store's memory with a writer for each.
 public final class FileTokenStore: TokenStore {
     /// What the store reports of its writes, for logs and metrics: the key, and the problem when one failed.
     public typealias SaveReport = @Sendable (_ key: String, _ problem: String?) -> Void
@@ -73,6 +73,8 @@ public final class FileTokenStore: TokenStore {
     }
 
     public func load(_ key: String) async -> StoreLoad {
+        // A child made again for these values may rely on the record: a forgotten key is taken back.
+        queue.async { [self] in _ = forgotten.withLock { $0.keys.removeValue(forKey: key) } }
         switch FileContents.read(path(for: key), limit: StoreRecord.maximumSize) {
         case .failure(let error) where error.isMissing: return .missing
         case .failure(let error): return .refused("cannot read \(path(for: key)): \(error)")
@@ -118,9 +120,9 @@ public final class FileTokenStore: TokenStore {
     /// Waits until every write handed to the store has ended; for the broker's stop.
     public func flush() { queue.sync {} }
 
-    /// On the queue: removes a forgotten key's record if its token has expired, has no expiry or
-    /// the record cannot be opened under its key (none of which a provider would serve), else
-    /// looks again when the token expires. A file that cannot be read is left alone.
+    /// On the queue: removes a forgotten key's record if its token has expired (no provider would
+    /// serve it), has no expiry (it would stay for good) or the record cannot be opened under its
+    /// key, else looks again when the token expires. A file that cannot be read is left alone.
     private func removeIfExpired(_ key: String, check: UInt64) {
         guard forgotten.withLock({ $0.keys[key] == check }) else { return }
         let path = path(for: key)

@@ -348,7 +348,8 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
         for (name, value) in request.headers { ok = ok && Self.append(name, value, to: &transfer.headerList) }
         // libcurl would add "Expect: 100-continue" to uploads (every streamed body) and to POSTs over
         // 1 MiB; nobody here gains from it.
-        for name in request.withheld + ["Expect"] { ok = ok && Self.withhold(name, from: &transfer.headerList) }
+        for name in request.withheld { ok = ok && Self.withhold(name, from: &transfer.headerList) }
+        ok = ok && Self.withhold("Expect", from: &transfer.headerList)
         set(CCurl_setopt_pointer(easy, CURLOPT_HTTPHEADER, UnsafeMutableRawPointer(transfer.headerList)))
         set(CCurl_setopt_write_function(easy, bodyCallback))
         set(CCurl_setopt_pointer(easy, CURLOPT_WRITEDATA, context))

@@ -343,6 +343,29 @@ private final class TemplateFixture: Sendable {
         #expect(ended() == [#"ended orders audience="https://a""#], "a child shut down with its template is not")
     }
 
+    /// A child made again for the same values before the dropped one has ended may rely on its
+    /// record: the dropped one's end is not reported.
+    @Test func aDroppedChildWhoseValuesHaveANewChildIsNotReportedEnded() async {
+        let fixture = TemplateFixture(childIdleSec: 60, source: ScriptedSource(gated: true))
+        let service = Task { await fixture.template.run() }
+        let first = fixture.child("a")
+        #expect(await eventually { fixture.source.parkedCount == 1 })
+        fixture.clock.advance(by: .seconds(60))
+        fixture.template.sweep()
+        let again = fixture.child("a")
+        #expect(first != nil && again != nil && first !== again)
+        fixture.source.open()
+        guard case .token = await again?.onTokenReady(timeout: .seconds(20)) else {
+            Issue.record("the new child got no token")
+            return
+        }
+        // The dropped child's fetch ended with the new one's: a moment for its run() to return.
+        try? await Task.sleep(for: .milliseconds(200))
+        fixture.template.shutDown()
+        await service.value
+        #expect(fixture.events.withLock { $0.filter { $0.hasPrefix("ended") } }.isEmpty)
+    }
+
     @Test func shutDownEndsRunAndEveryChildAndRefusesLaterRequests() async {
         let fixture = TemplateFixture(source: ScriptedSource(gated: true))
         let ended = Mutex(false)

@@ -260,6 +260,17 @@ import TokenBrokerUpstream
         #expect(request.header("Authorization") == "Bearer {{audience}}", "a header read from a file is not filled")
     }
 
+    /// A header configured with an empty value is not sent, and keeps libcurl from sending one
+    /// of its own under that name; the proxy alone sends empty values (as its clients sent them).
+    @Test func aHeaderConfiguredEmptyIsWithheldNotSentEmpty() throws {
+        var settings = HTTPSourceConfiguration(url: "http://127.0.0.1:1/t")
+        settings.headers = ["Accept": .value(""), "X-Empty": .value(""), "X-Kept": .value("v")]
+        let request = try HTTPTokenSource(configuration: settings).request()
+        #expect(!request.headers.contains { $0.1.isEmpty })
+        #expect(request.headers.contains { $0.0 == "X-Kept" && $0.1 == Array("v".utf8) })
+        #expect(request.withheld.sorted() == ["Accept", "X-Empty"])
+    }
+
     /// A placeholder has no default: the routes and sinks refuse a request that leaves one of
     /// its values out, and the source, made with such values all the same, refuses to fetch
     /// rather than send the value empty (which no allow-list allowed).

@@ -339,6 +339,19 @@ import TokenBrokerTestSupport
         #expect(setup.names.count == 1 && setup.reports.all.allSatisfy { $0.problem == nil })
     }
 
+    @Test func aForgottenKeyLoadedAgainIsKept() async throws {
+        let setup = try Setup()
+        setup.store.save("k", Self.token)
+        setup.store.forget("k")
+        setup.store.flush()
+        #expect(await setup.store.load("k") == .found(Self.token))  // a child made again, served from it
+        setup.store.flush()
+        setup.time.advance(seconds: 900)
+        setup.time.runPending()
+        setup.store.flush()
+        #expect(setup.names.count == 1 && setup.removals.all.isEmpty)
+    }
+
     @Test func aRecordThatCannotBeReadIsLeftAndReported() async throws {
         let setup = try Setup()
         #expect(mkdir(setup.store.path(for: "k"), 0o700) == 0)

@@ -114,6 +114,16 @@ def test_header_bytes_that_are_not_utf8_cross_the_proxy_unchanged(broker):
         "header bytes changed"
 
 
+def test_libcurl_adds_no_accept_or_content_type_of_its_own(broker):
+    """What the client did not send, or sent only for the hop, the target does not get from the
+    client library either (libcurl adds `Accept: */*`, and a form type to a body)."""
+    for headers in ({}, {"Connection": "Accept", "Accept": "text/hop-only"}):
+        status, _, payload = echo(broker, "POST", headers=headers, body=b"a=1")
+        assert status == 200, payload
+        names = {name.lower(): value for name, value in json.loads(payload)["headers"]}
+        assert "accept" not in names and "content-type" not in names, names
+
+
 @pytest.mark.parametrize("family", ["ipv6", "unix"])
 def test_a_token_listener_on_ipv6_or_a_unix_socket_proxies_and_stops_cleanly(resource, tmp_path, family):
     # With proxies, the token listener runs on the proxy's loops, each with a copy of its socket.

@@ -231,7 +231,8 @@ where C.Duration == Duration {
     /// down with it, between the unlock and the store).
     ///
     /// A child dropped for idleness is reported once more when its `run()` has ended
-    /// (`TemplateEvents.ended`): a fetch that finished as it was dropped has saved its token by then.
+    /// (`TemplateEvents.ended`): a fetch that finished as it was dropped has saved its token by
+    /// then. Unless a child for the same values has been made since, which is not reported.
     private func launch(_ entry: Entry, _ values: TokenRequestValues) {
         let (gate, opener) = AsyncStream<Bool>.makeStream()
         let child = entry.child
@@ -240,11 +241,13 @@ where C.Duration == Duration {
             var admission = gate.makeAsyncIterator()
             guard await admission.next() == true else { return }
             await child.run()
-            let wasDropped = state.withLock { state in
+            // Not when a child for the same values was made meanwhile (it may rely on the record),
+            // nor once the template has shut down (its children's records stay, as at a stop).
+            let ended = state.withLock { state in
                 state.tasks.removeValue(forKey: number)
-                return state.dropping.remove(number) != nil
+                return state.dropping.remove(number) != nil && state.children[values] == nil && !state.isShutDown
             }
-            if wasDropped { events.ended(name, values) }
+            if ended { events.ended(name, values) }
         }
         let stored = state.withLock { state -> Bool in
             guard !state.isShutDown else { return false }
@@ -464,7 +467,8 @@ public struct TemplateEvents: Sendable {
     public var made: @Sendable (String, TokenRequestValues) -> Void
     /// A child was dropped, idle for `childIdleSec`.
     public var dropped: @Sendable (String, TokenRequestValues) -> Void
-    /// A dropped child's `run()` ended, its last fetch with it: nothing more of it is stored.
+    /// A dropped child's `run()` ended, its last fetch with it, and no child for its values lives:
+    /// nothing more of it is stored.
     public var ended: @Sendable (String, TokenRequestValues) -> Void
     /// A new child was refused: `maxChildren` live already.
     public var refused: @Sendable (String, TokenRequestValues) -> Void

@@ -78,9 +78,13 @@ struct HTTPRequestTemplate: Sendable {
             case .asIs: return value
             }
         }
-        return UpstreamRequest(
+        // A header configured empty is not sent, nor one of libcurl's own under its name (as it
+        // always was): only the proxy sends empty values, as its clients sent them.
+        var request = UpstreamRequest(
             method: configuration.method, url: url.filled { FormEncoding.percentEncoded(values.value($0) ?? "") },
-            headers: headers, body: Array(body.utf8), settings: configuration.upstream)
+            headers: headers.filter { !$0.1.isEmpty }, body: Array(body.utf8), settings: configuration.upstream)
+        request.withheld = headers.filter { $0.1.isEmpty }.map(\.0)
+        return request
     }
 
     private static func isControl(_ byte: UInt8) -> Bool { byte < 0x20 || byte == 0x7F }
