@@ -156,6 +156,30 @@ import TokenBrokerCore
                 == "providers[0].source.headers.X-{{scope}}: placeholders are replaced in header values, not in names")
     }
 
+    /// A header name is an RFC 9110 token, and none that frames the request: libcurl sets those
+    /// for what it sends, and a configured one would contradict it.
+    @Test func aHeaderNameIsATokenAndNotOneThatFramesTheRequest() {
+        for name in ["X(Y)", "X/Y", "X;Y", "X@Y", "X\\\"Y", "X=Y", "[X]"] {
+            let message = configurationProblem(
+                provider("", source: http(headers: #"{\#(JSONText.quoted(name)): "v"}"#)))
+            #expect(
+                message?.hasSuffix(
+                    "is not a header name; allowed: letters, digits and !#$%&'*+-.^_`|~ (an RFC 9110 token)") == true,
+                "\(name): \(message ?? "accepted")")
+        }
+        for name in ["Content-Length", "transfer-encoding", "Connection", "Expect", "TE", "Upgrade"] {
+            #expect(
+                configurationProblem(provider("", source: http(headers: #"{\#(JSONText.quoted(name)): "v"}"#)))
+                    == "providers[0].source.headers.\(name): frames the request, which the client library sets for"
+                    + " what it sends; it cannot be configured", "\(name)")
+        }
+        for name in ["Host", "X-Api-Key", "x!#$%&'*+-.^_`|~1"] {
+            #expect(
+                configurationProblem(provider("", source: http(headers: #"{\#(JSONText.quoted(name)): "v"}"#))) == nil,
+                "\(name)")
+        }
+    }
+
     @Test func bodyPlaceholdersNeedAnInlineContentType() {
         let fromFile = http(headers: #"{"Content-Type": {"file": "/run/type"}}"#, body: "a={{audience}}")
         #expect(

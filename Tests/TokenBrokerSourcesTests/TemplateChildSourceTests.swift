@@ -264,11 +264,14 @@ import TokenBrokerUpstream
     /// of its own under that name; the proxy alone sends empty values (as its clients sent them).
     @Test func aHeaderConfiguredEmptyIsWithheldNotSentEmpty() throws {
         var settings = HTTPSourceConfiguration(url: "http://127.0.0.1:1/t")
-        settings.headers = ["Accept": .value(""), "X-Empty": .value(""), "X-Kept": .value("v")]
+        settings.headers = [
+            "Accept": .value(""), "X-Empty": .value(""), "X-Blank": .value(" \t "), "X-Kept": .value(" v\t"),
+        ]
         let request = try HTTPTokenSource(configuration: settings).request()
         #expect(!request.headers.contains { $0.1.isEmpty })
+        // Blanks around a value are no part of it.
         #expect(request.headers.contains { $0.0 == "X-Kept" && $0.1 == Array("v".utf8) })
-        #expect(request.withheld.sorted() == ["Accept", "X-Empty"])
+        #expect(request.withheld.sorted() == ["Accept", "X-Blank", "X-Empty"])
     }
 
     /// A placeholder has no default: the routes and sinks refuse a request that leaves one of

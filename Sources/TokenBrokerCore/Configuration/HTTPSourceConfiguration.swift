@@ -71,6 +71,11 @@ public struct HTTPSourceConfiguration: Sendable, Equatable {
 
     public init(url: String) { self.url = url }
 
+    /// Headers that frame the request or the connection: libcurl sets them for what it sends.
+    static let setByTheClient: Set<String> = [
+        "content-length", "transfer-encoding", "connection", "keep-alive", "te", "trailer", "upgrade", "expect",
+    ]
+
     init(reading reader: inout ObjectReader) throws(ConfigurationError) {
         guard let url = try reader.string("url") else {
             throw ConfigurationError(
@@ -82,9 +87,18 @@ public struct HTTPSourceConfiguration: Sendable, Equatable {
         if var headerReader = try reader.object("headers") {
             for (name, value) in headerReader.allMembers() {
                 let key = headerReader.keyPath(name)
-                guard !name.isEmpty, name.unicodeScalars.allSatisfy({ $0.value > 0x20 && $0.value < 0x7F && $0 != ":" })
+                // A name with a placeholder is refused below, with its own reason.
+                guard
+                    name.isHTTPToken || (name.contains(bytes: "{{") && name.utf8.allSatisfy { $0 > 0x20 && $0 < 0x7F })
                 else {
-                    throw ConfigurationError(key: key, "is not a header name")
+                    throw ConfigurationError(
+                        key: key,
+                        "is not a header name; allowed: letters, digits and !#$%&'*+-.^_`|~ (an RFC 9110 token)")
+                }
+                if Self.setByTheClient.contains(name.lowercased()) {
+                    throw ConfigurationError(
+                        key: key,
+                        "frames the request, which the client library sets for what it sends; it cannot be configured")
                 }
                 switch value {
                 case .string(let text) where !text.contains(where: { $0 == "\r" || $0 == "\n" }):

@@ -122,13 +122,7 @@ public struct ProxyConfiguration: Sendable, Equatable {
     }
 
     /// An RFC 9110 field name (a token).
-    static func isHeaderName(_ name: String) -> Bool {
-        !name.isEmpty && name.utf8.count <= 64
-            && name.utf8.allSatisfy { byte in
-                (0x30...0x39).contains(byte) || (0x41...0x5A).contains(byte) || (0x61...0x7A).contains(byte)
-                    || Array("!#$%&'*+-.^_`|~".utf8).contains(byte)
-            }
-    }
+    static func isHeaderName(_ name: String) -> Bool { name.utf8.count <= 64 && name.isHTTPToken }
 }
 
 /// A proxy's base URL, taken apart once.

@@ -52,6 +52,18 @@ extension String {
     }
 }
 
+extension String {
+    /// Whether the text is an RFC 9110 token, as every header name is: letters, digits and
+    /// `!#$%&'*+-.^_`|~`, at least one.
+    public var isHTTPToken: Bool {
+        !isEmpty
+            && utf8.allSatisfy { byte in
+                (0x30...0x39).contains(byte) || (0x41...0x5A).contains(byte) || (0x61...0x7A).contains(byte)
+                    || Array("!#$%&'*+-.^_`|~".utf8).contains(byte)
+            }
+    }
+}
+
 extension UInt8 {
     /// The byte with an ASCII capital letter made small; any other byte unchanged.
     public var asciiLowercased: UInt8 { self >= 0x41 && self <= 0x5A ? self | 0x20 : self }

@@ -78,8 +78,10 @@ struct HTTPRequestTemplate: Sendable {
             case .asIs: return value
             }
         }
-        // A header configured empty is not sent, nor one of libcurl's own under its name (as it
-        // always was): only the proxy sends empty values, as its clients sent them.
+        // Blanks around a value are no part of it (RFC 9110 §5.5). A header configured empty, or
+        // blank, is not sent, nor one of libcurl's own under its name (as it always was): only
+        // the proxy sends empty values, as its clients sent them.
+        headers = headers.map { ($0.0, $0.1.trimmingCharacters(in: " \t")) }
         var request = UpstreamRequest(
             method: configuration.method, url: url.filled { FormEncoding.percentEncoded(values.value($0) ?? "") },
             headers: headers.filter { !$0.1.isEmpty }, body: Array(body.utf8), settings: configuration.upstream)
