@@ -111,7 +111,7 @@ public final class HTTPResponse: @unchecked Sendable {
     private static func add(_ name: String, _ value: UnsafeBufferPointer<UInt8>, to handle: OpaquePointer) {
         var name = name
         let sent = name.withUTF8 { name in
-            guard !name.isEmpty, name.allSatisfy(HTTPSyntax.isTokenCharacter),
+            guard !name.isEmpty, name.allSatisfy({ $0.isHTTPTokenCharacter }),
                 value.allSatisfy(HTTPSyntax.isFieldValueByte)
             else { return false }
             // libmicrohttpd refuses an empty value: one space is sent instead, which is the same

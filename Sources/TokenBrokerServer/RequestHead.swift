@@ -92,7 +92,7 @@ enum RequestHead {
                 return false
             }
             let nameBytes = UnsafeRawBufferPointer(start: name, count: nameCount)
-            guard nameCount > 0, nameBytes.allSatisfy(HTTPSyntax.isTokenCharacter) else {
+            guard nameCount > 0, nameBytes.allSatisfy({ $0.isHTTPTokenCharacter }) else {
                 problem =
                     "a header name is empty or holds characters other than letters, digits and !#$%&'*+-.^_`|~ (RFC 9110 §5.1)"
                 return false
@@ -150,20 +150,9 @@ enum RequestHead {
     }
 }
 
-/// The byte classes of RFC 9110 §5, for checks that run on every request.
+/// The byte classes of RFC 9110 §5, for checks that run on every request (`tchar`, shared with
+/// the configuration's checks, is `UInt8.isHTTPTokenCharacter`).
 enum HTTPSyntax {
-    /// `tchar`: the characters of a header name or a token.
-    static func isTokenCharacter(_ byte: UInt8) -> Bool {
-        switch byte {
-        case 0x30...0x39, 0x41...0x5A, 0x61...0x7A: true
-        case UInt8(ascii: "!"), UInt8(ascii: "#"), UInt8(ascii: "$"), UInt8(ascii: "%"), UInt8(ascii: "&"),
-            UInt8(ascii: "'"), UInt8(ascii: "*"), UInt8(ascii: "+"), UInt8(ascii: "-"), UInt8(ascii: "."),
-            UInt8(ascii: "^"), UInt8(ascii: "_"), UInt8(ascii: "`"), UInt8(ascii: "|"), UInt8(ascii: "~"):
-            true
-        default: false
-        }
-    }
-
     /// A byte a field value may hold: visible ASCII, space, tab, or obs-text; no other control.
     static func isFieldValueByte(_ byte: UInt8) -> Bool {
         byte == 0x09 || (byte >= 0x20 && byte != 0x7F)

@@ -55,18 +55,25 @@ extension String {
 extension String {
     /// Whether the text is an RFC 9110 token, as every header name is: letters, digits and
     /// `!#$%&'*+-.^_`|~`, at least one.
-    public var isHTTPToken: Bool {
-        !isEmpty
-            && utf8.allSatisfy { byte in
-                (0x30...0x39).contains(byte) || (0x41...0x5A).contains(byte) || (0x61...0x7A).contains(byte)
-                    || Array("!#$%&'*+-.^_`|~".utf8).contains(byte)
-            }
-    }
+    public var isHTTPToken: Bool { !isEmpty && utf8.allSatisfy { $0.isHTTPTokenCharacter } }
 }
 
 extension UInt8 {
     /// The byte with an ASCII capital letter made small; any other byte unchanged.
     public var asciiLowercased: UInt8 { self >= 0x41 && self <= 0x5A ? self | 0x20 : self }
+
+    /// `tchar` (RFC 9110 §5.6.2): a character of a header name or a token. The server checks it
+    /// on every byte of every request's header names.
+    @inlinable @inline(__always) public var isHTTPTokenCharacter: Bool {
+        switch self {
+        case 0x30...0x39, 0x41...0x5A, 0x61...0x7A: true
+        case UInt8(ascii: "!"), UInt8(ascii: "#"), UInt8(ascii: "$"), UInt8(ascii: "%"), UInt8(ascii: "&"),
+            UInt8(ascii: "'"), UInt8(ascii: "*"), UInt8(ascii: "+"), UInt8(ascii: "-"), UInt8(ascii: "."),
+            UInt8(ascii: "^"), UInt8(ascii: "_"), UInt8(ascii: "`"), UInt8(ascii: "|"), UInt8(ascii: "~"):
+            true
+        default: false
+        }
+    }
 }
 
 extension Array where Element == (String, String) {
