@@ -15,6 +15,9 @@ final class ConnectionClock: Sendable {
     /// Shut down to make room for a new connection. Changed under the watcher's lock, so that
     /// two new connections never pick the same one; atomic only to be shared without `@unchecked`.
     private let evictedFlag = Atomic<Bool>(false)
+    /// The length of the request target as the request line carried it, measured before
+    /// libmicrohttpd decoded it in place (`RequestTarget.measure`); -1: none, or refused.
+    private let targetLength = Atomic<Int>(-1)
 
     init(fd: Int32) { self.fd = fd }
 
@@ -27,6 +30,11 @@ final class ConnectionClock: Sendable {
         deadline.store(Self.nowMsec() + milliseconds, ordering: .relaxed)
         headPending.store(true, ordering: .relaxed)
     }
+    /// The request line was read: its target measured `length` bytes (`RequestTarget.measure`).
+    func targetRead(length: Int) { targetLength.store(length, ordering: .relaxed) }
+    /// What `targetRead` last noted, for the request whose head has arrived.
+    var targetReadLength: Int { targetLength.load(ordering: .relaxed) }
+
     /// The request's head has arrived; its body may still be coming.
     func headArrived() { headPending.store(false, ordering: .relaxed) }
     func requestArrived() { deadline.store(0, ordering: .relaxed) }

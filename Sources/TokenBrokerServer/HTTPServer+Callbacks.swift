@@ -25,9 +25,9 @@ let requestCompletedCallback: MHD_RequestCompletedCallback = { cls, connection, 
     HTTPServer.fromOpaque(cls).completed(connection, requestContext)
 }
 
-let requestTargetCallback: CMicroHTTPD_uri_callback = { cls, uri, _ in
-    guard let cls, let uri else { return nil }
-    return HTTPServer.fromOpaque(cls).requestTarget(uri)
+let requestTargetCallback: CMicroHTTPD_uri_callback = { cls, uri, connection in
+    guard let cls, let connection else { return nil }
+    return HTTPServer.fromOpaque(cls).requestTarget(uri, connection)
 }
 
 let libraryLogCallback: MHD_LogCallback = { cls, format, arguments in

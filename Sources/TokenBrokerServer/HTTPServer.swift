@@ -80,10 +80,9 @@ public final class HTTPServer: @unchecked Sendable {
             CMicroHTTPD_option_notify_connection(connectionNotifyCallback, context),
             // MHD_http_unescape's answers, without its byte-at-a-time pass over a target with no '%'.
             CMicroHTTPD_option_unescape(),
+            // The target as sent, measured before it is decoded in place (`RequestTarget`).
+            CMicroHTTPD_option_uri_log(requestTargetCallback, context),
         ]
-        if configuration.streamingPrefix != nil {
-            options.append(CMicroHTTPD_option_uri_log(requestTargetCallback, context))
-        }
         if !configuration.eventLoops.isEmpty {
             // No threads of its own: MHD_run is called by the loops.
             flags &= ~UInt32(MHD_USE_INTERNAL_POLLING_THREAD.rawValue)
@@ -293,11 +292,11 @@ public final class HTTPServer: @unchecked Sendable {
             // unless the head is refused, and then the connection closes anyway.
             requestsInFlight.add(1, ordering: .relaxed)
             requestContext.pointee = RequestPhase.headRead.context
-            return headArrived(connection, method: method, version: version) ?? CMicroHTTPD_yes()
+            return headArrived(connection, url: url, method: method, version: version) ?? CMicroHTTPD_yes()
         case .targetRead(let streaming):
             // First call of a request under the streaming prefix: decide about its body now.
             requestContext.pointee = RequestPhase.underway(streaming).context
-            return headArrived(connection, method: method, version: version)
+            return headArrived(connection, url: url, method: method, version: version)
                 ?? begin(streaming, connection, url: url, method: method)
         case .headRead:
             state = nil
@@ -344,11 +343,16 @@ public final class HTTPServer: @unchecked Sendable {
 
     /// A request's head is in: its connection is no longer one to close for room, and a head
     /// `RequestHead` refuses is answered now (400, then the connection closes); nil when sound.
-    private func headArrived(_ connection: OpaquePointer, method: UnsafePointer<CChar>, version: UnsafePointer<CChar>)
-        -> MHD_Result?
-    {
-        Self.clock(of: connection)?.headArrived()
-        guard let problem = RequestHead.problem(connection, method: method, version: version) else { return nil }
+    private func headArrived(
+        _ connection: OpaquePointer, url: UnsafePointer<CChar>, method: UnsafePointer<CChar>,
+        version: UnsafePointer<CChar>
+    ) -> MHD_Result? {
+        let clock = Self.clock(of: connection)
+        clock?.headArrived()
+        guard
+            let problem = RequestHead.problem(
+                connection, url: url, method: method, version: version, targetLength: clock?.targetReadLength ?? -1)
+        else { return nil }
         return queue(handler.refusal(.malformedHead(problem)), on: connection, nil)
     }
 
@@ -475,10 +479,13 @@ extension HTTPServer {
         }
     }
 
-    /// A request line was read: requests under the streaming prefix get their state now, with
-    /// the target as sent. Others get nothing, as before.
-    func requestTarget(_ uri: UnsafePointer<CChar>) -> UnsafeMutableRawPointer? {
-        guard let prefix = configuration.streamingPrefix, strncmp(uri, prefix, prefix.utf8.count) == 0 else {
+    /// A request line was read (`uri`: its target as sent; nil: none): its target is measured
+    /// for the head's check, and requests under the streaming prefix get their state now, with
+    /// the target as sent. Others get nothing.
+    func requestTarget(_ uri: UnsafePointer<CChar>?, _ connection: OpaquePointer) -> UnsafeMutableRawPointer? {
+        Self.clock(of: connection)?.targetRead(length: uri.map(RequestTarget.measure) ?? -1)
+        guard let uri, let prefix = configuration.streamingPrefix, strncmp(uri, prefix, prefix.utf8.count) == 0
+        else {
             return nil
         }
         let state = RequestState()

@@ -29,14 +29,22 @@ import Glibc
 ///   integration tests (`test_framing.py`) send both sound and ambiguous heads.
 enum RequestHead {
     /// Why a head is refused, in words for the JSON error; nil when it is sound.
-    static func problem(_ connection: OpaquePointer, method: UnsafePointer<CChar>, version: UnsafePointer<CChar>)
-        -> String?
-    {
+    /// - Parameter targetLength: the target's length as `RequestTarget.measure` found it when
+    ///   the request line was read (-1: none, or refused).
+    static func problem(
+        _ connection: OpaquePointer, url: UnsafePointer<CChar>, method: UnsafePointer<CChar>,
+        version: UnsafePointer<CChar>, targetLength: Int
+    ) -> String? {
         let size = CMicroHTTPD_request_header_size(connection)
         guard size > 0 else { return "the request head could not be read" }
         var scan = Scan(start: UnsafeRawPointer(method), size: size)
         let versionStart = UnsafeRawPointer(version)
         guard scan.contains(versionStart) else { return "the request line has no HTTP version" }
+        if let problem = RequestTarget.problem(
+            url: UnsafeRawPointer(url), versionStart: versionStart, measured: targetLength, in: scan)
+        {
+            return problem
+        }
         scan.position = versionStart - scan.start + strlen(version)
         withUnsafeMutablePointer(to: &scan) { pointer in
             _ = MHD_get_connection_values_n(connection, .HEADER_KIND, headerVisitor, pointer)
@@ -147,6 +155,38 @@ enum RequestHead {
             if transferEncodings > 0 && isHTTP10 { return "Transfer-Encoding is refused in HTTP/1.0 (RFC 9112 §6.1)" }
             return nil
         }
+    }
+}
+
+/// The request line's target, which libmicrohttpd hands over as C strings it decoded in place:
+/// a NUL in it, sent raw or as `%00` in the path, would end the path early, and the route would
+/// see `/token` where the client (and any proxy in front) sent `/token%00.png` or
+/// `/token<NUL>/x`. So the target is measured as sent, before it is decoded, and refused with
+/// 400 when it holds a NUL. (A `%00` in the query stays in the decoded value, where the query's
+/// readers refuse it: `HTTPRequest.query`.)
+enum RequestTarget {
+    /// The length of the target `uri` up to its first NUL, as libmicrohttpd hands it to the
+    /// request-line callback before decoding it; -1 when its path (what precedes `?`) has `%00`.
+    static func measure(_ uri: UnsafePointer<CChar>) -> Int {
+        let length = strlen(uri)
+        if let escape = strstr(uri, "%00") {
+            // Only the first `?` ends the path; one after the escape leaves it in the path too.
+            let query = strchr(uri, Int32(UInt8(ascii: "?")))
+            if query.map({ escape < $0 }) ?? true { return -1 }
+        }
+        return length
+    }
+
+    /// Why the target is refused; nil when it is sound. libmicrohttpd ends the target one byte
+    /// before the version (the space, now a NUL), so the target as sent spans from `url` to
+    /// there: when it measured shorter as the line was read, a NUL sits inside it.
+    static func problem(
+        url: UnsafeRawPointer, versionStart: UnsafeRawPointer, measured: Int, in scan: RequestHead.Scan
+    ) -> String? {
+        guard measured >= 0, scan.contains(url), url < versionStart, versionStart - 1 - url == measured else {
+            return "the request target holds a NUL, sent raw or as %00 in the path"
+        }
+        return nil
     }
 }
 

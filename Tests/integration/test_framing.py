@@ -179,6 +179,41 @@ def test_ambiguous_heads_do_not_stop_a_sound_request_on_the_next_connection(plai
     assert status == 200 and json.loads(body)["access_token"]
 
 
+# Request targets with a NUL, raw or percent-encoded in the path: libmicrohttpd hands the path
+# over as a C string, so each would reach a route cut at the NUL (`/token`, `/healthz`).
+NUL_TARGETS = {
+    "encoded-in-path": b"/providers/default/token%00.png",
+    "raw-in-path": b"/token\x00/anything/else",
+    "raw-in-query": b"/token/ready?after=1&timeout=1\x00&after=9",
+    "encoded-then-query": b"/token%00?x=1",
+}
+
+
+@pytest.mark.parametrize("case", sorted(NUL_TARGETS))
+@pytest.mark.parametrize("listener", ["token", "admin"])
+def test_a_target_with_a_nul_is_refused_not_cut_short(plain_broker, case, listener):
+    target = NUL_TARGETS[case].replace(b"/token", b"/healthz") if listener == "admin" else NUL_TARGETS[case]
+    request = b"GET " + target + b" HTTP/1.1\r\nHost: x\r\n" + GUARD + b"\r\n"
+    answer, closed = exchange(plain_broker.addresses[listener], request)
+    assert_refused(answer, closed)
+    assert b"NUL" in parse(answer)[2]
+    # A %00 in the query is not the path's: it stays in the value, for the query's readers to judge.
+    status, _, _ = parse(exchange(plain_broker.addresses[listener],
+                                  b"GET " + (b"/healthz" if listener == "admin" else b"/token")
+                                  + b"?x=%00 HTTP/1.1\r\nHost: x\r\n" + GUARD + b"Connection: close\r\n\r\n")[0])
+    assert status == 200
+
+
+def test_a_proxied_target_with_a_raw_nul_is_refused_not_forwarded_cut_short(tmp_path, upstream):
+    config, low_key, _ = two_callers(tmp_path, upstream)
+    with Broker(config) as broker:
+        before = len(upstream.seen)
+        request = (b"GET /proxy/low/a\x00b HTTP/1.1\r\nHost: x\r\n" + GUARD
+                   + b"Authorization: Bearer " + low_key.encode() + b"\r\n\r\n")
+        assert_refused(*exchange(broker.addresses["token"], request))
+        assert upstream.seen[before:] == []
+
+
 def two_callers(tmp_path, upstream):
     low_key, high_key = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
     keys = tmp_path / "callers.json"
