@@ -162,12 +162,16 @@ enum QueryParameters {
         return number(text.dropFirst().dropLast())
     }
 
+    /// The value of the parameter `name`, given at most once (by `queryCount`'s reading); nil
+    /// when it is not given. One given without `=` (`?after`), or under a name that only reads
+    /// as `name` up to a NUL, is the empty value, which no reader takes: it is not the
+    /// parameter left out, and whether a later `after=6` counts must not depend on the order.
     private static func single(_ name: String, _ request: HTTPRequest) throws(BadRequest) -> String? {
-        guard let value = request.query(name) else { return nil }
-        if request.queryCount(name) > 1 {
-            throw BadRequest(.repeatedParameter(name))
+        switch request.queryCount(name) {
+        case 0: return nil
+        case 1: return request.query(name) ?? ""
+        default: throw BadRequest(.repeatedParameter(name))
         }
-        return value
     }
 
     static func number(_ text: some StringProtocol) -> UInt64? {

@@ -231,6 +231,28 @@ func tokenAPI(
         #expect(notANumber?.string("error_description") == "after must be a whole number from 0, such as after=3")
     }
 
+    @Test func afterOrTimeoutWithoutEqualsSignIs400InAnyOrder() {
+        let api = tokenAPI()
+        // `?after&after=6` was taken as `after` left out, and `?after=6&after` as given twice;
+        // `?timeout&timeout=1` waited the default 30 s.
+        let cases: [[(String, String?)]] = [
+            [("after", nil)], [("after", nil), ("after", "6")], [("after", "6"), ("after", nil)],
+            [("timeout", nil)], [("timeout", nil), ("timeout", "1")], [("after", "1"), ("timeout", nil)],
+        ]
+        for query in cases {
+            let reply = api.handle(
+                HTTPRequest(
+                    method: "GET", path: "/token/ready", query: query, headers: [("Token-Broker-Request", "true")]))
+            expectError(reply.immediate, 400, "invalid_request")
+        }
+        let leftOut = api.handle(
+            HTTPRequest(
+                method: "GET", path: "/token/ready", query: [("after", nil)],
+                headers: [("Token-Broker-Request", "true")]))
+        #expect(
+            leftOut.immediate?.string("error_description") == "after must be a whole number from 0, such as after=3")
+    }
+
     // MARK: /token/refresh
 
     @Test func refreshReadsTheRejectedVersionFromEveryBodyForm() {
