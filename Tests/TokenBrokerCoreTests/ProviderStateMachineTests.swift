@@ -245,6 +245,19 @@ import TokenBrokerCore
         #expect(harness.fetchesStarted == 2)
     }
 
+    @Test func forcedRefreshOfAVersionNeverHandedOutReturnsTheCurrentTokenWithoutFetching() {
+        var harness = MachineHarness(ProviderConfiguration())
+        harness.start()
+        harness.succeed()
+        // A version from before a restart without a store, say: not the token refused now.
+        guard case .current(let token) = harness.forceRefresh(rejected: 999_999) else {
+            Issue.record("version 999999 is not the current one: the current token should come back")
+            return
+        }
+        #expect(token.version == 1)
+        #expect(harness.fetchesStarted == 1)
+    }
+
     @Test func aFailingRefreshServesTheCachedTokenStaleButNeverPastItsExpiry() {
         var harness = MachineHarness(ProviderConfiguration(tokenRefreshDelaySec: 300))
         harness.start()

@@ -243,10 +243,13 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         dropDeadlinesIfIdle()
     }
 
-    /// The retrier: the caller's token `rejected` was refused downstream.
+    /// The retrier: the caller's token `rejected` was refused downstream. Only the current
+    /// version is refreshed; the caller of any other (an older one, or one this broker never
+    /// handed out, such as a version from before a restart without a store) gets the current
+    /// token, which is not the one refused.
     public mutating func forceRefresh(rejected: UInt64?, now: Instant) -> (ForcedRefreshDecision, [Action]) {
         var actions = noteActivity(now: now)
-        if let rejected, let token = validToken(at: now), rejected < token.version {
+        if let rejected, let token = validToken(at: now), rejected != token.version {
             return (.current(token), actions)
         }
         if isFetching { return (.refreshing(after: cached?.version), actions) }
