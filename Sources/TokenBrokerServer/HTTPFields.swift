@@ -2,7 +2,8 @@ internal import CMicroHTTPD
 import TokenBrokerCore
 
 /// A request's header fields or query parameters, in the order sent, as bytes: names as sent,
-/// query names and values percent-decoded by libmicrohttpd (a decoded NUL stays in them).
+/// header values without the whitespace around them, query names and values percent-decoded by
+/// libmicrohttpd (a decoded NUL stays in them).
 ///
 /// Every field's name and value are copied out of libmicrohttpd in one block, with no string
 /// made until a route asks for one: a request reads a few of its fields, and most routes compare
@@ -224,6 +225,12 @@ extension HTTPFields {
             withUnsafeMutablePointer(to: &collected) { pointer in
                 _ = MHD_get_connection_values_n(connection, kind, rawFieldVisitor, pointer)
             }
+            // libmicrohttpd drops the whitespace before a header's value but keeps what follows
+            // it, which is not part of the value (RFC 9110 §5.5): `Token-Broker-Request: true<TAB>`
+            // is `true`.
+            if isHeader {
+                for index in 0..<collected.count { found[index].valueCount = found[index].trimmedValueCount }
+            }
             let fields = UnsafeBufferPointer(rebasing: found[..<collected.count])
             return HTTPFields(
                 count: fields.count,
@@ -244,6 +251,19 @@ extension HTTPFields {
         var nameCount: Int
         var value: UnsafeRawPointer?
         var valueCount: Int
+
+        /// The value's length without the spaces and tabs that end it.
+        var trimmedValueCount: Int {
+            guard let value else { return valueCount }
+            var count = valueCount
+            while count > 0,
+                value.load(fromByteOffset: count - 1, as: UInt8.self) == 0x20
+                    || value.load(fromByteOffset: count - 1, as: UInt8.self) == 0x09
+            {
+                count -= 1
+            }
+            return count
+        }
     }
 
     /// The iterator's context: the fields found so far, at most as many as were counted.

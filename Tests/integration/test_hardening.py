@@ -98,6 +98,25 @@ def test_a_caller_key_is_hashed_as_the_bytes_sent(tmp_path):
         assert status == 401 and json.loads(body)["error"] == "invalid_caller_key", body
 
 
+def test_whitespace_after_a_header_value_is_not_part_of_it(tmp_path):
+    """RFC 9110 §5.5: the spaces and tabs around a value are not the value. libmicrohttpd drops
+    those before it and keeps those after: the guard's `true<TAB>` and a key followed by a space
+    were refused (403, 401)."""
+    key = secrets.token_urlsafe(32)
+    keys = tmp_path / "callers.json"
+    write_keys(keys, [("app", key, ["default"])])
+    with Broker({"providers": TWO_PROVIDERS, "clientKeysFile": str(keys)}) as broker:
+        for guard, authorization in ((b"true\t", key.encode() + b" "), (b"true \t ", key.encode() + b"\t")):
+            request = (b"GET /token HTTP/1.1\r\nHost: x\r\nToken-Broker-Request: " + guard + b"\r\n"
+                       + b"Authorization: Bearer " + authorization + b"\r\nConnection: close\r\n\r\n")
+            status, _, body = parse(exchange(broker.addresses["token"], request)[0])
+            assert status == 200 and json.loads(body)["access_token"], body
+        # Whitespace inside the value still is the value: the key followed by a space and more is another key.
+        request = (b"GET /token HTTP/1.1\r\nHost: x\r\nToken-Broker-Request: true\r\n"
+                   + b"Authorization: Bearer " + key.encode() + b" x\r\nConnection: close\r\n\r\n")
+        assert parse(exchange(broker.addresses["token"], request)[0])[0] == 401
+
+
 def test_the_keys_file_is_reread_when_it_changes_and_a_broken_one_keeps_the_previous_list(tmp_path):
     first, second = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
     keys = tmp_path / "callers.json"
