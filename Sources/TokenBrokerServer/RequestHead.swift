@@ -71,6 +71,7 @@ enum RequestHead {
         var transferEncodings = 0
         var transferEncodingChunked = true
         var hosts = 0
+        var hostValid = true
 
         init(start: UnsafeRawPointer, size: Int) {
             self.start = start
@@ -136,6 +137,7 @@ enum RequestHead {
                 transferEncodingChunked = transferEncodingChunked && HTTPSyntax.equalsIgnoringCase(value, "chunked")
             } else if HTTPSyntax.equalsIgnoringCase(name, "host") {
                 hosts += 1
+                hostValid = hostValid && HTTPSyntax.isHost(value)
             }
         }
 
@@ -144,6 +146,7 @@ enum RequestHead {
             if hosts > 1 || (hosts == 0 && !isHTTP10) {
                 return "an HTTP/1.1 request needs exactly one Host header (RFC 9112 §3.2)"
             }
+            if !hostValid { return "the Host header is not a host and optional port (RFC 9112 §3.2, RFC 3986 §3.2.2)" }
             if transferEncodings > 0 && contentLengths > 0 {
                 return "Content-Length and Transfer-Encoding together are refused (RFC 9112 §6.3)"
             }
@@ -196,6 +199,56 @@ enum HTTPSyntax {
     /// A byte a field value may hold: visible ASCII, space, tab, or obs-text; no other control.
     static func isFieldValueByte(_ byte: UInt8) -> Bool {
         byte == 0x09 || (byte >= 0x20 && byte != 0x7F)
+    }
+
+    /// Whether `value` (as libmicrohttpd reads it: whitespace after it kept) is a `Host` value:
+    /// `uri-host [ ":" port ]` (RFC 9112 §3.2, RFC 3986 §3.2.2), or empty. The host is an IP
+    /// literal in brackets, or a name or IPv4 address of unreserved characters, sub-delims and
+    /// percent-escapes; the port, digits. Nothing else: no space, `/`, `@`, `?` or `#`.
+    static func isHost(_ value: UnsafeRawBufferPointer) -> Bool {
+        var end = value.count
+        while end > 0, value[end - 1] == 0x20 || value[end - 1] == 0x09 { end -= 1 }
+        var index = 0
+        if end > 0, value[0] == UInt8(ascii: "[") {
+            index = 1
+            while index < end, value[index] != UInt8(ascii: "]") {
+                guard isUnreservedOrSubDelimiter(value[index]) || value[index] == UInt8(ascii: ":") else {
+                    return false
+                }
+                index += 1
+            }
+            guard index < end, index > 1 else { return false }
+            index += 1
+        } else {
+            while index < end, value[index] != UInt8(ascii: ":") {
+                if value[index] == UInt8(ascii: "%") {
+                    guard index + 2 < end, value[index + 1].hexDigitValue != nil, value[index + 2].hexDigitValue != nil
+                    else {
+                        return false
+                    }
+                    index += 3
+                    continue
+                }
+                guard isUnreservedOrSubDelimiter(value[index]) else { return false }
+                index += 1
+            }
+        }
+        guard index < end else { return true }
+        guard value[index] == UInt8(ascii: ":") else { return false }
+        return value[(index + 1)..<end].allSatisfy { $0 >= 0x30 && $0 <= 0x39 }
+    }
+
+    /// RFC 3986 §2.2–2.3: `unreserved` (letters, digits, `-._~`) or `sub-delims` (`!$&'()*+,;=`).
+    private static func isUnreservedOrSubDelimiter(_ byte: UInt8) -> Bool {
+        switch byte {
+        case 0x30...0x39, 0x41...0x5A, 0x61...0x7A: true
+        case UInt8(ascii: "-"), UInt8(ascii: "."), UInt8(ascii: "_"), UInt8(ascii: "~"): true
+        case UInt8(ascii: "!"), UInt8(ascii: "$"), UInt8(ascii: "&"), UInt8(ascii: "'"), UInt8(ascii: "("),
+            UInt8(ascii: ")"), UInt8(ascii: "*"), UInt8(ascii: "+"), UInt8(ascii: ","), UInt8(ascii: ";"),
+            UInt8(ascii: "="):
+            true
+        default: false
+        }
     }
 
     /// ASCII case-insensitive comparison with a lower-case literal.

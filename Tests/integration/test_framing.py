@@ -170,6 +170,15 @@ def test_an_http_11_request_without_host_is_refused_and_an_http_10_one_is_not(pl
     assert status == 200 and json.loads(body)["access_token"]
 
 
+@pytest.mark.parametrize("host", [b"a b/c@d", b"user@x", b"x/y", b"x:80a", b"[::1"])
+def test_a_host_that_is_not_a_host_and_port_is_refused(plain_broker, host):
+    """RFC 9112 §3.2: a server MUST answer 400 to a Host field with an invalid value."""
+    request = b"GET /token HTTP/1.1\r\nHost: " + host + b"\r\n" + GUARD + b"\r\n"
+    assert_refused(*exchange(plain_broker.addresses["token"], request))
+    sound = b"GET /token HTTP/1.1\r\nHost: [::1]:8080\r\n" + GUARD + b"Connection: close\r\n\r\n"
+    assert parse(exchange(plain_broker.addresses["token"], sound)[0])[0] == 200
+
+
 def test_ambiguous_heads_do_not_stop_a_sound_request_on_the_next_connection(plain_broker):
     sound = b"POST /token/refresh HTTP/1.1\r\nHost: x\r\n" + GUARD + b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n0\r\n\r\n"
     status, _, body = parse(exchange(plain_broker.addresses["token"], sound)[0])
