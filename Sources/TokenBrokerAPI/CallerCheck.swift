@@ -13,3 +13,11 @@ enum CallerCheck {
         }
     }
 }
+
+extension ErrorAnswer {
+    /// The caller is known, and only this provider is outside its list (403 `provider_not_allowed`).
+    var isProviderNotAllowed: Bool {
+        if case .providerNotAllowed = self { return true }
+        return false
+    }
+}

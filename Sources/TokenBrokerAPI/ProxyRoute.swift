@@ -73,6 +73,12 @@ extension TokenAPI {
         case .failure(let problem): return .refuse(.invalidProxyPath(problem))
         }
         guard let provider = proxy.provider(ofProxy: target.proxy) else {
+            // The caller first, as for a proxy that exists: without the guard's header or a known
+            // key, a name's existence is not told. Any known caller may learn it (a proxy
+            // names no provider to check the caller against).
+            if admitting, let refusal = admit(request, provider: ""), !refusal.isProviderNotAllowed {
+                return .refuse(refusal)
+            }
             return .refuse(.unknownProxy(name: target.proxy))
         }
         if admitting, let refusal = admit(request, provider: provider) { return .refuse(refusal) }

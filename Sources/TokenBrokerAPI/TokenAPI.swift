@@ -218,8 +218,11 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
                 return record(otherCounter, .response(ErrorAnswer.notFound(path: path).response))
             }
             guard let named = targets[String(name)] else {
-                return record(
-                    unknownProviderCounter, .response(ErrorAnswer.unknownProvider(name: String(name)).response))
+                // The caller first, as for a provider that exists: a name's existence is told only
+                // to a caller who may read it, so that names cannot be tried without a key.
+                let name = String(name)
+                let refusal = admit(request, provider: name) ?? .unknownProvider(name: name)
+                return record(unknownProviderCounter, .response(refusal.response))
             }
             target = named
             rest = tail[name.endIndex...]

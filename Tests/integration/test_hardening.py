@@ -98,6 +98,29 @@ def test_a_caller_key_is_hashed_as_the_bytes_sent(tmp_path):
         assert status == 401 and json.loads(body)["error"] == "invalid_caller_key", body
 
 
+def test_without_a_key_no_provider_or_proxy_name_can_be_tried(tmp_path):
+    """A name's existence is told only to a caller who may read it: without a key, an unknown
+    provider was 404 `unknown_provider` where a known one was 401."""
+    scoped, everything = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+    keys = tmp_path / "callers.json"
+    write_keys(keys, [("scoped", scoped, ["default"]), ("all", everything, ["*"])])
+    config = {"providers": TWO_PROVIDERS, "clientKeysFile": str(keys),
+              "proxies": [{"name": "api", "target": "http://127.0.0.1:9/base", "provider": "payments"}]}
+    with Broker(config) as broker:
+        for path in ("/providers/payments/token", "/providers/ghost/token", "/proxy/ghost/x"):
+            for headers in ({}, bearer("not-a-key")):
+                status, _, body = broker.request("GET", path, headers=headers)
+                assert status == 401, (path, headers, status, body)
+        # A caller whose list leaves the name out learns no more than for a provider outside it.
+        for path in ("/providers/payments/token", "/providers/ghost/token"):
+            status, _, body = broker.request("GET", path, headers=bearer(scoped))
+            assert status == 403 and json.loads(body)["error"] == "provider_not_allowed", (path, body)
+        status, _, body = broker.request("GET", "/providers/ghost/token", headers=bearer(everything))
+        assert status == 404 and json.loads(body)["error"] == "unknown_provider", body
+        status, _, body = broker.request("GET", "/proxy/ghost/x", headers=bearer(scoped))
+        assert status == 404 and json.loads(body)["error"] == "unknown_proxy", body
+
+
 def test_whitespace_after_a_header_value_is_not_part_of_it(tmp_path):
     """RFC 9110 §5.5: the spaces and tabs around a value are not the value. libmicrohttpd drops
     those before it and keeps those after: the guard's `true<TAB>` and a key followed by a space
