@@ -379,6 +379,7 @@ public enum ErrorAnswer: Sendable, Equatable {
         case .stopping: .refusedWhileStopping
         case .stopped: .shuttingDown
         case .clientClosed: .clientClosed
+        case .bodyTooLarge: .bodyTooLarge
         }
     }
 

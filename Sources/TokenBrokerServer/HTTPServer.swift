@@ -292,11 +292,13 @@ public final class HTTPServer: @unchecked Sendable {
             // unless the head is refused, and then the connection closes anyway.
             requestsInFlight.add(1, ordering: .relaxed)
             requestContext.pointee = RequestPhase.headRead.context
-            return headArrived(connection, url: url, method: method, version: version) ?? CMicroHTTPD_yes()
+            return headArrived(
+                connection, url: url, method: method, version: version, bodyLimit: configuration.maximumBodyBytes)
+                ?? CMicroHTTPD_yes()
         case .targetRead(let streaming):
             // First call of a request under the streaming prefix: decide about its body now.
             requestContext.pointee = RequestPhase.underway(streaming).context
-            return headArrived(connection, url: url, method: method, version: version)
+            return headArrived(connection, url: url, method: method, version: version, bodyLimit: nil)
                 ?? begin(streaming, connection, url: url, method: method)
         case .headRead:
             state = nil
@@ -342,18 +344,28 @@ public final class HTTPServer: @unchecked Sendable {
     }
 
     /// A request's head is in: its connection is no longer one to close for room, and a head
-    /// `RequestHead` refuses is answered now (400, then the connection closes); nil when sound.
+    /// `RequestHead` refuses is answered now (400, then the connection closes), as is one whose
+    /// `Content-Length` is over `bodyLimit` (413: its body is not read); nil when it may go on.
+    /// - Parameter bodyLimit: the most body the request may have; nil: its handler decides (`begin`).
     private func headArrived(
         _ connection: OpaquePointer, url: UnsafePointer<CChar>, method: UnsafePointer<CChar>,
-        version: UnsafePointer<CChar>
+        version: UnsafePointer<CChar>, bodyLimit: Int?
     ) -> MHD_Result? {
         let clock = Self.clock(of: connection)
         clock?.headArrived()
-        guard
-            let problem = RequestHead.problem(
-                connection, url: url, method: method, version: version, targetLength: clock?.targetReadLength ?? -1)
-        else { return nil }
-        return queue(handler.refusal(.malformedHead(problem)), on: connection, nil)
+        var contentLength: Int?
+        if let problem = RequestHead.problem(
+            connection, url: url, method: method, version: version, targetLength: clock?.targetReadLength ?? -1,
+            contentLength: &contentLength)
+        {
+            return queue(handler.refusal(.malformedHead(problem)), on: connection, nil)
+        }
+        // Answered before the body arrives, which libmicrohttpd then does not read: the
+        // connection closes after the answer.
+        if let bodyLimit, let contentLength, contentLength > bodyLimit {
+            return queue(handler.refusal(.bodyTooLarge), on: connection, nil)
+        }
+        return nil
     }
 
     /// Carries out a handler's reply: queue it, or suspend the connection until the responder answers.

@@ -29,11 +29,14 @@ import Glibc
 ///   integration tests (`test_framing.py`) send both sound and ambiguous heads.
 enum RequestHead {
     /// Why a head is refused, in words for the JSON error; nil when it is sound.
-    /// - Parameter targetLength: the target's length as `RequestTarget.measure` found it when
-    ///   the request line was read (-1: none, or refused).
+    /// - Parameters:
+    ///   - targetLength: the target's length as `RequestTarget.measure` found it when the
+    ///     request line was read (-1: none, or refused).
+    ///   - contentLength: set to the body's length as `Content-Length` gives it, for a sound head
+    ///     that has one.
     static func problem(
         _ connection: OpaquePointer, url: UnsafePointer<CChar>, method: UnsafePointer<CChar>,
-        version: UnsafePointer<CChar>, targetLength: Int
+        version: UnsafePointer<CChar>, targetLength: Int, contentLength: inout Int?
     ) -> String? {
         let size = CMicroHTTPD_request_header_size(connection)
         guard size > 0 else { return "the request head could not be read" }
@@ -56,7 +59,9 @@ enum RequestHead {
         guard (1...4).contains(rest), scan.allZero(from: scan.position, count: rest) else {
             return "the request head has a line that is not a header (obs-fold or malformed line)"
         }
-        return scan.framingProblem(isHTTP10: strcmp(version, "HTTP/1.0") == 0)
+        if let problem = scan.framingProblem(isHTTP10: strcmp(version, "HTTP/1.0") == 0) { return problem }
+        contentLength = scan.contentLength
+        return nil
     }
 
     /// The walk through the block, one header at a time, and what framing headers were seen.
@@ -68,6 +73,8 @@ enum RequestHead {
         var problem: String?
         var contentLengths = 0
         var contentLengthValid = true
+        /// The last `Content-Length`'s value, when it is digits only (at most 18: it fits).
+        var contentLength: Int?
         var transferEncodings = 0
         var transferEncodingChunked = true
         var hosts = 0
@@ -132,6 +139,7 @@ enum RequestHead {
                 contentLengthValid =
                     contentLengthValid && !value.isEmpty && value.count <= 18
                     && value.allSatisfy { $0 >= 0x30 && $0 <= 0x39 }
+                contentLength = contentLengthValid ? value.reduce(0) { $0 * 10 + Int($1 - 0x30) } : nil
             } else if HTTPSyntax.equalsIgnoringCase(name, "transfer-encoding") {
                 transferEncodings += 1
                 transferEncodingChunked = transferEncodingChunked && HTTPSyntax.equalsIgnoringCase(value, "chunked")

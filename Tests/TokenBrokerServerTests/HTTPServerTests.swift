@@ -107,13 +107,33 @@ struct HTTPServerTests {
 
         try client.send("POST /fits HTTP/1.1\r\nHost: t\r\nContent-Length: 8\r\n\r\n12345678")
         _ = try client.readResponse()
-        try client.send("POST /over HTTP/1.1\r\nHost: t\r\nContent-Length: 9\r\n\r\n123456789")
+        // Chunked: its length is known only as it arrives.
+        try client.send(
+            "POST /over HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n9\r\n123456789\r\n0\r\n\r\n")
         _ = try client.readResponse()
 
         let requests = handler.handled.withLock { $0 }
         try #require(requests.count == 2)
         #expect(requests[0].path == "/fits" && requests[0].body == Array("12345678".utf8) && !requests[0].bodyTooLarge)
         #expect(requests[1].path == "/over" && requests[1].body.isEmpty && requests[1].bodyTooLarge)
+    }
+
+    @Test(arguments: Polling.allCases) func aContentLengthPastMaximumBodyBytesIsAnsweredBeforeItsBodyIsSent(
+        _ polling: Polling
+    ) throws {
+        let handler = TestHandler()
+        let server = try startServer(handler, polling) { $0.maximumBodyBytes = 8 }
+        defer { server.shutDown(grace: .zero) }
+        let client = try TestHTTPClient(port: server.port)
+
+        // Only the head: the answer must not wait for a body that may never come.
+        try client.send("POST /over HTTP/1.1\r\nHost: t\r\nContent-Length: 10000000\r\n\r\n12")
+        let response = try client.readResponse()
+
+        #expect(response.status == 413 && response.text == "too large")
+        #expect(handler.refusals.withLock { $0 } == [.bodyTooLarge])
+        #expect(handler.handled.withLock { $0.isEmpty }, "the handler never sees the request")
+        #expect(client.isClosedByServer(), "the unread body leaves nothing to read the next request from")
     }
 
     @Test(arguments: Polling.allCases) func keepAliveServesTwoRequestsOnOneConnection(_ polling: Polling) throws {

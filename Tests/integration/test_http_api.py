@@ -280,6 +280,24 @@ def test_an_oversized_refresh_body_gets_413(broker):
     assert status == 413 and json.loads(body)["error"] == "payload_too_large"
 
 
+def test_a_body_whose_content_length_is_over_the_cap_gets_413_before_it_is_sent(broker):
+    """The head says the body is too large: the answer comes at once, not after the body (which
+    a slow sender may take minutes over) or never."""
+    host, port = broker.addresses["token"].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as connection:
+        connection.sendall(b"POST /token/refresh HTTP/1.1\r\nHost: x\r\nToken-Broker-Request: true\r\n"
+                           b"Content-Length: 10000000\r\n\r\n{")
+        received = b""
+        while b"\r\n\r\n" not in received or not received.rstrip().endswith(b"}"):
+            chunk = connection.recv(65536)
+            if not chunk:
+                break
+            received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413 "), received
+    assert json.loads(body)["error"] == "payload_too_large"
+
+
 def test_methods_are_checked_per_route(broker):
     for method, path, allow in [("POST", "/token/ready", "GET, HEAD"), ("GET", "/token/refresh", "POST"), ("DELETE", "/token", "GET, HEAD")]:
         status, headers, body = broker.request(method, path)

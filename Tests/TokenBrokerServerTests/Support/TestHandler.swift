@@ -62,6 +62,8 @@ final class TestHandler: HTTPHandler {
             return Self.text(503, "stopping", headers: [("Connection", "close")])
         case .stopped:
             return Self.text(503, "stopped")
+        case .bodyTooLarge:
+            return Self.text(413, "too large")
         }
     }
 
