@@ -38,6 +38,10 @@ final class ConnectionClock: Sendable {
     /// The request's head has arrived; its body may still be coming.
     func headArrived() { headPending.store(false, ordering: .relaxed) }
     func requestArrived() { deadline.store(0, ordering: .relaxed) }
+    /// The rest of a request body must arrive within `milliseconds`, though its head has.
+    func armBodyDeadline(after milliseconds: Int64) {
+        deadline.store(Self.nowMsec() + milliseconds, ordering: .relaxed)
+    }
 
     /// Waiting for a request head, so a candidate to make room.
     var awaitsHead: Bool { headPending.load(ordering: .relaxed) }

@@ -380,7 +380,9 @@ public final class HTTPServer: @unchecked Sendable {
                 connection: connection, fd: CMicroHTTPD_connection_fd(connection), server: self)
             let state = state()
             state.responder = responder
-            state.bodyStream?.attach(responder)
+            state.bodyStream?.attach(
+                responder, clock: Self.clock(of: connection),
+                drainMsec: Int64(configuration.connectionTimeoutSec) * 1000)
             // A streamed body keeps coming while the answer is prepared: the connection stays live.
             if !streaming {
                 park(responder, connection)

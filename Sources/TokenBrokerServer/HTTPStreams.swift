@@ -166,6 +166,10 @@ public final class HTTPRequestBodyStream: Sendable {
         var producerSuspended = false
         var consumerWaiting = false
         var responder: HTTPResponder?
+        /// The connection's request deadline, and how long the rest of a body that nobody reads
+        /// any more may take to arrive (`close`).
+        var clock: ConnectionClock?
+        var drainMsec: Int64 = 0
     }
 
     /// What `read` found.
@@ -213,21 +217,35 @@ public final class HTTPRequestBodyStream: Sendable {
     }
 
     /// The consumer will read no more (the exchange ended): later bytes are dropped, and a
-    /// suspended upload goes on so that the request can be answered.
+    /// suspended upload goes on so that the request can be answered. The answer is sent only
+    /// once the whole body has arrived (libmicrohttpd answers no request mid-body), and the rest
+    /// must arrive within the connection's timeout, as a request must: a client that sends a
+    /// byte now and then no longer holds the connection for good.
     public func close() {
-        let resume = state.withLock { state -> HTTPResponder? in
+        let (resume, clock, drainMsec) = state.withLock { state -> (HTTPResponder?, ConnectionClock?, Int64) in
             state.closed = true
             state.queue.removeAll()
-            guard state.producerSuspended else { return nil }
+            let due = state.ended ? nil : state.clock
+            guard state.producerSuspended else { return (nil, due, state.drainMsec) }
             state.producerSuspended = false
-            return state.responder
+            return (state.responder, due, state.drainMsec)
         }
+        clock?.armBodyDeadline(after: drainMsec)
         resume?.resumeStream()
     }
 
     // MARK: - The server's side
 
-    func attach(_ responder: HTTPResponder) { state.withLock { $0.responder = responder } }
+    /// - Parameters:
+    ///   - clock: the connection's deadline, armed when the consumer stops reading before the end.
+    ///   - drainMsec: how long the rest of the body may then take.
+    func attach(_ responder: HTTPResponder, clock: ConnectionClock?, drainMsec: Int64) {
+        state.withLock {
+            $0.responder = responder
+            $0.clock = clock
+            $0.drainMsec = drainMsec
+        }
+    }
 
     /// Bytes from the client. Suspends the connection while the consumer is behind.
     func append(_ bytes: UnsafeRawBufferPointer) {
@@ -248,10 +266,12 @@ public final class HTTPRequestBodyStream: Sendable {
 
     /// The client sent the whole body.
     func end() {
-        let wake = state.withLock { state -> Bool in
+        let (wake, drained) = state.withLock { state -> (Bool, ConnectionClock?) in
             state.ended = true
-            return Self.takeWaiting(&state)
+            return (Self.takeWaiting(&state), state.closed ? state.clock : nil)
         }
+        // The body is in: the deadline `close` armed for it no longer applies to the answer.
+        drained?.requestArrived()
         if wake { onAvailable.withLock { $0 }?() }
     }
 

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 
 import pytest
@@ -365,6 +366,34 @@ def test_unreachable_and_slow_targets_give_502_and_504(resource):
         assert status == 502 and json.loads(body)["error"] == "upstream_unreachable"
         status, _, body = broker.request("GET", "/proxy/slow/slow?seconds=3")
         assert status == 504 and json.loads(body)["error"] == "upstream_timeout"
+        assert broker.request("GET", "/healthz", listener="admin")[0] == 200
+
+
+def test_a_body_that_trickles_in_after_the_exchange_ended_is_cut_off(resource):
+    """The exchange times out while the client is still sending its body a byte at a time. The
+    answer can go only once the body is in, and the rest must arrive within connectionTimeoutSec:
+    the connection was held for as long as the client kept sending."""
+    config = {"connectionTimeoutSec": 2,
+              "proxies": [{"name": "slow", "target": resource.base + "/api", "timeoutMsec": 500}]}
+    with Broker(config) as broker:
+        resource.admin("/admin/config", {"jwks": broker.url("/.well-known/jwks.json"), "cookie": None, "header": None})
+        host, port = broker._split("token")
+        closed = False
+        with socket.create_connection((host, port), timeout=5) as connection:
+            connection.sendall(b"POST /proxy/slow/echo/x HTTP/1.1\r\nHost: b\r\nToken-Broker-Request: true\r\n"
+                               b"Content-Length: 1000000\r\n\r\n")
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not closed:
+                try:
+                    connection.sendall(b"x")
+                    connection.settimeout(0.5)
+                    closed = connection.recv(65536) == b""
+                except socket.timeout:
+                    pass
+                except (BrokenPipeError, ConnectionResetError):
+                    closed = True
+        assert closed, "the broker kept the connection for a minute of trickling"
+        assert wait_until(lambda: broker.metric("token_broker_open_connections", listener="token") == 0)
         assert broker.request("GET", "/healthz", listener="admin")[0] == 200
 
 
