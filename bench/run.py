@@ -555,7 +555,7 @@ def compat_config(work):
         {"name": "vault", "perRequest": ["scope"], "allowedScopes": ["https://vault.azure.net/.default"]},
     ], "compat": {
         "gce": {"provider": "gcp", "identityProvider": "gcp-id", "projectId": "bench", "serviceAccountEmail": "b@bench.example"},
-        "azure": {"identities": [{"provider": "vault"}], "identityHeaderFile": header_file},
+        "azure": {"identities": [{"provider": "vault"}], "identityHeaderFile": header_file, "imds": True},
     }}
     return config
 

@@ -32,7 +32,9 @@ extension Broker {
     }
 
     /// What to warn about: the protocols served on the token listener while callers have keys
-    /// (the SDKs cannot send one, so these routes bypass them), and `lifetimeWarnings`.
+    /// (the SDKs cannot send one, so these routes bypass them), IMDS served beside App Service's
+    /// secret (`imds: true` with `identityHeaderFile`: the same tokens without the secret), and
+    /// `lifetimeWarnings`.
     static func compatWarnings(_ configuration: BrokerConfiguration) -> [String] {
         let compat = configuration.compat
         let shared = [("gce", compat.gce?.listen), ("azure", compat.azure?.listen)].filter { name, listen in
@@ -45,6 +47,12 @@ extension Broker {
                     + " served on the token listener, where the caller keys (clientKeysFile) do not apply to"
                     + " their routes: any client of the listener can read their templates' tokens; give each a"
                     + " listen address of its own")
+        }
+        if let azure = compat.azure, azure.identityHeaderFile != nil, azure.servesIMDS {
+            warnings.append(
+                "compat.azure.imds is true beside an identityHeaderFile: IMDS's route, which has no secret,"
+                    + " serves the same identities' tokens as App Service's to any client of the listener"
+                    + " without the secret; set imds to false unless that is meant")
         }
         return warnings + lifetimeWarnings(configuration)
     }

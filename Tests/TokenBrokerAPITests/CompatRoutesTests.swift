@@ -76,7 +76,7 @@ private let secret = "app-service-secret"
         let azure = AzureConfiguration(
             identities: [
                 .init(provider: "vault"), .init(provider: "storage", clientId: "client-2", objectId: "object-2"),
-            ], identityHeaderFile: "header")
+            ], identityHeaderFile: "header", imds: true)
         api = CompatAPI(
             gce: gce, azure: azure, identityHeader: Array(secret.utf8), templates: templates, maxWait: .seconds(30),
             listener: "token", metrics: BrokerMetrics(version: "test"))
@@ -265,6 +265,29 @@ private let secret = "app-service-secret"
             gce: nil, azure: AzureConfiguration(identities: [.init(provider: "vault")]), identityHeader: nil,
             templates: templates, maxWait: .seconds(1), listener: "token", metrics: BrokerMetrics(version: "test"))
         #expect(!api.serves("/msi/token") && api.serves("/metadata/identity/oauth2/token") && !api.serves("/"))
+    }
+
+    @Test func imdsIsNotServedBesideAppServicesSecretUnlessAskedFor() async {
+        func api(_ azure: AzureConfiguration) -> CompatAPI<TokenProvider<ContinuousClock>> {
+            CompatAPI(
+                gce: nil, azure: azure, identityHeader: Array(secret.utf8), templates: templates,
+                maxWait: .seconds(30), listener: "token", metrics: BrokerMetrics(version: "test"))
+        }
+        let query = [("api-version", "2018-02-01"), ("resource", "https://vault.azure.net")]
+        // With the secret, IMDS (which has none) is not served: 404, and nothing is fetched.
+        let secured = api(AzureConfiguration(identities: [.init(provider: "vault")], identityHeaderFile: "header"))
+        #expect(!secured.serves("/metadata/identity/oauth2/token") && secured.serves("/msi/token"))
+        let refused = secured.handle(imds(query)).immediate
+        #expect(refused?.status == 404 && refused?.errorCode == "not_found")
+        #expect(shared.count == 0)
+        // Asked for (`imds: true`), it is served beside App Service's route.
+        let both = api(
+            AzureConfiguration(identities: [.init(provider: "vault")], identityHeaderFile: "header", imds: true))
+        #expect(both.serves("/metadata/identity/oauth2/token") && both.serves("/msi/token"))
+        await running(templates) {
+            let token = await answer(both.handle(imds(query)))
+            #expect(token?.status == 200 && token?.string("resource") == "https://vault.azure.net")
+        }
     }
 
     // MARK: - The SDKs' expiry margins

@@ -35,6 +35,10 @@ import TokenBrokerCore
         #expect(azure.identities.map(\.isSystemAssigned) == [true, false])
         #expect(azure.identities[1].clientId == "c-2" && azure.identities[1].resourceId == "/sub/x")
         #expect(azure.listen?.description == "127.0.0.1:8082")
+        // With App Service's secret, IMDS (which has none) is served only when asked for.
+        #expect(!azure.servesIMDS)
+        #expect(AzureConfiguration(identities: azure.identities).servesIMDS)
+        #expect(AzureConfiguration(identities: azure.identities, identityHeaderFile: "h", imds: true).servesIMDS)
         var resolved = configuration
         resolved.resolvePaths(relativeTo: "/etc/tb")
         #expect(resolved.compat.azure?.identityHeaderFile == "/etc/tb/header")
@@ -88,6 +92,14 @@ import TokenBrokerCore
         (
             #"{"azure": {"identities": [{"provider": "storage"}], "listen": "127.0.0.1:8080"}}"#,
             "compat.azure.listen: 127.0.0.1:8080 is also listen"
+        ),
+        (
+            #"{"azure": {"identities": [{"provider": "storage"}], "imds": false}}"#,
+            "compat.azure.imds: is false and there is no identityHeaderFile"
+        ),
+        (
+            #"{"azure": {"identities": [{"provider": "storage"}], "imds": "yes"}}"#,
+            "compat.azure.imds: must be true or false"
         ),
     ])
     func mistakesNameTheKey(compat: String, problem: String) {

@@ -102,6 +102,9 @@ def compat_config(issuer, tmp_key, header_file, gce=None, azure=None, id_lifetim
     - `azure`: the OAuth server, a child per resource (the system-assigned identity);
     - `azure-user`: the local signer, a child per scope set (a user-assigned identity), so that a
       resource reaches it as the scope `R/.default`.
+
+    With `header_file` (None: none), App Service's route is served, and IMDS's only with
+    `azure={"imds": True}`.
     """
     key = tmp_key("ec")
     return {
@@ -118,7 +121,7 @@ def compat_config(issuer, tmp_key, header_file, gce=None, azure=None, id_lifetim
             "azure": {"identities": [{"provider": "azure"},
                                      {"provider": "azure-user", "clientId": USER_CLIENT_ID, "objectId": USER_OBJECT_ID,
                                       "resourceId": USER_RESOURCE_ID}],
-                      "identityHeaderFile": header_file, **(azure or {})},
+                      **({"identityHeaderFile": header_file} if header_file else {}), **(azure or {})},
         },
         **top,
     }
@@ -341,8 +344,9 @@ def test_azure_managed_identity_in_app_service_mode_gets_the_broker_s_token_and_
         assert type(document["expires_on"]) is int and document["expires_on"] == epoch(child["expires_at"]), document
 
 
-def test_azure_managed_identity_in_imds_mode_gets_the_broker_s_token_and_expiry(issuer, tmp_key, identity_header):
-    with Broker(compat_config(issuer, tmp_key, identity_header[1])) as broker:
+def test_azure_managed_identity_in_imds_mode_gets_the_broker_s_token_and_expiry(issuer, tmp_key):
+    # IMDS as deployed: no identityHeaderFile, so IMDS is served by default.
+    with Broker(compat_config(issuer, tmp_key, None)) as broker:
         address = broker.addresses["token"]
         started = time.time()
         out = imds_sdk(address)
@@ -358,6 +362,31 @@ def test_azure_managed_identity_in_imds_mode_gets_the_broker_s_token_and_expiry(
         assert document["token_type"] == "Bearer"
         assert type(document["expires_in"]) is int and 0 < document["expires_in"] <= LIFETIME, document
         assert type(document["expires_on"]) is int and document["expires_on"] == epoch(child["expires_at"]), document
+
+
+def test_azure_imds_is_not_served_beside_app_service_s_secret_unless_asked_for(issuer, tmp_key, identity_header, tmp_path):
+    """IMDS has no secret: served beside App Service's route, `Metadata: true` alone would get the
+    tokens the secret guards. With `identityHeaderFile`, IMDS is 404 unless `imds` is true, and
+    then `--check-config` warns."""
+    secret, header_file = identity_header
+    with Broker(compat_config(issuer, tmp_key, header_file)) as broker:
+        address = broker.addresses["token"]
+        started = time.time()
+        status, _, body = call(address, imds(), headers={"Metadata": "true"})
+        assert status == 404 and json.loads(body)["error"] == "not_found", (status, body)
+        out = imds_sdk(address)
+        assert "token" not in out and out.get("error"), out
+        assert issuer.token_requests(since=started) == [], "nothing is fetched for a route not served"
+        assert azure(address, msi(), headers={"X-IDENTITY-HEADER": secret})["access_token"]
+    config = compat_config(issuer, tmp_key, header_file, azure={"imds": True})
+    with Broker(config) as broker:
+        address = broker.addresses["token"]
+        assert azure(address, imds(), headers={"Metadata": "true"})["access_token"]
+    result = run_broker("--check-config", "--config", write_config(tmp_path, config))
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if " level=warn " in line]
+    assert any("compat.azure.imds" in line and "identityHeaderFile" in line for line in warnings), result.stderr
+    assert secret not in result.stderr
 
 
 def test_azure_a_wrong_identity_header_fails(issuer, tmp_key, identity_header):
@@ -395,7 +424,7 @@ def test_azure_the_identity_header_is_compared_as_the_bytes_sent(issuer, tmp_key
 
 def test_azure_a_user_assigned_identity_by_client_id_works_and_an_unknown_one_fails(issuer, tmp_key, identity_header):
     secret, header_file = identity_header
-    with Broker(compat_config(issuer, tmp_key, header_file)) as broker:
+    with Broker(compat_config(issuer, tmp_key, header_file, azure={"imds": True})) as broker:
         address = broker.addresses["token"]
         verify = verifier(address)
         for out in (app_service_sdk(address, secret, client_id=USER_CLIENT_ID), imds_sdk(address, client_id=USER_CLIENT_ID)):
@@ -499,7 +528,7 @@ def test_every_gce_answer_carries_metadata_flavor_and_a_content_type_and_errors_
 
 def test_repeated_compat_requests_are_served_from_one_fetch_per_child(issuer, tmp_key, identity_header):
     secret, header_file = identity_header
-    with Broker(compat_config(issuer, tmp_key, header_file)) as broker:
+    with Broker(compat_config(issuer, tmp_key, header_file, azure={"imds": True})) as broker:
         address = broker.addresses["token"]
         started = time.time()
         google_tokens = {json.loads(google(address, f"{ACCOUNT}/default/token?scopes=write")[1])["access_token"]
@@ -518,7 +547,7 @@ def test_azure_refusals_have_their_statuses_in_azure_s_error_shape_and_never_fet
     secret, header_file = identity_header
     header = {"X-IDENTITY-HEADER": secret}
     metadata = {"Metadata": "true"}
-    with Broker(compat_config(issuer, tmp_key, header_file)) as broker:
+    with Broker(compat_config(issuer, tmp_key, header_file, azure={"imds": True})) as broker:
         address = broker.addresses["token"]
         started = time.time()
         for path, headers, expect, code in [
@@ -560,7 +589,7 @@ def test_azure_refusals_have_their_statuses_in_azure_s_error_shape_and_never_fet
                    for names in ({"client_id": USER_CLIENT_ID}, {"object_id": USER_OBJECT_ID}, {"msi_res_id": USER_RESOURCE_ID})}
         assert len(tokens) == 1, tokens
     # No system-assigned entry: a request naming no identity has none.
-    config = compat_config(issuer, tmp_key, header_file)
+    config = compat_config(issuer, tmp_key, header_file, azure={"imds": True})
     config["compat"]["azure"]["identities"] = config["compat"]["azure"]["identities"][1:]
     with Broker(config) as broker:
         address = broker.addresses["token"]
@@ -581,7 +610,7 @@ def test_caller_keys_and_the_request_guard_do_not_apply_to_the_compatibility_rou
     key = "caller-" + secrets.token_hex(16)
     keys = tmp_path / "callers.json"
     keys.write_text(json.dumps({"keys": [{"name": "app", "sha256": sha256(key), "providers": ["*"]}]}))
-    with Broker(compat_config(issuer, tmp_key, header_file, clientKeysFile=str(keys))) as broker:
+    with Broker(compat_config(issuer, tmp_key, header_file, azure={"imds": True}, clientKeysFile=str(keys))) as broker:
         address = broker.addresses["token"]
         status, _, body = broker.request("GET", "/providers/gcp/token?scope=read")
         assert status == 401 and json.loads(body)["error"] == "missing_caller_key", "the token routes want a key"
@@ -598,7 +627,7 @@ def test_caller_keys_and_the_request_guard_do_not_apply_to_the_compatibility_rou
 
 def test_each_protocol_can_have_a_listener_of_its_own(issuer, tmp_key, identity_header):
     secret, header_file = identity_header
-    config = compat_config(issuer, tmp_key, header_file, gce={"listen": "127.0.0.1:0"}, azure={"listen": "127.0.0.1:0"})
+    config = compat_config(issuer, tmp_key, header_file, gce={"listen": "127.0.0.1:0"}, azure={"listen": "127.0.0.1:0", "imds": True})
     with Broker(config) as broker:
         gce_address, azure_address = listener_address(broker, "gce"), listener_address(broker, "azure")
         token_address = broker.addresses["token"]
@@ -687,6 +716,9 @@ BAD_CONFIGURATIONS = {
     "unknown identity key": (lambda c: c["compat"]["azure"]["identities"][1].update(color="blue"), "color"),
     "identity provider takes neither resource nor scope": (
         lambda c: c["compat"]["azure"]["identities"][1].update(provider="gcp-id"), "provider"),
+    "imds not a boolean": (lambda c: c["compat"]["azure"].update(imds="yes"), "imds"),
+    "imds false without identityHeaderFile": (
+        lambda c: (c["compat"]["azure"].pop("identityHeaderFile"), c["compat"]["azure"].update(imds=False)), "imds"),
 }
 
 

@@ -64,4 +64,12 @@ import TokenBrokerTestSupport
         settings.compat.gce?.listen = try ListenAddress(parsing: "127.0.0.1:8081")
         #expect(Broker.compatWarnings(settings).first?.hasPrefix("compat.azure served on the token listener") == true)
     }
+
+    @Test func imdsServedBesideAppServicesSecretIsWarnedAbout() throws {
+        var settings = try served(lifetime: 900, headerFile: "header")
+        #expect(Broker.compatWarnings(settings).isEmpty)
+        settings.compat.azure?.imds = true
+        let warnings = Broker.compatWarnings(settings)
+        #expect(warnings.count == 1 && warnings[0].hasPrefix("compat.azure.imds is true beside an identityHeaderFile"))
+    }
 }

@@ -9,6 +9,10 @@ import TokenBrokerServer
 /// | `GET /msi/token?api-version=2019-08-01&resource=R` | App Service (`IDENTITY_ENDPOINT`, `IDENTITY_HEADER`) | `X-IDENTITY-HEADER`: the secret, else 401 | `access_token`, `expires_on`, `resource`, `token_type` |
 /// | `GET /metadata/identity/oauth2/token?api-version=2018-02-01&resource=R` | IMDS (`AZURE_POD_IDENTITY_AUTHORITY_HOST`) | `Metadata: true`, else 400 | the same and `expires_in` |
 ///
+/// App Service's route is served with `identityHeaderFile`; IMDS's when `servesIMDS` says so (by
+/// default only without `identityHeaderFile`: IMDS has no secret, and beside App Service's route
+/// it would hand the same tokens to a client without it).
+///
 /// `client_id`, `object_id` (or `principal_id`), `mi_res_id` or `msi_res_id` name a
 /// user-assigned identity; none, the system-assigned one. An identity not configured is a 400,
 /// never a 404, which msal retries. `R` goes to the identity's template's child as `resource`,
@@ -36,6 +40,8 @@ extension CompatAPI {
         let identities: [Identity]
         /// App Service's secret; nil: `/msi/token` is not served.
         let identityHeader: [UInt8]?
+        /// Whether `/metadata/identity/oauth2/token` is served (`AzureConfiguration.servesIMDS`).
+        let servesIMDS: Bool
         /// How each protocol renders its answers (`azureRendering`), by identity, in `identities`' order.
         let appServiceRenderings: [Rendering]
         let imdsRenderings: [Rendering]
@@ -54,6 +60,7 @@ extension CompatAPI {
         ) {
             self.identities = identities.map { Identity(settings: $0.0, source: $0.1) }
             self.identityHeader = settings.identityHeaderFile == nil ? nil : identityHeader
+            servesIMDS = settings.servesIMDS
             let delays = identities.map { $0.1.configuration.tokenRefreshDelaySec }
             appServiceRenderings = delays.map { CompatAPI.azureRendering(appService: true, tokenDelay: $0) }
             imdsRenderings = delays.map { CompatAPI.azureRendering(appService: false, tokenDelay: $0) }
@@ -64,10 +71,12 @@ extension CompatAPI {
         func serves(_ path: String) -> Bool {
             // Byte for byte first, as SDKs send the paths; `String`'s `==` (canonical
             // equivalence) answers for any other path, as it always has.
-            if path.isExactly(Self.imdsPath) || (identityHeader != nil && path.isExactly(Self.appServicePath)) {
+            if (servesIMDS && path.isExactly(Self.imdsPath))
+                || (identityHeader != nil && path.isExactly(Self.appServicePath))
+            {
                 return true
             }
-            return path == Self.imdsPath || (identityHeader != nil && path == Self.appServicePath)
+            return (servesIMDS && path == Self.imdsPath) || (identityHeader != nil && path == Self.appServicePath)
         }
 
         /// Whether `path` (one `serves` accepted) is App Service's: `path == appServicePath`,

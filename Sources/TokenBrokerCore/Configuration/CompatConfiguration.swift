@@ -55,7 +55,9 @@ public struct GCEConfiguration: Sendable, Equatable {
 }
 
 /// Azure managed identity's token routes: App Service's (`/msi/token`, 2019-08-01) when
-/// `identityHeaderFile` is set, and IMDS's (`/metadata/identity/oauth2/token`, 2018-02-01).
+/// `identityHeaderFile` is set, and IMDS's (`/metadata/identity/oauth2/token`, 2018-02-01) when
+/// `servesIMDS`: by default only without `identityHeaderFile`, since IMDS has no secret and
+/// serves the same identities' tokens.
 public struct AzureConfiguration: Sendable, Equatable {
     /// One managed identity: the template that makes its tokens and the ids a request names it by.
     public struct Identity: Sendable, Equatable {
@@ -84,13 +86,21 @@ public struct AzureConfiguration: Sendable, Equatable {
     /// The file holding App Service's shared secret (`IDENTITY_HEADER`); nil: App Service's
     /// route is not served. Read at start; a trailing newline is not part of it.
     public var identityHeaderFile: String?
+    /// Whether IMDS's route is served (`imds`); nil: only when `identityHeaderFile` is not set
+    /// (`servesIMDS`). IMDS has no secret: served beside App Service's route, it hands the same
+    /// tokens to any client of the listener without the secret, so that takes `true` here.
+    public var imds: Bool?
     /// A listener of its own; nil: served on the token listener.
     public var listen: ListenAddress?
 
-    public init(identities: [Identity], identityHeaderFile: String? = nil) {
+    public init(identities: [Identity], identityHeaderFile: String? = nil, imds: Bool? = nil) {
         self.identities = identities
         self.identityHeaderFile = identityHeaderFile
+        self.imds = imds
     }
+
+    /// Whether IMDS's route is served: `imds` when set; else only without App Service's secret.
+    public var servesIMDS: Bool { imds ?? (identityHeaderFile == nil) }
 }
 
 extension CompatConfiguration {
@@ -210,6 +220,13 @@ extension AzureConfiguration {
                 throw ConfigurationError(key: reader.keyPath("identityHeaderFile"), "must be a file path")
             }
             identityHeaderFile = path
+        }
+        imds = try reader.bool("imds", default: identityHeaderFile == nil)
+        guard servesIMDS || identityHeaderFile != nil else {
+            throw ConfigurationError(
+                key: reader.keyPath("imds"),
+                "is false and there is no identityHeaderFile, so no route would be served; allowed: true, or"
+                    + " an identityHeaderFile for App Service's route")
         }
         listen = try CompatText.listen(&reader)
         try reader.finish()
