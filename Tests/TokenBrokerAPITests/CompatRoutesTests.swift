@@ -434,6 +434,28 @@ private let secret = "app-service-secret"
         #expect(tokens.handle(request("/providers/gcp/token", query: [("scope", "read")])).immediate?.status == 503)
     }
 
+    @Test func aChildPausedWhileIdleWhoseTokenExpiredWaitsForTheFetchItsReadRestarted() {
+        // The read found the child paused with no valid token, and resumed it: the request
+        // waits for the new token, as a new child's first request does, rather than get a 503.
+        let template = OneChildTemplate(perRequest: [.scope])
+        template.child.state.withLock { $0.read = .unavailable(wasPaused: true, awaitingFirstToken: false) }
+        let asked = ContinuousClock.now
+        let waiting = RecordingResponder()
+        #expect(marginAPI(template).handle(gce(accounts + "/default/token", [("scopes", "read")])).start(waiting))
+        let waiter = template.child.onlyWaiter?.waiter
+        #expect(waiter?.after == nil && waiter?.onDemand == false)
+        #expect(waiter.map { $0.deadline <= asked.advanced(by: .seconds(31)) } == true)
+        template.child.completeWaiters(
+            .token(FakeProvider.token("resumed", version: 7, lifetime: .seconds(3600)), stale: false))
+        #expect(waiting.responses.first?.status == 200)
+        #expect(waiting.responses.first?.string("access_token") == "resumed")
+        // The wait ends without a token (the issuer failed until maxWait): 503, as for a new child.
+        let failing = RecordingResponder()
+        #expect(marginAPI(template).handle(gce(accounts + "/default/token", [("scopes", "read")])).start(failing))
+        template.child.completeWaiters(.timedOut(current: nil, lastError: nil))
+        #expect(failing.responses.first?.status == 503 && failing.responses.first?.errorCode == "token_unavailable")
+    }
+
     // MARK: - On the token listener
 
     @Test func theTokenListenerHandsTheProtocolsPathsOverWithoutItsGuards() async {

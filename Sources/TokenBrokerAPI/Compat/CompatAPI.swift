@@ -148,7 +148,8 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
 
     /// The answer with the token of `found`, the child of `source` for the request's checked
     /// values: at once when the child holds one the SDK will not treat as expired; else after the
-    /// child's first fetch (a new child, waited for at most `maxWait`), or after one forced
+    /// child's first fetch (a new child) or the fetch its read restarted (a child paused while
+    /// idle, whose token expired), waited for at most `maxWait`, or after one forced
     /// refresh (a token inside the SDK's margin, when a fresher one can be had: once per token
     /// version, waited for at most `marginWait`, then the token held is served). Refused: no
     /// child (no room for another, or the template stopped), no valid token.
@@ -192,8 +193,11 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
                     answering, counter)
             }
         case .unavailable(let wasPaused, let awaitingFirstToken):
-            // A first token that comes just after the read completes the waiter at once.
-            if awaitingFirstToken {
+            // A first token that comes just after the read completes the waiter at once. A child
+            // paused while idle, whose token expired meanwhile, was resumed by this read, which
+            // started its fetch: the request waits for that token as for a first one, since the
+            // SDKs cannot wait at `/token/ready` and would only retry with backoff.
+            if awaitingFirstToken || wasPaused {
                 return wait(child, after: nil, timeout: maxWait, onDemand: false, answering, counter)
             }
             let status = child.status()
