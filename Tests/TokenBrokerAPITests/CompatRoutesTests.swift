@@ -333,6 +333,29 @@ private let secret = "app-service-secret"
         }
     }
 
+    @Test(arguments: [(false, 225), (true, 300)])
+    func aTokenShowingExactlyTheMarginIsRefreshedSinceItsSecondsAreRoundedUp(azure: Bool, margin: Int) {
+        // `secondsLeft` is rounded up: 225 means 224.x s left, which google-auth treats as
+        // expired (at most 225 s left), and 300 means 299.x s, which msal does (under 300 s).
+        let template = OneChildTemplate(perRequest: [.scope, .resource])
+        let old = FakeProvider.token("old", version: 4, lifetime: .seconds(3600))
+        template.child.state.withLock { $0.read = .token(old, stale: false, secondsLeft: margin) }
+        let api = CompatAPI(
+            gce: GCEConfiguration(provider: "gcp", projectId: "p", serviceAccountEmail: "a@p"),
+            azure: AzureConfiguration(identities: [.init(provider: "gcp")]), identityHeader: nil,
+            templates: [template], maxWait: .seconds(30), listener: "token", metrics: BrokerMetrics(version: "test"))
+        let request =
+            azure
+            ? imds([("api-version", "2018-02-01"), ("resource", "read")])
+            : gce(accounts + "/default/token", [("scopes", "read")])
+        let responder = RecordingResponder()
+        #expect(api.handle(request).start(responder))
+        #expect(template.child.state.withLock { $0.refreshes } == [4])
+        template.child.completeWaiters(
+            .token(FakeProvider.token("new", version: 5, lifetime: .seconds(3600)), stale: false))
+        #expect(responder.responses.first?.string("access_token") == "new")
+    }
+
     @Test func aMarginRefreshIsForcedOncePerVersionAndWaitedForAFewSecondsAtMost() {
         let template = OneChildTemplate(perRequest: [.scope])
         let api = marginAPI(template)

@@ -243,10 +243,14 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
     }
 
     /// Whether the SDK would treat `token` as expired although a fresher one could be had: it
-    /// has less than the margin left, and a new token would have more (its lifetime is longer).
+    /// has no more than the margin left, and a new token would have more (its lifetime is longer).
+    ///
+    /// `secondsLeft` is rounded up (`CachedToken.secondsLeft(at:)`): a token showing exactly the
+    /// margin has less than it left, which google-auth (at most 225 s left) and msal (under
+    /// 300 s) both treat as expired; hence `<=`.
     static func insideMargin(_ token: CachedToken<Provider.Instant>, secondsLeft: Int?, margin: Duration) -> Bool {
         guard let secondsLeft, let lifetime = token.token.lifetime else { return false }
-        return .seconds(secondsLeft) < margin && lifetime > margin
+        return .seconds(secondsLeft) <= margin && lifetime > margin
     }
 
     /// Suspends the request until the child has a token newer than `after` (any, for nil), or
