@@ -22,13 +22,26 @@ extension Broker {
     }
 
     /// App Service's secret from `compat.azure.identityHeaderFile`, read once; nil when none is configured.
+    ///
+    /// The secret must be visible ASCII (0x21–0x7E) throughout, as a client can send it: HTTP
+    /// strips surrounding blanks (and azure-identity refuses to send them), Python sends a header
+    /// as Latin-1, and the broker refuses control characters in headers. The error does not
+    /// quote the secret.
     static func readIdentityHeader(_ configuration: BrokerConfiguration) throws(ConfigurationError) -> [UInt8]? {
         guard let path = configuration.compat.azure?.identityHeaderFile else { return nil }
+        let secret: [UInt8]
         do {
-            return Array(try SecretFile.readLine(path).utf8)
+            secret = Array(try SecretFile.readLine(path).utf8)
         } catch {
             throw ConfigurationError(key: "compat.azure.identityHeaderFile", error.detail)
         }
+        guard secret.allSatisfy({ (0x21...0x7E).contains($0) }) else {
+            throw ConfigurationError(
+                key: "compat.azure.identityHeaderFile",
+                "\(path) must hold visible ASCII characters only (0x21–0x7E: no spaces, tabs, control"
+                    + " characters or characters beyond ASCII), which is what a client can send as X-IDENTITY-HEADER")
+        }
+        return secret
     }
 
     /// What to warn about: the protocols served on the token listener while callers have keys

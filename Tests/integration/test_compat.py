@@ -400,26 +400,38 @@ def test_azure_a_wrong_identity_header_fails(issuer, tmp_key, identity_header):
 
 
 def test_azure_the_identity_header_is_compared_as_the_bytes_sent(issuer, tmp_key, tmp_path):
-    """A secret beyond ASCII is matched by its own UTF-8 alone. HTTP lets a header value carry
-    bytes that are not UTF-8 (obs-text); one read as text, with each bad byte made U+FFFD, would
-    let a single byte 0xFF stand for the secret's U+FFFD (three bytes)."""
-    secret = secrets.token_urlsafe(24) + "\ufffd\u00e9"
+    """The secret is matched by its own bytes alone. HTTP lets a header value carry bytes that are
+    not ASCII (obs-text); the secret's bytes followed by such a byte, or with its last character
+    replaced by one, are not the secret."""
+    secret = secrets.token_urlsafe(24)
     header_file = tmp_path / "identity-header"
     header_file.write_bytes(secret.encode() + b"\n")
     header_file.chmod(0o600)
-    stem = secret[:-2].encode()  # the secret before its last two characters
     with Broker(compat_config(issuer, tmp_key, str(header_file))) as broker:
         address = broker.addresses["token"]
         started = time.time()
         for sent in (
-            stem + b"\xff" + "\u00e9".encode(),  # 0xFF in the place of U+FFFD
-            stem + b"\xef\xbf\xbd\xe9",  # é in Latin-1
-            stem + b"\xef\xbf\xbd",  # the secret cut short by a character
+            secret.encode() + b"\xff",  # a byte beyond ASCII after the secret
+            secret[:-1].encode() + b"\xe9",  # the last character replaced by é in Latin-1
+            secret[:-1].encode(),  # the secret cut short by a character
         ):
             document = azure(address, msi(), expect=401, headers={"X-IDENTITY-HEADER": sent})
             assert document.get("statusCode") == 401, (sent, document)
         assert issuer.token_requests(since=started) == [], "no refused request reaches the issuer"
         assert azure(address, msi(), headers={"X-IDENTITY-HEADER": secret.encode()})["access_token"]
+
+
+@pytest.mark.parametrize("secret", [" padded-secret", "padded-secret ", "inner space", "tab\tsecret",
+                                    "s\u00e9cret-beyond-ascii", "bell\x07secret"])
+def test_an_identity_header_no_client_can_send_is_refused_at_start_without_printing_it(issuer, tmp_key, tmp_path, secret):
+    header_file = tmp_path / "identity-header"
+    header_file.write_bytes(secret.encode() + b"\n")
+    header_file.chmod(0o600)
+    config = compat_config(issuer, tmp_key, str(header_file))
+    result = run_broker("--check-config", "--config", write_config(tmp_path, config))
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "identityHeaderFile" in result.stderr and "visible ASCII" in result.stderr, result.stderr
+    assert secret.strip() not in result.stderr and secret.strip() not in result.stdout
 
 
 def test_azure_a_user_assigned_identity_by_client_id_works_and_an_unknown_one_fails(issuer, tmp_key, identity_header):

@@ -54,6 +54,20 @@ import TokenBrokerTestSupport
         #expect(try Broker.readIdentityHeader(try served(lifetime: 900)) == nil)
     }
 
+    @Test(arguments: [" s3cret", "s3cret ", "s3 cret", "s3\tcret", "s\u{E9}cret", "s3cr\u{7F}t"])
+    func anIdentityHeaderNoClientCanSendIsRefusedWithoutPrintingIt(secret: String) throws {
+        // HTTP strips surrounding blanks, azure-identity refuses them, Python sends latin-1, and
+        // the broker refuses control characters in headers: only visible ASCII can be sent.
+        let directory = try TemporaryDirectory()
+        let path = try directory.write("header", secret + "\n")
+        let error = #expect(throws: ConfigurationError.self) {
+            try Broker.readIdentityHeader(try served(lifetime: 900, headerFile: path))
+        }
+        #expect(error?.key == "compat.azure.identityHeaderFile")
+        #expect(error?.message.contains("visible ASCII") == true)
+        #expect(error?.message.contains(secret) == false && error?.message.contains("cret") == false)
+    }
+
     @Test func protocolsOnTheTokenListenerWhileCallersHaveKeysAreWarnedAbout() throws {
         var settings = try served(lifetime: 900)
         #expect(Broker.compatWarnings(settings).isEmpty)
