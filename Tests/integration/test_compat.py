@@ -30,6 +30,7 @@ import json
 import os
 import re
 import secrets
+import socket
 import subprocess
 import sys
 import tempfile
@@ -536,6 +537,38 @@ def test_every_gce_answer_carries_metadata_flavor_and_a_content_type_and_errors_
             google(address, path, expect=404)
         out = google_sdk(address, scopes=["read"])
         assert "error" not in out and out["universe_domain"] == "googleapis.com", out
+
+
+def raw_status_and_headers(address, request):
+    """Sends `request` (bytes) as it is and reads the answer's status and headers (lower-case names)."""
+    host, _, port = address.rpartition(":")
+    with socket.create_connection((host.strip("[]"), int(port)), timeout=30) as connection:
+        connection.sendall(request)
+        received = b""
+        while b"\r\n\r\n" not in received:
+            chunk = connection.recv(65536)
+            if not chunk:
+                break
+            received += chunk
+    head = received.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+    headers = {}
+    for line in head[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return int(head[0].split()[1]), headers
+
+
+def test_a_head_refused_before_routing_carries_metadata_flavor_only_on_a_listener_of_its_own(issuer, tmp_key, identity_header):
+    """The server refuses an ambiguous head (two `Host` headers) before any route sees the path:
+    on the token listener it cannot tell a metadata request, and answers as the broker does; on
+    `compat.gce.listen` every answer is the metadata server's, this one too (README: the routes)."""
+    request = (f"GET {ACCOUNT}/default/token HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: 127.0.0.2\r\n"
+               "Metadata-Flavor: Google\r\n\r\n").encode()
+    with Broker(compat_config(issuer, tmp_key, identity_header[1], gce={"listen": "127.0.0.1:0"})) as broker:
+        status, headers = raw_status_and_headers(listener_address(broker, "gce"), request)
+        assert status == 400 and headers.get("metadata-flavor") == "Google", (status, headers)
+        status, headers = raw_status_and_headers(broker.addresses["token"], request)
+        assert status == 400 and "metadata-flavor" not in headers, (status, headers)
 
 
 def test_repeated_compat_requests_are_served_from_one_fetch_per_child(issuer, tmp_key, identity_header):
