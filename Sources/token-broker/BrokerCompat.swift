@@ -77,6 +77,12 @@ extension Broker {
     /// `RefreshSchedule` can pick for it (at most `tokenRefreshDelaySec`, 85 % of the lifetime,
     /// and the lifetime less a margin of a tenth of it, at most 30 s). Only the local signer's lifetime is
     /// known before its first token; an issuer's is not, and is not reported here.
+    ///
+    /// A template whose source sets no lifetime (a `file` without `lifetimeSec`, an `http`
+    /// source without `expiresInPointer`, `expiresAtPointer` or `defaultLifetimeSec`) may get
+    /// tokens without expiry, which the protocols advertise as expiring `tokenRefreshDelaySec`
+    /// after their issue (`CompatAPI.Answering.untilReplaced`): at or under the SDK's margin, the
+    /// SDK treats each as expired at once and asks again at every use; that is reported too.
     static func lifetimeWarnings(_ configuration: BrokerConfiguration) -> [String] {
         var served: [(provider: String, sdk: String, margin: Int)] = []
         if let gce = configuration.compat.gce {
@@ -89,9 +95,22 @@ extension Broker {
         var warnings: [String] = []
         var seen: Set<String> = []
         for (name, sdk, margin) in served where seen.insert(name + sdk).inserted {
-            guard let provider = configuration.providers.first(where: { $0.name == name }),
-                case .jwt(let signer) = provider.source
-            else { continue }
+            guard let provider = configuration.providers.first(where: { $0.name == name }) else { continue }
+            let signer: JWTSourceConfiguration
+            switch provider.source {
+            case .jwt(let settings): signer = settings
+            case let source where Self.mayHaveNoExpiry(source):
+                let delay = provider.tokenRefreshDelaySec
+                if delay <= margin {
+                    warnings.append(
+                        "provider \"\(name)\": its source sets no token lifetime, so a token without expiry is"
+                            + " advertised as expiring tokenRefreshDelaySec (\(delay) s) after its issue, no more than"
+                            + " the \(margin) s before expiry at which \(sdk) treats a token as expired: it asks again"
+                            + " at every use. Set the source's lifetime, or tokenRefreshDelaySec well above \(margin)")
+                }
+                continue
+            default: continue
+            }
             let lifetime = signer.lifetimeSec
             // The latest refresh point the schedule can pick: the top of its jittered band.
             let refreshAt = RefreshSchedule(refreshDelay: .seconds(provider.tokenRefreshDelaySec))
@@ -112,6 +131,16 @@ extension Broker {
             }
         }
         return warnings
+    }
+
+    /// Whether `source` sets no lifetime for a token that carries none (not a JWT with `exp`).
+    private static func mayHaveNoExpiry(_ source: SourceConfiguration) -> Bool {
+        switch source {
+        case .file(let settings): settings.lifetimeSec == nil
+        case .http(let settings):
+            settings.expiresInPointer == nil && settings.expiresAtPointer == nil && settings.defaultLifetimeSec == nil
+        case .jwt, .oauth2: false
+        }
     }
 
     /// The protocols' routes for the token listener (nil when none is served there), and the

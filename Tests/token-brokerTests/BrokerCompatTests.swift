@@ -43,6 +43,30 @@ import TokenBrokerTestSupport
         #expect(warnings.contains { $0.contains("msal") && $0.contains("live 240 s, no more than the 300 s") })
     }
 
+    @Test func aSourceThatSetsNoLifetimeIsWarnedAboutWhenItsRefreshDelayIsWithinAnSDKsMargin() throws {
+        // An http source without expiresInPointer, expiresAtPointer or defaultLifetimeSec: a token
+        // that is not a JWT has no expiry, and is advertised as expiring tokenRefreshDelaySec
+        // after its issue.
+        func served(refreshDelay: Int, lifetime: String = "") throws -> BrokerConfiguration {
+            try configuration(
+                """
+                {"providers": [{"name": "gcp", "perRequest": ["scope"], "allowedScopes": ["https://www.googleapis.com/auth/*"],
+                                "tokenRefreshDelaySec": \(refreshDelay),
+                                "source": {"type": "http", "url": "http://127.0.0.1:1/token?scope={{scope}}"\(lifetime)}}],
+                 "compat": {"gce": {"provider": "gcp", "projectId": "p", "serviceAccountEmail": "a@p"},
+                            "azure": {"identities": [{"provider": "gcp"}]}}}
+                """)
+        }
+        // The default 300 s: at msal's margin (never cached), above google-auth's.
+        let warnings = Broker.lifetimeWarnings(try served(refreshDelay: 300))
+        #expect(warnings.count == 1)
+        #expect(warnings.first?.contains("msal") == true && warnings.first?.contains("sets no token lifetime") == true)
+        #expect(Broker.lifetimeWarnings(try served(refreshDelay: 200)).count == 2)
+        #expect(Broker.lifetimeWarnings(try served(refreshDelay: 900)).isEmpty)
+        #expect(
+            Broker.lifetimeWarnings(try served(refreshDelay: 300, lifetime: #", "defaultLifetimeSec": 3600"#)).isEmpty)
+    }
+
     @Test func theIdentityHeaderIsReadWithoutItsLineBreakAndAnEmptyOneIsRefused() throws {
         let directory = try TemporaryDirectory()
         let path = try directory.write("header", "s3cret\n")
