@@ -26,8 +26,8 @@ public enum ServerRefusal: Sendable, Equatable {
     case stopping
     /// The answer to requests still waiting when the server stops.
     case stopped
-    /// The request's `Content-Length` says its body is larger than the server takes: answered
-    /// before the body is read (413), and the connection closes.
+    /// The request waits for `100 Continue` before a body larger than the server takes (its
+    /// `Content-Length` says so): answered instead (413), and the connection closes.
     case bodyTooLarge
     /// The client closed its side while its request waited suspended: the answer resumes the
     /// connection, and a client that only half-closed (`shutdown(SHUT_WR)`) still reads it.

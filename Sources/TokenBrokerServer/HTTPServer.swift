@@ -344,8 +344,8 @@ public final class HTTPServer: @unchecked Sendable {
     }
 
     /// A request's head is in: its connection is no longer one to close for room, and a head
-    /// `RequestHead` refuses is answered now (400, then the connection closes), as is one whose
-    /// `Content-Length` is over `bodyLimit` (413: its body is not read); nil when it may go on.
+    /// `RequestHead` refuses is answered now (400, then the connection closes), as is one that
+    /// waits for `100 Continue` before a body over `bodyLimit` (413); nil when it may go on.
     /// - Parameter bodyLimit: the most body the request may have; nil: its handler decides (`begin`).
     private func headArrived(
         _ connection: OpaquePointer, url: UnsafePointer<CChar>, method: UnsafePointer<CChar>,
@@ -353,16 +353,16 @@ public final class HTTPServer: @unchecked Sendable {
     ) -> MHD_Result? {
         let clock = Self.clock(of: connection)
         clock?.headArrived()
-        var contentLength: Int?
+        var awaitedBodyLength: Int?
         if let problem = RequestHead.problem(
             connection, url: url, method: method, version: version, targetLength: clock?.targetReadLength ?? -1,
-            contentLength: &contentLength)
+            awaitedBodyLength: &awaitedBodyLength)
         {
             return queue(handler.refusal(.malformedHead(problem)), on: connection, nil)
         }
-        // Answered before the body arrives, which libmicrohttpd then does not read: the
-        // connection closes after the answer.
-        if let bodyLimit, let contentLength, contentLength > bodyLimit {
+        // Answered instead of `100 Continue`: the client sends no body, and the connection
+        // closes after the answer. A body sent without waiting is read, then refused.
+        if let bodyLimit, let awaitedBodyLength, awaitedBodyLength > bodyLimit {
             return queue(handler.refusal(.bodyTooLarge), on: connection, nil)
         }
         return nil

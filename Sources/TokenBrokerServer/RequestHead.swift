@@ -32,11 +32,14 @@ enum RequestHead {
     /// - Parameters:
     ///   - targetLength: the target's length as `RequestTarget.measure` found it when the
     ///     request line was read (-1: none, or refused).
-    ///   - contentLength: set to the body's length as `Content-Length` gives it, for a sound head
-    ///     that has one.
+    ///   - awaitedBodyLength: set, for a sound head, to the body's length as `Content-Length`
+    ///     gives it when the client waits for `100 Continue` before sending the body
+    ///     (`Expect: 100-continue`): only such a body can be refused before it is sent without
+    ///     the refusal being lost (a client still sending when the connection closes may see
+    ///     the reset, not the answer).
     static func problem(
         _ connection: OpaquePointer, url: UnsafePointer<CChar>, method: UnsafePointer<CChar>,
-        version: UnsafePointer<CChar>, targetLength: Int, contentLength: inout Int?
+        version: UnsafePointer<CChar>, targetLength: Int, awaitedBodyLength: inout Int?
     ) -> String? {
         let size = CMicroHTTPD_request_header_size(connection)
         guard size > 0 else { return "the request head could not be read" }
@@ -60,7 +63,7 @@ enum RequestHead {
             return "the request head has a line that is not a header (obs-fold or malformed line)"
         }
         if let problem = scan.framingProblem(isHTTP10: strcmp(version, "HTTP/1.0") == 0) { return problem }
-        contentLength = scan.contentLength
+        awaitedBodyLength = scan.expectsContinue ? scan.contentLength : nil
         return nil
     }
 
@@ -75,6 +78,8 @@ enum RequestHead {
         var contentLengthValid = true
         /// The last `Content-Length`'s value, when it is digits only (at most 18: it fits).
         var contentLength: Int?
+        /// `Expect: 100-continue`: the body comes only after a go-ahead.
+        var expectsContinue = false
         var transferEncodings = 0
         var transferEncodingChunked = true
         var hosts = 0
@@ -143,6 +148,8 @@ enum RequestHead {
             } else if HTTPSyntax.equalsIgnoringCase(name, "transfer-encoding") {
                 transferEncodings += 1
                 transferEncodingChunked = transferEncodingChunked && HTTPSyntax.equalsIgnoringCase(value, "chunked")
+            } else if HTTPSyntax.equalsIgnoringCase(name, "expect") {
+                expectsContinue = HTTPSyntax.equalsIgnoringCase(value, "100-continue")
             } else if HTTPSyntax.equalsIgnoringCase(name, "host") {
                 hosts += 1
                 hostValid = hostValid && HTTPSyntax.isHost(value)

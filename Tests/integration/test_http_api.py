@@ -280,13 +280,13 @@ def test_an_oversized_refresh_body_gets_413(broker):
     assert status == 413 and json.loads(body)["error"] == "payload_too_large"
 
 
-def test_a_body_whose_content_length_is_over_the_cap_gets_413_before_it_is_sent(broker):
-    """The head says the body is too large: the answer comes at once, not after the body (which
-    a slow sender may take minutes over) or never."""
+def test_a_body_over_the_cap_that_awaits_continue_gets_413_instead(broker):
+    """The head says the body is too large, and the client waits for `100 Continue` before
+    sending it: the 413 comes instead, at once, where it came only after a body never sent."""
     host, port = broker.addresses["token"].rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=10) as connection:
         connection.sendall(b"POST /token/refresh HTTP/1.1\r\nHost: x\r\nToken-Broker-Request: true\r\n"
-                           b"Content-Length: 10000000\r\n\r\n{")
+                           b"Content-Length: 10000000\r\nExpect: 100-continue\r\n\r\n")
         received = b""
         while b"\r\n\r\n" not in received or not received.rstrip().endswith(b"}"):
             chunk = connection.recv(65536)
@@ -294,7 +294,7 @@ def test_a_body_whose_content_length_is_over_the_cap_gets_413_before_it_is_sent(
                 break
             received += chunk
     head, _, body = received.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 413 "), received
+    assert head.startswith(b"HTTP/1.1 413 "), received  # not 100 Continue
     assert json.loads(body)["error"] == "payload_too_large"
 
 
