@@ -108,18 +108,30 @@ extension Broker {
 
     /// The slot of a provider, or of a template's child for `values`, in `store`; nil for a
     /// provider whose tokens cannot outlive the process (`isStored`).
-    /// - Parameter signer: the provider's local signer, whose public key is part of the settings
-    ///   a record must have been made under.
+    /// - Parameter signer: the provider's local signer, whose key is part of the settings a record
+    ///   must have been made under.
     static func storeSlot(
         _ store: OpenedStore?, provider: ProviderConfiguration, signer: JWTSigner?,
         values: TokenRequestValues = .none
     ) -> StoreSlot? {
         guard let store, isStored(provider) else { return nil }
-        // The signer's public key itself, not only its key id, which a configuration may fix.
-        let identity = provider.source.storeIdentity + "\n" + (signer.map { JWTSigner.jwks([$0]) } ?? "")
         return StoreSlot(
             store: store.tokenStore, key: StoreSlot.key(provider: provider.name, values: values),
-            settings: (try? Fingerprint.sha256Hex(identity)) ?? identity)
+            settings: settingsDigest(provider.source, signer: signer))
+    }
+
+    /// The digest of the settings a provider's records are made under (`StoreSlot.settings`): its
+    /// source's `storeIdentity`, then its local signer's key, so that any key change, a rotated
+    /// HS256 secret included, refuses the records made under the old one.
+    ///
+    /// The key is named by its public JWK (ES256, RS256), not only by its key id, which a
+    /// configuration may fix. An HS256 secret has no public JWK (its JWKS is empty): it is named
+    /// by its thumbprint, the first 16 bytes of SHA-256(SHA-256(secret)), the `kid` its tokens
+    /// carry when none is configured, never by the secret. The digest is kept sealed in the record.
+    static func settingsDigest(_ source: SourceConfiguration, signer: JWTSigner?) -> String {
+        var identity = source.storeIdentity + "\n" + (signer.map { JWTSigner.jwks([$0]) } ?? "")
+        if let signer, signer.publicJWK == nil { identity += "\nsecret=" + signer.key.thumbprint() }
+        return (try? Fingerprint.sha256Hex(identity)) ?? identity
     }
 
     /// Whether a provider's tokens are kept in the store: all but a local signer's whose key is

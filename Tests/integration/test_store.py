@@ -486,6 +486,46 @@ def test_a_record_kept_under_other_provider_settings_is_not_served_after_they_ch
         assert len(refused) == 1 and "other settings" in refused[0], second.stderr()
 
 
+def test_a_rotated_hs256_secret_refuses_the_record_after_a_restart_and_after_a_reload(store, tmp_path):
+    """An HS256 signer publishes no key (its JWKS is empty), so its records name the secret by
+    its thumbprint: a token signed with the old secret is never served once the secret file is
+    rotated, neither by a broker started again nor by the provider a reload makes anew."""
+    secret_file = tmp_path / "hs256.secret"
+
+    def rotate():
+        secret = secrets.token_hex(32)
+        SEEN.add(secret)
+        secret_file.write_text(secret)
+        secret_file.chmod(0o600)
+        return secret
+
+    old_secret = rotate()
+    config = configuration(store, {"name": "default", "source": {"type": "jwt", "algorithm": "HS256",
+                                                                 "keyFile": str(secret_file), "lifetimeSec": 300}})
+    with StoreBroker(config) as first:
+        before = token(first)
+        jwt.decode(before["access_token"], old_secret, algorithms=["HS256"], audience="token-broker")
+        assert first.stop() == 0
+    new_secret = rotate()
+    with StoreBroker(config) as second:
+        served = token(second)
+        assert served["access_token"] != before["access_token"], "served the token signed with the rotated secret"
+        jwt.decode(served["access_token"], new_secret, algorithms=["HS256"], audience="token-broker")
+        assert served["version"] == before["version"] + 1, "versions go on from the record's"
+        refused = log_lines(second, "stored record refused; fetching", "default")
+        assert len(refused) == 1 and "other settings" in refused[0], second.stderr()
+        # A reload after another rotation: the provider is made anew, and reads the record again.
+        newest_secret = rotate()
+        status, _, body = second.request("POST", "/reload", listener="admin", timeout=90)
+        assert status == 200 and json.loads(body)["changed"] == ["default"], body
+        reloaded = token(second)
+        assert reloaded["access_token"] != served["access_token"], "served the token signed with the rotated secret"
+        jwt.decode(reloaded["access_token"], newest_secret, algorithms=["HS256"], audience="token-broker")
+        assert reloaded["version"] == served["version"] + 1
+        assert len(log_lines(second, "stored record refused; fetching", "default")) == 2, second.stderr()
+        assert not any(secret in second.stderr() for secret in (old_secret, new_secret, newest_secret))
+
+
 # Refused at start
 
 def bad_store(tmp_path, case):
