@@ -742,6 +742,66 @@ private final class Reachability: Sendable {
         }
     }
 
+    /// A fence counter outside what the broker hands out (a version is at most 15 digits, as
+    /// `/token/refresh` and `/token/ready` read it) is Redis refusing: the broker fetches alone at
+    /// once (no wait on a lease of its own, no version from the counter), says why, and reads as
+    /// out of reach until a lease is taken again (the counter deleted).
+    @Test(arguments: ["-1000000", "999999999999999", "1000000000000000"])
+    func aFenceOutOfRangeIsRedisRefusingTheBrokerFetchesAloneAndSaysSoUntilItIsReset(fence: String) async throws {
+        try await withRedis { server, fleet in
+            let reports = Reachability()
+            let store = try fleet.store(events: reports.events)
+            #expect(await awaitSubscribers(server, 1))
+            try server.command("SET", try name("fence:", "orders"), fence)
+            let issuer = Issuer("a")
+
+            // Bounded: a broker that waits on its own lease would never end by itself.
+            let fetching = Task {
+                await store.fetchForFleet("orders", settings: "s", current: 0, forced: false, fetch: issuer.fetch)
+            }
+            let deadline = Task {
+                try await Task.sleep(for: .seconds(30))
+                fetching.cancel()
+            }
+            let result = await fetching.value
+            deadline.cancel()
+            guard let alone = success(result) else { return }
+            #expect(alone.origin == .fetchedAlone)
+            #expect(alone.record.version == 1, "numbered after the token held, not after the counter")
+            #expect(issuer.calls == 1)
+            #expect(try storedRecord(server, "orders") == nil, "nothing stored for the fleet")
+            #expect(try server.bytes(try name("lease:", "orders")) == nil, "no lease held")
+            #expect(try server.command("GET", try name("fence:", "orders")) == .string(Array(fence.utf8)))
+            let problem = store.currentHealth.problem ?? ""
+            let fenceName = try name("fence:", "orders")
+            #expect(!store.currentHealth.reachable)
+            #expect(problem.contains("fence counter \(fenceName)"), "\(problem)")
+            #expect(reports.all == [problem], "reported once, with why")
+
+            // Still refusing a while later (Redis answers its other commands meanwhile), and again.
+            try await Task.sleep(for: .milliseconds(1500))
+            #expect(!store.currentHealth.reachable, "the refusal is not cleared by a PING")
+            guard
+                let again = success(
+                    await store.fetchForFleet("orders", settings: "s", current: 1, forced: false, fetch: issuer.fetch))
+            else { return }
+            #expect(again.origin == .fetchedAlone)
+            #expect(again.record.version == 2)
+            #expect(reports.all.count == 1, "said once")
+
+            // The counter deleted: the broker takes the lease again, and says Redis answers.
+            try server.command("DEL", try name("fence:", "orders"))
+            guard
+                let rejoined = success(
+                    await store.fetchForFleet("orders", settings: "s", current: 2, forced: false, fetch: issuer.fetch))
+            else { return }
+            #expect(rejoined.origin == .fetchedForFleet)
+            #expect(rejoined.record.version == 3)
+            #expect(await eventually(within: 20) { store.currentHealth.reachable })
+            #expect(reports.all.last.map { $0 == nil } == true, "reported reachable again")
+        }
+    }
+
     // MARK: - Out of reach
 
     @Test func withRedisGoneTheBrokerFetchesAloneAndRejoinsWhenItIsBack() async throws {

@@ -682,6 +682,39 @@ def test_with_redis_stopped_token_answers_at_once_on_every_broker_as_it_fetches_
 
 # A broker with another key
 
+@pytest.mark.parametrize("fence", ["-1000000", "999999999999999"])
+def test_a_fence_counter_out_of_range_is_redis_refusing_the_broker_fetches_alone_and_says_so(redis, key, tmp_key, fence):
+    """A fence counter set by hand outside what the broker hands out (a version has at most 15
+    digits, as /token/refresh and /token/ready read it) is Redis refusing: the broker fetches alone,
+    here with a local signer, from version 1, logs it once and reads as degraded in /readyz; once
+    the counter is deleted, a forced refresh takes the lease again and the store is reachable."""
+    fence_key = "token-broker:fence:" + HASH
+    redis.command("SET", fence_key, fence)
+    config = {"providers": [{"name": "default", "source": {"type": "jwt", "keyFile": tmp_key("ec"), "lifetimeSec": 300}}],
+              "store": {"type": "redis", "address": "unix:" + redis.socket, "keyFile": key[1]}}
+    with Broker(config) as broker:
+        assert wait_until(lambda: broker.request("GET", "/token")[0] == 200, timeout=30), broker.stderr()
+        first = token(broker)
+        assert first["version"] == 1, first
+        status, ready = readyz(broker)
+        assert status == 200 and ready["store"]["degraded"] is True, ready
+        assert f"the fence counter {fence_key} is outside" in ready["store"]["problem"], ready
+        refused = lines(broker, "token store out of reach; fetching alone until it answers")
+        assert len(refused) == 1 and fence_key in refused[0], broker.stderr()
+        assert redis.command("GET", fence_key) == fence.encode(), "the counter is left as it was"
+        assert redis.command("GET", f"token-broker:record:{HASH}") is None, "nothing stored for the fleet"
+
+        redis.command("DEL", fence_key)
+        status, _, body = broker.request("POST", "/token/refresh", body=json.dumps({"rejected_version": 1}).encode(),
+                                         headers={"Content-Type": "application/json"})
+        assert status == 200 and json.loads(body)["version"] == 2, (status, body)
+        SEEN.add(json.loads(body)["access_token"])
+        assert wait_until(lambda: readyz(broker)[1]["store"] == {"type": "redis", "degraded": False}, timeout=20), \
+            readyz(broker)
+        assert redis.command("GET", fence_key) == b"1"
+        assert lines(broker, "token store reachable"), broker.stderr()
+
+
 def test_a_broker_with_another_key_file_fetches_for_itself_and_no_broker_serves_a_token_it_cannot_authenticate(
         issuer, fleet, tmp_path):
     good = fleet(3)

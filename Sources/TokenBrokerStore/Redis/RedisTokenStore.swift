@@ -85,11 +85,15 @@ public final class RedisTokenStore: SharedTokenStore {
     /// What each connection last found: the store is reachable while both answer. Kept apart, so
     /// that one connection answering never clears what the other found (an ACL that lets the
     /// subscriber in but refuses the scripts would otherwise flip the state at every call).
+    /// `refusal` is an answer the fleet cannot use (a fence counter out of range, a script's
+    /// answer it cannot give): kept until a script answers as it should, not cleared by a `GET`
+    /// or a `PING` that succeeds meanwhile.
     private struct Problems {
         var commands: String?
         var subscriber: String?
+        var refusal: String?
         var lastReachable: ContinuousClock.Instant?
-        var problem: String? { commands ?? subscriber }
+        var problem: String? { commands ?? subscriber ?? refusal }
     }
     private let problems = Lock(Problems())
     private let watching = Lock(Watching())
@@ -100,6 +104,11 @@ public final class RedisTokenStore: SharedTokenStore {
     private static let leasePoll: Duration = .milliseconds(250)
     /// The shortest time between two attempts to connect while Redis is out of reach.
     private static let reconnectGap: Duration = .seconds(1)
+    /// The first fence the store refuses: fences run from 1 up to 999,999,999,999,999. A record's
+    /// version may be its fence, and the API reads a version of at most 15 digits
+    /// (`/token/refresh`'s `rejected_version`, `/token/ready`'s `after`); a counter outside the
+    /// range (set by hand, say) is Redis refusing, and the broker fetches alone.
+    static let fenceLimit: Int64 = 1_000_000_000_000_000
 
     /// A store on `settings`, sealing with `cipher`; `password` from `passwordFile`, read at start.
     /// Starts its subscriber at once.
@@ -201,22 +210,35 @@ public final class RedisTokenStore: SharedTokenStore {
                 try connection.command([
                     Array("EVAL".utf8), Array(Self.acquireScript.utf8), Array("3".utf8), leaseKey, fenceKey, recordKey,
                     self.owner, Array(String(self.settings.leaseMsec).utf8),
-                    seen,
+                    seen, Array(String(Self.fenceLimit).utf8),
                 ])
             })
             switch acquired {
             case .failure:
                 return await alone(key, settings: wanted, current: current, fetch: fetch)
-            case .success(.integer(let fence)) where fence > 0:
+            case .success(.integer(let answer)) where answer > 0:
+                // Checked here too: a version beyond what the API reads would refuse its callers.
+                guard answer < Self.fenceLimit, let fence = UInt64(exactly: answer) else {
+                    refused(fenceProblem(fenceKey))
+                    return await alone(key, settings: wanted, current: current, fetch: fetch)
+                }
+                mark(\.refusal, nil)
                 events.operation("lease", "acquired")
                 return await fetchHoldingLease(
-                    key, settings: wanted, fence: UInt64(fence), stored: storedRecord, current: current, forced: forced,
+                    key, settings: wanted, fence: fence, stored: storedRecord, current: current, forced: forced,
                     keys: (recordKey, leaseKey, fenceKey), fetch: fetch)
             case .success(.integer(-1)):
                 // A record was stored between the look above and the lease: read it (not fetch again).
+                mark(\.refusal, nil)
                 continue
-            case .success(.integer):
+            case .success(.integer(0)):
+                mark(\.refusal, nil)
                 events.operation("lease", "held")
+            case .success(.integer):
+                // -2: the fence counter is out of range (set by hand, or not a number the script
+                // can count on); no lease was taken. The fleet cannot coordinate on this key.
+                refused(fenceProblem(fenceKey))
+                return await alone(key, settings: wanted, current: current, fetch: fetch)
             case .success(let other):
                 // An answer the script cannot give (error replies are failures, above): the fleet
                 // cannot coordinate through this Redis, so this broker fetches alone.
@@ -300,6 +322,7 @@ public final class RedisTokenStore: SharedTokenStore {
         })
         switch written {
         case .success(.integer(1)):
+            mark(\.refusal, nil)
             events.operation("write", "ok")
             return .success(SharedFetch(record: stored, origin: .fetchedForFleet, fetched: token))
         case .success(.integer):
@@ -384,9 +407,16 @@ public final class RedisTokenStore: SharedTokenStore {
     }
 
     /// Redis answers but refuses what the fleet needs: reported as out of reach, so that the
-    /// log, `/readyz` and the metrics say the broker fetches alone, and why.
+    /// log, `/readyz` and the metrics say the broker fetches alone, and why; until a script
+    /// answers as it should again (`Problems.refusal`).
     private func refused(_ problem: String) {
-        mark(\.commands, RedisFailure(problem))
+        mark(\.refusal, RedisFailure(problem))
+    }
+
+    /// Why a fence counter out of range is refused: names the key, never a value read from Redis.
+    private func fenceProblem(_ fenceKey: [UInt8]) -> String {
+        "the fence counter \(String(decoding: fenceKey, as: UTF8.self)) is outside 0 to \(Self.fenceLimit - 2) "
+            + "(delete it to let the fleet take leases again)"
     }
 
     /// Records what one connection found (nil: Redis answered it), and reports a change of the
@@ -528,8 +558,10 @@ public final class RedisTokenStore: SharedTokenStore {
     /// fetches fail (a local fault) holds up the fleet for `leaseMsec` at most. -1 when the record's version (bytes 9–16 of a record, in clear; empty for no
     /// record or a value that is not one) is no longer the one the caller read, so that a broker
     /// that looked just before another stored a new record, and asks just after that one let the
-    /// lease go, reads it instead of fetching again.
-    /// KEYS: lease, fence, record. ARGV: owner, leaseMsec, the version's 8 bytes as read (or none).
+    /// lease go, reads it instead of fetching again. -2, taking no lease, when the fence counter
+    /// is not a whole number from 0 to `fenceLimit` - 2 (its next value would be out of range).
+    /// KEYS: lease, fence, record. ARGV: owner, leaseMsec, the version's 8 bytes as read (or none),
+    /// `fenceLimit`.
     static let acquireScript = """
         local record = redis.call('GET', KEYS[3])
         local version = ''
@@ -537,6 +569,10 @@ public final class RedisTokenStore: SharedTokenStore {
           version = string.sub(record, 9, 16)
         end
         if version ~= ARGV[3] then return -1 end
+        local last = redis.call('GET', KEYS[2])
+        local count = 0
+        if last then count = tonumber(last) end
+        if not count or count < 0 or count % 1 ~= 0 or count + 1 >= tonumber(ARGV[4]) then return -2 end
         local holder = redis.call('GET', KEYS[1])
         if holder ~= ARGV[1] and not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
           return 0
