@@ -144,10 +144,11 @@ private final class Issuer: Sendable {
     }
 
     let name: String
-    let lifetime: Duration
+    /// Its tokens' lifetime; nil: tokens without expiry.
+    let lifetime: Duration?
     private let state: Mutex<State>
 
-    init(_ name: String, lifetime: Duration = .seconds(300), failures: Int = 0, gated: Bool = false) {
+    init(_ name: String, lifetime: Duration? = .seconds(300), failures: Int = 0, gated: Bool = false) {
         self.name = name
         self.lifetime = lifetime
         state = Mutex(State(failuresLeft: failures, gateOpen: !gated))
@@ -799,6 +800,38 @@ private final class Reachability: Sendable {
             #expect(rejoined.record.version == 3)
             #expect(await eventually(within: 20) { store.currentHealth.reachable })
             #expect(reports.all.last.map { $0 == nil } == true, "reported reachable again")
+        }
+    }
+
+    /// A record of a token without expiry lives a day in Redis, renewed at each write, so that a
+    /// record no broker writes again (a dropped child's) does not stay for good.
+    @Test func aRecordOfATokenWithoutExpiryLivesADayRenewedAtEachWrite() async throws {
+        try await withRedis { server, fleet in
+            let store = try fleet.store()
+            let issuer = Issuer("a", lifetime: nil)
+            guard
+                let fetched = success(
+                    await store.fetchForFleet("orders", settings: "s", current: 0, forced: false, fetch: issuer.fetch))
+            else { return }
+            #expect(fetched.origin == .fetchedForFleet)
+            #expect(fetched.record.expiresAt == nil)
+            let day: Int64 = 86_400_000
+            guard case .integer(let left) = try server.command("PTTL", try name("record:", "orders")) else {
+                Issue.record("PTTL should answer a number")
+                return
+            }
+            #expect(left > day - 60_000 && left <= day, "a fetched record lives a day: \(left) ms")
+
+            var token = Self.token(version: 7)
+            token.expiresAt = nil
+            store.save("billing", token)
+            #expect(await eventually(within: 20) { (try? server.bytes(try name("record:", "billing"))) != nil })
+            guard case .integer(let saved) = try server.command("PTTL", try name("record:", "billing")) else {
+                Issue.record("PTTL should answer a number")
+                return
+            }
+            #expect(saved > day - 60_000 && saved <= day, "a saved record lives a day: \(saved) ms")
+            #expect(await store.load("billing") == .found(token))
         }
     }
 

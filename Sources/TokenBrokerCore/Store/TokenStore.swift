@@ -21,7 +21,7 @@ public protocol TokenStore: Sendable {
 
 extension TokenStore {
     /// Keeps the record: for stores that other brokers share (Redis, whose records expire with
-    /// their tokens; one of a token without expiry stays), and stores of tests.
+    /// their tokens, or a day after their last write for a token without expiry), and stores of tests.
     public func forget(_ key: String) {}
 }
 

@@ -11,7 +11,7 @@ import TokenBrokerCrypto
 ///
 /// | key | holds | lives |
 /// |---|---|---|
-/// | `P record:H` | the sealed record (`StoreRecord`) | until the token expires (`PX`) |
+/// | `P record:H` | the sealed record (`StoreRecord`) | until the token expires (`PX`); without expiry, a day after its last write |
 /// | `P lease:H` | the id of the broker fetching for the fleet | `leaseMsec` (`SET NX PX`) |
 /// | `P fence:H` | a counter, one more for each lease taken | a day after the last lease |
 /// | channel `P records` | `H` then the sealed record, for each record stored | |
@@ -109,6 +109,11 @@ public final class RedisTokenStore: SharedTokenStore {
     /// (`/token/refresh`'s `rejected_version`, `/token/ready`'s `after`); a counter outside the
     /// range (set by hand, say) is Redis refusing, and the broker fetches alone.
     static let fenceLimit: Int64 = 1_000_000_000_000_000
+    /// How long Redis keeps the record of a token without expiry after its last write: a day, the
+    /// longest `tokenRefreshDelaySec`, by when a provider that still refreshes has written it
+    /// again; a record no broker writes any more (a dropped child's) then goes, as the file
+    /// store's does (and a broker that starts after it went fetches, as it would have refreshed).
+    static let recordLifetimeWithoutExpiry: Duration = .seconds(86_400)
 
     /// A store on `settings`, sealing with `cipher`; `password` from `passwordFile`, read at start.
     /// Starts its subscriber at once.
@@ -310,12 +315,12 @@ public final class RedisTokenStore: SharedTokenStore {
             return .success(SharedFetch(record: stored, origin: .fetchedAlone, fetched: token))
         }
         let message = Array(Self.hash(key).utf8) + owner + Array((forced ? "F" : "R").utf8) + sealed
-        let expiry = Self.expiry(stored)
+        let expiry = Self.expiry(stored)[1]
         let written = await call({ connection throws(RedisFailure) in
             try connection.command(
                 [
                     Array("EVAL".utf8), Array(Self.writeScript.utf8), Array("3".utf8), keys.fence, keys.record,
-                    keys.lease, Array(String(fence).utf8), sealed, expiry.last ?? Array("0".utf8), self.channel,
+                    keys.lease, Array(String(fence).utf8), sealed, expiry, self.channel,
                     message,
                     self.owner,
                 ])
@@ -535,10 +540,15 @@ public final class RedisTokenStore: SharedTokenStore {
             settings: settings)
     }
 
-    /// `PX` and the milliseconds the record's token has left, or nothing for a token without expiry.
+    /// `PX` and the milliseconds the record's token has left, or `recordLifetimeWithoutExpiry`
+    /// for a token without expiry: every record written has a lifetime in Redis.
     private static func expiry(_ stored: StoredToken) -> [[UInt8]] {
-        guard let expiresAt = stored.expiresAt else { return [] }
-        let left = max(1, Int(min(expiresAt.timeIntervalSince(WallTime()) * 1000, 1e12)))
+        let left: Int64
+        if let expiresAt = stored.expiresAt {
+            left = max(1, Int64(rounding: min(expiresAt.timeIntervalSince(WallTime()) * 1000, 1e12), .towardZero) ?? 1)
+        } else {
+            left = recordLifetimeWithoutExpiry.components.seconds * 1000
+        }
         return [Array("PX".utf8), Array(String(left).utf8)]
     }
 
@@ -583,14 +593,10 @@ public final class RedisTokenStore: SharedTokenStore {
         """
 
     /// Stores and publishes a record if the fence is still the writer's, then lets its lease go; 1 when stored.
-    /// KEYS: fence, record, lease. ARGV: fence, record, milliseconds left (0: no expiry), channel, message, owner.
+    /// KEYS: fence, record, lease. ARGV: fence, record, milliseconds it lives (`expiry`), channel, message, owner.
     static let writeScript = """
         if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-        if tonumber(ARGV[3]) > 0 then
-          redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
-        else
-          redis.call('SET', KEYS[2], ARGV[2])
-        end
+        redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
         redis.call('PUBLISH', ARGV[4], ARGV[5])
         if redis.call('GET', KEYS[3]) == ARGV[6] then redis.call('DEL', KEYS[3]) end
         return 1
