@@ -29,7 +29,8 @@ public struct StoreRecord: Sendable {
     public init(cipher: AESGCM) { self.cipher = cipher }
 
     /// `record` sealed under `key`.
-    /// - Throws: `internalError` when OpenSSL fails.
+    /// - Throws: `internalError` when OpenSSL fails, or when the sealed record would be larger than
+    ///   `maximumSize` (an issuer's huge scope, say): `open` would refuse it, so no store keeps it.
     public func seal(_ record: StoredToken, key: String) throws(TokenFetchError) -> [UInt8] {
         let header = Self.header(version: record.version)
         var members = [
@@ -40,7 +41,13 @@ public struct StoreRecord: Sendable {
         if let expiresAt = record.expiresAt { members.append(("expires_at_ms", String(Self.milliseconds(expiresAt)))) }
         members.append(("settings", JSONText.quoted(record.settings)))
         let plaintext = Array(JSONText.object(members).utf8)
-        return header + (try cipher.seal(plaintext, associatedData: header + Array(key.utf8)))
+        let sealed = header + (try cipher.seal(plaintext, associatedData: header + Array(key.utf8)))
+        guard sealed.count <= Self.maximumSize else {
+            throw .internalError(
+                "the record would be \(sealed.count) bytes, larger than \(Self.maximumSize) bytes, the most a store reads"
+            )
+        }
+        return sealed
     }
 
     /// The record in `bytes`, kept under `key`, or why it may not be used. The reason never

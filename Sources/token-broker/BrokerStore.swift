@@ -84,6 +84,7 @@ extension Broker {
             var events = RedisTokenStore.Events()
             events.operation = { operation, result in metrics?.recordStoreOperation(operation, result: result) }
             events.message = { metrics?.recordStoreOperation("message", result: "received") }
+            events.notStored = { key, problem in logStoreProblem("token not stored", key: key, problem: problem) }
             events.reachability = { problem in
                 if let problem {
                     Log.warning(

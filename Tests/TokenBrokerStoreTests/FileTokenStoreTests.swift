@@ -207,6 +207,25 @@ import TokenBrokerTestSupport
         #expect(await refusal(setup.store)?.contains("not a regular file") == true)
     }
 
+    /// A record too large to be read back is not written: the save is reported failed (and the
+    /// broker logs and counts it), and the record the store held stays.
+    @Test func aRecordTooLargeToReadBackIsNotWrittenAndTheSaveIsReportedFailed() async throws {
+        let setup = try Setup()
+        setup.store.save("orders", Self.token)
+        var huge = Self.token
+        huge.version = 4
+        huge.scope = String(repeating: "s", count: StoreRecord.maximumSize)
+        setup.store.save("orders", huge)
+        setup.store.flush()
+        let reports = setup.reports.all
+        #expect(reports.map(\.key) == ["orders", "orders"])
+        #expect(reports.first?.problem == nil)
+        let problem = try #require(reports.last?.problem)
+        #expect(problem.contains("larger than"), "\(problem)")
+        #expect(!problem.contains(Self.secret))
+        #expect(await setup.store.load("orders") == .found(Self.token), "the last record that could be read stays")
+    }
+
     @Test func aCorruptFileIsRefused() async throws {
         let setup = try Setup()
         let path = setup.store.path(for: "orders")

@@ -835,6 +835,29 @@ private final class Reachability: Sendable {
         }
     }
 
+    /// A record too large to be read back is not written, and the store says so (the broker logs
+    /// and counts it).
+    @Test func aRecordTooLargeToReadBackIsNotWrittenAndIsReported() async throws {
+        try await withRedis { server, fleet in
+            let reports = Mutex<[(String, String)]>([])
+            let operations = Mutex<[String]>([])
+            var events = RedisTokenStore.Events()
+            events.notStored = { key, problem in reports.withLock { $0.append((key, problem)) } }
+            events.operation = { operation, result in operations.withLock { $0.append("\(operation) \(result)") } }
+            let store = try fleet.store(events: events)
+            var token = Self.token(version: 2)
+            token.scope = String(repeating: "s", count: StoreRecord.maximumSize)
+            store.save("orders", token)
+            #expect(await eventually(within: 20) { !reports.withLock { $0.isEmpty } })
+            let report = reports.withLock { $0.first }
+            #expect(report?.0 == "orders")
+            #expect(report?.1.contains("larger than") == true, "\(String(describing: report))")
+            #expect(report?.1.contains(Self.secret) == false)
+            #expect(operations.withLock { $0 } == ["write error"])
+            #expect(try server.bytes(try name("record:", "orders")) == nil)
+        }
+    }
+
     // MARK: - Out of reach
 
     @Test func withRedisGoneTheBrokerFetchesAloneAndRejoinsWhenItIsBack() async throws {

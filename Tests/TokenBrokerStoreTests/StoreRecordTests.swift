@@ -187,6 +187,27 @@ import TokenBrokerTestSupport
         #expect(refusal(atTheLimit)?.hasPrefix("does not authenticate") == true, "the limit itself is read")
     }
 
+    /// A record `open` would refuse (an issuer's huge `scope`) is not sealed: a store would keep it
+    /// and never read it back.
+    @Test func aRecordLargerThanAnyRecordReadIsNotSealed() throws {
+        let sealer = Self.sealer()
+        var token = Self.token
+        token.scope = String(repeating: "s", count: StoreRecord.maximumSize)
+        do {
+            _ = try sealer.seal(token, key: "orders")
+            Issue.record("a record over \(StoreRecord.maximumSize) bytes should not be sealed")
+        } catch {
+            #expect(error.summary.contains("larger than \(StoreRecord.maximumSize) bytes"), "\(error.summary)")
+            #expect(!error.summary.contains(Self.secret))
+        }
+        // Just under the limit: sealed, and read back.
+        let overhead = try sealer.seal(Self.token, key: "orders").count - (Self.token.scope ?? "").utf8.count
+        token.scope = String(repeating: "s", count: StoreRecord.maximumSize - overhead)
+        let sealed = try sealer.seal(token, key: "orders")
+        #expect(sealed.count == StoreRecord.maximumSize)
+        #expect(try sealer.open(sealed, key: "orders").get() == token)
+    }
+
     @Test func versionZeroIsRefused() throws {
         var token = Self.token
         token.version = 0

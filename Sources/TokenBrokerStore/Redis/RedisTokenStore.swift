@@ -40,6 +40,9 @@ public final class RedisTokenStore: SharedTokenStore {
         public var message: @Sendable () -> Void = {}
         /// Redis became reachable (nil) or out of reach (why).
         public var reachability: @Sendable (_ problem: String?) -> Void = { _ in }
+        /// A record was not stored, for a reason of its own, not Redis's (too large to seal): its
+        /// key, and why, in words that never quote the token.
+        public var notStored: @Sendable (_ key: String, _ problem: String) -> Void = { _, _ in }
         public init() {}
     }
 
@@ -167,7 +170,14 @@ public final class RedisTokenStore: SharedTokenStore {
 
     /// Stores `stored` without a lease (not used by providers, which store through `fetchForFleet`).
     public func save(_ key: String, _ stored: StoredToken) {
-        guard let sealed = try? record.seal(stored, key: key) else { return }
+        let sealed: [UInt8]
+        do throws(TokenFetchError) {
+            sealed = try record.seal(stored, key: key)
+        } catch {
+            events.operation("write", "error")
+            events.notStored(key, error.summary)
+            return
+        }
         let hash = Self.hash(key)
         commands.async { [self] in
             _ = perform { connection throws(RedisFailure) in
@@ -311,7 +321,13 @@ public final class RedisTokenStore: SharedTokenStore {
                 max(fence, (existing?.version ?? 0) + 1, current + 1)
             }
         let stored = Self.record(of: token, version: version, settings: wanted)
-        guard let sealed = try? record.seal(stored, key: key) else {
+        let sealed: [UInt8]
+        do throws(TokenFetchError) {
+            sealed = try record.seal(stored, key: key)
+        } catch {
+            // Served here all the same; the others fetch once the lease lapses.
+            events.operation("write", "error")
+            events.notStored(key, error.summary)
             return .success(SharedFetch(record: stored, origin: .fetchedAlone, fetched: token))
         }
         let message = Array(Self.hash(key).utf8) + owner + Array((forced ? "F" : "R").utf8) + sealed
