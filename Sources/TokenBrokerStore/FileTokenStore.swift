@@ -7,7 +7,8 @@ import TokenBrokerSinks
 /// (`StoreRecord`), so that a broker started again serves it without fetching.
 ///
 /// - The directory is checked and opened once at start, as a token file's is (`SinkDirectory`:
-///   it must exist, belong to the broker's user or root, and not be writable by others).
+///   it must exist, belong to the broker's user or root, and not be writable by others; the
+///   broker also refuses ACLs that let others write it, or a default ACL, `Broker.aclProblem`).
 /// - A record's file is named by the SHA-256 of its key (`StoreSlot.key`), in hexadecimal, with
 ///   `.record`: no provider name or value reaches a path.
 /// - Writes are atomic and durable (`AtomicFileWriter`: a temporary file, `fsync`, `rename`,

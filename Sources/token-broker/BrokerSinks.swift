@@ -59,9 +59,7 @@ extension Broker {
             case .success(let opened): directory = opened
             case .failure(let problem): return .failure(ConfigurationError(key: key, problem.description))
             }
-            if let problem = defaultACLProblem(directory) ?? aclWriterProblem(directory)
-                ?? directory.fileProblem(for: sink.path)
-            {
+            if let problem = aclProblem(directory, holding: "token file") ?? directory.fileProblem(for: sink.path) {
                 return .failure(ConfigurationError(key: key, problem))
             }
             let file = directory.identity(of: AtomicFileWriter.fileName(of: sink.path))
@@ -79,12 +77,19 @@ extension Broker {
         return .success(directories)
     }
 
-    /// A default ACL on the directory would pass its entries on to each new token file, whatever
-    /// its mode: refused. Found with `fgetxattr` on the open directory; a file system without
-    /// ACLs has none.
-    private static func defaultACLProblem(_ directory: SinkDirectory) -> String? {
+    /// What the ACLs of a directory that holds token files or the store's records allow that its
+    /// mode does not show (`defaultACLProblem`, `aclWriterProblem`), or nil; `what` names its files
+    /// in the problem. The one check of both, made once the directory is open.
+    static func aclProblem(_ directory: SinkDirectory, holding what: String) -> String? {
+        defaultACLProblem(directory, holding: what) ?? aclWriterProblem(directory, holding: what)
+    }
+
+    /// A default ACL on the directory would pass its entries on to each new file, whatever its
+    /// mode: refused. Found with `fgetxattr` on the open directory; a file system without ACLs
+    /// has none.
+    private static func defaultACLProblem(_ directory: SinkDirectory, holding what: String) -> String? {
         guard fgetxattr(directory.descriptor, "system.posix_acl_default", nil, 0) < 0 else {
-            return "the directory \(directory.path) has a default ACL, which each new token file would inherit "
+            return "the directory \(directory.path) has a default ACL, which each new \(what) would inherit "
                 + "beyond its mode; allowed: a directory without one (remove it with setfacl -k)"
         }
         let code = errno
@@ -99,7 +104,7 @@ extension Broker {
     /// writable by others, which its mode bits do not show (only the ACL mask, as group bits).
     /// The ACL is read with `fgetxattr` as the kernel stores it: version 2, then entries of tag,
     /// permissions and id, little-endian.
-    private static func aclWriterProblem(_ directory: SinkDirectory) -> String? {
+    private static func aclWriterProblem(_ directory: SinkDirectory, holding what: String) -> String? {
         let name = "system.posix_acl_access"
         var value = [UInt8](repeating: 0, count: 4 + 8 * 256)
         let size = value.withUnsafeMutableBytes { fgetxattr(directory.descriptor, name, $0.baseAddress, $0.count) }
@@ -123,7 +128,7 @@ extension Broker {
         // ACL_USER (0x02): a named user; write is 2.
         if let writer = entries.first(where: { $0.tag == 0x02 && $0.permissions & mask & 2 != 0 && $0.id != user }) {
             return "the directory \(directory.path) lets user \(writer.id) write it (an ACL entry): they could replace "
-                + "or remove the token file; allowed: a directory only its owner and group can write"
+                + "or remove the \(what); allowed: a directory only its owner and group can write"
         }
         return nil
     }

@@ -51,6 +51,10 @@ extension Broker {
             case .success(let opened): directory = opened
             case .failure(let problem): return .failure(ConfigurationError(key: "store.path", problem.description))
             }
+            // Checked as a token file's directory is, ACLs included.
+            if let problem = aclProblem(directory, holding: "record") {
+                return .failure(ConfigurationError(key: "store.path", problem))
+            }
             return .success(
                 .file(
                     FileTokenStore(

@@ -414,21 +414,30 @@ def acl(*entries):
 ANYONE = 0xFFFFFFFF
 
 
-@pytest.mark.parametrize("case", ["default ACL", "a named user may write"])
+def set_acl(directory, case):
+    """Gives `directory` the ACL of `case`; returns the start of the reason a broker refuses it with."""
+    if case == "default ACL":
+        # user::rwx, group::---, other::---
+        os.setxattr(directory, "system.posix_acl_default", acl((0x01, 7, ANYONE), (0x04, 0, ANYONE), (0x20, 0, ANYONE)))
+        return f"the directory {directory} has a default ACL"
+    if case == "a named user may write":
+        # user::rwx, user:4242:rwx, group::r-x, mask::rwx, other::---
+        os.setxattr(directory, "system.posix_acl_access", acl(
+            (0x01, 7, ANYONE), (0x02, 7, 4242), (0x04, 5, ANYONE), (0x10, 7, ANYONE), (0x20, 0, ANYONE)))
+        return f"the directory {directory} lets user 4242 write it"
+    raise AssertionError(case)
+
+
+ACL_CASES = ["default ACL", "a named user may write"]
+
+
+@pytest.mark.parametrize("case", ACL_CASES)
 def test_a_directory_with_a_default_acl_or_another_writer_in_its_acl_is_refused_at_start(tmp_path, case):
     """A default ACL would pass its entries on to the new file, whatever the mode bits say; an
     access ACL may let another user write the directory, which the mode bits do not show."""
     directory = tmp_path / "run"
     directory.mkdir(mode=0o700)
-    if case == "default ACL":
-        # user::rwx, group::---, other::---
-        os.setxattr(directory, "system.posix_acl_default", acl((0x01, 7, ANYONE), (0x04, 0, ANYONE), (0x20, 0, ANYONE)))
-        reason = f"the directory {directory} has a default ACL"
-    else:
-        # user::rwx, user:4242:rwx, group::r-x, mask::rwx, other::---
-        os.setxattr(directory, "system.posix_acl_access", acl(
-            (0x01, 7, ANYONE), (0x02, 7, 4242), (0x04, 5, ANYONE), (0x10, 7, ANYONE), (0x20, 0, ANYONE)))
-        reason = f"the directory {directory} lets user 4242 write it"
+    reason = set_acl(directory, case)
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"sinks": [{"provider": "default", "path": str(directory / "t")}]}))
     for args in (["--check-config"], []):

@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from broker import Broker, run_broker
 from issuers.process import OAuthServer
 from test_http_api import wait_until
+from test_sinks import ACL_CASES, set_acl
 
 SECRET = "store-client-secret-Vq3xT9"
 LIFETIME = 300
@@ -527,6 +528,22 @@ def test_a_rotated_hs256_secret_refuses_the_record_after_a_restart_and_after_a_r
 
 
 # Refused at start
+
+@pytest.mark.parametrize("case", ACL_CASES)
+def test_a_store_directory_with_a_default_acl_or_another_writer_in_its_acl_is_refused_at_start(tmp_path, case):
+    """The store's directory is checked as a token file's is, ACLs included: a default ACL would
+    pass its entries on to each record, and an access ACL may let others replace them."""
+    store = Store(tmp_path)
+    reason = set_acl(store.directory, case)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"store": store.settings()}))
+    for args in (["--check-config"], []):
+        result = run_broker(*args, "--config", str(config), env=LISTEN)
+        assert result.returncode == 2, (args, result.stdout, result.stderr)
+        assert 'msg="invalid configuration"' in result.stderr and "store.path" in result.stderr, result.stderr
+        assert reason in result.stderr and "record" in result.stderr, result.stderr
+    assert os.listdir(store.directory) == []
+
 
 def bad_store(tmp_path, case):
     """(store settings, text the refusal must hold) for each bad configuration."""
