@@ -100,10 +100,10 @@ extension Broker {
         return nil
     }
 
-    /// An access ACL that lets a named user other than the broker's write the directory makes it
-    /// writable by others, which its mode bits do not show (only the ACL mask, as group bits).
-    /// The ACL is read with `fgetxattr` as the kernel stores it: version 2, then entries of tag,
-    /// permissions and id, little-endian.
+    /// An access ACL that lets a named user other than the broker's, or any named group, write
+    /// the directory makes it writable by others, which its mode bits do not show (only the ACL
+    /// mask, as group bits). The ACL is read with `fgetxattr` as the kernel stores it: version 2,
+    /// then entries of tag, permissions and id, little-endian.
     private static func aclWriterProblem(_ directory: SinkDirectory, holding what: String) -> String? {
         let name = "system.posix_acl_access"
         var value = [UInt8](repeating: 0, count: 4 + 8 * 256)
@@ -129,6 +129,12 @@ extension Broker {
         if let writer = entries.first(where: { $0.tag == 0x02 && $0.permissions & mask & 2 != 0 && $0.id != user }) {
             return "the directory \(directory.path) lets user \(writer.id) write it (an ACL entry): they could replace "
                 + "or remove the \(what); allowed: a directory only its owner and group can write"
+        }
+        // ACL_GROUP (0x08): a named group, whose members are other users (the owning group is
+        // ACL_GROUP_OBJ, whose write permission the mode's group bits show).
+        if let writer = entries.first(where: { $0.tag == 0x08 && $0.permissions & mask & 2 != 0 }) {
+            return "the directory \(directory.path) lets group \(writer.id) write it (an ACL entry): its members could "
+                + "replace or remove the \(what); allowed: a directory only its owner and group can write"
         }
         return nil
     }

@@ -425,16 +425,21 @@ def set_acl(directory, case):
         os.setxattr(directory, "system.posix_acl_access", acl(
             (0x01, 7, ANYONE), (0x02, 7, 4242), (0x04, 5, ANYONE), (0x10, 7, ANYONE), (0x20, 0, ANYONE)))
         return f"the directory {directory} lets user 4242 write it"
-    raise AssertionError(case)
+    assert case == "a named group may write", case
+    # user::rwx, group::r-x, group:4343:rwx, mask::rwx, other::---
+    os.setxattr(directory, "system.posix_acl_access", acl(
+        (0x01, 7, ANYONE), (0x04, 5, ANYONE), (0x08, 7, 4343), (0x10, 7, ANYONE), (0x20, 0, ANYONE)))
+    return f"the directory {directory} lets group 4343 write it"
 
 
-ACL_CASES = ["default ACL", "a named user may write"]
+ACL_CASES = ["default ACL", "a named user may write", "a named group may write"]
 
 
 @pytest.mark.parametrize("case", ACL_CASES)
 def test_a_directory_with_a_default_acl_or_another_writer_in_its_acl_is_refused_at_start(tmp_path, case):
     """A default ACL would pass its entries on to the new file, whatever the mode bits say; an
-    access ACL may let another user write the directory, which the mode bits do not show."""
+    access ACL may let another user, or a named group's members, write the directory, which the
+    mode bits do not show."""
     directory = tmp_path / "run"
     directory.mkdir(mode=0o700)
     reason = set_acl(directory, case)
@@ -451,7 +456,8 @@ def test_a_directory_with_a_default_acl_or_another_writer_in_its_acl_is_refused_
 @pytest.mark.parametrize("entries", [
     [(0x01, 7, ANYONE), (0x02, 5, 4242), (0x04, 5, ANYONE), (0x10, 5, ANYONE), (0x20, 0, ANYONE)],  # user:4242:r-x
     [(0x01, 7, ANYONE), (0x02, 7, 4242), (0x04, 5, ANYONE), (0x10, 5, ANYONE), (0x20, 0, ANYONE)],  # rwx, mask r-x
-], ids=["a named reader", "a writer the mask stops"])
+    [(0x01, 7, ANYONE), (0x04, 5, ANYONE), (0x08, 5, 4343), (0x10, 5, ANYONE), (0x20, 0, ANYONE)],  # group:4343:r-x
+], ids=["a named reader", "a writer the mask stops", "a named group of readers"])
 def test_a_directory_whose_acl_lets_no_other_user_write_is_accepted(tmp_path, entries):
     directory = tmp_path / "run"
     directory.mkdir(mode=0o700)
