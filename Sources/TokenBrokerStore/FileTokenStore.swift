@@ -13,7 +13,8 @@ import TokenBrokerSinks
 ///   `.record`: no provider name or value reaches a path.
 /// - Writes are atomic and durable (`AtomicFileWriter`: a temporary file, `fsync`, `rename`,
 ///   mode 0600) and run on the store's own queue, in order, never on the caller's thread.
-/// - Reads go through `FileContents`, which never waits on a FIFO or reads past `maximumSize`.
+/// - Reads run on the same queue, after the writes handed to it before (the caller suspends
+///   meanwhile), through `FileContents`, which never waits on a FIFO or reads past `maximumSize`.
 /// - A forgotten key's record (a template child dropped, `forget`) is removed once its token has
 ///   expired (at once for a token without expiry, or a record that cannot be opened), unless the
 ///   key is loaded or saved again first: the directory does not grow with every child ever made,
@@ -73,9 +74,20 @@ public final class FileTokenStore: TokenStore {
         return directory.path + (directory.path.hasSuffix("/") ? "" : "/") + name + ".record"
     }
 
+    /// Reads on the store's queue, after every write handed to it before, and suspends the caller
+    /// meanwhile: its thread never waits on the file system.
     public func load(_ key: String) async -> StoreLoad {
-        // A child made again for these values may rely on the record: a forgotten key is taken back.
-        queue.async { [self] in _ = forgotten.withLock { $0.keys.removeValue(forKey: key) } }
+        await withCheckedContinuation { continuation in
+            queue.async { [self] in
+                // A child made again for these values may rely on the record: a forgotten key is taken back.
+                _ = forgotten.withLock { $0.keys.removeValue(forKey: key) }
+                continuation.resume(returning: read(key))
+            }
+        }
+    }
+
+    /// On the queue: the record kept under `key`, opened, or why there is none to use.
+    private func read(_ key: String) -> StoreLoad {
         switch FileContents.read(path(for: key), limit: StoreRecord.maximumSize) {
         case .failure(let error) where error.isMissing: return .missing
         case .failure(let error): return .refused("cannot read \(path(for: key)): \(error)")

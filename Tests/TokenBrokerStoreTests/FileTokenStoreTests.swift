@@ -109,6 +109,19 @@ import TokenBrokerTestSupport
         #expect(setup.reports.all.first?.problem == nil)
     }
 
+    /// `load` reads on the store's queue (the caller suspends, its thread does no file I/O), after
+    /// the writes handed to the store before it: a load right after a save, without `flush`,
+    /// reads what was saved.
+    @Test func aLoadRunsOnTheStoresQueueAfterTheWritesHandedToItBefore() async throws {
+        let setup = try Setup()
+        for number in 1...20 {
+            var token = Self.token
+            token.version = UInt64(number)
+            setup.store.save("orders-\(number)", token)
+            #expect(await setup.store.load("orders-\(number)") == .found(token), "load \(number)")
+        }
+    }
+
     @Test func nothingSavedIsMissing() async throws {
         let setup = try Setup()
         #expect(await setup.store.load("orders") == .missing)
