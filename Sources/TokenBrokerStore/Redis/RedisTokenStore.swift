@@ -168,16 +168,21 @@ public final class RedisTokenStore: SharedTokenStore {
         }
     }
 
-    /// Stores `stored` without a lease (not used by providers, which store through `fetchForFleet`).
-    public func save(_ key: String, _ stored: StoredToken) {
-        let sealed: [UInt8]
+    /// `stored` sealed under `key`; nil when it cannot be (larger than any record read back),
+    /// which is counted as a failed write and reported as not stored.
+    private func sealedOrReported(_ stored: StoredToken, key: String) -> [UInt8]? {
         do throws(TokenFetchError) {
-            sealed = try record.seal(stored, key: key)
+            return try record.seal(stored, key: key)
         } catch {
             events.operation("write", "error")
             events.notStored(key, error.summary)
-            return
+            return nil
         }
+    }
+
+    /// Stores `stored` without a lease (not used by providers, which store through `fetchForFleet`).
+    public func save(_ key: String, _ stored: StoredToken) {
+        guard let sealed = sealedOrReported(stored, key: key) else { return }
         let hash = Self.hash(key)
         commands.async { [self] in
             _ = perform { connection throws(RedisFailure) in
@@ -321,13 +326,8 @@ public final class RedisTokenStore: SharedTokenStore {
                 max(fence, (existing?.version ?? 0) + 1, current + 1)
             }
         let stored = Self.record(of: token, version: version, settings: wanted)
-        let sealed: [UInt8]
-        do throws(TokenFetchError) {
-            sealed = try record.seal(stored, key: key)
-        } catch {
+        guard let sealed = sealedOrReported(stored, key: key) else {
             // Served here all the same; the others fetch once the lease lapses.
-            events.operation("write", "error")
-            events.notStored(key, error.summary)
             return .success(SharedFetch(record: stored, origin: .fetchedAlone, fetched: token))
         }
         let message = Array(Self.hash(key).utf8) + owner + Array((forced ? "F" : "R").utf8) + sealed
