@@ -803,6 +803,37 @@ private final class Reachability: Sendable {
         }
     }
 
+    /// One key's refused counter is not cleared by another key's lease: the store stays out of
+    /// reach, said once, while any key is refused (it flipped at every refresh of the two).
+    @Test func aRefusedFenceCounterIsNotClearedByAnotherKeysLease() async throws {
+        try await withRedis { server, fleet in
+            let reports = Reachability()
+            let store = try fleet.store(events: reports.events)
+            #expect(await awaitSubscribers(server, 1))
+            try server.command("SET", try name("fence:", "orders"), "-1000000")
+            let issuer = Issuer("a")
+            guard
+                let alone = success(
+                    await store.fetchForFleet("orders", settings: "s", current: 0, forced: false, fetch: issuer.fetch))
+            else { return }
+            #expect(alone.origin == .fetchedAlone)
+            guard
+                let shared = success(
+                    await store.fetchForFleet("billing", settings: "s", current: 0, forced: false, fetch: issuer.fetch))
+            else { return }
+            #expect(shared.origin == .fetchedForFleet, "billing's counter is sound: its lease is taken")
+            #expect(!store.currentHealth.reachable, "orders is still refused")
+            #expect(reports.all.count == 1, "said once, not cleared by billing's lease: \(reports.all)")
+            try server.command("DEL", try name("fence:", "orders"))
+            guard
+                let rejoined = success(
+                    await store.fetchForFleet("orders", settings: "s", current: 1, forced: false, fetch: issuer.fetch))
+            else { return }
+            #expect(rejoined.origin == .fetchedForFleet)
+            #expect(await eventually(within: 20) { store.currentHealth.reachable })
+        }
+    }
+
     /// A record of a token without expiry lives a day in Redis, renewed at each write, so that a
     /// record no broker writes again (a dropped child's) does not stay for good.
     @Test func aRecordOfATokenWithoutExpiryLivesADayRenewedAtEachWrite() async throws {

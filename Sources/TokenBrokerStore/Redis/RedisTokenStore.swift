@@ -88,15 +88,17 @@ public final class RedisTokenStore: SharedTokenStore {
     /// What each connection last found: the store is reachable while both answer. Kept apart, so
     /// that one connection answering never clears what the other found (an ACL that lets the
     /// subscriber in but refuses the scripts would otherwise flip the state at every call).
-    /// `refusal` is an answer the fleet cannot use (a fence counter out of range, a script's
-    /// answer it cannot give): kept until a script answers as it should, not cleared by a `GET`
-    /// or a `PING` that succeeds meanwhile.
+    /// `refusals` are answers the fleet cannot use (a fence counter out of range, a script's
+    /// answer it cannot give), by the fence key they came for: each is kept until a script
+    /// answers as it should for the same key, not cleared by a `GET` or a `PING` that succeeds
+    /// meanwhile, nor by another key's lease (a key with a sound counter would otherwise flip
+    /// the state at every refresh of the two).
     private struct Problems {
         var commands: String?
         var subscriber: String?
-        var refusal: String?
+        var refusals: [String: String] = [:]
         var lastReachable: ContinuousClock.Instant?
-        var problem: String? { commands ?? subscriber ?? refusal }
+        var problem: String? { commands ?? subscriber ?? refusals.min { $0.key < $1.key }?.value }
     }
     private let problems = Lock(Problems())
     private let watching = Lock(Watching())
@@ -239,30 +241,30 @@ public final class RedisTokenStore: SharedTokenStore {
             case .success(.integer(let answer)) where answer > 0:
                 // Checked here too: a version beyond what the API reads would refuse its callers.
                 guard answer < Self.fenceLimit, let fence = UInt64(exactly: answer) else {
-                    refused(fenceProblem(fenceKey))
+                    refused(fenceKey, fenceProblem(fenceKey))
                     return await alone(key, settings: wanted, current: current, fetch: fetch)
                 }
-                mark(\.refusal, nil)
+                refused(fenceKey, nil)
                 events.operation("lease", "acquired")
                 return await fetchHoldingLease(
                     key, settings: wanted, fence: fence, stored: storedRecord, current: current, forced: forced,
                     keys: (recordKey, leaseKey, fenceKey), fetch: fetch)
             case .success(.integer(-1)):
                 // A record was stored between the look above and the lease: read it (not fetch again).
-                mark(\.refusal, nil)
+                refused(fenceKey, nil)
                 continue
             case .success(.integer(0)):
-                mark(\.refusal, nil)
+                refused(fenceKey, nil)
                 events.operation("lease", "held")
             case .success(.integer):
                 // -2: the fence counter is out of range (set by hand, or not a number the script
                 // can count on); no lease was taken. The fleet cannot coordinate on this key.
-                refused(fenceProblem(fenceKey))
+                refused(fenceKey, fenceProblem(fenceKey))
                 return await alone(key, settings: wanted, current: current, fetch: fetch)
             case .success(let other):
                 // An answer the script cannot give (error replies are failures, above): the fleet
                 // cannot coordinate through this Redis, so this broker fetches alone.
-                refused("the lease script was answered with \(Self.describe(other))")
+                refused(fenceKey, "the lease script was answered with \(Self.describe(other))")
                 return await alone(key, settings: wanted, current: current, fetch: fetch)
             }
             // 3. Another broker fetches: wait for its record, or for its lease to end.
@@ -343,7 +345,7 @@ public final class RedisTokenStore: SharedTokenStore {
         })
         switch written {
         case .success(.integer(1)):
-            mark(\.refusal, nil)
+            refused(keys.fence, nil)
             events.operation("write", "ok")
             return .success(SharedFetch(record: stored, origin: .fetchedForFleet, fetched: token))
         case .success(.integer):
@@ -352,7 +354,7 @@ public final class RedisTokenStore: SharedTokenStore {
             events.operation("write", "fenced")
             return .success(SharedFetch(record: stored, origin: .fetchedAlone, fetched: token))
         case .success(let other):
-            refused("the write script was answered with \(Self.describe(other))")
+            refused(keys.fence, "the write script was answered with \(Self.describe(other))")
             events.operation("write", "error")
             return .success(SharedFetch(record: stored, origin: .fetchedAlone, fetched: token))
         case .failure:
@@ -427,11 +429,18 @@ public final class RedisTokenStore: SharedTokenStore {
         }
     }
 
-    /// Redis answers but refuses what the fleet needs: reported as out of reach, so that the
-    /// log, `/readyz` and the metrics say the broker fetches alone, and why; until a script
-    /// answers as it should again (`Problems.refusal`).
-    private func refused(_ problem: String) {
-        mark(\.refusal, RedisFailure(problem))
+    /// Redis answers but refuses what the fleet needs for `fenceKey` (`problem`; nil: a script
+    /// for that key answered as it should): reported as out of reach while any key is refused,
+    /// so that the log, `/readyz` and the metrics say the broker fetches alone, and why.
+    private func refused(_ fenceKey: [UInt8], _ problem: String?) {
+        let key = String(decoding: fenceKey, as: UTF8.self)
+        let (before, after) = problems.withLock { problems -> (String?, String?) in
+            let before = problems.problem
+            problems.refusals[key] = problem
+            if problems.problem == nil { problems.lastReachable = .now }
+            return (before, problems.problem)
+        }
+        if (before == nil) != (after == nil) { events.reachability(after) }
     }
 
     /// Why a fence counter out of range is refused: names the key, never a value read from Redis.
