@@ -245,17 +245,18 @@ import TokenBrokerCore
         #expect(harness.fetchesStarted == 2)
     }
 
-    @Test func forcedRefreshOfAVersionNeverHandedOutReturnsTheCurrentTokenWithoutFetching() {
+    @Test func forcedRefreshOfANewerVersionRefreshesAndNeverHandsBackTheOlderToken() {
         var harness = MachineHarness(ProviderConfiguration())
         harness.start()
         harness.succeed()
-        // A version from before a restart without a store, say: not the token refused now.
-        guard case .current(let token) = harness.forceRefresh(rejected: 999_999) else {
-            Issue.record("version 999999 is not the current one: the current token should come back")
+        // Another broker of a fleet handed out version 8 after this one's 1 was refused: the
+        // token held here is older than the one refused.
+        guard case .refreshing(let after) = harness.forceRefresh(rejected: 8) else {
+            Issue.record("a version newer than the one held should refresh, not hand back version 1")
             return
         }
-        #expect(token.version == 1)
-        #expect(harness.fetchesStarted == 1)
+        #expect(after == 1)
+        #expect(harness.fetchesStarted == 2)
     }
 
     @Test func aFailingRefreshServesTheCachedTokenStaleButNeverPastItsExpiry() {

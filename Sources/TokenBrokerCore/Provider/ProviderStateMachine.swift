@@ -243,13 +243,15 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         dropDeadlinesIfIdle()
     }
 
-    /// The retrier: the caller's token `rejected` was refused downstream. Only the current
-    /// version is refreshed; the caller of any other (an older one, or one this broker never
-    /// handed out, such as a version from before a restart without a store) gets the current
-    /// token, which is not the one refused.
+    /// The retrier: the caller's token `rejected` was refused downstream. The caller of an older
+    /// version gets the current token at once. The current version, or a newer one, is
+    /// refreshed: in a fleet, a newer version is one another broker handed out (this one has
+    /// not yet read its record), and answering with the older token held here would hand back
+    /// one that was refused before it; a version from before a restart without a store costs one
+    /// forced refresh, within the window like any other.
     public mutating func forceRefresh(rejected: UInt64?, now: Instant) -> (ForcedRefreshDecision, [Action]) {
         var actions = noteActivity(now: now)
-        if let rejected, let token = validToken(at: now), rejected != token.version {
+        if let rejected, let token = validToken(at: now), rejected < token.version {
             return (.current(token), actions)
         }
         if isFetching { return (.refreshing(after: cached?.version), actions) }
