@@ -62,8 +62,10 @@ enum RequestHead {
         guard (1...4).contains(rest), scan.allZero(from: scan.position, count: rest) else {
             return "the request head has a line that is not a header (obs-fold or malformed line)"
         }
-        if let problem = scan.framingProblem(isHTTP10: strcmp(version, "HTTP/1.0") == 0) { return problem }
-        awaitedBodyLength = scan.expectsContinue ? scan.contentLength : nil
+        let isHTTP10 = strcmp(version, "HTTP/1.0") == 0
+        if let problem = scan.framingProblem(isHTTP10: isHTTP10) { return problem }
+        // libmicrohttpd sends `100 Continue` only to HTTP/1.1 clients: an HTTP/1.0 one does not wait.
+        awaitedBodyLength = scan.expectsContinue && !isHTTP10 ? scan.contentLength : nil
         return nil
     }
 
@@ -218,8 +220,9 @@ enum HTTPSyntax {
 
     /// Whether `value` (as libmicrohttpd reads it: whitespace after it kept) is a `Host` value:
     /// `uri-host [ ":" port ]` (RFC 9112 §3.2, RFC 3986 §3.2.2), or empty. The host is an IP
-    /// literal in brackets, or a name or IPv4 address of unreserved characters, sub-delims and
-    /// percent-escapes; the port, digits. Nothing else: no space, `/`, `@`, `?` or `#`.
+    /// literal in brackets (a zone id after `%25` included, RFC 6874), or a name or IPv4 address
+    /// of unreserved characters, sub-delims and percent-escapes; the port, digits. Nothing else:
+    /// no space, `/`, `@`, `?` or `#`.
     static func isHost(_ value: UnsafeRawBufferPointer) -> Bool {
         var end = value.count
         while end > 0, value[end - 1] == 0x20 || value[end - 1] == 0x09 { end -= 1 }
@@ -227,6 +230,11 @@ enum HTTPSyntax {
         if end > 0, value[0] == UInt8(ascii: "[") {
             index = 1
             while index < end, value[index] != UInt8(ascii: "]") {
+                if value[index] == UInt8(ascii: "%") {
+                    guard isEscape(value, at: index, end: end) else { return false }
+                    index += 3
+                    continue
+                }
                 guard isUnreservedOrSubDelimiter(value[index]) || value[index] == UInt8(ascii: ":") else {
                     return false
                 }
@@ -237,10 +245,7 @@ enum HTTPSyntax {
         } else {
             while index < end, value[index] != UInt8(ascii: ":") {
                 if value[index] == UInt8(ascii: "%") {
-                    guard index + 2 < end, value[index + 1].hexDigitValue != nil, value[index + 2].hexDigitValue != nil
-                    else {
-                        return false
-                    }
+                    guard isEscape(value, at: index, end: end) else { return false }
                     index += 3
                     continue
                 }
@@ -251,6 +256,11 @@ enum HTTPSyntax {
         guard index < end else { return true }
         guard value[index] == UInt8(ascii: ":") else { return false }
         return value[(index + 1)..<end].allSatisfy { $0 >= 0x30 && $0 <= 0x39 }
+    }
+
+    /// Whether a percent-escape (`%` and two hex digits) starts at `index`, before `end`.
+    private static func isEscape(_ value: UnsafeRawBufferPointer, at index: Int, end: Int) -> Bool {
+        index + 2 < end && value[index + 1].hexDigitValue != nil && value[index + 2].hexDigitValue != nil
     }
 
     /// RFC 3986 §2.2–2.3: `unreserved` (letters, digits, `-._~`) or `sub-delims` (`!$&'()*+,;=`).

@@ -132,6 +132,13 @@ struct HTTPServerTests {
         #expect(handler.refusals.withLock { $0 } == [.bodyTooLarge])
         #expect(handler.handled.withLock { $0.isEmpty }, "the handler never sees the request")
         #expect(client.isClosedByServer(), "the unread body leaves nothing to read the next request from")
+
+        // HTTP/1.0 gets no `100 Continue`, so its client sends the body at once: read, then refused.
+        let old = try TestHTTPClient(port: server.port)
+        try old.send("POST /old HTTP/1.0\r\nContent-Length: 9\r\nExpect: 100-continue\r\n\r\n123456789")
+        _ = try old.readResponse()
+        let request = try #require(handler.handled.withLock { $0.first })
+        #expect(request.path == "/old" && request.bodyTooLarge)
     }
 
     @Test(arguments: Polling.allCases) func keepAliveServesTwoRequestsOnOneConnection(_ polling: Polling) throws {
