@@ -103,8 +103,9 @@ extension Broker {
                 let delay = provider.tokenRefreshDelaySec
                 if delay <= margin {
                     warnings.append(
-                        "provider \"\(name)\": its source sets no token lifetime, so a token without expiry is"
-                            + " advertised as expiring tokenRefreshDelaySec (\(delay) s) after its issue, no more than"
+                        "provider \"\(name)\": its source sets no token lifetime, so a token it fetches without"
+                            + " expiry (one that is not a JWT with exp) is advertised as expiring"
+                            + " tokenRefreshDelaySec (\(delay) s) after its issue, no more than"
                             + " the \(margin) s before expiry at which \(sdk) treats a token as expired: it asks again"
                             + " at every use. Set the source's lifetime, or tokenRefreshDelaySec well above \(margin)")
                 }
