@@ -95,8 +95,8 @@ public enum ProxyHeaders {
                     defer { start = end + 1 }
                     var first = start
                     var last = end
-                    while first < last, isBlank(bytes[first]) { first += 1 }
-                    while last > first, isBlank(bytes[last - 1]) { last -= 1 }
+                    while first < last, bytes[first].isHTTPBlank { first += 1 }
+                    while last > first, bytes[last - 1].isHTTPBlank { last -= 1 }
                     let option = UnsafeBufferPointer(rebasing: bytes[first..<last])
                     guard !option.isEmpty, option.allSatisfy({ $0 < 0x80 }) else { continue }
                     let alreadyDropped = hopByHop.contains { listed in
@@ -110,11 +110,10 @@ public enum ProxyHeaders {
         return names
     }
 
-    private static func isBlank(_ byte: UInt8) -> Bool { byte == UInt8(ascii: " ") || byte == UInt8(ascii: "\t") }
-
     /// The bytes without the spaces and tabs around them.
     private static func trimmingBlanks(_ bytes: ArraySlice<UInt8>) -> ArraySlice<UInt8> {
-        guard let first = bytes.firstIndex(where: { !isBlank($0) }), let last = bytes.lastIndex(where: { !isBlank($0) })
+        guard let first = bytes.firstIndex(where: { !$0.isHTTPBlank }),
+            let last = bytes.lastIndex(where: { !$0.isHTTPBlank })
         else { return [] }
         return bytes[first...last]
     }

@@ -255,14 +255,7 @@ extension HTTPFields {
         /// The value's length without the spaces and tabs that end it.
         var trimmedValueCount: Int {
             guard let value else { return valueCount }
-            var count = valueCount
-            while count > 0,
-                value.load(fromByteOffset: count - 1, as: UInt8.self) == 0x20
-                    || value.load(fromByteOffset: count - 1, as: UInt8.self) == 0x09
-            {
-                count -= 1
-            }
-            return count
+            return HTTPSyntax.countWithoutTrailingBlanks(UnsafeRawBufferPointer(start: value, count: valueCount))
         }
     }
 

@@ -122,7 +122,7 @@ enum RequestHead {
             }
             // The colon (now a NUL), then optional whitespace, then the value.
             guard byte(nameOffset + nameCount) == 0,
-                (nameOffset + nameCount + 1..<valueOffset).allSatisfy({ byte($0) == 0x20 || byte($0) == 0x09 })
+                (nameOffset + nameCount + 1..<valueOffset).allSatisfy({ byte($0).isHTTPBlank })
             else {
                 problem = "a header line is malformed"
                 return false
@@ -224,8 +224,7 @@ enum HTTPSyntax {
     /// of unreserved characters, sub-delims and percent-escapes; the port, digits. Nothing else:
     /// no space, `/`, `@`, `?` or `#`.
     static func isHost(_ value: UnsafeRawBufferPointer) -> Bool {
-        var end = value.count
-        while end > 0, value[end - 1] == 0x20 || value[end - 1] == 0x09 { end -= 1 }
+        let end = countWithoutTrailingBlanks(value)
         var index = 0
         if end > 0, value[0] == UInt8(ascii: "[") {
             index = 1
@@ -256,6 +255,14 @@ enum HTTPSyntax {
         guard index < end else { return true }
         guard value[index] == UInt8(ascii: ":") else { return false }
         return value[(index + 1)..<end].allSatisfy { $0 >= 0x30 && $0 <= 0x39 }
+    }
+
+    /// How many bytes `value` has before the blanks that end it: libmicrohttpd keeps them, though
+    /// they are not part of a header's value (RFC 9110 §5.5).
+    static func countWithoutTrailingBlanks(_ value: UnsafeRawBufferPointer) -> Int {
+        var end = value.count
+        while end > 0, value[end - 1].isHTTPBlank { end -= 1 }
+        return end
     }
 
     /// Whether a percent-escape (`%` and two hex digits) starts at `index`, before `end`.

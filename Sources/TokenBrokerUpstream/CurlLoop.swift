@@ -584,8 +584,6 @@ enum HeaderLine: Equatable {
     /// (obsolete, RFC 9112 §5.2) that holds a colon reads as a field whose name starts with a
     /// blank, which is no header name: the server drops it rather than send it.
     init?(_ line: UnsafeRawBufferPointer) {
-        let space = UInt8(ascii: " ")
-        let tab = UInt8(ascii: "\t")
         let cr = UInt8(ascii: "\r")
         let lf = UInt8(ascii: "\n")
         if line.count >= 5, line[0] == UInt8(ascii: "H"), line[1] == UInt8(ascii: "T"), line[2] == UInt8(ascii: "T"),
@@ -602,8 +600,8 @@ enum HeaderLine: Equatable {
         }
         guard let colon = line[..<end].firstIndex(of: UInt8(ascii: ":")) else { return nil }
         var start = colon + 1
-        while start < end, line[start] == space || line[start] == tab { start += 1 }
-        while end > start, line[end - 1] == space || line[end - 1] == tab { end -= 1 }
+        while start < end, line[start].isHTTPBlank { start += 1 }
+        while end > start, line[end - 1].isHTTPBlank { end -= 1 }
         self = .field(
             String(decoding: UnsafeRawBufferPointer(rebasing: line[..<colon]), as: UTF8.self),
             Array(UnsafeRawBufferPointer(rebasing: line[start..<end])))

@@ -62,6 +62,10 @@ extension UInt8 {
     /// The byte with an ASCII capital letter made small; any other byte unchanged.
     public var asciiLowercased: UInt8 { self >= 0x41 && self <= 0x5A ? self | 0x20 : self }
 
+    /// A space or a tab: what `OWS` (RFC 9110 §5.6.3) is made of, the blanks around a header
+    /// value and between list elements, which are not part of them.
+    @inlinable @inline(__always) public var isHTTPBlank: Bool { self == 0x20 || self == 0x09 }
+
     /// `tchar` (RFC 9110 §5.6.2): a character of a header name or a token. The server checks it
     /// on every byte of every request's header names.
     @inlinable @inline(__always) public var isHTTPTokenCharacter: Bool {
