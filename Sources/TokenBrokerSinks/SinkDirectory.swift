@@ -12,9 +12,10 @@ import TokenBrokerCore
 /// - not be writable by others: whoever can write there can replace the token file with one of
 ///   their own, or remove it, between two writes. The sticky bit does not help (it stops others
 ///   from renaming over the broker's file, not from planting files), so `/tmp` is refused too;
-/// - have no directory above it, up to `/`, that others can write, unless it has the sticky bit
-///   (as `/tmp`): whoever can write there can rename the directory away and put one of their own
-///   in its place, which readers of the path would then read.
+/// - have no directory above it, up to `/`, that another user owns, or that others can write
+///   unless it has the sticky bit (as `/tmp`): whoever owns or can write such a directory can
+///   rename the directory away and put one of their own in its place, which readers of the path
+///   would then read while the broker goes on writing into the one renamed.
 ///
 /// Symbolic links are followed for the directory, as `open` would, and the directories checked
 /// above it are those of the resolved path, the ones that really hold it; they are opened one by
@@ -156,10 +157,20 @@ public final class SinkDirectory: Sendable {
         return nil
     }
 
-    /// A directory above the sink's: others may not write it, unless it is sticky.
+    /// A directory above the sink's: owned by the broker's user or root, and others may not
+    /// write it, unless it is sticky.
     private static func ancestorProblem(_ ancestor: String, _ status: stat, below directory: String)
         -> SinkDirectoryProblem?
     {
+        let user = geteuid()
+        guard status.st_uid == user || status.st_uid == 0 else {
+            // Its owner may rename what is in it whatever its mode, sticky or not.
+            return SinkDirectoryProblem(
+                "\(ancestor), a directory above \(directory), is owned by user \(status.st_uid), neither the "
+                    + "broker's user (\(user)) nor root: its owner could rename the token file's directory away and "
+                    + "put one of their own in its place; allowed: directories above owned by the broker's user or root"
+            )
+        }
         guard status.st_mode & S_IWOTH != 0, status.st_mode & S_ISVTX == 0 else { return nil }
         return SinkDirectoryProblem(
             "\(ancestor), a directory above \(directory), is writable by other users (mode \(modeText(status))) "

@@ -219,6 +219,27 @@ import TokenBrokerTestSupport
         #expect(SinkDirectory.problem(for: folder + "/token") == nil)
     }
 
+    @Test(.enabled(if: geteuid() == 0, "only root can give a directory to another user"))
+    func aParentOwnedByAnotherUserIsRefusedWhateverItsMode() throws {
+        let directory = try privateDirectory()
+        let parent = directory.path("theirs")
+        let folder = parent + "/tokens"
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        try setMode(folder, 0o700)
+        // nobody (65534) owns theirs/: it may rename tokens/ away and make a tokens/ of its own
+        // there, sticky bit or not, and readers of the path would read that one.
+        #expect(chown(parent, 65_534, 65_534) == 0)
+        for mode: mode_t in [0o755, 0o1777] {
+            try setMode(parent, mode)
+            let problem = SinkDirectory.problem(for: folder + "/token")
+            #expect(
+                problem?.contains("\(parent), a directory above \(folder), is owned by user 65534") == true,
+                "mode \(String(mode, radix: 8)): \(problem ?? "accepted")")
+        }
+        #expect(chown(parent, 0, 65_534) == 0)
+        #expect(SinkDirectory.problem(for: folder + "/token") == nil, "owned by root: accepted")
+    }
+
     @Test func aParentReachedThroughASymbolicLinkIsTheOneChecked() throws {
         let directory = try privateDirectory()
         let parent = directory.path("shared")

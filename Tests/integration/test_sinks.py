@@ -338,7 +338,8 @@ def test_leftover_temporary_files_are_removed_at_start_and_counted_in_the_log(tm
 
 # Refused at start
 
-@pytest.mark.parametrize("case", ["missing", "0777", "1777", "0703", "parent 0777", "owned by nobody"])
+@pytest.mark.parametrize("case", ["missing", "0777", "1777", "0703", "parent 0777", "owned by nobody",
+                                  "parent owned by nobody"])
 def test_a_directory_missing_or_writable_by_others_stops_the_broker_with_the_reason(tmp_path, case):
     directory = tmp_path / "run"
     if case == "parent 0777":
@@ -351,6 +352,15 @@ def test_a_directory_missing_or_writable_by_others_stops_the_broker_with_the_rea
             pytest.skip("only root can give a directory to another user")
         directory.mkdir(mode=0o755)
         os.chown(directory, 65534, 65534)
+    elif case == "parent owned by nobody":
+        # The parent's owner may rename run/ away and put a run/ of its own in its place,
+        # whatever the parent's mode.
+        if os.geteuid() != 0:
+            pytest.skip("only root can give a directory to another user")
+        directory = tmp_path / "theirs" / "run"
+        directory.mkdir(parents=True, mode=0o700)
+        directory.parent.chmod(0o755)
+        os.chown(directory.parent, 65534, 65534)
     elif case != "missing":
         directory.mkdir()
         directory.chmod(int(case, 8))
@@ -365,6 +375,9 @@ def test_a_directory_missing_or_writable_by_others_stops_the_broker_with_the_rea
                 result.stderr
         elif case == "owned by nobody":
             assert "owned by user 65534" in result.stderr, result.stderr
+        elif case == "parent owned by nobody":
+            assert f"{directory.parent}, a directory above {directory}, is owned by user 65534" in result.stderr, \
+                result.stderr
         else:
             assert case == "missing" or "writable" in result.stderr, result.stderr
     assert not directory.exists() or os.listdir(directory) == []
