@@ -59,8 +59,9 @@ enum ListeningSocket {
         }
     }
 
-    /// A Unix socket at `path`. A socket file left by a broker that is gone is replaced; a live
-    /// one, or a file that is not a socket, is refused.
+    /// A Unix socket at `path`. A socket file left by a process that is gone is replaced; a live
+    /// one, one that cannot be tried (such as another user's that the broker may not connect
+    /// to), or a file that is not a socket, is refused.
     private static func openUnix(_ path: String, mode: UInt32, address: ListenAddress) throws(HTTPServerError) -> Int32
     {
         var status = stat()
@@ -68,19 +69,31 @@ enum ListeningSocket {
             guard status.st_mode & S_IFMT == S_IFSOCK else {
                 throw HTTPServerError(address: address, reason: "the path exists and is not a socket")
             }
+            // Only a refused connection shows that nobody listens there any more.
             let probe = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-            let live = withUnixAddress(path) { connect(probe, $0, $1) } == 0
+            guard probe >= 0 else { throw failure(address) }
+            let connected = withUnixAddress(path) { connect(probe, $0, $1) } == 0
+            let code = errno
             Glibc.close(probe)
-            guard !live else { throw HTTPServerError(address: address, reason: "another process is listening on it") }
+            guard !connected else {
+                throw HTTPServerError(address: address, reason: "another process is listening on it")
+            }
+            guard code == ECONNREFUSED else {
+                throw HTTPServerError(
+                    address: address,
+                    reason: "a socket is there and cannot be tried (\(String(cString: strerror(code)))): "
+                        + "remove it if no process listens on it")
+            }
             unlink(path)
         }
         let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw failure(address) }
-        // The socket file is created with the umask's mode: make that no wider than `mode`.
+        // The socket file is created with the umask's mode, so the umask gives it `mode`; no
+        // `chmod` by path afterwards, which would follow a link put there in the meantime.
         let previous = umask(mode_t(0o777 & ~mode))
         let result = withUnixAddress(path) { Glibc.bind(fd, $0, $1) }
         umask(previous)
-        guard result == 0, chmod(path, mode_t(mode)) == 0, listen(fd, 4096) == 0 else {
+        guard result == 0, listen(fd, 4096) == 0 else {
             let error = failure(address)
             Glibc.close(fd)
             throw error

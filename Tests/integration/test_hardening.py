@@ -9,13 +9,16 @@ import json
 import os
 import resource
 import secrets
+import shutil
 import socket
 import stat
+import subprocess
+import tempfile
 import time
 
 import pytest
 
-from broker import Broker, run_broker
+from broker import BINARY, Broker, base_environment, run_broker
 from test_http_api import wait_until
 
 
@@ -217,6 +220,44 @@ def test_unix_socket_listeners_with_their_file_mode(tmp_path):
             Broker(listen=f"unix:{token_socket}", admin="127.0.0.1:0")
         assert broker.stop() == 0
     assert not os.path.exists(token_socket) and not os.path.exists(admin_socket)
+
+
+def test_a_live_socket_the_broker_may_not_connect_to_is_refused_not_taken_over():
+    # Another user's service listens on a socket the broker's user may not connect to, in a
+    # directory its group may write: the failed trial connection (EACCES) is no sign that the
+    # socket is stale, so the broker must leave it alone instead of replacing it.
+    if os.geteuid() != 0:
+        pytest.skip("only root can run the broker as another user")
+    top = tempfile.mkdtemp(prefix="tb-foreign-socket-")
+    try:
+        os.chmod(top, 0o755)
+        binary = os.path.join(top, "token-broker")
+        shutil.copy(BINARY, binary)
+        os.chmod(binary, 0o755)
+        sockets = os.path.join(top, "sockets")
+        os.mkdir(sockets)
+        os.chown(sockets, 0, 65534)
+        os.chmod(sockets, 0o770)
+        path = os.path.join(sockets, "service.sock")
+        theirs = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        theirs.bind(path)
+        os.chmod(path, 0o600)
+        theirs.listen(1)
+        inode = os.stat(path).st_ino
+        environment = base_environment()
+        environment.update({"TOKEN_BROKER_LISTEN": f"unix:{path}", "TOKEN_BROKER_ADMIN_LISTEN": "127.0.0.1:0"})
+        try:
+            result = subprocess.run(
+                ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", binary], capture_output=True,
+                text=True, env=environment, timeout=20)
+        finally:
+            still_theirs = os.path.exists(path) and os.stat(path).st_ino == inode
+            theirs.close()
+        assert result.returncode != 0, result.stderr
+        assert "a socket is there and cannot be tried (Permission denied)" in result.stderr, result.stderr
+        assert still_theirs
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
 
 
 def test_a_unix_path_that_is_not_a_socket_is_refused(tmp_path):
