@@ -136,6 +136,8 @@ import TokenBrokerCore
         "unix:relative.sock", "unix:", "unix:/dir/", "unix:/" + String(repeating: "a", count: 120),
         "[:::::]:8080", "[1:2:3:4:5:6:7:8:9]:80", "[::1::2]:80", "[12345::]:80", "[::1.2.3]:80", "[.]:80",
         "[fe80::1%eth0]:80",
+        // A sign, which UInt8 and UInt16 alone would take and no listener can bind.
+        "127.0.0.+1:8080", "+127.0.0.1:8080", "127.0.0.1:+8080", "[::1]:+8080", "127.0.0.1: 8080",
     ])
     func malformedListenAddressesAreRefused(_ text: String) {
         #expect(throws: ConfigurationError.self) { try ListenAddress(parsing: text) }
@@ -204,6 +206,22 @@ import TokenBrokerCore
         #expect(
             configurationProblem(#"{"providers": [{"tokenCookiePath": "x"}]}"#)
                 == #"providers[0].tokenCookiePath: must start with "/""#)
+    }
+
+    @Test(arguments: ["example.com evil", "a,b.test", "", #"a.test\t"#, "é.test", "a_b.test"])
+    func aCookieDomainIsAHostName(_ domain: String) {
+        // A blank or a comma would end the attribute early, or split the `Set-Cookie` line in a
+        // proxy that joins repeated headers with commas.
+        #expect(
+            configurationProblem(#"{"providers": [{"domainName": "\#(domain)"}]}"#)
+                == #"providers[0].domainName: must be a host name: ASCII letters, digits, "-" and ".""#)
+    }
+
+    @Test(arguments: ["/a b", "/a,b", #"/a\u007f"#, "/a;b"])
+    func aCookiePathIsVisibleASCIIWithoutSemicolonOrComma(_ path: String) {
+        #expect(
+            configurationProblem(#"{"providers": [{"tokenCookiePath": "\#(path)"}]}"#)
+                == #"providers[0].tokenCookiePath: must be visible ASCII without ";" and ",""#)
     }
 
     @Test func theFileSourceNeedsAPath() throws {

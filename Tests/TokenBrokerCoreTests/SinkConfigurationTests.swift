@@ -164,6 +164,22 @@ import TokenBrokerCore
                 .hasPrefix("sinks[0].audience: must be 1–1024 visible ASCII characters") == true)
     }
 
+    @Test func sinksMayNotNeedMoreChildrenThanTheTemplateHolds() throws {
+        // Start refuses a sink whose child the template cannot hold, so the check refuses it too.
+        let template =
+            #"{"name": "one", "perRequest": ["audience"], "allowedAudiences": ["https://a.example/*"], "maxChildren": 1}"#
+        func sinks(_ audiences: [String]) -> String {
+            #"{"providers": [\#(template)], "sinks": ["#
+                + audiences.enumerated().map { #"{"provider": "one", "path": "/run/tb/\#($0)", "audience": "\#($1)"}"# }
+                .joined(separator: ",") + "]}"
+        }
+        #expect(
+            configurationProblem(sinks(["https://a.example/x", "https://a.example/y"]))
+                == #"sinks[1]: template "one" cannot hold another child (maxChildren 1)"#)
+        // Two files of one child need one child.
+        #expect(try parse(sinks(["https://a.example/x", "https://a.example/x"])).sinks.count == 2)
+    }
+
     @Test func sinkPathsAreResolvedAgainstTheConfigurationsDirectory() throws {
         var configuration = try parse(
             document(sinks: #"{"provider": "plain", "path": "run/x.token"}, {"provider": "t", "path": "/run/y"}"#))

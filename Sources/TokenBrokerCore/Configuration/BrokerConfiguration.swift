@@ -202,6 +202,9 @@ public struct BrokerConfiguration: Sendable, Equatable {
     /// allows, and a path no other sink writes.
     private func validateSinks() throws(ConfigurationError) {
         var paths: Set<String> = []
+        // Each template's children that the sinks hold, by their values: start refuses more than
+        // `maxChildren`, so the check must too.
+        var held: [String: Set<TokenRequestValues>] = [:]
         for (index, sink) in sinks.enumerated() {
             let key = "sinks[\(index)]"
             guard let provider = providers.first(where: { $0.name == sink.provider }) else {
@@ -216,9 +219,19 @@ public struct BrokerConfiguration: Sendable, Equatable {
                     "provider \"\(provider.name)\" has backgroundRefreshEnabled false; a token file needs a provider "
                         + "that keeps its token fresh")
             }
-            if case .failure(let problem) = sink.requestValues(for: provider) {
+            switch sink.requestValues(for: provider) {
+            case .failure(let problem):
                 throw ConfigurationError(
                     key: "\(key).\(problem.parameter.rawValue)", Self.describe(problem, provider: provider))
+            case .success(let values) where provider.isTemplate:
+                held[provider.name, default: []].insert(values)
+                guard held[provider.name, default: []].count <= provider.maxChildren else {
+                    throw ConfigurationError(
+                        key: key,
+                        "template \"\(provider.name)\" cannot hold another child (maxChildren \(provider.maxChildren))")
+                }
+            case .success:
+                break
             }
             guard paths.insert(sink.comparablePath).inserted else {
                 throw ConfigurationError(

@@ -52,14 +52,22 @@ public struct ListenAddress: Sendable, Equatable, CustomStringConvertible {
             portText = text[text.index(after: colon)...]
             isIPv6 = false
             let parts = host.split(separator: ".", omittingEmptySubsequences: false)
-            guard parts.count == 4, parts.allSatisfy({ UInt8($0) != nil && ($0 == "0" || !$0.hasPrefix("0")) }) else {
+            // Digits only: `UInt8` alone would take `+1`, which no listener can bind.
+            guard parts.count == 4,
+                parts.allSatisfy({ Self.isDigits($0) && UInt8($0) != nil && ($0 == "0" || !$0.hasPrefix("0")) })
+            else {
                 throw problem
             }
         }
-        guard let port = UInt16(portText) else { throw problem }
+        guard Self.isDigits(portText), let port = UInt16(portText) else { throw problem }
         self.host = String(host)
         self.port = port
         unixPath = nil
+    }
+
+    /// Whether `text` is one or more ASCII digits, and nothing else (no sign, no blank).
+    private static func isDigits(_ text: Substring) -> Bool {
+        !text.isEmpty && text.utf8.allSatisfy { $0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9") }
     }
 
     public var description: String {
