@@ -27,9 +27,27 @@ public struct CookieSettings: Sendable, Equatable {
                 key: reader.keyPath("tokenCookieName"),
                 "\"\(tokenCookieName)\" is not a cookie name; allowed: visible ASCII without separators")
         }
-        for (key, value) in [("domainName", domainName ?? ""), ("tokenCookiePath", tokenCookiePath)]
-        where value.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value >= 0x7F || $0 == ";" }) {
-            throw ConfigurationError(key: reader.keyPath(key), "must be visible ASCII without \";\"")
+        // RFC 6265 §4.1.1: a `Domain` is a host name. A blank or a comma would end the attribute
+        // early in the browser's reading or in a proxy that joins `Set-Cookie` lines with commas.
+        if let domainName,
+            domainName.isEmpty || domainName.utf8.count > 253
+                || !domainName.utf8.allSatisfy({
+                    switch $0 {
+                    case 0x30...0x39, 0x41...0x5A, 0x61...0x7A, UInt8(ascii: "-"), UInt8(ascii: "."): true
+                    default: false
+                    }
+                })
+        {
+            throw ConfigurationError(
+                key: reader.keyPath("domainName"), "must be a host name: ASCII letters, digits, \"-\" and \".\"")
+        }
+        guard
+            tokenCookiePath.utf8.allSatisfy({
+                $0 > 0x20 && $0 < 0x7F && $0 != UInt8(ascii: ";") && $0 != UInt8(ascii: ",")
+            })
+        else {
+            throw ConfigurationError(
+                key: reader.keyPath("tokenCookiePath"), "must be visible ASCII without \";\" and \",\"")
         }
         guard tokenCookiePath.hasPrefix("/") else {
             throw ConfigurationError(key: reader.keyPath("tokenCookiePath"), "must start with \"/\"")
