@@ -192,7 +192,7 @@ enum Broker {
         let running = start(
             loaded, sinks: sinks, listeners: listeners, callers: callers, store: store, metrics: metrics,
             reloads: reloads)
-        announce(configuration, listeners: listeners, callers: callers)
+        announce(configuration, listeners: listeners)
         let signal = serve(running, path: path)
         Log.info("stopping", ["signal": signal])
         stop(running)
@@ -262,8 +262,9 @@ enum Broker {
         }
     }
 
-    /// Warns about each secret file that other users can read.
-    private static func warnAboutExposedSecretFiles(_ configuration: BrokerConfiguration) {
+    /// Warns about each secret file that other users can read (at start, and after each reload
+    /// that takes: it may name new files).
+    static func warnAboutExposedSecretFiles(_ configuration: BrokerConfiguration) {
         let files =
             configuration.providers.flatMap(\.source.secretFiles)
             + [configuration.compat.azure?.identityHeaderFile].compactMap { $0 } + configuration.store.secretFiles
@@ -437,7 +438,7 @@ enum Broker {
     }
 
     /// Logs the addresses bound and the proxies ready, and warns about a configuration left open.
-    private static func announce(_ configuration: BrokerConfiguration, listeners: Listeners, callers: CallerKeyStore?) {
+    private static func announce(_ configuration: BrokerConfiguration, listeners: Listeners) {
         Log.info("listening", ["listener": "token", "address": address(configuration.listen, listeners.token.port)])
         Log.info(
             "listening", ["listener": "admin", "address": address(configuration.adminListen, listeners.admin.port)])
@@ -453,10 +454,17 @@ enum Broker {
                     "provider": proxy.provider ?? configuration.providers[0].name,
                 ])
         }
+        warnAboutOpenAccess(configuration)
+    }
+
+    /// Warns about settings that let more clients read tokens than a default broker lets: the
+    /// request guard off, and a token listener other machines can reach without caller keys.
+    /// Logged at start and after each reload that takes, since a reload may change either.
+    static func warnAboutOpenAccess(_ configuration: BrokerConfiguration) {
         if !configuration.requestGuard {
             Log.warning("the request guard is off: token routes accept requests without Token-Broker-Request")
         }
-        if !configuration.listen.isLoopback, callers == nil {
+        if !configuration.listen.isLoopback, configuration.clientKeysFile == nil {
             Log.warning(
                 "the token listener is reachable from other machines and callers need no key (see clientKeysFile)",
                 ["address": configuration.listen.description])

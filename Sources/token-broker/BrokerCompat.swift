@@ -45,7 +45,8 @@ extension Broker {
     }
 
     /// What to warn about: the protocols served on the token listener while callers have keys
-    /// (the SDKs cannot send one, so these routes bypass them), IMDS served beside App Service's
+    /// (the SDKs cannot send one, so these routes bypass them), a protocol's own listener that
+    /// other machines can reach (for the same reason), IMDS served beside App Service's
     /// secret (`imds: true` with `identityHeaderFile`: the same tokens without the secret), and
     /// `lifetimeWarnings`.
     static func compatWarnings(_ configuration: BrokerConfiguration) -> [String] {
@@ -60,6 +61,14 @@ extension Broker {
                     + " served on the token listener, where the caller keys (clientKeysFile) do not apply to"
                     + " their routes: any client of the listener can read their templates' tokens; give each a"
                     + " listen address of its own")
+        }
+        for (name, listen) in [("gce", compat.gce?.listen), ("azure", compat.azure?.listen)] {
+            if let listen, !listen.isLoopback {
+                warnings.append(
+                    "compat.\(name) listens on \(listen), which other machines can reach, and the caller keys"
+                        + " (clientKeysFile) never apply to its routes: any client there can read its templates'"
+                        + " tokens; listen on loopback or a Unix socket unless that is meant")
+            }
         }
         if let azure = compat.azure, azure.identityHeaderFile != nil, azure.servesIMDS {
             warnings.append(

@@ -259,6 +259,8 @@ extension Broker {
         }
         let retired = old.configuration.providers.filter { !summary.unchanged.contains($0.name) }
         waitForEnd(of: retired.compactMap { old.tasks[$0.name] }, atMost: .seconds(5))
+        warnAboutExposedSecretFiles(configuration)
+        warnAboutOpenAccess(configuration)
         for warning in compatWarnings(configuration) { Log.warning("compat", ["problem": warning]) }
         return (.reloaded(summary), nil)
     }

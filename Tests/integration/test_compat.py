@@ -746,6 +746,23 @@ def test_check_config_warns_when_a_local_signer_s_lifetime_cannot_stay_above_an_
     assert any(r'provider \"azure-user\"' in line and "300 s" in line for line in warnings), result.stderr
 
 
+@pytest.mark.parametrize("protocol", ["gce", "azure"])
+def test_check_config_warns_of_a_protocol_listener_other_machines_can_reach(issuer, tmp_key, identity_header, tmp_path,
+                                                                             protocol):
+    # The SDKs' routes take no caller key, so a listener of their own off loopback serves its
+    # templates' tokens to any machine that reaches it. Checked, not started: nothing binds.
+    config = compat_config(issuer, tmp_key, identity_header[1])
+    config["compat"][protocol]["listen"] = "127.0.0.1:9"
+    quiet = run_broker("--check-config", "--config", write_config(tmp_path, config))
+    assert quiet.returncode == 0 and " level=warn " not in quiet.stderr, quiet.stderr
+    config["compat"][protocol]["listen"] = "0.0.0.0:9"
+    result = run_broker("--check-config", "--config", write_config(tmp_path, config))
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if " level=warn " in line]
+    assert any(f"compat.{protocol} listens on 0.0.0.0:9, which other machines can reach" in line
+               for line in warnings), result.stderr
+
+
 BAD_CONFIGURATIONS = {
     "unknown gce key": (lambda c: c["compat"]["gce"].update(color="blue"), "color"),
     "unknown protocol": (lambda c: c["compat"].update(aws={}), "aws"),

@@ -313,6 +313,27 @@ def test_an_unchanged_signer_with_a_key_made_at_start_keeps_it_in_the_jwks():
         assert served(broker, "signer")["access_token"] == token
 
 
+def test_a_reload_that_opens_access_or_exposes_a_secret_file_warns_as_a_start_would(tmp_path):
+    # A reload may turn the request guard off or name a secret file others can read: the log
+    # says so, as it does at start, not only when the broker is started next.
+    key = tmp_path / "hs256.key"
+    key.write_bytes(os.urandom(32))
+    key.chmod(0o644)
+    with Broker({"providers": [{"name": "default"}]}) as broker:
+        served(broker, "default")
+        assert " level=warn " not in broker.stderr(), broker.stderr()
+        rewrite(broker, {"requestGuard": False, "providers": [
+            {"name": "default"},
+            {"name": "h", "source": {"type": "jwt", "algorithm": "HS256", "keyFile": str(key)}}]})
+        status, document = post_reload(broker)
+        assert status == 200, document
+        assert_outcome(document, added=["h"], unchanged=["default"])
+        warnings = [line for line in broker.stderr().splitlines() if " level=warn " in line]
+        assert any("the request guard is off" in line for line in warnings), broker.stderr()
+        assert any("a secret file can be read by other users" in line and str(key) in line for line in warnings), \
+            broker.stderr()
+
+
 def test_caller_keys_may_name_a_provider_the_reload_adds_and_not_one_it_removes(tmp_path):
     key = "caller-key-for-reload-tests"
     keys = tmp_path / "callers.json"
