@@ -174,7 +174,7 @@ enum Broker {
             Log.error("invalid configuration", ["problem": error.description])
             return 2
         }
-        warnAboutOpenFileLimit(configuration)
+        let connectionLimit = fitConnectionLimit(configuration)
         let reloads = ReloadRequests()
         let loaded = Loaded(
             configuration: configuration, sources: sources, digests: digests, providers: providers,
@@ -184,7 +184,8 @@ enum Broker {
             let handlers = makeHandlers(
                 configuration, providers: providers, sinks: sinks, jwks: loaded.jwks, callers: callers,
                 identityHeader: identityHeader, store: store, metrics: metrics, reloads: reloads)
-            listeners = try openListeners(configuration, handlers: handlers, metrics: metrics)
+            listeners = try openListeners(
+                configuration, connectionLimit: connectionLimit, handlers: handlers, metrics: metrics)
         } catch {
             Log.error("cannot start", ["problem": error.description])
             return 1
@@ -337,16 +338,28 @@ enum Broker {
         (base as? any TemplatedTokenSource)?.child(for: values) ?? base
     }
 
-    /// Raises the open-file limit, and warns when it stays below what the connection limit needs.
-    private static func warnAboutOpenFileLimit(_ configuration: BrokerConfiguration) {
+    /// Raises the open-file limit, and gives each token-route listener a connection limit that
+    /// fits in it (`ProcessLimits.fittedConnectionLimit`), with a warning when that is less than
+    /// `connectionLimit`.
+    private static func fitConnectionLimit(_ configuration: BrokerConfiguration) -> Int {
         let openFiles = ProcessLimits.raiseOpenFileLimit()
-        if openFiles < UInt64(configuration.connectionLimit) + 64 {
+        let proxies = !configuration.proxies.isEmpty
+        let ownListeners = [configuration.compat.gce?.listen, configuration.compat.azure?.listen].compactMap { $0 }
+        // libcurl keeps up to 256 idle connections per loop; without proxies, loop 0 alone talks
+        // to a few issuers.
+        let upstream = proxies ? UpstreamHTTPClient.loopCount * 256 : 32
+        let limit = ProcessLimits.fittedConnectionLimit(
+            configured: configuration.connectionLimit, openFiles: openFiles,
+            perConnection: (proxies ? 2 : 1) + ownListeners.count, upstream: upstream)
+        if limit < configuration.connectionLimit {
             Log.warning(
-                "the open-file limit is below the connection limit",
+                "the open-file limit is too low for connectionLimit: each token-route listener takes fewer connections",
                 [
                     "open_files": String(openFiles), "connectionLimit": String(configuration.connectionLimit),
+                    "connections_taken": String(limit),
                 ])
         }
+        return limit
     }
 
     /// Each listener's routes over `providers`: the token routes (with the proxy's and the cloud
@@ -377,10 +390,12 @@ enum Broker {
     }
 
     /// Binds the listeners with their routes, and lets the metrics read their connection counts.
+    /// - Parameter connectionLimit: each token-route listener's, as `fitConnectionLimit` found it.
     private static func openListeners(
-        _ configuration: BrokerConfiguration, handlers: Handlers, metrics: BrokerMetrics
+        _ configuration: BrokerConfiguration, connectionLimit: Int, handlers: Handlers, metrics: BrokerMetrics
     ) throws(HTTPServerError) -> Listeners {
-        var tokenSettings = tokenRouteSettings(configuration, address: configuration.listen, listener: "token")
+        var tokenSettings = tokenRouteSettings(
+            configuration, address: configuration.listen, listener: "token", connectionLimit: connectionLimit)
         if !configuration.proxies.isEmpty {
             tokenSettings.streamingPrefix = ProxyPath.prefix
             // The token listener runs on the proxy's libcurl loops (started by `httpClientFailure`):
@@ -389,16 +404,18 @@ enum Broker {
         }
         let tokenServer = try HTTPServer(configuration: tokenSettings, handler: handlers.token)
         var adminSettings = HTTPServer.Configuration(address: configuration.adminListen)
-        adminSettings.connectionLimit = 256
+        adminSettings.connectionLimit = ProcessLimits.adminConnections
         adminSettings.connectionTimeoutSec = configuration.connectionTimeoutSec
         adminSettings.threads = 1
         adminSettings.unixSocketMode = configuration.unixSocketMode
-        adminSettings.libraryLog = { Log.warning("libmicrohttpd", ["listener": "admin", "detail": $0]) }
+        adminSettings.libraryLog = libraryLog(listener: "admin")
         let adminServer = try HTTPServer(configuration: adminSettings, handler: handlers.admin)
         var compat: [CompatListener] = []
         for (name, address, handler) in handlers.compat {
             let server = try HTTPServer(
-                configuration: tokenRouteSettings(configuration, address: address, listener: name), handler: handler)
+                configuration: tokenRouteSettings(
+                    configuration, address: address, listener: name, connectionLimit: connectionLimit),
+                handler: handler)
             metrics.observeOpenConnections(listener: name) { [weak server] in server?.openConnections ?? 0 }
             compat.append(CompatListener(name: name, address: address, server: server))
         }
@@ -502,16 +519,32 @@ enum Broker {
     /// A listener of token routes (the token listener, a cloud SDK protocol's own) as configured:
     /// its connection limit, timeout, memory per connection and Unix socket mode, and its
     /// libmicrohttpd messages logged under its name.
-    static func tokenRouteSettings(_ configuration: BrokerConfiguration, address: ListenAddress, listener: String)
-        -> HTTPServer.Configuration
-    {
+    static func tokenRouteSettings(
+        _ configuration: BrokerConfiguration, address: ListenAddress, listener: String, connectionLimit: Int
+    ) -> HTTPServer.Configuration {
         var settings = HTTPServer.Configuration(address: address)
-        settings.connectionLimit = configuration.connectionLimit
+        settings.connectionLimit = connectionLimit
         settings.connectionTimeoutSec = configuration.connectionTimeoutSec
         settings.connectionMemoryLimit = configuration.connectionMemoryKiB * 1024
         settings.unixSocketMode = configuration.unixSocketMode
-        settings.libraryLog = { Log.warning("libmicrohttpd", ["listener": listener, "detail": $0]) }
+        settings.libraryLog = libraryLog(listener: listener)
         return settings
+    }
+
+    /// libmicrohttpd's messages for one listener, logged as warnings, one a second at most: a
+    /// client can cause one with every request it garbles, or, with the process out of file
+    /// descriptors, libmicrohttpd with every connection it fails to take.
+    static func libraryLog(listener: String) -> @Sendable (String) -> Void {
+        let throttle = LogThrottle(interval: .seconds(1))
+        return { detail in
+            guard let notLogged = throttle.admit(at: ContinuousClock.now) else { return }
+            if notLogged == 0 {
+                Log.warning("libmicrohttpd", ["listener": listener, "detail": detail])
+            } else {
+                Log.warning(
+                    "libmicrohttpd", ["listener": listener, "detail": detail, "not_logged": String(notLogged)])
+            }
+        }
     }
 
     /// Blocks the calling thread (not one of Swift's pool) until every task has ended, or `limit` has passed.

@@ -15,6 +15,33 @@ enum ProcessLimits {
         }
         return UInt64(limit.rlim_cur)
     }
+
+    /// File descriptors kept aside for everything but connections: the log, configuration, key,
+    /// token and store files, Redis, each daemon's epoll and wake-up descriptors, the watchers.
+    static let reservedFiles = 128
+    /// The admin listener's connection limit: always served, so that a health check gets in
+    /// however many token connections there are.
+    static let adminConnections = 256
+    /// The least connection limit a listener is given, whatever the open-file limit.
+    static let leastConnectionLimit = 16
+
+    /// The connection limit each token-route listener (the token listener, each cloud SDK
+    /// protocol's own) can have within `openFiles` descriptors: `configured`, or less when the
+    /// descriptors would run out first. Once they do, libmicrohttpd fails to take every new
+    /// connection on every listener, the admin listener's too, and retries at once, so that
+    /// it spins and no health check gets in; a limit that fits keeps a listener from taking
+    /// more than there are.
+    ///
+    /// - Parameters:
+    ///   - perConnection: the descriptors each connection of each such listener may hold, summed
+    ///     over the listeners: 2 for a token listener that proxies (its upstream's too), 1 for
+    ///     one that does not, 1 for each protocol listener of its own.
+    ///   - upstream: descriptors libcurl may keep open besides those, in its connection caches.
+    static func fittedConnectionLimit(configured: Int, openFiles: UInt64, perConnection: Int, upstream: Int) -> Int {
+        let spare = Int(clamping: openFiles) - reservedFiles - adminConnections - upstream
+        let fitting = spare / max(1, perConnection)
+        return min(configured, max(leastConnectionLimit, fitting))
+    }
 }
 
 /// Secret files that others can read. Kubernetes mounts secrets 0644 by default, so the broker

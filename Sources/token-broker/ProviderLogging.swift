@@ -51,7 +51,16 @@ extension ProviderEvents {
                 }
             },
             excessiveRefresh: { name in
-                Log.warning("forced refresh refused: too many in the window", ["provider": name])
+                // Any caller can ask as fast as it likes once the window is used up: one line a
+                // second at most, counted in the metrics all the same.
+                guard let notLogged = excessiveRefreshLog.admit(at: ContinuousClock.now) else { return }
+                if notLogged == 0 {
+                    Log.warning("forced refresh refused: too many in the window", ["provider": name])
+                } else {
+                    Log.warning(
+                        "forced refresh refused: too many in the window",
+                        ["provider": name, "not_logged": String(notLogged)])
+                }
             },
             storeLoaded: { name, load, served in
                 switch load {
@@ -121,30 +130,38 @@ extension TemplateEvents {
             refused: { name, values in
                 metrics.recordChildRefused(template: name)
                 // A caller can ask for new values as fast as it likes: one line a second at most.
-                guard refusalLog.admit(at: ContinuousClock.now) else { return }
+                guard let notLogged = refusalLog.admit(at: ContinuousClock.now) else { return }
                 Log.warning(
                     "template child refused: maxChildren reached (further refusals this second not logged)",
-                    ["provider": name, "values": values.description])
+                    ["provider": name, "values": values.description, "not_logged": String(notLogged)])
             })
     }
 }
 
-/// Admits one log line per second: the refusals past `maxChildren` are counted, not all logged.
+/// One log line per second at most for the refusals past `maxChildren`, which are counted in the
+/// metrics, not all logged.
 private let refusalLog = LogThrottle(interval: .seconds(1))
+/// The same for forced refreshes refused past the window.
+private let excessiveRefreshLog = LogThrottle(interval: .seconds(1))
 
-/// Lets one event through per `interval`.
+/// Lets one event through per `interval`, for events a client can cause as often as it likes
+/// (a log line each would let it flood the log), and counts the ones it holds back.
 final class LogThrottle: Sendable {
     private let interval: Duration
-    private let last = Lock<ContinuousClock.Instant?>(nil)
+    private let state = Lock<(last: ContinuousClock.Instant?, heldBack: Int)>((nil, 0))
 
     init(interval: Duration) { self.interval = interval }
 
-    /// Whether an event at `now` may be logged: none was in the `interval` before it.
-    func admit(at now: ContinuousClock.Instant) -> Bool {
-        last.withLock { last in
-            if let previous = last, previous.duration(to: now) < interval { return false }
-            last = now
-            return true
+    /// nil when the event at `now` is held back (none may be logged within `interval` of the
+    /// last one); else how many were held back since the last one let through.
+    func admit(at now: ContinuousClock.Instant) -> Int? {
+        state.withLock { state in
+            if let previous = state.last, previous.duration(to: now) < interval {
+                state.heldBack += 1
+                return nil
+            }
+            defer { state = (now, 0) }
+            return state.heldBack
         }
     }
 }

@@ -393,6 +393,38 @@ def test_a_slow_loris_client_is_cut_off_by_the_connection_timeout():
         assert_healthy(broker)
 
 
+def test_with_few_file_descriptors_the_token_listener_takes_what_fits_and_health_checks_still_get_in(tmp_path):
+    # 700 descriptors and connectionLimit 1000: once the descriptors run out, libmicrohttpd fails
+    # to take each new connection on every listener, the admin one too. The token listener must
+    # take no more connections than fit beside the admin listener's: 700 - 128 kept aside - 256
+    # for the admin listener - 32 for libcurl = 284.
+    limited = tmp_path / "limited"
+    limited.write_text(f'#!/bin/sh\nexec prlimit --nofile=700:700 -- "{os.path.abspath(BINARY)}" "$@"\n')
+    limited.chmod(0o755)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 2048)), hard))
+    idle = []
+    try:
+        with Broker({"connectionLimit": 1000, "providers": [{"name": "default"}]}, binary=str(limited)) as broker:
+            assert "the open-file limit is too low for connectionLimit" in broker.stderr(), broker.stderr()
+            assert "connections_taken=284" in broker.stderr(), broker.stderr()
+            host, port = broker._split("token")
+            for _ in range(900):
+                connection = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                connection.settimeout(10)
+                connection.connect((host, port))
+                idle.append(connection)
+            assert wait_until(lambda: broker.metric("token_broker_open_connections", listener="token") >= 250,
+                              timeout=30)
+            # More clients than descriptors: the health check, and a new token client, still get in.
+            for _ in range(5):
+                assert_healthy(broker)
+    finally:
+        for connection in idle:
+            connection.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def test_ten_thousand_idle_connections_do_not_lock_out_new_clients():
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard < 10_200:

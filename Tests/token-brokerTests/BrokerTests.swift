@@ -134,3 +134,31 @@ import TokenBrokerCore
             try configuration(#"{"providers": [{"name": "a"}, {"name": "b", "source": {"algorithm": "RS256"}}]}"#))
     }
 }
+
+/// The connection limit that fits in the open-file limit (`ProcessLimits.fittedConnectionLimit`).
+@Suite struct ConnectionLimitTests {
+    @Test func theConfiguredLimitStandsWhenTheDescriptorsSuffice() {
+        #expect(
+            ProcessLimits.fittedConnectionLimit(
+                configured: 16_000, openFiles: 1_048_576, perConnection: 2, upstream: 2_048) == 16_000)
+    }
+
+    @Test func lessWhenTheyWouldRunOutBeforeIt() {
+        // 2,000 descriptors: 128 kept aside, 256 for the admin listener, 512 for libcurl's caches,
+        // and two for each proxied connection: 552 connections fit.
+        let limit = ProcessLimits.fittedConnectionLimit(
+            configured: 1_500, openFiles: 2_000, perConnection: 2, upstream: 512)
+        #expect(limit == 552)
+        #expect(limit * 2 + 512 + 256 + 128 <= 2_000)
+        // The token listener and a protocol listener of its own, one descriptor a connection each.
+        #expect(
+            ProcessLimits.fittedConnectionLimit(configured: 1_000, openFiles: 1_100, perConnection: 2, upstream: 32)
+                == 342)
+    }
+
+    @Test func neverBelowTheLeastLimit() {
+        #expect(
+            ProcessLimits.fittedConnectionLimit(configured: 1_000, openFiles: 100, perConnection: 3, upstream: 32) == 16
+        )
+    }
+}

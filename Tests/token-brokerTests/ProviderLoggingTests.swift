@@ -56,12 +56,15 @@ import TokenBrokerCore
             ])
     }
 
-    @Test func theRefusalLogLetsOneLineThroughPerInterval() {
+    @Test func theRefusalLogLetsOneLineThroughPerIntervalAndCountsTheOthers() {
         let throttle = LogThrottle(interval: .seconds(1))
         let start = ContinuousClock.now
-        #expect(throttle.admit(at: start))
-        #expect(!throttle.admit(at: start.advanced(by: .milliseconds(999))))
-        #expect(throttle.admit(at: start.advanced(by: .seconds(1))))
-        #expect(!throttle.admit(at: start.advanced(by: .milliseconds(1500))))
+        #expect(throttle.admit(at: start) == 0)
+        #expect(throttle.admit(at: start.advanced(by: .milliseconds(999))) == nil)
+        #expect(throttle.admit(at: start.advanced(by: .milliseconds(999))) == nil)
+        // The next line let through says how many were held back since the last.
+        #expect(throttle.admit(at: start.advanced(by: .seconds(1))) == 2)
+        #expect(throttle.admit(at: start.advanced(by: .milliseconds(1500))) == nil)
+        #expect(throttle.admit(at: start.advanced(by: .seconds(3))) == 1)
     }
 }
