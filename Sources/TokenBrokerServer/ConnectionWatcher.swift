@@ -117,22 +117,31 @@ final class ConnectionWatcher: @unchecked Sendable {
     // MARK: - Request deadlines
 
     /// A new connection: its first request is due within the timeout. Past `evictAbove` open
-    /// connections, the one idle longest is shut down to make room.
+    /// connections, one is shut down to make room: the one idle longest, or when none is idle,
+    /// the one whose request has been arriving longest (its head in, its body not yet whole).
+    /// So a client cannot hold every place by sending heads that promise bodies, which no
+    /// route sees until they are whole; a request being answered, or waiting for its answer,
+    /// is never cut.
     func opened(_ clock: ConnectionClock) {
         clock.armDeadline(after: requestTimeoutMsec)
         state.withLock { state in
             state.clocks[ObjectIdentifier(clock)] = clock
             guard state.clocks.count > evictAbove else { return }
             var idlest: ConnectionClock?
-            var earliest = Int64.max
-            for other in state.clocks.values where other !== clock && !other.evicted && other.awaitsHead {
+            var slowest: ConnectionClock?
+            var earliestIdle = Int64.max
+            var earliestArriving = Int64.max
+            for other in state.clocks.values where other !== clock && !other.evicted {
+                // 0: a request is being answered, or waits for its answer.
                 let due = other.dueMsec
-                if due != 0, due < earliest {
-                    earliest = due
-                    idlest = other
+                guard due != 0 else { continue }
+                if other.awaitsHead {
+                    if due < earliestIdle { (earliestIdle, idlest) = (due, other) }
+                } else if due < earliestArriving {
+                    (earliestArriving, slowest) = (due, other)
                 }
             }
-            guard let idlest else { return }
+            guard let idlest = idlest ?? slowest else { return }
             idlest.markEvicted()
             state.evicted += 1
             shutdown(idlest.fd, Int32(SHUT_RDWR))

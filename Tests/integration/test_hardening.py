@@ -425,6 +425,30 @@ def test_with_few_file_descriptors_the_token_listener_takes_what_fits_and_health
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
+def test_heads_that_promise_bodies_never_sent_do_not_lock_out_a_health_check():
+    # 300 requests on the admin listener (limit 256), each a head promising 10 bytes of body and
+    # one byte sent: none is idle, and none is whole for a route to refuse. A health check must
+    # still get in, by closing the request that has been arriving longest.
+    held = []
+    with Broker() as broker:
+        host, port = broker._split("admin")
+        try:
+            for _ in range(300):
+                connection = socket.create_connection((host, port), timeout=10)
+                connection.sendall(b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nx")
+                held.append(connection)
+                # Time for the head to be read before the next connection comes: a connection
+                # still waiting for its head would be closed first.
+                time.sleep(0.01)
+            time.sleep(1)
+            for _ in range(5):
+                assert broker.request("GET", "/healthz", listener="admin", timeout=10)[0] == 200
+            assert broker.metric("token_broker_connections_evicted_total", listener="admin") >= 5
+        finally:
+            for connection in held:
+                connection.close()
+
+
 def test_ten_thousand_idle_connections_do_not_lock_out_new_clients():
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard < 10_200:
