@@ -6,7 +6,8 @@ import TokenBrokerCore
 /// The way back to a suspended connection: give it a response and the connection resumes.
 ///
 /// Answering twice, or after the client hung up, does nothing. `onClose` runs once when the
-/// connection ends without an answer (client gone or server stopping), to free what waits for it.
+/// connection ends without an answer (client gone or server stopping), to free what waits for
+/// it, at once when registered after that.
 public final class HTTPResponder: HTTPResponding {
     fileprivate enum Phase {
         case waiting(onClose: (@Sendable () -> Void)?)
@@ -16,6 +17,10 @@ public final class HTTPResponder: HTTPResponding {
     }
 
     private let phase = Lock<Phase>(.waiting(onClose: nil))
+    /// The client hung up before an answer (`clientHungUp`). Read and written under `phase`'s
+    /// lock: a cleanup registered after that (the hang-up can be seen between the connection's
+    /// suspension and the handler's `onClose`) runs at once, as it would after `.closed`.
+    private let clientGone = Atomic<Bool>(false)
     private let endHandlers = Lock<[@Sendable () -> Void]>([])
     // Written once before the responder is handed out, then only read.
     nonisolated(unsafe) let connection: OpaquePointer
@@ -48,7 +53,7 @@ public final class HTTPResponder: HTTPResponding {
     /// Registers a cleanup to run if the connection ends before an answer.
     public func onClose(_ cleanup: @escaping @Sendable () -> Void) {
         let runNow = phase.withLock { phase -> Bool in
-            guard case .waiting = phase else { return phase.isClosed }
+            guard case .waiting = phase else { return phase.isClosed || clientGone.load(ordering: .relaxed) }
             phase = .waiting(onClose: cleanup)
             return false
         }
@@ -92,6 +97,7 @@ public final class HTTPResponder: HTTPResponding {
         let (wasWaiting, cleanup) = phase.withLock { phase -> (Bool, (@Sendable () -> Void)?) in
             guard case .waiting(let onClose) = phase else { return (false, nil) }
             phase = .answered(server.clientClosedAnswer)
+            clientGone.store(true, ordering: .relaxed)
             return (true, onClose)
         }
         guard wasWaiting else { return }

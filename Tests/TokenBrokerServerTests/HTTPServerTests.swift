@@ -234,6 +234,28 @@ struct HTTPServerTests {
         #expect(closed.withLock { $0 } == 1)
     }
 
+    /// The hang-up watch can see a client go between the connection's suspension and the
+    /// handler's `onClose` (a long-poll registers its waiter, then its cleanup): a cleanup
+    /// registered after the hang-up must run at once, or the waiter stays until its deadline.
+    @Test(arguments: Polling.allCases) func aCleanupRegisteredAfterTheHangUpRunsAtOnce(_ polling: Polling) async throws
+    {
+        let handler = TestHandler.deferring()
+        let server = try startServer(handler, polling)
+        defer { server.shutDown(grace: .zero) }
+        let client = try TestHTTPClient(port: server.port)
+        try client.send("GET /wait HTTP/1.1\r\nHost: t\r\n\r\n")
+        #expect(await eventually { handler.deferred.count == 1 })
+        let responder = try #require(handler.deferred[0] as? HTTPResponder)
+        // What the watcher does on seeing the hang-up, before the handler got to `onClose`.
+        responder.clientHungUp()
+        let closed = Lock<Int>(0)
+        responder.onClose { closed.withLock { $0 += 1 } }
+        #expect(closed.withLock { $0 } == 1)
+        client.close()
+        #expect(await eventually { server.inFlight == 0 && server.openConnections == 0 })
+        #expect(closed.withLock { $0 } == 1, "run once")
+    }
+
     /// The socket's hang-up watch outlives an answered wait (nothing is undone on the answer's
     /// path), and the next wait on the same kept-alive connection takes it over without a new
     /// registration: its hang-up must reach the second request, not the first, answered one.
