@@ -250,4 +250,29 @@ import TokenBrokerCore
                 configurationProblem(#"{"logFormat": \#(refused)}"#)?.hasPrefix("logFormat: ") == true, "\(refused)")
         }
     }
+
+    @Test func aHeaderValueOrURLWithAControlCharacterIsRefusedByteByByte() {
+        // "\r\n" is one Character, equal to neither "\r" nor "\n": only a check of the bytes sees it.
+        for value in [#"a\r\nb"#, #"\r\n"#, #"a\u0000b"#, #"a\u007fb"#, #"a\u001bb"#, #"a\rb"#, #"a\nb"#] {
+            let json =
+                #"{"providers": [{"source": {"type": "http", "url": "https://issuer.example/t", "headers": {"X-Key": "\#(value)"}}}]}"#
+            #expect(
+                configurationProblem(json)?.hasPrefix(
+                    "providers[0].source.headers.X-Key: must be a string without control")
+                    == true, "\(value)")
+        }
+        let tab =
+            #"{"providers": [{"source": {"type": "http", "url": "https://issuer.example/t", "headers": {"X-Key": "a\tb"}}}]}"#
+        #expect(configurationProblem(tab) == nil, "a tab is a blank a header value may hold")
+        for url in [
+            #"https://issuer.example/t\r\n"#, #"https://issuer.example/t\u0000"#, #"https://issuer.example/\u007ft"#,
+            #"https://issuer.example/\tt"#,
+        ] {
+            let http = #"{"providers": [{"source": {"type": "http", "url": "\#(url)"}}]}"#
+            #expect(configurationProblem(http)?.hasPrefix("providers[0].source.url: ") == true, "\(url)")
+            let oauth2 =
+                #"{"providers": [{"source": {"type": "oauth2", "tokenURL": "\#(url)", "clientID": "c", "clientSecret": "s"}}]}"#
+            #expect(configurationProblem(oauth2)?.hasPrefix("providers[0].source.tokenURL: ") == true, "\(url)")
+        }
+    }
 }

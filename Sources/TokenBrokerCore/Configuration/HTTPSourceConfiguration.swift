@@ -76,6 +76,9 @@ public struct HTTPSourceConfiguration: Sendable, Equatable {
         "content-length", "transfer-encoding", "connection", "keep-alive", "te", "trailer", "upgrade", "expect",
     ]
 
+    /// A byte no header value may hold: a control character other than tab, or DEL.
+    static func isControl(_ byte: UInt8) -> Bool { (byte < 0x20 && byte != 0x09) || byte == 0x7F }
+
     init(reading reader: inout ObjectReader) throws(ConfigurationError) {
         guard let url = try reader.string("url") else {
             throw ConfigurationError(
@@ -101,13 +104,17 @@ public struct HTTPSourceConfiguration: Sendable, Equatable {
                         "frames the request, which the client library sets for what it sends; it cannot be configured")
                 }
                 switch value {
-                case .string(let text) where !text.contains(where: { $0 == "\r" || $0 == "\n" }):
+                // Byte by byte: as Characters, "\r\n" is one that equals neither "\r" nor "\n". The
+                // client leaves out a header whose value holds CR, LF or NUL, so such a value would
+                // never be sent; no other control character belongs in a header either (RFC 9110 §5.5).
+                case .string(let text) where !text.utf8.contains(where: Self.isControl):
                     headers[name] = .value(text)
                 case .object(let members) where members.count == 1:
                     guard case .string(let path)? = members["file"] else { fallthrough }
                     headers[name] = .file(path)
                 default:
-                    throw ConfigurationError(key: key, "must be a string without CR or LF, or {\"file\": \"/path\"}")
+                    throw ConfigurationError(
+                        key: key, "must be a string without control characters (tab aside), or {\"file\": \"/path\"}")
                 }
             }
         }

@@ -36,7 +36,8 @@ public struct UpstreamConfiguration: Sendable, Equatable {
     static func checkURL(_ url: String, key: String) throws(ConfigurationError) {
         let lower = url.lowercased()
         guard lower.hasPrefix("https://") || lower.hasPrefix("http://"),
-            !url.contains(where: { $0 == " " || $0 == "\r" || $0 == "\n" }),
+            // Byte by byte: as Characters, "\r\n" is one that equals neither "\r" nor "\n".
+            !url.utf8.contains(where: { $0 <= 0x20 || $0 == 0x7F }),
             url.split(separator: "/", maxSplits: 3, omittingEmptySubsequences: false).count >= 3,
             !url.split(separator: "/", omittingEmptySubsequences: false)[2].isEmpty
         else {
