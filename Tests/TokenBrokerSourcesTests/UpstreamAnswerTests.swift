@@ -95,6 +95,23 @@ import TokenBrokerUpstream
         }
     }
 
+    @Test func aJWTWithoutTheConfiguredLifetimeMemberExpiresAtItsExpWithEitherPointer() throws {
+        let now = WallTime(timeIntervalSince1970: 1_800_000_000)
+        let claims = Data(#"{"sub":"s","exp":1800000120}"#.utf8).base64EncodedString()
+            .replacingOccurrences(of: "=", with: "").replacingOccurrences(of: "+", with: "-")
+            .replacingOccurrences(of: "/", with: "_")
+        let jwt = "eyJhbGciOiJub25lIn0." + claims + ".c2ln"
+        for pointer in [\HTTPSourceConfiguration.expiresInPointer, \.expiresAtPointer] {
+            var settings = HTTPSourceConfiguration(url: "http://127.0.0.1:1/t")
+            settings[keyPath: pointer] = "/ttl"
+            let source = HTTPTokenSource(configuration: settings)
+            for body in [#"{"access_token":"\#(jwt)"}"#, #"{"access_token":"\#(jwt)","ttl":null}"#] {
+                let token = try source.token(from: answer(200, body), now: now)
+                #expect(token.lifetime == .seconds(120), "\(pointer) \(body)")
+            }
+        }
+    }
+
     @Test func clientSecretBasicFormEncodesThenBase64s() throws {
         var settings = OAuth2SourceConfiguration(tokenURL: "https://issuer.test/token", clientID: "my client")
         settings.clientSecret = "p@ss:word"

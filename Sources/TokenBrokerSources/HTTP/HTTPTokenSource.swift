@@ -62,13 +62,17 @@ public struct HTTPTokenSource: TemplatedTokenSource {
         if let pointer = configuration.expiresInPointer {
             lifetime = try TokenEndpointAnswer.seconds(
                 document.value(atPointer: pointer), name: pointer, status: response.status)
-        } else if let pointer = configuration.expiresAtPointer, let at = document.value(atPointer: pointer) {
+        } else if let pointer = configuration.expiresAtPointer, let at = document.value(atPointer: pointer), at != .null
+        {
             guard case .number(let seconds) = at else {
                 throw .badResponse("\(pointer) is not a number", httpStatus: response.status)
             }
             lifetime = try TokenEndpointAnswer.seconds(
                 .number((seconds - now.timeIntervalSince1970).rounded(.down)), name: pointer, status: response.status)
-        } else if let expiry = JWTClaims.expiry(of: token) {
+        }
+        // An answer without the configured member, or with null there, falls back to the JWT's
+        // exp, whichever pointer is configured: a JWT is never served past its expiry.
+        if lifetime == nil, let expiry = JWTClaims.expiry(of: token) {
             lifetime = try TokenEndpointAnswer.seconds(
                 .number(expiry.timeIntervalSince(now).rounded(.down)), name: "exp", status: response.status)
         }
