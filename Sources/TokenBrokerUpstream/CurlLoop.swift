@@ -316,7 +316,16 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
         set(CCurl_setopt_long(easy, CURLOPT_TIMEOUT_MS, settings.timeoutMsec))
         if let socket = request.unixSocketPath { set(CURLOPT_UNIX_SOCKET_PATH, socket) }
         if request.bypassesProxies { set(CURLOPT_NOPROXY, "*") }
-        if let caFile = settings.caFile { set(CURLOPT_CAINFO, caFile) }
+        if let caFile = settings.caFile {
+            set(CURLOPT_CAINFO, caFile)
+            // The file's CAs in place of the system's, not beside them: Debian's libcurl is built
+            // with a CA directory (/etc/ssl/certs) that stays in force beside CURLOPT_CAINFO until
+            // it is unset. Without that directory, libcurl would keep the file's CAs for a day
+            // (CURLOPT_CA_CACHE_TIMEOUT); 0 keeps reading the file at each new connection, as
+            // before, so that a replaced file is used from the next connection on.
+            set(CCurl_setopt_string(easy, CURLOPT_CAPATH, nil))
+            set(CCurl_setopt_long(easy, CURLOPT_CA_CACHE_TIMEOUT, 0))
+        }
         if let certificate = settings.clientCertFile { set(CURLOPT_SSLCERT, certificate) }
         if let key = settings.clientKeyFile { set(CURLOPT_SSLKEY, key) }
         set(CURLOPT_CUSTOMREQUEST, request.method)

@@ -1,12 +1,13 @@
 """Upstream sources against a real OAuth 2.0 server (django-oauth-toolkit) and a broken issuer."""
 import json
+import os
 import subprocess
 import time
 
 import jwt
 import pytest
 
-from broker import Broker
+from broker import BINARY, Broker
 from issuers.faulty import FaultyIssuer
 from issuers.process import OAuthServer
 from test_http_api import wait_until
@@ -208,6 +209,61 @@ def test_mutual_tls_presents_the_configured_client_certificate(tmp_path):
         with Broker({"providers": [{"source": mtls}]}) as broker:
             assert broker.get_json("/token/ready?timeout=10")[0]["access_token"].startswith("good-")
             assert issuer.client_subjects and set(issuer.client_subjects) == {"broker-client"}
+    finally:
+        issuer.close()
+
+
+def make_ca(directory, name):
+    """A CA made with the openssl command line: its certificate and key paths."""
+    key, certificate = directory / f"{name}.key", directory / f"{name}.pem"
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "1",
+            "-subj", f"/CN=test CA {name}", "-keyout", str(key), "-out", str(certificate))
+    return certificate, key
+
+
+def make_server_certificate(directory, ca, ca_key):
+    """A certificate for 127.0.0.1 signed by `ca`: its certificate and key paths."""
+    key, request, certificate = directory / "server.key", directory / "server.csr", directory / "server.pem"
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", "/CN=issuer",
+            "-keyout", str(key), "-out", str(request))
+    (directory / "server.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    openssl("x509", "-req", "-in", str(request), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial", "-days", "1",
+            "-extfile", str(directory / "server.ext"), "-out", str(certificate))
+    return certificate, key
+
+
+def test_a_ca_file_replaces_the_system_ca_directory_instead_of_adding_to_it(tmp_path):
+    # The system's CA directory (Debian's libcurl is built with /etc/ssl/certs) is replaced, in a
+    # mount namespace of the broker's own, by one that holds only the CA that signed the issuer.
+    if os.geteuid() != 0 or subprocess.run(["unshare", "-m", "--propagation", "private", "true"]).returncode != 0:
+        pytest.skip("needs root, to give the broker a mount namespace of its own (unshare -m)")
+    signer, signer_key = make_ca(tmp_path, "a")
+    unrelated, _ = make_ca(tmp_path, "b")
+    certificate, key = make_server_certificate(tmp_path, signer, signer_key)
+    directory = tmp_path / "certs"
+    directory.mkdir()
+    (directory / "a.pem").write_bytes(signer.read_bytes())
+    openssl("rehash", str(directory))
+    # The openssl command line agrees: the directory trusts the issuer, the unrelated CA does not.
+    openssl("verify", "-CApath", str(directory), str(certificate))
+    assert subprocess.run(["openssl", "verify", "-CAfile", str(unrelated), str(certificate)], capture_output=True).returncode != 0
+    wrapper = tmp_path / "broker-with-own-ca-directory"
+    wrapper.write_text("#!/bin/sh\nexec unshare -m --propagation private sh -c "
+                       "'mount --bind \"$0\" /etc/ssl/certs && exec \"$@\"' " + f"'{directory}' '{BINARY}' \"$@\"\n")
+    wrapper.chmod(0o755)
+    issuer = FaultyIssuer(tls=(str(certificate), str(key)))
+    source = {"type": "oauth2", "tokenURL": issuer.url, "clientID": "c", "clientSecret": "s"}
+    try:
+        with Broker({"providers": [{"source": {**source, "caFile": str(unrelated)}, "maxErrorTokenRefreshDelayMsec": 200}]},
+                    binary=str(wrapper)) as broker:
+            def readiness():
+                return json.loads(broker.request("GET", "/readyz", listener="admin")[2])["providers"][0]
+            assert wait_until(lambda: readiness().get("last_error") == "unreachable"), (readiness(), issuer.served)
+            detail = readiness()
+            assert "certificate" in detail["last_error_description"].lower(), detail
+            assert issuer.served == 0, "the CA directory's issuer is not trusted beside the caFile"
+        with Broker({"providers": [{"source": {**source, "caFile": str(signer)}}]}, binary=str(wrapper)) as broker:
+            assert broker.get_json("/token/ready?timeout=10")[0]["access_token"].startswith("good-")
     finally:
         issuer.close()
 
