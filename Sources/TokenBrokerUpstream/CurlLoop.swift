@@ -327,7 +327,13 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
             set(CCurl_setopt_long(easy, CURLOPT_CA_CACHE_TIMEOUT, 0))
         }
         if let certificate = settings.clientCertFile { set(CURLOPT_SSLCERT, certificate) }
-        if let key = settings.clientKeyFile { set(CURLOPT_SSLKEY, key) }
+        if let key = settings.clientKeyFile {
+            set(CURLOPT_SSLKEY, key)
+            // An empty pass phrase, so that a key replaced by an encrypted one since it was
+            // checked fails the connection: without one, OpenSSL would ask the terminal, and this
+            // thread would wait there for ever.
+            set(CURLOPT_KEYPASSWD, "")
+        }
         set(CURLOPT_CUSTOMREQUEST, request.method)
         if request.method == "HEAD" {
             set(CCurl_setopt_long(easy, CURLOPT_NOBODY, 1))

@@ -205,6 +205,7 @@ enum Broker {
 
     /// The source for each provider, in order, with its local signer if it has one; reads key
     /// files, and generates keys where none is given. A template's source is its children's base.
+    /// Also checks the TLS files of the sources and the proxies (`TLSFiles`).
     static func makeSources(_ configuration: BrokerConfiguration) throws(ConfigurationError) -> [(
         any TokenSource, JWTSigner?
     )] {
@@ -222,12 +223,26 @@ enum Broker {
                 sources.append((FileTokenSource(configuration: settings), nil))
             case .oauth2(let settings):
                 do {
+                    try TLSFiles.check(settings.upstream)
                     sources.append((try OAuth2TokenSource(configuration: settings), nil))
                 } catch {
                     throw ConfigurationError(key: "providers[\(index)].source", error.detail)
                 }
             case .http(let settings):
+                do {
+                    try TLSFiles.check(settings.upstream)
+                } catch {
+                    throw ConfigurationError(key: "providers[\(index)].source", error.detail)
+                }
                 sources.append((HTTPTokenSource(configuration: settings), nil))
+            }
+        }
+        // The proxies' TLS files too: like the sources', libcurl opens them on its own thread.
+        for (index, proxy) in configuration.proxies.enumerated() {
+            do {
+                try TLSFiles.check(proxy.upstream)
+            } catch {
+                throw ConfigurationError(key: "proxies[\(index)]", error.detail)
             }
         }
         return sources

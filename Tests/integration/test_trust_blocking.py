@@ -329,3 +329,54 @@ def test_a_fetch_abandoned_at_its_deadline_closes_its_upstream_connection():
         listener.close()
         for connection in accepted:
             connection.close()
+
+
+def test_tls_files_are_checked_when_the_configuration_is_loaded(tmp_path):
+    # libcurl and OpenSSL open these on the upstream client's thread, at each connection: a FIFO
+    # would block every exchange there, an encrypted key would make OpenSSL ask the terminal.
+    def openssl(*arguments):
+        subprocess.run(["openssl", *arguments], check=True, capture_output=True)
+
+    ca, ca_key, client, client_key = (str(tmp_path / name) for name in ("ca.pem", "ca.key", "client.pem", "client.key"))
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "1",
+            "-subj", "/CN=test CA", "-keyout", ca_key, "-out", ca)
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "1",
+            "-subj", "/CN=client", "-keyout", client_key, "-out", client)
+    encrypted = str(tmp_path / "encrypted.key")
+    openssl("pkey", "-in", client_key, "-aes256", "-passout", "pass:secret", "-out", encrypted)
+    fifo = str(tmp_path / "fifo")
+    os.mkfifo(fifo, 0o600)
+    (tmp_path / "not-pem.txt").write_text("not a certificate\n")
+    (tmp_path / "broken.pem").write_text("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n")
+
+    def check(tls, proxy=False):
+        source = {"type": "oauth2", "tokenURL": "https://127.0.0.1:1/token", "clientID": "c", "clientSecret": "s"}
+        config = {"providers": [{"source": source}]}
+        if proxy:
+            config["proxies"] = [{"name": "p", "target": "https://127.0.0.1:1/", **tls}]
+        else:
+            source.update(tls)
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps(config))
+        return run_broker("--check-config", "--config", str(path), timeout=20)
+
+    mtls = {"clientCertFile": client, "clientKeyFile": client_key}
+    for proxy in (False, True):
+        where = "proxies[0]" if proxy else "providers[0].source"
+        assert check({"caFile": ca, **mtls}, proxy).returncode == 0
+        for tls, reason in [
+            ({"caFile": str(tmp_path / "missing.pem")}, "No such file or directory"),
+            ({"caFile": fifo}, "is a FIFO, not a regular file"),
+            ({"caFile": str(tmp_path)}, "is a directory, not a regular file"),
+            ({"caFile": str(tmp_path / "not-pem.txt")}, "holds no PEM certificate"),
+            ({"caFile": str(tmp_path / "broken.pem")}, "a certificate in it does not parse"),
+            ({"caFile": client_key}, "holds no PEM certificate"),
+            ({**mtls, "clientCertFile": fifo}, "is a FIFO, not a regular file"),
+            ({**mtls, "clientKeyFile": fifo}, "is a FIFO, not a regular file"),
+            ({**mtls, "clientKeyFile": encrypted}, "the key is protected by a pass phrase"),
+            ({**mtls, "clientKeyFile": ca_key}, "the key does not match the certificate"),
+            ({**mtls, "clientKeyFile": client}, "not a PEM private key"),
+        ]:
+            result = check(tls, proxy)
+            assert result.returncode == 2 and f"{where}: " in result.stderr and reason in result.stderr, (tls, result)
+            assert "pass phrase:" not in result.stderr.lower()

@@ -60,6 +60,19 @@ public final class SigningKey: @unchecked Sendable {
             }
             return try SigningKey(algorithm: algorithm, pkey: nil, secret: secret)
         }
+        let pkey = try readPrivateKey(contents, path: path)
+        guard Self.fits(pkey, algorithm: algorithm) else {
+            EVP_PKEY_free(pkey)
+            throw .configuration(
+                "\(path): the key does not fit \(algorithm) (ES256 wants EC on the P-256 curve, also called prime256v1 or secp256r1; RS256 wants RSA of 2048 bits or more)"
+            )
+        }
+        return try SigningKey(algorithm: algorithm, pkey: pkey)
+    }
+
+    /// A PEM private key of any kind from `contents`, which the caller frees; a key protected by
+    /// a pass phrase is refused, never asked for.
+    static func readPrivateKey(_ contents: [UInt8], path: String) throws(TokenFetchError) -> OpaquePointer {
         guard let length = Int32(exactly: contents.count) else {
             throw .configuration("\(path): not a PEM private key")
         }
@@ -82,13 +95,7 @@ public final class SigningKey: @unchecked Sendable {
             }
             throw .configuration("\(path): not a PEM private key")
         }
-        guard Self.fits(pkey, algorithm: algorithm) else {
-            EVP_PKEY_free(pkey)
-            throw .configuration(
-                "\(path): the key does not fit \(algorithm) (ES256 wants EC on the P-256 curve, also called prime256v1 or secp256r1; RS256 wants RSA of 2048 bits or more)"
-            )
-        }
-        return try SigningKey(algorithm: algorithm, pkey: pkey)
+        return pkey
     }
 
     /// Whether the key is what the algorithm needs: the P-256 curve itself for ES256 (other
