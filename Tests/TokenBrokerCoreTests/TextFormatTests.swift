@@ -80,6 +80,14 @@ import TokenBrokerCore
         #expect(decoded == tricky)
     }
 
+    @Test func jsonStringsEscapeDELAndTheC1ControlsThatATerminalObeys() throws {
+        // U+009B is a terminal's CSI on its own; the log and every JSON answer go through here.
+        let tricky = "a\u{7F}b\u{80}c\u{9B}31md\u{9F}e\u{A0}f"
+        let encoded = JSONText.quoted(tricky)
+        #expect(encoded == #""a\u007fb\u0080c\u009b31md\u009fe"# + "\u{A0}f\"", "U+00A0 is no control: kept")
+        #expect(try JSONDecoder().decode(String.self, from: Data(encoded.utf8)) == tricky)
+    }
+
     @Test func jsonPointersFollowRFC6901() throws {
         let document = try JSONValue(parsing: Array(#"{"a": {"b/c": [10, {"~d": "x"}]}}"#.utf8))
         #expect(document.value(atPointer: "/a/b~1c/1/~0d") == .string("x"))

@@ -112,6 +112,35 @@ import TokenBrokerUpstream
         }
     }
 
+    @Test func anIssuersContentTypeIsCutToPrintableASCII() {
+        let html = answer(200, "<html>", headers: ["content-type": "text/html\u{1B}[2J\u{7F}\u{9B}31m\u{85}x"])
+        do {
+            _ = try OAuth2TokenSource.token(from: html, defaultLifetime: 60)
+            Issue.record("an HTML answer is no token")
+        } catch {
+            #expect(error.detail == "the answer is not a JSON object (Content-Type: text/html[2J31mx)")
+        }
+    }
+
+    @Test func theSecretsGivenNeverComeBackInTheIssuersWords() {
+        // An issuer that repeats the request it refuses, as some do: the secret as is, form-encoded,
+        // and one secret that starts where a longer one does.
+        let echo = answer(
+            400,
+            #"{"error":"invalid_client s3cr3t","error_description":"client c sent s3cr3t/x+y, body client_secret=s3cr3t%2Fx%2By, and key k3y-long"}"#
+        )
+        do {
+            _ = try OAuth2TokenSource.token(
+                from: echo, defaultLifetime: 60, hiding: ["s3cr3t/x+y", "s3cr3t%2Fx%2By", "k3y", "k3y-long", ""])
+            Issue.record("a 400 is no token")
+        } catch {
+            #expect(
+                error.detail
+                    == "HTTP 400 invalid_client s3cr3t: client c sent [hidden], body client_secret=[hidden], and key [hidden]"
+            )
+        }
+    }
+
     @Test func clientSecretBasicFormEncodesThenBase64s() throws {
         var settings = OAuth2SourceConfiguration(tokenURL: "https://issuer.test/token", clientID: "my client")
         settings.clientSecret = "p@ss:word"

@@ -1,4 +1,5 @@
 """Upstream sources against a real OAuth 2.0 server (django-oauth-toolkit) and a broken issuer."""
+import base64
 import json
 import os
 import subprocess
@@ -264,6 +265,39 @@ def test_a_ca_file_replaces_the_system_ca_directory_instead_of_adding_to_it(tmp_
             assert issuer.served == 0, "the CA directory's issuer is not trusted beside the caFile"
         with Broker({"providers": [{"source": {**source, "caFile": str(signer)}}]}, binary=str(wrapper)) as broker:
             assert broker.get_json("/token/ready?timeout=10")[0]["access_token"].startswith("good-")
+    finally:
+        issuer.close()
+
+
+def test_an_issuer_that_repeats_the_secrets_sent_gets_none_into_the_log_readyz_or_answers(tmp_path):
+    secret, api_key = "s3cr3t/echoed+value", "api-key-from-a-file"
+    key_file = tmp_path / "api-key"
+    key_file.write_text(api_key + "\n")
+    key_file.chmod(0o600)
+    issuer = FaultyIssuer()
+    issuer.mode = "echo"
+    oauth2 = {"type": "oauth2", "tokenURL": issuer.url, "clientID": "c", "clientSecret": secret}
+    providers = [
+        {"name": "basic", "source": oauth2},
+        {"name": "post", "source": {**oauth2, "clientAuth": "client_secret_post"}},
+        {"name": "http", "source": {"type": "http", "url": issuer.url, "headers": {"X-Api-Key": {"file": str(key_file)}}}},
+    ]
+    hidden = [secret, "s3cr3t%2Fechoed%2Bvalue", base64.b64encode(b"c:s3cr3t%2Fechoed%2Bvalue").decode(), api_key]
+    try:
+        with Broker({"providers": [{**provider, "maxErrorTokenRefreshDelayMsec": 200} for provider in providers]}) as broker:
+            def readiness():
+                return json.loads(broker.request("GET", "/readyz", listener="admin")[2])["providers"]
+            assert wait_until(lambda: all(p.get("last_error") == "credentials_rejected" for p in readiness())), readiness()
+            texts = [broker.request("GET", "/readyz", listener="admin")[2].decode(), broker.stderr()]
+            for provider in providers:
+                status, _, body = broker.request("GET", f"/providers/{provider['name']}/token")
+                assert status == 503, body
+                texts.append(body.decode())
+            for provider in readiness():
+                assert "you sent" in provider["last_error_description"] and "[hidden]" in provider["last_error_description"], provider
+            for text in texts:
+                assert not any(value in text for value in hidden), text
+                assert "\x7f" not in text and "\x9b" not in text
     finally:
         issuer.close()
 

@@ -98,7 +98,11 @@ public enum JSONText {
             case "\n": out += "\\n"
             case "\r": out += "\\r"
             case "\t": out += "\\t"
-            case _ where scalar.value < 0x20 || scalar.value == 0x2028 || scalar.value == 0x2029:
+            // Also DEL and the C1 controls (U+0080–U+009F, such as U+009B, a terminal's CSI), which
+            // JSON lets through but which must not reach a terminal that shows a log or an answer.
+            case _
+            where scalar.value < 0x20 || (0x7F...0x9F).contains(scalar.value) || scalar.value == 0x2028
+                || scalar.value == 0x2029:
                 let hex = String(scalar.value, radix: 16)
                 out += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
             default:

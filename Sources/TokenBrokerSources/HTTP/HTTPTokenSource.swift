@@ -41,8 +41,18 @@ public struct HTTPTokenSource: TemplatedTokenSource {
     }
 
     public func fetch() async throws(TokenFetchError) -> FetchedToken {
-        let response = try await client.fetch(try request())
-        return try token(from: response, now: WallTime())
+        let request = try request()
+        let response = try await client.fetch(request)
+        return try token(from: response, now: WallTime(), hiding: secrets(in: request))
+    }
+
+    /// The values of the headers read from files, as `request` sends them: secrets (API keys and
+    /// the like) that an issuer's answer must not repeat.
+    func secrets(in request: UpstreamRequest) -> [String] {
+        request.headers.compactMap { name, value in
+            guard case .file(_)? = configuration.headers[name] else { return nil }
+            return String(decoding: value, as: UTF8.self)
+        }
     }
 
     /// The request, with this source's values in the placeholders, ready to send.
@@ -50,9 +60,12 @@ public struct HTTPTokenSource: TemplatedTokenSource {
         try template.get().request(values: values, configuration: configuration)
     }
 
-    /// Reads the token and its lifetime out of an answer.
-    public func token(from response: UpstreamResponse, now: WallTime) throws(TokenFetchError) -> FetchedToken {
-        let document = JSONValue.object(try TokenEndpointAnswer.document(response))
+    /// Reads the token and its lifetime out of an answer; each of `secrets` in the issuer's words
+    /// becomes `[hidden]`.
+    public func token(from response: UpstreamResponse, now: WallTime, hiding secrets: [String] = [])
+        throws(TokenFetchError) -> FetchedToken
+    {
+        let document = JSONValue.object(try TokenEndpointAnswer.document(response, hiding: secrets))
         guard case .string(let token)? = document.value(atPointer: configuration.tokenPointer),
             TokenEndpointAnswer.isUsableToken(token)
         else {

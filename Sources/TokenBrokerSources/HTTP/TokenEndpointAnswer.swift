@@ -18,12 +18,21 @@ enum TokenEndpointAnswer {
     static let maximumLifetime = TokenRules.maximumLifetimeSeconds
 
     /// The answer's JSON object, or the classified error for everything else.
-    static func document(_ response: UpstreamResponse) throws(TokenFetchError) -> [String: JSONValue] {
+    ///
+    /// What the issuer wrote (its `error`, `error_description`, `Content-Type`) goes into the
+    /// error's detail, which reaches the log, `/readyz` and callers' 503s: it is cut to printable
+    /// ASCII, and each of `secrets` in it (what the request sent: a client secret, an assertion, a
+    /// header file's value) becomes `[hidden]`, since an issuer may echo the request it refuses.
+    static func document(_ response: UpstreamResponse, hiding secrets: [String] = []) throws(TokenFetchError)
+        -> [String: JSONValue]
+    {
         let status = response.status
         switch status {
         case 200..<300:
             guard let document = try? JSONValue(parsing: response.body), case .object(let members) = document else {
-                let type = response.headers["content-type"].map { " (Content-Type: \(String($0.prefix(60))))" } ?? ""
+                let type =
+                    response.headers["content-type"].map { " (Content-Type: \(issuerText($0, secrets, limit: 60)))" }
+                    ?? ""
                 throw .badResponse("the answer is not a JSON object\(type)", httpStatus: status)
             }
             return members
@@ -31,23 +40,27 @@ enum TokenEndpointAnswer {
             throw .badResponse(
                 "the issuer redirected (\(status)); redirects are not followed for token endpoints", httpStatus: status)
         case 401, 403:
-            throw .credentialsRejected(errorSummary(response, fallback: "HTTP \(status)"), httpStatus: status)
+            throw .credentialsRejected(errorSummary(response, secrets, fallback: "HTTP \(status)"), httpStatus: status)
         case 429:
             throw .rateLimited(
-                errorSummary(response, fallback: "HTTP 429"), httpStatus: status, retryAfter: response.retryAfter)
+                errorSummary(response, secrets, fallback: "HTTP 429"), httpStatus: status,
+                retryAfter: response.retryAfter)
         case 500..<600:
             throw .serverError(
-                errorSummary(response, fallback: "HTTP \(status)"), httpStatus: status, retryAfter: response.retryAfter)
+                errorSummary(response, secrets, fallback: "HTTP \(status)"), httpStatus: status,
+                retryAfter: response.retryAfter)
         default:
-            let summary = errorSummary(response, fallback: "HTTP \(status)")
+            let summary = errorSummary(response, secrets, fallback: "HTTP \(status)")
             if errorCode(response) == "invalid_client" { throw .credentialsRejected(summary, httpStatus: status) }
             throw .badResponse(summary, httpStatus: status)
         }
     }
 
     /// A token from an OAuth 2.0 answer (RFC 6749 §5.1).
-    static func oauthToken(_ response: UpstreamResponse, defaultLifetime: Int) throws(TokenFetchError) -> FetchedToken {
-        let members = try document(response)
+    static func oauthToken(_ response: UpstreamResponse, defaultLifetime: Int, hiding secrets: [String] = [])
+        throws(TokenFetchError) -> FetchedToken
+    {
+        let members = try document(response, hiding: secrets)
         guard case .string(let accessToken)? = members["access_token"], isUsableToken(accessToken) else {
             throw .badResponse("the answer has no usable access_token", httpStatus: response.status)
         }
@@ -122,22 +135,48 @@ enum TokenEndpointAnswer {
         return code
     }
 
-    /// `error` and a short `error_description` from an RFC 6749 §5.2 answer, printable and short.
-    private static func errorSummary(_ response: UpstreamResponse, fallback: String) -> String {
+    /// `error` and a short `error_description` from an RFC 6749 §5.2 answer, printable and short,
+    /// with `secrets` hidden.
+    private static func errorSummary(_ response: UpstreamResponse, _ secrets: [String], fallback: String) -> String {
         guard case .object(let members)? = try? JSONValue(parsing: response.body),
             case .string(let code)? = members["error"]
         else {
             return fallback
         }
-        var summary = "HTTP \(response.status) \(printable(code, limit: 40))"
+        var summary = "HTTP \(response.status) \(issuerText(code, secrets, limit: 40))"
         if case .string(let description)? = members["error_description"] {
-            summary += ": " + printable(description, limit: 120)
+            summary += ": " + issuerText(description, secrets, limit: 120)
         }
         return summary
     }
 
-    private static func printable(_ text: String, limit: Int) -> String {
+    /// Text from the issuer as it may be shown: each of `secrets` as `[hidden]` (hidden first, in
+    /// the text as it came, where the secret stands whole), then printable ASCII only (no C0, DEL,
+    /// C1 or other non-ASCII, which could move a terminal's cursor), at most `limit` characters.
+    static func issuerText(_ text: String, _ secrets: [String], limit: Int) -> String {
         String(
-            String.UnicodeScalarView(text.unicodeScalars.filter { $0.value >= 0x20 && $0.value < 0x7F }.prefix(limit)))
+            String.UnicodeScalarView(
+                hiding(secrets, in: text).unicodeScalars.filter { $0.value >= 0x20 && $0.value < 0x7F }.prefix(limit)))
+    }
+
+    /// `text` with each of `secrets` replaced by `[hidden]`: one pass over the text, the longest
+    /// secret first where two start at the same place, and what is put in never searched again.
+    static func hiding(_ secrets: [String], in text: String) -> String {
+        let needles = secrets.filter { !$0.isEmpty }.map { Array($0.utf8) }.sorted { $0.count > $1.count }
+        guard !needles.isEmpty else { return text }
+        let bytes = Array(text.utf8)
+        var kept: [UInt8] = []
+        kept.reserveCapacity(bytes.count)
+        var index = 0
+        while index < bytes.count {
+            if let needle = needles.first(where: { bytes[index...].starts(with: $0) }) {
+                kept += "[hidden]".utf8
+                index += needle.count
+            } else {
+                kept.append(bytes[index])
+                index += 1
+            }
+        }
+        return String(decoding: kept, as: UTF8.self)
     }
 }

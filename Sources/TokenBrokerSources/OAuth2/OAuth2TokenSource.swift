@@ -44,19 +44,28 @@ public struct OAuth2TokenSource: TemplatedTokenSource {
     }
 
     public func fetch() async throws(TokenFetchError) -> FetchedToken {
-        let response = try await client.fetch(try request(now: WallTime()))
-        return try Self.token(from: response, defaultLifetime: configuration.defaultLifetimeSec)
+        let (request, secrets) = try prepared(now: WallTime())
+        let response = try await client.fetch(request)
+        return try Self.token(from: response, defaultLifetime: configuration.defaultLifetimeSec, hiding: secrets)
     }
 
-    /// Reads an RFC 6749 §5.1 answer into a token, or classifies what is wrong with it.
-    public static func token(from response: UpstreamResponse, defaultLifetime: Int) throws(TokenFetchError)
-        -> FetchedToken
+    /// Reads an RFC 6749 §5.1 answer into a token, or classifies what is wrong with it; each of
+    /// `secrets` in the issuer's words becomes `[hidden]`.
+    public static func token(from response: UpstreamResponse, defaultLifetime: Int, hiding secrets: [String] = [])
+        throws(TokenFetchError) -> FetchedToken
     {
-        try TokenEndpointAnswer.oauthToken(response, defaultLifetime: defaultLifetime)
+        try TokenEndpointAnswer.oauthToken(response, defaultLifetime: defaultLifetime, hiding: secrets)
     }
 
     /// The token request, ready to send.
     public func request(now: WallTime) throws(TokenFetchError) -> UpstreamRequest {
+        try prepared(now: now).request
+    }
+
+    /// The token request, and the secrets it sends in every form they take in it (as is,
+    /// form-encoded, in the Basic credentials), which an issuer's answer must not repeat.
+    private func prepared(now: WallTime) throws(TokenFetchError) -> (request: UpstreamRequest, secrets: [String]) {
+        var secrets: [String] = []
         var form: [(String, String)] = [("grant_type", "client_credentials")]
         if let scope = values.scope ?? configuration.scope { form.append(("scope", scope)) }
         if let audience = values.audience ?? configuration.audience { form.append(("audience", audience)) }
@@ -67,21 +76,29 @@ public struct OAuth2TokenSource: TemplatedTokenSource {
         ]
         switch configuration.clientAuth {
         case .clientSecretPost:
-            form += [("client_id", configuration.clientID), ("client_secret", try secret())]
+            let secret = try secret()
+            secrets = [secret, FormEncoding.escape(secret)]
+            form += [("client_id", configuration.clientID), ("client_secret", secret)]
         case .privateKeyJWT:
+            let assertion = try assertion(now: now)
+            secrets = [assertion]
             form += [
                 ("client_id", configuration.clientID),
                 ("client_assertion_type", "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"),
-                ("client_assertion", try assertion(now: now)),
+                ("client_assertion", assertion),
             ]
         case .clientSecretBasic:
             // RFC 6749 §2.3.1: both parts form-encoded before Base64.
-            let credentials = FormEncoding.escape(configuration.clientID) + ":" + FormEncoding.escape(try secret())
-            headers.append(("Authorization", "Basic " + Self.base64(Array(credentials.utf8))))
+            let secret = try secret()
+            let credentials = FormEncoding.escape(configuration.clientID) + ":" + FormEncoding.escape(secret)
+            let encoded = Self.base64(Array(credentials.utf8))
+            secrets = [secret, FormEncoding.escape(secret), encoded]
+            headers.append(("Authorization", "Basic " + encoded))
         }
-        return UpstreamRequest(
+        let request = UpstreamRequest(
             method: "POST", url: configuration.tokenURL, headers: headers, body: Array(FormEncoding.encode(form).utf8),
             settings: configuration.upstream)
+        return (request, secrets)
     }
 
     private func secret() throws(TokenFetchError) -> String {

@@ -2,7 +2,8 @@
 
 Runs in a thread of the test process on 127.0.0.1. `mode` picks the answer:
 ok, html, no_token, negative, zero, huge, oversized, slow, hang, reset, status_500, status_429,
-redirect. With `tls=(certificate, key)` it speaks HTTPS; with `client_ca` as well, it wants a client
+redirect, echo (a 400 whose error_description repeats the request's Authorization, X-Api-Key and
+body, as some issuers do, with DEL and a terminal's CSI in it). With `tls=(certificate, key)` it speaks HTTPS; with `client_ca` as well, it wants a client
 certificate signed by that CA (mutual TLS), and records the subject of each it saw.
 """
 import json
@@ -28,7 +29,7 @@ class FaultyIssuer:
 
             def do_POST(self):
                 length = int(self.headers.get("Content-Length", 0))
-                self.rfile.read(length)
+                self.request_body = self.rfile.read(length)
                 owner.requests += 1
                 if client_ca:
                     peer = self.connection.getpeercert()
@@ -86,6 +87,10 @@ class FaultyIssuer:
             self.send(handler, 500, {"error": "server_error"})
         elif mode == "redirect":
             self.send(handler, 302, b"", headers=[("Location", "http://127.0.0.1:1/elsewhere")])
+        elif mode == "echo":
+            sent = " ".join([handler.headers.get("Authorization", ""), handler.headers.get("X-Api-Key", ""),
+                             handler.request_body.decode(errors="replace")])
+            self.send(handler, 400, {"error": "invalid_client", "error_description": f"you sent {sent} \x7f\x9b31m"})
         elif mode == "status_429":
             self.send(handler, 429, {"error": "slow_down"}, headers=[("Retry-After", "2")])
 
