@@ -269,6 +269,55 @@ def test_a_ca_file_replaces_the_system_ca_directory_instead_of_adding_to_it(tmp_
         issuer.close()
 
 
+def test_a_client_key_replaced_by_an_encrypted_one_fails_its_connection_without_asking_a_terminal(tmp_path):
+    # The key is checked when the configuration is loaded, but libcurl reads it again at each
+    # connection. Given no pass phrase, OpenSSL would ask the controlling terminal for one and the
+    # upstream client's thread would wait there: the broker runs with a pseudo-terminal as its own.
+    ca, ca_key = make_ca(tmp_path, "ca")
+    certificate, key = make_server_certificate(tmp_path, ca, ca_key)
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", "/CN=broker-client",
+            "-keyout", str(tmp_path / "client.key"), "-out", str(tmp_path / "client.csr"))
+    (tmp_path / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
+    openssl("x509", "-req", "-in", str(tmp_path / "client.csr"), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
+            "-days", "1", "-extfile", str(tmp_path / "client.ext"), "-out", str(tmp_path / "client.pem"))
+    openssl("pkey", "-in", str(tmp_path / "client.key"), "-aes256", "-passout", "pass:secret", "-out", str(tmp_path / "encrypted.key"))
+    master, slave = os.openpty()
+    wrapper = tmp_path / "broker-with-a-terminal"
+    wrapper.write_text("#!/usr/bin/env python3\nimport os, sys\nos.setsid()\n"
+                       f"os.open({os.ttyname(slave)!r}, os.O_RDWR)  # the first terminal opened: the controlling one\n"
+                       f"os.execv({BINARY!r}, [{BINARY!r}] + sys.argv[1:])\n")
+    wrapper.chmod(0o755)
+    os.set_blocking(master, False)
+
+    def terminal():
+        try:
+            return os.read(master, 4096).decode(errors="replace")
+        except BlockingIOError:
+            return ""
+
+    # One connection per fetch: the issuer speaks HTTP/1.0.
+    issuer = FaultyIssuer(tls=(str(certificate), str(key)), client_ca=str(ca))
+    source = {"type": "oauth2", "tokenURL": issuer.url, "clientID": "c", "clientSecret": "s", "caFile": str(ca),
+              "clientCertFile": str(tmp_path / "client.pem"), "clientKeyFile": str(tmp_path / "client.key")}
+    try:
+        with Broker({"providers": [{"source": source, "maxErrorTokenRefreshDelayMsec": 200}]}, binary=str(wrapper)) as broker:
+            assert broker.get_json("/token/ready?timeout=10")[0]["access_token"] == "good-1"
+            os.replace(tmp_path / "encrypted.key", tmp_path / "client.key")
+            broker.request("POST", "/token/refresh?timeout=2", body=b'{"rejected_version": 1}')
+
+            def readiness():
+                return json.loads(broker.request("GET", "/readyz", listener="admin")[2])["providers"][0]
+            shown = ""
+            assert wait_until(lambda: readiness().get("last_error") == "unreachable"), (readiness(), terminal())
+            shown += terminal()
+            assert "pass phrase" not in shown.lower(), shown
+            assert issuer.served == 1
+    finally:
+        issuer.close()
+        os.close(master)
+        os.close(slave)
+
+
 def test_an_issuer_that_repeats_the_secrets_sent_gets_none_into_the_log_readyz_or_answers(tmp_path):
     secret, api_key = "s3cr3t/echoed+value", "api-key-from-a-file"
     key_file = tmp_path / "api-key"
