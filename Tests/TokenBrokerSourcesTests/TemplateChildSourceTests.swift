@@ -319,6 +319,27 @@ import TokenBrokerUpstream
                 != nil)
     }
 
+    /// The client leaves out a header holding NUL: a header file with a control character is a
+    /// `configuration` error at the fetch, never a header silently not sent.
+    @Test func aHeaderFileWithAControlCharacterIsAnErrorNotAHeaderLeftOut() throws {
+        let directory = try TemporaryDirectory()
+        var settings = HTTPSourceConfiguration(url: "http://127.0.0.1:1/t")
+        settings.headers = ["X-Api-Key": .file(directory.path("key"))]
+        for (content, refused) in [("k\u{0}ey\n", true), ("k\u{7F}ey", true), ("k\u{1B}ey", true), ("k\tey\n", false)] {
+            try Data(content.utf8).write(to: URL(fileURLWithPath: directory.path("key")))
+            do {
+                let request = try HTTPTokenSource(configuration: settings).request()
+                #expect(!refused, "\(content.debugDescription) was sent")
+                #expect(request.headers.first { $0.0 == "X-Api-Key" }?.1 == Array("k\tey".utf8))
+            } catch {
+                #expect(refused, "\(content.debugDescription): \(error.detail)")
+                #expect(
+                    error.description == "configuration"
+                        && error.detail.hasSuffix("holds a control character; it cannot go in X-Api-Key"))
+            }
+        }
+    }
+
     @Test func aSourceMadeInCodeWithABadPlaceholderFailsAsMisconfigured() async {
         var settings = HTTPSourceConfiguration(url: "http://127.0.0.1:1/t")
         settings.body = "a={{audiance}}"

@@ -67,7 +67,14 @@ struct HTTPRequestTemplate: Sendable {
                 }
                 headers.append((name, text.filled { values.value($0) ?? "" }))
             case .file(let path):
-                headers.append((name, try SecretFile.readLine(path)))
+                // The client leaves out a header that holds NUL (a line break `readLine` refuses):
+                // a file holding one, or any other control character but tab, is an error, never
+                // a header silently not sent.
+                let value = try SecretFile.readLine(path)
+                guard !value.utf8.contains(where: { $0 != 0x09 && Self.isControl($0) }) else {
+                    throw .configuration("\(path) holds a control character; it cannot go in \(name)")
+                }
+                headers.append((name, value))
             }
         }
         let body = self.body.filled { parameter in
