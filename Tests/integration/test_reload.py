@@ -475,7 +475,7 @@ def test_an_invalid_file_sent_by_sighup_changes_nothing_and_is_logged_and_counte
         assert_still_running(broker, config, ["keep", "other"])
 
 
-@pytest.mark.parametrize("case", ["unknown key", "out of range", "missing key file", "not JSON"])
+@pytest.mark.parametrize("case", ["unknown key", "out of range", "missing key file", "FIFO as caFile", "not JSON"])
 def test_an_invalid_file_posted_gets_422_naming_the_problem_and_changes_nothing(issuer, tmp_path, case):
     config = {"providers": [provider(issuer, "keep"), provider(issuer, "other")]}
     # Each file would change keep, remove other and add a provider, were it valid.
@@ -489,6 +489,12 @@ def test_an_invalid_file_posted_gets_422_naming_the_problem_and_changes_nothing(
         missing = str(tmp_path / "missing.pem")
         changes["providers"].append({"name": "signer", "source": {"type": "jwt", "keyFile": missing}})
         mentions = [missing]
+    elif case == "FIFO as caFile":
+        # libcurl would open it on the upstream client's thread, and wait there for a writer.
+        fifo = str(tmp_path / "ca.pem")
+        os.mkfifo(fifo, 0o600)
+        changes["providers"][0]["source"]["caFile"] = fifo
+        mentions = ["providers[0].source", fifo, "is a FIFO, not a regular file"]
     text = json.dumps(changes)[:-1] if case == "not JSON" else json.dumps(changes)
     with Broker(config) as broker:
         before = {name: served(broker, name) for name in ("keep", "other")}
