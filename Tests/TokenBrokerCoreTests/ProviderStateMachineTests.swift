@@ -79,6 +79,92 @@ import TokenBrokerCore
         #expect(harness.nextFetchDelay == .milliseconds(200), "a shorter Retry-After does not shorten the backoff")
     }
 
+    /// A forced refresh inside the issuer's Retry-After starts no fetch and uses no place in the
+    /// refresh window: its caller waits for the retry planned for when the Retry-After ends, or,
+    /// when that is past its deadline, gets at once what its deadline would bring.
+    @Test func aForcedRefreshInsideTheIssuersRetryAfterWaitsForThePlannedRetry() {
+        var harness = MachineHarness(ProviderConfiguration(tokenRefreshDelaySec: 300))
+        harness.start()
+        harness.succeed()
+        harness.tick(at: .seconds(300))
+        #expect(harness.fetchesStarted == 2)
+        harness.fail(.rateLimited("slow down", httpStatus: 429, retryAfter: .seconds(600)))
+        #expect(harness.machine.notBefore == .init(offset: .seconds(900)))
+        for attempt in 1...8 {
+            harness.now = .init(offset: .seconds(300 + attempt))
+            guard case .refreshing(let after) = harness.forceRefresh(rejected: 1) else {
+                Issue.record("forced refresh \(attempt) inside the Retry-After should wait, not be refused")
+                return
+            }
+            #expect(after == 1)
+        }
+        #expect(harness.fetchesStarted == 2, "the issuer said to wait 600 s")
+        #expect(harness.machine.fetchDueAt == .init(offset: .seconds(900)))
+        let (early, actions) = harness.machine.addWaiter(
+            after: 1, deadline: harness.now.advanced(by: .seconds(30)), forRefresh: true, now: harness.now)
+        harness.record(actions)
+        guard case .timedOut(let current?, let error)? = harness.outcomes[early] else {
+            Issue.record("a forced refresh that cannot fetch before its deadline is answered at once")
+            return
+        }
+        #expect(current.version == 1)
+        #expect(error?.retryAfter == .seconds(600))
+        harness.now = .init(offset: .seconds(880))
+        let (late, lateActions) = harness.machine.addWaiter(
+            after: 1, deadline: harness.now.advanced(by: .seconds(30)), forRefresh: true, now: harness.now)
+        harness.record(lateActions)
+        #expect(harness.outcomes[late] == nil, "the retry at 900 s comes before this deadline")
+        harness.runTimers(until: .seconds(900)) { $0.succeed() }
+        #expect(harness.fetchTimes.last == .seconds(900))
+        guard case .token(let token, _)? = harness.outcomes[late] else {
+            Issue.record("the planned retry answers the waiting forced refresh")
+            return
+        }
+        #expect(token.version == 2)
+        for attempt in 1...5 {
+            harness.now = .init(offset: .seconds(900 + attempt))
+            guard case .refreshing = harness.forceRefresh(rejected: UInt64(attempt + 1)) else {
+                Issue.record("the forced refreshes held off used no place in the window")
+                return
+            }
+            harness.succeed()
+        }
+    }
+
+    /// Without background refresh, retries that run out do not forget the issuer's Retry-After:
+    /// a request inside it is answered at once as when the retries run out, without a fetch, and
+    /// one whose wait reaches past it gets the fetch made when it ends.
+    @Test func onDemandRequestsKeepTheIssuersRetryAfterWhenTheRetriesRunOut() {
+        var harness = MachineHarness(ProviderConfiguration(backgroundRefreshEnabled: false, maxRetryCount: 0))
+        let first = harness.wait(after: nil, for: .seconds(30), onDemand: true)
+        harness.fail(.rateLimited("slow down", httpStatus: 429, retryAfter: .seconds(3600)))
+        guard case .exhausted(nil, _)? = harness.outcomes[first] else {
+            Issue.record("with no retries the first request gives up at once")
+            return
+        }
+        for second in 1...8 {
+            harness.now = .init(offset: .seconds(second))
+            let id = harness.wait(after: nil, for: .seconds(30), onDemand: true)
+            guard case .exhausted(nil, let error)? = harness.outcomes[id] else {
+                Issue.record("request \(second) inside the Retry-After should be answered at once")
+                return
+            }
+            #expect(error?.retryAfter == .seconds(3600))
+        }
+        #expect(harness.fetchesStarted == 1, "the issuer said 429 with Retry-After: 3600")
+        harness.now = .init(offset: .seconds(3590))
+        let patient = harness.wait(after: nil, for: .seconds(30), onDemand: true)
+        #expect(harness.fetchesStarted == 1)
+        #expect(harness.outcomes[patient] == nil)
+        harness.runTimers(until: .seconds(3600)) { $0.succeed() }
+        #expect(harness.fetchTimes == [.zero, .seconds(3600)])
+        guard case .token(let token, _)? = harness.outcomes[patient] else {
+            Issue.record("the fetch made when the Retry-After ends answers the waiting request")
+            return
+        }
+        #expect(token.version == 1)
+    }
+
     @Test func backgroundRefreshIsDueAtTokenRefreshDelayForLongLivedTokens() {
         var harness = MachineHarness(ProviderConfiguration(tokenRefreshDelaySec: 300))
         harness.start()

@@ -8,6 +8,7 @@
 /// |---|---|
 /// | fetch at start, refresh at the earlier of `tokenRefreshDelaySec` and 75–85 % of the lifetime | `start`, `fetchSucceeded` |
 /// | backoff 100 ms doubling for `maxRetryCount` failures, then every `maxErrorTokenRefreshDelayMsec` | `fetchFailed` |
+/// | no fetch before the issuer's `Retry-After` has passed, whoever asks | `fetchFailed`, `startFetchIfIdle`, `addWaiter` |
 /// | pause after `tokenRefreshDelaySec` without activity; resume on the next read | `tick`, `noteActivity` |
 /// | one fetch in flight, shared by every waiter | `startFetchIfIdle` |
 /// | a fetch not done within `fetchTimeoutSec` fails as `timeout`; its late result is ignored | `tick`, `fetchSucceeded` |
@@ -93,6 +94,10 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     public private(set) var fetchNumber: UInt64 = 0
     /// When the fetch in flight is given up; nil when none is in flight.
     public private(set) var fetchDeadline: Instant?
+    /// No fetch starts before this instant: the issuer's `Retry-After` after the last failure.
+    /// Every path that starts a fetch honours it (the schedule, a forced refresh, an on-demand
+    /// request, a read that resumes a paused provider); it ends with a success or on its own.
+    public private(set) var notBefore: Instant?
     private var lastActivity: Instant
     private var lastVersion: UInt64 = 0
     private var nextWaiterID: UInt64 = 0
@@ -216,7 +221,8 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         let id = nextWaiterID
         // Without background refresh every call wants a token fetched after it asked.
         let after = backgroundRefresh ? requested : max(requested ?? 0, lastVersion)
-        if let token = validToken(at: now), token.version > (after ?? 0) || (forRefresh && !isFetching && failures == 0)
+        if let token = validToken(at: now),
+            token.version > (after ?? 0) || (forRefresh && !isFetching && failures == 0 && !isHeldOff(at: now))
         {
             actions.append(.complete(waiters: [id], .token(token, stale: isStale(at: now))))
             return (id, actions)
@@ -225,12 +231,24 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
             actions.append(.complete(waiters: [id], .timedOut(current: validToken(at: now), lastError: lastError)))
             return (id, actions)
         }
+        // A waiter that wants a fetch (on demand, or a forced refresh's) gets now what it would
+        // get at its deadline when the issuer's Retry-After lets no fetch start before then: on
+        // demand, the previous token as when the retries run out; a forced refresh, the current one.
+        if onDemand || forRefresh, !isFetching, let notBefore, notBefore >= deadline {
+            let outcome: WaitOutcome =
+                onDemand
+                ? .exhausted(previous: validToken(at: now), lastError: lastError)
+                : .timedOut(current: validToken(at: now), lastError: lastError)
+            actions.append(.complete(waiters: [id], outcome))
+            return (id, actions)
+        }
         waiters[id] = Waiter(
             after: requested, kind: onDemand ? .onDemand : .ready, wantsFetch: !backgroundRefresh,
             forRefresh: forRefresh)
         deadlines.insert(id, at: deadline)
         // Ask for a token now when nothing valid can satisfy the waiter, unless a fetch or a
-        // retry is already planned: a failing issuer keeps its backoff however many wait.
+        // retry is already planned: a failing issuer keeps its backoff however many wait. Inside
+        // the issuer's Retry-After, this plans the fetch for when it ends (`startFetchIfIdle`).
         if !isFetching, fetchDueAt == nil, !backgroundRefresh || !hasValidToken(at: now) {
             actions += startFetchIfIdle(now: now)
         }
@@ -248,7 +266,9 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     /// refreshed: in a fleet, a newer version is one another broker handed out (this one has
     /// not yet read its record), and answering with the older token held here would hand back
     /// one that was refused before it; a version from before a restart without a store costs one
-    /// forced refresh, within the window like any other.
+    /// forced refresh, within the window like any other. Inside the issuer's `Retry-After` no
+    /// fetch starts and no place in the window is used: the caller waits for the retry planned
+    /// for when it ends (`addWaiter` answers at once when that is past the caller's deadline).
     public mutating func forceRefresh(rejected: UInt64?, now: Instant) -> (ForcedRefreshDecision, [Action]) {
         var actions = noteActivity(now: now)
         if let rejected, let token = validToken(at: now), rejected < token.version {
@@ -257,6 +277,10 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         if isFetching { return (.refreshing(after: cached?.version), actions) }
         if awaitingStore {
             refreshForcedAfterStore = true
+            return (.refreshing(after: cached?.version), actions)
+        }
+        if isHeldOff(at: now) {
+            actions += startFetchIfIdle(now: now)
             return (.refreshing(after: cached?.version), actions)
         }
         if let wait = forcedWindow.admit(at: now) { return (.excessive(retryAfter: wait), actions) }
@@ -322,6 +346,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         else { return [] }
         failures = 0
         lastError = nil
+        notBefore = nil
         return adopt(record, now: now, wallTime: wallTime, answeringFetch: false)
     }
 
@@ -412,6 +437,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         guard endFetch(fetch, succeeded: false) else { return [] }
         failures += 1
         lastError = error
+        if let retryAfter = error.retryAfter { notBefore = now.advanced(by: retryAfter) }
         var actions: [Action] = []
         if !backgroundRefresh, retryPolicy.isExhausted(afterFailures: failures) {
             // On demand, the waiters stop here with the previous token, if still valid.
@@ -423,6 +449,8 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
             }
             dropDeadlinesIfIdle()
             if waiters.isEmpty {
+                // The next request starts afresh, but `notBefore` stays: the issuer's Retry-After
+                // holds whether or not anybody is waiting.
                 failures = 0
                 fetchDueAt = nil
                 return actions
@@ -579,17 +607,26 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         return startFetchIfIdle(now: now)
     }
 
+    /// Whether the issuer's Retry-After still forbids a fetch at `now`.
+    private func isHeldOff(at now: Instant) -> Bool { notBefore.map { now < $0 } ?? false }
+
     /// Forgets every deadline once nobody waits, so that finished waiters leave no timer behind.
     private mutating func dropDeadlinesIfIdle() {
         if waiters.isEmpty { deadlines.removeAll() }
     }
 
     /// Starts the single upstream fetch unless one is already in flight, with its deadline.
+    /// Inside the issuer's Retry-After it plans the fetch for when that ends instead.
     private mutating func startFetchIfIdle(now: Instant) -> [Action] {
         guard !isFetching else { return [] }
         fetchIsForced = false
         guard !awaitingStore else {
             fetchWantedAfterStore = true
+            return []
+        }
+        if let notBefore, now < notBefore {
+            fetchDueAt = max(fetchDueAt ?? notBefore, notBefore)
+            isPaused = false
             return []
         }
         isFetching = true
@@ -609,6 +646,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         if succeeded {
             failures = 0
             lastError = nil
+            notBefore = nil
         }
         return true
     }
