@@ -162,12 +162,14 @@ extension Broker {
         var tasks: [String: Task<Void, Never>] = [:]
         for (settings, source) in zip(configuration.providers, sources) where !summary.unchanged.contains(settings.name)
         {
-            var versionsAfter: UInt64 = 0
-            if case .provider(let previous)? = old.providers.named(settings.name) {
-                versionsAfter = previous.highestVersion
-            }
+            var predecessor: Provider?
+            if case .provider(let previous)? = old.providers.named(settings.name) { predecessor = previous }
             let provider = makeProvider(
-                settings, source, store: running.store, metrics: running.metrics, versionsAfter: versionsAfter)
+                settings, source, store: running.store, metrics: running.metrics,
+                versionsAfter: predecessor?.highestVersion ?? 0)
+            // Before it runs: the old provider's token, when this one fetches or reads it again,
+            // keeps its version (`TokenProvider.numberAfter`).
+            if case .provider(let replacement) = provider, let predecessor { replacement.numberAfter(predecessor) }
             made.add(provider)
             tasks[settings.name] = Task.detached { await provider.run() }
         }
@@ -226,10 +228,11 @@ extension Broker {
             identityHeader: identityHeader,
             tasks: tasks.merging(old.tasks.filter { summary.unchanged.contains($0.key) }) { new, _ in new },
             retiredSigners: retiredSigners)
-        // The replacements go on after the versions the old providers handed out while they waited.
+        // The replacements go on after the versions the old providers handed out while they
+        // waited; one that serves the old provider's token (its stored record) keeps its version.
         for replacement in made.providers {
             if case .provider(let previous)? = old.providers.named(replacement.name) {
-                replacement.numberAfter(previous.highestVersion)
+                replacement.numberAfter(previous)
             }
         }
         let handlers = makeHandlers(

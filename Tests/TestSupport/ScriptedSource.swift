@@ -20,9 +20,15 @@ public final class ScriptedSource: TokenSource {
     }
 
     private let state: Lock<State>
+    /// What each token's access token starts with, before the fetch's number.
+    private let prefix: String
 
-    public init(_ answers: [Answer] = [.token(lifetime: .seconds(900))], gated: Bool = false) {
+    /// - Parameter prefix: tokens are `prefix` and the fetch's number: "token-1", "token-2" and
+    ///   so on by default; another prefix makes tokens no other source's fetches bring.
+    public init(_ answers: [Answer] = [.token(lifetime: .seconds(900))], gated: Bool = false, prefix: String = "token-")
+    {
         state = Lock(State(answers: answers, gateOpen: !gated))
+        self.prefix = prefix
     }
 
     public var fetchCount: Int { state.withLock { $0.fetches } }
@@ -56,7 +62,7 @@ public final class ScriptedSource: TokenSource {
         }
         switch answer {
         case .token(let lifetime):
-            return FetchedToken(accessToken: "token-\(number)", lifetime: lifetime)
+            return FetchedToken(accessToken: "\(prefix)\(number)", lifetime: lifetime)
         case .failure(let error):
             throw error
         }

@@ -83,7 +83,8 @@ struct ProviderShutdownTests {
                 heard.withLock { $0.append(outcome) }
             }
         }
-        let source = ScriptedSource(gated: true)
+        // Tokens of its own: the old provider's token again would keep its version, 1.
+        let source = ScriptedSource(gated: true, prefix: "replacement-token-")
         let replacement = TokenProvider(
             configuration: ProviderConfiguration(), source: source, clock: clock, jitter: .fixed(0.5),
             versionsAfter: old.status().version ?? 0)
@@ -115,7 +116,7 @@ struct ProviderShutdownTests {
             configuration: ProviderConfiguration(), source: ScriptedSource(), clock: clock, jitter: .fixed(0.5))
         let oldRun = Task { await old.run() }
         #expect(await eventually { old.status().version == 1 })
-        let source = ScriptedSource(gated: true)
+        let source = ScriptedSource(gated: true, prefix: "replacement-token-")
         let replacement = TokenProvider(
             configuration: ProviderConfiguration(), source: source, clock: clock, jitter: .fixed(0.5),
             versionsAfter: old.highestVersion)
@@ -140,6 +141,45 @@ struct ProviderShutdownTests {
         await replacementRun.value
     }
 
+    /// A replacement that fetches the token the old provider holds (a token file read again, an
+    /// issuer handing out its current token) serves it under the old provider's version: a
+    /// handed long-poll for a newer one waits on, and a new token is numbered after it.
+    @Test func aReplacementFetchingTheOldProvidersTokenKeepsItsVersion() async {
+        let clock = ManualClock()
+        let old = TokenProvider(
+            configuration: ProviderConfiguration(), source: ScriptedSource(), clock: clock, jitter: .fixed(0.5))
+        let oldRun = Task { await old.run() }
+        #expect(await eventually { old.status().version == 1 })
+        let heard = Lock<[Provider.WaitOutcome]>([])
+        old.addWaiter(after: 1, deadline: old.deadline(in: .seconds(30))) { outcome in
+            heard.withLock { $0.append(outcome) }
+        }
+        // Its first fetch brings "token-1" again, as the old provider's did; its second, "token-2".
+        let source = ScriptedSource()
+        let replacement = TokenProvider(
+            configuration: ProviderConfiguration(tokenRefreshDelaySec: 10), source: source, clock: clock,
+            jitter: .fixed(0.5), versionsAfter: old.highestVersion)
+        replacement.numberAfter(old)
+        let replacementRun = Task { await replacement.run() }
+        #expect(await eventually { replacement.status().version != nil })
+        #expect(replacement.status().version == 1, "the old provider's token, under its version")
+        old.shutDown(handingWaitersTo: replacement)
+        #expect(replacement.status().version == 1)
+        #expect(heard.withLock { $0 }.isEmpty, "the long-poll holds version 1: this token is not newer")
+        #expect(await eventually { clock.sleeperCount == 1 })
+        clock.advance(by: .seconds(10))
+        #expect(await eventually { heard.withLock { $0.count } == 1 })
+        guard case .token(let token, _)? = heard.withLock({ $0.first }) else {
+            Issue.record("the next token answers the long-poll: \(heard.withLock { $0 })")
+            return
+        }
+        #expect(token.version == 2)
+        #expect(token.token.accessToken == "token-2")
+        replacement.shutDown()
+        await oldRun.value
+        await replacementRun.value
+    }
+
     /// A handed waiter's caller that goes away removes it through the old provider's id, as
     /// the routes know it: from the replacement, without an answer; a cancelled wait ends at once.
     @Test func aHandedWaiterIsRemovedAndCancelledThroughItsOldID() async {
@@ -152,7 +192,7 @@ struct ProviderShutdownTests {
         let id = old.addWaiter(after: 1, deadline: old.deadline(in: .seconds(30))) { _ in heard.withLock { $0 += 1 } }
         let asyncWait = Task { await old.onTokenReady(after: 1, timeout: .seconds(30)) }
         #expect(await eventually { old.status().waiters == 2 })
-        let source = ScriptedSource(gated: true)
+        let source = ScriptedSource(gated: true, prefix: "replacement-token-")
         let replacement = TokenProvider(
             configuration: ProviderConfiguration(), source: source, clock: clock, jitter: .fixed(0.5),
             versionsAfter: old.highestVersion)

@@ -367,6 +367,38 @@ extension MachineHarness {
         harness.succeed()
         #expect(harness.machine.cached?.version == 13)
     }
+
+    /// A provider that replaces another at a reload reads the record the old one saved: the same
+    /// access token, which keeps its version when numbered after the old provider's, so that a
+    /// long-poll holding it is not answered with it again. Another token is renumbered.
+    @Test func aReplacementServingTheOldProvidersTokenKeepsItsVersion() {
+        var old = MachineHarness.awaitingStore()
+        old.start()
+        old.load(record(version: 7, issuedSecondsAgo: 10, lifetime: 100))
+        let oldToken = old.machine.cached
+
+        var replacement = MachineHarness.awaitingStore()
+        replacement.start()
+        replacement.load(record(version: 7, issuedSecondsAgo: 10, lifetime: 100))
+        replacement.machine.numberAfter(old.machine.highestVersion, keeping: oldToken)
+        #expect(replacement.machine.cached?.version == 7, "the same token under the same version")
+        let longPoll = replacement.wait(after: 7, for: .seconds(100))
+        #expect(replacement.outcomes[longPoll] == nil, "a client holding version 7 has this token")
+        replacement.tick(at: .seconds(70))
+        replacement.succeed()
+        guard case .token(let token, _)? = replacement.outcomes[longPoll] else {
+            Issue.record("the next token answers the long-poll")
+            return
+        }
+        #expect(token.version == 8)
+        #expect(token.token.accessToken == "token-1")
+
+        var other = MachineHarness.awaitingStore()
+        other.start()
+        other.load(record(version: 7, issuedSecondsAgo: 10, lifetime: 100, accessToken: "another-token"))
+        other.machine.numberAfter(7, keeping: oldToken)
+        #expect(other.machine.cached?.version == 8, "another token than the old provider's is a new version")
+    }
 }
 
 /// A store in memory, for the provider's tests: it counts its loads and keeps every save. With

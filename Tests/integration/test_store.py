@@ -14,7 +14,9 @@ import json
 import os
 import re
 import secrets
+import signal
 import stat
+import threading
 import time
 from datetime import datetime
 
@@ -525,6 +527,41 @@ def test_a_rotated_hs256_secret_refuses_the_record_after_a_restart_and_after_a_r
         assert reloaded["version"] == served["version"] + 1
         assert len(log_lines(second, "stored record refused; fetching", "default")) == 2, second.stderr()
         assert not any(secret in second.stderr() for secret in (old_secret, new_secret, newest_secret))
+
+
+def test_a_long_poll_across_a_reload_is_not_answered_with_the_stored_token_it_holds(issuer, store):
+    """A reload that changes a provider's setting other than its source makes a replacement that
+    reads the record the old provider saved: the same token, which keeps its version, since a
+    version grows only with a new token. A long-poll holding that version, handed over to the
+    replacement, waits on for a newer token (304 at its timeout) instead of getting its own token
+    back under a higher version; nothing is fetched."""
+    with StoreBroker(configuration(store, oauth(issuer))) as broker:
+        before = token(broker)
+        fetched = issuer.requests()
+        answer = {}
+
+        def long_poll():
+            answer["reply"] = broker.request(
+                "GET", f"/providers/default/token/ready?after={before['version']}&timeout=5", timeout=30)
+
+        waiter = threading.Thread(target=long_poll)
+        waiter.start()
+        assert wait_until(lambda: broker.metric("token_broker_longpoll_waiters", provider="default") == 1, timeout=10)
+        path = os.path.join(broker.workdir, "config.json")
+        with open(path + ".new", "w") as handle:
+            json.dump(configuration(store, oauth(issuer, tokenRefreshDelaySec=200)), handle)
+        os.replace(path + ".new", path)
+        broker.process.send_signal(signal.SIGHUP)
+        assert wait_until(lambda: 'msg="configuration reloaded"' in broker.stderr(), timeout=30), broker.stderr()
+        assert "changed=default" in broker.stderr(), broker.stderr()
+        waiter.join(30)
+        assert not waiter.is_alive()
+        status, headers, body = answer["reply"]
+        assert status == 304, (status, body)
+        assert headers.get("etag") == f'"{before["version"]}"', headers
+        served = token(broker)
+        assert (served["access_token"], served["version"]) == (before["access_token"], before["version"])
+        assert issuer.requests() == fetched, "the replacement served the stored token without a fetch"
 
 
 # Refused at start

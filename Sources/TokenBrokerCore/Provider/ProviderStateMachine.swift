@@ -13,6 +13,7 @@
 /// | one fetch in flight, shared by every waiter | `startFetchIfIdle` |
 /// | a fetch not done within `fetchTimeoutSec` fails as `timeout`; its late result is ignored | `tick`, `fetchSucceeded` |
 /// | a new version only for a new token: the same access token again only updates the expiry | `fetchSucceeded` |
+/// | a replacement at a reload serving the old provider's token keeps its version | `numberAfter`, `fetchSucceeded` |
 /// | a forced refresh's waiters are answered by its token, even the same one again | `addWaiter`, `fetchSucceeded` |
 /// | forced refresh only for the current version, 5 per 30 s | `forceRefresh` |
 /// | on demand: fetch per call, after `maxRetryCount` retries fall back to the previous valid token | `addWaiter`, `fetchFailed` |
@@ -114,6 +115,9 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     /// A forced refresh was asked for while the record was being read: it refreshes once the
     /// record is in, since the record may hold the very token the caller was refused.
     private var refreshForcedAfterStore = false
+    /// The current token of the provider this one replaces (`numberAfter`): the same access
+    /// token fetched here keeps the version it had there, since a version grows only with a new token.
+    private var inherited: Token?
 
     /// - Parameter awaitingStore: the provider has a store, whose record comes first (`storeLoaded`).
     /// - Parameter versionsAfter: the first token's version is the next one after it (a provider
@@ -312,6 +316,13 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
             same.expiresAt = expiresAt
             same.renewal &+= 1
             accepted = same
+        } else if let inherited, inherited.token.accessToken == token.accessToken,
+            inherited.version > (cached?.version ?? 0)
+        {
+            // The replaced provider's token, fetched again (a token file read by the provider
+            // that replaced it at a reload): a client holding it has it under that version.
+            accepted = Token(
+                token: token, version: inherited.version, issuedAt: now, expiresAt: expiresAt, issuedAtDate: wallTime)
         } else {
             lastVersion += 1
             accepted = Token(
@@ -546,14 +557,24 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
 
     /// Numbers this provider's tokens after `version` from now on, the cached one included
     /// (a replacement, before it serves, after the provider it replaces); nothing when they
-    /// already are. A cached token renumbered so is the same token under a higher version.
-    public mutating func numberAfter(_ version: UInt64) {
+    /// already are.
+    ///
+    /// A version grows only with a new token: a cached token that is the same access token as
+    /// `predecessors` (the record a store kept for the provider replaced, read again) keeps the
+    /// version it was handed out under there, so that a long-poll or a refused-token retry
+    /// holding it is not answered with it again as a newer one. Only another token is
+    /// renumbered after `version`.
+    public mutating func numberAfter(_ version: UInt64, keeping predecessors: Token? = nil) {
         guard lastVersion <= version else { return }
         lastVersion = version
-        if cached != nil {
-            lastVersion += 1
-            cached?.version = lastVersion
+        if let predecessors { inherited = predecessors }
+        guard let held = cached else { return }
+        if let predecessors, held.token.accessToken == predecessors.token.accessToken {
+            cached?.version = predecessors.version
+            return
         }
+        lastVersion += 1
+        cached?.version = lastVersion
     }
 
     /// A waiter as a successor takes it over (`handOver`): what it asked for, and until when.

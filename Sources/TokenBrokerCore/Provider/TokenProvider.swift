@@ -158,10 +158,12 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         var work = Work()
         var handed: [(waiter: Machine.HandedWaiter, completion: Completion)] = []
         var numberedUpTo: UInt64 = 0
+        var current: Token?
         let (fetch, runEnds) = state.withLock { state -> (Task<Void, Never>?, AsyncStream<Never>.Continuation?) in
             state.isShutDown = true
             if let successor {
                 numberedUpTo = state.machine.highestVersion
+                current = state.machine.cached
                 for waiter in state.machine.handOver() {
                     if let completion = state.completions.removeValue(forKey: waiter.id) {
                         handed.append((waiter, completion))
@@ -182,7 +184,7 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         runEnds?.finish()
         guard let successor else { return }
         // A token this provider fetched since its successor was numbered must not share a version.
-        successor.numberAfter(numberedUpTo)
+        successor.numberAfter(numberedUpTo, keeping: current)
         for (waiter, completion) in handed {
             let id = successor.addWaiter(
                 after: waiter.after, deadline: waiter.deadline, onDemand: waiter.onDemand,
@@ -200,10 +202,18 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     /// The highest version handed out, or numbered after (`numberAfter`).
     public var highestVersion: UInt64 { state.withLock { $0.machine.highestVersion } }
 
-    /// Numbers the tokens after `version` from now on, the cached one included: for a provider
-    /// that replaces another at a reload, before it serves (`ProviderStateMachine.numberAfter`).
-    public func numberAfter(_ version: UInt64) {
-        state.withLock { $0.machine.numberAfter(version) }
+    /// Numbers the tokens after `version` from now on, the cached one included, unless it is
+    /// `current`'s access token, which keeps `current`'s version: for a provider that replaces
+    /// another at a reload, before it serves (`ProviderStateMachine.numberAfter`).
+    public func numberAfter(_ version: UInt64, keeping current: Token? = nil) {
+        state.withLock { $0.machine.numberAfter(version, keeping: current) }
+    }
+
+    /// `numberAfter` the versions `predecessor` handed out, keeping its current token's version
+    /// for the same token. The two locks are taken one after the other, never together.
+    public func numberAfter(_ predecessor: TokenProvider<C>) {
+        let (version, current) = predecessor.state.withLock { ($0.machine.highestVersion, $0.machine.cached) }
+        numberAfter(version, keeping: current)
     }
 
     // MARK: - Reading
