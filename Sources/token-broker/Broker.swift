@@ -333,11 +333,12 @@ enum Broker {
         return .template(
             Template(
                 configuration: settings, clock: ContinuousClock(),
-                makeChild: { values in
+                makeChild: { values, versionsAfter in
                     Provider(
                         configuration: settings, source: childSource(for: settings, values: values, base: base),
                         clock: ContinuousClock(), events: .logged(recordingIn: metrics, child: values),
-                        store: storeSlot(store, provider: settings, signer: signer, values: values))
+                        store: storeSlot(store, provider: settings, signer: signer, values: values),
+                        versionsAfter: versionsAfter)
                 },
                 attach: { TokenResponseCache(for: $0) }, events: events))
     }

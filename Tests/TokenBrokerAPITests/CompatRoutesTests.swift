@@ -50,7 +50,9 @@ private func template(
     let settings = configuration
     return LiveTemplate(
         configuration: settings, clock: ContinuousClock(),
-        makeChild: { values in TokenProvider(configuration: settings, source: ValuesSource(values, shared: shared)) },
+        makeChild: { values, _ in
+            TokenProvider(configuration: settings, source: ValuesSource(values, shared: shared))
+        },
         attach: { TokenResponseCache(for: $0) })
 }
 
@@ -513,7 +515,7 @@ final class CountingTemplate: TemplateProviding {
         let clock = clock
         template = ProviderTemplate(
             configuration: settings, clock: clock,
-            makeChild: { _ in TokenProvider(configuration: settings, source: ScriptedSource(), clock: clock) },
+            makeChild: { _, _ in TokenProvider(configuration: settings, source: ScriptedSource(), clock: clock) },
             attach: { TokenResponseCache(for: $0) })
     }
 

@@ -86,7 +86,9 @@ func liveTemplate(
     let settings = configuration
     return LiveTemplate(
         configuration: settings, clock: ContinuousClock(),
-        makeChild: { values in TokenProvider(configuration: settings, source: ValuesSource(values, shared: shared)) },
+        makeChild: { values, _ in
+            TokenProvider(configuration: settings, source: ValuesSource(values, shared: shared))
+        },
         attach: { TokenResponseCache(for: $0) })
 }
 

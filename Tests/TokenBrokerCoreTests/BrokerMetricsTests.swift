@@ -58,7 +58,7 @@ import TokenBrokerTestSupport
         let settings = configuration
         let template = ProviderTemplate(
             configuration: settings, clock: clock,
-            makeChild: { _ in TokenProvider(configuration: settings, source: source, clock: clock) },
+            makeChild: { _, _ in TokenProvider(configuration: settings, source: source, clock: clock) },
             attach: { _ in () })
         let service = Task { await template.run() }
         defer { service.cancel() }

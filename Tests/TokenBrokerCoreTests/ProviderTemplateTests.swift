@@ -36,9 +36,11 @@ private final class TemplateFixture: Sendable {
         let events = events
         template = Template(
             configuration: settings, clock: clock,
-            makeChild: { _ in
+            makeChild: { _, versionsAfter in
                 made.withLock { $0 += 1 }
-                return Child(configuration: settings, source: source, clock: clock, jitter: .fixed(0.5))
+                return Child(
+                    configuration: settings, source: source, clock: clock, jitter: .fixed(0.5),
+                    versionsAfter: versionsAfter)
             },
             attach: { _ in made.withLock { $0 } },
             events: TemplateEvents(
@@ -177,6 +179,42 @@ private final class TemplateFixture: Sendable {
         fixture.template.shutDown()
     }
 
+    /// A child made again after its values' child was dropped goes on after the versions the
+    /// dropped children handed out, not from 1: a client holding version N of the dropped child
+    /// is answered by the new child's token as a newer one, and its refusal of N is an old one.
+    @Test func aChildMadeAgainAfterADropNumbersItsTokensAfterTheDroppedChildren() async {
+        let fixture = TemplateFixture(childIdleSec: 60)
+        let service = Task { await fixture.template.run() }
+        defer { service.cancel() }
+        func version(_ name: String) async -> UInt64? {
+            guard let child = fixture.child(name),
+                case .token(let token, _) = await child.onTokenReady(timeout: .seconds(5))
+            else { return nil }
+            return token.version
+        }
+        #expect(await version("a") == 1)
+        guard let first = fixture.child("a") else { return }
+        _ = first.forceRefresh(rejected: 1)
+        #expect(await eventually { first.status().version == 2 })
+        #expect(await version("b") == 1)
+        fixture.clock.advance(by: .seconds(60))
+        #expect(await eventually { fixture.children == 0 })
+
+        #expect(await version("a") == 3, "after the dropped child's version 2")
+        #expect(await version("b") == 3, "one number for the template: after every dropped child's")
+        guard let again = fixture.child("a"), case .current(let current) = again.forceRefresh(rejected: 2) else {
+            Issue.record("version 2 is the dropped child's: the new child's token is newer")
+            return
+        }
+        #expect(current.version == 3)
+        #expect(fixture.source.fetchCount == 5, "a refusal of the dropped child's version fetches nothing")
+
+        // Dropped again, the counter goes on from the highest.
+        fixture.clock.advance(by: .seconds(60))
+        #expect(await eventually { fixture.children == 0 })
+        #expect(await version("b") == 4)
+    }
+
     @Test func aRenewedLeaseIsAReadAndADroppedOrShutDownChildsLeaseIsRefused() throws {
         let fixture = TemplateFixture(childIdleSec: 60)
         let (lease, first) = try fixture.template.child(for: audience("a")).get()
@@ -222,7 +260,7 @@ private final class TemplateFixture: Sendable {
         let renewed = Lock<Bool?>(nil)
         let template = ProviderTemplate<StatusHookChild, Int, ManualClock>(
             configuration: TemplateFixture().template.configuration, clock: clock,
-            makeChild: { _ in
+            makeChild: { _, _ in
                 StatusHookChild {
                     let renew = renewal.withLock { $0 }
                     if let renew { renewed.withLock { $0 = renew() } }
@@ -433,6 +471,7 @@ private final class StatusHookChild: TemplateChild {
             consecutiveFailures: 0, waiters: 0, backgroundRefresh: true)
     }
 
+    var highestVersion: UInt64 { 0 }
     func run() async {}
     func shutDown() {}
 }

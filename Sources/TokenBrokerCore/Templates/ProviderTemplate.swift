@@ -16,6 +16,9 @@ public typealias ChildAttachment = AnyObject & Sendable
 ///   `childIdleSec`, and without waiters (a long-poll in progress counts as reading), is
 ///   dropped: removed, its lease ended, then shut down, its token and timers gone.
 /// - A held child (`hold(_:)`, a token file's) is never dropped for idleness until released.
+/// - A child's versions go on after every version a dropped child handed out: the template keeps
+///   the highest (one number, whatever the values), and makes each child after it, so that a
+///   client holding a dropped child's version N is answered by the new child's token after N.
 ///
 /// Locking: one lock, `state`, and each child's lease's own (taken inside `state`, or alone by
 /// `renew`). While `state` is held the template reads its clock and its table, and reads,
@@ -33,7 +36,7 @@ where C.Duration == Duration {
     public var name: String { configuration.name }
     /// The clock of idle times.
     public let clock: C
-    private let makeChild: @Sendable (TokenRequestValues) -> Child
+    private let makeChild: @Sendable (TokenRequestValues, UInt64) -> Child
     private let attach: @Sendable (Child) -> Attachment
     private let events: TemplateEvents
     private let idleLimit: Duration
@@ -61,6 +64,8 @@ where C.Duration == Duration {
         /// The numbers of children dropped for idleness whose `run()` has not ended yet.
         var dropping: Set<UInt64> = []
         var nextNumber: UInt64 = 0
+        /// The highest version a dropped child handed out: new children are numbered after it.
+        var droppedVersions: UInt64 = 0
         var timer: Task<Void, Never>?
         var timerDeadline: C.Instant?
         var timerGeneration: UInt64 = 0
@@ -69,14 +74,15 @@ where C.Duration == Duration {
     }
 
     /// - Parameters:
-    ///   - makeChild: the provider for one combination of values; called outside the lock, and
+    ///   - makeChild: the provider for one combination of values, numbering its tokens after the
+    ///     version given (`TokenProvider`'s `versionsAfter`); called outside the lock, and
     ///     possibly twice for one combination when two first requests race (the spare one is
     ///     never run and fetches nothing).
     ///   - attach: what the caller keeps beside each child (the token routes' rendered answers).
     ///   - events: hooks for logs and metrics.
     public init(
         configuration: ProviderConfiguration, clock: C,
-        makeChild: @escaping @Sendable (TokenRequestValues) -> Child,
+        makeChild: @escaping @Sendable (TokenRequestValues, UInt64) -> Child,
         attach: @escaping @Sendable (Child) -> Attachment,
         events: TemplateEvents = TemplateEvents()
     ) {
@@ -105,7 +111,8 @@ where C.Duration == Duration {
         switch find(values, holding: false) {
         case .found(let entry): .success((entry.lease, entry.held))
         case .refused(let refusal): refused(refusal, values)
-        case .absent: adopt(values, holding: false).map { ($0.lease, $0.held) }
+        case .absent(let versionsAfter):
+            adopt(values, holding: false, versionsAfter: versionsAfter).map { ($0.lease, $0.held) }
         }
     }
 
@@ -121,7 +128,7 @@ where C.Duration == Duration {
         switch find(values, holding: true) {
         case .found(let entry): .success(entry.child)
         case .refused(let refusal): refused(refusal, values)
-        case .absent: adopt(values, holding: true).map(\.child)
+        case .absent(let versionsAfter): adopt(values, holding: true, versionsAfter: versionsAfter).map(\.child)
         }
     }
 
@@ -146,8 +153,8 @@ where C.Duration == Duration {
         case found(Entry)
         /// No child, and no room for one (or the template stopped): nothing is made.
         case refused(ChildRefusal)
-        /// No child, and room for one: to be made outside the lock.
-        case absent
+        /// No child, and room for one: to be made outside the lock, numbered after this version.
+        case absent(versionsAfter: UInt64)
     }
 
     /// The child for `values` under the lock, counted as read (or held once more), or why none can be made.
@@ -157,7 +164,8 @@ where C.Duration == Duration {
             guard !state.isShutDown else { return .refused(.stopped) }
             if let found = read(values, holding: holding, now: now, &state) { return .found(found) }
             if let full = noRoom(state, now: now) { return .refused(full) }
-            return .absent
+            // A child dropped for these values was removed under this lock, its versions counted.
+            return .absent(versionsAfter: state.droppedVersions)
         }
     }
 
@@ -186,8 +194,10 @@ where C.Duration == Duration {
 
     /// Makes the child for `values` (outside the lock), then adds it unless another request added
     /// one meanwhile (which is then the child), and starts it.
-    private func adopt(_ values: TokenRequestValues, holding: Bool) -> Result<Entry, ChildRefusal> {
-        let child = makeChild(values)
+    private func adopt(_ values: TokenRequestValues, holding: Bool, versionsAfter: UInt64) -> Result<
+        Entry, ChildRefusal
+    > {
+        let child = makeChild(values, versionsAfter)
         let attachment = attach(child)
         let now = clock.now
         var timer: (C.Instant, UInt64)?
@@ -318,12 +328,16 @@ where C.Duration == Duration {
             }
         }
         let waiting = Set(due.compactMap { values, child in child.status().waiters > 0 ? values : nil })
+        // Read before the child is removed, so that a child made for the same values just after
+        // its removal is numbered after it. A version it makes after this read is one nobody read:
+        // a read starts its idle time again, and it is then not dropped.
+        let versions = due.map { _, child in child.highestVersion }
         var timer: (C.Instant, UInt64)?
         // The children dropped, and their attachments, are let go of after the lock, with `dropped`.
         let dropped = state.withLock { state -> [(TokenRequestValues, Lease.Held)] in
             guard !state.isShutDown else { return [] }
             var dropped: [(TokenRequestValues, Lease.Held)] = []
-            for (values, child) in due {
+            for ((values, child), version) in zip(due, versions) {
                 guard let index = state.children.index(forKey: values),
                     state.children.values[index].child === child
                 else { continue }
@@ -332,6 +346,7 @@ where C.Duration == Duration {
                 if waiting.contains(values) {
                     _ = entry.lease.renew(at: now)
                 } else if entry.lease.endIfIdle(for: idleLimit, at: now) {
+                    state.droppedVersions = max(state.droppedVersions, version)
                     state.children.remove(at: index)
                     dropped.append((values, entry.held))
                     state.dropping.insert(entry.number)
@@ -412,6 +427,8 @@ where C.Duration == Duration {
 public protocol TemplateChild: AnyObject, Sendable {
     /// What the child is doing now (its waiters keep it from being dropped).
     func status() -> ProviderStatus
+    /// The highest version it handed out: a child made after it was dropped goes on after it.
+    var highestVersion: UInt64 { get }
     /// Runs the child until `shutDown()`.
     func run() async
     /// Stops the child: its waiters are answered, its timers and fetch stop, its `run()` returns.
