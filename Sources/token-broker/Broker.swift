@@ -310,8 +310,8 @@ enum Broker {
     }
 
     /// One provider, or one template, as `makeProviders` makes it.
-    /// - Parameter versionsAfter: for a provider that replaces one at a reload: the version it
-    ///   numbers its tokens after.
+    /// - Parameter versionsAfter: for a provider or a template that replaces one at a reload: the
+    ///   version it numbers its tokens (a template, its children's) after.
     static func makeProvider(
         _ settings: ProviderConfiguration, _ source: (any TokenSource, JWTSigner?), store: OpenedStore?,
         metrics: BrokerMetrics, versionsAfter: UInt64 = 0
@@ -340,7 +340,7 @@ enum Broker {
                         store: storeSlot(store, provider: settings, signer: signer, values: values),
                         versionsAfter: versionsAfter)
                 },
-                attach: { TokenResponseCache(for: $0) }, events: events))
+                attach: { TokenResponseCache(for: $0) }, events: events, versionsAfter: versionsAfter))
     }
 
     /// The source of a template's child: the template's source, fetching with `values` put in

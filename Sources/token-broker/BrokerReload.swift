@@ -27,7 +27,8 @@ import TokenBrokerSources
 /// 7. The replaced and removed providers shut down. A replaced provider's waiters (long-polls,
 ///    requests waiting for a token) are handed to its replacement, which numbers its tokens
 ///    after the old one's; a removed provider's, and a replaced template's, are answered 503
-///    `shutting_down`, as at a stop.
+///    `shutting_down`, as at a stop. A replaced template's successor makes its children after
+///    every version the old one's handed out.
 extension Broker {
     /// What one configuration made: a reload replaces it whole, keeping the unchanged parts.
     /// Read and changed on the main thread only.
@@ -163,10 +164,18 @@ extension Broker {
         for (settings, source) in zip(configuration.providers, sources) where !summary.unchanged.contains(settings.name)
         {
             var predecessor: Provider?
-            if case .provider(let previous)? = old.providers.named(settings.name) { predecessor = previous }
+            var versionsAfter: UInt64 = 0
+            switch old.providers.named(settings.name) {
+            case .provider(let previous)?:
+                predecessor = previous
+                versionsAfter = previous.highestVersion
+            case .template(let previous)?:
+                versionsAfter = previous.highestVersion
+            case nil:
+                break
+            }
             let provider = makeProvider(
-                settings, source, store: running.store, metrics: running.metrics,
-                versionsAfter: predecessor?.highestVersion ?? 0)
+                settings, source, store: running.store, metrics: running.metrics, versionsAfter: versionsAfter)
             // Before it runs: the old provider's token, when this one fetches or reads it again,
             // keeps its version (`TokenProvider.numberAfter`).
             if case .provider(let replacement) = provider, let predecessor { replacement.numberAfter(predecessor) }
@@ -233,6 +242,13 @@ extension Broker {
         for replacement in made.providers {
             if case .provider(let previous)? = old.providers.named(replacement.name) {
                 replacement.numberAfter(previous)
+            }
+        }
+        // A replaced template's children are answered 503 and go; the clients come back to the
+        // new one's children, which go on after every version the old ones handed out.
+        for replacement in made.templates {
+            if case .template(let previous)? = old.providers.named(replacement.name) {
+                replacement.numberAfter(previous.highestVersion)
             }
         }
         let handlers = makeHandlers(

@@ -21,7 +21,7 @@ private final class TemplateFixture: Sendable {
 
     init(
         maxChildren: Int = 100, childIdleSec: Int = 60, fetchTimeoutSec: Int? = nil,
-        source: ScriptedSource = ScriptedSource()
+        source: ScriptedSource = ScriptedSource(), versionsAfter: UInt64 = 0
     ) {
         var configuration = ProviderConfiguration(name: "orders", fetchTimeoutSec: fetchTimeoutSec)
         configuration.perRequest = [.audience, .scope]
@@ -47,7 +47,8 @@ private final class TemplateFixture: Sendable {
                 made: { name, values in events.withLock { $0.append("made \(name) \(values)") } },
                 dropped: { name, values in events.withLock { $0.append("dropped \(name) \(values)") } },
                 ended: { name, values in events.withLock { $0.append("ended \(name) \(values)") } },
-                refused: { name, values in events.withLock { $0.append("refused \(name) \(values)") } }))
+                refused: { name, values in events.withLock { $0.append("refused \(name) \(values)") } }),
+            versionsAfter: versionsAfter)
     }
 
     /// The child for the audience `https://<name>`, which must be given.
@@ -213,6 +214,35 @@ private final class TemplateFixture: Sendable {
         fixture.clock.advance(by: .seconds(60))
         #expect(await eventually { fixture.children == 0 })
         #expect(await version("b") == 4)
+    }
+
+    /// A template that replaces another at a reload starts its children after the versions the
+    /// other's children handed out (`highestVersion`), and after any it is told of before it
+    /// serves (`numberAfter`); children already made keep their numbers.
+    @Test func aReplacementTemplatesChildrenGoOnAfterTheReplacedTemplatesVersions() async {
+        let old = TemplateFixture()
+        let oldService = Task { await old.template.run() }
+        defer { oldService.cancel() }
+        guard let oldChild = old.child("a") else { return }
+        _ = await oldChild.onTokenReady(timeout: .seconds(5))
+        _ = oldChild.forceRefresh(rejected: 1)
+        #expect(await eventually { oldChild.status().version == 2 })
+        #expect(old.template.highestVersion == 2, "the highest of its children's")
+
+        let replacement = TemplateFixture(versionsAfter: old.template.highestVersion)
+        let service = Task { await replacement.template.run() }
+        defer { service.cancel() }
+        func version(_ name: String) async -> UInt64? {
+            guard let child = replacement.child(name),
+                case .token(let token, _) = await child.onTokenReady(timeout: .seconds(5))
+            else { return nil }
+            return token.version
+        }
+        #expect(await version("a") == 3)
+        replacement.template.numberAfter(7)
+        #expect(await version("a") == 3, "a child already made keeps its numbers")
+        #expect(await version("b") == 8)
+        #expect(replacement.template.highestVersion == 8)
     }
 
     @Test func aRenewedLeaseIsAReadAndADroppedOrShutDownChildsLeaseIsRefused() throws {

@@ -428,6 +428,31 @@ def test_a_token_file_of_a_template_moves_to_other_values_when_the_template_has_
         assert wait_until(lambda: sha256(open(path).read().strip()) == record["token_sha256"], timeout=20)
 
 
+def test_a_changed_templates_children_go_on_after_the_versions_its_old_children_handed_out(issuer):
+    """A reload that changes a template makes a new one, whose children are made anew: they
+    number their tokens after every version the old template's children handed out, so that a
+    client holding version N of an old child, asking for a token newer than N, is answered by
+    the new child's token rather than kept waiting with an ETag from an older version."""
+    template = {**provider(issuer, "t"), "perRequest": ["audience"], "allowedAudiences": ["https://t.example/*"]}
+    query = "audience=https://t.example/one"
+    with Broker({"providers": [template]}) as broker:
+        first = broker.get_json(f"/providers/t/token/ready?{query}&timeout=20", timeout=30)[0]
+        status, _, body = broker.request("POST", f"/providers/t/token/refresh?{query}",
+                                         body=json.dumps({"rejected_version": first["version"]}).encode())
+        assert status == 200, body
+        held = json.loads(body)
+        assert held["version"] == first["version"] + 1, held
+        rewrite(broker, {"providers": [{**template, "childIdleSec": 600}]})
+        status, document = post_reload(broker)
+        assert status == 200, document
+        assert_outcome(document, changed=["t"])
+        status, headers, body = broker.request(
+            "GET", f"/providers/t/token/ready?{query}&after={held['version']}&timeout=10", timeout=30)
+        assert status == 200, (status, headers, body)
+        token = json.loads(body)
+        assert token["version"] > held["version"] and token["access_token"] != held["access_token"], token
+
+
 def test_the_first_provider_in_the_reloaded_file_becomes_the_default(issuer):
     with Broker({"providers": [provider(issuer, "first"), provider(issuer, "second")]}) as broker:
         assert broker.get_json("/token")[0]["provider"] == "first"

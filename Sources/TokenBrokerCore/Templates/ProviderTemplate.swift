@@ -19,6 +19,7 @@ public typealias ChildAttachment = AnyObject & Sendable
 /// - A child's versions go on after every version a dropped child handed out: the template keeps
 ///   the highest (one number, whatever the values), and makes each child after it, so that a
 ///   client holding a dropped child's version N is answered by the new child's token after N.
+///   A template that replaces another at a reload starts after the one it replaces.
 ///
 /// Locking: one lock, `state`, and each child's lease's own (taken inside `state`, or alone by
 /// `renew`). While `state` is held the template reads its clock and its table, and reads,
@@ -64,8 +65,9 @@ where C.Duration == Duration {
         /// The numbers of children dropped for idleness whose `run()` has not ended yet.
         var dropping: Set<UInt64> = []
         var nextNumber: UInt64 = 0
-        /// The highest version a dropped child handed out: new children are numbered after it.
-        var droppedVersions: UInt64 = 0
+        /// The highest version handed out by children no longer here (dropped ones, and the
+        /// replaced template's at a reload): new children are numbered after it.
+        var retiredVersions: UInt64 = 0
         var timer: Task<Void, Never>?
         var timerDeadline: C.Instant?
         var timerGeneration: UInt64 = 0
@@ -80,11 +82,13 @@ where C.Duration == Duration {
     ///     never run and fetches nothing).
     ///   - attach: what the caller keeps beside each child (the token routes' rendered answers).
     ///   - events: hooks for logs and metrics.
+    ///   - versionsAfter: children number their tokens after it: a template that replaces
+    ///     another at a reload starts after the versions the other's children handed out.
     public init(
         configuration: ProviderConfiguration, clock: C,
         makeChild: @escaping @Sendable (TokenRequestValues, UInt64) -> Child,
         attach: @escaping @Sendable (Child) -> Attachment,
-        events: TemplateEvents = TemplateEvents()
+        events: TemplateEvents = TemplateEvents(), versionsAfter: UInt64 = 0
     ) {
         self.configuration = configuration
         self.clock = clock
@@ -92,7 +96,27 @@ where C.Duration == Duration {
         self.attach = attach
         self.events = events
         idleLimit = .seconds(configuration.childIdleSec)
-        state = Lock(State())
+        var state = State()
+        state.retiredVersions = versionsAfter
+        self.state = Lock(state)
+    }
+
+    // MARK: - Versions
+
+    /// The highest version any of its children handed out, dropped ones included, or that it
+    /// was told to number after.
+    public var highestVersion: UInt64 {
+        // The children are asked outside the lock, as everywhere in the template.
+        let (retired, children) = state.withLock { state in
+            (state.retiredVersions, state.children.values.map(\.child))
+        }
+        return children.reduce(retired) { highest, child in max(highest, child.highestVersion) }
+    }
+
+    /// Numbers the children made from now on after `version` (a replacement at a reload, before
+    /// it serves, after the template it replaces); children already made keep their numbers.
+    public func numberAfter(_ version: UInt64) {
+        state.withLock { $0.retiredVersions = max($0.retiredVersions, version) }
     }
 
     // MARK: - Children
@@ -165,7 +189,7 @@ where C.Duration == Duration {
             if let found = read(values, holding: holding, now: now, &state) { return .found(found) }
             if let full = noRoom(state, now: now) { return .refused(full) }
             // A child dropped for these values was removed under this lock, its versions counted.
-            return .absent(versionsAfter: state.droppedVersions)
+            return .absent(versionsAfter: state.retiredVersions)
         }
     }
 
@@ -346,7 +370,7 @@ where C.Duration == Duration {
                 if waiting.contains(values) {
                     _ = entry.lease.renew(at: now)
                 } else if entry.lease.endIfIdle(for: idleLimit, at: now) {
-                    state.droppedVersions = max(state.droppedVersions, version)
+                    state.retiredVersions = max(state.retiredVersions, version)
                     state.children.remove(at: index)
                     dropped.append((values, entry.held))
                     state.dropping.insert(entry.number)
