@@ -29,7 +29,7 @@ final class CountingSource: TokenSource {
 @Suite struct LiveProviderRoutesTests {
     /// Runs a provider for the length of `body`, once it holds its first token when refresh runs in the background.
     private func withProvider(
-        _ configuration: ProviderConfiguration, source: CountingSource = CountingSource(),
+        _ configuration: ProviderConfiguration, source: any TokenSource = CountingSource(),
         _ body: (TokenProvider<ContinuousClock>, TokenAPI<TokenProvider<ContinuousClock>>) async throws -> Void
     ) async throws {
         let provider = TokenProvider(configuration: configuration, source: source)
@@ -108,6 +108,40 @@ final class CountingSource: TokenSource {
             #expect(
                 second?.string("error_description")?.hasPrefix(
                     #"provider "default" allows 1 forced refreshes per 60 s; try again in "#) == true)
+        }
+    }
+
+    /// After the issuer's 429 with Retry-After: 600, the retrier calls it no more: each POST
+    /// /token/refresh of the current version is answered at once as a wait that found nothing
+    /// newer (its timeout ends before the retry), and none is refused as past the window.
+    @Test func refreshInsideTheIssuersRetryAfterCallsNobodyAndUsesNoPlaceInTheWindow() async throws {
+        let slowDown = TokenFetchError.rateLimited("slow down", httpStatus: 429, retryAfter: .seconds(600))
+        let source = ScriptedSource([.token(lifetime: .seconds(900)), .failure(slowDown)])
+        try await withProvider(ProviderConfiguration(), source: source) { provider, api in
+            _ = provider.forceRefresh(rejected: 1)
+            #expect(await eventually { provider.status().lastError != nil })
+            #expect(source.fetchCount == 2)
+            for _ in 0..<8 {
+                let response = await answer(
+                    api.handle(request("POST", "/token/refresh", body: #"{"rejected_version": 1}"#)))
+                #expect(response?.status == 304 && response?.header("ETag") == "\"1\"")
+            }
+            #expect(source.fetchCount == 2, "the issuer said to wait 600 s")
+        }
+    }
+
+    /// Without background refresh and with no retries, the issuer's 429 with Retry-After: 3600
+    /// holds for the requests after it: each is answered 503 at once, and only the first fetches.
+    @Test func onDemandRequestsInsideTheIssuersRetryAfterFetchNothing() async throws {
+        let slowDown = TokenFetchError.rateLimited("slow down", httpStatus: 429, retryAfter: .seconds(3600))
+        let source = ScriptedSource([.failure(slowDown)])
+        try await withProvider(ProviderConfiguration(backgroundRefreshEnabled: false, maxRetryCount: 0), source: source)
+        { _, api in
+            for _ in 0..<8 {
+                let response = await answer(api.handle(request("/token")))
+                expectError(response, 503, "token_unavailable", headers: ["Retry-After": "3600"])
+            }
+            #expect(source.fetchCount == 1, "the issuer said to wait an hour")
         }
     }
 
