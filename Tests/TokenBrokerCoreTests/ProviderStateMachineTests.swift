@@ -131,6 +131,37 @@ import TokenBrokerCore
         }
     }
 
+    /// Past its retries the provider tries again every `maxErrorTokenRefreshDelayMsec`, which can
+    /// be longer than the issuer's Retry-After: a forced refresh inside the Retry-After fetches
+    /// when that ends, not at the later planned retry (the reviewer's case: Retry-After 2 s, the
+    /// next planned retry 20 s on, a forced refresh waiting 8 s got nothing).
+    @Test func aForcedRefreshHeldOffByTheIssuerFetchesWhenItsRetryAfterEndsNotAtTheLaterRetry() {
+        var harness = MachineHarness(
+            ProviderConfiguration(tokenRefreshDelaySec: 300, maxRetryCount: 0, maxErrorTokenRefreshDelayMsec: 20_000))
+        harness.start()
+        harness.succeed()
+        harness.tick(at: .seconds(300))
+        harness.fail(.serverError("busy", httpStatus: 503, retryAfter: .seconds(2)))
+        #expect(harness.machine.fetchDueAt == .init(offset: .seconds(320)))
+        harness.now = .init(offset: .seconds(301))
+        guard case .refreshing = harness.forceRefresh(rejected: 1) else {
+            Issue.record("a forced refresh inside the Retry-After waits for the fetch")
+            return
+        }
+        #expect(harness.machine.fetchDueAt == .init(offset: .seconds(302)))
+        let (waiter, actions) = harness.machine.addWaiter(
+            after: 1, deadline: harness.now.advanced(by: .seconds(8)), forRefresh: true, now: harness.now)
+        harness.record(actions)
+        #expect(harness.outcomes[waiter] == nil)
+        harness.runTimers(until: .seconds(303)) { $0.succeed() }
+        #expect(harness.fetchTimes.last == .seconds(302))
+        guard case .token(let token, _)? = harness.outcomes[waiter] else {
+            Issue.record("the fetch at the end of the Retry-After answers the forced refresh")
+            return
+        }
+        #expect(token.version == 2)
+    }
+
     /// Without background refresh, retries that run out do not forget the issuer's Retry-After:
     /// a request inside it is answered at once as when the retries run out, without a fetch, and
     /// one whose wait reaches past it gets the fetch made when it ends.

@@ -399,6 +399,24 @@ extension MachineHarness {
         other.machine.numberAfter(7, keeping: oldToken)
         #expect(other.machine.cached?.version == 8, "another token than the old provider's is a new version")
     }
+
+    /// The old provider's version is kept only while no higher one has been seen since: a record
+    /// read afterwards at version 9 (expired, so not served) means 5 is no longer the newest,
+    /// and the same token fetched then is a new version after 9, never 5 again.
+    @Test func anInheritedVersionBelowOneTheStoreShowedIsNotUsed() {
+        var old = MachineHarness.awaitingStore()
+        old.start()
+        old.load(record(version: 5, issuedSecondsAgo: 10, lifetime: 100, accessToken: "token-1"))
+        let oldToken = old.machine.cached
+        #expect(oldToken?.version == 5)
+
+        var replacement = MachineHarness.awaitingStore()
+        replacement.start()
+        replacement.machine.numberAfter(5, keeping: oldToken)
+        replacement.load(record(version: 9, issuedSecondsAgo: 200, lifetime: 100, accessToken: "token-0"))
+        replacement.succeed(accessToken: "token-1")
+        #expect(replacement.machine.cached?.version == 10)
+    }
 }
 
 /// A store in memory, for the provider's tests: it counts its loads and keeps every save. With

@@ -317,10 +317,12 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
             same.renewal &+= 1
             accepted = same
         } else if let inherited, inherited.token.accessToken == token.accessToken,
-            inherited.version > (cached?.version ?? 0)
+            inherited.version > (cached?.version ?? 0), inherited.version >= lastVersion
         {
             // The replaced provider's token, fetched again (a token file read by the provider
-            // that replaced it at a reload): a client holding it has it under that version.
+            // that replaced it at a reload): a client holding it has it under that version,
+            // unless a higher one has been seen since (a record read afterwards), which a
+            // version going back to it would contradict.
             accepted = Token(
                 token: token, version: inherited.version, issuedAt: now, expiresAt: expiresAt, issuedAtDate: wallTime)
         } else {
@@ -646,7 +648,10 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
             return []
         }
         if let notBefore, now < notBefore {
-            fetchDueAt = max(fetchDueAt ?? notBefore, notBefore)
+            // Wanted now, and held off only by the issuer: as soon as it allows, even when the
+            // backoff after the failure had planned the retry later (`maxErrorTokenRefreshDelayMsec`
+            // past the retries), as a forced refresh or a request outside the window would fetch.
+            fetchDueAt = notBefore
             isPaused = false
             return []
         }
