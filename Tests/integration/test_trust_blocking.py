@@ -360,10 +360,22 @@ def test_tls_files_are_checked_when_the_configuration_is_loaded(tmp_path):
         path.write_text(json.dumps(config))
         return run_broker("--check-config", "--config", str(path), timeout=20)
 
+    # Files libcurl takes must pass too: a bundle of OpenSSL's "TRUSTED CERTIFICATE" blocks (as
+    # RHEL's ca-bundle.trust.crt), with text around them, and a certificate followed by its CA.
+    trusted = str(tmp_path / "trusted.pem")
+    openssl("x509", "-in", ca, "-addtrust", "serverAuth", "-out", trusted)
+    with open(trusted) as handle:
+        (tmp_path / "bundle.pem").write_text("# a comment\n" + handle.read() + "\n" + open(client).read())
+    chain = tmp_path / "chain.pem"
+    chain.write_text(open(client).read() + open(ca).read())
     mtls = {"clientCertFile": client, "clientKeyFile": client_key}
     for proxy in (False, True):
         where = "proxies[0]" if proxy else "providers[0].source"
         assert check({"caFile": ca, **mtls}, proxy).returncode == 0
+        for good in ({"caFile": trusted}, {"caFile": str(tmp_path / "bundle.pem")},
+                     {"caFile": ca, "clientCertFile": str(chain), "clientKeyFile": client_key}):
+            result = check(good, proxy)
+            assert result.returncode == 0, (good, result.stderr)
         for tls, reason in [
             ({"caFile": str(tmp_path / "missing.pem")}, "No such file or directory"),
             ({"caFile": fifo}, "is a FIFO, not a regular file"),

@@ -45,8 +45,10 @@ public enum TLSFiles {
             guard let bio = BIO_new_mem_buf(raw.baseAddress, length) else { return }
             defer { BIO_free(bio) }
             // Blocks of other kinds (a key, parameters) are passed over; the end of the text shows
-            // as "no start line", any other error as a certificate that does not parse.
-            while let certificate = PEM_read_bio_X509(bio, nil, nil, nil) { certificates.append(certificate) }
+            // as "no start line", any other error as a certificate that does not parse. The `AUX`
+            // reader takes OpenSSL's "TRUSTED CERTIFICATE" blocks too (RHEL's ca-bundle.trust.crt),
+            // as OpenSSL does when libcurl has it load the file.
+            while let certificate = PEM_read_bio_X509_AUX(bio, nil, nil, nil) { certificates.append(certificate) }
             let reason = ERR_GET_REASON(ERR_peek_last_error())
             complete = reason == PEM_R_NO_START_LINE
             ERR_clear_error()
