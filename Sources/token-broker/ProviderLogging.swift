@@ -53,7 +53,7 @@ extension ProviderEvents {
             excessiveRefresh: { name in
                 // Any caller can ask as fast as it likes once the window is used up: one line a
                 // second at most, counted in the metrics all the same.
-                guard let notLogged = excessiveRefreshLog.admit(at: ContinuousClock.now) else { return }
+                guard let notLogged = excessiveRefreshLog.admit(name, at: ContinuousClock.now) else { return }
                 if notLogged == 0 {
                     Log.warning("forced refresh refused: too many in the window", ["provider": name])
                 } else {
@@ -141,8 +141,9 @@ extension TemplateEvents {
 /// One log line per second at most for the refusals past `maxChildren`, which are counted in the
 /// metrics, not all logged.
 private let refusalLog = LogThrottle(interval: .seconds(1))
-/// The same for forced refreshes refused past the window.
-private let excessiveRefreshLog = LogThrottle(interval: .seconds(1))
+/// The same for forced refreshes refused past the window, per provider: a client flooding one
+/// provider's window must not hide another's refusals.
+private let excessiveRefreshLog = KeyedLogThrottle(interval: .seconds(1))
 
 /// Lets one event through per `interval`, for events a client can cause as often as it likes
 /// (a log line each would let it flood the log), and counts the ones it holds back.
@@ -163,5 +164,24 @@ final class LogThrottle: Sendable {
             defer { state = (now, 0) }
             return state.heldBack
         }
+    }
+}
+
+/// A `LogThrottle` per key (a provider's name: configured, so their number is bounded).
+final class KeyedLogThrottle: Sendable {
+    private let interval: Duration
+    private let throttles = Lock<[String: LogThrottle]>([:])
+
+    init(interval: Duration) { self.interval = interval }
+
+    /// `LogThrottle.admit` for `key`'s events.
+    func admit(_ key: String, at now: ContinuousClock.Instant) -> Int? {
+        let throttle = throttles.withLock { throttles in
+            if let known = throttles[key] { return known }
+            let made = LogThrottle(interval: interval)
+            throttles[key] = made
+            return made
+        }
+        return throttle.admit(at: now)
     }
 }

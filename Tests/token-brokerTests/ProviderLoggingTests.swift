@@ -56,6 +56,16 @@ import TokenBrokerCore
             ])
     }
 
+    @Test func aKeyedThrottleHoldsBackEachKeysEventsApart() {
+        // A client flooding one provider's refusals must not hide another provider's.
+        let throttle = KeyedLogThrottle(interval: .seconds(1))
+        let start = ContinuousClock.now
+        #expect(throttle.admit("a", at: start) == 0)
+        #expect(throttle.admit("a", at: start.advanced(by: .milliseconds(10))) == nil)
+        #expect(throttle.admit("b", at: start.advanced(by: .milliseconds(20))) == 0)
+        #expect(throttle.admit("a", at: start.advanced(by: .seconds(2))) == 1)
+    }
+
     @Test func theRefusalLogLetsOneLineThroughPerIntervalAndCountsTheOthers() {
         let throttle = LogThrottle(interval: .seconds(1))
         let start = ContinuousClock.now
