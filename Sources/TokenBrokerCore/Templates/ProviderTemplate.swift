@@ -113,10 +113,17 @@ where C.Duration == Duration {
         return children.reduce(retired) { highest, child in max(highest, child.highestVersion) }
     }
 
-    /// Numbers the children made from now on after `version` (a replacement at a reload, before
-    /// it serves, after the template it replaces); children already made keep their numbers.
+    /// Numbers its children's tokens after `version` from now on (a replacement at a reload,
+    /// before it serves, after the template it replaces): the children made from now on, and
+    /// those already made, such as a token file's, made while the old template still served,
+    /// whose children could hand out more versions meanwhile.
     public func numberAfter(_ version: UInt64) {
-        state.withLock { $0.retiredVersions = max($0.retiredVersions, version) }
+        let children = state.withLock { state in
+            state.retiredVersions = max(state.retiredVersions, version)
+            return state.children.values.map(\.child)
+        }
+        // Outside the lock, as everywhere in the template.
+        for child in children { child.renumber(after: version) }
     }
 
     // MARK: - Children
@@ -453,13 +460,17 @@ public protocol TemplateChild: AnyObject, Sendable {
     func status() -> ProviderStatus
     /// The highest version it handed out: a child made after it was dropped goes on after it.
     var highestVersion: UInt64 { get }
+    /// Numbers its tokens after `version` from now on, its current one included (`numberAfter`).
+    func renumber(after version: UInt64)
     /// Runs the child until `shutDown()`.
     func run() async
     /// Stops the child: its waiters are answered, its timers and fetch stop, its `run()` returns.
     func shutDown()
 }
 
-extension TokenProvider: TemplateChild {}
+extension TokenProvider: TemplateChild {
+    public func renumber(after version: UInt64) { numberAfter(version, keeping: nil) }
+}
 
 /// Why a template gave no child.
 public enum ChildRefusal: Error, Sendable, Equatable {
