@@ -206,22 +206,7 @@ enum CommandLineClient {
     /// `text` on one line: control characters (C0, DEL, C1, line and paragraph separators) as
     /// spaces, each secret as `[hidden]`, cut to `limit` characters.
     static func oneLine(_ text: String, hiding secrets: [String] = [], limit: Int = reasonLimit) -> String {
-        // One pass over the text as given: each secret where it occurs, the longest first where
-        // two start at the same place, and "[hidden]" itself never searched.
-        let needles = secrets.filter { !$0.isEmpty }.map { Array($0.utf8) }.sorted { $0.count > $1.count }
-        let bytes = Array(text.utf8)
-        var kept: [UInt8] = []
-        var index = 0
-        while index < bytes.count {
-            if let needle = needles.first(where: { bytes[index...].starts(with: $0) }) {
-                kept += "[hidden]".utf8
-                index += needle.count
-            } else {
-                kept.append(bytes[index])
-                index += 1
-            }
-        }
-        let line = String(decoding: kept, as: UTF8.self)
+        let line = text.hiding(secrets)
         var out = ""
         for scalar in line.unicodeScalars {
             let value = scalar.value

@@ -53,3 +53,28 @@ extension UInt8 {
         }
     }
 }
+
+extension String {
+    /// The text with each of `secrets` replaced by `[hidden]`, for text that someone else wrote
+    /// and that may repeat what was sent to them (an issuer's error, a server's answer): one pass
+    /// over the text, the longest secret first where two start at the same place, and what is
+    /// put in never searched again.
+    public func hiding(_ secrets: [String]) -> String {
+        let needles = secrets.filter { !$0.isEmpty }.map { Array($0.utf8) }.sorted { $0.count > $1.count }
+        guard !needles.isEmpty else { return self }
+        let bytes = Array(utf8)
+        var kept: [UInt8] = []
+        kept.reserveCapacity(bytes.count)
+        var index = 0
+        while index < bytes.count {
+            if let needle = needles.first(where: { bytes[index...].starts(with: $0) }) {
+                kept += "[hidden]".utf8
+                index += needle.count
+            } else {
+                kept.append(bytes[index])
+                index += 1
+            }
+        }
+        return String(decoding: kept, as: UTF8.self)
+    }
+}

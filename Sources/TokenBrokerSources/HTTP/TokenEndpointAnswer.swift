@@ -156,27 +156,6 @@ enum TokenEndpointAnswer {
     static func issuerText(_ text: String, _ secrets: [String], limit: Int) -> String {
         String(
             String.UnicodeScalarView(
-                hiding(secrets, in: text).unicodeScalars.filter { $0.value >= 0x20 && $0.value < 0x7F }.prefix(limit)))
-    }
-
-    /// `text` with each of `secrets` replaced by `[hidden]`: one pass over the text, the longest
-    /// secret first where two start at the same place, and what is put in never searched again.
-    static func hiding(_ secrets: [String], in text: String) -> String {
-        let needles = secrets.filter { !$0.isEmpty }.map { Array($0.utf8) }.sorted { $0.count > $1.count }
-        guard !needles.isEmpty else { return text }
-        let bytes = Array(text.utf8)
-        var kept: [UInt8] = []
-        kept.reserveCapacity(bytes.count)
-        var index = 0
-        while index < bytes.count {
-            if let needle = needles.first(where: { bytes[index...].starts(with: $0) }) {
-                kept += "[hidden]".utf8
-                index += needle.count
-            } else {
-                kept.append(bytes[index])
-                index += 1
-            }
-        }
-        return String(decoding: kept, as: UTF8.self)
+                text.hiding(secrets).unicodeScalars.filter { $0.value >= 0x20 && $0.value < 0x7F }.prefix(limit)))
     }
 }
