@@ -100,7 +100,9 @@ public enum ErrorAnswer: Sendable, Equatable {
     /// when it knows (the last upstream error, a pause that the request ended).
     /// - Parameters:
     ///   - paused: the provider was, or the request found it, paused while idle.
-    case tokenUnavailable(provider: String, lastError: TokenFetchError?, paused: Bool)
+    ///   - retryAfter: what is left of the issuer's `Retry-After` (`ProviderStatus.heldOffFor`),
+    ///     not what the issuer first said; nil: 1 s.
+    case tokenUnavailable(provider: String, lastError: TokenFetchError?, paused: Bool, retryAfter: Duration? = nil)
     /// A forced refresh past the refresh window (429 `excessive_refresh`, with `Retry-After`).
     case excessiveRefresh(provider: String, attempts: Int, windowSeconds: Int, retryAfter: Duration)
 
@@ -258,7 +260,7 @@ public enum ErrorAnswer: Sendable, Equatable {
             "no managed identity with that id is configured"
         case .foreignHost:
             "the Host header names neither this machine's loopback nor a metadata server"
-        case .tokenUnavailable(let provider, let lastError, let paused):
+        case .tokenUnavailable(let provider, let lastError, let paused, _):
             Self.unavailableText(provider: provider, lastError: lastError, paused: paused)
         case .requestValue(let problem, let provider):
             Self.requestValueText(problem, provider: provider)
@@ -308,8 +310,8 @@ public enum ErrorAnswer: Sendable, Equatable {
             [("WWW-Authenticate", "Bearer realm=\"token-broker\"")]
         case .invalidCallerKey:
             [("WWW-Authenticate", "Bearer realm=\"token-broker\", error=\"invalid_token\"")]
-        case .tokenUnavailable(_, let lastError, _):
-            [("Retry-After", String(lastError?.retryAfter.map(Self.seconds) ?? 1))]
+        case .tokenUnavailable(_, _, _, let retryAfter):
+            [("Retry-After", String(retryAfter.map(Self.seconds) ?? 1))]
         case .excessiveRefresh(_, _, _, let retryAfter), .tooManyChildren(_, _, let retryAfter):
             [("Retry-After", String(Self.seconds(retryAfter)))]
         default:

@@ -338,7 +338,8 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
     static func unavailable(_ provider: Provider, wasPaused: Bool = false) -> HTTPResponse {
         let status = provider.status()
         return ErrorAnswer.tokenUnavailable(
-            provider: provider.name, lastError: status.lastError, paused: wasPaused || status.phase == .paused
+            provider: provider.name, lastError: status.lastError, paused: wasPaused || status.phase == .paused,
+            retryAfter: status.heldOffFor
         )
         .response
     }

@@ -36,7 +36,8 @@ import TokenBrokerServer
         ),
         (
             .tokenUnavailable(
-                provider: "p", lastError: .rateLimited("x", httpStatus: 429, retryAfter: .seconds(42)), paused: false),
+                provider: "p", lastError: .rateLimited("x", httpStatus: 429, retryAfter: .seconds(600)), paused: false,
+                retryAfter: .seconds(42)),
             503, "token_unavailable", ["Retry-After": "42"]
         ),
         (

@@ -95,10 +95,11 @@ func tokenAPI(
             tokenAPI([provider]).handle(request("/token")).immediate, 503, "token_unavailable",
             headers: ["Retry-After": "1"])
 
-        let limited = TokenFetchError.rateLimited("slow down", httpStatus: 429, retryAfter: .milliseconds(6500))
+        // The issuer said 600 s; 6.5 s of them are left, rounded up.
+        let limited = TokenFetchError.rateLimited("slow down", httpStatus: 429, retryAfter: .seconds(600))
         provider.state.withLock {
             $0.read = .unavailable(wasPaused: true, awaitingFirstToken: false)
-            $0.status = FakeProvider.status(name: "default", lastError: limited)
+            $0.status = FakeProvider.status(name: "default", lastError: limited, heldOffFor: .milliseconds(6500))
         }
         let response = tokenAPI([provider]).handle(request("/token")).immediate
         expectError(response, 503, "token_unavailable", headers: ["Retry-After": "7"])
@@ -107,6 +108,12 @@ func tokenAPI(
         #expect(
             description.hasSuffix(
                 "refresh was paused while idle and has resumed: wait for the new token at /token/ready"))
+
+        // Once the issuer's wait is over, a caller is not told to wait it again.
+        provider.state.withLock { $0.status = FakeProvider.status(name: "default", lastError: limited) }
+        expectError(
+            tokenAPI([provider]).handle(request("/token")).immediate, 503, "token_unavailable",
+            headers: ["Retry-After": "1"])
     }
 
     @Test func tokenOnDemandWaitsForAFetchMadeForIt() {

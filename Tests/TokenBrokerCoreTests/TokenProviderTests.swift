@@ -118,6 +118,25 @@ import TokenBrokerTestSupport
         }
     }
 
+    /// What is left of the issuer's Retry-After, for the 503's own Retry-After: it shrinks as the
+    /// clock runs, and is gone once the wait is over.
+    @Test func theStatusSaysHowLongTheIssuersRetryAfterStillHoldsFetchesOff() async {
+        let clock = ManualClock()
+        let slowDown = TokenFetchError.rateLimited("slow down", httpStatus: 429, retryAfter: .seconds(600))
+        let source = ScriptedSource([.failure(slowDown), .token(lifetime: .seconds(900))])
+        let provider = TokenProvider(
+            configuration: ProviderConfiguration(maxRetryCount: 0), source: source, clock: clock, jitter: .fixed(0.5))
+        await withRunning(provider) {
+            #expect(await eventually { provider.status().lastError != nil })
+            #expect(provider.status().heldOffFor == .seconds(600))
+            clock.advance(by: .seconds(590))
+            #expect(provider.status().heldOffFor == .seconds(10))
+            #expect(provider.status().lastError?.retryAfter == .seconds(600), "the issuer's own value stays")
+            clock.advance(by: .seconds(10))
+            #expect(provider.status().heldOffFor == nil)
+        }
+    }
+
     @Test func shutdownCompletesEveryWaiter() async {
         let source = ScriptedSource(gated: true)
         let provider = TokenProvider(configuration: ProviderConfiguration(), source: source, clock: ManualClock())

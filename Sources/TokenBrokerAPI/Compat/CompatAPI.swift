@@ -204,7 +204,8 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
             return refuse(
                 .tokenUnavailable(
                     provider: source.configuration.name, lastError: status.lastError,
-                    paused: wasPaused || status.phase == .paused), rendering.protocolName, counter)
+                    paused: wasPaused || status.phase == .paused, retryAfter: status.heldOffFor),
+                rendering.protocolName, counter)
         case .onDemand:
             return wait(child, after: nil, timeout: maxWait, onDemand: true, answering, counter)
         }
@@ -279,7 +280,8 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
                 case .exhausted(nil, _), .timedOut(nil, _), .cancelled:
                     let status = child.status()
                     response = ErrorAnswer.tokenUnavailable(
-                        provider: child.name, lastError: status.lastError, paused: status.phase == .paused
+                        provider: child.name, lastError: status.lastError, paused: status.phase == .paused,
+                        retryAfter: status.heldOffFor
                     ).response(for: rendering.protocolName)
                 case .shuttingDown:
                     response = ErrorAnswer.shuttingDown.response(for: rendering.protocolName)

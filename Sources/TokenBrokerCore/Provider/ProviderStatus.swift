@@ -21,6 +21,8 @@ public struct ProviderStatus: Sendable {
     /// Whether a fetch ever brought a token (valid or not now): a template's child that never
     /// did makes its first requests wait for one, since it was made for them.
     public var everHeldToken: Bool = false
+    /// How long the issuer's `Retry-After` still holds fetches off; nil: it does not (any more).
+    public var heldOffFor: Duration? = nil
 
     /// Whether the provider can answer `/token` now.
     public var hasValidToken: Bool { version != nil }

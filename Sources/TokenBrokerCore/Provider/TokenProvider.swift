@@ -335,7 +335,8 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
                 consecutiveFailures: machine.failures,
                 waiters: machine.waiterCount,
                 backgroundRefresh: machine.backgroundRefresh,
-                everHeldToken: machine.cached != nil)
+                everHeldToken: machine.cached != nil,
+                heldOffFor: machine.notBefore.flatMap { now < $0 ? now.duration(to: $0) : nil })
         }
     }
 

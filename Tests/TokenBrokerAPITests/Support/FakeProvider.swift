@@ -46,11 +46,12 @@ final class FakeProvider: TokenProviding {
     static func status(
         name: String, phase: ProviderPhase = .expired, version: UInt64? = nil, stale: Bool = false,
         lastError: TokenFetchError? = nil,
-        backgroundRefresh: Bool = true
+        backgroundRefresh: Bool = true, heldOffFor: Duration? = nil
     ) -> ProviderStatus {
         ProviderStatus(
             name: name, phase: phase, version: version, stale: stale, expiresIn: nil, lastError: lastError,
-            consecutiveFailures: lastError == nil ? 0 : 1, waiters: 0, backgroundRefresh: backgroundRefresh)
+            consecutiveFailures: lastError == nil ? 0 : 1, waiters: 0, backgroundRefresh: backgroundRefresh,
+            heldOffFor: heldOffFor)
     }
 
     var now: Instant { ContinuousClock.now }
