@@ -26,8 +26,9 @@ public enum ServerRefusal: Sendable, Equatable {
     case stopping
     /// The answer to requests still waiting when the server stops.
     case stopped
-    /// The request waits for `100 Continue` before a body larger than the server takes (its
-    /// `Content-Length` says so): answered instead (413), and the connection closes.
+    /// The request's body is larger than the server takes (`maximumBodyBytes`): answered 413
+    /// once the body has been read (and dropped), or at once instead of `100 Continue` when the
+    /// client waits for it (its `Content-Length` says so), and then the connection closes.
     case bodyTooLarge
     /// The client closed its side while its request waited suspended: the answer resumes the
     /// connection, and a client that only half-closed (`shutdown(SHUT_WR)`) still reads it.

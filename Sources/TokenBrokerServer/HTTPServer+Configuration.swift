@@ -22,7 +22,8 @@ extension HTTPServer {
         /// broker's token listener runs on the HTTP client's loops when proxies are configured,
         /// so that a proxied request and its upstream exchange never change threads.
         public var eventLoops: [any EventLoopHost] = []
-        /// Request bodies longer than this are answered with 413.
+        /// Request bodies longer than this are answered with 413, on every route (those under
+        /// `streamingPrefix` set their own limit in `HTTPHandler.begin`).
         public var maximumBodyBytes: Int = 64 * 1024
         /// The file mode of a Unix socket listener.
         public var unixSocketMode: UInt32 = 0o660

@@ -334,6 +334,10 @@ public final class HTTPServer: @unchecked Sendable {
             head.body = state.body
             head.bodyTooLarge = state.tooLarge
             request = head
+        } else if state?.tooLarge == true {
+            // Read to its end (so the connection can be kept) but not kept: no route of a
+            // buffered request takes more than `maximumBodyBytes`.
+            return queue(handler.refusal(.bodyTooLarge), on: connection, nil)
         } else {
             request = HTTPRequest(
                 method: String(cString: method), path: String(cString: url), rawTarget: state?.rawTarget,

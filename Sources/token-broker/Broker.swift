@@ -423,6 +423,7 @@ enum Broker {
         adminSettings.connectionLimit = ProcessLimits.adminConnections
         adminSettings.connectionTimeoutSec = configuration.connectionTimeoutSec
         adminSettings.threads = 1
+        adminSettings.maximumBodyBytes = BodyLimits.admin
         adminSettings.unixSocketMode = configuration.unixSocketMode
         adminSettings.libraryLog = libraryLog(listener: "admin")
         let adminServer = try HTTPServer(configuration: adminSettings, handler: handlers.admin)
@@ -533,7 +534,7 @@ enum Broker {
     // MARK: - Helpers
 
     /// A listener of token routes (the token listener, a cloud SDK protocol's own) as configured:
-    /// its connection limit, timeout, memory per connection and Unix socket mode, and its
+    /// its connection limit, timeout, memory per connection, body cap and Unix socket mode, and its
     /// libmicrohttpd messages logged under its name.
     static func tokenRouteSettings(
         _ configuration: BrokerConfiguration, address: ListenAddress, listener: String, connectionLimit: Int
@@ -542,6 +543,7 @@ enum Broker {
         settings.connectionLimit = connectionLimit
         settings.connectionTimeoutSec = configuration.connectionTimeoutSec
         settings.connectionMemoryLimit = configuration.connectionMemoryKiB * 1024
+        settings.maximumBodyBytes = BodyLimits.tokenRoutes
         settings.unixSocketMode = configuration.unixSocketMode
         settings.libraryLog = libraryLog(listener: listener)
         return settings

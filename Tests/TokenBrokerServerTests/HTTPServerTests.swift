@@ -97,7 +97,9 @@ struct HTTPServerTests {
             request.headers.withValue(at: 1) { $0.map(Array.init) } == Array("caf".utf8) + [0xC3, 0xA9, 0x20, 0xFF])
     }
 
-    @Test(arguments: Polling.allCases) func bodyPastMaximumBodyBytesArrivesMarkedTooLargeAndEmpty(_ polling: Polling)
+    /// A body past the limit is read to its end, dropped, and refused by the server on every
+    /// route; the handler never sees the request, and the connection goes on.
+    @Test(arguments: Polling.allCases) func bodyPastMaximumBodyBytesIsReadThenRefusedOnEveryRoute(_ polling: Polling)
         throws
     {
         let handler = TestHandler()
@@ -106,14 +108,20 @@ struct HTTPServerTests {
         let client = try TestHTTPClient(port: server.port)
 
         try client.send("POST /fits HTTP/1.1\r\nHost: t\r\nContent-Length: 8\r\n\r\n12345678")
-        _ = try client.readResponse()
+        #expect(try client.readResponse().status == 200)
         try client.send("POST /over HTTP/1.1\r\nHost: t\r\nContent-Length: 9\r\n\r\n123456789")
-        _ = try client.readResponse()
+        let over = try client.readResponse()
+        #expect(over.status == 413 && over.text == "too large")
+        try client.send(
+            "GET /over HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n9\r\n123456789\r\n0\r\n\r\n")
+        #expect(try client.readResponse().status == 413)
+        try client.send("GET /after HTTP/1.1\r\nHost: t\r\n\r\n")
+        #expect(try client.readResponse().status == 200, "the same connection")
 
         let requests = handler.handled.withLock { $0 }
-        try #require(requests.count == 2)
-        #expect(requests[0].path == "/fits" && requests[0].body == Array("12345678".utf8) && !requests[0].bodyTooLarge)
-        #expect(requests[1].path == "/over" && requests[1].body.isEmpty && requests[1].bodyTooLarge)
+        #expect(requests.map(\.path) == ["/fits", "/after"])
+        #expect(requests.first?.body == Array("12345678".utf8) && requests.first?.bodyTooLarge == false)
+        #expect(handler.refusals.withLock { $0 } == [.bodyTooLarge, .bodyTooLarge])
     }
 
     @Test(arguments: Polling.allCases) func aBodyPastMaximumBodyBytesThatAwaitsContinueIsRefusedInstead(
@@ -136,9 +144,9 @@ struct HTTPServerTests {
         // HTTP/1.0 gets no `100 Continue`, so its client sends the body at once: read, then refused.
         let old = try TestHTTPClient(port: server.port)
         try old.send("POST /old HTTP/1.0\r\nContent-Length: 9\r\nExpect: 100-continue\r\n\r\n123456789")
-        _ = try old.readResponse()
-        let request = try #require(handler.handled.withLock { $0.first })
-        #expect(request.path == "/old" && request.bodyTooLarge)
+        #expect(try old.readResponse().status == 413)
+        #expect(handler.refusals.withLock { $0 } == [.bodyTooLarge, .bodyTooLarge])
+        #expect(handler.handled.withLock { $0.isEmpty })
     }
 
     @Test(arguments: Polling.allCases) func keepAliveServesTwoRequestsOnOneConnection(_ polling: Polling) throws {

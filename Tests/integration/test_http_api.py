@@ -280,6 +280,24 @@ def test_an_oversized_refresh_body_gets_413(broker):
     assert status == 413 and json.loads(body)["error"] == "payload_too_large"
 
 
+def test_each_listener_reads_no_more_body_than_its_routes_need(broker):
+    """A body arrives before the caller key is checked: the token listener reads 4 KiB at most
+    (a refresh body is a few bytes), the admin listener 1 KiB (a reload takes none). Valid JSON
+    padded past the cap is refused, not read; one just under it is still taken."""
+    def padded(total):
+        return b'{"rejected_version": 1' + b" " * (total - 23) + b"}"
+    assert len(padded(4096)) == 4096
+    status, _, body = broker.request("POST", "/token/refresh", body=padded(4097))
+    assert status == 413 and json.loads(body)["error"] == "payload_too_large", body
+    status, _, body = broker.request("POST", "/token/refresh?timeout=1", body=padded(4096))
+    assert status in (200, 304), body
+
+    status, _, body = broker.request("POST", "/reload", listener="admin", body=b"{" + b" " * 1023 + b"}")
+    assert status == 413 and json.loads(body)["error"] == "payload_too_large", body
+    status, _, body = broker.request("POST", "/reload", listener="admin", body=b"{}")
+    assert status == 200 and json.loads(body)["reloaded"] is True, body
+
+
 def test_a_body_over_the_cap_that_awaits_continue_gets_413_instead(broker):
     """The head says the body is too large, and the client waits for `100 Continue` before
     sending it: the 413 comes instead, at once, where it came only after a body never sent."""
