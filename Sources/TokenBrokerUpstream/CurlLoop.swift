@@ -345,6 +345,23 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
             set(CCurl_setopt_pointer(easy, CURLOPT_READDATA, context))
         } else if request.method == "GET" && request.body.isEmpty {
             set(CCurl_setopt_long(easy, CURLOPT_HTTPGET, 1))
+        } else if transfer.exchange != nil, Self.sendsOnce(request.method) || request.method == "PUT" {
+            // A proxied POST or PATCH must not reach the upstream twice (RFC 9110 §9.2.2), and
+            // libcurl sends a request again, on a new connection, when a reused one closes
+            // before any answer (7.88 has no CURLOPT_FORBID_RETRY_ON_REUSE): after an upstream
+            // that acted on it and closed, too. So the body is handed over by a read callback
+            // with no way back (no CURLOPT_SEEKFUNCTION): once any of it was sent, libcurl
+            // cannot rewind, and the exchange fails (502) instead of sending it again. A request
+            // with no body has nothing to rewind, so it takes a new connection, where libcurl
+            // never retries. As an upload, an empty POST, PUT or PATCH says `Content-Length: 0`
+            // (RFC 9110 §8.6), as its client did.
+            set(CCurl_setopt_long(easy, CURLOPT_UPLOAD, 1))
+            set(CCurl_setopt_long(easy, CURLOPT_INFILESIZE_LARGE, request.body.count))
+            set(CCurl_setopt_read_function(easy, onceReadCallback))
+            set(CCurl_setopt_pointer(easy, CURLOPT_READDATA, context))
+            if request.body.isEmpty, Self.sendsOnce(request.method) {
+                set(CCurl_setopt_long(easy, CURLOPT_FRESH_CONNECT, 1))
+            }
         } else if request.body.isEmpty && transfer.exchange != nil {
             // DELETE, OPTIONS and the like without a body: the method alone.
         } else {
@@ -512,6 +529,10 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
     /// it. An earlier attempt that kept every handle, whatever its transfer's end, made transfers
     /// hang in 2 runs of the unit tests in 6 on libcurl 7.88; with this rule, 8 runs in a row
     /// passed.
+    /// Methods that are not idempotent (RFC 9110 §9.2.2), among those the proxy forwards: sent
+    /// upstream at most once.
+    static func sendsOnce(_ method: String) -> Bool { method == "POST" || method == "PATCH" }
+
     private func release(_ transfer: Transfer, reusable: Bool = false) {
         if reusable, let easy = transfer.easy, spareHandles.count < Self.spareHandleLimit {
             curl_easy_reset(easy)
@@ -655,7 +676,7 @@ final class Transfer: @unchecked Sendable {
     var paused = false
     /// Set by `abandon`, from any thread: the caller gave up, so a transfer not yet started never starts.
     let givenUp = Atomic<Bool>(false)
-    /// Bytes of a streamed request body handed to libcurl so far.
+    /// Bytes of a streamed request body, or of a buffered one sent once (`prepare`), handed to libcurl so far.
     var bodySent: Int64 = 0
 
     init(request: UpstreamRequest, continuation: CheckedContinuation<UpstreamResponse, any Error>) {
@@ -685,6 +706,21 @@ private let bodyCallback: curl_write_callback = { data, size, count, context in
 private let headerCallback: curl_write_callback = { data, size, count, context in
     guard let data, let context else { return 0 }
     return CurlLoop.appendHeader(Transfer.from(context), UnsafeRawBufferPointer(start: data, count: size * count))
+}
+
+// A buffered body that must not be sent twice (`prepare`), read from the request in order and
+// never from its start again.
+private let onceReadCallback: curl_read_callback = { buffer, size, count, context in
+    guard let buffer, let context else { return Int(CURL_READFUNC_ABORT) }
+    let transfer = Transfer.from(context)
+    return transfer.request.body.withUnsafeBytes { body in
+        let offset = Int(clamping: transfer.bodySent)
+        let length = min(size * count, body.count - offset)
+        guard length > 0, let start = body.baseAddress else { return 0 }
+        UnsafeMutableRawPointer(buffer).copyMemory(from: start + offset, byteCount: length)
+        transfer.bodySent += Int64(length)
+        return length
+    }
 }
 
 // A streamed request body goes to libcurl exactly as long as the exchange said (`bodyLength`, which
