@@ -52,6 +52,11 @@ import TokenBrokerCore
             "https://api.example/v1/../../admin", "https://api.example/v1/./x", "https://api.example/v1/..",
             "https://api.example/v1/.", "https://api.example/v1\\..\\admin", "https://api.example/a\\b",
             "https://api.example/\\",
+            // Escapes left after the query's decoding, read as a normalizing server would.
+            "https://api.example/%2e%2e/x", "https://api.example/%2E%2E", "https://api.example/v1/.%2e/admin",
+            "https://api.example/%2E", "https://api.example/..%2fadmin", "https://api.example/a%5Cb",
+            "https://api.example/%252e%252e/x", "https://api.example/%", "https://api.example/%2",
+            "https://api.example/%zz",
         ]
         for value in refused {
             #expect(
@@ -66,6 +71,7 @@ import TokenBrokerCore
         for value in [
             "https://api.example/v1..", "https://api.example/...", "https://api.example/.well-known/x",
             "https://api.example/a..b/c", "https://api.example/v1/.x", "https://api.example/x/..y",
+            "https://api.example/%2e%2ex", "https://api.example/a%20b", "https://api.example/%2E%2E%2E",
         ] {
             #expect(try check(audience: value).get().audience == value)
         }

@@ -304,6 +304,10 @@ def test_local_signer_children_carry_the_requested_audience_and_scope_verified_w
     ({"audience": "https://exact.example/more"}, "audience", "value_not_allowed"),  # exact means exact
     ({"audience": "https://api.example/svc0/../admin"}, "audience", "value_not_allowed"),  # no dot segment
     ({"audience": "https://api.example/svc0\\admin"}, "audience", "value_not_allowed"),  # nor a backslash
+    # Escapes the value still holds once the query is decoded, as a normalizing server reads them.
+    ({"audience": "https://api.example/%2e%2e/admin"}, "audience", "value_not_allowed"),
+    ({"audience": "https://api.example/svc0/..%2Fadmin"}, "audience", "value_not_allowed"),
+    ({"audience": "https://api.example/%252e%252e/admin"}, "audience", "value_not_allowed"),
     ({"scope": "read admin"}, "scope", "value_not_allowed"),
     ({"resource": "https://elsewhere.example/x"}, "resource", "value_not_allowed"),
     ({"audience": ""}, "audience", "invalid_request"),

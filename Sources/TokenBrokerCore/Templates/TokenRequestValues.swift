@@ -182,7 +182,10 @@ public struct RequestValueProblem: Error, Sendable, Equatable {
 /// whole part being `.` or `..`. So `https://api.example/*` allows `https://api.example/v1..`
 /// and `https://api.example/.well-known/x` but not `https://api.example/v1/../admin`, which an
 /// issuer or resource server may resolve to a path outside the prefix. Values are checked as the
-/// request named them once percent-decoded (`%2e%2e` is `..`, `%2F` is `/`).
+/// request named them once percent-decoded (`%2e%2e` is `..`, `%2F` is `/`), and the escapes left
+/// in a value after that are read as a server normalizing it would: `%2e` is a dot (RFC 3986
+/// §6.2.2.2), `%2f` a slash and `%5c` a backslash (servers that decode them exist); `%25`, an
+/// escape of an escape, is refused, as is a `%` not followed by two hex digits.
 public struct AllowPattern: Sendable, Hashable, CustomStringConvertible {
     /// The value, or the prefix without its `*`.
     public let text: String
@@ -210,7 +213,15 @@ public struct AllowPattern: Sendable, Hashable, CustomStringConvertible {
         // slashes, or an end) is refused when it is `.` or `..`; a backslash anywhere is refused.
         var segmentLength = 0
         var segmentIsDots = true
-        for byte in value.utf8.dropFirst(text.utf8.count) {
+        var rest = value.utf8.dropFirst(text.utf8.count)[...]
+        while var byte = rest.popFirst() {
+            if byte == UInt8(ascii: "%") {
+                guard let high = rest.popFirst().flatMap(Self.hexValue),
+                    let low = rest.popFirst().flatMap(Self.hexValue)
+                else { return false }
+                byte = high << 4 | low
+                if byte == UInt8(ascii: "%") { return false }
+            }
             switch byte {
             case UInt8(ascii: "\\"):
                 return false
@@ -224,6 +235,16 @@ public struct AllowPattern: Sendable, Hashable, CustomStringConvertible {
             }
         }
         return !(segmentIsDots && (segmentLength == 1 || segmentLength == 2))
+    }
+
+    /// The value of one hex digit; nil for any other byte.
+    private static func hexValue(_ byte: UInt8) -> UInt8? {
+        switch byte {
+        case UInt8(ascii: "0")...UInt8(ascii: "9"): byte - UInt8(ascii: "0")
+        case UInt8(ascii: "a")...UInt8(ascii: "f"): byte - UInt8(ascii: "a") + 10
+        case UInt8(ascii: "A")...UInt8(ascii: "F"): byte - UInt8(ascii: "A") + 10
+        default: nil
+        }
     }
 
     /// As written in the configuration.
