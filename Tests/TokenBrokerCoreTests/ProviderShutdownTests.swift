@@ -180,6 +180,48 @@ struct ProviderShutdownTests {
         await replacementRun.value
     }
 
+    /// Two reloads in a row: a waiter handed from the first provider to the second, then to the
+    /// third, is still removed through the first provider's id once the second is gone (the
+    /// broker keeps none of it): the long-poll's client that hangs up frees its place.
+    @Test func aWaiterHandedAlongTwoReloadsIsRemovedThroughItsFirstID() async {
+        let clock = ManualClock()
+        let first = TokenProvider(
+            configuration: ProviderConfiguration(), source: ScriptedSource(), clock: clock, jitter: .fixed(0.5))
+        let firstRun = Task { await first.run() }
+        #expect(await eventually { first.status().version == 1 })
+        let heard = Lock(0)
+        let id = first.addWaiter(after: 1, deadline: first.deadline(in: .seconds(30))) { _ in
+            heard.withLock { $0 += 1 }
+        }
+        // Neither later provider gets a token meanwhile, so the waiter stays a waiter.
+        let thirdSource = ScriptedSource(gated: true)
+        let third = TokenProvider(
+            configuration: ProviderConfiguration(), source: thirdSource, clock: clock, jitter: .fixed(0.5),
+            versionsAfter: first.highestVersion)
+        let thirdRun = Task { await third.run() }
+        weak var secondLeft: TokenProvider<ManualClock>?
+        do {
+            let second = TokenProvider(
+                configuration: ProviderConfiguration(), source: ScriptedSource([.failure(.unreachable("down"))]),
+                clock: clock, jitter: .fixed(0.5), versionsAfter: first.highestVersion)
+            secondLeft = second
+            let secondRun = Task { await second.run() }
+            first.shutDown(handingWaitersTo: second)
+            #expect(second.status().waiters == 1)
+            second.shutDown(handingWaitersTo: third)
+            await secondRun.value
+        }
+        #expect(third.status().waiters == 1)
+        first.removeWaiter(id)
+        #expect(third.status().waiters == 0, "removed through the first provider, past the second")
+        #expect(secondLeft == nil, "once no handed waiter is left, nothing keeps the second provider")
+        #expect(heard.withLock { $0 } == 0)
+        thirdSource.open()
+        third.shutDown()
+        await firstRun.value
+        await thirdRun.value
+    }
+
     /// A handed waiter's caller that goes away removes it through the old provider's id, as
     /// the routes know it: from the replacement, without an answer; a cancelled wait ends at once.
     @Test func aHandedWaiterIsRemovedAndCancelledThroughItsOldID() async {

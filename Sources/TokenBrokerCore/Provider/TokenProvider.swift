@@ -53,14 +53,22 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         /// Ends `run()`'s wait: finished by `shutDown()` or by cancelling `run()`'s task.
         var runEnds: AsyncStream<Never>.Continuation?
         /// After `shutDown(handingWaitersTo:)`: where each handed waiter went, by its id here,
-        /// so that a caller that goes away still removes it (`removeWaiter`). Weak: a provider
-        /// kept alive (the broker keeps its first ones) must not keep every later one alive.
-        weak var successor: TokenProvider?
+        /// so that a caller that goes away still removes it (`removeWaiter`). Held while a handed
+        /// waiter may still be removed through this provider, and let go once none is (`forwarded`
+        /// and `handing` empty): a chain of reloads stays whole for the waiters handed along it
+        /// (a weak link broke at the second reload, once the middle provider was freed), and a
+        /// provider kept alive does not keep every later one alive.
+        var successor: TokenProvider?
         var forwarded: [UInt64: UInt64] = [:]
         /// Waiters being handed over, and those of them removed meanwhile.
         var handing: Set<UInt64> = []
         /// By id: whether it was cancelled (its completion is then owed `.cancelled`).
         var removedWhileHanding: [UInt64: Bool] = [:]
+
+        /// Drops `successor` once no handed waiter can be removed through this provider any more.
+        mutating func letGoOfSuccessorWhenDone() {
+            if forwarded.isEmpty, handing.isEmpty { successor = nil }
+        }
     }
 
     /// What the lock hands back to be done outside it.
@@ -191,12 +199,16 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
                 forRefresh: waiter.forRefresh, completion: completion)
             let removed = state.withLock { state -> Bool? in
                 state.handing.remove(waiter.id)
-                if let cancelled = state.removedWhileHanding.removeValue(forKey: waiter.id) { return cancelled }
+                if let cancelled = state.removedWhileHanding.removeValue(forKey: waiter.id) {
+                    state.letGoOfSuccessorWhenDone()
+                    return cancelled
+                }
                 state.forwarded[waiter.id] = id
                 return nil
             }
             if let cancelled = removed { successor.detachWaiter(id, cancelled: cancelled) }
         }
+        state.withLock { $0.letGoOfSuccessorWhenDone() }
     }
 
     /// The highest version handed out, or numbered after (`numberAfter`).
@@ -392,6 +404,7 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
                 return (nil, nil)
             }
             if let successor = state.successor, let handedID = state.forwarded.removeValue(forKey: id) {
+                state.letGoOfSuccessorWhenDone()
                 return (nil, (successor, handedID))
             }
             state.machine.removeWaiter(id)
