@@ -137,6 +137,34 @@ import TokenBrokerTestSupport
         }
     }
 
+    /// A request that reached a provider just before it was replaced at a reload, or before the
+    /// listeners stopped, still gets its valid token, not a 503 `token_unavailable`; nothing starts.
+    @Test func aShutDownProviderStillHandsOutItsValidTokenAndStartsNothing() async {
+        let clock = ManualClock()
+        let source = ScriptedSource()
+        let provider = TokenProvider(
+            configuration: ProviderConfiguration(), source: source, clock: clock, jitter: .fixed(0.5))
+        await withRunning(provider) {
+            #expect(await eventually { provider.status().version == 1 })
+            provider.shutDown()
+            guard case .token(let token, stale: false, _) = provider.read() else {
+                Issue.record("no token from the shut-down provider: \(provider.read())")
+                return
+            }
+            #expect(token.version == 1 && token.token.accessToken == "token-1")
+            guard case .unavailable = provider.read(newerThan: 1) else {
+                Issue.record("a newer token than the provider has: \(provider.read(newerThan: 1))")
+                return
+            }
+            clock.advance(by: .seconds(900))
+            guard case .unavailable = provider.read() else {
+                Issue.record("an expired token was handed out: \(provider.read())")
+                return
+            }
+            #expect(source.fetchCount == 1, "a read after the shutdown starts no fetch")
+        }
+    }
+
     @Test func shutdownCompletesEveryWaiter() async {
         let source = ScriptedSource(gated: true)
         let provider = TokenProvider(configuration: ProviderConfiguration(), source: source, clock: ManualClock())

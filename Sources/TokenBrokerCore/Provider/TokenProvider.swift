@@ -233,12 +233,25 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     /// A request's read, under one lock: with background refresh, the valid token if newer than
     /// `newerThan`, or why there is none; without it, `.onDemand` with the last token while valid. With background refresh the
     /// read counts as activity, so it resumes a provider paused while idle.
+    ///
+    /// Once shut down, the provider still hands out its valid token to a request that reached it
+    /// before it was replaced at a reload, or before the listeners stopped taking requests, and
+    /// starts nothing; without a valid token, such a request waits for none (`.onDemand(nil)`
+    /// makes its wait end at once as `.shuttingDown`).
     public func read(newerThan: UInt64 = 0) -> TokenRead<C.Instant> {
-        apply(
-            ifShutDown: configuration.backgroundRefreshEnabled
+        let read = apply(ifShutDown: TokenRead<C.Instant>?.none) { machine, now in
+            let (read, actions) = machine.read(newerThan: newerThan, now: now)
+            return (Optional(read), actions)
+        }
+        if let read { return read }
+        return state.withLock { state -> TokenRead<C.Instant> in
+            var machine = state.machine  // a copy: what a read changes, and the actions it asks for, are dropped
+            if case .token(let token, let stale, let secondsLeft) = machine.read(newerThan: newerThan, now: clock.now).0
+            {
+                return .token(token, stale: stale, secondsLeft: secondsLeft)
+            }
+            return configuration.backgroundRefreshEnabled
                 ? .unavailable(wasPaused: false, awaitingFirstToken: false) : .onDemand(cached: nil)
-        ) { machine, now in
-            machine.read(newerThan: newerThan, now: now)
         }
     }
 
