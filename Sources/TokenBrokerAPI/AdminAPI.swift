@@ -7,7 +7,7 @@ import TokenBrokerServer
 /// | route | answer |
 /// |---|---|
 /// | `GET /healthz` | 200 while the process runs |
-/// | `GET /readyz` | 200 when every provider has a valid token, or is paused and still holds one, and every held template child is ready; else 503 |
+/// | `GET /readyz` | 200 when every provider has a valid token, or is paused and still holds one, and every held template child is ready, and the broker is not stopping; else 503 |
 /// | `GET /metrics` | Prometheus text format 0.0.4 |
 /// | `POST /reload` | reads the configuration file again, as SIGHUP does; answers once the reload has ended (`ReloadOutcome`). Needs `Token-Broker-Request: true` |
 ///
@@ -58,6 +58,9 @@ public final class AdminAPI: HTTPHandler {
     /// Starts a reload, and calls back once with how it ended; nil where none can be made.
     public typealias Reload = @Sendable (_ ended: @escaping @Sendable (ReloadOutcome) -> Void) -> Void
     private let reload: Reload?
+    /// Whether the broker is stopping: `/readyz` then says not ready, whatever the providers hold,
+    /// since the token listener takes no new connection.
+    private let stopping: @Sendable () -> Bool
     private let healthy = HTTPResponse(status: 200, json: #"{"status":"ok"}"#)
 
     /// - Parameters:
@@ -66,12 +69,15 @@ public final class AdminAPI: HTTPHandler {
     ///   - tokenFiles: the token files' state now, read at each `/readyz`.
     ///   - store: the token store's state now, read at each `/readyz`; nil without a store.
     ///   - reload: what `POST /reload` asks for; without it the route answers 404.
+    ///   - stopping: whether the broker has begun to stop, read at each `/readyz`.
     public init(
         providers: [any TokenProviding], templates: [any TemplateStatusReporting] = [],
         tokenFiles: @escaping @Sendable () -> [TokenFileReport] = { [] },
-        store: @escaping @Sendable () -> StoreReport? = { nil }, metrics: BrokerMetrics, reload: Reload? = nil
+        store: @escaping @Sendable () -> StoreReport? = { nil }, metrics: BrokerMetrics, reload: Reload? = nil,
+        stopping: @escaping @Sendable () -> Bool = { false }
     ) {
         self.reload = reload
+        self.stopping = stopping
         self.providers = providers
         self.templates = templates
         self.tokenFiles = tokenFiles
@@ -130,13 +136,16 @@ public final class AdminAPI: HTTPHandler {
     }
 
     /// Ready when every provider can answer `/token` now (`ProviderStatus.isReady`), and every
-    /// child a token file holds can. Secrets, and the values children were made for, never appear here.
+    /// child a token file holds can, and the broker is not stopping. Secrets, and the values
+    /// children were made for, never appear here.
     private func readiness() -> HTTPResponse {
         let statuses = providers.map { $0.status() }
         let templateStatuses = templates.map { $0.status() }
         let files = tokenFiles()
+        let isStopping = stopping()
         let ready =
-            statuses.allSatisfy(\.isReady) && templateStatuses.allSatisfy(\.heldReady) && files.allSatisfy(\.ready)
+            !isStopping && statuses.allSatisfy(\.isReady) && templateStatuses.allSatisfy(\.heldReady)
+            && files.allSatisfy(\.ready)
         let detail = statuses.map { status in
             var members: [(String, String)] = [
                 ("name", JSONText.quoted(status.name)), ("ready", status.isReady ? "true" : "false"),
@@ -166,7 +175,8 @@ public final class AdminAPI: HTTPHandler {
             return JSONText.object(members)
         }
         var members = [
-            ("ready", ready ? "true" : "false"), ("providers", "[" + detail.joined(separator: ",") + "]"),
+            ("ready", ready ? "true" : "false"), ("stopping", isStopping ? "true" : "false"),
+            ("providers", "[" + detail.joined(separator: ",") + "]"),
             ("templates", "[" + templateDetail.joined(separator: ",") + "]"),
             ("sinks", "[" + fileDetail.joined(separator: ",") + "]"),
         ]

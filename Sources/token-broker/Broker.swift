@@ -1,4 +1,5 @@
 import Dispatch
+import Synchronization
 import TokenBrokerAPI
 import TokenBrokerCore
 import TokenBrokerCrypto
@@ -86,6 +87,15 @@ enum Broker {
         let compat: [OwnCompatRoutes]
     }
 
+    /// Set once, when the broker begins to stop: what `/readyz` reads to say it is no longer ready.
+    final class StopFlag: Sendable {
+        private let flag = Atomic<Bool>(false)
+
+        var isSet: Bool { flag.load(ordering: .acquiring) }
+
+        func set() { flag.store(true, ordering: .releasing) }
+    }
+
     /// What `start` set going, for `stop` to end: the part a reload replaces (`Loaded`), and
     /// what stays for the process's life. Read and changed on the main thread only.
     final class Running {
@@ -96,11 +106,13 @@ enum Broker {
         let store: OpenedStore?
         let metrics: BrokerMetrics
         let reloads: ReloadRequests
+        let stopping: StopFlag
 
         init(
             loaded: Loaded, sinks: RunningSinks, listeners: Listeners, callers: CallerKeyStore?, store: OpenedStore?,
-            metrics: BrokerMetrics, reloads: ReloadRequests
+            metrics: BrokerMetrics, reloads: ReloadRequests, stopping: StopFlag
         ) {
+            self.stopping = stopping
             self.loaded = loaded
             self.sinks = sinks
             self.listeners = listeners
@@ -176,6 +188,7 @@ enum Broker {
         }
         let connectionLimit = fitConnectionLimit(configuration)
         let reloads = ReloadRequests()
+        let stopping = StopFlag()
         let loaded = Loaded(
             configuration: configuration, sources: sources, digests: digests, providers: providers,
             identityHeader: identityHeader)
@@ -183,7 +196,7 @@ enum Broker {
         do {
             let handlers = makeHandlers(
                 configuration, providers: providers, sinks: sinks, jwks: loaded.jwks, callers: callers,
-                identityHeader: identityHeader, store: store, metrics: metrics, reloads: reloads)
+                identityHeader: identityHeader, store: store, metrics: metrics, reloads: reloads, stopping: stopping)
             listeners = try openListeners(
                 configuration, connectionLimit: connectionLimit, handlers: handlers, metrics: metrics)
         } catch {
@@ -192,7 +205,7 @@ enum Broker {
         }
         let running = start(
             loaded, sinks: sinks, listeners: listeners, callers: callers, store: store, metrics: metrics,
-            reloads: reloads)
+            reloads: reloads, stopping: stopping)
         announce(configuration, listeners: listeners)
         let signal = serve(running, path: path)
         Log.info("stopping", ["signal": signal])
@@ -383,7 +396,7 @@ enum Broker {
     static func makeHandlers(
         _ configuration: BrokerConfiguration, providers: Providers, sinks: Sinks, jwks: String,
         callers: CallerKeyStore?, identityHeader: [UInt8]?, store: OpenedStore?, metrics: BrokerMetrics,
-        reloads: ReloadRequests
+        reloads: ReloadRequests, stopping: StopFlag
     ) -> Handlers {
         let compat = compatHandlers(
             configuration, templates: providers.templates, identityHeader: identityHeader, metrics: metrics)
@@ -401,7 +414,8 @@ enum Broker {
             compat: compat.onTokenListener, metrics: metrics)
         let admin = AdminAPI(
             providers: providers.providers, templates: providers.templates, tokenFiles: { sinks.reports() },
-            store: { storeReport(store) }, metrics: metrics, reload: { reloads.request($0) })
+            store: { storeReport(store) }, metrics: metrics, reload: { reloads.request($0) },
+            stopping: { stopping.isSet })
         return Handlers(token: token, admin: admin, compat: compat.own)
     }
 
@@ -453,7 +467,7 @@ enum Broker {
     /// and starts watching the caller keys file.
     private static func start(
         _ loaded: Loaded, sinks: Sinks, listeners: Listeners, callers: CallerKeyStore?, store: OpenedStore?,
-        metrics: BrokerMetrics, reloads: ReloadRequests
+        metrics: BrokerMetrics, reloads: ReloadRequests, stopping: StopFlag
     ) -> Running {
         loaded.startTasks()
         if let callers {
@@ -468,7 +482,7 @@ enum Broker {
         }
         return Running(
             loaded: loaded, sinks: startSinks(sinks), listeners: listeners, callers: callers, store: store,
-            metrics: metrics, reloads: reloads)
+            metrics: metrics, reloads: reloads, stopping: stopping)
     }
 
     /// Logs the addresses bound and the proxies ready, and warns about a configuration left open.
@@ -506,6 +520,7 @@ enum Broker {
     }
 
     /// Stops what `start` set going, in the order that matters; the one way the broker stops.
+    /// From its first step, `/readyz` answers 503 (`stopping: true`).
     ///
     /// 0. The token files' sinks stop, each once a write under way has ended, so that a file is
     ///    never left with a temporary beside it by the stop; held template children are released.
@@ -521,6 +536,7 @@ enum Broker {
     ///    stopped.
     /// 5. The token store's writes under way end, so that no record is left half-made.
     private static func stop(_ running: Running) {
+        running.stopping.set()
         stopSinks(running.sinks)
         shutDown(running.loaded.providers)
         running.listeners.token.shutDown(grace: .seconds(5))

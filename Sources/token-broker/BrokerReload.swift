@@ -254,7 +254,7 @@ extension Broker {
         let handlers = makeHandlers(
             configuration, providers: providers, sinks: running.sinks.sinks, jwks: loaded.jwks,
             callers: running.callers, identityHeader: identityHeader, store: running.store, metrics: running.metrics,
-            reloads: running.reloads)
+            reloads: running.reloads, stopping: running.stopping)
         // The keys may name the new providers before their routes are served.
         if let problem = running.callers?.use(knownProviders: Set(configuration.providers.map(\.name))) {
             Log.error("caller keys not reloaded; the previous list stays", ["problem": problem.description])

@@ -53,6 +53,23 @@ final class FakeTemplate: TemplateStatusReporting {
                     + #""last_error":"rename /run/tb/a.token: Permission denied"}"#) == true)
     }
 
+    /// Once the broker begins to stop, it is not ready, though its providers still hold tokens:
+    /// its token listener takes no new connection.
+    @Test func readyzIsUnreadyOnceTheBrokerIsStopping() {
+        let ready = FakeProvider(name: "a")
+        ready.state.withLock { $0.status = FakeProvider.status(name: "a", phase: .fresh, version: 3) }
+        let stopping = Lock(false)
+        let api = AdminAPI(
+            providers: [ready], metrics: BrokerMetrics(version: "test"), stopping: { stopping.withLock { $0 } })
+        let running = api.handle(request("/readyz", guarded: false)).immediate
+        #expect(running?.status == 200 && running?.bool("ready") == true && running?.bool("stopping") == false)
+        stopping.withLock { $0 = true }
+        let stopped = api.handle(request("/readyz", guarded: false)).immediate
+        #expect(stopped?.status == 503 && stopped?.bool("ready") == false && stopped?.bool("stopping") == true)
+        #expect(
+            stopped?.bodyText.contains(bytes: #""name":"a","ready":true"#) == true, "the provider's own detail stays")
+    }
+
     @Test func healthzAnswersWhileTheProcessRuns() {
         let api = admin([FakeProvider()])
         let response = api.handle(request("/healthz", guarded: false)).immediate
@@ -70,7 +87,7 @@ final class FakeTemplate: TemplateStatusReporting {
         #expect(response?.status == 200)
         #expect(
             response?.bodyText
-                == #"{"ready":true,"providers":[{"name":"a","ready":true,"state":"fresh","stale":false,"version":3},"#
+                == #"{"ready":true,"stopping":false,"providers":[{"name":"a","ready":true,"state":"fresh","stale":false,"version":3},"#
                 + #"{"name":"b","ready":true,"state":"paused","stale":true,"version":1}],"templates":[],"sinks":[]}"#)
     }
 

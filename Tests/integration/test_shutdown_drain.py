@@ -55,6 +55,9 @@ def test_sigterm_lets_a_slow_proxied_answer_finish_and_refuses_new_connections(r
         assert wait_until(lambda: broker.metric("token_broker_longpoll_waiters", provider="default") == 1)
         broker.process.send_signal(signal.SIGTERM)
         assert wait_until(lambda: refused(broker), timeout=10), "a new connection was accepted after SIGTERM"
+        # The admin listener still answers while the slow answer finishes, and says not ready.
+        status, _, body = broker.request("GET", "/readyz", listener="admin")
+        assert status == 503 and json.loads(body)["stopping"] is True and json.loads(body)["ready"] is False, body
         # A new request on a connection kept alive from before is refused, and the connection closed.
         kept.request("GET", "/token", headers=GUARD)
         answer = kept.getresponse()
