@@ -125,6 +125,25 @@ def test_a_long_poll_is_woken_by_a_refresh(broker):
     assert status == 200 and json.loads(body)["version"] == 2 and headers["etag"] == '"2"'
 
 
+def test_a_long_poll_for_a_version_from_before_a_restart_gets_the_next_token(broker):
+    """Without a store, versions start again at 1 when the broker does: a client still holding
+    version 41 from before is answered by the next token, not with 304 after 304 until the
+    numbers catch up."""
+    result = {}
+
+    def poll():
+        result["answer"] = broker.request("GET", "/token/ready?after=41&timeout=20", timeout=30)
+
+    waiter = threading.Thread(target=poll)
+    waiter.start()
+    assert wait_until(lambda: broker.metric("token_broker_longpoll_waiters", provider="default") == 1)
+    status, _, body = broker.request("POST", "/token/refresh", body=json.dumps({"rejected_version": 1}))
+    waiter.join(30)
+    assert status == 200 and json.loads(body)["version"] == 2
+    status, headers, body = result["answer"]
+    assert status == 200 and json.loads(body)["version"] == 2, (status, body)
+
+
 def test_a_thousand_waiters_are_answered_by_one_refresh_with_one_fetch(broker):
     raise_open_files()
     address = broker.addresses["token"]

@@ -107,6 +107,9 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     private var forcedWindow: ForcedRefreshWindow<Instant>
     /// True until the stored record has been read (`storeLoaded`): no fetch starts before it.
     public private(set) var awaitingStore: Bool
+    /// The provider has a store: its versions outlive the process (a file store), or are the
+    /// fleet's (Redis), so a version above this provider's highest is a newer one, not an old one.
+    private let hasStore: Bool
     /// A fetch was asked for while the record was being read: start it then, unless the record serves.
     private var fetchWantedAfterStore = false
     /// The fetch in flight was started by a forced refresh (the retrier), not by the schedule: a
@@ -127,6 +130,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         versionsAfter: UInt64 = 0
     ) {
         self.awaitingStore = awaitingStore
+        hasStore = awaitingStore
         lastVersion = versionsAfter
         backgroundRefresh = configuration.backgroundRefreshEnabled
         pauseWhenIdle = configuration.pauseWhenIdle
@@ -207,6 +211,13 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
 
     /// Registers a waiter for a valid token newer than `after` (`TokenProvider.addWaiter`).
     ///
+    /// Without a store, an `after` above every version this provider handed out names a version
+    /// from before it (a broker restarted, a provider removed and added again): it counts as the
+    /// highest version here, so the next token answers the waiter, where it would otherwise wait
+    /// through timeout after timeout until the numbers caught up. With a store, versions outlive
+    /// the process or are the fleet's, and such a version is a newer one, as it is for a forced
+    /// refresh's waiter: both keep it.
+    ///
     /// - Parameters:
     ///   - onDemand: true for a request without background refresh (`TokenRead.onDemand`): the
     ///     waiter wants a token fetched for it and gives up when the retries run out.
@@ -223,6 +234,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         var actions = noteActivity(now: now)
         nextWaiterID += 1
         let id = nextWaiterID
+        let requested = forRefresh || hasStore ? requested : requested.map { min($0, lastVersion) }
         // Without background refresh every call wants a token fetched after it asked.
         let after = backgroundRefresh ? requested : max(requested ?? 0, lastVersion)
         if let token = validToken(at: now),
