@@ -152,14 +152,23 @@ enum QueryParameters {
         return nil
     }
 
-    /// The version in `If-None-Match: "3"` (or `W/"3"`); nil when absent or not one of ours.
-    static func entityTagVersion(_ header: String?) -> UInt64? {
-        guard var text = header?.split(separator: ",").first.map({ Substring($0.trimmingCharacters(in: " \t")) }) else {
-            return nil
+    /// The version `If-None-Match` says the client has: the highest of its entity tags that are
+    /// ours (`"3"` or `W/"3"`), since the condition is false when any of them is current (RFC
+    /// 9110 §13.1.2); for `*` (any version), `current`, the version held now. Nil when absent,
+    /// or when none of its tags is one of ours.
+    static func entityTagVersion(_ header: String?, current: () -> UInt64?) -> UInt64? {
+        guard let header else { return nil }
+        var highest: UInt64?
+        for member in header.split(separator: ",") {
+            var text = Substring(member.trimmingCharacters(in: " \t"))
+            if text == "*" { return current() }
+            if text.hasPrefix("W/") { text = text.dropFirst(2) }
+            guard text.count >= 3, text.first == "\"", text.last == "\"",
+                let version = number(text.dropFirst().dropLast())
+            else { continue }
+            highest = max(highest ?? 0, version)
         }
-        if text.hasPrefix("W/") { text = text.dropFirst(2) }
-        guard text.count >= 3, text.first == "\"", text.last == "\"" else { return nil }
-        return number(text.dropFirst().dropLast())
+        return highest
     }
 
     /// The value of the parameter `name`, given at most once (by `queryCount`'s reading); nil

@@ -17,15 +17,15 @@ extension TokenAPI {
     func ready(_ endpoint: Endpoint, _ request: HTTPRequest, label: RequestCounter) -> HTTPReply {
         let after: UInt64?
         let timeout: Duration
+        let provider = endpoint.provider
         do {
             after =
                 try QueryParameters.version("after", request)
-                ?? QueryParameters.entityTagVersion(request.header("If-None-Match"))
+                ?? QueryParameters.entityTagVersion(request.header("If-None-Match")) { provider.status().version }
             timeout = try QueryParameters.timeout(request, maximum: maxWait)
         } catch {
             return record(label, .response(error.answer.response))
         }
-        let provider = endpoint.provider
         // The common case needs no suspension: a newer valid token is already cached.
         if case .token(let token, let stale, let secondsLeft) = provider.read(newerThan: after ?? 0) {
             return record(label, .response(cachedAnswer(endpoint, token, stale: stale, secondsLeft: secondsLeft)))

@@ -199,13 +199,22 @@ func tokenAPI(
         let provider = FakeProvider()
         let responder = RecordingResponder()
         let api = tokenAPI([provider])
+        // A list: the client has each of them, so it waits for one newer than the highest.
         #expect(api.handle(request("/token/ready", headers: [("If-None-Match", #"W/"7", "8""#)])).start(responder))
-        #expect(provider.onlyWaiter?.waiter.after == 7)
-        provider.completeWaiters(.timedOut(current: FakeProvider.token(version: 7), lastError: nil))
+        #expect(provider.onlyWaiter?.waiter.after == 8)
+        provider.completeWaiters(.timedOut(current: FakeProvider.token(version: 8), lastError: nil))
         #expect(responder.responses.last?.status == 304)
+        #expect(api.handle(request("/token/ready", headers: [("If-None-Match", #""abc", "5""#)])).start(responder))
+        #expect(provider.onlyWaiter?.waiter.after == 5)
+        provider.completeWaiters(.timedOut(current: FakeProvider.token(version: 5), lastError: nil))
         // An entity tag that is not one of ours is no version.
         #expect(api.handle(request("/token/ready", headers: [("If-None-Match", #" "abc" "#)])).start(responder))
         #expect(provider.onlyWaiter?.waiter.after == nil)
+        provider.completeWaiters(.timedOut(current: nil, lastError: nil))
+        // `*`: whatever version is held now.
+        provider.state.withLock { $0.status = FakeProvider.status(name: "default", phase: .fresh, version: 4) }
+        #expect(api.handle(request("/token/ready", headers: [("If-None-Match", "*")])).start(responder))
+        #expect(provider.onlyWaiter?.waiter.after == 4)
     }
 
     @Test func aWaiterIsForgottenWhenItsClientHangsUp() {
