@@ -24,9 +24,9 @@ extension TokenAPI {
         let provider = endpoint.provider
         switch provider.forceRefresh(rejected: rejected) {
         case .current(let token):
-            return record(
-                label,
-                .response(endpoint.responses.response(for: token, stale: provider.status().stale, now: provider.now)))
+            let stale = provider.status().stale
+            if stale { metrics.recordStaleServed(provider: provider.name) }
+            return record(label, .response(endpoint.responses.response(for: token, stale: stale, now: provider.now)))
         case .excessive(let retryAfter):
             metrics.recordExcessiveRefresh(provider: provider.name)
             let limit = provider.forcedRefreshLimit

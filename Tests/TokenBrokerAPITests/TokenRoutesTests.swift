@@ -341,6 +341,24 @@ func tokenAPI(
         #expect(responder.responses.last?.status == 200 && responder.responses.last?.int("version") == 6)
     }
 
+    /// An older rejected version gets the current token at once; a stale one is counted as
+    /// every stale answer is.
+    @Test func refreshOfAnOlderVersionAnswersTheCurrentTokenAndCountsItWhenStale() {
+        let provider = FakeProvider()
+        provider.state.withLock {
+            $0.refresh = .current(FakeProvider.token(version: 4))
+            $0.status = FakeProvider.status(name: "default", phase: .backingOff, version: 4, stale: true)
+        }
+        let metrics = BrokerMetrics(version: "test")
+        let response = tokenAPI([provider], metrics: metrics).handle(
+            request("POST", "/token/refresh", body: #"{"rejected_version": 2}"#)
+        ).immediate
+        #expect(response?.status == 200 && response?.int("version") == 4 && response?.bool("stale") == true)
+        #expect(
+            metrics.render(statuses: []).contains(
+                bytes: #"token_broker_stale_tokens_served_total{provider="default"} 1"#))
+    }
+
     @Test func refreshRefusesATimeoutOfZero() {
         let response = tokenAPI().handle(request("POST", "/token/refresh", query: [("timeout", "0")])).immediate
         expectError(response, 400, "invalid_request")
