@@ -107,6 +107,9 @@ enum Broker {
         let metrics: BrokerMetrics
         let reloads: ReloadRequests
         let stopping: StopFlag
+        /// The tasks of providers a reload made and discarded as the broker began to stop: `stop`
+        /// waits for them with the others.
+        var discardedTasks: [Task<Void, Never>] = []
 
         init(
             loaded: Loaded, sinks: RunningSinks, listeners: Listeners, callers: CallerKeyStore?, store: OpenedStore?,
@@ -542,7 +545,7 @@ enum Broker {
         running.listeners.token.shutDown(grace: .seconds(5))
         for listener in running.listeners.compat { listener.server.shutDown(grace: .seconds(1)) }
         running.listeners.admin.shutDown(grace: .seconds(1))
-        waitForEnd(of: Array(running.loaded.tasks.values), atMost: .seconds(5))
+        waitForEnd(of: Array(running.loaded.tasks.values) + running.discardedTasks, atMost: .seconds(5))
         running.callers?.stop()
         closeStore(running.store)
     }

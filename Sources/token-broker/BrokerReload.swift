@@ -182,10 +182,16 @@ extension Broker {
             made.add(provider)
             tasks[settings.name] = Task.detached { await provider.run() }
         }
-        /// Ends the reload with nothing changed: the providers it made stop.
+        /// Ends the reload with nothing changed: the providers it made stop. Their tasks end
+        /// once a fetch under way has; when the broker is stopping, `stop` waits for them after
+        /// the listeners, so that the long-polls' `shutting_down` answers do not wait for them.
         func discard(_ outcome: ReloadOutcome, stop: String? = nil) -> (ReloadOutcome, stop: String?) {
             shutDown(made)
-            waitForEnd(of: Array(tasks.values), atMost: .seconds(5))
+            if stop == nil {
+                waitForEnd(of: Array(tasks.values), atMost: .seconds(5))
+            } else {
+                running.discardedTasks += tasks.values
+            }
             return (outcome, stop)
         }
         func abandon(_ problem: String, stop: String? = nil) -> (ReloadOutcome, stop: String?) {
