@@ -417,6 +417,31 @@ import TokenBrokerCore
         #expect(harness.fetchesStarted == 2, "waiters never add fetches to the schedule")
     }
 
+    /// A few long-polls wait while thousands come and go (their clients hang up): the deadlines of
+    /// the finished ones do not pile up, and those left still time out on their own deadlines, in order.
+    @Test func finishedWaitersDeadlinesDoNotPileUpBesideOnesThatWait() {
+        var harness = MachineHarness(ProviderConfiguration(tokenRefreshDelaySec: 60))
+        harness.start()
+        harness.succeed()
+        var patient: [UInt64] = []
+        for timeout in [20, 10, 15] {
+            patient.append(harness.wait(after: 1, for: .seconds(timeout)))
+            for _ in 0..<2000 {
+                harness.machine.removeWaiter(harness.wait(after: 1, for: .seconds(25)))
+            }
+        }
+        #expect(harness.machine.waiterCount == 3)
+        #expect(harness.machine.deadlinesKept <= 2 * 3 + 64 + 1, "not one per waiter that came and went")
+        // Each left times out on its own deadline, in order.
+        for (until, expected) in [(11, [patient[1]]), (16, [patient[1], patient[2]]), (21, patient)] {
+            harness.runTimers(until: .seconds(until)) { $0.succeed() }
+            let timedOut = patient.filter { id in
+                if case .timedOut? = harness.outcomes[id] { true } else { false }
+            }
+            #expect(Set(timedOut) == Set(expected), "at \(until) s")
+        }
+    }
+
     /// A version from before this provider (a restart without a store, a provider removed and
     /// added again) is above every version it handed out: the next token answers its waiter,
     /// rather than timeout after timeout until the numbers catch up.

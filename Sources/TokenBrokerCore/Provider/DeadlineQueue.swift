@@ -1,7 +1,9 @@
 /// A min-heap of waiter deadlines: one structure that serves every deadline with one timer.
 ///
 /// Removal is lazy: a cancelled entry stays in the heap until it reaches the top, where the
-/// owner skips it because the waiter is gone. Insertion and removal of the earliest are O(log n).
+/// owner skips it because the waiter is gone, or until `keepOnly` drops it, which the owner
+/// calls once the heap holds many more entries than waiters (so that a steady flow of answered
+/// long-polls beside one that waits does not pile up). Insertion and removal of the earliest are O(log n).
 struct DeadlineQueue<Instant: Comparable & Sendable>: Sendable {
     private var heap: [(deadline: Instant, id: UInt64)] = []
 
@@ -25,17 +27,7 @@ struct DeadlineQueue<Instant: Comparable & Sendable>: Sendable {
             due.append(top.id)
             heap.swapAt(0, heap.count - 1)
             heap.removeLast()
-            var parent = 0
-            while true {
-                let left = 2 * parent + 1
-                let right = left + 1
-                var smallest = parent
-                if left < heap.count, heap[left].deadline < heap[smallest].deadline { smallest = left }
-                if right < heap.count, heap[right].deadline < heap[smallest].deadline { smallest = right }
-                if smallest == parent { break }
-                heap.swapAt(parent, smallest)
-                parent = smallest
-            }
+            siftDown(from: 0)
         }
         return due
     }
@@ -44,4 +36,31 @@ struct DeadlineQueue<Instant: Comparable & Sendable>: Sendable {
     var entries: [(deadline: Instant, id: UInt64)] { heap }
 
     mutating func removeAll() { heap.removeAll() }
+
+    /// The number of entries, cancelled ones among them.
+    var count: Int { heap.count }
+
+    /// Drops every entry whose id `isLive` refuses, and orders the rest into a heap again: O(n).
+    mutating func keepOnly(_ isLive: (UInt64) -> Bool) {
+        heap.removeAll { !isLive($0.id) }
+        var parent = heap.count / 2
+        while parent > 0 {
+            parent -= 1
+            siftDown(from: parent)
+        }
+    }
+
+    private mutating func siftDown(from start: Int) {
+        var parent = start
+        while true {
+            let left = 2 * parent + 1
+            let right = left + 1
+            var smallest = parent
+            if left < heap.count, heap[left].deadline < heap[smallest].deadline { smallest = left }
+            if right < heap.count, heap[right].deadline < heap[smallest].deadline { smallest = right }
+            if smallest == parent { return }
+            heap.swapAt(parent, smallest)
+            parent = smallest
+        }
+    }
 }

@@ -175,6 +175,9 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     /// Waiters not yet completed.
     public var waiterCount: Int { waiters.count }
 
+    /// Deadlines kept, finished waiters' among them (`DeadlineQueue` removes lazily).
+    public var deadlinesKept: Int { deadlines.count }
+
     /// What the provider is doing at `now`, for readiness and metrics.
     public func phase(at now: Instant) -> ProviderPhase {
         if isFetching { return .refreshing }
@@ -645,9 +648,15 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     /// Whether the issuer's Retry-After still forbids a fetch at `now`.
     private func isHeldOff(at now: Instant) -> Bool { notBefore.map { now < $0 } ?? false }
 
-    /// Forgets every deadline once nobody waits, so that finished waiters leave no timer behind.
+    /// Forgets every deadline once nobody waits, so that finished waiters leave no timer behind;
+    /// while some wait, drops the finished waiters' deadlines once they outnumber the live ones
+    /// well (amortized O(1) per waiter), so that they never pile up beyond a few times the waiters.
     private mutating func dropDeadlinesIfIdle() {
-        if waiters.isEmpty { deadlines.removeAll() }
+        if waiters.isEmpty {
+            deadlines.removeAll()
+        } else if deadlines.count > 2 * waiters.count + 64 {
+            deadlines.keepOnly { waiters[$0] != nil }
+        }
     }
 
     /// Starts the single upstream fetch unless one is already in flight, with its deadline.
