@@ -138,12 +138,14 @@ import TokenBrokerCore
         "[fe80::1%eth0]:80",
         // A sign, which UInt8 and UInt16 alone would take and no listener can bind.
         "127.0.0.+1:8080", "+127.0.0.1:8080", "127.0.0.1:+8080", "[::1]:+8080", "127.0.0.1: 8080",
+        // IPv4-mapped, which an IPv6-only listener cannot bind: the broker failed at start with EINVAL.
+        "[::ffff:127.0.0.1]:80", "[::FFFF:7f00:1]:80", "[0:0:0:0:0:ffff:10.0.0.1]:80",
     ])
     func malformedListenAddressesAreRefused(_ text: String) {
         #expect(throws: ConfigurationError.self) { try ListenAddress(parsing: text) }
     }
 
-    @Test(arguments: ["[::ffff:127.0.0.1]:80", "[2001:db8::1]:443", "[0:0:0:0:0:0:0:1]:8080", "[FE80::1]:1"])
+    @Test(arguments: ["[::fffe:127.0.0.1]:80", "[2001:db8::1]:443", "[0:0:0:0:0:0:0:1]:8080", "[FE80::1]:1"])
     func everyIPv6FormTheSystemAcceptsIsAccepted(_ text: String) throws {
         #expect(try ListenAddress(parsing: text).description == text)
     }

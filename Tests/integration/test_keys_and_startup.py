@@ -157,9 +157,20 @@ def test_check_config_refuses_an_ipv6_listen_address_the_system_cannot_bind(tmp_
 
 
 def test_check_config_accepts_an_ipv6_address_in_every_form_the_system_reads(tmp_path):
-    config = write_config(tmp_path, {"listen": "[0:0:0:0:0:0:0:1]:8080", "adminListen": "[::ffff:127.0.0.1]:9090"})
+    config = write_config(tmp_path, {"listen": "[0:0:0:0:0:0:0:1]:8080", "adminListen": "[0::1]:9090"})
     result = run_broker("--check-config", "--config", config)
     assert result.returncode == 0, result.stderr
+
+
+def test_an_ipv4_mapped_listen_address_is_refused_by_check_and_start_alike(tmp_path):
+    """`[::ffff:127.0.0.1]` is IPv6 in form only: an IPv6-only listener cannot bind it, so the
+    check refuses it, naming the IPv4 form, where it once said OK and start then failed."""
+    config = write_config(tmp_path, {"listen": "127.0.0.1:0", "adminListen": "[::ffff:127.0.0.1]:0"})
+    check = run_broker("--check-config", "--config", config)
+    start = run_broker("--config", config)
+    for result in (check, start):
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert "adminListen" in result.stderr and "127.0.0.1:0" in result.stderr, result.stderr
 
 
 # Relative paths

@@ -46,6 +46,15 @@ public struct ListenAddress: Sendable, Equatable, CustomStringConvertible {
             guard !host.isEmpty, !host.contains("%"), inet_pton(AF_INET6, String(host), &parsed) == 1 else {
                 throw problem
             }
+            // An IPv4-mapped address (`::ffff:a.b.c.d`) cannot be bound by an IPv6-only socket,
+            // which every IPv6 listener is: it is refused here, not at start.
+            let bytes = withUnsafeBytes(of: parsed) { Array($0) }
+            if bytes[0..<10].allSatisfy({ $0 == 0 }), bytes[10] == 0xFF, bytes[11] == 0xFF {
+                throw ConfigurationError(
+                    key: "",
+                    "\"\(text)\" is an IPv4 address written as IPv6 (::ffff:…), which an IPv6 listener cannot bind; write it as IPv4:PORT, such as \(bytes[12]).\(bytes[13]).\(bytes[14]).\(bytes[15]):\(portText)"
+                )
+            }
         } else {
             guard let colon = text.lastIndex(of: ":") else { throw problem }
             host = text[..<colon]
