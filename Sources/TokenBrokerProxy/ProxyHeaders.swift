@@ -129,7 +129,9 @@ public enum ProxyHeaders {
     /// Puts `name=value` into the request's `Cookie` header. A token that is not a cookie value
     /// (`TokenRules.isCookieValue`) is never put in: `tok;admin=1` would add a cookie of its
     /// own. The proxy refuses such a token before it gets here (502 `token_not_cookie_safe`).
-    /// The caller's other cookies keep their bytes.
+    /// The caller's other cookies keep their bytes. Several `Cookie` headers from the caller
+    /// become one (RFC 6265 §5.4 allows one), their cookies in order, so that a cookie of the
+    /// token's name is found, and replaced, in whichever of them it came.
     private static func putCookie(_ headers: inout [Field], name: String, value: String, overwrite: Bool) {
         guard TokenRules.isCookieValue(value) else { return }
         var pair = Array(name.utf8)
@@ -140,13 +142,29 @@ public enum ProxyHeaders {
             headers.append(("Cookie", pair))
             return
         }
-        var pairs = headers[index].1.split(separator: UInt8(ascii: ";")).map(trimmingBlanks).filter { !$0.isEmpty }
-        let existing = pairs.firstIndex { $0.starts(with: pair[..<prefix]) }
-        switch existing {
+        var pairs: [ArraySlice<UInt8>] = []
+        for header in headers[index...] where header.0.equalsIgnoringASCIICase("Cookie") {
+            pairs += header.1.split(separator: UInt8(ascii: ";")).map(trimmingBlanks).filter { !$0.isEmpty }
+        }
+        let named = { (cookie: ArraySlice<UInt8>) in cookie.starts(with: pair[..<prefix]) }
+        switch pairs.firstIndex(where: named) {
         case .some where !overwrite: return
-        case .some(let at): pairs[at] = pair[...]
+        case .some(let at):
+            // The caller's cookie of that name, however often sent, is the token's once.
+            pairs[at] = pair[...]
+            var kept = pairs[...at]
+            kept += pairs[(at + 1)...].filter { !named($0) }
+            pairs = Array(kept)
         case .none: pairs.append(pair[...])
         }
         headers[index].1 = Array(pairs.joined(separator: Array("; ".utf8)))
+        var position = index + 1
+        while position < headers.count {
+            if headers[position].0.equalsIgnoringASCIICase("Cookie") {
+                headers.remove(at: position)
+            } else {
+                position += 1
+            }
+        }
     }
 }

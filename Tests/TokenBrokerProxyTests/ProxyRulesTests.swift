@@ -159,6 +159,29 @@ import TokenBrokerAPI
         #expect(cookie([("Cookie", [0xE9] + Array("=1".utf8))]) == [0xE9] + Array("=1; tok=T".utf8))
     }
 
+    /// RFC 6265 §5.4: one `Cookie` header. The caller's several become one before the token goes
+    /// in, so that its cookie of the token's name is replaced in whichever it came, and no
+    /// second header carries it past the token (`Cookie: a=1` and `Cookie: tok=EVIL` reached the
+    /// upstream as `a=1; tok=T` and `tok=EVIL`).
+    @Test func theCallersCookieHeadersBecomeOneAndTheTokensNameIsReplacedInAnyOfThem() {
+        let sent: [ProxyHeaders.Field] = [
+            ("Cookie", Array("a=1".utf8)), ("X-Other", Array("x".utf8)), ("cookie", Array("tok=EVIL; b=2".utf8)),
+            ("COOKIE", Array("tok=again".utf8)),
+        ]
+        let forwarded = ProxyHeaders.forward(
+            sent, token: "T", injection: .cookie, overwrite: true, cookieName: "tok", callerKeyInAuthorization: false)
+        let cookies = forwarded.filter { $0.0.equalsIgnoringASCIICase("Cookie") }.map(\.1)
+        #expect(cookies == [Array("a=1; tok=T; b=2".utf8)])
+        #expect(forwarded.map(\.0) == ["Cookie", "X-Other"])
+        let kept = ProxyHeaders.forward(
+            sent, token: "T", injection: .cookie, overwrite: false, cookieName: "tok", callerKeyInAuthorization: false)
+        #expect(kept.map(\.1) == sent.map(\.1), "overwrite: false leaves the caller's cookies as they came")
+        let added = ProxyHeaders.forward(
+            [("Cookie", Array("a=1".utf8)), ("Cookie", Array("b=2".utf8))], token: "T", injection: .cookie,
+            overwrite: false, cookieName: "tok", callerKeyInAuthorization: false)
+        #expect(added.map(\.1) == [Array("a=1; b=2; tok=T".utf8)])
+    }
+
     /// `Connection` options are tokens (RFC 9110 §7.6.1): one with a byte beyond ASCII names no
     /// header, not even one whose name it lowercases to (U+212A, the Kelvin sign, lowercases to
     /// `k`).
