@@ -50,11 +50,14 @@ public enum ProxyHeaders {
     }
 
     /// The answer's headers to pass back to the client. `Content-Length` and `Date` are left to
-    /// the broker's server, which sets them for what it actually sends.
+    /// the broker's server, which sets them for what it actually sends; `Proxy` and `Proxy-*`
+    /// (`Proxy-Status`, `Proxy-Authentication-Info`) speak of the upstream's own proxies, not of
+    /// the broker, and stay behind as they do toward the upstream.
     public static func back(_ headers: [Field]) -> [Field] {
         let named = namedByConnection(headers)
         return headers.filter { header in
             !isListed(header.0, hopByHop) && !isListed(header.0, notReturned) && !isListed(header.0, named)
+                && !isProxyHeader(header.0)
         }
     }
 

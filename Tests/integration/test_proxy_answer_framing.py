@@ -1,0 +1,121 @@
+"""Proxy mode against raw-socket upstreams on loopback that send answers no ordinary server
+would: heads too large for a connection, conflicting lengths, too many or folded headers, a
+101, a chunked answer to HEAD, a 304 with a length. The client must always get an answer that
+is either the upstream's, whole and well framed, or the broker's own 502, never one that looks
+complete but is not."""
+import json
+import socket
+import threading
+
+import pytest
+
+from broker import GUARD, Broker
+from test_hardening import exchange, parse
+
+
+class ScriptedUpstream:
+    """An upstream on 127.0.0.1 that answers each request it reads with `answer(method, target)`,
+    bytes sent as they are, and keeps the connection for the next request (at most ten per
+    connection). It records the request lines it read."""
+
+    def __init__(self, answer):
+        self.answer = answer
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.5)
+        self.address = "127.0.0.1:%d" % self.listener.getsockname()[1]
+        self.seen = []
+        self.stopping = False
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self):
+        while not self.stopping:
+            try:
+                connection, _ = self.listener.accept()
+            except socket.timeout:
+                continue
+            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
+
+    def _serve(self, connection):
+        connection.settimeout(10)
+        buffered = b""
+        with connection:
+            for _ in range(10):
+                while b"\r\n\r\n" not in buffered:
+                    try:
+                        chunk = connection.recv(65536)
+                    except OSError:
+                        return
+                    if not chunk:
+                        return
+                    buffered += chunk
+                head, _, buffered = buffered.partition(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                fields = {name.strip().lower(): value.strip() for name, value in
+                          (line.split(":", 1) for line in lines[1:])}
+                length = int(fields.get("content-length", "0"))
+                while len(buffered) < length:
+                    chunk = connection.recv(65536)
+                    if not chunk:
+                        return
+                    buffered += chunk
+                buffered = buffered[length:]
+                method, target = lines[0].split(" ")[:2]
+                self.seen.append((method, target))
+                try:
+                    connection.sendall(self.answer(method, target))
+                except OSError:
+                    return
+
+    def close(self):
+        self.stopping = True
+        self.thread.join(5)
+        self.listener.close()
+
+
+@pytest.fixture
+def upstream_answering(request):
+    """Starts a broker with proxy `u` in front of a `ScriptedUpstream`; yields a function that
+    takes the answer (bytes, or a function of method and target) and any broker settings, and
+    returns (broker, upstream)."""
+    started = []
+
+    def start(answer, proxy=None, provider=None, **config):
+        upstream = ScriptedUpstream(answer if callable(answer) else (lambda method, target: answer))
+        broker = Broker({"proxies": [{"name": "u", "target": "http://" + upstream.address, **(proxy or {})}],
+                         "providers": [{"name": "default", **(provider or {})}], **config})
+        started.append((broker, upstream))
+        return broker, upstream
+
+    yield start
+    for broker, upstream in started:
+        broker.stop()
+        upstream.close()
+
+
+def get(broker, method="GET", path="/proxy/u/x"):
+    """One request on a connection of its own: (status, headers, body, everything received)."""
+    answer = exchange(broker.addresses["token"],
+                      f"{method} {path} HTTP/1.1\r\nHost: b\r\nToken-Broker-Request: true\r\n"
+                      "Connection: close\r\n\r\n".encode(), timeout=20)[0]
+    assert answer, "no answer at all"
+    status, headers, body = parse(answer)
+    return status, headers, body, answer
+
+
+def assert_bad_answer_502(broker, answer_bytes, problem):
+    status, headers, body, _ = answer_bytes
+    assert status == 502, answer_bytes
+    error = json.loads(body)
+    assert error["error"] == "upstream_unreachable" and problem in error["error_description"], error
+    assert broker.metric("token_broker_proxy_requests_total", proxy="u", code="502") == 1
+    assert broker.metric("token_broker_proxy_requests_total", proxy="u", code="200") in (None, 0)
+
+
+def test_proxy_headers_of_the_answer_stay_behind(upstream_answering):
+    """`Proxy`, `Proxy-*` stay behind both ways, as the README says."""
+    broker, _ = upstream_answering(b"HTTP/1.1 200 OK\r\nProxy: http://evil\r\nProxy-Status: x; error=y\r\n"
+                                   b"Proxy-Authentication-Info: a=b\r\nX-Kept: 1\r\nContent-Length: 2\r\n\r\nok")
+    status, headers, body, _ = get(broker)
+    assert (status, body, headers["x-kept"]) == (200, b"ok", "1")
+    assert not [name for name in headers if name.startswith("proxy")], headers
