@@ -274,6 +274,8 @@ public enum ErrorAnswer: Sendable, Equatable {
             "the path climbs above the proxy's base path"
         case .invalidProxyPath(.encodedSeparator):
             "a path segment hides a slash, backslash, NUL, CR or LF in a percent-escape"
+        case .invalidProxyPath(.dotSegmentWithParameters):
+            "a path segment is a dot segment with parameters (..;), which some servers read as a dot segment"
         case .invalidProxyPath(.absoluteForm):
             ErrorAnswer.absoluteForm.description
         case .unknownProxy(let name):

@@ -24,4 +24,7 @@ public enum ProxyPathProblem: Error, Equatable, Sendable {
     case escapesRoot
     /// A segment hides a slash, backslash, NUL, CR or LF in a percent-escape.
     case encodedSeparator
+    /// A segment is a dot segment with parameters (`..;x`, `.;`, also with `%2e` or `%3b`):
+    /// servers such as Tomcat drop the parameters and read a dot segment the broker did not.
+    case dotSegmentWithParameters
 }

@@ -11,6 +11,9 @@ import TokenBrokerCore
 ///   that climbs above the proxy's root is refused. A segment with an encoded slash or
 ///   backslash (`%2f`, `%5c`) or an encoded NUL, CR or LF is refused too, so that no upstream
 ///   can be tricked into seeing a different path than the broker checked.
+/// - A dot segment with parameters (`..;x`, `.;`, in any spelling, `;` also as `%3b`) is refused:
+///   Tomcat and servers like it drop a segment's parameters before they resolve dot segments,
+///   and would climb where the broker saw an ordinary segment.
 public enum ProxyPath {
     public static let prefix = "/proxy/"
 
@@ -41,6 +44,7 @@ public enum ProxyPath {
         for segment in segments {
             switch segment {
             case .dot: continue
+            case .dotWithParameters: return .failure(.dotSegmentWithParameters)
             case .dotDot:
                 guard !resolved.isEmpty else { return .failure(.escapesRoot) }
                 resolved.removeLast()
@@ -67,6 +71,8 @@ public enum ProxyPath {
         case dot
         /// `..`, also written with `%2e` for either dot.
         case dotDot
+        /// `.` or `..` followed by parameters (`;…`, the `;` also written `%3b`).
+        case dotWithParameters
         /// Any other, as sent: its bytes' range in the target.
         case other(Range<Int>)
     }
@@ -93,6 +99,8 @@ public enum ProxyPath {
     private static func segment(_ path: ArraySlice<UInt8>, _ range: Range<Int>) -> Segment? {
         var dots = 0
         var onlyDots = true
+        // Whether the dots so far are followed by parameters: a `;` (or `%3b`) after them.
+        var parameters = false
         var index = range.lowerBound
         while index < range.upperBound {
             if path[index] == UInt8(ascii: "%") {
@@ -102,17 +110,28 @@ public enum ProxyPath {
                     (UInt8(ascii: "0"), UInt8(ascii: "0")), (UInt8(ascii: "0"), UInt8(ascii: "a")),
                     (UInt8(ascii: "0"), UInt8(ascii: "d")):
                     return nil
-                case (UInt8(ascii: "2"), UInt8(ascii: "e")): dots += 1
+                case (UInt8(ascii: "2"), UInt8(ascii: "e")) where !parameters: dots += 1
+                case (UInt8(ascii: "3"), UInt8(ascii: "b")) where onlyDots: parameters = true
+                case _ where parameters: break
                 default: onlyDots = false
                 }
                 index += 3
             } else {
-                if path[index] == UInt8(ascii: ".") { dots += 1 } else { onlyDots = false }
+                if !parameters {
+                    if path[index] == UInt8(ascii: ".") {
+                        dots += 1
+                    } else if path[index] == UInt8(ascii: ";"), onlyDots {
+                        parameters = true
+                    } else {
+                        onlyDots = false
+                    }
+                }
                 index += 1
             }
         }
         guard onlyDots else { return .other(range) }
         switch dots {
+        case 1 where parameters, 2 where parameters: return .dotWithParameters
         case 1: return .dot
         case 2: return .dotDot
         default: return .other(range)

@@ -17,6 +17,9 @@ import TokenBrokerAPI
             ("/proxy/api/a%20b/c:d@e", "api", "/a%20b/c:d@e", nil),
             ("/proxy/api", "api", "/", nil),
             ("/proxy/api?q", "api", "/", "q"),
+            // Parameters after other segments, and dots after parameters, are no dot segment.
+            ("/proxy/api/a;b/../c", "api", "/c", nil),
+            ("/proxy/api/...;x/;../x;..", "api", "/...;x/;../x;..", nil),
         ] as [(String, String, String, String?)])
     func targetsInsideTheProxyAreNormalised(_ raw: String, _ proxy: String, _ path: String, _ query: String?) throws {
         let target = try ProxyPath.parse(raw).get()
@@ -41,6 +44,13 @@ import TokenBrokerAPI
         ("/proxy/api/%4", .badCharacters),
         ("/proxy/api/é", .badCharacters),
         ("/proxy/api/a?b=<script>", .badCharacters),
+        // Tomcat drops a segment's parameters, then resolves: `..;` is `..` there.
+        ("/proxy/api/..;/x", .dotSegmentWithParameters),
+        ("/proxy/api/a/..;x=1/b", .dotSegmentWithParameters),
+        ("/proxy/api/a/%2e%2E;/b", .dotSegmentWithParameters),
+        ("/proxy/api/a/.%2e%3B/b", .dotSegmentWithParameters),
+        ("/proxy/api/.;/../x", .dotSegmentWithParameters),
+        ("/proxy/api/a/..;", .dotSegmentWithParameters),
     ])
     func escapesAndTricksAreRefused(_ raw: String, _ problem: ProxyPathProblem) {
         #expect(throws: problem) { try ProxyPath.parse(raw).get() }
