@@ -591,6 +591,15 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
             }
         case .statusLine:
             break
+        case .continuation(let value):
+            // obs-fold (RFC 9112 §5.2): each fold is replaced by one space. An issuer's answer is
+            // read by name, not passed on, and loses the folded part.
+            guard transfer.exchange != nil, !transfer.headReady else { break }
+            guard !transfer.headerLines.isEmpty else { break }
+            if !value.isEmpty {
+                transfer.headerLines[transfer.headerLines.count - 1].1.append(UInt8(ascii: " "))
+                transfer.headerLines[transfer.headerLines.count - 1].1.append(contentsOf: value)
+            }
         case .field(let name, let value):
             if transfer.exchange != nil {
                 // A trailer after the head is no header of the answer.
@@ -615,10 +624,11 @@ enum HeaderLine: Equatable {
     /// A field: its name as sent, its value without surrounding blanks and line end, as the bytes
     /// sent (a proxied answer passes them on; obs-text, RFC 9110 §5.5, is no UTF-8).
     case field(String, [UInt8])
+    /// A folded continuation of the field before (obs-fold, RFC 9112 §5.2: a line that starts
+    /// with a space or tab): its bytes without the blanks around them and the line end.
+    case continuation([UInt8])
 
-    /// Nil for a line that is none of these (one without a colon). A folded continuation line
-    /// (obsolete, RFC 9112 §5.2) that holds a colon reads as a field whose name starts with a
-    /// blank, which is no header name: the server drops it rather than send it.
+    /// Nil for a line that is none of these (one without a colon).
     init?(_ line: UnsafeRawBufferPointer) {
         let cr = UInt8(ascii: "\r")
         let lf = UInt8(ascii: "\n")
@@ -632,6 +642,13 @@ enum HeaderLine: Equatable {
         while end > 0, line[end - 1] == cr || line[end - 1] == lf { end -= 1 }
         if end == 0 {
             self = .end
+            return
+        }
+        if line[0].isHTTPBlank {
+            var start = 0
+            while start < end, line[start].isHTTPBlank { start += 1 }
+            while end > start, line[end - 1].isHTTPBlank { end -= 1 }
+            self = .continuation(Array(UnsafeRawBufferPointer(rebasing: line[start..<end])))
             return
         }
         guard let colon = line[..<end].firstIndex(of: UInt8(ascii: ":")) else { return nil }

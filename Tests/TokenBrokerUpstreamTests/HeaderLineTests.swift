@@ -24,8 +24,15 @@ import Testing
     }
 
     @Test func aLineWithoutAColonIsNoField() {
-        #expect(read(" folded continuation\r\n") == nil)
         #expect(read("garbage\r\n") == nil)
+    }
+
+    /// obs-fold (RFC 9112 §5.2): a line that starts with a blank continues the field before,
+    /// whether or not it holds a colon; the blanks around it are the fold, replaced by one space.
+    @Test func aLineThatStartsWithABlankIsAFoldedContinuation() {
+        #expect(read(" folded continuation\r\n") == .continuation(Array("folded continuation".utf8)))
+        #expect(read("\t  a: b \t\r\n") == .continuation(Array("a: b".utf8)))
+        #expect(read(" \t\r\n") == .continuation([]))
     }
 
     /// obs-text (RFC 9110 §5.5): a proxied answer passes the value on as it came.

@@ -112,6 +112,13 @@ def assert_bad_answer_502(broker, answer_bytes, problem):
     assert broker.metric("token_broker_proxy_requests_total", proxy="u", code="200") in (None, 0)
 
 
+def test_an_obs_folded_header_reaches_the_client_unfolded_whole(upstream_answering):
+    """RFC 9112 §5.2: each fold is replaced by a space; the continuation was lost."""
+    broker, _ = upstream_answering(b"HTTP/1.1 200 OK\r\nX-A: foo\r\n  bar\r\n\tbaz\r\nContent-Length: 2\r\n\r\nok")
+    status, headers, body, _ = get(broker)
+    assert (status, body, headers["x-a"]) == (200, b"ok", "foo bar baz")
+
+
 def test_proxy_headers_of_the_answer_stay_behind(upstream_answering):
     """`Proxy`, `Proxy-*` stay behind both ways, as the README says."""
     broker, _ = upstream_answering(b"HTTP/1.1 200 OK\r\nProxy: http://evil\r\nProxy-Status: x; error=y\r\n"
