@@ -10,9 +10,10 @@ import TokenBrokerUpstream
 /// 2. Send the request upstream with the token put in; the answer streams back as it comes.
 /// 3. If the answer's status is in `retryOn` (and has `retryOnHeader`, when set), and the request
 ///    can be sent again exactly (its body was read whole, or it had none): read that answer
-///    (up to 64 KiB) instead of passing it on, force one refresh with the refused version
-///    (single flight, within the refresh window), and send the request once more. If no new
-///    token comes, the first answer is passed on after all.
+///    instead of passing it on, force one refresh with the refused version (single flight,
+///    within the refresh window), and send the request once more. If no new token comes, the
+///    first answer is passed on after all, whole. A refused answer whose body is longer than
+///    64 KiB is not held: it is passed on as it comes, with no retry.
 ///
 /// Upstream unreachable: 502; upstream too slow: 504; a token that cannot be a cookie value with
 /// `inject: cookie`: 502 `token_not_cookie_safe`; all with the JSON error body (`ProxyFailure`).
@@ -29,8 +30,8 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
     private enum Mode {
         /// No answer head yet.
         case waiting
-        /// A refused answer, kept in case no new token comes.
-        case collecting(status: Int, headers: [ProxyHeaders.Field], body: [UInt8])
+        /// A refused answer, kept in case no new token comes; `length` is its `Content-Length`.
+        case collecting(status: Int, headers: [ProxyHeaders.Field], length: Int64?, body: [UInt8])
         /// Passing the answer on.
         case streaming(HTTPResponseStream)
         case done
@@ -171,9 +172,13 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
             settings.retryOn.contains(status)
             && (settings.retryOnHeader.map { headers.contains(named: $0) } ?? true)
         let attempt = state.withLock { $0.attempt }
-        if refused, attempt == 1, replayable {
-            let kept = Array(first.prefix(Self.rejectedBodyLimit))
-            state.withLock { $0.mode = .collecting(status: status, headers: headers, body: kept) }
+        // A refused answer too long to hold is passed on as it comes, whole, with no retry.
+        if refused, attempt == 1, replayable, first.count <= Self.rejectedBodyLimit,
+            (length ?? 0) <= Int64(Self.rejectedBodyLimit)
+        {
+            state.withLock {
+                $0.mode = .collecting(status: status, headers: headers, length: length, body: Array(first))
+            }
             return true
         }
         let bodyless = method == "HEAD" || status == 204 || status == 304 || status < 200
@@ -183,34 +188,71 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
             respond(HTTPResponse(status: status, body: Array(first), rawHeaders: ProxyHeaders.back(headers)))
             return true
         }
-        let stream = HTTPResponseStream { [weak self] in self?.state.withLock { $0.upstream }?.resumeReceiving() }
-        let response = HTTPResponse(
-            status: status, rawHeaders: ProxyHeaders.back(headers), stream: stream,
-            length: status == 204 || status == 304 || status < 200 ? 0 : length.map { UInt64($0) })
-        if bodyless && method != "HEAD" {
-            stream.finish()
-        } else if first.count > 0 {
-            _ = stream.write(first)  // an empty stream takes any first write whole
-        }
-        state.withLock { $0.mode = .streaming(stream) }
-        respond(response)
+        _ = stream(status: status, headers: ProxyHeaders.back(headers), length: length, first: first)
         return true
     }
 
+    /// Passes the answer on as a stream, starting with `first`; returns what writing `first` did
+    /// (false: the client is slow, pause).
+    private func stream(
+        status: Int, headers passed: [ProxyHeaders.Field], length: Int64?, first: UnsafeRawBufferPointer
+    ) -> Bool {
+        let bodyless = method == "HEAD" || status == 204 || status == 304 || status < 200
+        let empty = status == 204 || status == 304 || status < 200
+        let stream = HTTPResponseStream { [weak self] in self?.state.withLock { $0.upstream }?.resumeReceiving() }
+        let response = HTTPResponse(
+            status: status, rawHeaders: passed, stream: stream,
+            length: empty ? 0 : length.map { UInt64($0) })
+        var accepted = true
+        if bodyless && method != "HEAD" {
+            stream.finish()
+        } else if first.count > 0 {
+            accepted = stream.write(first)  // an empty stream takes any first write whole
+        }
+        state.withLock { $0.mode = .streaming(stream) }
+        respond(response)
+        return accepted
+    }
+
     func upstreamBody(_ bytes: UnsafeRawBufferPointer) -> Bool {
-        let stream = state.withLock { state -> HTTPResponseStream? in
+        enum Next {
+            case write(HTTPResponseStream)
+            case passOn(status: Int, headers: [ProxyHeaders.Field], length: Int64?, body: [UInt8])
+            case none
+        }
+        let next = state.withLock { state -> Next in
             switch state.mode {
-            case .collecting(let status, let headers, var body):
-                if body.count < Self.rejectedBodyLimit {
-                    body.append(contentsOf: bytes.prefix(Self.rejectedBodyLimit - body.count))
-                    state.mode = .collecting(status: status, headers: headers, body: body)
+            case .collecting(let status, let headers, let length, var body):
+                guard body.count + bytes.count <= Self.rejectedBodyLimit else {
+                    return .passOn(status: status, headers: headers, length: length, body: body)
                 }
-                return nil
-            case .streaming(let stream): return stream
-            default: return nil
+                body.append(contentsOf: bytes)
+                state.mode = .collecting(status: status, headers: headers, length: length, body: body)
+                return .none
+            case .streaming(let stream): return .write(stream)
+            default: return .none
             }
         }
-        return stream?.write(bytes) ?? true
+        switch next {
+        case .write(let stream):
+            return stream.write(bytes)
+        case .passOn(let status, let headers, let length, let body):
+            // Longer than a refused answer is held (no `Content-Length` said so): it goes on as
+            // it is, whole, instead of being cut; the request is not sent again.
+            let accepted = body.withUnsafeBytes {
+                stream(status: status, headers: ProxyHeaders.back(headers), length: length, first: $0)
+            }
+            guard accepted,
+                let stream = state.withLock({ state -> HTTPResponseStream? in
+                    if case .streaming(let stream) = state.mode { stream } else { nil }
+                })
+            else {
+                return false
+            }
+            return stream.write(bytes)
+        case .none:
+            return true
+        }
     }
 
     func upstreamFinished(_ error: UpstreamError?) {
@@ -225,7 +267,7 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
         switch mode {
         case .streaming(let stream):
             stream.finish(failed: error != nil)
-        case .collecting(let status, let headers, let body) where error == nil:
+        case .collecting(let status, let headers, _, let body) where error == nil:
             Task {
                 await self.retry(
                     rejected: HTTPResponse(status: status, body: body, rawHeaders: ProxyHeaders.back(headers)))

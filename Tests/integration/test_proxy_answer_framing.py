@@ -126,3 +126,16 @@ def test_proxy_headers_of_the_answer_stay_behind(upstream_answering):
     status, headers, body, _ = get(broker)
     assert (status, body, headers["x-kept"]) == (200, b"ok", "1")
     assert not [name for name in headers if name.startswith("proxy")], headers
+
+
+def test_a_refused_answer_is_never_passed_on_cut_short_looking_whole(upstream_answering):
+    """With no new token to retry with, the refused answer is passed on. Its body was cut to
+    64 KiB, with `Content-Length: 65536`; it must come whole (or visibly cut)."""
+    body = bytes(range(256)) * 400  # 102,400 bytes
+    broker, _ = upstream_answering(b"HTTP/1.1 401 Unauthorized\r\nContent-Length: %d\r\n\r\n" % len(body) + body,
+                                   provider={"forcedRefreshMaxAttempts": 1})
+    # The first refusal forces the one refresh allowed; the second gets no new token.
+    for _ in range(2):
+        status, headers, received, raw_answer = get(broker)
+        assert status == 401
+        assert received == body, (len(received), headers.get("content-length"))
