@@ -11,9 +11,10 @@ import TokenBrokerUpstream
 /// 3. If the answer's status is in `retryOn` (and has `retryOnHeader`, when set), and the request
 ///    can be sent again exactly (its body was read whole, or it had none): read that answer
 ///    instead of passing it on, force one refresh with the refused version (single flight,
-///    within the refresh window), and send the request once more. If no new token comes, the
-///    first answer is passed on after all, whole. A refused answer whose body is longer than
-///    64 KiB is not held: it is passed on as it comes, with no retry.
+///    within the refresh window), and send the request once more. If no new token comes before
+///    the exchange's `timeoutMsec` is up, the first answer is passed on after all, whole. A
+///    refused answer whose body is longer than 64 KiB is not held: it is passed on as it comes,
+///    with no retry.
 ///
 /// Upstream unreachable: 502; upstream too slow: 504; a token that cannot be a cookie value with
 /// `inject: cookie`: 502 `token_not_cookie_safe`; all with the JSON error body (`ProxyFailure`).
@@ -55,6 +56,8 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
     /// The request's headers, values as the bytes sent.
     private let headers: [ProxyHeaders.Field]
     private let body: Body
+    /// When the exchange's `timeoutMsec` is up: a retry waits for a new token no longer.
+    private let deadline: ContinuousClock.Instant
     private let state = Lock(State())
 
     init(
@@ -66,6 +69,7 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
         self.url = url
         self.headers = headers
         self.body = body
+        deadline = .now + .milliseconds(route.configuration.upstream.timeoutMsec)
     }
 
     private var name: String { route.configuration.name }
@@ -306,8 +310,11 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
         case .current(let token):
             fresh = token
         case .refreshing(let after):
-            if case .token(let token, _) = await provider.onTokenReady(
-                after: after ?? version, timeout: api.maxWait, forRefresh: true)
+            // No longer than the exchange has left: `timeoutMsec` covers the whole of it.
+            let left = ContinuousClock.now.duration(to: deadline)
+            if left > .zero,
+                case .token(let token, _) = await provider.onTokenReady(
+                    after: after ?? version, timeout: min(api.maxWait, left), forRefresh: true)
             {
                 fresh = token
             }

@@ -139,3 +139,31 @@ def test_a_refused_answer_is_never_passed_on_cut_short_looking_whole(upstream_an
         status, headers, received, raw_answer = get(broker)
         assert status == 401
         assert received == body, (len(received), headers.get("content-length"))
+
+
+def test_a_refused_request_waits_for_a_new_token_no_longer_than_its_exchange_may_take(upstream_answering):
+    """`timeoutMsec` covers the whole exchange: a refused request whose forced refresh fails
+    was held for `maxWaitSec` (30 s here) instead. The client waits at most 20 s."""
+    fetches = []
+
+    def answer(method, target):
+        if target.startswith("/token"):
+            fetches.append(target)
+            if len(fetches) == 1:
+                document = b'{"access_token": "first", "expires_in": 3600}'
+                return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+                    len(document), document)
+            return b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 4\r\n\r\nsick"
+        return b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 7\r\n\r\nrefused"
+
+    upstream = ScriptedUpstream(answer)
+    broker = Broker({"maxWaitSec": 30,
+                     "proxies": [{"name": "u", "target": "http://" + upstream.address + "/api", "timeoutMsec": 2000}],
+                     "providers": [{"name": "default", "source": {"type": "http", "url": f"http://{upstream.address}/token"}}]})
+    try:
+        status, _, body, _ = get(broker)
+        assert (status, body) == (401, b"refused")
+        assert len(fetches) >= 2, "the refusal forced a refresh, which failed"
+    finally:
+        broker.stop()
+        upstream.close()
