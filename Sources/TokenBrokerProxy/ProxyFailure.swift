@@ -29,6 +29,7 @@ enum ProxyFailure: Equatable {
         case .settingsRefused?: self = .upstreamUnreachable("configuration: \(UpstreamError.settingsRefusedDetail)")
         case .tooLarge(let limit)?:
             self = .upstreamUnreachable("bad_response: the answer is larger than \(limit) bytes")
+        case .badResponse(let detail)?: self = .upstreamUnreachable("bad_response: \(detail)")
         case .stopped?: self = .upstreamUnreachable("internal: stopped")
         }
     }

@@ -475,6 +475,11 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
     }
 
     private func finishStreamed(_ transfer: Transfer, _ exchange: UpstreamExchange, _ result: CURLcode) {
+        // Stopped by the header callback: the head is not handed over, the answer is the broker's.
+        if let problem = transfer.unpassable {
+            exchange.delegate.upstreamFinished(.badResponse(problem))
+            return
+        }
         // A head still held is handed over first: whole, or (the transfer failed) with what came of the body.
         if transfer.headReady, !transfer.headDelivered, !transfer.cancelled {
             deliverHead(transfer, complete: result == CURLE_OK)
@@ -581,6 +586,7 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
             // A new response (after 100 Continue): forget the interim one's headers.
             transfer.headers = [:]
             transfer.headerLines = []
+            transfer.contentLength = nil
         case .end:
             guard transfer.exchange != nil, !transfer.headReady else { break }
             var status = 0
@@ -595,7 +601,7 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
             // obs-fold (RFC 9112 §5.2): each fold is replaced by one space. An issuer's answer is
             // read by name, not passed on, and loses the folded part.
             guard transfer.exchange != nil, !transfer.headReady else { break }
-            guard !transfer.headerLines.isEmpty else { break }
+            guard !transfer.headerLines.isEmpty else { return refuse(transfer, "a folded line before any header") }
             if !value.isEmpty {
                 transfer.headerLines[transfer.headerLines.count - 1].1.append(UInt8(ascii: " "))
                 transfer.headerLines[transfer.headerLines.count - 1].1.append(contentsOf: value)
@@ -604,6 +610,10 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
             if transfer.exchange != nil {
                 // A trailer after the head is no header of the answer.
                 guard !transfer.headReady else { break }
+                if name.equalsIgnoringASCIICase("Content-Length"), !sameLength(transfer, value) {
+                    // RFC 9112 §6.3 item 5: the answer cannot be framed; libcurl keeps the last.
+                    return refuse(transfer, "different Content-Length values")
+                }
                 // Streamed exchanges pass every header on, in order, names as sent.
                 if transfer.headerLines.isEmpty { transfer.headerLines.reserveCapacity(16) }
                 if transfer.headerLines.count < 200 { transfer.headerLines.append((name, value)) }
@@ -613,6 +623,30 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
             }
         }
         return line.count
+    }
+
+    /// Stops a streamed exchange at its head, which cannot be passed on as it came: writing
+    /// nothing fails the transfer, and libcurl closes a failed transfer's connection.
+    private static func refuse(_ transfer: Transfer, _ problem: String) -> Int {
+        if transfer.unpassable == nil { transfer.unpassable = problem }
+        return 0
+    }
+
+    /// Whether every length in a `Content-Length` value (one, or a list of them) is the one the
+    /// answer said first, which it then becomes if it is the first (RFC 9112 §6.3 item 5: a list
+    /// of the same length frames the answer one way; different ones, none).
+    private static func sameLength(_ transfer: Transfer, _ value: [UInt8]) -> Bool {
+        for element in value.split(separator: UInt8(ascii: ","), omittingEmptySubsequences: false) {
+            var length = element[...]
+            while let first = length.first, first.isHTTPBlank { length.removeFirst() }
+            while let last = length.last, last.isHTTPBlank { length.removeLast() }
+            if let said = transfer.contentLength {
+                guard said.elementsEqual(length) else { return false }
+            } else {
+                transfer.contentLength = Array(length)
+            }
+        }
+        return true
     }
 }
 
@@ -680,6 +714,11 @@ final class Transfer: @unchecked Sendable {
     /// Every header of the final answer, in order, names as sent and values as the bytes sent
     /// (streamed exchanges).
     var headerLines: [(String, [UInt8])] = []
+    /// The final answer's `Content-Length`, as the first one said it (streamed exchanges).
+    var contentLength: [UInt8]?
+    /// Why the answer cannot be passed on as it came, once the header callback stopped the
+    /// transfer for it (streamed exchanges): the exchange then ends with `badResponse`.
+    var unpassable: String?
     var tooLarge = false
     /// The request body as libcurl reads it (buffered requests with a body), freed by `release`.
     var bodyCopy: UnsafeMutableRawBufferPointer?

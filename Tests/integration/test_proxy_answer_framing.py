@@ -112,6 +112,16 @@ def assert_bad_answer_502(broker, answer_bytes, problem):
     assert broker.metric("token_broker_proxy_requests_total", proxy="u", code="200") in (None, 0)
 
 
+def test_conflicting_content_lengths_are_a_502(upstream_answering):
+    """RFC 9112 §6.3 item 5: an answer with two different lengths cannot be framed."""
+    broker, _ = upstream_answering(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 7\r\n\r\nhello..")
+    assert_bad_answer_502(broker, get(broker), "Content-Length")
+    # The same length twice, or as a list, frames the answer one way only: it goes through.
+    broker, _ = upstream_answering(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5, 5\r\n\r\nhello")
+    status, _, body, _ = get(broker)
+    assert (status, body) == (200, b"hello")
+
+
 def test_an_obs_folded_header_reaches_the_client_unfolded_whole(upstream_answering):
     """RFC 9112 §5.2: each fold is replaced by a space; the continuation was lost."""
     broker, _ = upstream_answering(b"HTTP/1.1 200 OK\r\nX-A: foo\r\n  bar\r\n\tbaz\r\nContent-Length: 2\r\n\r\nok")

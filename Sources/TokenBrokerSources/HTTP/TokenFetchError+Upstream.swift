@@ -11,6 +11,7 @@ extension TokenFetchError {
         case .unreachable(let detail): self = .unreachable(detail)
         case .timeout(let detail): self = .timeout(detail)
         case .tooLarge(let limit): self = .badResponse("the answer is larger than \(limit) bytes")
+        case .badResponse(let detail): self = .badResponse(detail)
         case .stopped: self = .internalError("stopped")
         }
     }
