@@ -579,6 +579,10 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
         return data.count
     }
 
+    /// The most header lines of an answer passed on; an answer with more is refused
+    /// (`badResponse`) rather than passed on without some of them.
+    static let headerLineLimit = 200
+
     fileprivate static func appendHeader(_ transfer: Transfer, _ line: UnsafeRawBufferPointer) -> Int {
         guard let header = HeaderLine(line) else { return line.count }
         switch header {
@@ -610,13 +614,16 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
             if transfer.exchange != nil {
                 // A trailer after the head is no header of the answer.
                 guard !transfer.headReady else { break }
+                guard transfer.headerLines.count < headerLineLimit else {
+                    return refuse(transfer, "more than \(headerLineLimit) headers")
+                }
                 if name.equalsIgnoringASCIICase("Content-Length"), !sameLength(transfer, value) {
                     // RFC 9112 §6.3 item 5: the answer cannot be framed; libcurl keeps the last.
                     return refuse(transfer, "different Content-Length values")
                 }
                 // Streamed exchanges pass every header on, in order, names as sent.
                 if transfer.headerLines.isEmpty { transfer.headerLines.reserveCapacity(16) }
-                if transfer.headerLines.count < 200 { transfer.headerLines.append((name, value)) }
+                transfer.headerLines.append((name, value))
             } else if transfer.headers.count < 100 {
                 // An issuer's answer is read, not passed on: its values as text.
                 transfer.headers[name.lowercased()] = String(decoding: value, as: UTF8.self)

@@ -122,6 +122,13 @@ def test_conflicting_content_lengths_are_a_502(upstream_answering):
     assert (status, body) == (200, b"hello")
 
 
+def test_an_answer_with_more_headers_than_are_passed_on_is_a_502(upstream_answering):
+    """Headers past the 200th were dropped unseen: a dropped Cache-Control changes the answer."""
+    lines = b"".join(b"X-H%d: %d\r\n" % (n, n) for n in range(200))
+    broker, _ = upstream_answering(b"HTTP/1.1 200 OK\r\n" + lines + b"Cache-Control: no-store\r\nContent-Length: 2\r\n\r\nok")
+    assert_bad_answer_502(broker, get(broker), "headers")
+
+
 def test_an_obs_folded_header_reaches_the_client_unfolded_whole(upstream_answering):
     """RFC 9112 §5.2: each fold is replaced by a space; the continuation was lost."""
     broker, _ = upstream_answering(b"HTTP/1.1 200 OK\r\nX-A: foo\r\n  bar\r\n\tbaz\r\nContent-Length: 2\r\n\r\nok")
