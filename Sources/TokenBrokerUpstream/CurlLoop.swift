@@ -595,6 +595,9 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
             guard transfer.exchange != nil, !transfer.headReady else { break }
             var status = 0
             _ = CCurl_getinfo_long(transfer.easy, CURLINFO_RESPONSE_CODE, &status)
+            // After a 101 the connection speaks another protocol, and the broker tunnels none
+            // (RFC 9110 §15.2.2): libcurl, which asked for no upgrade, would read on as HTTP.
+            if status == 101 { return refuse(transfer, "the target switched protocols (101)") }
             if status >= 200, let loop = transfer.loop {
                 transfer.headReady = true
                 loop.heldHeads.append(transfer)

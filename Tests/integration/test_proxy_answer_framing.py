@@ -129,6 +129,14 @@ def test_an_answer_with_more_headers_than_are_passed_on_is_a_502(upstream_answer
     assert_bad_answer_502(broker, get(broker), "headers")
 
 
+def test_switching_protocols_from_the_upstream_is_a_502(upstream_answering):
+    """RFC 9110 §15.2.2: the broker does not tunnel. After a 101 the connection speaks another
+    protocol; the broker read on as HTTP, and passed on what looked like an answer there."""
+    broker, _ = upstream_answering(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+                                   b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+    assert_bad_answer_502(broker, get(broker), "101")
+
+
 def test_an_obs_folded_header_reaches_the_client_unfolded_whole(upstream_answering):
     """RFC 9112 §5.2: each fold is replaced by a space; the continuation was lost."""
     broker, _ = upstream_answering(b"HTTP/1.1 200 OK\r\nX-A: foo\r\n  bar\r\n\tbaz\r\nContent-Length: 2\r\n\r\nok")
