@@ -204,9 +204,14 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
         let bodyless = method == "HEAD" || status == 204 || status == 304 || status < 200
         let empty = status == 204 || status == 304 || status < 200
         let stream = HTTPResponseStream { [weak self] in self?.state.withLock { $0.upstream }?.resumeReceiving() }
+        // An answer to HEAD with no length would go out as libmicrohttpd frames one of unknown
+        // length, chunked, and it then sends the last chunk (`0`) after the head, where the client
+        // reads its next answer (RFC 9112 §6.3 rule 1: nothing follows a head answering HEAD).
+        // Sent unchunked, with the connection closed after it, nothing follows.
         let response = HTTPResponse(
             status: status, rawHeaders: passed, stream: stream,
-            length: empty ? 0 : length.map { UInt64($0) })
+            length: empty ? 0 : length.map { UInt64($0) },
+            framedByClose: method == "HEAD" && length == nil && !empty)
         var accepted = true
         if bodyless && method != "HEAD" {
             stream.finish()

@@ -58,10 +58,15 @@ public final class HTTPResponse: @unchecked Sendable {
     }
 
     /// A streamed answer whose header values are the bytes that came (a proxied answer's).
+    /// - Parameter framedByClose: send it unchunked and close the connection after it, even
+    ///   without a length: for an answer to HEAD of unknown length, which libmicrohttpd 0.9.75
+    ///   would otherwise follow with a last chunk (`0`) that the client reads as its next answer.
     public convenience init(
-        status: Int, rawHeaders: [(String, [UInt8])], stream: HTTPResponseStream, length: UInt64?
+        status: Int, rawHeaders: [(String, [UInt8])], stream: HTTPResponseStream, length: UInt64?,
+        framedByClose: Bool = false
     ) {
         self.init(status: status, fields: .bytes(rawHeaders), stream: stream, length: length)
+        if framedByClose { _ = CMicroHTTPD_response_flags(handle, 1, 0) }
     }
 
     private init(status: Int, fields: Fields, stream: HTTPResponseStream, length: UInt64?) {

@@ -153,6 +153,41 @@ def test_proxy_headers_of_the_answer_stay_behind(upstream_answering):
     assert not [name for name in headers if name.startswith("proxy")], headers
 
 
+def test_a_chunked_answer_to_head_leaves_the_clients_connection_well_framed(upstream_answering):
+    """RFC 9112 §6.3 rule 1: nothing follows the head of an answer to HEAD. The broker sent
+    `0\\r\\n\\r\\n` after it, which a client reads as the start of its next answer."""
+    broker, _ = upstream_answering(lambda method, target: b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-M: %s\r\n\r\n"
+                                   % method.encode() + (b"" if method == "HEAD" else b"2\r\nok\r\n0\r\n\r\n"))
+    host, port = broker.addresses["token"].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=20) as connection:
+        connection.sendall(b"HEAD /proxy/u/x HTTP/1.1\r\nHost: b\r\nToken-Broker-Request: true\r\n\r\n")
+        received = b""
+        while b"\r\n\r\n" not in received:
+            chunk = connection.recv(65536)
+            assert chunk, received
+            received += chunk
+        head, _, after = received.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200") and b"x-m: head" in head.lower(), head
+        # A second request on the same connection: its answer must follow the head directly,
+        # or the broker must have closed the connection after the head (and sent nothing more).
+        try:
+            connection.sendall(b"GET /proxy/u/y HTTP/1.1\r\nHost: b\r\nToken-Broker-Request: true\r\nConnection: close\r\n\r\n")
+        except OSError:
+            pass
+        for _ in range(1000):
+            try:
+                chunk = connection.recv(65536)
+            except (ConnectionResetError, socket.timeout):
+                break
+            if not chunk:
+                break
+            after += chunk
+    assert after == b"" or after.startswith(b"HTTP/1.1 200"), after[:80]
+    if after:
+        status, headers, body = parse(after)
+        assert headers["x-m"] == "GET" and b"ok" in body
+
+
 def test_a_refused_answer_is_never_passed_on_cut_short_looking_whole(upstream_answering):
     """With no new token to retry with, the refused answer is passed on. Its body was cut to
     64 KiB, with `Content-Length: 65536`; it must come whole (or visibly cut)."""
