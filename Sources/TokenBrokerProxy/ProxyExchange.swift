@@ -192,14 +192,20 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
             respond(HTTPResponse(status: status, body: Array(first), rawHeaders: ProxyHeaders.back(headers)))
             return true
         }
-        _ = stream(status: status, headers: ProxyHeaders.back(headers), length: length, first: first)
+        // libcurl knows a 304 has no body and gives no length: its own `Content-Length` is the
+        // length of the body it stands for, and goes on as it is.
+        let declared = status == 304 ? headers.last { $0.0.equalsIgnoringASCIICase("Content-Length") } : nil
+        _ = stream(
+            status: status, headers: ProxyHeaders.back(headers), length: length, first: first,
+            declaredLength: declared.flatMap { UInt64(String(decoding: $0.1, as: UTF8.self)) })
         return true
     }
 
     /// Passes the answer on as a stream, starting with `first`; returns what writing `first` did
-    /// (false: the client is slow, pause).
+    /// (false: the client is slow, pause). `declaredLength`: a 304's `Content-Length`.
     private func stream(
-        status: Int, headers passed: [ProxyHeaders.Field], length: Int64?, first: UnsafeRawBufferPointer
+        status: Int, headers passed: [ProxyHeaders.Field], length: Int64?, first: UnsafeRawBufferPointer,
+        declaredLength: UInt64? = nil
     ) -> Bool {
         let bodyless = method == "HEAD" || status == 204 || status == 304 || status < 200
         let empty = status == 204 || status == 304 || status < 200
@@ -208,10 +214,14 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
         // length, chunked, and it then sends the last chunk (`0`) after the head, where the client
         // reads its next answer (RFC 9112 §6.3 rule 1: nothing follows a head answering HEAD).
         // Sent unchunked, with the connection closed after it, nothing follows.
+        // A 304 likewise: libmicrohttpd 0.9.75 says `Content-Length: 0` of one of length 0 (a
+        // 304's length must be what a 200 would say, RFC 9110 §8.6) and chunks one of unknown
+        // length; unchunked and closed, it says the upstream's length, or none.
         let response = HTTPResponse(
             status: status, rawHeaders: passed, stream: stream,
-            length: empty ? 0 : length.map { UInt64($0) },
-            framedByClose: method == "HEAD" && length == nil && !empty)
+            length: status == 304 ? nil : empty ? 0 : length.map { UInt64($0) },
+            framedByClose: status == 304 || (method == "HEAD" && length == nil && !empty),
+            declaredLength: declaredLength)
         var accepted = true
         if bodyless && method != "HEAD" {
             stream.finish()

@@ -61,12 +61,16 @@ public final class HTTPResponse: @unchecked Sendable {
     /// - Parameter framedByClose: send it unchunked and close the connection after it, even
     ///   without a length: for an answer to HEAD of unknown length, which libmicrohttpd 0.9.75
     ///   would otherwise follow with a last chunk (`0`) that the client reads as its next answer.
+    /// - Parameter declaredLength: for an answer that has no body (a 304), the `Content-Length`
+    ///   of the body it stands for, sent as it is (RFC 9110 §8.6), where libmicrohttpd would say 0.
     public convenience init(
         status: Int, rawHeaders: [(String, [UInt8])], stream: HTTPResponseStream, length: UInt64?,
-        framedByClose: Bool = false
+        framedByClose: Bool = false, declaredLength: UInt64? = nil
     ) {
         self.init(status: status, fields: .bytes(rawHeaders), stream: stream, length: length)
-        if framedByClose { _ = CMicroHTTPD_response_flags(handle, 1, 0) }
+        guard framedByClose || declaredLength != nil else { return }
+        let set = CMicroHTTPD_response_flags(handle, framedByClose ? 1 : 0, declaredLength != nil ? 1 : 0) != 0
+        if let declaredLength, set { MHD_add_response_header(handle, "Content-Length", String(declaredLength)) }
     }
 
     private init(status: Int, fields: Fields, stream: HTTPResponseStream, length: UInt64?) {

@@ -153,6 +153,15 @@ def test_proxy_headers_of_the_answer_stay_behind(upstream_answering):
     assert not [name for name in headers if name.startswith("proxy")], headers
 
 
+def test_a_304_says_no_length_other_than_the_upstreams(upstream_answering):
+    """RFC 9110 §8.6: a 304's Content-Length must be what a 200 would say; it said 0."""
+    broker, _ = upstream_answering(b"HTTP/1.1 304 Not Modified\r\nETag: \"e\"\r\nContent-Length: 1234\r\n\r\n")
+    status, headers, body, received = get(broker)
+    assert status == 304 and headers["etag"] == '"e"'
+    assert headers.get("content-length") in (None, "1234"), headers
+    assert received.endswith(b"\r\n\r\n") and received.count(b"\r\n\r\n") == 1, "nothing follows the head"
+
+
 def test_a_chunked_answer_to_head_leaves_the_clients_connection_well_framed(upstream_answering):
     """RFC 9112 §6.3 rule 1: nothing follows the head of an answer to HEAD. The broker sent
     `0\\r\\n\\r\\n` after it, which a client reads as the start of its next answer."""
