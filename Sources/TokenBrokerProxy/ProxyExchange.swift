@@ -16,6 +16,9 @@ import TokenBrokerUpstream
 ///    refused answer whose body is longer than 64 KiB is not held: it is passed on as it comes,
 ///    with no retry.
 ///
+/// An answer's head that the connection's memory (`connectionMemoryKiB`) cannot hold, or that
+/// cannot be passed on as it came (`UpstreamError.badResponse`), gets 502.
+///
 /// Upstream unreachable: 502; upstream too slow: 504; a token that cannot be a cookie value with
 /// `inject: cookie`: 502 `token_not_cookie_safe`; all with the JSON error body (`ProxyFailure`).
 ///
@@ -56,12 +59,15 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
     /// The request's headers, values as the bytes sent.
     private let headers: [ProxyHeaders.Field]
     private let body: Body
+    /// The most bytes of answer headers the client's connection can take (`ProxyAPI.answerHeadRoom`).
+    private let answerHeadRoom: Int
     /// When the exchange's `timeoutMsec` is up: a retry waits for a new token no longer.
     private let deadline: ContinuousClock.Instant
     private let state = Lock(State())
 
     init(
-        api: ProxyAPI, route: ProxyAPI.Route, method: String, url: String, headers: [ProxyHeaders.Field], body: Body
+        api: ProxyAPI, route: ProxyAPI.Route, method: String, url: String, headers: [ProxyHeaders.Field], body: Body,
+        answerHeadRoom: Int
     ) {
         self.api = api
         self.route = route
@@ -69,6 +75,7 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
         self.url = url
         self.headers = headers
         self.body = body
+        self.answerHeadRoom = answerHeadRoom
         deadline = .now + .milliseconds(route.configuration.upstream.timeoutMsec)
     }
 
@@ -172,6 +179,17 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
         status: Int, headers: [ProxyHeaders.Field], length: Int64?, body first: UnsafeRawBufferPointer, complete: Bool
     ) -> Bool {
         let settings = route.configuration
+        // libmicrohttpd builds the answer's head in the connection's memory: one too large for
+        // it would reach the client as nothing at all, the connection closed.
+        let passed = ProxyHeaders.back(headers)
+        let headBytes = passed.reduce(0) { $0 + $1.0.utf8.count + $1.1.count + 4 }
+        guard headBytes <= answerHeadRoom else {
+            fail(
+                .upstreamUnreachable(
+                    "bad_response: the answer's head (\(headBytes) bytes) is larger than the client's connection"
+                        + " can take (\(max(answerHeadRoom, 0)) bytes; see connectionMemoryKiB)"))
+            return false
+        }
         let refused =
             settings.retryOn.contains(status)
             && (settings.retryOnHeader.map { headers.contains(named: $0) } ?? true)
@@ -189,14 +207,14 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
         if complete, !bodyless {
             // The whole answer came at once: it goes out as one buffer, with no stream between.
             state.withLock { $0.mode = .done }
-            respond(HTTPResponse(status: status, body: Array(first), rawHeaders: ProxyHeaders.back(headers)))
+            respond(HTTPResponse(status: status, body: Array(first), rawHeaders: passed))
             return true
         }
         // libcurl knows a 304 has no body and gives no length: its own `Content-Length` is the
         // length of the body it stands for, and goes on as it is.
         let declared = status == 304 ? headers.last { $0.0.equalsIgnoringASCIICase("Content-Length") } : nil
         _ = stream(
-            status: status, headers: ProxyHeaders.back(headers), length: length, first: first,
+            status: status, headers: passed, length: length, first: first,
             declaredLength: declared.flatMap { UInt64(String(decoding: $0.1, as: UTF8.self)) })
         return true
     }

@@ -409,7 +409,8 @@ enum Broker {
             : ProxyAPI(
                 proxies: configuration.proxies, providers: providers.providers,
                 maxWait: .seconds(configuration.maxWaitSec),
-                callerKeysInAuthorization: callers != nil, metrics: metrics)
+                callerKeysInAuthorization: callers != nil, metrics: metrics,
+                connectionMemory: configuration.connectionMemoryKiB * 1024)
         let token = TokenAPI(
             providers: providers.providers, templates: providers.templates,
             defaultName: configuration.providers[0].name, jwks: jwks, maxWait: .seconds(configuration.maxWaitSec),

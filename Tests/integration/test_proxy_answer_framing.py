@@ -112,6 +112,19 @@ def assert_bad_answer_502(broker, answer_bytes, problem):
     assert broker.metric("token_broker_proxy_requests_total", proxy="u", code="200") in (None, 0)
 
 
+def test_an_answer_head_too_large_for_the_connection_is_a_502_not_an_empty_reply(upstream_answering):
+    """With the default 4 KiB of connection memory, libmicrohttpd cannot build a head of 4 KB:
+    it closed the connection without a byte, and the broker counted a 200."""
+    big = b"HTTP/1.1 200 OK\r\nX-Big: " + b"b" * 4000 + b"\r\nContent-Length: 2\r\n\r\nok"
+    broker, _ = upstream_answering(big)
+    assert_bad_answer_502(broker, get(broker), "head")
+    # A head that fits still goes through.
+    fits = b"HTTP/1.1 200 OK\r\nX-Big: " + b"b" * 1000 + b"\r\nContent-Length: 2\r\n\r\nok"
+    broker, _ = upstream_answering(fits)
+    status, headers, body, _ = get(broker)
+    assert (status, body, headers["x-big"]) == (200, b"ok", "b" * 1000)
+
+
 def test_conflicting_content_lengths_are_a_502(upstream_answering):
     """RFC 9112 §6.3 item 5: an answer with two different lengths cannot be framed."""
     broker, _ = upstream_answering(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 7\r\n\r\nhello..")
