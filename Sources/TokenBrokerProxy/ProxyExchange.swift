@@ -12,9 +12,9 @@ import TokenBrokerUpstream
 ///    can be sent again exactly (its body was read whole, or it had none): read that answer
 ///    instead of passing it on, force one refresh with the refused version (single flight,
 ///    within the refresh window), and send the request once more. If no new token comes before
-///    the exchange's `timeoutMsec` is up, the first answer is passed on after all, whole. A
-///    refused answer whose body is longer than 64 KiB is not held: it is passed on as it comes,
-///    with no retry.
+///    the exchange's `timeoutMsec` is up, or the refresh's fetch fails, the first answer is
+///    passed on after all, whole. A refused answer whose body is longer than 64 KiB is not
+///    held: it is passed on as it comes, with no retry.
 ///
 /// An answer's head that the connection's memory (`connectionMemoryKiB`) cannot hold, or that
 /// cannot be passed on as it came (`UpstreamError.badResponse`), gets 502.
@@ -343,11 +343,13 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
         case .current(let token):
             fresh = token
         case .refreshing(let after):
-            // No longer than the exchange has left: `timeoutMsec` covers the whole of it.
+            // No longer than the exchange has left (`timeoutMsec` covers the whole of it), and
+            // not through the retries of a fetch that failed: the refused answer goes on then.
             let left = ContinuousClock.now.duration(to: deadline)
             if left > .zero,
                 case .token(let token, _) = await provider.onTokenReady(
-                    after: after ?? version, timeout: min(api.maxWait, left), forRefresh: true)
+                    after: after ?? version, timeout: min(api.maxWait, left), forRefresh: true,
+                    endsOnFailedFetch: true)
             {
                 fresh = token
             }

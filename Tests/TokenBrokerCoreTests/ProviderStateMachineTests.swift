@@ -131,6 +131,41 @@ import TokenBrokerCore
         }
     }
 
+    /// A proxied request whose token was refused waits for the forced refresh only until a fetch
+    /// fails (`endsOnFailedFetch`): its refused answer then goes on, with the token still valid
+    /// and the fetch's error, not at its deadline. Another forced refresh's waiter (`POST
+    /// /token/refresh`) waits on through the retries, and the next fetch's token answers it.
+    @Test func aForcedRefreshWaiterThatEndsOnAFailedFetchIsAnsweredByTheFirstFailure() {
+        var harness = MachineHarness(ProviderConfiguration())
+        harness.start()
+        harness.succeed()
+        guard case .refreshing = harness.forceRefresh(rejected: 1) else {
+            Issue.record("a forced refresh of the current token fetches")
+            return
+        }
+        let deadline = harness.now.advanced(by: .seconds(30))
+        let (proxied, first) = harness.machine.addWaiter(
+            after: 1, deadline: deadline, forRefresh: true, endsOnFailedFetch: true, now: harness.now)
+        harness.record(first)
+        let (plain, second) = harness.machine.addWaiter(
+            after: 1, deadline: deadline, forRefresh: true, now: harness.now)
+        harness.record(second)
+        harness.fail(.serverError("sick", httpStatus: 500))
+        guard case .timedOut(let current?, let error?)? = harness.outcomes[proxied] else {
+            Issue.record("the failed fetch answers the waiter that ends on one")
+            return
+        }
+        #expect(current.version == 1)
+        #expect(error.httpStatus == 500)
+        #expect(harness.outcomes[plain] == nil, "the other waits through the retries")
+        harness.runTimers(until: .seconds(29)) { $0.succeed() }
+        guard case .token(let token, _)? = harness.outcomes[plain] else {
+            Issue.record("the retry's token answers the waiter that waited")
+            return
+        }
+        #expect(token.version == 2)
+    }
+
     /// Past its retries the provider tries again every `maxErrorTokenRefreshDelayMsec`, which can
     /// be longer than the issuer's Retry-After: a forced refresh inside the Retry-After fetches
     /// when that ends, not at the later planned retry (the reviewer's case: Retry-After 2 s, the

@@ -223,9 +223,12 @@ def test_a_refused_answer_is_never_passed_on_cut_short_looking_whole(upstream_an
         assert received == body, (len(received), headers.get("content-length"))
 
 
-def test_a_refused_request_waits_for_a_new_token_no_longer_than_its_exchange_may_take(upstream_answering):
+@pytest.mark.parametrize("timeout_msec", [2000, 60000])
+def test_a_refused_request_waits_for_a_new_token_no_longer_than_its_exchange_may_take(timeout_msec):
     """`timeoutMsec` covers the whole exchange: a refused request whose forced refresh fails
-    was held for `maxWaitSec` (30 s here) instead. The client waits at most 20 s."""
+    was held for `maxWaitSec` (30 s here) instead. It now waits at most what is left of the
+    exchange (2 s), and not past the failed fetch (with an exchange of 60 s, nothing else would
+    end it before 30 s). The client waits at most 20 s."""
     fetches = []
 
     def answer(method, target):
@@ -240,7 +243,7 @@ def test_a_refused_request_waits_for_a_new_token_no_longer_than_its_exchange_may
 
     upstream = ScriptedUpstream(answer)
     broker = Broker({"maxWaitSec": 30,
-                     "proxies": [{"name": "u", "target": "http://" + upstream.address + "/api", "timeoutMsec": 2000}],
+                     "proxies": [{"name": "u", "target": "http://" + upstream.address + "/api", "timeoutMsec": timeout_msec}],
                      "providers": [{"name": "default", "source": {"type": "http", "url": f"http://{upstream.address}/token"}}]})
     try:
         status, _, body, _ = get(broker)

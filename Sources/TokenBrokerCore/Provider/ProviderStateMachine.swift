@@ -68,6 +68,8 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         var wantsFetch: Bool
         /// Waits for a forced refresh: the refresh's token answers it, even the same one again.
         var forRefresh: Bool
+        /// A failed fetch answers it (`.timedOut`) instead of the retries that follow.
+        var endsOnFailedFetch = false
     }
 
     // MARK: - Settings
@@ -227,10 +229,14 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     ///   - forRefresh: true for the waiter of a forced refresh (`forceRefresh` said `refreshing`):
     ///     the refresh's token answers it even when it is the same token again, which then keeps
     ///     its version; a refresh that already succeeded answers it at once. A failing refresh
-    ///     keeps it waiting through the retries, as any waiter.
+    ///     keeps it waiting through the retries, as any waiter, unless `endsOnFailedFetch`.
+    ///   - endsOnFailedFetch: the first fetch that fails answers the waiter, `.timedOut` with the
+    ///     valid token still cached and the fetch's error, instead of the retries that follow (a
+    ///     proxied request whose token was refused: its refused answer goes on then).
     /// - Returns: the waiter's id, and the actions, which may complete it at once.
     public mutating func addWaiter(
-        after requested: UInt64?, deadline: Instant, onDemand: Bool = false, forRefresh: Bool = false, now: Instant
+        after requested: UInt64?, deadline: Instant, onDemand: Bool = false, forRefresh: Bool = false,
+        endsOnFailedFetch: Bool = false, now: Instant
     )
         -> (id: UInt64, actions: [Action])
     {
@@ -263,7 +269,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         }
         waiters[id] = Waiter(
             after: requested, kind: onDemand ? .onDemand : .ready, wantsFetch: !backgroundRefresh,
-            forRefresh: forRefresh)
+            forRefresh: forRefresh, endsOnFailedFetch: endsOnFailedFetch)
         deadlines.insert(id, at: deadline)
         // Ask for a token now when nothing valid can satisfy the waiter, unless a fetch or a
         // retry is already planned: a failing issuer keeps its backoff however many wait. Inside
@@ -467,6 +473,12 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         lastError = error
         if let retryAfter = error.retryAfter { notBefore = now.advanced(by: retryAfter) }
         var actions: [Action] = []
+        let ended = waiters.compactMap { id, waiter in waiter.endsOnFailedFetch ? id : nil }
+        if !ended.isEmpty {
+            for id in ended { waiters[id] = nil }
+            actions.append(.complete(waiters: ended, .timedOut(current: validToken(at: now), lastError: error)))
+            dropDeadlinesIfIdle()
+        }
         if !backgroundRefresh, retryPolicy.isExhausted(afterFailures: failures) {
             // On demand, the waiters stop here with the previous token, if still valid.
             let previous = validToken(at: now)
@@ -601,6 +613,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         public let deadline: Instant
         public let onDemand: Bool
         public let forRefresh: Bool
+        public let endsOnFailedFetch: Bool
     }
 
     /// Ends the provider as `shutDown` does, but gives its waiters back, in the order they
@@ -610,7 +623,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
             guard let waiter = waiters[entry.id] else { return nil }
             return HandedWaiter(
                 id: entry.id, after: waiter.after, deadline: entry.deadline, onDemand: waiter.kind == .onDemand,
-                forRefresh: waiter.forRefresh)
+                forRefresh: waiter.forRefresh, endsOnFailedFetch: waiter.endsOnFailedFetch)
         }.sorted { $0.id < $1.id }
         waiters.removeAll()
         // No waiter is left to answer: this clears the deadlines and the planned fetch.

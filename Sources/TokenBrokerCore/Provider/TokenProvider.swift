@@ -196,7 +196,7 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         for (waiter, completion) in handed {
             let id = successor.addWaiter(
                 after: waiter.after, deadline: waiter.deadline, onDemand: waiter.onDemand,
-                forRefresh: waiter.forRefresh, completion: completion)
+                forRefresh: waiter.forRefresh, endsOnFailedFetch: waiter.endsOnFailedFetch, completion: completion)
             let removed = state.withLock { state -> Bool? in
                 state.handing.remove(waiter.id)
                 if let cancelled = state.removedWhileHanding.removeValue(forKey: waiter.id) {
@@ -261,16 +261,20 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     ///   - onDemand: as for `addWaiter`: after `read` said `.onDemand`.
     ///   - forRefresh: the wait of a forced refresh, which its token ends even when it is the
     ///     same token again (see `ProviderStateMachine.addWaiter`).
-    public func onTokenReady(after: UInt64? = nil, timeout: Duration, onDemand: Bool = false, forRefresh: Bool = false)
-        async -> WaitOutcome
-    {
+    ///   - endsOnFailedFetch: a failed fetch ends the wait (`.timedOut`) rather than the retries
+    ///     (see `ProviderStateMachine.addWaiter`).
+    public func onTokenReady(
+        after: UInt64? = nil, timeout: Duration, onDemand: Bool = false, forRefresh: Bool = false,
+        endsOnFailedFetch: Bool = false
+    ) async -> WaitOutcome {
         // The waiter's id once registered, or `.max` when cancellation came first: whichever of
         // registration and cancellation runs second ends the waiter.
         let waiterID = Lock<UInt64?>(nil)
         return await withTaskCancellationHandler {
             await withCheckedContinuation { (continuation: CheckedContinuation<WaitOutcome, Never>) in
                 let id = addWaiter(
-                    after: after, deadline: deadline(in: timeout), onDemand: onDemand, forRefresh: forRefresh
+                    after: after, deadline: deadline(in: timeout), onDemand: onDemand, forRefresh: forRefresh,
+                    endsOnFailedFetch: endsOnFailedFetch
                 ) { outcome in
                     continuation.resume(returning: outcome)
                 }
@@ -296,10 +300,11 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     ///   - onDemand: true after `read` said `.onDemand`: the waiter wants a token fetched for it,
     ///     and gets the previous valid token (`.exhausted`) when the retries run out.
     ///   - forRefresh: the wait of a forced refresh (see `ProviderStateMachine.addWaiter`).
+    ///   - endsOnFailedFetch: a failed fetch ends the wait (see `ProviderStateMachine.addWaiter`).
     @discardableResult
     public func addWaiter(
         after: UInt64?, deadline: C.Instant, onDemand: Bool = false, forRefresh: Bool = false,
-        completion: @escaping Completion
+        endsOnFailedFetch: Bool, completion: @escaping Completion
     )
         -> UInt64
     {
@@ -310,13 +315,25 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
                 return 0
             }
             let (id, actions) = state.machine.addWaiter(
-                after: after, deadline: deadline, onDemand: onDemand, forRefresh: forRefresh, now: clock.now)
+                after: after, deadline: deadline, onDemand: onDemand, forRefresh: forRefresh,
+                endsOnFailedFetch: endsOnFailedFetch, now: clock.now)
             state.completions[id] = completion
             collect(actions, into: &work, state: &state)
             return id
         }
         perform(&work)
         return id
+    }
+
+    /// `addWaiter` for a waiter that a failed fetch does not end (`TokenProviding`'s form).
+    @discardableResult
+    public func addWaiter(
+        after: UInt64?, deadline: C.Instant, onDemand: Bool = false, forRefresh: Bool = false,
+        completion: @escaping Completion
+    ) -> UInt64 {
+        addWaiter(
+            after: after, deadline: deadline, onDemand: onDemand, forRefresh: forRefresh, endsOnFailedFetch: false,
+            completion: completion)
     }
 
     /// Forgets a waiter whose caller went away; its completion is never called.
