@@ -62,6 +62,19 @@ extension TokenAPI {
         case refuse(ErrorAnswer)
     }
 
+    /// Without any proxy configured, `/proxy/{name}/…` is answered as for a name no proxy has
+    /// (`proxyTarget`): the caller first (401 without a key, 403 without the guard's header),
+    /// then 404 `unknown_proxy`; nil for a path that is not of that form.
+    func proxyNotConfigured(_ request: HTTPRequest) -> HTTPResponse? {
+        let prefix = "/proxy/"
+        guard request.path.hasPrefix(prefix) else { return nil }
+        let tail = request.path.dropFirst(prefix.count)
+        let name = tail.prefix { $0 != "/" }
+        guard !name.isEmpty, name.endIndex < tail.endIndex else { return nil }
+        if let refusal = admit(request, provider: ""), !refusal.isProviderNotAllowed { return refusal.response }
+        return ErrorAnswer.unknownProxy(name: String(name)).response
+    }
+
     private func proxyTarget(_ request: HTTPRequest, raw: String, proxy: any ProxyHandling, admitting: Bool)
         -> Admission
     {

@@ -230,6 +230,9 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
         guard let route = Route.named(rest) else {
             // The cloud SDK protocols' paths, when served here, are none of the broker's own.
             if let compat, let answer = compat.answer(request) { return answer }
+            if proxy == nil, let refusal = proxyNotConfigured(request) {
+                return record(proxyCounter, .response(refusal))
+            }
             return record(otherCounter, .response(ErrorAnswer.notFound(path: path).response))
         }
         let label: RequestCounter

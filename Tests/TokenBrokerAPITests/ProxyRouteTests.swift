@@ -137,6 +137,24 @@ extension BodyHandling {
         expectError(api.handle(proxied("/proxy/nope/x")).immediate, 404, "unknown_proxy")
     }
 
+    /// With no proxy configured at all, `/proxy/{name}/…` is answered as for a name no proxy has:
+    /// the caller first, then 404 `unknown_proxy`, not a plain `not_found` to anyone.
+    @Test func withoutProxiesTheCallerComesFirstThenUnknownProxy() {
+        let api = tokenAPI(callers: FakeCallers())
+        expectError(
+            api.handle(request("/proxy/ghost/x")).immediate, 401, "missing_caller_key",
+            headers: ["WWW-Authenticate": #"Bearer realm="token-broker""#])
+        expectError(api.handle(request("/proxy/ghost/x", guarded: false)).immediate, 403, "missing_request_header")
+        let known = request("/proxy/ghost/x", headers: [("Authorization", "Bearer good")])
+        expectError(api.handle(known).immediate, 404, "unknown_proxy")
+        let otherCaller = request("/proxy/ghost/x", headers: [("Authorization", "Bearer billing")])
+        expectError(api.handle(otherCaller).immediate, 404, "unknown_proxy")
+        // Not a proxy route's form: no name, or no path after it.
+        expectError(api.handle(request("/proxy/")).immediate, 404, "not_found")
+        expectError(api.handle(request("/proxy/ghost")).immediate, 404, "not_found")
+        expectError(tokenAPI().handle(request("/proxy/ghost/x")).immediate, 404, "unknown_proxy")
+    }
+
     @Test func theGuardAndCallerKeysComeBeforeTheBody() {
         let proxy = FakeProxy()
         let api = tokenAPI(callers: FakeCallers(), proxy: proxy)
@@ -153,9 +171,8 @@ extension BodyHandling {
         #expect(api.begin(proxied("/proxy/api/x", headers: [("Authorization", "Bearer good")])).bufferLimit == .some(7))
     }
 
-    @Test func withoutProxiesTheProxyPathIsNoRoute() {
+    @Test func withoutProxiesTheProxyPathIsNotStreamed() {
         let api = tokenAPI()
-        expectError(api.handle(request("/proxy/api/x")).immediate, 404, "not_found")
         #expect(api.begin(request("/proxy/api/x", rawTarget: "/proxy/api/x")).bufferLimit == .some(nil))
     }
 }

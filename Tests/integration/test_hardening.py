@@ -122,6 +122,14 @@ def test_without_a_key_no_provider_or_proxy_name_can_be_tried(tmp_path):
         assert status == 404 and json.loads(body)["error"] == "unknown_provider", body
         status, _, body = broker.request("GET", "/proxy/ghost/x", headers=bearer(scoped))
         assert status == 404 and json.loads(body)["error"] == "unknown_proxy", body
+    # The same with no proxy configured at all, where /proxy/ was a plain 404 to anyone.
+    del config["proxies"]
+    with Broker(config) as broker:
+        for headers in ({}, bearer("not-a-key")):
+            status, _, body = broker.request("GET", "/proxy/ghost/x", headers=headers)
+            assert status == 401, (headers, status, body)
+        status, _, body = broker.request("GET", "/proxy/ghost/x", headers=bearer(scoped))
+        assert status == 404 and json.loads(body)["error"] == "unknown_proxy", body
 
 
 def test_whitespace_after_a_header_value_is_not_part_of_it(tmp_path):
