@@ -239,20 +239,23 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     /// starts nothing; without a valid token, such a request waits for none (`.onDemand(nil)`
     /// makes its wait end at once as `.shuttingDown`).
     public func read(newerThan: UInt64 = 0) -> TokenRead<C.Instant> {
-        let read = apply(ifShutDown: TokenRead<C.Instant>?.none) { machine, now in
-            let (read, actions) = machine.read(newerThan: newerThan, now: now)
-            return (Optional(read), actions)
-        }
-        if let read { return read }
-        return state.withLock { state -> TokenRead<C.Instant> in
+        var work = Work()
+        let read = state.withLock { state -> TokenRead<C.Instant> in
+            let now = clock.now
+            guard state.isShutDown else {
+                let (read, actions) = state.machine.read(newerThan: newerThan, now: now)
+                collect(actions, into: &work, state: &state)
+                return read
+            }
             var machine = state.machine  // a copy: what a read changes, and the actions it asks for, are dropped
-            if case .token(let token, let stale, let secondsLeft) = machine.read(newerThan: newerThan, now: clock.now).0
-            {
+            if case .token(let token, let stale, let secondsLeft) = machine.read(newerThan: newerThan, now: now).0 {
                 return .token(token, stale: stale, secondsLeft: secondsLeft)
             }
             return configuration.backgroundRefreshEnabled
                 ? .unavailable(wasPaused: false, awaitingFirstToken: false) : .onDemand(cached: nil)
         }
+        perform(&work)
+        return read
     }
 
     /// `addWaiter` for a task: waits for a valid token newer than `after`, at most `timeout`.
