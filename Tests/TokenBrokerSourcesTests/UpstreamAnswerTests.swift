@@ -141,6 +141,33 @@ import TokenBrokerUpstream
         }
     }
 
+    @Test func aSecretSplitByCharactersTheFilterDropsOrInAnotherCaseStaysHidden() {
+        // The filter keeps printable ASCII: a zero-width space, a NUL, an escape or a combining
+        // mark inside the secret would, dropped, bring it back whole if it were hidden first only.
+        let secret = "TopSecretValue-42"
+        for dressed in [
+            "TopSecret\u{200B}Value-42", "Top\\u0000SecretValue-42", "TopSecretValue\\u001b-42",
+            "T\u{301}opSecretValue-42", "TOPSECRETVALUE-42", "topsecret\u{2066}value-42",
+        ] {
+            let echo = answer(
+                400, #"{"error":"invalid_client","error_description":"bad secret "# + dressed + #" here"}"#)
+            do {
+                _ = try OAuth2TokenSource.token(from: echo, defaultLifetime: 60, hiding: [secret])
+                Issue.record("a 400 is no token")
+            } catch {
+                #expect(error.detail == "HTTP 400 invalid_client: bad secret [hidden] here", "\(dressed)")
+            }
+        }
+        // A secret that holds non-ASCII is hidden before the filter would change it.
+        let accented = answer(400, #"{"error":"invalid_client","error_description":"x p\#u{E4}ss\#u{200B}word y"}"#)
+        do {
+            _ = try OAuth2TokenSource.token(from: accented, defaultLifetime: 60, hiding: ["p\u{E4}ssword"])
+            Issue.record("a 400 is no token")
+        } catch {
+            #expect(error.detail == "HTTP 400 invalid_client: x [hidden] y")
+        }
+    }
+
     @Test func clientSecretBasicFormEncodesThenBase64s() throws {
         var settings = OAuth2SourceConfiguration(tokenURL: "https://issuer.test/token", clientID: "my client")
         settings.clientSecret = "p@ss:word"

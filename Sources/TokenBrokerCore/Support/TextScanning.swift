@@ -59,22 +59,50 @@ extension String {
     /// and that may repeat what was sent to them (an issuer's error, a server's answer): one pass
     /// over the text, the longest secret first where two start at the same place, and what is
     /// put in never searched again.
+    ///
+    /// A secret is found however its writer dressed it: ASCII letters in either case, and with
+    /// any scalar that is not visible ASCII (a space, a control character, a zero-width or other
+    /// format character, a combining mark: what a caller's filter would drop or replace) inside
+    /// it. Such a scalar cannot split a secret so that the text, once filtered, shows it whole;
+    /// the span from the secret's first scalar to its last becomes `[hidden]`.
     public func hiding(_ secrets: [String]) -> String {
-        let needles = secrets.filter { !$0.isEmpty }.map { Array($0.utf8) }.sorted { $0.count > $1.count }
+        let needles = secrets.filter { !$0.isEmpty }.map { Array($0.unicodeScalars) }.sorted { $0.count > $1.count }
         guard !needles.isEmpty else { return self }
-        let bytes = Array(utf8)
-        var kept: [UInt8] = []
-        kept.reserveCapacity(bytes.count)
+        let scalars = Array(unicodeScalars)
+        var kept = String.UnicodeScalarView()
         var index = 0
-        while index < bytes.count {
-            if let needle = needles.first(where: { bytes[index...].starts(with: $0) }) {
-                kept += "[hidden]".utf8
-                index += needle.count
+        while index < scalars.count {
+            if let end = needles.lazy.compactMap({ Self.match($0, in: scalars, at: index) }).first {
+                kept.append(contentsOf: "[hidden]".unicodeScalars)
+                index = end
             } else {
-                kept.append(bytes[index])
+                kept.append(scalars[index])
                 index += 1
             }
         }
-        return String(decoding: kept, as: UTF8.self)
+        return String(kept)
+    }
+
+    /// Where `needle` ends when it stands at `start` of `text` (see `hiding(_:)`), or nil.
+    private static func match(_ needle: [Unicode.Scalar], in text: [Unicode.Scalar], at start: Int) -> Int? {
+        var position = start
+        var matched = 0
+        while matched < needle.count, position < text.count {
+            let scalar = text[position]
+            if sameIgnoringASCIICase(scalar, needle[matched]) {
+                matched += 1
+            } else if matched == 0 || (0x21...0x7E).contains(scalar.value) {
+                return nil
+            }
+            position += 1
+        }
+        return matched == needle.count ? position : nil
+    }
+
+    private static func sameIgnoringASCIICase(_ a: Unicode.Scalar, _ b: Unicode.Scalar) -> Bool {
+        func folded(_ scalar: Unicode.Scalar) -> UInt32 {
+            (0x41...0x5A).contains(scalar.value) ? scalar.value + 0x20 : scalar.value
+        }
+        return folded(a) == folded(b)
     }
 }

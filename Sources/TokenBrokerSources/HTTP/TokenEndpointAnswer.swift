@@ -150,9 +150,12 @@ enum TokenEndpointAnswer {
         return summary
     }
 
-    /// Text from the issuer as it may be shown: each of `secrets` as `[hidden]` (hidden first, in
-    /// the text as it came, where the secret stands whole), then printable ASCII only (no C0, DEL,
-    /// C1 or other non-ASCII, which could move a terminal's cursor), at most `limit` characters.
+    /// Text from the issuer as it may be shown: each of `secrets` as `[hidden]`, then printable
+    /// ASCII only (no C0, DEL, C1 or other non-ASCII, which could move a terminal's cursor), at
+    /// most `limit` characters. The secrets are hidden in the text as it came (a secret may hold
+    /// non-ASCII), and `String.hiding` finds one through any character that is not visible ASCII
+    /// and in either case: a zero-width space or a control character inside a secret, which the
+    /// filter drops, cannot bring it back whole.
     static func issuerText(_ text: String, _ secrets: [String], limit: Int) -> String {
         String(
             String.UnicodeScalarView(
