@@ -203,18 +203,22 @@ enum CommandLineClient {
 
     // MARK: Output
 
-    /// `text` on one line: control characters (C0, DEL, C1, line and paragraph separators) as
-    /// spaces, each secret as `[hidden]`, cut to `limit` characters.
+    /// `text` on one line of printable ASCII: control characters (C0, DEL, C1, line and paragraph
+    /// separators) as spaces, any other non-ASCII (format characters such as U+202E or U+200B,
+    /// combining marks, letters) as `?`, each secret as `[hidden]`, cut to `limit` characters.
+    /// The secrets are hidden before the characters are replaced, found in either case and
+    /// through any character that is not visible ASCII (`String.hiding`), so through every one
+    /// replaced here: a server that echoes the caller key with a zero-width space, a NUL or an
+    /// escape inside it, or in capitals, does not get it printed.
     static func oneLine(_ text: String, hiding secrets: [String] = [], limit: Int = reasonLimit) -> String {
-        let line = text.hiding(secrets)
         var out = ""
-        for scalar in line.unicodeScalars {
+        for scalar in text.hiding(secrets).unicodeScalars {
             let value = scalar.value
             let control = value < 0x20 || (0x7F...0x9F).contains(value) || value == 0x2028 || value == 0x2029
-            out.unicodeScalars.append(control ? " " : scalar)
+            out.unicodeScalars.append(control ? " " : value < 0x7F ? scalar : "?")
         }
-        guard out.count > limit else { return out }
-        return String(out.prefix(limit - 1)) + "…"
+        guard out.unicodeScalars.count > limit else { return out }
+        return String(String.UnicodeScalarView(out.unicodeScalars.prefix(limit - 1))) + "…"
     }
 
     /// A duration in whole seconds as people read it: `42s`, `4m12s`, `2h0m5s`, `3d4h0m0s`;

@@ -251,6 +251,27 @@ import TokenBrokerCore
         #expect(CommandLineClient.oneLine("abcdef", limit: 4) == "abc…")
     }
 
+    @Test func aServersTextIsPrintedAsPrintableASCIIAndTheKeyHiddenHoweverItIsDressed() {
+        let key = "k-0123abcdEF"
+        for dressed in [
+            "k-0123\u{200B}abcdEF", "k-0123\u{0}abcdEF", "k-0123abcd\u{1b}EF", "K-0123ABCDEF", "k-0123 abcdEF",
+            "k\u{301}\u{301}-0123abcdef", "k-\u{2066}0123abcd\u{2069}EF",
+        ] {
+            #expect(
+                CommandLineClient.oneLine("HTTP 401 x: key " + dressed + " refused", hiding: [key])
+                    == "HTTP 401 x: key [hidden] refused", "\(Array(dressed.unicodeScalars))")
+        }
+        // Format characters (bidirectional overrides and isolates, zero-width ones) and combining
+        // marks never reach the terminal: each is a "?".
+        #expect(
+            CommandLineClient.oneLine("a\u{202E}b\u{2066}c\u{200B}d\u{FEFF}e" + String(repeating: "\u{301}", count: 3))
+                == "a?b?c?d?e???")
+        #expect(CommandLineClient.oneLine("caf\u{E9} \u{1F600}") == "caf? ?")
+        #expect(
+            CommandLineClient.oneLine(String(repeating: "\u{301}", count: 500)).unicodeScalars.count
+                == CommandLineClient.reasonLimit)
+    }
+
     @Test(
         arguments: [
             (0, "0s"), (59, "59s"), (60, "1m0s"), (252, "4m12s"), (3600, "1h0m0s"), (7325, "2h2m5s"),
