@@ -240,6 +240,7 @@ enum Broker {
             case .oauth2(let settings):
                 do {
                     try TLSFiles.check(settings.upstream)
+                    if let path = settings.clientSecretFile { try SecretFile.checkLine(path) }
                     sources.append((try OAuth2TokenSource(configuration: settings), nil))
                 } catch {
                     throw ConfigurationError(key: "providers[\(index)].source", error.detail)

@@ -1,3 +1,4 @@
+import Glibc
 import TokenBrokerCore
 
 /// Reads key and secret files, through `FileContents`: never waiting on a FIFO or a device.
@@ -25,5 +26,19 @@ public enum SecretFile {
             throw .configuration("\(path) must hold one non-empty line of UTF-8")
         }
         return text
+    }
+
+    /// Checks, at start, `--check-config` and reload, a one-line secret file that is read again
+    /// at every fetch (a `clientSecretFile`): nothing at the path is accepted, since a mounted
+    /// secret may appear later, but anything that is there must read as `readLine` reads it. A
+    /// FIFO, a device, a directory, a symbolic link that leads nowhere, an unreadable or empty
+    /// file is a `configuration` error naming the path, not a failure at every fetch.
+    public static func checkLine(_ path: String) throws(TokenFetchError) {
+        if case .failure(let error) = FileContents.read(path), error.isMissing {
+            var status = stat()
+            guard lstat(path, &status) == 0 else { return }
+            throw .configuration("cannot read \(path): a symbolic link that leads nowhere (\(error.reason))")
+        }
+        _ = try readLine(path)
     }
 }

@@ -1,0 +1,73 @@
+"""What `--check-config`, start and reload check in a configuration before the broker serves it.
+
+Each case is a configuration the broker would otherwise take and then fail on at every fetch or
+every write: it is refused at once, exit status 2, with an error naming the path.
+"""
+import json
+import os
+
+import pytest
+
+from broker import run_broker
+
+LOOPBACK_ZERO = {"TOKEN_BROKER_LISTEN": "127.0.0.1:0", "TOKEN_BROKER_ADMIN_LISTEN": "127.0.0.1:0"}
+
+
+def write_config(directory, config):
+    path = os.path.join(str(directory), "config.json")
+    with open(path, "w") as handle:
+        json.dump(config, handle)
+    return path
+
+
+def check_and_start(config):
+    """`--check-config`, then a start (which ends at once when the file is refused)."""
+    return run_broker("--check-config", "--config", config), run_broker("--config", config, env=LOOPBACK_ZERO)
+
+
+def assert_refused(results, *mentions):
+    for result in results:
+        assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+        assert "configuration OK" not in result.stdout
+        for text in mentions:
+            assert text in result.stderr, (text, result.stderr)
+
+
+def oauth_with_secret_file(path):
+    return {"providers": [{"name": "default", "source": {
+        "type": "oauth2", "tokenURL": "http://127.0.0.1:9/token", "clientID": "c", "clientSecretFile": path}}]}
+
+
+# clientSecretFile: read as the other secret files are
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "device", "dangling symlink", "empty", "two lines"])
+def test_a_client_secret_file_that_cannot_hold_the_secret_is_refused_naming_it(tmp_path, kind):
+    path = str(tmp_path / "client-secret")
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        os.mkdir(path)
+    elif kind == "device":
+        path = "/dev/zero"
+    elif kind == "dangling symlink":
+        os.symlink(str(tmp_path / "nowhere"), path)
+    elif kind == "empty":
+        open(path, "w").close()
+    else:
+        with open(path, "w") as handle:
+            handle.write("first\nsecond\n")
+    assert_refused(check_and_start(write_config(tmp_path, oauth_with_secret_file(path))), path,
+                   "providers[0].source")
+
+
+def test_a_client_secret_file_not_there_yet_is_accepted_and_one_that_reads_is_too(tmp_path):
+    # A mounted secret may appear after the broker starts: each fetch reads the file again.
+    config = write_config(tmp_path, oauth_with_secret_file(str(tmp_path / "later")))
+    result = run_broker("--check-config", "--config", config)
+    assert result.returncode == 0 and "configuration OK" in result.stdout, result.stderr
+    secret = tmp_path / "secret"
+    secret.write_text("s3cr3t-value\n")
+    secret.chmod(0o600)
+    result = run_broker("--check-config", "--config", write_config(tmp_path, oauth_with_secret_file(str(secret))))
+    assert result.returncode == 0 and "configuration OK" in result.stdout, result.stderr
+    assert "s3cr3t-value" not in result.stdout + result.stderr
