@@ -79,6 +79,32 @@ public final class SinkDirectory: Sendable {
         return nil
     }
 
+    /// Why no file can be made in this directory, or nil when one can: a probe file,
+    /// `.token-broker-probe-{pid}-{n}`, is created (`O_CREAT | O_EXCL`, through the descriptor,
+    /// never following a link) and removed at once. The owner and mode checks of `open` say
+    /// nothing of this: `/proc`, a read-only mount, a full or foreign file system pass them, and
+    /// every write would then fail. `what` names the files in the problem.
+    public func creationProblem(holding what: String) -> String? {
+        for attempt in 0..<3 {
+            let name = ".token-broker-probe-\(getpid())-\(attempt)"
+            let probe = openat(descriptor, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
+            guard probe >= 0 else {
+                let code = errno
+                // A probe a crash left behind: another name.
+                if code == EEXIST { continue }
+                return "the directory \(path) cannot hold a \(what): a file cannot be created there: "
+                    + String(cString: strerror(code))
+            }
+            _ = Glibc.close(probe)
+            guard unlinkat(descriptor, name, 0) == 0 else {
+                return "the directory \(path) cannot hold a \(what): the probe file \(name) cannot be removed: "
+                    + String(cString: strerror(errno))
+            }
+            return nil
+        }
+        return "the directory \(path) cannot hold a \(what): probe files .token-broker-probe-\(getpid())-0 to 2 exist"
+    }
+
     /// Opens `directory` after checking it and every directory above it (see the type's note);
     /// else the reason it cannot hold a token file.
     public static func open(_ directory: String) -> Result<SinkDirectory, SinkDirectoryProblem> {

@@ -55,6 +55,10 @@ extension Broker {
             if let problem = aclProblem(directory, holding: "record") {
                 return .failure(ConfigurationError(key: "store.path", problem))
             }
+            // And a record can be written there: a probe file is made and removed.
+            if let problem = directory.creationProblem(holding: "record") {
+                return .failure(ConfigurationError(key: "store.path", problem))
+            }
             return .success(
                 .file(
                     FileTokenStore(

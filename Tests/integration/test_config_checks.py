@@ -71,3 +71,29 @@ def test_a_client_secret_file_not_there_yet_is_accepted_and_one_that_reads_is_to
     result = run_broker("--check-config", "--config", write_config(tmp_path, oauth_with_secret_file(str(secret))))
     assert result.returncode == 0 and "configuration OK" in result.stdout, result.stderr
     assert "s3cr3t-value" not in result.stdout + result.stderr
+
+
+# store: a file store's directory must take a record
+
+def store_key_file(directory):
+    path = directory / "store.key"
+    path.write_text(os.urandom(32).hex() + "\n")
+    path.chmod(0o600)
+    return str(path)
+
+
+def test_a_store_directory_where_no_record_can_be_made_stops_check_and_start_naming_it(tmp_path):
+    # /proc passes the owner and mode checks (root's, not writable by others), yet no file can
+    # be made there: every record would fail to be written.
+    config = write_config(tmp_path, {"store": {"type": "file", "path": "/proc", "keyFile": store_key_file(tmp_path)}})
+    assert_refused(check_and_start(config), "store.path", "/proc", "cannot hold a record")
+
+
+def test_a_store_directory_that_takes_records_passes_and_keeps_no_probe(tmp_path):
+    directory = tmp_path / "store"
+    directory.mkdir(mode=0o700)
+    config = write_config(tmp_path, {"store": {"type": "file", "path": str(directory),
+                                               "keyFile": store_key_file(tmp_path)}})
+    result = run_broker("--check-config", "--config", config)
+    assert result.returncode == 0 and "configuration OK" in result.stdout, result.stderr
+    assert os.listdir(directory) == []
