@@ -1,3 +1,5 @@
+internal import CCurl
+
 /// Why an exchange with an upstream server gave no answer, as the client saw it.
 ///
 /// The client knows nothing of tokens or proxies: sources turn this into a `TokenFetchError`,
@@ -25,4 +27,26 @@ public enum UpstreamError: Error, Sendable, Equatable {
     /// What libcurl is told when it refuses the settings, for the callers' messages.
     public static let settingsRefusedDetail =
         "libcurl refused the request's settings (check caFile and the client certificate)"
+}
+
+extension UpstreamError {
+    /// Whether no answer came at all: nothing listens (refused, no socket, name not resolved),
+    /// the request could not be sent, the connection closed or broke before anything was heard,
+    /// or nothing came in time. False for an answer that came but is not HTTP as a server speaks
+    /// it (a garbage status line, HTTP/0.9, a body cut short, headers past libcurl's limit):
+    /// something answered there. The command line client tells the two apart in its exit status.
+    public var isNoAnswer: Bool {
+        switch self {
+        case .timeout: true
+        case .unreachable(let detail): Self.noAnswerDetails.contains(detail)
+        default: false
+        }
+    }
+
+    /// libcurl's words for the failures that leave no answer (`unreachable` carries them as is).
+    private static let noAnswerDetails: Set<String> = Set(
+        [
+            CURLE_COULDNT_RESOLVE_PROXY, CURLE_COULDNT_RESOLVE_HOST, CURLE_COULDNT_CONNECT, CURLE_SEND_ERROR,
+            CURLE_RECV_ERROR, CURLE_GOT_NOTHING,
+        ].map { String(cString: curl_easy_strerror($0)) })
 }

@@ -21,12 +21,14 @@ enum CommandLineClient {
     /// The exit statuses of both commands, as `Options.help` lists them.
     enum Exit: Int32, Equatable {
         case ok = 0
-        /// Anything else: an answer that is not the broker's (an unexpected status or body), or
-        /// the HTTP client failed.
+        /// Anything else: an answer that is not the broker's (an unexpected status, a body that
+        /// is not `application/json` or not the broker's shape, something that is not HTTP as a
+        /// server speaks it), or the HTTP client failed.
         case unexpectedAnswer = 1
         /// A bad command line, configuration or caller key file.
         case usage = 2
-        /// Nothing answered at the address: refused, no socket, or no answer in time.
+        /// Nothing answered at the address: refused, no socket, the connection closed or reset
+        /// with nothing heard, or no answer in time (`UpstreamError.isNoAnswer`).
         case unreachable = 3
         /// `token`: the broker has no valid token to give now (503).
         case noValidToken = 4
@@ -156,7 +158,10 @@ enum CommandLineClient {
     // MARK: Asking
 
     /// Sends one request (a GET unless told) and waits for the answer, at most `timeoutMsec`
-    /// (2 s of them to connect). A failure to connect or to hear back in time is `unreachable`.
+    /// (2 s of them to connect). A failure to connect or to hear back in time is `unreachable`;
+    /// an answer that came but is not HTTP as a server speaks it (a garbage status line, a body
+    /// cut short, headers past libcurl's limit) is `unexpectedAnswer`: something is there, and
+    /// it is not the broker.
     static func ask(
         _ endpoint: Endpoint, method: String = "GET", headers: [(String, String)], timeoutMsec: Int,
         maxResponseBytes: Int
@@ -173,10 +178,16 @@ enum CommandLineClient {
         switch HealthCheck.waitFor(request) {
         case .success(let response):
             return .success(response)
-        case .failure(.unreachable(let detail)):
-            return .failure(Failure(.unreachable, "broker unreachable at \(endpoint.shown): \(detail)"))
         case .failure(.timeout(let detail)):
             return .failure(Failure(.unreachable, "broker did not answer in time at \(endpoint.shown): \(detail)"))
+        case .failure(.unreachable(let detail)) where UpstreamError.unreachable(detail).isNoAnswer:
+            return .failure(Failure(.unreachable, "broker unreachable at \(endpoint.shown): \(detail)"))
+        case .failure(.unreachable(let detail)):
+            return .failure(
+                Failure(
+                    .unexpectedAnswer,
+                    "\(endpoint.shown) gave an answer that is not the broker's: not HTTP as a server speaks it (\(detail))"
+                ))
         case .failure(.tooLarge(let limit)):
             return .failure(
                 Failure(.unexpectedAnswer, "the answer from \(endpoint.shown) is larger than \(limit) bytes"))
@@ -184,6 +195,37 @@ enum CommandLineClient {
             return .failure(
                 Failure(.unexpectedAnswer, "cannot ask \(endpoint.shown): \(TokenFetchError(error).summary)"))
         }
+    }
+
+    /// The answer's JSON object when it can be the broker's: every answer the broker gives these
+    /// commands is `Content-Type: application/json` with a JSON object for a body. Nil otherwise.
+    static func brokerDocument(_ response: UpstreamResponse) -> [String: JSONValue]? {
+        guard let type = response.headers["content-type"],
+            type.split(separator: ";", maxSplits: 1, omittingEmptySubsequences: false)[0].trimmingCharacters(in: " \t")
+                .lowercased() == "application/json",
+            case .object(let members)? = try? JSONValue(parsing: response.body)
+        else { return nil }
+        return members
+    }
+
+    /// Why `response` is not the broker's answer, as a failure (`unexpectedAnswer`): its status,
+    /// and its `Content-Type` or that its body is not the broker's shape. `listener` names the
+    /// listener that was meant.
+    static func notTheBrokers(_ response: UpstreamResponse, shown: String, listener: Listener) -> Failure {
+        let what: String
+        if let type = response.headers["content-type"] {
+            what =
+                brokerDocument(response) == nil
+                ? (type.lowercased().hasPrefix("application/json")
+                    ? "a body that is not a JSON object" : "Content-Type \(type)")
+                : "a body without the broker's fields"
+        } else {
+            what = "no Content-Type"
+        }
+        return Failure(
+            .unexpectedAnswer,
+            "\(shown) gave an answer that is not the broker's (HTTP \(response.status), \(what)); is it the broker's \(listener.rawValue) listener?"
+        )
     }
 
     /// What a broker's error answer says: the status, and `error`, `error_description` and
@@ -433,14 +475,27 @@ enum TokenCommand {
     }
 
     /// The token in the broker's answer, or why there is none. `shown` is the address asked.
-    static func token(status: Int, body: [UInt8], shown: String) -> Result<String, CommandLineClient.Failure> {
+    ///
+    /// The broker answers `application/json`: a 200 with an `access_token`, or an error object
+    /// with an `error` member. Anything else is not its answer (`unexpectedAnswer`), whatever
+    /// the status, but for libmicrohttpd's own 414 and 431, which it gives without a body of its
+    /// own for a request too large (a very long value), and which are a refusal.
+    static func token(_ response: UpstreamResponse, shown: String) -> Result<String, CommandLineClient.Failure> {
+        let status = response.status
+        guard let members = CommandLineClient.brokerDocument(response) else {
+            if status == 414 || status == 431 {
+                return .failure(.init(.refused, "refused: HTTP \(status): the request is too large for the broker"))
+            }
+            return .failure(CommandLineClient.notTheBrokers(response, shown: shown, listener: .token))
+        }
+        let isError: Bool
+        if case .string? = members["error"] { isError = true } else { isError = false }
         switch status {
         case 200:
             // What the broker serves is 1 to 16384 bytes of visible ASCII; anything else is not
             // its answer, and is not printed.
-            guard case .object(let members)? = try? JSONValue(parsing: body),
-                case .string(let token)? = members["access_token"],
-                (1...16_384).contains(token.utf8.count), token.utf8.allSatisfy({ (0x21...0x7E).contains($0) })
+            guard case .string(let token)? = members["access_token"], (1...16_384).contains(token.utf8.count),
+                token.utf8.allSatisfy({ (0x21...0x7E).contains($0) })
             else {
                 return .failure(
                     .init(
@@ -448,18 +503,23 @@ enum TokenCommand {
                         "\(shown) answered 200 without a token answer; is it the broker's token listener?"))
             }
             return .success(token)
-        case 503:
+        case 503 where isError:
             return .failure(
-                .init(.noValidToken, "no valid token: " + CommandLineClient.brokerError(status: status, body: body)))
-        case 400..<500:
-            var reason = "refused: " + CommandLineClient.brokerError(status: status, body: body)
+                .init(
+                    .noValidToken,
+                    "no valid token: " + CommandLineClient.brokerError(status: status, body: response.body)))
+        case 400..<500 where isError:
+            var reason = "refused: " + CommandLineClient.brokerError(status: status, body: response.body)
             if status == 401 { reason += "; give the caller key with --key-file or TOKEN_BROKER_CALLER_KEY_FILE" }
             return .failure(.init(.refused, reason))
+        case 400..<600 where !isError:
+            return .failure(CommandLineClient.notTheBrokers(response, shown: shown, listener: .token))
         default:
             return .failure(
                 .init(
                     .unexpectedAnswer,
-                    "unexpected answer from \(shown): " + CommandLineClient.brokerError(status: status, body: body)))
+                    "unexpected answer from \(shown): "
+                        + CommandLineClient.brokerError(status: status, body: response.body)))
         }
     }
 
@@ -477,7 +537,7 @@ enum TokenCommand {
             let response = try CommandLineClient.ask(
                 endpoint, headers: headers, timeoutMsec: given.timeoutSec * 1000, maxResponseBytes: 1 << 20
             ).get()
-            let token = try token(status: response.status, body: response.body, shown: endpoint.shown).get()
+            let token = try token(response, shown: endpoint.shown).get()
             guard CommandLineClient.write(token + "\n", to: 1) else {
                 throw .init(.unexpectedAnswer, "cannot write the token to stdout: \(String(cString: strerror(errno)))")
             }
@@ -568,6 +628,9 @@ enum StatusCommand {
             let response = try CommandLineClient.ask(
                 endpoint, headers: [], timeoutMsec: 5000, maxResponseBytes: 16 << 20
             ).get()
+            guard CommandLineClient.brokerDocument(response) != nil else {
+                throw CommandLineClient.notTheBrokers(response, shown: endpoint.shown, listener: .admin)
+            }
             guard response.status == 200 || response.status == 503, let tables = tables(response.body) else {
                 throw .init(
                     .unexpectedAnswer,

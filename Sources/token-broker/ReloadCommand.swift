@@ -73,6 +73,10 @@ enum ReloadCommand {
                 maxResponseBytes: 1 << 20
             ).get()
             let reason = CommandLineClient.brokerError(status: response.status, body: response.body)
+            // Every answer of POST /reload is the broker's JSON (`application/json`).
+            guard CommandLineClient.brokerDocument(response) != nil else {
+                throw CommandLineClient.notTheBrokers(response, shown: endpoint.shown, listener: .admin)
+            }
             switch response.status {
             case 200:
                 guard let line = summary(response.body) else {

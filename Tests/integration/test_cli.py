@@ -16,6 +16,8 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
+from contextlib import contextmanager
 
 import jwt
 import pytest
@@ -398,3 +400,82 @@ def test_status_prints_the_providers_and_versions_the_admin_api_reports(tmp_key)
 def test_status_against_the_token_listener_is_not_an_answer(broker):
     assert_failure(cli("status", "--address", address(broker)), UNEXPECTED, command="status",
                    mentions=("admin listener",))
+
+
+# Answers that are not the broker's: exit 1, whatever their status; no answer at all: exit 3
+
+@contextmanager
+def hostile_server(raw):
+    """A listener on 127.0.0.1 that reads each request's head and sends `raw` back as is, then
+    closes: at most 8 connections, each given 10 s. Yields its http:// address."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.settimeout(30)
+
+    def serve():
+        for _ in range(8):
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            with connection:
+                connection.settimeout(10)
+                head = b""
+                try:
+                    while b"\r\n\r\n" not in head and len(head) < 65536:
+                        chunk = connection.recv(4096)
+                        if not chunk:
+                            break
+                        head += chunk
+                    connection.sendall(raw)
+                except OSError:
+                    pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.close()
+        thread.join(timeout=15)
+
+
+def http_answer(status, content_type, body, reason="X"):
+    head = f"HTTP/1.1 {status} {reason}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n"
+    if content_type:
+        head += f"Content-Type: {content_type}\r\n"
+    return head.encode() + b"\r\n" + body
+
+
+NOT_THE_BROKERS = {
+    "html 404": http_answer(404, "text/html", b"<html><body>Not Found</body></html>"),
+    "text 503": http_answer(503, "text/plain", b"Service Unavailable"),
+    "html 200 holding a token": http_answer(200, "text/html", b'{"access_token":"s7olen-lo0king-t0k3n"}'),
+    "json 401 not the broker's shape": http_answer(401, "application/json", b'{"message":"go away"}'),
+    "garbage status line": b"HELLO THERE\r\n\r\n",
+    "HTTP/0.9": b"just some text",
+    "body cut short": b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"access",
+    "oversized headers": b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 300_000 + b"\r\nContent-Length: 0\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(NOT_THE_BROKERS))
+def test_an_answer_that_is_not_the_brokers_exits_1_for_every_command(case):
+    for command in ("token", "status", "reload"):
+        with hostile_server(NOT_THE_BROKERS[case]) as url:
+            result = cli(command, "--address", url, *(["--timeout", "10"] if command == "token" else []))
+        assert_failure(result, UNEXPECTED, command=command, secrets=("s7olen-lo0king-t0k3n",))
+        assert any(text in result.stderr for text in ("not the broker's", "no /readyz answer")), result.stderr
+        assert "unreachable" not in result.stderr
+
+
+def test_a_server_that_closes_without_a_word_is_unreachable():
+    with hostile_server(b"") as url:
+        assert_failure(cli("token", "--address", url), UNREACHABLE, mentions=("unreachable",))
+
+
+def test_the_brokers_own_refusal_of_a_request_too_large_stays_a_refusal(broker):
+    # libmicrohttpd answers a URI past its buffer with a 414 of its own, not JSON.
+    result = cli("token", "--address", address(broker), "--audience", "a" * 6000)
+    assert_failure(result, REFUSED, mentions=("414",))

@@ -1,5 +1,6 @@
 import Testing
 import TokenBrokerCore
+import TokenBrokerUpstream
 
 @testable import token_broker
 
@@ -185,17 +186,25 @@ import TokenBrokerCore
 
     // MARK: The answer
 
+    /// An answer as the broker gives it: `application/json` unless told.
+    private func answer(_ status: Int, _ body: String, type: String? = "application/json") -> UpstreamResponse {
+        UpstreamResponse(status: status, headers: type.map { ["content-type": $0] } ?? [:], body: Array(body.utf8))
+    }
+
     @Test func aTokenAnswerGivesItsAccessTokenAlone() throws {
-        let body = Array(#"{"access_token":"abc.def","token_type":"Bearer","expires_in":5,"version":1}"#.utf8)
-        #expect(try TokenCommand.token(status: 200, body: body, shown: "x").get() == "abc.def")
+        let body = #"{"access_token":"abc.def","token_type":"Bearer","expires_in":5,"version":1}"#
+        #expect(try TokenCommand.token(answer(200, body), shown: "x").get() == "abc.def")
+        #expect(
+            try TokenCommand.token(answer(200, body, type: "Application/JSON; charset=utf-8"), shown: "x").get()
+                == "abc.def")
     }
 
     @Test(arguments: [
         #"{"token_type":"Bearer"}"#, #"{"access_token":""}"#, #"{"access_token":"a b"}"#,
-        #"{"access_token":"a\u001b[31m"}"#, #"{"access_token":7}"#, "[]", "<html>", "",
+        #"{"access_token":"a\u001b[31m"}"#, #"{"access_token":7}"#,
     ])
     func aSuccessWithoutAServableTokenIsNotTheBrokersAnswerAndNothingIsPrinted(_ body: String) {
-        let result = TokenCommand.token(status: 200, body: Array(body.utf8), shown: "http://h:1")
+        let result = TokenCommand.token(answer(200, body), shown: "http://h:1")
         #expect(
             result.failure
                 == Failure(
@@ -217,15 +226,52 @@ import TokenBrokerCore
             401, #"{"error":"missing_caller_key","error_description":""}"#, .refused,
             "refused: HTTP 401 missing_caller_key; give the caller key with --key-file or TOKEN_BROKER_CALLER_KEY_FILE"
         ),
-        (404, "<html>not found</html>", .refused, "refused: HTTP 404"),
-        (414, "", .refused, "refused: HTTP 414"),
         (500, #"{"error":"x"}"#, .unexpectedAnswer, "unexpected answer from http://h:1: HTTP 500 x"),
-        (302, "", .unexpectedAnswer, "unexpected answer from http://h:1: HTTP 302"),
+        (302, "{}", .unexpectedAnswer, "unexpected answer from http://h:1: HTTP 302"),
     ])
     func eachFailureHasItsStatus(_ status: Int, _ body: String, _ exit: CommandLineClient.Exit, _ reason: String) {
+        #expect(TokenCommand.token(answer(status, body), shown: "http://h:1").failure == Failure(exit, reason))
+    }
+
+    @Test(
+        arguments: [
+            (200, #"{"access_token":"abc.def"}"#, "text/html", "Content-Type text/html"),
+            (200, "[]", "application/json", "a body that is not a JSON object"),
+            (200, "", nil, "no Content-Type"),
+            (404, "<html>not found</html>", "text/html", "Content-Type text/html"),
+            (503, "Service Unavailable", "text/plain", "Content-Type text/plain"),
+            (503, "<html>", "application/json", "a body that is not a JSON object"),
+            (401, #"{"message":"no"}"#, "application/json", "a body without the broker's fields"),
+            (500, "", nil, "no Content-Type"),
+        ] as [(Int, String, String?, String)])
+    func anAnswerThatIsNotTheBrokersExits1WhateverItsStatus(
+        _ status: Int, _ body: String, _ type: String?, _ what: String
+    ) {
         #expect(
-            TokenCommand.token(status: status, body: Array(body.utf8), shown: "http://h:1").failure
-                == Failure(exit, reason))
+            TokenCommand.token(answer(status, body, type: type), shown: "http://h:1").failure
+                == Failure(
+                    .unexpectedAnswer,
+                    "http://h:1 gave an answer that is not the broker's (HTTP \(status), \(what)); is it the broker's token listener?"
+                ))
+    }
+
+    @Test func libmicrohttpdsOwnRefusalOfARequestTooLargeIsARefusal() {
+        // What the broker's HTTP server answers by itself for a URI past its buffer: no Content-Type.
+        let html = "<html><head><title>Request too big</title></head><body>Your HTTP header was too big</body></html>"
+        for status in [414, 431] {
+            #expect(
+                TokenCommand.token(answer(status, html, type: nil), shown: "http://h:1").failure
+                    == Failure(.refused, "refused: HTTP \(status): the request is too large for the broker"))
+        }
+    }
+
+    @Test func aNonHTTPAnswerIsNotTheBrokersAndNoConnectionIsUnreachable() {
+        #expect(UpstreamError.timeout("Timeout was reached").isNoAnswer)
+        #expect(UpstreamError.unreachable("Couldn't connect to server").isNoAnswer)
+        #expect(UpstreamError.unreachable("Server returned nothing (no headers, no data)").isNoAnswer)
+        for detail in ["Unsupported protocol", "Transferred a partial file", "Out of memory", "Weird server reply"] {
+            #expect(!UpstreamError.unreachable(detail).isNoAnswer, "\(detail)")
+        }
     }
 
     @Test func theExitStatusesAreTheDocumentedOnes() {
