@@ -132,8 +132,11 @@ enum HealthCheck {
 
     /// An address from the command line, split in two: where to connect (the URL up to its path,
     /// or `http://localhost` through a `unix:` socket), and the URL's path, empty when it has none.
-    /// Nil for anything but `unix:/path` and an `http://` URL with a host. Shared with the command
-    /// line client, which asks paths of its own.
+    /// Nil for anything but `unix:/path` and an `http://HOST:PORT` URL, with or without a path:
+    /// HOST a name, an IPv4 address or an IPv6 one in brackets, PORT 1 to 65535. A user-info part
+    /// (`http://a:1@b:2`, which would connect to `b` and hand it the request, caller key and all)
+    /// or any other form is refused, not passed to libcurl to read its own way. Shared with the
+    /// command line client, which asks paths of its own.
     static func origin(given text: String) -> (origin: Target, path: Substring)? {
         if text.hasPrefix("unix:") {
             guard let address = try? ListenAddress(parsing: text), let origin = target(listen: address, path: "")
@@ -148,11 +151,32 @@ enum HealthCheck {
         }
         let rest = text.dropFirst("http://".count)
         guard let slash = rest.firstIndex(of: "/") else {
-            guard !rest.isEmpty else { return nil }
+            guard isHostAndPort(rest) else { return nil }
             return (Target(url: text), "")
         }
-        guard slash != rest.startIndex else { return nil }
+        guard isHostAndPort(rest[..<slash]) else { return nil }
         return (Target(url: String(text[..<slash])), rest[slash...])
+    }
+
+    /// Whether `authority` is `HOST:PORT` as `origin(given:)` takes it, and nothing more.
+    static func isHostAndPort(_ authority: Substring) -> Bool {
+        guard let colon = authority.lastIndex(of: ":") else { return false }
+        let host = authority[..<colon]
+        let port = authority[authority.index(after: colon)...]
+        guard (1...5).contains(port.utf8.count), port.utf8.allSatisfy({ (0x30...0x39).contains($0) }),
+            let number = Int(port), (1...65_535).contains(number)
+        else { return false }
+        if host.hasPrefix("[") {
+            guard host.hasSuffix("]"), host.count > 2 else { return false }
+            return host.dropFirst().dropLast().utf8.allSatisfy {
+                $0 == UInt8(ascii: ":") || $0 == UInt8(ascii: ".") || UInt8($0).hexDigitValue != nil
+            }
+        }
+        return !host.isEmpty
+            && host.utf8.allSatisfy {
+                $0 == UInt8(ascii: ".") || $0 == UInt8(ascii: "-") || (0x30...0x39).contains($0)
+                    || (0x41...0x5A).contains($0) || (0x61...0x7A).contains($0)
+            }
     }
 
     private static func fail(_ problem: String) -> Int32 {

@@ -479,3 +479,21 @@ def test_the_brokers_own_refusal_of_a_request_too_large_stays_a_refusal(broker):
     # libmicrohttpd answers a URI past its buffer with a 414 of its own, not JSON.
     result = cli("token", "--address", address(broker), "--audience", "a" * 6000)
     assert_failure(result, REFUSED, mentions=("414",))
+
+
+def test_an_address_with_a_user_info_part_is_refused_and_nothing_is_asked(tmp_path):
+    # http://A@B would connect to B and hand it the request, caller key and all.
+    key_file = tmp_path / "key"
+    key_file.write_text("k-" + os.urandom(16).hex() + "\n")
+    with socket.socket() as trap:
+        trap.bind(("127.0.0.1", 0))
+        trap.listen(8)
+        trap.setblocking(False)
+        port = trap.getsockname()[1]
+        for given in (f"http://127.0.0.1:{closed_port()}@127.0.0.1:{port}", f"http://user@127.0.0.1:{port}",
+                      f"http://127.0.0.1:{port}?x", f"http://127.0.0.1:{port}#x", "http://127.0.0.1"):
+            assert_failure(cli("token", "--address", given, "--key-file", str(key_file)), USAGE, mentions=("--address",))
+            assert_failure(cli("status", "--address", given), USAGE, command="status", mentions=("--address",))
+            assert_failure(cli("reload", "--address", given), USAGE, command="reload", mentions=("--address",))
+        with pytest.raises(BlockingIOError):
+            trap.accept()

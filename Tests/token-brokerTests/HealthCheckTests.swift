@@ -20,6 +20,10 @@ import TokenBrokerCore
     @Test(arguments: [
         "ftp://127.0.0.1:1", "https://127.0.0.1:9090", "127.0.0.1:9090", "http://", "http:///healthz", "http://a b:1",
         "http://a:1/\r\n", "http://a:1/x\ny", "",
+        // A user-info part would send the request to the host after "@"; no port, or another form.
+        "http://127.0.0.1:18999@127.0.0.1:18702", "http://user@127.0.0.1:9090", "http://a:b@c:1/healthz",
+        "http://127.0.0.1", "http://127.0.0.1:", "http://127.0.0.1:0", "http://127.0.0.1:65536", "http://a:1x",
+        "http://[::1]", "http://[zz]:1", "http://a%2e:1", "http://a_b:1", "http://a\\b:1", "http://[::1]:9090:1",
     ])
     func anythingElseIsRefused(_ given: String) {
         #expect(HealthCheck.target(given: given) == nil)
