@@ -26,7 +26,7 @@ enum Options {
           token-broker status [--config FILE | --address URL|unix:/path]
                                             print the running broker's providers as a table (from
                                             the admin listener's /readyz)
-          token-broker reload [--config FILE | --address URL|unix:/path]
+          token-broker reload [--config FILE | --address URL|unix:/path] [--timeout SEC]
                                             reload the running broker's configuration file, as
                                             SIGHUP does, and print what changed
           token-broker --help | --version   (token --help, status --help, reload --help: their own)

@@ -5,7 +5,7 @@ import TokenBrokerCore
 /// file (`POST /reload`, as SIGHUP does), waits for the reload to end, and prints one line: the
 /// providers added, changed, removed and unchanged. Found as `status` finds the broker.
 enum ReloadCommand {
-    static let usage = "usage: token-broker reload [--config FILE | --address URL|unix:/path]"
+    static let usage = "usage: token-broker reload [--config FILE | --address URL|unix:/path] [--timeout SEC]"
 
     static let help = """
         \(usage)
@@ -18,19 +18,52 @@ enum ReloadCommand {
           --config FILE     the configuration whose admin listener to ask; else TOKEN_BROKER_CONFIG,
                             with TOKEN_BROKER_ADMIN_LISTEN applied over it
           --address ADDR    ask http://HOST:PORT or unix:/path instead
+          --timeout SEC     the longest wait for the answer, 1-660; by default the reloadTimeoutSec of
+                            the configuration read, and 60 s more (default 90); with --address, 660
 
         Exit status: 0 reloaded; 1 an answer that is not the broker's; 2 a bad command line or
         configuration; 3 the broker is unreachable; 5 not reloaded (the file is invalid, changes
         what needs a restart, or a replacement got no token in time): the broker runs as before.
         """
 
-    /// The longest wait for the answer: the longest `reloadTimeoutSec`, and time to spare.
-    static let timeoutMsec = 660_000
+    /// The time given, past `reloadTimeoutSec`, to read and check the file and answer.
+    static let spareSec = 60
 
-    typealias Arguments = CommandLineClient.AdminArguments
+    /// The longest `--timeout`: the longest `reloadTimeoutSec` (600), and `spareSec`.
+    static let longestTimeoutSec = 600 + spareSec
+
+    /// What the arguments ask for: the admin listener's, and the longest wait, when given.
+    struct Arguments: Equatable {
+        var help = false
+        var configPath: String?
+        var address: String?
+        var timeoutSec: Int?
+    }
 
     static func parse(_ arguments: [String]) throws(Options.Problem) -> Arguments {
-        try Arguments(arguments, usage: usage)
+        let found = try CommandLineClient.flags(arguments, valued: ["config", "address", "timeout"], usage: usage)
+        var parsed = Arguments(help: found["help"] != nil, configPath: found["config"], address: found["address"])
+        if let text = found["timeout"] {
+            guard let seconds = Int(text), (1...longestTimeoutSec).contains(seconds) else {
+                throw Options.Problem(
+                    description: "--timeout \(JSONText.quoted(text)) is not whole seconds 1-\(longestTimeoutSec)")
+            }
+            parsed.timeoutSec = seconds
+        }
+        return parsed
+    }
+
+    /// The longest wait for the answer: `--timeout`; else the `reloadTimeoutSec` of the
+    /// configuration read to find the broker (the file the broker reloads, when it is the same),
+    /// and `spareSec`; else, with `--address`, `longestTimeoutSec`, which covers any reload.
+    static func timeoutSec(_ given: Arguments, environment: [String: String]) -> Int {
+        if let seconds = given.timeoutSec { return seconds }
+        guard given.address == nil,
+            let configuration = try? Options.load(
+                path: Options.configurationPath(given: given.configPath, environment: environment),
+                environment: environment)
+        else { return longestTimeoutSec }
+        return configuration.reloadTimeoutSec + spareSec
     }
 
     /// `POST /reload`'s 200 body as one line; nil when it is not that answer's shape.
@@ -69,7 +102,8 @@ enum ReloadCommand {
                 address: given.address, configPath: given.configPath, listener: .admin, path: "/reload",
                 environment: environment)
             let response = try CommandLineClient.ask(
-                endpoint, method: "POST", headers: [("Token-Broker-Request", "true")], timeoutMsec: timeoutMsec,
+                endpoint, method: "POST", headers: [("Token-Broker-Request", "true")],
+                timeoutMsec: timeoutSec(given, environment: environment) * 1000,
                 maxResponseBytes: 1 << 20
             ).get()
             let reason = CommandLineClient.brokerError(status: response.status, body: response.body)

@@ -497,3 +497,16 @@ def test_an_address_with_a_user_info_part_is_refused_and_nothing_is_asked(tmp_pa
             assert_failure(cli("reload", "--address", given), USAGE, command="reload", mentions=("--address",))
         with pytest.raises(BlockingIOError):
             trap.accept()
+
+
+def test_reload_takes_a_timeout_and_ends_when_it_passes():
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the connection completes in the backlog, and nothing ever answers
+        result = cli("reload", "--address", f"http://127.0.0.1:{silent.getsockname()[1]}", "--timeout", "1")
+        assert_failure(result, UNREACHABLE, command="reload", mentions=("in time",))
+    for bad in ("0", "661", "x"):
+        assert_failure(cli("reload", "--address", "http://127.0.0.1:1", "--timeout", bad), USAGE, command="reload",
+                       mentions=("--timeout",))
+    result = cli("reload", "--help")
+    assert result.returncode == 0 and "--timeout SEC" in result.stdout

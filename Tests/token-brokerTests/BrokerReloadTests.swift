@@ -82,4 +82,24 @@ import TokenBrokerCore
         #expect(try ReloadCommand.parse(["--config", "c.json"]).configPath == "c.json")
         #expect(throws: Options.Problem.self) { try ReloadCommand.parse(["--provider", "a"]) }
     }
+
+    @Test func reloadWaitsForTheTimeoutGivenElseTheConfigurationsReloadTimeoutAndAMinuteMore() throws {
+        #expect(try ReloadCommand.parse(["--timeout", "5"]).timeoutSec == 5)
+        #expect(try ReloadCommand.parse(["--timeout=660"]).timeoutSec == 660)
+        for bad in ["0", "661", "x", "1.5", "-1"] {
+            #expect(throws: Options.Problem.self) { try ReloadCommand.parse(["--timeout", bad]) }
+        }
+        let given = try ReloadCommand.parse(["--address", "http://127.0.0.1:9090", "--timeout", "7"])
+        #expect(ReloadCommand.timeoutSec(given, environment: [:]) == 7)
+        // With --address, no configuration is read: the longest reload, and a minute more.
+        #expect(
+            ReloadCommand.timeoutSec(try ReloadCommand.parse(["--address", "http://a:1"]), environment: [:]) == 660)
+        // The configuration's listener: its reloadTimeoutSec (default 30), and a minute more.
+        #expect(ReloadCommand.timeoutSec(try ReloadCommand.parse([]), environment: [:]) == 90)
+        let directory = try TemporaryDirectory()
+        let path = try directory.write("c.json", #"{"reloadTimeoutSec": 200}"#)
+        #expect(ReloadCommand.timeoutSec(try ReloadCommand.parse(["--config", path]), environment: [:]) == 260)
+        #expect(
+            ReloadCommand.timeoutSec(try ReloadCommand.parse([]), environment: ["TOKEN_BROKER_CONFIG": path]) == 260)
+    }
 }
