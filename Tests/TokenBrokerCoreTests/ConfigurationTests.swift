@@ -39,6 +39,34 @@ import TokenBrokerCore
                 "providers[0].source.alg: unknown key") == true)
     }
 
+    @Test func aProxysUnknownKeyListsEachAllowedKeyOnceAndNotTheOneItRefuses() throws {
+        let message = try #require(
+            configurationProblem(#"{"proxies": [{"name": "w", "target": "http://127.0.0.1:10/", "bogus": 1}]}"#))
+        let allowed = message.split(separator: ";")[1].dropFirst(" allowed: ".count).split(separator: " (")[0]
+            .split(separator: ", ").map(String.init)
+        #expect(message.hasPrefix("proxies[0].bogus: unknown key; allowed: name, target,"), "\(message)")
+        #expect(Set(allowed).count == allowed.count, "\(allowed)")
+        #expect(allowed.contains("timeoutMsec") && !allowed.contains("maxResponseBytes"), "\(allowed)")
+        #expect(
+            configurationProblem(
+                #"{"proxies": [{"name": "w", "target": "http://127.0.0.1:10/", "maxResponseBytes": 1}]}"#)?
+                .hasPrefix("proxies[0].maxResponseBytes: does not apply to proxies") == true)
+    }
+
+    @Test func aNumberTooSmallForADoubleIsRefusedNotReadAsZero() {
+        // 1e-400 would read as 0: a whole-number setting would take it while it refuses 30.5.
+        for written in ["1e-400", "-1e-400", "0.5e-330", "1E-9999"] {
+            #expect(
+                configurationProblem(#"{"providers": [{"maxRetryCount": "# + written + "}]}")?.contains(
+                    "a number is out of range") == true, "\(written)")
+        }
+        #expect(
+            configurationProblem(#"{"providers": [{"maxRetryCount": 30.5}]}"#)?.hasPrefix(
+                "providers[0].maxRetryCount: must be a whole number") == true)
+        #expect(configurationProblem(#"{"providers": [{"maxRetryCount": 0e-400}]}"#) == nil)
+        #expect(configurationProblem(#"{"providers": [{"maxRetryCount": 0.000}]}"#) == nil)
+    }
+
     @Test func valuesOutOfRangeNameTheKeyAndTheRange() {
         #expect(
             configurationProblem(#"{"providers": [{"maxRetryCount": 11}]}"#)

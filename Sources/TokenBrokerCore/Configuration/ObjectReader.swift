@@ -136,11 +136,19 @@ struct ObjectReader {
         return out
     }
 
-    /// Fails on the first key that no accessor read.
+    /// Takes `key` off the keys allowed, for a reader that refused it after a shared accessor
+    /// read it (a proxy's `maxResponseBytes`, which `UpstreamConfiguration` reads for sources).
+    mutating func disallow(_ key: String) {
+        known.removeAll { $0 == key }
+    }
+
+    /// Fails on the first key that no accessor read, naming each allowed key once, in the order read.
     func finish() throws(ConfigurationError) {
         if let unknown = members.keys.sorted().first(where: { !known.contains($0) }) {
+            var allowed: [String] = []
+            for key in known where !allowed.contains(key) { allowed.append(key) }
             throw ConfigurationError(
-                key: keyPath(unknown), "unknown key; allowed: \(known.joined(separator: ", "))")
+                key: keyPath(unknown), "unknown key; allowed: \(allowed.joined(separator: ", "))")
         }
     }
 }

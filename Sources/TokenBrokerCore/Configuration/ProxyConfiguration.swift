@@ -102,6 +102,8 @@ public struct ProxyConfiguration: Sendable, Equatable {
                 "does not apply to proxies: their answers stream, whatever their size")
         }
         var upstream = try UpstreamConfiguration(reading: &reader)
+        // Refused above, though the shared reader reads it: not among the keys allowed.
+        reader.disallow("maxResponseBytes")
         if reader.raw("timeoutMsec") == nil { upstream.timeoutMsec = 30_000 }
         self.upstream = upstream
         try reader.finish()

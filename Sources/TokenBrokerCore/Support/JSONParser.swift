@@ -177,6 +177,7 @@ struct JSONParser {
             index += 1
             guard digits() > 0 else { throw problem("a number needs digits after '.'") }
         }
+        let mantissaEnd = index
         if peek(UInt8(ascii: "e")) || peek(UInt8(ascii: "E")) {
             index += 1
             if peek(UInt8(ascii: "+")) || peek(UInt8(ascii: "-")) { index += 1 }
@@ -184,6 +185,11 @@ struct JSONParser {
         }
         let text = String(decoding: bytes[start..<index], as: UTF8.self)
         guard let number = Double(text), number.isFinite else { throw problem("a number is out of range") }
+        // Below the smallest Double the other way too: `1e-400` would read as 0, and a setting
+        // that takes whole numbers would take it for 0 while it refuses `0.5`.
+        guard number != 0 || !bytes[start..<mantissaEnd].contains(where: { (0x31...0x39).contains($0) }) else {
+            throw problem("a number is out of range")
+        }
         return number
     }
 
