@@ -518,3 +518,17 @@ def test_reload_takes_a_timeout_and_ends_when_it_passes():
                        mentions=("--timeout",))
     result = cli("reload", "--help")
     assert result.returncode == 0 and "--timeout SEC" in result.stdout
+
+
+def test_a_server_that_echoes_the_key_dressed_up_never_gets_it_printed_nor_format_characters(tmp_path):
+    key = "k-" + os.urandom(16).hex()
+    key_file = tmp_path / "key"
+    key_file.write_text(key + "\n")
+    for dressed in (key[:9] + "\u200b" + key[9:], key[:9] + "\\u0000" + key[9:], key[:9] + "\\u001b" + key[9:],
+                    key.upper(), "\u202e" + key[:5] + "\u0301\u0301\u0301" + key[5:]):
+        body = ('{"error":"invalid_caller_key","error_description":"you sent ' + dressed + ' \u2066x\u2069"}').encode()
+        with hostile_server(http_answer(401, "application/json", body)) as url:
+            result = cli("token", "--address", url, "--key-file", str(key_file))
+        assert_failure(result, REFUSED, mentions=("invalid_caller_key", "[hidden]"))
+        assert key not in result.stderr.lower() and key[9:] not in result.stderr.lower(), result.stderr
+        assert all(" " <= character <= "~" or character in "\n…" for character in result.stderr), repr(result.stderr)
