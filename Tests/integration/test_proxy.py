@@ -17,6 +17,7 @@ import pytest
 
 from broker import GUARD, Broker
 from test_hardening import UnixConnection, parse, raw
+from test_proxy_answer_framing import ScriptedUpstream
 from test_http_api import wait_until
 
 HERE = os.path.dirname(__file__)
@@ -223,68 +224,14 @@ def test_a_streamed_non_idempotent_body_is_not_retried(broker, resource):
     assert len(posts) == 1 and posts[0]["body_length"] == 200_000
 
 
-class OneAnswerPerConnection:
-    """An upstream on loopback that answers the first request on each connection (200, kept
-    alive) and, on a connection used again, reads the whole request and closes without an answer:
-    as an upstream that acted on a request and then went away. It records every request it read."""
-
-    def __init__(self):
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.listener.settimeout(0.5)
-        self.address = "127.0.0.1:%d" % self.listener.getsockname()[1]
-        self.seen = []
-        self.stopping = False
-        self.thread = threading.Thread(target=self._accept, daemon=True)
-        self.thread.start()
-
-    def _accept(self):
-        while not self.stopping:
-            try:
-                connection, _ = self.listener.accept()
-            except socket.timeout:
-                continue
-            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
-
-    def _serve(self, connection):
-        connection.settimeout(10)
-        buffered, answered = b"", 0
-        with connection:
-            for _ in range(10):
-                while b"\r\n\r\n" not in buffered:
-                    chunk = connection.recv(65536)
-                    if not chunk:
-                        return
-                    buffered += chunk
-                head, _, buffered = buffered.partition(b"\r\n\r\n")
-                lines = head.decode("latin-1").split("\r\n")
-                fields = {name.strip().lower(): value.strip() for name, value in
-                          (line.split(":", 1) for line in lines[1:])}
-                length = int(fields.get("content-length", "0"))
-                while len(buffered) < length:
-                    chunk = connection.recv(65536)
-                    if not chunk:
-                        return
-                    buffered += chunk
-                body, buffered = buffered[:length], buffered[length:]
-                self.seen.append((lines[0].split(" ")[0], fields, body))
-                if answered:
-                    return  # read whole, and closed unanswered
-                answered += 1
-                connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-
-    def close(self):
-        self.stopping = True
-        self.thread.join(5)
-        self.listener.close()
-
-
 @pytest.mark.parametrize("method", ["POST", "PATCH"])
 def test_a_request_that_is_not_idempotent_never_reaches_the_upstream_twice(method):
     """RFC 9110 §9.2.2: a proxy must not send a POST or PATCH again by itself. libcurl would,
     on a new connection, when the reused one closed without an answer, though the upstream
     may have acted on it. A request with a body fails instead (502); one without takes a new
     connection, and says `Content-Length: 0`, as its client did."""
-    upstream = OneAnswerPerConnection()
+    upstream = ScriptedUpstream(lambda method, target: b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+                                once_per_connection=True)
     broker = Broker({"proxies": [{"name": "u", "target": "http://" + upstream.address}]})
     try:
         host, port = broker.addresses["token"].rsplit(":", 1)
@@ -303,8 +250,8 @@ def test_a_request_that_is_not_idempotent_never_reaches_the_upstream_twice(metho
                 connection.close()
                 connection = http.client.HTTPConnection(host, int(port), timeout=30)
         connection.close()
-        sent = [(verb, fields, body) for verb, fields, body in upstream.seen if verb == method]
-        assert [body for _, _, body in sent] == [b'{"charge": 100}', b""], upstream.seen
+        sent = [(verb, fields, body) for verb, fields, body in upstream.requests if verb == method]
+        assert [body for _, _, body in sent] == [b'{"charge": 100}', b""], upstream.requests
         assert sent[1][1].get("content-length") == "0"
     finally:
         broker.stop()

@@ -16,10 +16,15 @@ from test_hardening import exchange, parse
 class ScriptedUpstream:
     """An upstream on 127.0.0.1 that answers each request it reads with `answer(method, target)`,
     bytes sent as they are, and keeps the connection for the next request (at most ten per
-    connection). It records the request lines it read."""
+    connection); with `once_per_connection`, a request on a connection used before is read whole
+    and the connection closed without an answer, as an upstream that acted on it and went away.
+    It records the request lines it read in `seen`, and each request (method, header fields by
+    lowercase name, body) in `requests`."""
 
-    def __init__(self, answer):
+    def __init__(self, answer, once_per_connection=False):
         self.answer = answer
+        self.once_per_connection = once_per_connection
+        self.requests = []
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.listener.settimeout(0.5)
         self.address = "127.0.0.1:%d" % self.listener.getsockname()[1]
@@ -38,7 +43,7 @@ class ScriptedUpstream:
 
     def _serve(self, connection):
         connection.settimeout(10)
-        buffered = b""
+        buffered, served = b"", 0
         with connection:
             for _ in range(10):
                 while b"\r\n\r\n" not in buffered:
@@ -59,9 +64,13 @@ class ScriptedUpstream:
                     if not chunk:
                         return
                     buffered += chunk
-                buffered = buffered[length:]
+                body, buffered = buffered[:length], buffered[length:]
                 method, target = lines[0].split(" ")[:2]
                 self.seen.append((method, target))
+                self.requests.append((method, fields, body))
+                if self.once_per_connection and served:
+                    return
+                served += 1
                 try:
                     connection.sendall(self.answer(method, target))
                 except OSError:

@@ -216,8 +216,8 @@ public struct AllowPattern: Sendable, Hashable, CustomStringConvertible {
         var rest = value.utf8.dropFirst(text.utf8.count)[...]
         while var byte = rest.popFirst() {
             if byte == UInt8(ascii: "%") {
-                guard let high = rest.popFirst().flatMap(Self.hexValue),
-                    let low = rest.popFirst().flatMap(Self.hexValue)
+                guard let high = rest.popFirst()?.hexDigitValue,
+                    let low = rest.popFirst()?.hexDigitValue
                 else { return false }
                 byte = high << 4 | low
                 if byte == UInt8(ascii: "%") { return false }
@@ -235,16 +235,6 @@ public struct AllowPattern: Sendable, Hashable, CustomStringConvertible {
             }
         }
         return !(segmentIsDots && (segmentLength == 1 || segmentLength == 2))
-    }
-
-    /// The value of one hex digit; nil for any other byte.
-    private static func hexValue(_ byte: UInt8) -> UInt8? {
-        switch byte {
-        case UInt8(ascii: "0")...UInt8(ascii: "9"): byte - UInt8(ascii: "0")
-        case UInt8(ascii: "a")...UInt8(ascii: "f"): byte - UInt8(ascii: "a") + 10
-        case UInt8(ascii: "A")...UInt8(ascii: "F"): byte - UInt8(ascii: "A") + 10
-        default: nil
-        }
     }
 
     /// As written in the configuration.
