@@ -222,6 +222,44 @@ struct ProviderShutdownTests {
         await thirdRun.value
     }
 
+    /// A waiter handed along two reloads and then answered by the third provider is forwarded no
+    /// more: nothing keeps the providers in between alive (the broker keeps the first one for
+    /// its whole life, and a reload a minute would otherwise keep every provider since).
+    @Test func aHandedWaiterAnsweredDownTheChainLetsTheProvidersBetweenGo() async {
+        let clock = ManualClock()
+        let first = TokenProvider(
+            configuration: ProviderConfiguration(), source: ScriptedSource(), clock: clock, jitter: .fixed(0.5))
+        let firstRun = Task { await first.run() }
+        #expect(await eventually { first.status().version == 1 })
+        let heard = Lock<[UInt64]>([])
+        first.addWaiter(after: 1, deadline: first.deadline(in: .seconds(30))) { outcome in
+            if case .token(let token, _) = outcome { heard.withLock { $0.append(token.version) } }
+        }
+        let thirdSource = ScriptedSource(gated: true, prefix: "third-token-")
+        let third = TokenProvider(
+            configuration: ProviderConfiguration(), source: thirdSource, clock: clock, jitter: .fixed(0.5),
+            versionsAfter: first.highestVersion)
+        let thirdRun = Task { await third.run() }
+        weak var secondLeft: TokenProvider<ManualClock>?
+        do {
+            let second = TokenProvider(
+                configuration: ProviderConfiguration(), source: ScriptedSource([.failure(.unreachable("down"))]),
+                clock: clock, jitter: .fixed(0.5), versionsAfter: first.highestVersion)
+            secondLeft = second
+            let secondRun = Task { await second.run() }
+            first.shutDown(handingWaitersTo: second)
+            second.shutDown(handingWaitersTo: third)
+            await secondRun.value
+        }
+        #expect(secondLeft != nil, "kept while its waiter may still be removed through the first provider")
+        thirdSource.open()
+        #expect(await eventually { heard.withLock { $0 } == [2] })
+        #expect(secondLeft == nil, "answered: nothing forwards through the second provider any more")
+        third.shutDown()
+        await firstRun.value
+        await thirdRun.value
+    }
+
     /// A handed waiter's caller that goes away removes it through the old provider's id, as
     /// the routes know it: from the replacement, without an answer; a cancelled wait ends at once.
     @Test func aHandedWaiterIsRemovedAndCancelledThroughItsOldID() async {

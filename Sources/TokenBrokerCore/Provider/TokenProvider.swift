@@ -64,6 +64,8 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         var handing: Set<UInt64> = []
         /// By id: whether it was cancelled (its completion is then owed `.cancelled`).
         var removedWhileHanding: [UInt64: Bool] = [:]
+        /// Waiters being handed over that the successor answered at once.
+        var endedWhileHanding: Set<UInt64> = []
 
         /// Drops `successor` once no handed waiter can be removed through this provider any more.
         mutating func letGoOfSuccessorWhenDone() {
@@ -194,14 +196,26 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         // A token this provider fetched since its successor was numbered must not share a version.
         successor.numberAfter(numberedUpTo, keeping: current)
         for (waiter, completion) in handed {
+            // Its answer, wherever it comes from, also ends its forwarding here: a waiter the
+            // successor answers is never removed (its connection no longer waits), and its entry
+            // would otherwise keep the successor, and every provider after it, alive.
+            let handedID = waiter.id
             let id = successor.addWaiter(
                 after: waiter.after, deadline: waiter.deadline, onDemand: waiter.onDemand,
-                forRefresh: waiter.forRefresh, endsOnFailedFetch: waiter.endsOnFailedFetch, completion: completion)
+                forRefresh: waiter.forRefresh, endsOnFailedFetch: waiter.endsOnFailedFetch
+            ) { [weak self] outcome in
+                self?.handedWaiterEnded(handedID)
+                completion(outcome)
+            }
             let removed = state.withLock { state -> Bool? in
                 state.handing.remove(waiter.id)
                 if let cancelled = state.removedWhileHanding.removeValue(forKey: waiter.id) {
                     state.letGoOfSuccessorWhenDone()
                     return cancelled
+                }
+                if state.endedWhileHanding.remove(waiter.id) != nil {
+                    state.letGoOfSuccessorWhenDone()
+                    return nil
                 }
                 state.forwarded[waiter.id] = id
                 return nil
@@ -209,6 +223,17 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
             if let cancelled = removed { successor.detachWaiter(id, cancelled: cancelled) }
         }
         state.withLock { $0.letGoOfSuccessorWhenDone() }
+    }
+
+    /// A waiter handed to the successor was answered there: it is forwarded no more.
+    private func handedWaiterEnded(_ id: UInt64) {
+        state.withLock { state in
+            if state.handing.contains(id) {
+                state.endedWhileHanding.insert(id)
+            } else if state.forwarded.removeValue(forKey: id) != nil {
+                state.letGoOfSuccessorWhenDone()
+            }
+        }
     }
 
     /// The highest version handed out, or numbered after (`numberAfter`).
