@@ -345,7 +345,9 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
             set(CCurl_setopt_pointer(easy, CURLOPT_READDATA, context))
         } else if request.method == "GET" && request.body.isEmpty {
             set(CCurl_setopt_long(easy, CURLOPT_HTTPGET, 1))
-        } else if transfer.exchange != nil, Self.sendsOnce(request.method) || request.method == "PUT" {
+        } else if transfer.exchange != nil,
+            Self.sendsOnce(request.method) || (request.method == "PUT" && request.body.isEmpty)
+        {
             // A proxied POST or PATCH must not reach the upstream twice (RFC 9110 §9.2.2), and
             // libcurl sends a request again, on a new connection, when a reused one closes
             // before any answer (7.88 has no CURLOPT_FORBID_RETRY_ON_REUSE): after an upstream
@@ -354,7 +356,8 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
             // cannot rewind, and the exchange fails (502) instead of sending it again. A request
             // with no body has nothing to rewind, so it takes a new connection, where libcurl
             // never retries. As an upload, an empty POST, PUT or PATCH says `Content-Length: 0`
-            // (RFC 9110 §8.6), as its client did.
+            // (RFC 9110 §8.6), as its client did. A PUT with a body is idempotent: it goes below,
+            // as a DELETE does, and libcurl may send it again.
             set(CCurl_setopt_long(easy, CURLOPT_UPLOAD, 1))
             set(CCurl_setopt_long(easy, CURLOPT_INFILESIZE_LARGE, request.body.count))
             set(CCurl_setopt_read_function(easy, onceReadCallback))

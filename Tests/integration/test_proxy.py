@@ -258,6 +258,28 @@ def test_a_request_that_is_not_idempotent_never_reaches_the_upstream_twice(metho
         upstream.close()
 
 
+def test_an_idempotent_put_is_sent_again_when_a_reused_connection_closes_unanswered():
+    """A PUT may be sent again (RFC 9110 §9.2.2): with its body, it is, on a new connection,
+    where the no-retry rule for POST and PATCH must not make it a 502."""
+    upstream = ScriptedUpstream(lambda method, target: b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+                                once_per_connection=True)
+    broker = Broker({"proxies": [{"name": "u", "target": "http://" + upstream.address}]})
+    try:
+        host, port = broker.addresses["token"].rsplit(":", 1)
+        connection = http.client.HTTPConnection(host, int(port), timeout=30)
+        for path, verb, body in [("/proxy/u/warm", "GET", None), ("/proxy/u/item", "PUT", b"x=1")]:
+            connection.request(verb, path, body=body, headers=GUARD)
+            response = connection.getresponse()
+            response.read()
+            assert response.status == 200, (path, response.status)
+        connection.close()
+        puts = [body for verb, _, body in upstream.requests if verb == "PUT"]
+        assert puts == [b"x=1", b"x=1"], upstream.requests
+    finally:
+        broker.stop()
+        upstream.close()
+
+
 def test_a_streamed_body_arrives_whole(broker):
     big = os.urandom(3_000_000)
     status, _, payload = echo(broker, "PUT", body=big)
