@@ -65,10 +65,20 @@ public final class ProxyAPI: ProxyHandling {
     /// status line and the server's own headers (`Date`, `Content-Length`, `Connection`) with a
     /// margin: measured with libmicrohttpd 0.9.75, a 4 KiB connection with an 83-byte request
     /// head of 3 headers took 3,609 bytes of header lines and not 3,709; this allows 3,590.
+    ///
+    /// libmicrohttpd keeps such a record for each query argument and each cookie too, and a copy
+    /// of each `Cookie` value, all in the same memory: 40 arguments or cookies took 2 KiB.
     func answerHeadRoom(_ request: HTTPRequest, headers: [ProxyHeaders.Field]) -> Int {
         let requestLine = request.method.utf8.count + (request.rawTarget ?? request.path).utf8.count + 11
         let requestHead = headers.reduce(requestLine + 2) { $0 + $1.0.utf8.count + $1.1.count + 4 }
-        return connectionMemory - requestHead - 56 * headers.count - Self.answerHeadReserve
+        var cookies = 0
+        var cookieCopies = 0
+        for (name, value) in headers where name.equalsIgnoringASCIICase("cookie") {
+            cookies += 1 + value.reduce(0) { $0 + ($1 == UInt8(ascii: ";") ? 1 : 0) }
+            cookieCopies += value.count + 1
+        }
+        let records = headers.count + request.query.count + cookies
+        return connectionMemory - requestHead - 56 * records - cookieCopies - Self.answerHeadReserve
     }
 
     /// What `answerHeadRoom` keeps back for the status line, the server's own headers and a margin.
