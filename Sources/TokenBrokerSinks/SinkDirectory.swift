@@ -80,13 +80,14 @@ public final class SinkDirectory: Sendable {
     }
 
     /// Why no file can be made in this directory, or nil when one can: a probe file,
-    /// `.token-broker-probe-{pid}-{n}`, is created (`O_CREAT | O_EXCL`, through the descriptor,
-    /// never following a link) and removed at once. The owner and mode checks of `open` say
+    /// `.token-broker-probe-{random}`, is created (`O_CREAT | O_EXCL`, through the descriptor,
+    /// never following a link) and removed at once; a random name, since a process id repeats
+    /// (1 in every container) and probes a crash left behind must not block the next start. The owner and mode checks of `open` say
     /// nothing of this: `/proc`, a read-only mount, a full or foreign file system pass them, and
     /// every write would then fail. `what` names the files in the problem.
     public func creationProblem(holding what: String) -> String? {
-        for attempt in 0..<3 {
-            let name = ".token-broker-probe-\(getpid())-\(attempt)"
+        for _ in 0..<8 {
+            let name = ".token-broker-probe-" + String(UInt64.random(in: 1...UInt64.max), radix: 16)
             let probe = openat(descriptor, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
             guard probe >= 0 else {
                 let code = errno
@@ -102,7 +103,7 @@ public final class SinkDirectory: Sendable {
             }
             return nil
         }
-        return "the directory \(path) cannot hold a \(what): probe files .token-broker-probe-\(getpid())-0 to 2 exist"
+        return "the directory \(path) cannot hold a \(what): 8 probe files with random names already existed"
     }
 
     /// Opens `directory` after checking it and every directory above it (see the type's note);

@@ -251,6 +251,23 @@ import TokenBrokerTestSupport
         #expect(problem?.contains("\(parent), a directory above") == true, "\(problem ?? "accepted")")
     }
 
+    /// Probe files a crash left behind, under the names a process with this id would have used
+    /// (in a container, every start is process 1), do not make the directory unusable.
+    @Test func probeFilesLeftBehindDoNotBlockTheNextCheck() throws {
+        let directory = try privateDirectory()
+        let folder = directory.path("store")
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: false)
+        try setMode(folder, 0o700)
+        for attempt in 0..<3 {
+            #expect(
+                FileManager.default.createFile(
+                    atPath: folder + "/.token-broker-probe-\(getpid())-\(attempt)", contents: nil))
+        }
+        let opened = try SinkDirectory.open(folder).get()
+        #expect(opened.creationProblem(holding: "record") == nil)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: folder).count == 3, "its own probe is gone")
+    }
+
     @Test func oneFileNamedThroughDotDotOrASymbolicLinkHasOneIdentity() throws {
         let directory = try privateDirectory()
         let folder = directory.path("run")
