@@ -161,7 +161,10 @@ enum QueryParameters {
         var highest: UInt64?
         for member in header.split(separator: ",") {
             var text = Substring(member.trimmingCharacters(in: " \t"))
-            if text == "*" { return current() }
+            if text == "*" {
+                if let now = current() { highest = max(highest ?? 0, now) }
+                continue
+            }
             if text.hasPrefix("W/") { text = text.dropFirst(2) }
             guard text.count >= 3, text.first == "\"", text.last == "\"",
                 let version = number(text.dropFirst().dropLast())

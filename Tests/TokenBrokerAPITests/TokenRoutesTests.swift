@@ -215,6 +215,10 @@ func tokenAPI(
         provider.state.withLock { $0.status = FakeProvider.status(name: "default", phase: .fresh, version: 4) }
         #expect(api.handle(request("/token/ready", headers: [("If-None-Match", "*")])).start(responder))
         #expect(provider.onlyWaiter?.waiter.after == 4)
+        provider.completeWaiters(.timedOut(current: nil, lastError: nil))
+        // A higher tag beside `*` is a version the client has too.
+        #expect(api.handle(request("/token/ready", headers: [("If-None-Match", #""9", *"#)])).start(responder))
+        #expect(provider.onlyWaiter?.waiter.after == 9)
     }
 
     @Test func aWaiterIsForgottenWhenItsClientHangsUp() {
