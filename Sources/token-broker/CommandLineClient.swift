@@ -131,7 +131,7 @@ enum CommandLineClient {
                 !address.unicodeScalars.contains(where: { $0 == "?" || $0 == "#" })
             else {
                 throw Failure(
-                    .usage, "--address \(JSONText.quoted(address)) is neither http://HOST:PORT nor unix:/path")
+                    .usage, "--address \(JSONText.quoted(address)) is neither http://HOST[:PORT] nor unix:/path")
             }
             origin = given
         } else {
@@ -391,7 +391,7 @@ enum TokenCommand {
           --key-file FILE   the caller key, one line (clientKeysFile); else TOKEN_BROKER_CALLER_KEY_FILE
           --config FILE     the configuration whose listener to ask; else TOKEN_BROKER_CONFIG, with
                             TOKEN_BROKER_LISTEN applied over it (0.0.0.0 and :: read as loopback)
-          --address ADDR    ask http://HOST:PORT or unix:/path instead
+          --address ADDR    ask http://HOST[:PORT] or unix:/path instead
           --timeout SEC     the longest wait for the answer, 1-120 (default 10)
 
         Exit status: 0 the token was printed; 1 an answer that is not the broker's; 2 a bad command
@@ -559,7 +559,7 @@ enum StatusCommand {
 
           --config FILE     the configuration whose admin listener to ask; else TOKEN_BROKER_CONFIG,
                             with TOKEN_BROKER_ADMIN_LISTEN applied over it
-          --address ADDR    ask http://HOST:PORT or unix:/path instead
+          --address ADDR    ask http://HOST[:PORT] or unix:/path instead
 
         Exit status: 0 the broker answered (ready or not); 1 an answer that is not /readyz's;
         2 a bad command line or configuration; 3 the broker is unreachable.

@@ -132,8 +132,9 @@ enum HealthCheck {
 
     /// An address from the command line, split in two: where to connect (the URL up to its path,
     /// or `http://localhost` through a `unix:` socket), and the URL's path, empty when it has none.
-    /// Nil for anything but `unix:/path` and an `http://HOST:PORT` URL, with or without a path:
-    /// HOST a name, an IPv4 address or an IPv6 one in brackets, PORT 1 to 65535. A user-info part
+    /// Nil for anything but `unix:/path` and an `http://HOST[:PORT]` URL, with or without a path:
+    /// HOST a name (`_` allowed), an IPv4 address or an IPv6 one in brackets, PORT 1 to 65535
+    /// (80 when left out). A user-info part
     /// (`http://a:1@b:2`, which would connect to `b` and hand it the request, caller key and all)
     /// or any other form is refused, not passed to libcurl to read its own way. Shared with the
     /// command line client, which asks paths of its own.
@@ -158,24 +159,28 @@ enum HealthCheck {
         return (Target(url: String(text[..<slash])), rest[slash...])
     }
 
-    /// Whether `authority` is `HOST:PORT` as `origin(given:)` takes it, and nothing more.
+    /// Whether `authority` is `HOST[:PORT]` as `origin(given:)` takes it, and nothing more.
     static func isHostAndPort(_ authority: Substring) -> Bool {
-        guard let colon = authority.lastIndex(of: ":") else { return false }
-        let host = authority[..<colon]
-        let port = authority[authority.index(after: colon)...]
-        guard (1...5).contains(port.utf8.count), port.utf8.allSatisfy({ (0x30...0x39).contains($0) }),
-            let number = Int(port), (1...65_535).contains(number)
-        else { return false }
+        var host = authority
+        // A port, unless the last colon is inside an IPv6 address's brackets.
+        if let colon = authority.lastIndex(of: ":"), !authority[colon...].contains("]") {
+            let port = authority[authority.index(after: colon)...]
+            guard (1...5).contains(port.utf8.count), port.utf8.allSatisfy({ (0x30...0x39).contains($0) }),
+                let number = Int(port), (1...65_535).contains(number)
+            else { return false }
+            host = authority[..<colon]
+        }
         if host.hasPrefix("[") {
             guard host.hasSuffix("]"), host.count > 2 else { return false }
             return host.dropFirst().dropLast().utf8.allSatisfy {
                 $0 == UInt8(ascii: ":") || $0 == UInt8(ascii: ".") || UInt8($0).hexDigitValue != nil
             }
         }
+        // A name as container platforms give them (Compose services hold `_`), or an IPv4 address.
         return !host.isEmpty
             && host.utf8.allSatisfy {
-                $0 == UInt8(ascii: ".") || $0 == UInt8(ascii: "-") || (0x30...0x39).contains($0)
-                    || (0x41...0x5A).contains($0) || (0x61...0x7A).contains($0)
+                $0 == UInt8(ascii: ".") || $0 == UInt8(ascii: "-") || $0 == UInt8(ascii: "_")
+                    || (0x30...0x39).contains($0) || (0x41...0x5A).contains($0) || (0x61...0x7A).contains($0)
             }
     }
 

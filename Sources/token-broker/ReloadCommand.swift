@@ -17,7 +17,7 @@ enum ReloadCommand {
 
           --config FILE     the configuration whose admin listener to ask; else TOKEN_BROKER_CONFIG,
                             with TOKEN_BROKER_ADMIN_LISTEN applied over it
-          --address ADDR    ask http://HOST:PORT or unix:/path instead
+          --address ADDR    ask http://HOST[:PORT] or unix:/path instead
           --timeout SEC     the longest wait for the answer, 1-660; by default the reloadTimeoutSec of
                             the configuration read, and 60 s more (default 90); with --address, 660
 

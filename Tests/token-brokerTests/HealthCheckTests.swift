@@ -12,6 +12,9 @@ import TokenBrokerCore
         ("http://127.0.0.1:9090/healthz", "http://127.0.0.1:9090/healthz"),
         ("http://[::1]:9090/readyz", "http://[::1]:9090/readyz"),
         ("HTTP://localhost:9090", "HTTP://localhost:9090/healthz"),
+        // A Compose service's name, and no port (80), as before the user-info check.
+        ("http://token_broker:9090/healthz", "http://token_broker:9090/healthz"),
+        ("http://127.0.0.1", "http://127.0.0.1/healthz"), ("http://[::1]/readyz", "http://[::1]/readyz"),
     ])
     func aURLWithoutAPathAsksHealthz(_ given: String, _ url: String) {
         #expect(HealthCheck.target(given: given) == Target(url: url, unixSocketPath: nil))
@@ -22,8 +25,8 @@ import TokenBrokerCore
         "http://a:1/\r\n", "http://a:1/x\ny", "",
         // A user-info part would send the request to the host after "@"; no port, or another form.
         "http://127.0.0.1:18999@127.0.0.1:18702", "http://user@127.0.0.1:9090", "http://a:b@c:1/healthz",
-        "http://127.0.0.1", "http://127.0.0.1:", "http://127.0.0.1:0", "http://127.0.0.1:65536", "http://a:1x",
-        "http://[::1]", "http://[zz]:1", "http://a%2e:1", "http://a_b:1", "http://a\\b:1", "http://[::1]:9090:1",
+        "http://127.0.0.1:", "http://127.0.0.1:0", "http://127.0.0.1:65536", "http://a:1x",
+        "http://[zz]:1", "http://a%2e:1", "http://a\\b:1", "http://[::1]:9090:1", "http://[::1",
     ])
     func anythingElseIsRefused(_ given: String) {
         #expect(HealthCheck.target(given: given) == nil)
