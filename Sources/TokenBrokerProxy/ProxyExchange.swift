@@ -147,6 +147,13 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
             return
         }
         var request = UpstreamRequest(method: method, url: url, settings: settings.upstream)
+        // The retry after a refused token gets what is left of the exchange's `timeoutMsec`,
+        // which covers the whole exchange, not that much again.
+        if state.withLock({ $0.attempt }) > 0 {
+            let left = ContinuousClock.now.duration(to: deadline)
+            request.settings.timeoutMsec = max(
+                1, Int(clamping: left.components.seconds * 1000 + left.components.attoseconds / 1_000_000_000_000_000))
+        }
         request.headers = ProxyHeaders.forward(
             headers, token: token.token.accessToken, injection: settings.inject, overwrite: settings.overwrite,
             cookieName: provider.configuration.cookie.tokenCookieName,
