@@ -499,7 +499,7 @@ def test_an_address_with_a_user_info_part_is_refused_and_nothing_is_asked(tmp_pa
         trap.setblocking(False)
         port = trap.getsockname()[1]
         for given in (f"http://127.0.0.1:{closed_port()}@127.0.0.1:{port}", f"http://user@127.0.0.1:{port}",
-                      f"http://127.0.0.1:{port}?x", f"http://127.0.0.1:{port}#x", "http://127.0.0.1"):
+                      f"http://127.0.0.1:{port}?x", f"http://127.0.0.1:{port}#x"):
             assert_failure(cli("token", "--address", given, "--key-file", str(key_file)), USAGE, mentions=("--address",))
             assert_failure(cli("status", "--address", given), USAGE, command="status", mentions=("--address",))
             assert_failure(cli("reload", "--address", given), USAGE, command="reload", mentions=("--address",))
