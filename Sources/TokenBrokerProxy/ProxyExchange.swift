@@ -151,8 +151,7 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
         // which covers the whole exchange, not that much again.
         if state.withLock({ $0.attempt }) > 0 {
             let left = ContinuousClock.now.duration(to: deadline)
-            request.settings.timeoutMsec = max(
-                1, Int(clamping: left.components.seconds * 1000 + left.components.attoseconds / 1_000_000_000_000_000))
+            request.settings.timeoutMsec = max(1, Int(clamping: left.wholeMilliseconds))
         }
         request.headers = ProxyHeaders.forward(
             headers, token: token.token.accessToken, injection: settings.inject, overwrite: settings.overwrite,
