@@ -206,6 +206,10 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
         guard path.utf8.first == UInt8(ascii: "/") else {
             return record(otherCounter, .response(ErrorAnswer.absoluteForm.response))
         }
+        // The cloud SDK protocols' paths, when served here, are none of the broker's own: they
+        // are handed over before the broker's routes are tried, by a test of two bytes that the
+        // broker's own routes do not pass.
+        if let compat, CompatAPI<Provider>.mayServe(path), let answer = compat.answer(request) { return answer }
         if path == "/.well-known/jwks.json" {
             return record(jwksCounter, Methods.only(Methods.read, request) ?? .response(jwks))
         }
@@ -228,8 +232,6 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
             rest = tail[name.endIndex...]
         }
         guard let route = Route.named(rest) else {
-            // The cloud SDK protocols' paths, when served here, are none of the broker's own.
-            if let compat, let answer = compat.answer(request) { return answer }
             if proxy == nil, let refusal = proxyNotConfigured(request) {
                 return record(proxyCounter, .response(refusal))
             }

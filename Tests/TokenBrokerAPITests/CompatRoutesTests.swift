@@ -496,6 +496,38 @@ private let secret = "app-service-secret"
             #expect(tokens.handle(request("/providers/gcp/token")).immediate?.errorCode == "missing_caller_key")
         }
     }
+
+    @Test func everyPathTheProtocolsServePassesTheByteTestAndTheBrokersOwnRoutesDoNot() {
+        let served =
+            ["/", "/computeMetadata/", "/computeMetadata/v1/", "/computeMetadata/v1/project/project-id"]
+            + ["default", "b@proj-1.example"].flatMap { name in
+                ["/", "/email", "/aliases", "/scopes", "/token", "/identity"].map { accounts + "/" + name + $0 }
+            } + ["/msi/token", "/metadata/identity/oauth2/token"]
+        for path in served {
+            #expect(api.serves(path), "\(path)")
+            #expect(CompatAPI<TokenProvider<ContinuousClock>>.mayServe(path), "\(path)")
+        }
+        let own = [
+            "/token", "/token/ready", "/token/refresh", "/providers/gcp/token", "/.well-known/jwks.json", "/proxy/u/x",
+            "", "x", "//",
+        ]
+        for path in own { #expect(!CompatAPI<TokenProvider<ContinuousClock>>.mayServe(path), "\(path)") }
+    }
+
+    @Test func theTokenListenerHandsAzuresPathsOverToo() async {
+        let tokens = TokenAPI(
+            providers: [], templates: templates, jwks: "{}", maxWait: .seconds(30), callers: TemplateCallers(),
+            compat: api, metrics: BrokerMetrics(version: "test"))
+        await running(templates) {
+            let query = [("api-version", "2018-02-01"), ("resource", "https://vault.azure.net")]
+            let imdsToken = await answer(tokens.handle(imds(query)))
+            #expect(imdsToken?.string("resource") == "https://vault.azure.net")
+            let appQuery = [("api-version", "2019-08-01"), ("resource", "https://vault.azure.net")]
+            #expect(await answer(tokens.handle(appService(appQuery)))?.string("token_type") == "Bearer")
+            // A protocol's path it does not serve is the broker's 404.
+            #expect(tokens.handle(request("/metadata/other")).immediate?.status == 404)
+        }
+    }
 }
 
 /// A real template on a manual clock, counting what the routes ask of it.

@@ -104,12 +104,14 @@ extension CompatAPI {
                 if identities != nil { routes[account + "/identity"] = .identity }
             }
             self.routes = routes
-            tokenPaths = routes.filter {
-                switch $0.value {
-                case .token, .identity: true
-                case .fixed, .account: false
+            // In a fixed order, `default`'s token first (what SDKs ask most), so that the number
+            // of comparisons does not change with the dictionary's seed from one run to the next.
+            tokenPaths = accountNames.flatMap { name in
+                ["/token", "/identity"].compactMap { leaf in
+                    let path = accountsPath + "/" + name + leaf
+                    return routes[path].map { (path, $0) }
                 }
-            }.map { ($0.key, $0.value) }
+            }
             tokenRendering = Rendering(format: .gceToken, protocolName: .gce, margin: Self.margin) {
                 token, expiresIn, _ in
                 Self.json(

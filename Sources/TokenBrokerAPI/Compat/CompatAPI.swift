@@ -95,6 +95,18 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
     /// Whether `path` is one of the protocols'.
     public func serves(_ path: String) -> Bool { protocolFor(path) != nil }
 
+    /// False when `path` cannot be one of the protocols' paths, told from two bytes: each is `/`
+    /// or begins with `/c` (`/computeMetadata/…`) or `/m` (`/msi/token`, `/metadata/…`). No text
+    /// that `String`'s `==` holds equal to one of them begins otherwise: no other character is
+    /// canonically equivalent to `/`, `c` or `m`. `serves` still decides.
+    @inline(__always)
+    public static func mayServe(_ path: String) -> Bool {
+        let bytes = path.utf8
+        guard bytes.count > 1 else { return bytes.first == UInt8(ascii: "/") }
+        let second = bytes[bytes.index(after: bytes.startIndex)]
+        return second == UInt8(ascii: "c") || second == UInt8(ascii: "m")
+    }
+
     /// The answer when the request's path is one of the protocols'; nil when it is not (for the
     /// token listener, which hands these paths over and answers the others).
     @_specialize(where Provider == TokenProvider<ContinuousClock>)
