@@ -1,7 +1,7 @@
 import TokenBrokerCore
 
 extension HTTPServer {
-    /// How the daemon is set up. Every limit is explicit.
+    /// How the listener's daemons are set up. Every limit is explicit.
     public struct Configuration: Sendable {
         public var address: ListenAddress
         /// `MHD_OPTION_CONNECTION_LIMIT`: open connections at most. Past fifteen sixteenths of it,
@@ -15,7 +15,8 @@ extension HTTPServer {
         /// a request may take to arrive whole (`ConnectionWatcher`). Suspended connections do
         /// not time out by themselves.
         public var connectionTimeoutSec: Int = 30
-        /// Threads polling connections.
+        /// Threads polling connections: one daemon on each (`DaemonThread`), with its share of
+        /// `connectionLimit`.
         public var threads: Int = 2
         /// When not empty, the listener has no threads of its own (`threads` is ignored): one
         /// daemon per loop runs on the loop's thread, with its share of `connectionLimit`. The

@@ -3,11 +3,14 @@ import Glibc
 import Synchronization
 import TokenBrokerCore
 
-/// One listener: a libmicrohttpd daemon with its own threads, answering through an `HTTPHandler`.
+/// One listener: libmicrohttpd daemons answering through an `HTTPHandler`, each polling the
+/// same listening socket on a thread of its own.
 ///
-/// The daemon runs an epoll loop on a small thread pool; or, when the configuration names event
-/// loops (`Configuration.eventLoops`), one daemon per loop runs on that loop's thread, each
-/// polling the same listening socket. Deferred answers suspend their
+/// Each daemon runs in external mode with epoll: on a thread the server starts for it
+/// (`DaemonThread`, `Configuration.threads` of them) or, when the configuration names event
+/// loops (`Configuration.eventLoops`), on that loop's thread, one daemon per loop. Either way
+/// the daemon is quiesced and stopped on the thread that polls it, never beside it (see
+/// `DaemonThread` for why). Deferred answers suspend their
 /// connection (`MHD_suspend_connection`), so a waiting request holds a few hundred bytes, not a
 /// thread. Responses are queued on the second call of the access handler, never the first,
 /// which keeps keep-alive working.
@@ -15,8 +18,8 @@ import TokenBrokerCore
 /// - Important: call `shutDown` before releasing the server; it answers every suspended
 ///   connection first, since libmicrohttpd must not be stopped with connections suspended.
 public final class HTTPServer: @unchecked Sendable {
-    // @unchecked: `daemon`, `loopDaemons`, `stopped` and `listenSocket` change only in `init` and
-    // `shutDown`, never on libmicrohttpd's threads; `loopDaemons` only in `init`.
+    // @unchecked: `stopped` and `listenSocket` change only in `init` and `shutDown`, never on
+    // libmicrohttpd's threads; `daemonThreads` and `loopDaemons` only in `init`.
 
     public let configuration: Configuration
     /// The port actually bound (the configured one, or the one picked for port 0).
@@ -26,8 +29,9 @@ public final class HTTPServer: @unchecked Sendable {
     private var handler: any HTTPHandler { handlerSlot.withLock { $0 } }
     /// The handler's answer to a request whose client closed while it waited, asked for once.
     let clientClosedAnswer: HTTPResponse
-    /// The daemon with threads of its own; nil when it runs on event loops, or once stopped.
-    private var daemon: OpaquePointer?
+    /// The daemons on threads of the server's own (stopped, once the server is); none when they
+    /// run on event loops.
+    private var daemonThreads: [DaemonThread] = []
     /// The daemons run by event loops, one per loop, each a source of its loop.
     private var loopDaemons: [LoopDaemon] = []
     private var stopped = false
@@ -63,12 +67,13 @@ public final class HTTPServer: @unchecked Sendable {
         listenSocket = try ListeningSocket.open(configuration.address, unixMode: configuration.unixSocketMode)
         port = ListeningSocket.boundPort(listenSocket)
 
-        var flags = UInt32(MHD_USE_INTERNAL_POLLING_THREAD.rawValue | MHD_USE_EPOLL.rawValue)
+        // External mode: the server's threads, or the event loops, call MHD_run.
+        var flags = UInt32(MHD_USE_EPOLL.rawValue)
         flags |= UInt32(MHD_ALLOW_SUSPEND_RESUME.rawValue | MHD_USE_ERROR_LOG.rawValue | MHD_USE_TURBO.rawValue)
         if configuration.address.isIPv6 { flags |= UInt32(MHD_USE_IPv6.rawValue) }
         let context = Unmanaged.passUnretained(self).toOpaque()
         // The logger first: libmicrohttpd warns at start when another option comes before it.
-        var options: [MHD_OptionItem] = [
+        let options: [MHD_OptionItem] = [
             CMicroHTTPD_option_logger(libraryLogCallback, context),
             MHD_OptionItem(option: .LISTEN_SOCKET, value: Int(listenSocket), ptr_value: nil),
             MHD_OptionItem(option: .CONNECTION_LIMIT, value: configuration.connectionLimit, ptr_value: nil),
@@ -83,43 +88,36 @@ public final class HTTPServer: @unchecked Sendable {
             // The target as sent, measured before it is decoded in place (`RequestTarget`).
             CMicroHTTPD_option_uri_log(requestTargetCallback, context),
         ]
-        if !configuration.eventLoops.isEmpty {
-            // No threads of its own: MHD_run is called by the loops.
-            flags &= ~UInt32(MHD_USE_INTERNAL_POLLING_THREAD.rawValue)
-            if let problem = startOnLoops(flags: flags, options: options, context: context) {
-                watcher.stop()
-                close(listenSocket)
-                throw HTTPServerError(address: configuration.address, reason: problem)
-            }
-            return
-        }
-        if configuration.threads > 1 {
-            options.append(MHD_OptionItem(option: .THREAD_POOL_SIZE, value: configuration.threads, ptr_value: nil))
-        }
-        options.append(MHD_OptionItem(option: .END, value: 0, ptr_value: nil))
-        daemon = options.withUnsafeMutableBufferPointer { buffer in
-            CMicroHTTPD_start_daemon(flags, accessHandlerCallback, context, buffer.baseAddress)
-        }
-        guard daemon != nil else {
+        let problem =
+            configuration.eventLoops.isEmpty
+            ? startOnThreads(flags: flags, options: options, context: context)
+            : startOnLoops(flags: flags, options: options, context: context)
+        if let problem {
             watcher.stop()
             close(listenSocket)
-            throw HTTPServerError(address: configuration.address, reason: "libmicrohttpd could not start its daemon")
+            throw HTTPServerError(address: configuration.address, reason: problem)
         }
     }
 
-    /// Starts one daemon in external mode per event loop, each with a duplicate of the listening
-    /// socket (the loops all poll it, and whichever accepts first takes a new connection) and its
-    /// share of the connection limit, and attaches it to its loop. Returns why it could not,
-    /// having stopped and forgotten the ones it started, or nil.
-    private func startOnLoops(flags: UInt32, options: [MHD_OptionItem], context: UnsafeMutableRawPointer) -> String? {
-        let hosts = configuration.eventLoops
-        let share = max(1, (configuration.connectionLimit + hosts.count - 1) / hosts.count)
-        for host in hosts {
+    /// Starts `count` daemons in external mode, each with a duplicate of the listening socket
+    /// (they all poll it, and whichever accepts first takes a new connection) and its share of
+    /// the connection limit, the shares adding up to it. Returns why it could not, having
+    /// stopped the ones it started (nothing runs them yet).
+    private func startDaemons(_ count: Int, flags: UInt32, options: [MHD_OptionItem], context: UnsafeMutableRawPointer)
+        -> Result<[OpaquePointer], Failure>
+    {
+        var handles: [OpaquePointer] = []
+        func failed(_ reason: String) -> Result<[OpaquePointer], Failure> {
+            for handle in handles { MHD_stop_daemon(handle) }
+            return .failure(Failure(reason: reason))
+        }
+        let limit = configuration.connectionLimit
+        for index in 0..<count {
             let fd = dup(listenSocket)
             guard fd >= 0 else {
-                abandonLoopDaemons()
-                return "cannot share the listening socket: \(String(cString: strerror(errno)))"
+                return failed("cannot share the listening socket: \(String(cString: strerror(errno)))")
             }
+            let share = max(1, limit / count + (index < limit % count ? 1 : 0))
             var own = options.map { item in
                 switch item.option {
                 case .LISTEN_SOCKET: MHD_OptionItem(option: .LISTEN_SOCKET, value: Int(fd), ptr_value: nil)
@@ -133,17 +131,56 @@ public final class HTTPServer: @unchecked Sendable {
             }
             guard let handle = started else {
                 close(fd)
-                abandonLoopDaemons()
-                return "libmicrohttpd could not start its daemon"
+                return failed("libmicrohttpd could not start its daemon")
             }
-            let epoll = CMicroHTTPD_daemon_epoll_fd(handle)
-            guard epoll >= 0 else {
-                MHD_stop_daemon(handle)
-                abandonLoopDaemons()
-                return "libmicrohttpd gave no epoll descriptor"
+            handles.append(handle)
+        }
+        return .success(handles)
+    }
+
+    /// Why the daemons could not start.
+    private struct Failure: Error {
+        let reason: String
+    }
+
+    /// Starts `Configuration.threads` daemons, each on a thread of its own. Returns why it could
+    /// not, having stopped the ones it started, or nil.
+    private func startOnThreads(flags: UInt32, options: [MHD_OptionItem], context: UnsafeMutableRawPointer) -> String? {
+        let handles: [OpaquePointer]
+        switch startDaemons(max(1, configuration.threads), flags: flags, options: options, context: context) {
+        case .success(let started): handles = started
+        case .failure(let failure): return failure.reason
+        }
+        for (index, handle) in handles.enumerated() {
+            do {
+                daemonThreads.append(try DaemonThread(handle))
+            } catch {
+                for running in daemonThreads { running.stop() }
+                daemonThreads = []
+                for unstarted in handles[index...] { MHD_stop_daemon(unstarted) }
+                return error.reason
             }
+        }
+        return nil
+    }
+
+    /// Starts one daemon per event loop and attaches each to its loop. Returns why it could not,
+    /// having stopped and forgotten the ones it started, or nil.
+    private func startOnLoops(flags: UInt32, options: [MHD_OptionItem], context: UnsafeMutableRawPointer) -> String? {
+        let hosts = configuration.eventLoops
+        let handles: [OpaquePointer]
+        switch startDaemons(hosts.count, flags: flags, options: options, context: context) {
+        case .success(let started): handles = started
+        case .failure(let failure): return failure.reason
+        }
+        guard handles.allSatisfy({ CMicroHTTPD_daemon_epoll_fd($0) >= 0 }) else {
+            for handle in handles { MHD_stop_daemon(handle) }
+            return "libmicrohttpd gave no epoll descriptor"
+        }
+        for (handle, host) in zip(handles, hosts) {
             let source = EventLoopSource(
-                descriptor: epoll, host: host, timeoutMilliseconds: { CMicroHTTPD_timeout_ms(handle) },
+                descriptor: CMicroHTTPD_daemon_epoll_fd(handle), host: host,
+                timeoutMilliseconds: { CMicroHTTPD_timeout_ms(handle) },
                 run: { _ = MHD_run(handle) })
             host.attach(source)
             loopDaemons.append(LoopDaemon(handle: handle, source: source))
@@ -160,12 +197,6 @@ public final class HTTPServer: @unchecked Sendable {
                 MHD_stop_daemon(daemon.handle)
             }
         }
-    }
-
-    /// Stops the daemons started so far when the server cannot start: no other thread knows them.
-    private func abandonLoopDaemons() {
-        stopLoopDaemons()
-        loopDaemons = []
     }
 
     /// A daemon an event loop runs. Unchecked: its handle is used on that loop's thread, but for
@@ -230,7 +261,7 @@ public final class HTTPServer: @unchecked Sendable {
     /// the broker answers its long-polls before calling this, through its providers.
     public func shutDown(finalAnswer: HTTPResponse? = nil, grace: Duration) {
         // Once, and only for a server that started (`deinit` calls it after a failed `init` too).
-        guard !stopped, daemon != nil || !loopDaemons.isEmpty else { return }
+        guard !stopped, !daemonThreads.isEmpty || !loopDaemons.isEmpty else { return }
         stopped = true
         let finalAnswer = finalAnswer ?? handler.refusal(.stopped)
         draining.store(true, ordering: .relaxed)
@@ -247,23 +278,24 @@ public final class HTTPServer: @unchecked Sendable {
         while inFlight > 0, clock.now < end { usleep(10_000) }
         // Anything suspended since must be resumed before MHD_stop_daemon.
         for responder in suspended.withLock({ $0.all }) { resume(responder) }
-        if let daemon { MHD_stop_daemon(daemon) }
+        // The threads stay listed (stopped): `resume` may read the list from any thread.
+        for thread in daemonThreads { thread.stop() }
         stopLoopDaemons()
         watcher.stop()
-        daemon = nil
         closeListeningSocket()
     }
 
-    /// Stops every daemon polling the listening socket; true when all let it go. A daemon on an
-    /// event loop is quiesced on its loop's thread, and its copy of the socket closed there.
+    /// Stops every daemon polling the listening socket, each on the thread that polls it, and
+    /// closes its copy of the socket there; true when all let it go.
     private func quiesce() -> Bool {
-        if let daemon { return MHD_quiesce_daemon(daemon) >= 0 }
         let failures = Atomic<Int>(0)
+        let quiesce = { @Sendable (handle: OpaquePointer) in
+            let fd = MHD_quiesce_daemon(handle)
+            if fd >= 0 { close(fd) } else { failures.add(1, ordering: .relaxed) }
+        }
+        for thread in daemonThreads { thread.run { quiesce(thread.handle) } }
         for daemon in loopDaemons {
-            daemon.source.host.runOnLoop {
-                let fd = MHD_quiesce_daemon(daemon.handle)
-                if fd >= 0 { close(fd) } else { failures.add(1, ordering: .relaxed) }
-            }
+            daemon.source.host.runOnLoop { quiesce(daemon.handle) }
         }
         return failures.load(ordering: .relaxed) == 0
     }
@@ -455,8 +487,9 @@ public final class HTTPServer: @unchecked Sendable {
         }
         if wasSuspended {
             MHD_resume_connection(responder.connection)
-            // A daemon on an event loop learns of it only when its loop runs it.
-            if !loopDaemons.isEmpty, let owner = CMicroHTTPD_connection_daemon(responder.connection) {
+            // A daemon in external mode learns of it only when its thread runs it next.
+            if let owner = CMicroHTTPD_connection_daemon(responder.connection) {
+                for thread in daemonThreads where thread.handle == owner { thread.wake() }
                 for daemon in loopDaemons where daemon.handle == owner { daemon.source.markPending() }
             }
         }
