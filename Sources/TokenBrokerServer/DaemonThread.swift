@@ -33,22 +33,26 @@ final class DaemonThread: @unchecked Sendable {
     /// Set with each wake-up: the thread reads the eventfd (to clear it) only then, not at every turn.
     private let woken = Atomic<Bool>(false)
 
-    /// Starts the thread for `handle`, a daemon started in external mode with epoll.
+    /// Prepares the thread for `handle`, a daemon started in external mode with epoll: its
+    /// wake-up in the daemon's epoll set. `start()` starts it.
     /// - Throws: the reason, naming the call the kernel refused; the daemon is not stopped.
     init(_ handle: OpaquePointer) throws(StartFailure) {
         self.handle = handle
         let epoll = CMicroHTTPD_daemon_epoll_fd(handle)
         guard epoll >= 0 else { throw StartFailure(reason: "libmicrohttpd gave no epoll descriptor") }
+        // From here on every property is set, and a throw runs `deinit`, which closes the eventfd.
         wakeup = eventfd(0, Int32(EFD_CLOEXEC | EFD_NONBLOCK))
         guard wakeup >= 0 else { throw StartFailure(reason: "eventfd failed: \(String(cString: strerror(errno)))") }
         var event = epoll_event()
         event.events = EPOLLIN.rawValue
         event.data.ptr = nil
         guard epoll_ctl(epoll, EPOLL_CTL_ADD, wakeup, &event) == 0 else {
-            let reason = "epoll_ctl failed: \(String(cString: strerror(errno)))"
-            close(wakeup)
-            throw StartFailure(reason: reason)
+            throw StartFailure(reason: "epoll_ctl failed: \(String(cString: strerror(errno)))")
         }
+    }
+
+    /// Starts the thread, which polls the daemon from then on; returns why it could not, or nil.
+    func start() -> String? {
         let context = Unmanaged.passRetained(self).toOpaque()
         let started = pthread_create(
             &thread, nil,
@@ -58,9 +62,9 @@ final class DaemonThread: @unchecked Sendable {
             }, context)
         guard started == 0 else {
             Unmanaged<DaemonThread>.fromOpaque(context).release()
-            close(wakeup)
-            throw StartFailure(reason: "cannot start the listener's thread: \(String(cString: strerror(started)))")
+            return "cannot start the listener's thread: \(String(cString: strerror(started)))"
         }
+        return nil
     }
 
     /// Why the thread could not start: the call the kernel refused, and its reason.
@@ -81,7 +85,7 @@ final class DaemonThread: @unchecked Sendable {
     }
 
     /// Stops the daemon on its thread (`MHD_stop_daemon`, which closes its connections) and
-    /// waits for the thread to end. Once; nothing may use the daemon after. The eventfd stays
+    /// waits for the thread to end. Once, after `start()`; nothing may use the daemon after. The eventfd stays
     /// open until the thread object goes, so that a late `wake()` never writes to a descriptor
     /// number reused since.
     func stop() {
@@ -90,7 +94,7 @@ final class DaemonThread: @unchecked Sendable {
         pthread_join(thread, nil)
     }
 
-    deinit { close(wakeup) }
+    deinit { if wakeup >= 0 { close(wakeup) } }
 
     private func post(stopping: Bool = false, _ work: @escaping @Sendable () -> Void) {
         queue.withLock {

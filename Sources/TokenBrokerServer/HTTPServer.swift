@@ -130,7 +130,8 @@ public final class HTTPServer: @unchecked Sendable {
                 CMicroHTTPD_start_daemon(flags, accessHandlerCallback, context, buffer.baseAddress)
             }
             guard let handle = started else {
-                close(fd)
+                // Not closed here: libmicrohttpd closes the socket it was given on some of its
+                // failures and not on others, and a second close could close another's descriptor.
                 return failed("libmicrohttpd could not start its daemon")
             }
             handles.append(handle)
@@ -144,22 +145,30 @@ public final class HTTPServer: @unchecked Sendable {
     }
 
     /// Starts `Configuration.threads` daemons, each on a thread of its own. Returns why it could
-    /// not, having stopped the ones it started, or nil.
+    /// not, having stopped the ones it started (and set `stopped`: nothing is left to stop), or nil.
     private func startOnThreads(flags: UInt32, options: [MHD_OptionItem], context: UnsafeMutableRawPointer) -> String? {
         let handles: [OpaquePointer]
         switch startDaemons(max(1, configuration.threads), flags: flags, options: options, context: context) {
         case .success(let started): handles = started
         case .failure(let failure): return failure.reason
         }
-        for (index, handle) in handles.enumerated() {
+        var prepared: [DaemonThread] = []
+        for handle in handles {
             do {
-                daemonThreads.append(try DaemonThread(handle))
+                prepared.append(try DaemonThread(handle))
             } catch {
-                for running in daemonThreads { running.stop() }
-                daemonThreads = []
-                for unstarted in handles[index...] { MHD_stop_daemon(unstarted) }
+                for handle in handles { MHD_stop_daemon(handle) }
                 return error.reason
             }
+        }
+        // Listed before any of them polls: `resume` reads the list from any thread, unlocked.
+        daemonThreads = prepared
+        for (index, thread) in prepared.enumerated() {
+            guard let problem = thread.start() else { continue }
+            for started in prepared[..<index] { started.stop() }
+            for unstarted in prepared[index...] { MHD_stop_daemon(unstarted.handle) }
+            stopped = true
+            return problem
         }
         return nil
     }
@@ -486,9 +495,12 @@ public final class HTTPServer: @unchecked Sendable {
             return (removed, true)
         }
         if wasSuspended {
+            // The owner first: once resumed, the connection may be answered, closed and freed
+            // by its daemon's thread before this one reads it again.
+            let owner = CMicroHTTPD_connection_daemon(responder.connection)
             MHD_resume_connection(responder.connection)
             // A daemon in external mode learns of it only when its thread runs it next.
-            if let owner = CMicroHTTPD_connection_daemon(responder.connection) {
+            if let owner {
                 for thread in daemonThreads where thread.handle == owner { thread.wake() }
                 for daemon in loopDaemons where daemon.handle == owner { daemon.source.markPending() }
             }
