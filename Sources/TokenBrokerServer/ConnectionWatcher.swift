@@ -67,16 +67,8 @@ final class ConnectionWatcher: @unchecked Sendable {
             close(wakeup)
             throw WatcherError(call: "epoll_ctl", code: code)
         }
-        let context = Unmanaged.passRetained(self).toOpaque()
-        let started = pthread_create(
-            &thread, nil,
-            { context in
-                let watcher = Unmanaged<ConnectionWatcher>.fromOpaque(context!).takeRetainedValue()
-                watcher.loop()
-                return nil
-            }, context)
+        let started = SystemThread.start(&thread) { [self] in loop() }
         guard started == 0 else {
-            Unmanaged<ConnectionWatcher>.fromOpaque(context).release()
             close(epoll)
             close(wakeup)
             stopping.store(true, ordering: .relaxed)

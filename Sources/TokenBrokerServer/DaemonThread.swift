@@ -53,15 +53,8 @@ final class DaemonThread: @unchecked Sendable {
 
     /// Starts the thread, which polls the daemon from then on; returns why it could not, or nil.
     func start() -> String? {
-        let context = Unmanaged.passRetained(self).toOpaque()
-        let started = pthread_create(
-            &thread, nil,
-            { context in
-                Unmanaged<DaemonThread>.fromOpaque(context!).takeRetainedValue().loop()
-                return nil
-            }, context)
+        let started = SystemThread.start(&thread) { [self] in loop() }
         guard started == 0 else {
-            Unmanaged<DaemonThread>.fromOpaque(context).release()
             return "cannot start the listener's thread: \(String(cString: strerror(started)))"
         }
         return nil

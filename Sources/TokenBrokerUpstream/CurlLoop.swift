@@ -81,18 +81,11 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
 
     /// Starts the loop's thread; returns why it could not, or nil.
     func start() -> String? {
-        let context = Unmanaged.passRetained(self).toOpaque()
-        let status = pthread_create(
-            &thread, nil,
-            { context in
-                Unmanaged<CurlLoop>.fromOpaque(context!).takeRetainedValue().run()
-                return nil
-            }, context)
+        let status = SystemThread.start(&thread) { [self] in run() }
         guard status != 0 else {
             started.store(true, ordering: .releasing)
             return nil
         }
-        Unmanaged<CurlLoop>.fromOpaque(context).release()
         return "cannot start the HTTP client's thread: \(String(cString: strerror(status)))"
     }
 
