@@ -96,11 +96,7 @@ public enum ProxyHeaders {
                 while start < bytes.count {
                     let end = bytes[start...].firstIndex(of: UInt8(ascii: ",")) ?? bytes.count
                     defer { start = end + 1 }
-                    var first = start
-                    var last = end
-                    while first < last, bytes[first].isHTTPBlank { first += 1 }
-                    while last > first, bytes[last - 1].isHTTPBlank { last -= 1 }
-                    let option = UnsafeBufferPointer(rebasing: bytes[first..<last])
+                    let option = UnsafeBufferPointer(rebasing: bytes[bytes.trimmingHTTPBlanks(start..<end)])
                     guard !option.isEmpty, option.allSatisfy({ $0 < 0x80 }) else { continue }
                     let alreadyDropped = hopByHop.contains { listed in
                         listed.utf8.count == option.count
@@ -111,14 +107,6 @@ public enum ProxyHeaders {
             }
         }
         return names
-    }
-
-    /// The bytes without the spaces and tabs around them.
-    private static func trimmingBlanks(_ bytes: ArraySlice<UInt8>) -> ArraySlice<UInt8> {
-        guard let first = bytes.firstIndex(where: { !$0.isHTTPBlank }),
-            let last = bytes.lastIndex(where: { !$0.isHTTPBlank })
-        else { return [] }
-        return bytes[first...last]
     }
 
     private static func put(_ headers: inout [Field], name: String, value: [UInt8], overwrite: Bool) {
@@ -147,7 +135,7 @@ public enum ProxyHeaders {
         }
         var pairs: [ArraySlice<UInt8>] = []
         for header in headers[index...] where header.0.equalsIgnoringASCIICase("Cookie") {
-            pairs += header.1.split(separator: UInt8(ascii: ";")).map(trimmingBlanks).filter { !$0.isEmpty }
+            pairs += header.1.split(separator: UInt8(ascii: ";")).map { $0.trimmingHTTPBlanks() }.filter { !$0.isEmpty }
         }
         let named = { (cookie: ArraySlice<UInt8>) in cookie.starts(with: pair[..<prefix]) }
         switch pairs.firstIndex(where: named) {

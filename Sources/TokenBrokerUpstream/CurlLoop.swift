@@ -643,9 +643,7 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
     /// of the same length frames the answer one way; different ones, none).
     private static func sameLength(_ transfer: Transfer, _ value: [UInt8]) -> Bool {
         for element in value.split(separator: UInt8(ascii: ","), omittingEmptySubsequences: false) {
-            var length = element[...]
-            while let first = length.first, first.isHTTPBlank { length.removeFirst() }
-            while let last = length.last, last.isHTTPBlank { length.removeLast() }
+            let length = element.trimmingHTTPBlanks()
             if let said = transfer.contentLength {
                 guard said.elementsEqual(length) else { return false }
             } else {
@@ -685,19 +683,13 @@ enum HeaderLine: Equatable {
             return
         }
         if line[0].isHTTPBlank {
-            var start = 0
-            while start < end, line[start].isHTTPBlank { start += 1 }
-            while end > start, line[end - 1].isHTTPBlank { end -= 1 }
-            self = .continuation(Array(UnsafeRawBufferPointer(rebasing: line[start..<end])))
+            self = .continuation(Array(UnsafeRawBufferPointer(rebasing: line[line.trimmingHTTPBlanks(0..<end)])))
             return
         }
         guard let colon = line[..<end].firstIndex(of: UInt8(ascii: ":")) else { return nil }
-        var start = colon + 1
-        while start < end, line[start].isHTTPBlank { start += 1 }
-        while end > start, line[end - 1].isHTTPBlank { end -= 1 }
         self = .field(
             String(decoding: UnsafeRawBufferPointer(rebasing: line[..<colon]), as: UTF8.self),
-            Array(UnsafeRawBufferPointer(rebasing: line[start..<end])))
+            Array(UnsafeRawBufferPointer(rebasing: line[line.trimmingHTTPBlanks(colon + 1..<end)])))
     }
 }
 

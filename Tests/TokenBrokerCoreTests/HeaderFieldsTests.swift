@@ -40,6 +40,24 @@ import TokenBrokerCore
         #expect(fields.map(\.0) == ["Cookie"])
     }
 
+    @Test func blanksAreTrimmedFromBothEndsOfTheBoundsOnly() {
+        let bytes = Array(" \t a \tb\t ".utf8)
+        #expect(Array(bytes.trimmingHTTPBlanks()) == Array("a \tb".utf8), "spaces and tabs, not those inside")
+        #expect(bytes.trimmingHTTPBlanks(0..<bytes.count) == 3..<7)
+        // Within bounds: nothing outside them is looked at or kept.
+        #expect(bytes.trimmingHTTPBlanks(4..<6) == 6..<6, "a blank-only range is empty")
+        #expect(bytes.trimmingHTTPBlanks(3..<4) == 3..<4)
+        #expect(bytes.trimmingHTTPBlanks(5..<5) == 5..<5)
+        // Only SP and HTAB are blanks (RFC 9110 §5.6.3): CR, LF, VT and NBSP stay.
+        let other = Array("\r\u{0B}x\n".utf8) + [0xA0]
+        #expect(Array(other.trimmingHTTPBlanks()) == other)
+        // A slice keeps its indices: a list element split off a header value.
+        let element = Array("1, 2 ,3".utf8).split(separator: UInt8(ascii: ","))[1]
+        #expect(Array(element.trimmingHTTPBlanks()) == [UInt8(ascii: "2")])
+        #expect(element.trimmingHTTPBlanks().startIndex == 3)
+        #expect(Array("".utf8).trimmingHTTPBlanks().isEmpty && Array("  ".utf8).trimmingHTTPBlanks().isEmpty)
+    }
+
     @Test func durationsConvertWithoutTrapping() {
         #expect(Duration.milliseconds(1500).wholeMilliseconds == 1500)
         #expect(Duration.microseconds(1999).wholeMilliseconds == 1)

@@ -63,6 +63,8 @@ import TokenBrokerTestSupport
             clock.advance(by: .seconds(10))
             #expect(await eventually { contents(path) == "token-2" })
             #expect(await eventually { runner.status().writes == 2 })
+            // The status is updated before the write is reported (events come after each write).
+            #expect(await eventually { writes.all.count == 2 })
         }
         let status = runner.status()
         #expect(status.version == 2)
@@ -190,6 +192,7 @@ import TokenBrokerTestSupport
             clock.advance(by: .seconds(3))
             #expect(await eventually { contents(path) == "token-1" })
             #expect(await eventually { runner.status().writes == 1 })
+            #expect(await eventually { writes.all.count == 2 }, "the retry's write is reported after the status")
         }
         #expect(writes.all.count == 2)
         #expect(writes.all.last?.isRetry == true && writes.all.last?.error == nil)

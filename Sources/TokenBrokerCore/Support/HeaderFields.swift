@@ -99,3 +99,20 @@ extension Array {
         removeAll { $0.0.equalsIgnoringASCIICase(name) }
     }
 }
+
+extension BidirectionalCollection where Element == UInt8 {
+    /// `bounds` without the blanks (`isHTTPBlank`) at either end: a header value, or an element
+    /// of a list, without the `OWS` around it (RFC 9110 §5.6.3). Empty when all are blanks.
+    @inlinable
+    public func trimmingHTTPBlanks(_ bounds: Range<Index>) -> Range<Index> {
+        var start = bounds.lowerBound
+        var end = bounds.upperBound
+        while start < end, self[start].isHTTPBlank { formIndex(after: &start) }
+        while end > start, self[index(before: end)].isHTTPBlank { formIndex(before: &end) }
+        return start..<end
+    }
+
+    /// The bytes without the blanks at either end.
+    @inlinable
+    public func trimmingHTTPBlanks() -> SubSequence { self[trimmingHTTPBlanks(startIndex..<endIndex)] }
+}
