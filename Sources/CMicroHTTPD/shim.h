@@ -3,6 +3,7 @@
 #ifndef CMICROHTTPD_SHIM_H
 #define CMICROHTTPD_SHIM_H
 
+#include <limits.h>
 #include <stdint.h>
 #include <stddef.h>
 #include <string.h>
@@ -102,6 +103,21 @@ static inline int CMicroHTTPD_timeout_ms(struct MHD_Daemon *daemon) {
     MHD_UNSIGNED_LONG_LONG timeout = 0;
     if (MHD_get_timeout(daemon, &timeout) != MHD_YES || timeout > 1000) return 1000;
     return (int)timeout;
+}
+
+// The same, uncapped: -1 when the daemon has nothing to time out (poll's "wait for ever").
+static inline int CMicroHTTPD_wait_ms(struct MHD_Daemon *daemon) {
+    MHD_UNSIGNED_LONG_LONG timeout = 0;
+    if (MHD_get_timeout(daemon, &timeout) != MHD_YES) return -1;
+    return timeout > (MHD_UNSIGNED_LONG_LONG)INT32_MAX ? INT32_MAX : (int)timeout;
+}
+
+// MHD_get_daemon_info is variadic; the connections a daemon in external mode holds, suspended
+// ones and ones closed but not yet cleaned up included (libmicrohttpd cleans up first, so call
+// it on the thread that runs the daemon); UINT_MAX if it does not say.
+static inline unsigned int CMicroHTTPD_daemon_connections(struct MHD_Daemon *daemon) {
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(daemon, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+    return info == NULL ? UINT_MAX : info->num_connections;
 }
 
 // libmicrohttpd percent-decodes the path and each query name and value with MHD_http_unescape, a

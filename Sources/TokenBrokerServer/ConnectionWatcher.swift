@@ -103,6 +103,10 @@ final class ConnectionWatcher: @unchecked Sendable {
 
     /// Connections open now.
     var openConnections: Int { state.withLock { $0.clocks.count } }
+    /// The same, read without the lock, as of the last connection opened or closed: a thread
+    /// polling a daemon reads it before each turn (`DaemonThread`), and sees its own changes.
+    var openConnectionsLatest: Int { openCount.load(ordering: .relaxed) }
+    private let openCount = Atomic<Int>(0)
     /// Idle connections shut down to make room since start.
     var evictedConnections: Int { state.withLock { $0.evicted } }
 
@@ -118,6 +122,7 @@ final class ConnectionWatcher: @unchecked Sendable {
         clock.armDeadline(after: requestTimeoutMsec)
         state.withLock { state in
             state.clocks[ObjectIdentifier(clock)] = clock
+            openCount.store(state.clocks.count, ordering: .relaxed)
             guard state.clocks.count > evictAbove else { return }
             var idlest: ConnectionClock?
             var slowest: ConnectionClock?
@@ -148,6 +153,7 @@ final class ConnectionWatcher: @unchecked Sendable {
     func closed(_ clock: ConnectionClock) {
         state.withLock { state in
             state.clocks[ObjectIdentifier(clock)] = nil
+            openCount.store(state.clocks.count, ordering: .relaxed)
             state.registered[clock.fd] = nil
         }
     }

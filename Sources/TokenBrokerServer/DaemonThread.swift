@@ -21,11 +21,24 @@ import TokenBrokerCore
 /// pointer: libmicrohttpd 0.9.75's epoll loop skips an event whose pointer is null (it holds
 /// that value for its own shutdown signal, and registers nothing with it in this mode), and
 /// its wait ends, so the thread runs the work queued for it.
+///
+/// Why the thread sometimes waits itself (`turn()`): libmicrohttpd 0.9.75's epoll loop reads at
+/// most 128 events a call, and reads again after a call that filled all 128, with the turn's
+/// whole timeout (daemon.c, `MHD_epoll`, the `MAX_EVENTS` loop). When exactly 128 were ready,
+/// that second wait finds nothing and blocks with their connections unserved, until some other
+/// event or the nearest connection timeout: 128 keep-alive clients of one thread sending at once
+/// waited 30 s, and were then cut off. So the thread lets libmicrohttpd block only when its epoll
+/// set cannot hold 128 ready descriptors; with more connections it waits on the epoll set itself
+/// and has libmicrohttpd read it without waiting.
 final class DaemonThread: @unchecked Sendable {
     // @unchecked: `handle` is used on the thread alone, but for `MHD_resume_connection`, which
     // libmicrohttpd allows from any thread; `thread` is written before the thread starts.
 
     let handle: OpaquePointer
+    /// The daemon's epoll descriptor, which the thread waits on itself when libmicrohttpd may not.
+    private let epoll: Int32
+    /// The server's, whose count of open connections (all its daemons') bounds this daemon's.
+    private let watcher: ConnectionWatcher
     private let wakeup: Int32
     private var thread = pthread_t()
     /// Work for the thread, and whether it must stop after it.
@@ -35,10 +48,12 @@ final class DaemonThread: @unchecked Sendable {
 
     /// Prepares the thread for `handle`, a daemon started in external mode with epoll: its
     /// wake-up in the daemon's epoll set. `start()` starts it.
+    /// - Parameter watcher: the server's, told of each connection the daemon opens and closes.
     /// - Throws: the reason, naming the call the kernel refused; the daemon is not stopped.
-    init(_ handle: OpaquePointer) throws(StartFailure) {
+    init(_ handle: OpaquePointer, watcher: ConnectionWatcher) throws(StartFailure) {
         self.handle = handle
-        let epoll = CMicroHTTPD_daemon_epoll_fd(handle)
+        self.watcher = watcher
+        epoll = CMicroHTTPD_daemon_epoll_fd(handle)
         guard epoll >= 0 else { throw StartFailure(reason: "libmicrohttpd gave no epoll descriptor") }
         // From here on every property is set, and a throw runs `deinit`, which closes the eventfd.
         wakeup = eventfd(0, Int32(EFD_CLOEXEC | EFD_NONBLOCK))
@@ -116,7 +131,7 @@ final class DaemonThread: @unchecked Sendable {
     /// The thread: the daemon's turns, and the work posted between them.
     private func loop() {
         while true {
-            _ = MHD_run_wait(handle, -1)
+            turn()
             guard woken.exchange(false, ordering: .acquiringAndReleasing) else { continue }
             var count: UInt64 = 0
             _ = read(wakeup, &count, 8)
@@ -127,5 +142,34 @@ final class DaemonThread: @unchecked Sendable {
             for item in work { item() }
             if stop { return }
         }
+    }
+
+    /// The most descriptors, besides connections, in the daemon's epoll set: the listening socket
+    /// and the wake-up (libmicrohttpd adds its inter-thread channel only to daemons with threads
+    /// of their own, and its upgrade descriptor only with TLS). Kept generous.
+    private static let otherDescriptors: UInt32 = 8
+    /// The events libmicrohttpd 0.9.75 reads from its epoll set in one call (`MAX_EVENTS`).
+    private static let eventsPerRead: UInt32 = 128
+
+    /// One turn of the daemon: waits for its next event or timeout and serves what is ready.
+    private func turn() {
+        // The connections counted here are the most the set holds during the turn: the ones
+        // accepted in it are added after libmicrohttpd's wait. The server's count, all its
+        // daemons' and read without a lock, settles most turns; libmicrohttpd's own, for this
+        // daemon alone, takes a lock and a pass over the connections to clean up.
+        let fewest = Int(Self.eventsPerRead - Self.otherDescriptors)
+        let connections =
+            watcher.openConnectionsLatest < fewest ? 0 : Int(CMicroHTTPD_daemon_connections(handle))
+        guard connections >= fewest else {
+            _ = MHD_run_wait(handle, -1)  // fewer than 128 events can be ready: it cannot block twice
+            return
+        }
+        _ = MHD_run_wait(handle, 0)
+        // libmicrohttpd decides whether the listening socket belongs in the set at the start of
+        // a turn, from the connections left at the end of the last: when some closed in this
+        // turn, the next one must run before any wait, or new clients would wait unseen.
+        guard Int(CMicroHTTPD_daemon_connections(handle)) >= connections else { return }
+        var ready = pollfd(fd: epoll, events: Int16(POLLIN), revents: 0)
+        _ = poll(&ready, 1, CMicroHTTPD_wait_ms(handle))
     }
 }

@@ -155,7 +155,7 @@ public final class HTTPServer: @unchecked Sendable {
         var prepared: [DaemonThread] = []
         for handle in handles {
             do {
-                prepared.append(try DaemonThread(handle))
+                prepared.append(try DaemonThread(handle, watcher: watcher))
             } catch {
                 for handle in handles { MHD_stop_daemon(handle) }
                 return error.reason

@@ -10,6 +10,7 @@ import os
 import resource
 import secrets
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -484,3 +485,52 @@ def test_ten_thousand_idle_connections_do_not_lock_out_new_clients():
             for connection in idle:
                 connection.close()
             resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def all_threads_stopped(pid):
+    """Whether every thread of the process is stopped by a signal (state T in /proc)."""
+    states = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/stat") as handle:
+            # The state follows the command name, which is in parentheses and may hold spaces.
+            states.append(handle.read().rpartition(")")[2].split()[0])
+    return all(state == "T" for state in states)
+
+
+def test_exactly_128_requests_ready_at_once_on_one_listener_thread_are_all_answered():
+    # libmicrohttpd 0.9.75 reads at most 128 events a call, and after a call that filled all 128
+    # it waits again, for as long as the whole turn may: with exactly 128 ready and nothing else
+    # to come, the answers waited for the nearest connection timeout (here 60 s), and were cut
+    # off then. The admin listener runs on one thread; the broker is stopped (SIGSTOP) while the
+    # 128 requests arrive, so that its thread finds them all ready at once.
+    count = 128
+    with Broker({"connectionTimeoutSec": 60}) as broker:
+        host, port = broker._split("admin")
+        connections = [socket.create_connection((host, port), timeout=10) for _ in range(count)]
+        try:
+            # Every connection accepted (the one asking counts too), and its own close seen.
+            assert wait_until(lambda: broker.metric("token_broker_open_connections", listener="admin") >= count + 1)
+            time.sleep(0.5)
+            os.kill(broker.process.pid, signal.SIGSTOP)
+            try:
+                # Stopped for certain: a thread still running would take the first requests alone.
+                assert wait_until(lambda: all_threads_stopped(broker.process.pid))
+                for connection in connections:
+                    connection.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            finally:
+                os.kill(broker.process.pid, signal.SIGCONT)
+            deadline = time.monotonic() + 10
+            answered = 0
+            for connection in connections:
+                connection.settimeout(max(0.1, deadline - time.monotonic()))
+                try:
+                    answer = parse(connection.recv(65536))
+                except (socket.timeout, ConnectionResetError):
+                    break
+                assert answer is not None and answer[0] == 200, answer
+                answered += 1
+            assert answered == count, f"{answered} of {count} answered within 10 s"
+        finally:
+            for connection in connections:
+                connection.close()
+        assert_healthy(broker)
