@@ -46,6 +46,8 @@ public final class HTTPServer: @unchecked Sendable {
     private let suspended = Lock<Suspended>(Suspended())
     private let watcher: ConnectionWatcher
     private let requestsInFlight = Atomic<Int>(0)
+    /// Resumes taken out of `suspended` whose `MHD_resume_connection` has not returned yet.
+    private let resumesUnderWay = Atomic<Int>(0)
     /// Set when the grace ends: streams may no longer suspend their connection.
     private let stopping = Atomic<Bool>(false)
     /// Set when shutting down begins: new requests are refused.
@@ -236,14 +238,28 @@ public final class HTTPServer: @unchecked Sendable {
     private struct Suspended {
         private var table = SlotTable<HTTPResponder>()
         var peak = 0
+        /// Closed by the stop: no connection may be suspended after, since `MHD_stop_daemon`
+        /// aborts the process on finding one.
+        private var closed = false
 
         var count: Int { table.count }
         var all: [HTTPResponder] { table.elements }
 
-        mutating func insert(_ responder: HTTPResponder) {
-            guard responder.suspendedSlot.load(ordering: .relaxed) < 0 else { return }
+        /// False, and nothing kept, once closed.
+        mutating func insert(_ responder: HTTPResponder) -> Bool {
+            guard !closed else { return false }
+            guard responder.suspendedSlot.load(ordering: .relaxed) < 0 else { return true }
             responder.suspendedSlot.store(table.insert(responder), ordering: .relaxed)
             peak = max(peak, table.count)
+            return true
+        }
+
+        /// Closes the table and takes everything in it out.
+        mutating func close() -> [HTTPResponder] {
+            closed = true
+            let left = table.elements
+            for responder in left { _ = remove(responder) }
+            return left
         }
 
         /// False when the responder was not suspended.
@@ -285,13 +301,24 @@ public final class HTTPServer: @unchecked Sendable {
         stopping.store(true, ordering: .relaxed)
         for responder in suspended.withLock({ $0.all }) { responder.respond(finalAnswer) }
         while inFlight > 0, clock.now < end { usleep(10_000) }
-        // Anything suspended since must be resumed before MHD_stop_daemon.
-        for responder in suspended.withLock({ $0.all }) { resume(responder) }
+        resumeAllForGood()
         // The threads stay listed (stopped): `resume` may read the list from any thread.
         for thread in daemonThreads { thread.stop() }
         stopLoopDaemons()
         watcher.stop()
         closeListeningSocket()
+    }
+
+    /// Resumes every connection still suspended, and lets none be suspended from now on:
+    /// `MHD_stop_daemon` aborts the process on finding a suspended connection that is not
+    /// resuming. A request whose body ends later (a proxied upload) is closed instead of parked,
+    /// and an answer given later resumes nothing. An answer given just before, whose
+    /// `MHD_resume_connection` may still be under way on another thread, is waited for: after the
+    /// stop, that call would touch a freed connection.
+    private func resumeAllForGood() {
+        let left = suspended.withLock { $0.close() }
+        while resumesUnderWay.load(ordering: .acquiring) > 0 { sched_yield() }
+        for responder in left { resumeConnection(responder) }
     }
 
     /// Stops every daemon polling the listening socket, each on the thread that polls it, and
@@ -362,7 +389,10 @@ public final class HTTPServer: @unchecked Sendable {
             if let response = responder.takeAnswer() { return queue(response, on: connection, responder) }
             // A streamed request whose answer is not ready yet: wait for it, suspended.
             guard state?.bodyStream != nil else { return CMicroHTTPD_no() }
-            park(responder, connection)
+            // Not once the server stopped: the answer now, if it came meanwhile, else the end.
+            guard park(responder, connection) else {
+                return responder.takeAnswer().map { queue($0, on: connection, responder) } ?? CMicroHTTPD_no()
+            }
             if responder.hasAnswer { resume(responder) }
             return CMicroHTTPD_yes()
         }
@@ -430,7 +460,9 @@ public final class HTTPServer: @unchecked Sendable {
                 drainMsec: Int64(configuration.connectionTimeoutSec) * 1000)
             // A streamed body keeps coming while the answer is prepared: the connection stays live.
             if !streaming {
-                park(responder, connection)
+                // Not once the server stopped (a request that passed the check for draining
+                // just before a stop without grace): the handler's refusal, and no work begun.
+                guard park(responder, connection) else { return queue(handler.refusal(.stopped), on: connection, nil) }
                 watcher.watch(responder.fd, responder)
             }
             start(responder)
@@ -473,39 +505,49 @@ public final class HTTPServer: @unchecked Sendable {
         return MHD_queue_response(connection, UInt32(response.status), response.handle)
     }
 
-    /// Suspends a connection and remembers it, so that shutting down can answer it.
-    private func park(_ responder: HTTPResponder, _ connection: OpaquePointer) {
-        suspended.withLock { $0.insert(responder) }
+    /// Suspends a connection and remembers it, so that shutting down can answer it; false,
+    /// leaving it as it is, once the server has resumed its connections for the last time.
+    private func park(_ responder: HTTPResponder, _ connection: OpaquePointer) -> Bool {
+        guard suspended.withLock({ $0.insert(responder) }) else { return false }
         MHD_suspend_connection(connection)
+        return true
     }
 
     /// Suspends a connection whose stream waits for bytes; false when the server is stopping.
     func suspendForStream(_ responder: HTTPResponder) -> Bool {
         guard !stopping.load(ordering: .relaxed) else { return false }
-        park(responder, responder.connection)
-        return true
+        return park(responder, responder.connection)
     }
 
     /// Resumes a suspended connection so the access handler can queue its answer.
     func resume(_ responder: HTTPResponder) {
         let (wasSuspended, trim) = suspended.withLock { suspended -> (Bool, Bool) in
             let removed = suspended.remove(responder)
+            // Counted before the lock is let go, so that the stop sees it (`resumeAllForGood`).
+            if removed { resumesUnderWay.add(1, ordering: .relaxed) }
             guard suspended.count == 0, suspended.peak >= Self.trimAfterPeak else { return (removed, false) }
             suspended.peak = 0
             return (removed, true)
         }
         if wasSuspended {
-            // The owner first: once resumed, the connection may be answered, closed and freed
-            // by its daemon's thread before this one reads it again.
-            let owner = CMicroHTTPD_connection_daemon(responder.connection)
-            MHD_resume_connection(responder.connection)
-            // A daemon in external mode learns of it only when its thread runs it next.
-            if let owner {
-                for thread in daemonThreads where thread.handle == owner { thread.wake() }
-                for daemon in loopDaemons where daemon.handle == owner { daemon.source.markPending() }
-            }
+            resumeConnection(responder)
+            resumesUnderWay.subtract(1, ordering: .releasing)
         }
         if trim { watcher.requestMemoryTrim() }
+    }
+
+    /// `MHD_resume_connection` for a responder taken out of the suspended ones, and a wake-up
+    /// for the thread that runs its daemon.
+    private func resumeConnection(_ responder: HTTPResponder) {
+        // The owner first: once resumed, the connection may be answered, closed and freed
+        // by its daemon's thread before this one reads it again.
+        let owner = CMicroHTTPD_connection_daemon(responder.connection)
+        MHD_resume_connection(responder.connection)
+        // A daemon in external mode learns of it only when its thread runs it next.
+        if let owner {
+            for thread in daemonThreads where thread.handle == owner { thread.wake() }
+            for daemon in loopDaemons where daemon.handle == owner { daemon.source.markPending() }
+        }
     }
 
     func completed(_ connection: OpaquePointer?, _ requestContext: UnsafeMutablePointer<UnsafeMutableRawPointer?>) {

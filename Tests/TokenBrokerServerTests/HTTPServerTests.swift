@@ -369,6 +369,44 @@ struct HTTPServerTests {
         #expect(served.load(ordering: .relaxed) > 300, "the clients were answered while the servers ran")
     }
 
+    /// An upload whose body ends after the stop resumed the suspended connections for the last
+    /// time was suspended all the same, to wait for its answer, and `MHD_stop_daemon` then
+    /// aborted the process ("called while we have suspended connections"). The consumer's
+    /// wake-up runs on the daemon's thread as the body arrives, and holds that thread here until
+    /// the stop is well past that point. A failure is the test process ending on SIGABRT.
+    @Test(arguments: Polling.allCases) func anUploadEndingAfterTheLastResumeIsClosedAndTheStopDoesNotAbort(
+        _ polling: Polling
+    ) async throws {
+        let waiting = Atomic<Int>(0)
+        let release = DispatchSemaphore(value: 0)
+        let handler = TestHandler(
+            answer: { request in
+                guard let body = request.bodyStream else { return .response(TestHandler.text(500, "no stream")) }
+                // Never answered: the body's end finds the request still waiting.
+                return .deferred { _ in
+                    body.whenAvailable { _ = release.wait(timeout: .now() + 10) }
+                    var byte = [UInt8](repeating: 0, count: 1)
+                    if case .wait = byte.withUnsafeMutableBytes({ body.read(into: $0) }) {
+                        waiting.add(1, ordering: .relaxed)
+                    }
+                }
+            }, begin: { _ in .stream(HTTPRequestBodyStream(limit: 1024)) })
+        let server = try startServer(handler, polling) { $0.streamingPrefix = "/up/" }
+        let client = try TestHTTPClient(port: server.port)
+        try client.send("POST /up/load HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\n")
+        #expect(await eventually { waiting.load(ordering: .relaxed) == 1 })
+
+        // The last resume comes half a second in; the wake-up holds the thread for two.
+        let shutdown = BackgroundWork { server.shutDown(grace: .milliseconds(500)) }
+        #expect(await eventually { TestHTTPClient.isRefused(port: server.port) }, "the daemons' threads are free again")
+        try client.send("12345")
+        try await Task.sleep(for: .seconds(2))
+        release.signal()
+
+        #expect(await eventually(within: 30) { shutdown.isDone })
+        #expect(client.isClosedByServer())
+    }
+
     @Test(arguments: Polling.allCases) func requestDuringTheDrainGetsTheHandlersStoppingAnswerWhileAnswersInFlightGoOn(
         _ polling: Polling
     ) async throws {
