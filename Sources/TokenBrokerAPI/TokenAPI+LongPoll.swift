@@ -75,8 +75,12 @@ extension TokenAPI {
         case .timedOut(let current?, _):
             switch mode {
             case .ready(conditional: true):
+                // With the length of the token's answer, which the request would have had without
+                // its condition (RFC 9110 §8.6): not 0.
+                let full = endpoint.responses.response(for: current, stale: provider.status().stale, now: now)
                 return HTTPResponse(
-                    status: 304, body: [], headers: [("ETag", "\"\(current.version)\""), ("Cache-Control", "no-store")])
+                    status: 304, headers: [("ETag", "\"\(current.version)\""), ("Cache-Control", "no-store")],
+                    standingFor: full.body.count)
             case .ready(conditional: false), .onDemand:
                 return tokenAnswer(current, stale: provider.status().stale)
             }

@@ -50,6 +50,19 @@ public final class HTTPResponse: @unchecked Sendable {
         Self.add(fields, to: handle)
     }
 
+    /// An answer without a body that stands for one of `length` bytes: a 304, whose
+    /// `Content-Length` must be what a 200 to the same request would say (RFC 9110 §8.6), where
+    /// an empty body would make libmicrohttpd say 0. libmicrohttpd sends the length and, for a
+    /// 304, no body; the connection is kept.
+    public init(status: Int, headers: [(String, String)], standingFor length: Int) {
+        self.status = status
+        fields = .text(headers)
+        body = []
+        stream = nil
+        handle = MHD_create_response_from_callback(UInt64(max(0, length)), 1, noBodyReader, nil, nil)
+        Self.add(fields, to: handle)
+    }
+
     /// A streamed answer: the body comes from `stream` as its producer writes it.
     /// - Parameter length: the body's length when known (sent as `Content-Length`); otherwise
     ///   HTTP/1.1 clients get it chunked.
@@ -163,6 +176,10 @@ private let streamReader: MHD_ContentReaderCallback = { context, _, buffer, max 
     let stream = Unmanaged<HTTPResponseStream>.fromOpaque(context).takeUnretainedValue()
     return stream.read(into: UnsafeMutableRawBufferPointer(start: buffer, count: max))
 }
+
+// The content reader of an answer that stands for a body it never sends: never called for a
+// 304 (libmicrohttpd counts the body as sent), and an error if it ever were.
+private let noBodyReader: MHD_ContentReaderCallback = { _, _, _, _ in -2 }
 
 private let streamReleaser: MHD_ContentReaderFreeCallback = { context in
     guard let context else { return }

@@ -109,6 +109,26 @@ def test_ready_answers_at_once_when_a_newer_token_is_cached_and_304_when_none_co
     assert body["version"] == 1, "without after, any valid token answers at once"
 
 
+def test_a_304_says_the_length_of_the_answer_it_stands_for_and_keeps_the_connection(broker):
+    """RFC 9110 §8.6: a 304's Content-Length, if sent, is what a 200 to the same request would
+    say. It said 0. http.client reads no body after a 304, so a second answer on the connection
+    also shows that none was sent."""
+    connection = broker.connection()
+    try:
+        connection.request("GET", "/token/ready?timeout=1", headers={**GUARD, "If-None-Match": '"1"'})
+        response = connection.getresponse()
+        assert response.status == 304 and response.read() == b""
+        declared = response.getheader("Content-Length")
+        assert response.getheader("Transfer-Encoding") is None
+        connection.request("GET", "/token/ready", headers=GUARD)
+        response = connection.getresponse()
+        body = response.read()
+        assert response.status == 200 and json.loads(body)["version"] == 1
+        assert declared == str(len(body)), (declared, len(body))
+    finally:
+        connection.close()
+
+
 @pytest.mark.parametrize("after", [1, 41])
 def test_a_long_poll_is_woken_by_a_refresh(broker, after):
     """After the current version (1), or after one from before a restart (41): without a store,
