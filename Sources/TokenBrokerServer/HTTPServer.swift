@@ -257,6 +257,7 @@ public final class HTTPServer: @unchecked Sendable {
         /// Closes the table and takes everything in it out.
         mutating func close() -> [HTTPResponder] {
             closed = true
+            peak = 0  // nothing to trim for: no late resume may reach the watcher, stopped by then
             let left = table.elements
             for responder in left { _ = remove(responder) }
             return left
@@ -460,8 +461,9 @@ public final class HTTPServer: @unchecked Sendable {
                 drainMsec: Int64(configuration.connectionTimeoutSec) * 1000)
             // A streamed body keeps coming while the answer is prepared: the connection stays live.
             if !streaming {
-                // Not once the server stopped (a request that passed the check for draining
-                // just before a stop without grace): the handler's refusal, and no work begun.
+                // Not once the server stopped: the handler's refusal, and no work begun. Not
+                // reached while every daemon is quiesced on its own thread after `draining` is
+                // set (checked just before `handle`); kept so that no path can suspend late.
                 guard park(responder, connection) else { return queue(handler.refusal(.stopped), on: connection, nil) }
                 watcher.watch(responder.fd, responder)
             }
@@ -525,7 +527,7 @@ public final class HTTPServer: @unchecked Sendable {
             let removed = suspended.remove(responder)
             // Counted before the lock is let go, so that the stop sees it (`resumeAllForGood`).
             if removed { resumesUnderWay.add(1, ordering: .relaxed) }
-            guard suspended.count == 0, suspended.peak >= Self.trimAfterPeak else { return (removed, false) }
+            guard removed, suspended.count == 0, suspended.peak >= Self.trimAfterPeak else { return (removed, false) }
             suspended.peak = 0
             return (removed, true)
         }
