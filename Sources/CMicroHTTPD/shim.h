@@ -31,16 +31,10 @@ static inline struct MHD_Response *CMicroHTTPD_response_copying(size_t size, con
     return MHD_create_response_from_buffer(size, (void *)data, MHD_RESPMEM_MUST_COPY);
 }
 
-// MHD_set_response_options is variadic, and each call replaces the flags the last one set.
-// `framed_by_close` sets MHD_RF_HTTP_1_0_COMPATIBLE_STRICT (0.9.73+): the answer is sent without
-// chunking, and the connection closed after it. `own_content_length` sets
-// MHD_RF_INSANITY_HEADER_CONTENT_LENGTH: a Content-Length header of the application's may be added.
-static inline int CMicroHTTPD_response_flags(struct MHD_Response *response, int framed_by_close,
-                                             int own_content_length) {
-    enum MHD_ResponseFlags flags = (enum MHD_ResponseFlags)(
-        (framed_by_close ? MHD_RF_HTTP_1_0_COMPATIBLE_STRICT : 0)
-        | (own_content_length ? MHD_RF_INSANITY_HEADER_CONTENT_LENGTH : 0));
-    return MHD_set_response_options(response, flags, MHD_RO_END) == MHD_YES;
+// MHD_set_response_options is variadic. This sets MHD_RF_HTTP_1_0_COMPATIBLE_STRICT (0.9.73+):
+// the answer is sent without chunking, and the connection closed after it.
+static inline int CMicroHTTPD_response_framed_by_close(struct MHD_Response *response) {
+    return MHD_set_response_options(response, MHD_RF_HTTP_1_0_COMPATIBLE_STRICT, MHD_RO_END) == MHD_YES;
 }
 
 // MHD_get_connection_info is variadic; this asks it for the connection's socket, or -1.

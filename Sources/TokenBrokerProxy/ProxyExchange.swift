@@ -217,11 +217,14 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
             return true
         }
         // libcurl knows a 304 has no body and gives no length: its own `Content-Length` is the
-        // length of the body it stands for, and goes on as it is.
+        // length of the body it stands for, and goes on as it is (UInt64.max is libmicrohttpd's
+        // "unknown", so not that).
         let declared = status == 304 ? headers.last { $0.0.equalsIgnoringASCIICase("Content-Length") } : nil
         _ = stream(
             status: status, headers: passed, length: length, first: first,
-            declaredLength: declared.flatMap { UInt64(String(decoding: $0.1, as: UTF8.self)) })
+            declaredLength: declared.flatMap { UInt64(String(decoding: $0.1, as: UTF8.self)) }.flatMap {
+                $0 < .max ? $0 : nil
+            })
         return true
     }
 
@@ -238,14 +241,14 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
         // length, chunked, and it then sends the last chunk (`0`) after the head, where the client
         // reads its next answer (RFC 9112 §6.3 rule 1: nothing follows a head answering HEAD).
         // Sent unchunked, with the connection closed after it, nothing follows.
-        // A 304 likewise: libmicrohttpd 0.9.75 says `Content-Length: 0` of one of length 0 (a
-        // 304's length must be what a 200 would say, RFC 9110 §8.6) and chunks one of unknown
-        // length; unchunked and closed, it says the upstream's length, or none.
+        // A 304 says the length of the body it stands for (RFC 9110 §8.6), which libmicrohttpd
+        // sends as the answer's length without sending a body: the upstream's. Without one it
+        // is sent like that answer to HEAD, with no length at all, where libmicrohttpd 0.9.75
+        // would say `Content-Length: 0` of an empty body and chunk one of unknown length.
         let response = HTTPResponse(
             status: status, rawHeaders: passed, stream: stream,
-            length: status == 304 ? nil : empty ? 0 : length.map { UInt64($0) },
-            framedByClose: status == 304 || (method == "HEAD" && length == nil && !empty),
-            declaredLength: declaredLength)
+            length: status == 304 ? declaredLength : empty ? 0 : length.map { UInt64($0) },
+            framedByClose: (status == 304 && declaredLength == nil) || (method == "HEAD" && length == nil && !empty))
         var accepted = true
         if bodyless && method != "HEAD" {
             stream.finish()

@@ -71,19 +71,18 @@ public final class HTTPResponse: @unchecked Sendable {
     }
 
     /// A streamed answer whose header values are the bytes that came (a proxied answer's).
-    /// - Parameter framedByClose: send it unchunked and close the connection after it, even
-    ///   without a length: for an answer to HEAD of unknown length, which libmicrohttpd 0.9.75
-    ///   would otherwise follow with a last chunk (`0`) that the client reads as its next answer.
-    /// - Parameter declaredLength: for an answer that has no body (a 304), the `Content-Length`
-    ///   of the body it stands for, sent as it is (RFC 9110 §8.6), where libmicrohttpd would say 0.
+    /// - Parameters:
+    ///   - length: the body's length when known; a 304's is that of the body it stands for,
+    ///     which libmicrohttpd sends as `Content-Length`, sending no body.
+    ///   - framedByClose: send it unchunked and close the connection after it, even without a
+    ///     length: for an answer to HEAD of unknown length, which libmicrohttpd 0.9.75 would
+    ///     otherwise follow with a last chunk (`0`) that the client reads as its next answer.
     public convenience init(
         status: Int, rawHeaders: [(String, [UInt8])], stream: HTTPResponseStream, length: UInt64?,
-        framedByClose: Bool = false, declaredLength: UInt64? = nil
+        framedByClose: Bool = false
     ) {
         self.init(status: status, fields: .bytes(rawHeaders), stream: stream, length: length)
-        guard framedByClose || declaredLength != nil else { return }
-        let set = CMicroHTTPD_response_flags(handle, framedByClose ? 1 : 0, declaredLength != nil ? 1 : 0) != 0
-        if let declaredLength, set { MHD_add_response_header(handle, "Content-Length", String(declaredLength)) }
+        if framedByClose { _ = CMicroHTTPD_response_framed_by_close(handle) }
     }
 
     private init(status: Int, fields: Fields, stream: HTTPResponseStream, length: UInt64?) {
