@@ -96,6 +96,23 @@ public final class ProxyAPI: ProxyHandling {
             return .refuse(
                 ProxyFailure.methodNotAllowed(request.method).response(settings, provider: route.provider.name))
         }
+        // RFC 9110 §7.6.2: each intermediary checks an OPTIONS request's Max-Forwards; at 0 it
+        // answers as the final recipient and forwards nothing (`handle` counts one hop off).
+        if request.method == "OPTIONS" {
+            switch Self.maxForwards(request.headers) {
+            case .absent: break
+            case .hops(let hops) where hops > 0: break
+            case .hops:
+                metrics.recordProxied(proxy: settings.name, status: 200)
+                return .refuse(
+                    HTTPResponse(
+                        status: 200, body: [],
+                        headers: [("Allow", Self.methods.joined(separator: ", ")), ("Cache-Control", "no-store")]))
+            case .malformed:
+                metrics.recordProxied(proxy: settings.name, status: 400)
+                return .refuse(ErrorAnswer.malformedHead(problem: Self.malformedMaxForwards).response)
+            }
+        }
         // The server has refused every Transfer-Encoding but exactly `chunked` (RequestHead).
         let chunked = request.header("Transfer-Encoding") != nil
         let length = request.header("Content-Length").flatMap { Int($0) }
@@ -109,6 +126,38 @@ public final class ProxyAPI: ProxyHandling {
         return .buffer(limit: settings.bufferBodyBytes)
     }
 
+    /// An OPTIONS request's `Max-Forwards` (RFC 9110 §7.6.2: one whole number).
+    enum MaxForwards: Equatable {
+        case absent
+        /// Saturated at `mostHops`, the most this intermediary supports.
+        case hops(Int)
+        /// Not digits alone, or given twice: which value counts is not known, so none does.
+        case malformed
+    }
+
+    static let mostHops = 1_000_000
+    static let malformedMaxForwards = "Max-Forwards must be given once, as a whole number (RFC 9110 §7.6.2)"
+
+    static func maxForwards(_ headers: HTTPFields) -> MaxForwards {
+        var found: Int?
+        for index in 0..<headers.count where headers.name(at: index).equalsIgnoringASCIICase("Max-Forwards") {
+            guard found == nil, let value = headers.value(at: index), !value.isEmpty else { return .malformed }
+            var hops = 0
+            for byte in value.utf8 {
+                guard byte >= UInt8(ascii: "0"), byte <= UInt8(ascii: "9") else { return .malformed }
+                hops = min(Self.mostHops, hops * 10 + Int(byte - UInt8(ascii: "0")))
+            }
+            found = hops
+        }
+        return found.map { .hops($0) } ?? .absent
+    }
+
+    /// What the broker adds to every request it forwards, as an HTTP-to-HTTP gateway must
+    /// (RFC 9110 §7.6.3): the version it received, and its name.
+    static func via(_ request: HTTPRequest) -> ProxyHeaders.Field {
+        ("Via", Array((request.isHTTP10 ? "1.0 token-broker" : "1.1 token-broker").utf8))
+    }
+
     public func handle(_ request: HTTPRequest, target: ProxyRequestTarget) -> HTTPReply {
         guard let route = routes[target.proxy] else { return .response(Self.noRoute(target.proxy)) }
         let settings = route.configuration
@@ -118,16 +167,24 @@ public final class ProxyAPI: ProxyHandling {
         }
         // The request is valid only now: copy what the exchange needs.
         // Values as the bytes sent: one that is not UTF-8 goes on as it came (`ProxyHeaders`).
-        let headers = (0..<request.headers.count).map { index in
+        var headers = (0..<request.headers.count).map { index in
             (request.headers.name(at: index), request.headers.withValue(at: index) { $0.map(Array.init) ?? [] })
         }
+        let headRoom = answerHeadRoom(request, headers: headers)
+        // One hop fewer for OPTIONS; `begin` answered one with none left, and refused a bad one.
+        if request.method == "OPTIONS", case .hops(let hops) = Self.maxForwards(request.headers), hops > 0 {
+            for index in headers.indices where headers[index].0.equalsIgnoringASCIICase("Max-Forwards") {
+                headers[index].1 = Array(String(hops - 1).utf8)
+            }
+        }
+        headers.append(Self.via(request))
         let exchange = ProxyExchange(
             api: self, route: route, method: request.method,
             url: settings.target.url(path: target.path, query: target.query),
             headers: headers,
             body: request.bodyStream.map { .streamed($0, length: request.header("Content-Length").flatMap { Int($0) }) }
                 ?? .buffered(request.body),
-            answerHeadRoom: answerHeadRoom(request, headers: headers))
+            answerHeadRoom: headRoom)
         return .deferred { responder in exchange.start(responder) }
     }
 }

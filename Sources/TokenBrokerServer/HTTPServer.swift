@@ -368,7 +368,7 @@ public final class HTTPServer: @unchecked Sendable {
             // First call of a request under the streaming prefix: decide about its body now.
             requestContext.pointee = RequestPhase.underway(streaming).context
             return headArrived(connection, url: url, method: method, version: version, bodyLimit: nil)
-                ?? begin(streaming, connection, url: url, method: method)
+                ?? begin(streaming, connection, url: url, method: method, version: version)
         case .headRead:
             state = nil
         case .underway(let underway):
@@ -473,13 +473,15 @@ public final class HTTPServer: @unchecked Sendable {
     }
 
     private func begin(
-        _ state: RequestState, _ connection: OpaquePointer, url: UnsafePointer<CChar>, method: UnsafePointer<CChar>
+        _ state: RequestState, _ connection: OpaquePointer, url: UnsafePointer<CChar>, method: UnsafePointer<CChar>,
+        version: UnsafePointer<CChar>
     ) -> MHD_Result {
         let handler = handler
         if draining.load(ordering: .relaxed) { return queue(handler.refusal(.stopping), on: connection, nil) }
         var request = HTTPRequest(
             method: String(cString: method), path: String(cString: url), rawTarget: state.rawTarget,
             query: HTTPFields(connection, .GET_ARGUMENT_KIND), headers: HTTPFields(connection, .HEADER_KIND))
+        request.isHTTP10 = strcmp(version, "HTTP/1.0") == 0
         switch handler.begin(&request) {
         case .buffer(let limit):
             state.bodyLimit = limit

@@ -1,5 +1,6 @@
 import Testing
 import TokenBrokerAPI
+import TokenBrokerServer
 
 @testable import TokenBrokerCore
 @testable import TokenBrokerProxy
@@ -54,6 +55,23 @@ import TokenBrokerAPI
     ])
     func escapesAndTricksAreRefused(_ raw: String, _ problem: ProxyPathProblem) {
         #expect(throws: problem) { try ProxyPath.parse(raw).get() }
+    }
+
+    /// RFC 9110 §7.6.2: `Max-Forwards = 1*DIGIT`, given once; a number past what the broker
+    /// supports counts as its most, not as an error or a wrap-around.
+    @Test(
+        arguments: [
+            ([("Max-Forwards", "0")], ProxyAPI.MaxForwards.hops(0)),
+            ([("max-forwards", "07")], .hops(7)),
+            ([("Max-Forwards", "99999999999999999999999")], .hops(ProxyAPI.mostHops)),
+            ([("Accept", "*/*")], .absent),
+            ([("Max-Forwards", "1"), ("Max-Forwards", "1")], .malformed),
+            ([("Max-Forwards", "+1")], .malformed),
+            ([("Max-Forwards", "1 2")], .malformed),
+            ([("Max-Forwards", "")], .malformed),
+        ])
+    func maxForwardsIsOneWholeNumber(_ headers: [(String, String)], _ expected: ProxyAPI.MaxForwards) {
+        #expect(ProxyAPI.maxForwards(HTTPFields(headers.map { ($0.0, $0.1) })) == expected)
     }
 
     @Test func theTargetIsCheckedAndJoined() throws {

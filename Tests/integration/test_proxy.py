@@ -16,7 +16,7 @@ import urllib.request
 import pytest
 
 from broker import GUARD, Broker
-from test_hardening import UnixConnection, parse, raw
+from test_hardening import UnixConnection, exchange, parse, raw
 from test_proxy_answer_framing import ScriptedUpstream
 from test_http_api import wait_until
 
@@ -174,6 +174,39 @@ def test_methods_without_bodies_and_head_pass_through(broker):
         assert status == 200 and json.loads(payload)["method"] == method
     status, headers, payload = echo(broker, "HEAD")
     assert status == 200 and payload == b"" and int(headers["content-length"]) > 0
+
+
+def test_the_broker_names_itself_in_via_as_a_gateway_must(broker):
+    """RFC 9110 §7.6.3: an HTTP-to-HTTP gateway sends Via in every request it forwards, with the
+    protocol version it received, after any Via the request already had."""
+    status, _, payload = echo(broker, headers={"Via": "1.1 edge"})
+    assert status == 200
+    vias = [value for name, value in json.loads(payload)["headers"] if name.lower() == "via"]
+    assert vias == ["1.1 edge", "1.1 token-broker"], vias
+    host, port = broker.addresses["token"].rsplit(":", 1)
+    answer = exchange(f"{host}:{port}", b"GET /proxy/api/echo/old HTTP/1.0\r\nHost: b\r\n"
+                      b"Token-Broker-Request: true\r\n\r\n", timeout=20)[0]
+    status, _, body = parse(answer)
+    assert status == 200, answer
+    assert [value for name, value in json.loads(body)["headers"] if name.lower() == "via"] == ["1.0 token-broker"]
+
+
+def test_options_with_max_forwards_is_answered_at_zero_and_counted_down_otherwise(broker, resource):
+    """RFC 9110 §7.6.2: an intermediary answers OPTIONS itself when Max-Forwards is 0, and sends
+    one less on; other methods pass it on as it came."""
+    status, headers, payload = echo(broker, "OPTIONS", headers={"Max-Forwards": "0"})
+    assert status == 200 and payload == b"" and headers["content-length"] == "0"
+    assert set(headers["allow"].split(", ")) == {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
+    assert resource.stats()["seen"] == [], "nothing was forwarded"
+    status, _, payload = echo(broker, "OPTIONS", headers={"Max-Forwards": "5"})
+    assert status == 200
+    assert [value for name, value in json.loads(payload)["headers"] if name.lower() == "max-forwards"] == ["4"]
+    status, _, payload = echo(broker, "GET", headers={"Max-Forwards": "0"})
+    assert status == 200 and json.loads(payload)["method"] == "GET"
+    assert [value for name, value in json.loads(payload)["headers"] if name.lower() == "max-forwards"] == ["0"]
+    for value in ["-1", "1, 2", "x", ""]:
+        status, _, payload = echo(broker, "OPTIONS", headers={"Max-Forwards": value})
+        assert status == 400 and "Max-Forwards" in json.loads(payload)["error_description"], (value, payload)
 
 
 def test_a_revoked_token_is_refreshed_and_the_request_retried_without_the_caller_noticing(broker, resource):
