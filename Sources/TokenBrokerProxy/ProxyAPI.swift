@@ -170,21 +170,19 @@ public final class ProxyAPI: ProxyHandling {
         var headers = (0..<request.headers.count).map { index in
             (request.headers.name(at: index), request.headers.withValue(at: index) { $0.map(Array.init) ?? [] })
         }
-        let headRoom = answerHeadRoom(request, headers: headers)
         // One hop fewer for OPTIONS; `begin` answered one with none left, and refused a bad one.
         if request.method == "OPTIONS", case .hops(let hops) = Self.maxForwards(request.headers), hops > 0 {
             for index in headers.indices where headers[index].0.equalsIgnoringASCIICase("Max-Forwards") {
                 headers[index].1 = Array(String(hops - 1).utf8)
             }
         }
-        headers.append(Self.via(request))
         let exchange = ProxyExchange(
             api: self, route: route, method: request.method,
             url: settings.target.url(path: target.path, query: target.query),
             headers: headers,
             body: request.bodyStream.map { .streamed($0, length: request.header("Content-Length").flatMap { Int($0) }) }
                 ?? .buffered(request.body),
-            answerHeadRoom: headRoom)
+            answerHeadRoom: answerHeadRoom(request, headers: headers), via: Self.via(request))
         return .deferred { responder in exchange.start(responder) }
     }
 }

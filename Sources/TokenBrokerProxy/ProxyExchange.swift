@@ -61,13 +61,16 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
     private let body: Body
     /// The most bytes of answer headers the client's connection can take (`ProxyAPI.answerHeadRoom`).
     private let answerHeadRoom: Int
+    /// The broker's own `Via` (RFC 9110 §7.6.3), added after the caller's headers are filtered,
+    /// so that a caller's `Connection` cannot take it off.
+    private let via: ProxyHeaders.Field
     /// When the exchange's `timeoutMsec` is up: a retry waits for a new token no longer.
     private let deadline: ContinuousClock.Instant
     private let state = Lock(State())
 
     init(
         api: ProxyAPI, route: ProxyAPI.Route, method: String, url: String, headers: [ProxyHeaders.Field], body: Body,
-        answerHeadRoom: Int
+        answerHeadRoom: Int, via: ProxyHeaders.Field
     ) {
         self.api = api
         self.route = route
@@ -76,6 +79,7 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
         self.headers = headers
         self.body = body
         self.answerHeadRoom = answerHeadRoom
+        self.via = via
         deadline = .now + .milliseconds(route.configuration.upstream.timeoutMsec)
     }
 
@@ -157,6 +161,7 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
             headers, token: token.token.accessToken, injection: settings.inject, overwrite: settings.overwrite,
             cookieName: provider.configuration.cookie.tokenCookieName,
             callerKeyInAuthorization: api.callerKeysInAuthorization)
+        request.headers.append(via)
         // What the request does not carry, libcurl is not to add of its own accord.
         if !request.headers.contains(named: "Accept") { request.withheld.append("Accept") }
         if hasBody, !request.headers.contains(named: "Content-Type") { request.withheld.append("Content-Type") }

@@ -183,6 +183,9 @@ def test_the_broker_names_itself_in_via_as_a_gateway_must(broker):
     assert status == 200
     vias = [value for name, value in json.loads(payload)["headers"] if name.lower() == "via"]
     assert vias == ["1.1 edge", "1.1 token-broker"], vias
+    # A caller's Connection can take its own Via off (hop-by-hop), never the broker's.
+    status, _, payload = echo(broker, headers={"Via": "1.1 edge", "Connection": "Via"})
+    assert [value for name, value in json.loads(payload)["headers"] if name.lower() == "via"] == ["1.1 token-broker"]
     host, port = broker.addresses["token"].rsplit(":", 1)
     answer = exchange(f"{host}:{port}", b"GET /proxy/api/echo/old HTTP/1.0\r\nHost: b\r\n"
                       b"Token-Broker-Request: true\r\n\r\n", timeout=20)[0]
