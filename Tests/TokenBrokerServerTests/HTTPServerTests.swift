@@ -168,6 +168,31 @@ struct HTTPServerTests {
         #expect(server.openConnections == 1)
     }
 
+    /// RFC 9110 §8.6: a 304 may carry `Content-Length` only with the length of the body it
+    /// stands for. libmicrohttpd says that length and sends no body, and the connection goes on:
+    /// the next answer on it starts right after the head.
+    @Test(arguments: Polling.allCases) func aNotModifiedAnswerStandingForABodySaysItsLengthAndSendsNone(
+        _ polling: Polling
+    ) throws {
+        let handler = TestHandler { request in
+            request.path == "/same"
+                ? .response(HTTPResponse(status: 304, headers: [("ETag", "\"7\"")], standingFor: 1234))
+                : .response(TestHandler.text(200, "next"))
+        }
+        let server = try startServer(handler, polling)
+        defer { server.shutDown(grace: .zero) }
+        let client = try TestHTTPClient(port: server.port)
+
+        try client.send("GET /same HTTP/1.1\r\nHost: t\r\n\r\n")
+        let notModified = try client.readHead()
+        try client.send("GET /next HTTP/1.1\r\nHost: t\r\n\r\n")
+        let next = try client.readResponse()
+
+        #expect(notModified.status == 304 && notModified.header("Content-Length") == "1234")
+        #expect(notModified.header("Transfer-Encoding") == nil && notModified.header("ETag") == "\"7\"")
+        #expect(next.status == 200 && next.text == "next", "no byte of a body came between the two")
+    }
+
     /// Servers on the event loops share their threads: each loop polls one daemon of each. Every
     /// server answers with its own routes, and stopping one leaves the others serving.
     @Test func serversSharingTheEventLoopsAnswerEachWithItsOwnRoutesAndStopAlone() throws {
