@@ -91,10 +91,10 @@ public final class ProxyAPI: ProxyHandling {
         guard let route = routes[target.proxy] else { return .refuse(Self.noRoute(target.proxy)) }
         let settings = route.configuration
         guard Self.methods.contains(request.method) else {
-            metrics.recordProxied(proxy: settings.name, status: 405)
-            requestCounter.record(status: 405)
             return .refuse(
-                ProxyFailure.methodNotAllowed(request.method).response(settings, provider: route.provider.name))
+                counted(
+                    ProxyFailure.methodNotAllowed(request.method).response(settings, provider: route.provider.name),
+                    proxy: settings.name))
         }
         // RFC 9110 §7.6.2: each intermediary checks an OPTIONS request's Max-Forwards; at 0 it
         // answers as the final recipient and forwards nothing (`handle` counts one hop off).
@@ -103,27 +103,38 @@ public final class ProxyAPI: ProxyHandling {
             case .absent: break
             case .hops(let hops) where hops > 0: break
             case .hops:
-                metrics.recordProxied(proxy: settings.name, status: 200)
                 return .refuse(
-                    HTTPResponse(
-                        status: 200, body: [],
-                        headers: [("Allow", Self.methods.joined(separator: ", ")), ("Cache-Control", "no-store")]))
+                    counted(
+                        HTTPResponse(
+                            status: 200, body: [],
+                            headers: [("Allow", Self.methods.joined(separator: ", ")), ("Cache-Control", "no-store")]),
+                        proxy: settings.name))
             case .malformed:
-                metrics.recordProxied(proxy: settings.name, status: 400)
-                return .refuse(ErrorAnswer.malformedHead(problem: Self.malformedMaxForwards).response)
+                return .refuse(
+                    counted(
+                        ErrorAnswer.malformedHead(problem: Self.malformedMaxForwards).response, proxy: settings.name))
             }
         }
         // The server has refused every Transfer-Encoding but exactly `chunked` (RequestHead).
         let chunked = request.header("Transfer-Encoding") != nil
         let length = request.header("Content-Length").flatMap { Int($0) }
         if let length, length > settings.maxBodyBytes {
-            metrics.recordProxied(proxy: settings.name, status: 413)
-            return .refuse(ProxyFailure.bodyTooLarge.response(settings, provider: route.provider.name))
+            return .refuse(
+                counted(
+                    ProxyFailure.bodyTooLarge.response(settings, provider: route.provider.name), proxy: settings.name))
         }
         if chunked || (length ?? 0) > settings.bufferBodyBytes {
             return .stream(HTTPRequestBodyStream(limit: settings.maxBodyBytes))
         }
         return .buffer(limit: settings.bufferBodyBytes)
+    }
+
+    /// An answer of the proxy's own, given before any exchange with its target, counted as an
+    /// exchange's answer is: by proxy, and among the token listener's requests.
+    private func counted(_ response: HTTPResponse, proxy: String) -> HTTPResponse {
+        metrics.recordProxied(proxy: proxy, status: response.status)
+        requestCounter.record(status: response.status)
+        return response
     }
 
     /// An OPTIONS request's `Max-Forwards` (RFC 9110 §7.6.2: one whole number).
@@ -162,8 +173,9 @@ public final class ProxyAPI: ProxyHandling {
         guard let route = routes[target.proxy] else { return .response(Self.noRoute(target.proxy)) }
         let settings = route.configuration
         if request.bodyTooLarge {
-            metrics.recordProxied(proxy: settings.name, status: 413)
-            return .response(ProxyFailure.bodyTooLarge.response(settings, provider: route.provider.name))
+            return .response(
+                counted(
+                    ProxyFailure.bodyTooLarge.response(settings, provider: route.provider.name), proxy: settings.name))
         }
         // The request is valid only now: copy what the exchange needs.
         // Values as the bytes sent: one that is not UTF-8 goes on as it came (`ProxyHeaders`).

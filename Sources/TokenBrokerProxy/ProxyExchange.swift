@@ -221,16 +221,39 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
             respond(HTTPResponse(status: status, body: Array(first), rawHeaders: passed))
             return true
         }
-        // libcurl knows a 304 has no body and gives no length: its own `Content-Length` is the
-        // length of the body it stands for, and goes on as it is (UInt64.max is libmicrohttpd's
-        // "unknown", so not that).
-        let declared = status == 304 ? headers.last { $0.0.equalsIgnoringASCIICase("Content-Length") } : nil
         _ = stream(
             status: status, headers: passed, length: length, first: first,
-            declaredLength: declared.flatMap { UInt64(String(decoding: $0.1, as: UTF8.self)) }.flatMap {
-                $0 < .max ? $0 : nil
-            })
+            declaredLength: status == 304 ? Self.declaredLength(headers) : nil)
         return true
+    }
+
+    /// A 304's own `Content-Length`, the length of the body it stands for, which libcurl does not
+    /// report (it knows a 304 has none): RFC 9110's `1*DIGIT` only (no sign), the last one said,
+    /// and below 2^64 - 1, libmicrohttpd's "unknown".
+    static func declaredLength(_ headers: [ProxyHeaders.Field]) -> UInt64? {
+        guard let said = headers.last(where: { $0.0.equalsIgnoringASCIICase("Content-Length") }) else { return nil }
+        let digits = said.1.trimmingHTTPBlanks()
+        guard !digits.isEmpty, digits.allSatisfy({ $0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9") }),
+            let length = UInt64(String(decoding: digits, as: UTF8.self)), length < .max
+        else { return nil }
+        return length
+    }
+
+    /// A refused answer held for a retry, passed on whole after all. One that has no body (to
+    /// HEAD, a 304) says the length of the body it stands for, as one passed on as it comes does,
+    /// not the 0 of the empty body held; without a length it says none and closes the connection.
+    private func wholeAnswer(status: Int, headers: [ProxyHeaders.Field], length: Int64?, body: [UInt8])
+        -> HTTPResponse
+    {
+        let passed = ProxyHeaders.back(headers)
+        guard method == "HEAD" || status == 304 else {
+            return HTTPResponse(status: status, body: body, rawHeaders: passed)
+        }
+        let stated = status == 304 ? Self.declaredLength(headers) : length.flatMap { $0 >= 0 ? UInt64($0) : nil }
+        if let stated { return HTTPResponse(status: status, rawHeaders: passed, standingFor: stated) }
+        let nothing = HTTPResponseStream(onDrained: {})
+        nothing.finish()
+        return HTTPResponse(status: status, rawHeaders: passed, stream: nothing, length: nil, framedByClose: true)
     }
 
     /// Passes the answer on as a stream, starting with `first`; returns what writing `first` did
@@ -318,10 +341,10 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
         switch mode {
         case .streaming(let stream):
             stream.finish(failed: error != nil)
-        case .collecting(let status, let headers, _, let body) where error == nil:
+        case .collecting(let status, let headers, let length, let body) where error == nil:
             Task {
                 await self.retry(
-                    rejected: HTTPResponse(status: status, body: body, rawHeaders: ProxyHeaders.back(headers)))
+                    rejected: self.wholeAnswer(status: status, headers: headers, length: length, body: body))
             }
         case .collecting, .waiting:
             if case .streamed(let stream, _) = body, stream.isTooLarge {

@@ -54,12 +54,21 @@ public final class HTTPResponse: @unchecked Sendable {
     /// `Content-Length` must be what a 200 to the same request would say (RFC 9110 §8.6), where
     /// an empty body would make libmicrohttpd say 0. libmicrohttpd sends the length and, for a
     /// 304, no body; the connection is kept.
-    public init(status: Int, headers: [(String, String)], standingFor length: Int) {
+    public convenience init(status: Int, headers: [(String, String)], standingFor length: Int) {
+        self.init(status: status, fields: .text(headers), standingFor: UInt64(max(0, length)))
+    }
+
+    /// The same, with header values as the bytes that came (a proxied answer's).
+    public convenience init(status: Int, rawHeaders: [(String, [UInt8])], standingFor length: UInt64) {
+        self.init(status: status, fields: .bytes(rawHeaders), standingFor: length)
+    }
+
+    private init(status: Int, fields: Fields, standingFor length: UInt64) {
         self.status = status
-        fields = .text(headers)
+        self.fields = fields
         body = []
         stream = nil
-        handle = MHD_create_response_from_callback(UInt64(max(0, length)), 1, noBodyReader, nil, nil)
+        handle = MHD_create_response_from_callback(length, 1, noBodyReader, nil, nil)
         Self.add(fields, to: handle)
     }
 

@@ -74,6 +74,20 @@ import TokenBrokerServer
         #expect(ProxyAPI.maxForwards(HTTPFields(headers.map { ($0.0, $0.1) })) == expected)
     }
 
+    /// A 304's `Content-Length` goes on as the length of the body it stands for: only when it is
+    /// RFC 9110's `1*DIGIT` (a sign is not), and below libmicrohttpd's "unknown" (2^64 - 1).
+    @Test(
+        arguments: [
+            ("1234", UInt64?(1234)), (" 7 ", 7), ("0005", 5), ("18446744073709551614", 18_446_744_073_709_551_614),
+            ("+5", nil), ("-0", nil), ("12, 12", nil), ("", nil), ("18446744073709551615", nil),
+            ("99999999999999999999", nil),
+        ])
+    func aNotModifiedLengthIsDigitsOnly(_ value: String, _ expected: UInt64?) {
+        #expect(
+            ProxyExchange.declaredLength([("ETag", Array("\"e\"".utf8)), ("Content-Length", Array(value.utf8))])
+                == expected)
+    }
+
     @Test func theTargetIsCheckedAndJoined() throws {
         let target = try ProxyTarget(parsing: "https://api.example.com:8443/v1/")
         #expect(target.url(path: "/users/7", query: "a=1") == "https://api.example.com:8443/v1/users/7?a=1")

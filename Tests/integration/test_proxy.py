@@ -210,6 +210,10 @@ def test_options_with_max_forwards_is_answered_at_zero_and_counted_down_otherwis
     for value in ["-1", "1, 2", "x", ""]:
         status, _, payload = echo(broker, "OPTIONS", headers={"Max-Forwards": value})
         assert status == 400 and "Max-Forwards" in json.loads(payload)["error_description"], (value, payload)
+    # The broker's own answers count among the listener's requests as its target's do.
+    for code, count in [("200", 3), ("400", 4)]:
+        assert broker.metric("token_broker_proxy_requests_total", proxy="api", code=code) == count
+        assert broker.metric("token_broker_http_requests_total", listener="token", route="/proxy/{name}", code=code) == count
 
 
 def test_a_revoked_token_is_refreshed_and_the_request_retried_without_the_caller_noticing(broker, resource):
@@ -494,6 +498,7 @@ def test_bodies_over_the_cap_get_413(resource):
     with proxied_broker(resource, maxBodyBytes=100_000) as broker:
         status, _, body = echo(broker, "POST", body=b"x" * 100_001)
         assert status == 413 and json.loads(body)["error"] == "payload_too_large"
+        assert broker.metric("token_broker_http_requests_total", listener="token", route="/proxy/{name}", code="413") == 1
         host, port = broker._split("token")
         with socket.create_connection((host, port), timeout=20) as connection:
             connection.sendall(b"POST /proxy/api/echo/c HTTP/1.1\r\nHost: b\r\nToken-Broker-Request: true\r\n"

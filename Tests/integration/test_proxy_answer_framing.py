@@ -219,6 +219,35 @@ def test_a_304_says_no_length_other_than_the_upstreams(upstream_answering):
             connection.recv(1)
 
 
+def test_a_refused_answer_passed_on_whole_keeps_the_length_it_stands_for(upstream_answering):
+    """A refused answer is held for one retry; when no retry may be made (here the forced
+    refreshes are used up), it is passed on whole. An answer to HEAD, or a 304, has no body to
+    hold, and went out saying `Content-Length: 0`; it says the upstream's length, as one passed
+    on as it comes does, and the connection goes on."""
+    def answer(method, target):
+        if target.endswith("/not-modified"):
+            return b"HTTP/1.1 304 Not Modified\r\nETag: \"e\"\r\nContent-Length: 1234\r\n\r\n"
+        head = b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 12\r\n\r\n"
+        return head if method == "HEAD" else head + b"unauthorized"
+
+    broker, _ = upstream_answering(answer, proxy={"retryOn": [304, 401]}, provider={"forcedRefreshMaxAttempts": 1})
+    assert get(broker)[0] == 401  # takes the one forced refresh: the answer after it goes on as it comes
+    host, port = broker.addresses["token"].rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=20) as connection:
+        for method, path, length in [("HEAD", "/proxy/u/x", "12"), ("GET", "/proxy/u/not-modified", "1234")]:
+            connection.sendall(f"{method} {path} HTTP/1.1\r\nHost: b\r\nToken-Broker-Request: true\r\n\r\n".encode())
+            received = b""
+            deadline = time.monotonic() + 20
+            while b"\r\n\r\n" not in received and time.monotonic() < deadline:
+                chunk = connection.recv(65536)
+                assert chunk, f"the connection closed after {received!r}"
+                received += chunk
+            status, headers, _ = parse(received)
+            assert headers.get("content-length") == length, (method, path, received)
+            assert received.endswith(b"\r\n\r\n"), "nothing follows the head"
+    assert broker.metric("token_broker_proxy_requests_total", proxy="u", code="304") == 1
+
+
 def test_a_304_without_a_length_has_none(upstream_answering):
     """Without the upstream's length there is none to give: no Content-Length (not 0), no
     chunking, nothing after the head."""
