@@ -113,6 +113,18 @@ def get(broker, method="GET", path="/proxy/u/x"):
     return status, headers, body, answer
 
 
+def read_head(connection, timeout=20):
+    """Reads from a kept connection until an answer's head has ended; everything read. Fails
+    when the connection closes first."""
+    received = b""
+    deadline = time.monotonic() + timeout
+    while b"\r\n\r\n" not in received and time.monotonic() < deadline:
+        chunk = connection.recv(65536)
+        assert chunk, f"the connection closed after {received!r}"
+        received += chunk
+    return received
+
+
 def assert_bad_answer_502(broker, answer_bytes, problem):
     status, headers, body, _ = answer_bytes
     assert status == 502, answer_bytes
@@ -204,12 +216,7 @@ def test_a_304_says_no_length_other_than_the_upstreams(upstream_answering):
     with socket.create_connection((host, int(port)), timeout=20) as connection:
         for _ in range(2):
             connection.sendall(b"GET /proxy/u/x HTTP/1.1\r\nHost: b\r\nToken-Broker-Request: true\r\n\r\n")
-            received = b""
-            deadline = time.monotonic() + 20
-            while b"\r\n\r\n" not in received and time.monotonic() < deadline:
-                chunk = connection.recv(65536)
-                assert chunk, f"the connection closed after {received!r}"
-                received += chunk
+            received = read_head(connection)
             status, headers, _ = parse(received)
             assert status == 304 and headers["etag"] == '"e"' and headers.get("content-length") == "1234", headers
             assert received.endswith(b"\r\n\r\n") and received.count(b"\r\n\r\n") == 1, "nothing follows the head"
@@ -236,12 +243,7 @@ def test_a_refused_answer_passed_on_whole_keeps_the_length_it_stands_for(upstrea
     with socket.create_connection((host, int(port)), timeout=20) as connection:
         for method, path, length in [("HEAD", "/proxy/u/x", "12"), ("GET", "/proxy/u/not-modified", "1234")]:
             connection.sendall(f"{method} {path} HTTP/1.1\r\nHost: b\r\nToken-Broker-Request: true\r\n\r\n".encode())
-            received = b""
-            deadline = time.monotonic() + 20
-            while b"\r\n\r\n" not in received and time.monotonic() < deadline:
-                chunk = connection.recv(65536)
-                assert chunk, f"the connection closed after {received!r}"
-                received += chunk
+            received = read_head(connection)
             status, headers, _ = parse(received)
             assert headers.get("content-length") == length, (method, path, received)
             assert received.endswith(b"\r\n\r\n"), "nothing follows the head"
