@@ -96,24 +96,12 @@ public final class ProxyAPI: ProxyHandling {
                     ProxyFailure.methodNotAllowed(request.method).response(settings, provider: route.provider.name),
                     proxy: settings.name))
         }
-        // RFC 9110 §7.6.2: each intermediary checks an OPTIONS request's Max-Forwards; at 0 it
-        // answers as the final recipient and forwards nothing (`handle` counts one hop off).
-        if request.method == "OPTIONS" {
-            switch Self.maxForwards(request.headers) {
-            case .absent: break
-            case .hops(let hops) where hops > 0: break
-            case .hops:
-                return .refuse(
-                    counted(
-                        HTTPResponse(
-                            status: 200, body: [],
-                            headers: [("Allow", Self.methods.joined(separator: ", ")), ("Cache-Control", "no-store")]),
-                        proxy: settings.name))
-            case .malformed:
-                return .refuse(
-                    counted(
-                        ErrorAnswer.malformedHead(problem: Self.malformedMaxForwards).response, proxy: settings.name))
-            }
+        // RFC 9110 §7.6.2: each intermediary checks an OPTIONS request's Max-Forwards: one that
+        // is not a number is refused here; at 0, `handle` answers as the final recipient (after
+        // the body, so that the connection is kept), and above it counts one hop off.
+        if request.method == "OPTIONS", Self.maxForwards(request.headers) == .malformed {
+            return .refuse(
+                counted(ErrorAnswer.malformedHead(problem: Self.malformedMaxForwards).response, proxy: settings.name))
         }
         // The server has refused every Transfer-Encoding but exactly `chunked` (RequestHead).
         let chunked = request.header("Transfer-Encoding") != nil
@@ -182,8 +170,17 @@ public final class ProxyAPI: ProxyHandling {
         var headers = (0..<request.headers.count).map { index in
             (request.headers.name(at: index), request.headers.withValue(at: index) { $0.map(Array.init) ?? [] })
         }
-        // One hop fewer for OPTIONS; `begin` answered one with none left, and refused a bad one.
-        if request.method == "OPTIONS", case .hops(let hops) = Self.maxForwards(request.headers), hops > 0 {
+        // OPTIONS with no hop left is answered here; with some, one hop fewer goes on (`begin`
+        // refused a bad one).
+        if request.method == "OPTIONS", case .hops(let hops) = Self.maxForwards(request.headers) {
+            guard hops > 0 else {
+                return .response(
+                    counted(
+                        HTTPResponse(
+                            status: 200, body: [],
+                            headers: [("Allow", Self.methods.joined(separator: ", ")), ("Cache-Control", "no-store")]),
+                        proxy: settings.name))
+            }
             for index in headers.indices where headers[index].0.equalsIgnoringASCIICase("Max-Forwards") {
                 headers[index].1 = Array(String(hops - 1).utf8)
             }

@@ -201,6 +201,12 @@ def test_options_with_max_forwards_is_answered_at_zero_and_counted_down_otherwis
     assert status == 200 and payload == b"" and headers["content-length"] == "0"
     assert set(headers["allow"].split(", ")) == {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
     assert resource.stats()["seen"] == [], "nothing was forwarded"
+    # The connection is kept: a request pipelined after it is answered too.
+    answer = raw(broker, b"OPTIONS /proxy/api/echo/x HTTP/1.1\r\nHost: b\r\nToken-Broker-Request: true\r\n"
+                 b"Max-Forwards: 0\r\n\r\nGET /proxy/api/echo/y HTTP/1.1\r\nHost: b\r\n"
+                 b"Token-Broker-Request: true\r\nConnection: close\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 200") and answer.count(b"HTTP/1.1 200") == 2, answer
+    assert [seen["method"] for seen in resource.stats()["seen"]] == ["GET"]
     status, _, payload = echo(broker, "OPTIONS", headers={"Max-Forwards": "5"})
     assert status == 200
     assert [value for name, value in json.loads(payload)["headers"] if name.lower() == "max-forwards"] == ["4"]
@@ -211,7 +217,7 @@ def test_options_with_max_forwards_is_answered_at_zero_and_counted_down_otherwis
         status, _, payload = echo(broker, "OPTIONS", headers={"Max-Forwards": value})
         assert status == 400 and "Max-Forwards" in json.loads(payload)["error_description"], (value, payload)
     # The broker's own answers count among the listener's requests as its target's do.
-    for code, count in [("200", 3), ("400", 4)]:
+    for code, count in [("200", 5), ("400", 4)]:
         assert broker.metric("token_broker_proxy_requests_total", proxy="api", code=code) == count
         assert broker.metric("token_broker_http_requests_total", listener="token", route="/proxy/{name}", code=code) == count
 
