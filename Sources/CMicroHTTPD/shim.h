@@ -92,18 +92,19 @@ static inline struct MHD_Daemon *CMicroHTTPD_connection_daemon(struct MHD_Connec
 }
 
 // MHD_get_timeout reports through a pointer to an unsigned long long; the milliseconds until a
-// daemon in external mode must run again, capped at 1000 (also when it has no timeout).
-static inline int CMicroHTTPD_timeout_ms(struct MHD_Daemon *daemon) {
-    MHD_UNSIGNED_LONG_LONG timeout = 0;
-    if (MHD_get_timeout(daemon, &timeout) != MHD_YES || timeout > 1000) return 1000;
-    return (int)timeout;
-}
-
-// The same, uncapped: -1 when the daemon has nothing to time out (poll's "wait for ever").
+// daemon in external mode must run again, or -1 when it has nothing to time out (poll's "wait
+// for ever").
 static inline int CMicroHTTPD_wait_ms(struct MHD_Daemon *daemon) {
     MHD_UNSIGNED_LONG_LONG timeout = 0;
     if (MHD_get_timeout(daemon, &timeout) != MHD_YES) return -1;
     return timeout > (MHD_UNSIGNED_LONG_LONG)INT32_MAX ? INT32_MAX : (int)timeout;
+}
+
+// The same, capped at 1000 (also when the daemon has no timeout): for event loops that poll
+// other things besides.
+static inline int CMicroHTTPD_timeout_ms(struct MHD_Daemon *daemon) {
+    int timeout = CMicroHTTPD_wait_ms(daemon);
+    return timeout < 0 || timeout > 1000 ? 1000 : timeout;
 }
 
 // MHD_get_daemon_info is variadic; the connections a daemon in external mode holds, suspended
