@@ -143,7 +143,7 @@ public final class ProxyAPI: ProxyHandling {
             guard found == nil, let value = headers.value(at: index), !value.isEmpty else { return .malformed }
             var hops = 0
             for byte in value.utf8 {
-                guard byte >= UInt8(ascii: "0"), byte <= UInt8(ascii: "9") else { return .malformed }
+                guard byte.isASCIIDigit else { return .malformed }
                 hops = min(Self.mostHops, hops * 10 + Int(byte - UInt8(ascii: "0")))
             }
             found = hops

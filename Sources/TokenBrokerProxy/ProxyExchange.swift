@@ -233,7 +233,7 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
     static func declaredLength(_ headers: [ProxyHeaders.Field]) -> UInt64? {
         guard let said = headers.last(where: { $0.0.equalsIgnoringASCIICase("Content-Length") }) else { return nil }
         let digits = said.1.trimmingHTTPBlanks()
-        guard !digits.isEmpty, digits.allSatisfy({ $0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9") }),
+        guard !digits.isEmpty, digits.allSatisfy(\.isASCIIDigit),
             let length = UInt64(String(decoding: digits, as: UTF8.self)), length < .max
         else { return nil }
         return length

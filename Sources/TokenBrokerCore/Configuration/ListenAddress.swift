@@ -76,7 +76,7 @@ public struct ListenAddress: Sendable, Equatable, CustomStringConvertible {
 
     /// Whether `text` is one or more ASCII digits, and nothing else (no sign, no blank).
     private static func isDigits(_ text: Substring) -> Bool {
-        !text.isEmpty && text.utf8.allSatisfy { $0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9") }
+        !text.isEmpty && text.utf8.allSatisfy(\.isASCIIDigit)
     }
 
     public var description: String {

@@ -43,6 +43,9 @@ extension StringProtocol {
 }
 
 extension UInt8 {
+    /// Whether this is an ASCII decimal digit, `0-9` (RFC 5234's `DIGIT`).
+    @inlinable public var isASCIIDigit: Bool { self >= UInt8(ascii: "0") && self <= UInt8(ascii: "9") }
+
     /// The value of an ASCII hex digit (`0-9`, `a-f`, `A-F`), or nil.
     public var hexDigitValue: UInt8? {
         switch self {
