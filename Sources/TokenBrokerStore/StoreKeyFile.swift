@@ -18,9 +18,22 @@ public enum StoreKeyFile {
                     "\(path) holds no key; allowed: 32 bytes, or 64 hexadecimal digits (openssl rand -hex 32)"))
     }
 
+    /// A digest of the key in the file at `path` (not of the file: the same key written as bytes or
+    /// as digits is the same key), or nil when the file holds none: what a reload compares, since
+    /// the store keeps the key it opened with until a restart.
+    public static func digest(_ path: String) -> [UInt8]? {
+        guard case .success(let bytes) = FileContents.read(path, limit: 1024), let key = keyBytes(from: bytes) else {
+            return nil
+        }
+        return try? Crypto.sha256(key)
+    }
+
     /// The cipher of the key in `bytes`, or nil when they hold none.
-    static func key(from bytes: [UInt8]) -> AESGCM? {
-        if bytes.count == AESGCM.keyLength { return AESGCM(key: bytes) }
+    static func key(from bytes: [UInt8]) -> AESGCM? { keyBytes(from: bytes).flatMap { AESGCM(key: $0) } }
+
+    /// The key in `bytes`, or nil when they hold none.
+    private static func keyBytes(from bytes: [UInt8]) -> [UInt8]? {
+        if bytes.count == AESGCM.keyLength { return bytes }
         var digits = bytes[...]
         if digits.last == UInt8(ascii: "\n") { digits = digits.dropLast() }
         if digits.last == UInt8(ascii: "\r") { digits = digits.dropLast() }
@@ -33,6 +46,6 @@ public enum StoreKeyFile {
             key.append(high << 4 | low)
             index += 2
         }
-        return AESGCM(key: key)
+        return key
     }
 }

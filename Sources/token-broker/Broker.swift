@@ -132,8 +132,9 @@ enum Broker {
         // Before any thread starts (see `AllocatorTuning`).
         AllocatorTuning.limitArenas(AllocatorTuning.arenas(proxying: !configuration.proxies.isEmpty))
         Log.use(configuration.logFormat)
-        // Before the sources read the files: what a reload compares (`BrokerReload.swift`).
+        // Before the sources and the store read the files: what a reload compares (`BrokerReload.swift`).
         let digests = configuration.providers.map(secretDigests)
+        let storeKey = storeKeyDigest(configuration)
         let sources: [(any TokenSource, JWTSigner?)]
         do {
             sources = try makeSources(configuration)
@@ -194,7 +195,7 @@ enum Broker {
         let stopping = StopFlag()
         let loaded = Loaded(
             configuration: configuration, sources: sources, digests: digests, providers: providers,
-            identityHeader: identityHeader)
+            identityHeader: identityHeader, storeKey: storeKey)
         let listeners: Listeners
         do {
             let handlers = makeHandlers(

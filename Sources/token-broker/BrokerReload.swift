@@ -40,6 +40,10 @@ extension Broker {
         let digests: [String: [[UInt8]?]]
         let providers: Providers
         let identityHeader: [UInt8]?
+        /// The digest of the store's key as the store opened it at start (`StoreKeyFile.digest`;
+        /// nil without a key): the store keeps it until a restart, so a reload that finds another
+        /// key is refused.
+        let storeKey: [UInt8]?
         /// Each provider's and template's running task, by name.
         private(set) var tasks: [String: Task<Void, Never>]
 
@@ -52,7 +56,8 @@ extension Broker {
         ///   replace the provider, never keep a stale key).
         init(
             configuration: BrokerConfiguration, sources: [(any TokenSource, JWTSigner?)], digests: [[[UInt8]?]],
-            providers: Providers, identityHeader: [UInt8]?, tasks: [String: Task<Void, Never>] = [:],
+            providers: Providers, identityHeader: [UInt8]?, storeKey: [UInt8]?,
+            tasks: [String: Task<Void, Never>] = [:],
             retiredSigners: [(signer: JWTSigner, until: ContinuousClock.Instant)] = []
         ) {
             self.configuration = configuration
@@ -62,6 +67,7 @@ extension Broker {
             self.digests = Dictionary(zip(names, digests)) { first, _ in first }
             self.providers = providers
             self.identityHeader = identityHeader
+            self.storeKey = storeKey
             self.tasks = tasks
             self.retiredSigners = retiredSigners
         }
@@ -143,6 +149,8 @@ extension Broker {
             sources = try makeSources(configuration)
             directories = try openSinkDirectories(configuration).get()
             identityHeader = try readIdentityHeader(configuration)
+            // The store's key file, directory and password file, as `--check-config` reads them.
+            _ = try openStore(configuration, metrics: nil, connect: false).get()
             // The keys file must name only providers of the new configuration, as at start.
             if old.configuration.clientKeysFile == configuration.clientKeysFile {
                 _ = try loadCallerKeys(configuration)
@@ -151,7 +159,9 @@ extension Broker {
             return (.invalid(problem: error.description), nil)
         }
         // 2. What only a restart changes.
-        if let problem = restartNeeded(from: old.configuration, to: configuration) {
+        if let problem = restartNeeded(
+            from: old.configuration, to: configuration, storeKeyChanged: old.storeKey != storeKeyDigest(configuration))
+        {
             return (.refused(problem: problem), nil)
         }
         if let problem = httpClientFailure(configuration) { return (.invalid(problem: problem), nil) }
@@ -240,7 +250,7 @@ extension Broker {
         let retiredSigners = retire(old, summary: summary, keeping: kept.compactMap(\.1))
         let loaded = Loaded(
             configuration: configuration, sources: kept, digests: digests, providers: providers,
-            identityHeader: identityHeader,
+            identityHeader: identityHeader, storeKey: old.storeKey,
             tasks: tasks.merging(old.tasks.filter { summary.unchanged.contains($0.key) }) { new, _ in new },
             retiredSigners: retiredSigners)
         // The replacements go on after the versions the old providers handed out while they
@@ -424,9 +434,12 @@ extension Broker {
     }
 
     /// Why `new` cannot be loaded without a restart: it changes a listener, the connections'
-    /// limits, the caller keys file, the store, the log format, or adds the first proxy (the
-    /// token listener reads proxied bodies as streams only when it starts with a proxy).
-    static func restartNeeded(from old: BrokerConfiguration, to new: BrokerConfiguration) -> String? {
+    /// limits, the caller keys file, the store or its key (`storeKeyChanged`: the key file now
+    /// holds another), the log format, or adds the first proxy (the token listener reads
+    /// proxied bodies as streams only when it starts with a proxy).
+    static func restartNeeded(from old: BrokerConfiguration, to new: BrokerConfiguration, storeKeyChanged: Bool = false)
+        -> String?
+    {
         var changed: [String] = []
         if old.listen != new.listen { changed.append("listen") }
         if old.adminListen != new.adminListen { changed.append("adminListen") }
@@ -437,7 +450,11 @@ extension Broker {
         if old.connectionMemoryKiB != new.connectionMemoryKiB { changed.append("connectionMemoryKiB") }
         if old.unixSocketMode != new.unixSocketMode { changed.append("unixSocketMode") }
         if old.clientKeysFile != new.clientKeysFile { changed.append("clientKeysFile") }
-        if old.store != new.store { changed.append("store") }
+        if old.store != new.store {
+            changed.append("store")
+        } else if storeKeyChanged {
+            changed.append("store.keyFile (the key it holds)")
+        }
         if old.logFormat != new.logFormat { changed.append("logFormat") }
         if old.proxies.isEmpty, !new.proxies.isEmpty { changed.append("proxies (the first one)") }
         guard !changed.isEmpty else { return nil }

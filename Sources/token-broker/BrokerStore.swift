@@ -115,6 +115,16 @@ extension Broker {
         }
     }
 
+    /// The digest of the key in the store's key file (`StoreKeyFile.digest`); nil without a store
+    /// key, or when the file holds none.
+    static func storeKeyDigest(_ configuration: BrokerConfiguration) -> [UInt8]? {
+        switch configuration.store {
+        case .memory: nil
+        case .file(_, let keyFile): StoreKeyFile.digest(keyFile)
+        case .redis(let settings): StoreKeyFile.digest(settings.keyFile)
+        }
+    }
+
     /// The slot of a provider, or of a template's child for `values`, in `store`; nil for a
     /// provider whose tokens cannot outlive the process (`isStored`).
     /// - Parameter signer: the provider's local signer, whose key is part of the settings a record

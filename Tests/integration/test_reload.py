@@ -579,6 +579,40 @@ def test_a_change_that_needs_a_restart_gets_409_and_changes_nothing(issuer, sett
         assert_still_running(broker, config, ["keep", "other"])
 
 
+def test_the_stores_key_file_is_read_at_a_reload_and_another_key_in_it_needs_a_restart(issuer, tmp_path):
+    """The store keeps the key it opened with until a restart. A reload once read neither the
+    store's key file nor its directory: a key file gone, or holding another key, reloaded as
+    "unchanged" while `--check-config` refused the same file, and the old key stayed in use."""
+    key = os.urandom(32)
+    key_file = tmp_path / "store.key"
+    key_file.write_text(key.hex() + "\n")
+    key_file.chmod(0o600)
+    records = tmp_path / "records"
+    records.mkdir(mode=0o700)
+    config = {"providers": [provider(issuer, "keep")],
+              "store": {"type": "file", "path": str(records), "keyFile": str(key_file)}}
+    with Broker(config) as broker:
+        token = served(broker, "keep")["access_token"]
+        # Gone: the file is invalid, as --check-config says.
+        key_file.rename(tmp_path / "elsewhere.key")
+        status, document = post_reload(broker)
+        assert status == 422 and document["error"] == "invalid_configuration", document
+        assert "store.keyFile" in document["error_description"], document
+        # Another key: only a restart can use it.
+        key_file.write_bytes(os.urandom(32))
+        key_file.chmod(0o600)
+        status, document = post_reload(broker)
+        assert status == 409 and document["error"] == "reload_refused", document
+        assert "store.keyFile" in document["error_description"] and "restart" in document["error_description"], document
+        # The same key written as bytes rather than digits is the same key: nothing to do.
+        key_file.write_bytes(key)
+        status, document = post_reload(broker)
+        assert status == 200, document
+        assert_outcome(document, unchanged=["keep"])
+        assert reloads(broker) == counted(invalid=1, refused=1, reloaded=1)
+        assert served(broker, "keep")["access_token"] == token
+
+
 def test_a_listen_address_in_the_file_that_the_environment_overrides_is_no_change(issuer):
     config = {"providers": [provider(issuer, "keep")]}
     with Broker(config) as broker:  # TOKEN_BROKER_LISTEN and TOKEN_BROKER_ADMIN_LISTEN are set
