@@ -20,6 +20,11 @@ public struct StoreRecord: Sendable {
     public static let magic = Array("TBSTORE1".utf8)
     /// The largest record read: a token is at most 64 KiB (the sources' limit), so this leaves room.
     public static let maximumSize = 256 * 1024
+    /// The first version a record may not name: versions have at most 15 digits, the most the API
+    /// reads back (`/token/ready`'s `after`, `/token/refresh`'s `rejected_version`). A provider's
+    /// versions go on from a record's, by adding one, so a larger one (from a store written by
+    /// something else) would make versions the API refuses, and near the end of `UInt64`, trap.
+    public static let versionLimit: UInt64 = 1_000_000_000_000_000
     /// The latest time a record may name, 9999-12-31T23:59:59.999Z: room for any token, and
     /// far inside what a `Double` of seconds holds exactly.
     static let latestMilliseconds = 253_402_300_799_999
@@ -64,6 +69,7 @@ public struct StoreRecord: Sendable {
                 .init("does not authenticate: sealed under another key, for another provider, or changed"))
         }
         guard version >= 1 else { return .failure(.init("names version 0")) }
+        guard version < Self.versionLimit else { return .failure(.init("names a version of more than 15 digits")) }
         guard case .object(let members)? = try? JSONValue(parsing: plaintext),
             case .string(let accessToken)? = members["access_token"], !accessToken.isEmpty,
             case .string(let tokenType)? = members["token_type"], !tokenType.isEmpty,
