@@ -710,6 +710,34 @@ private final class Reachability: Sendable {
         }
     }
 
+    /// A lease key no broker of the fleet could have set: one without expiry (set by hand), or
+    /// with more left than `leaseMsec`. Waited on as a lease, it held up every broker of the
+    /// fleet, for good or for as long as it said, while their tokens expired.
+    @Test(arguments: [[], ["PX", "600000"]])
+    func aLeaseNoBrokerOfTheFleetCouldHaveTakenIsTakenOver(_ expiry: [String]) async throws {
+        try await withRedis { server, fleet in
+            let store = try fleet.store { $0.leaseMsec = 1000 }
+            let lease = try name("lease:", "orders")
+            _ = try server.admin().command((["SET", lease, "someone-else"] + expiry).map { Array($0.utf8) })
+            let issuer = Issuer("a")
+            let asking = Task {
+                await store.fetchForFleet("orders", settings: "s", current: 0, forced: false, fetch: issuer.fetch)
+            }
+            // Waiting on the lease, it would wait until cancelled.
+            let deadline = Task {
+                try? await Task.sleep(for: .seconds(20))
+                asking.cancel()
+            }
+            let result = await asking.value
+            deadline.cancel()
+            guard let fetched = success(result) else { return }
+            #expect(fetched.origin == .fetchedForFleet)
+            #expect(issuer.calls == 1)
+            #expect(try server.bytes(lease) == nil, "taken over, then let go once the record was stored")
+            #expect(try storedRecord(server, "orders")?.accessToken == "a-token-1")
+        }
+    }
+
     /// A broker whose lease ran out and was taken over while it fetched cannot overwrite the
     /// newer lease's record: its token is its own (`fetchedAlone`).
     @Test func aWriterWhoseLeaseWasTakenOverCannotOverwrite() async throws {

@@ -158,6 +158,49 @@ class SlowLink:
             target.close()
 
 
+class DrippingLink:
+    """A proxy on 127.0.0.1 to Redis's socket that, once `drip` is set, passes Redis's replies on a
+    byte at a time, `gap` seconds apart: each byte well within the store's `timeoutMsec`, a whole
+    reply far beyond it. `stop()` ends every pump."""
+
+    def __init__(self, redis, gap):
+        self.redis, self.gap = redis, gap
+        self.drip, self.stopped = threading.Event(), threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = "127.0.0.1:%d" % self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def stop(self):
+        self.stopped.set()
+        self.listener.close()
+
+    def _accept(self):
+        while not self.stopped.is_set():
+            try:
+                client, _ = self.listener.accept()
+                upstream = self.redis.connect(timeout=None)
+            except OSError:
+                return
+            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+
+    def _pump(self, source, target, outbound):
+        try:
+            while not self.stopped.is_set() and (data := source.recv(65536)):
+                if outbound or not self.drip.is_set():
+                    target.sendall(data)
+                    continue
+                for byte in data:
+                    if self.stopped.wait(self.gap):
+                        return
+                    target.sendall(bytes([byte]))
+        except OSError:
+            pass
+        finally:
+            source.close()
+            target.close()
+
+
 class FleetBroker(Broker):
     """A Broker whose start ends with its first token: fetched, served from the store, or the fleet's."""
 
@@ -772,3 +815,25 @@ def test_redis_holds_no_token_and_no_secret_in_clear_in_its_values_or_its_traffi
     document = json.loads(AESGCM(key[0]).decrypt(record[16:28], record[28:], record[:16] + b"default"))
     assert document["access_token"] == fresh["access_token"], "the record sealed the token the fleet serves"
     assert 0 < redis.command("PTTL", f"token-broker:record:{HASH}") <= LIFETIME * 1000
+
+
+def test_a_redis_answering_a_byte_at_a_time_is_given_up_at_the_timeout_and_the_broker_still_stops(issuer, redis, fleet):
+    """Redis's replies come a byte every 200 ms once the link drips: hiredis's own timeout bounds
+    each read, not a reply, so each call to Redis once lasted as long as its reply did (a record:
+    a minute), every refresh of the broker waited behind it on the store's queue until the token
+    expired, and SIGTERM waited for it too. Now each call ends at `timeoutMsec` (500 ms): the store
+    is out of reach, the broker refreshes alone, and it stops at once."""
+    link = DrippingLink(redis, gap=0.2)
+    try:
+        [broker] = fleet(1, address=link.address, timeoutMsec=500)
+        first = token(broker)["version"]
+        before = issuer.requests()
+        link.drip.set()
+        assert wait_until(lambda: token(broker)["version"] > first, CYCLE), \
+            f"no new token within {CYCLE} s of Redis dripping its replies:\n{fetched_lines([broker])}"
+        assert issuer.requests() > before, "the refresh was the broker's own fetch"
+        assert wait_until(lambda: readyz(broker)[1]["store"]["degraded"], CYCLE), readyz(broker)
+        assert "did not answer within 500 ms" in readyz(broker)[1]["store"]["problem"], readyz(broker)
+        assert broker.stop(timeout=15) == 0
+    finally:
+        link.stop()

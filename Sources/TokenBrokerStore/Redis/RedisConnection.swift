@@ -2,7 +2,16 @@ internal import CHiredis
 import Glibc
 import TokenBrokerCore
 
-/// One connection to Redis through hiredis's blocking API, with every call bounded by a timeout.
+/// One connection to Redis through hiredis, with every call bounded by `timeoutMsec`.
+///
+/// hiredis's blocking calls bound each read and write of the socket (`redisSetTimeout`), not a
+/// whole reply: a Redis that sends its answer a byte at a time, each byte within the timeout,
+/// would hold a call for as long as it likes. So the connection sends and reads itself, through
+/// hiredis's buffers, polling the socket with what is left of the call's `timeoutMsec`, and
+/// gives up when nothing is. It also reads at most
+/// `replyLimit` bytes towards one reply: a record is at most `StoreRecord.maximumSize`, and a
+/// Redis that sends more (a huge bulk string, an array of millions of elements) is not one the
+/// store can use.
 ///
 /// Not thread-safe: each belongs to one thread of the store (`RedisTokenStore`), and nothing else
 /// calls it. A failed call (the connection cut, a timeout, a reply hiredis could not read) leaves
@@ -19,13 +28,26 @@ final class RedisConnection {
         case error(String)
     }
 
-    private let context: UnsafeMutablePointer<redisContext>
+    /// The most bytes read towards one reply: a record, the channel's framing of it, and room.
+    static let replyLimit = StoreRecord.maximumSize + 64 * 1024
 
-    private init(context: UnsafeMutablePointer<redisContext>) { self.context = context }
+    private let context: UnsafeMutablePointer<redisContext>
+    /// How long one call may take.
+    private let timeoutMsec: Int
+    /// When the call under way must be over.
+    private var deadline = ContinuousClock.now
+    /// Bytes read since the last whole reply.
+    private var replyBytes = 0
+
+    private init(context: UnsafeMutablePointer<redisContext>, timeoutMsec: Int) {
+        self.context = context
+        self.timeoutMsec = timeoutMsec
+    }
 
     deinit { redisFree(context) }
 
-    /// Connects to `address` within `timeout`, then authenticates and selects the database.
+    /// Connects to `address` within `timeoutMsec`, then authenticates and selects the database,
+    /// each a call of its own.
     static func connect(_ settings: RedisStoreSettings, password: String?) throws(RedisFailure) -> RedisConnection {
         let timeout = timeval(milliseconds: settings.timeoutMsec)
         let made: UnsafeMutablePointer<redisContext>? =
@@ -34,10 +56,11 @@ final class RedisConnection {
             case .unix(let path): redisConnectUnixWithTimeout(path, timeout)
             }
         guard let made else { throw RedisFailure("cannot connect to \(settings.address): out of memory") }
-        let connection = RedisConnection(context: made)
+        let connection = RedisConnection(context: made, timeoutMsec: settings.timeoutMsec)
         guard made.pointee.err == 0 else {
             throw RedisFailure("cannot connect to \(settings.address): \(connection.errorText)")
         }
+        // Each read and write is bounded too, though none is made before `poll` says it can go on.
         guard redisSetTimeout(made, timeout) == REDIS_OK else {
             throw RedisFailure("cannot set the timeout on \(settings.address): \(connection.errorText)")
         }
@@ -63,26 +86,47 @@ final class RedisConnection {
     /// The socket, for `poll` (the subscriber waits on it).
     var fileDescriptor: Int32 { context.pointee.fd }
 
-    /// Sends a command and waits for its reply.
+    /// Sends a command and waits for its reply, within `timeoutMsec`.
     func command(_ arguments: [[UInt8]]) throws(RedisFailure) -> Reply {
-        let raw = try withArgv(arguments) { count, pointers, lengths in
-            redisCommandArgv(context, count, pointers, lengths)
+        try send(arguments)
+        while true {
+            if let reply = try bufferedReply() { return reply }
+            _ = try read(waitingAtMost: try millisecondsLeft())
         }
-        guard let raw else { throw RedisFailure(errorText) }
-        defer { freeReplyObject(raw) }
-        return Self.copy(raw.assumingMemoryBound(to: redisReply.self))
     }
 
-    /// Sends a command without waiting for a reply (`SUBSCRIBE`, whose replies come as messages).
+    /// Sends a command without waiting for a reply (`SUBSCRIBE`, whose replies come as messages),
+    /// within `timeoutMsec`; a `command` has what is left of that for its reply.
     func send(_ arguments: [[UInt8]]) throws(RedisFailure) {
+        deadline = ContinuousClock.now.advanced(by: .milliseconds(timeoutMsec))
         let status = try withArgv(arguments) { count, pointers, lengths in
             redisAppendCommandArgv(context, count, pointers, lengths)
         }
         guard status == REDIS_OK else { throw RedisFailure(errorText) }
         var done: Int32 = 0
         while done == 0 {
+            guard try wait(for: POLLOUT, milliseconds: try millisecondsLeft()) else { continue }
             guard redisBufferWrite(context, &done) == REDIS_OK else { throw RedisFailure(errorText) }
         }
+    }
+
+    /// Whole milliseconds left of the call under way; throws when less than one is.
+    private func millisecondsLeft() throws(RedisFailure) -> Int32 {
+        let left = ContinuousClock.now.duration(to: deadline).wholeMilliseconds
+        guard left > 0 else { throw RedisFailure("Redis did not answer within \(timeoutMsec) ms") }
+        return Int32(clamping: left)
+    }
+
+    /// Waits up to `milliseconds` for the socket to be ready for `events`; false when it was not
+    /// (or a signal came).
+    private func wait(for events: Int32, milliseconds: Int32) throws(RedisFailure) -> Bool {
+        var descriptor = pollfd(fd: context.pointee.fd, events: Int16(events), revents: 0)
+        let ready = poll(&descriptor, 1, milliseconds)
+        if ready < 0 {
+            if errno == EINTR { return false }
+            throw RedisFailure("poll failed: \(String(cString: strerror(errno)))")
+        }
+        return ready > 0
     }
 
     /// Calls `body` with the arguments as hiredis reads them: a count, then each argument by
@@ -118,19 +162,21 @@ final class RedisConnection {
         guard redisGetReplyFromReader(context, &raw) == REDIS_OK else { throw RedisFailure(errorText) }
         guard let raw else { return nil }
         defer { freeReplyObject(raw) }
+        replyBytes = 0
         return Self.copy(raw.assumingMemoryBound(to: redisReply.self))
     }
 
-    /// Waits up to `milliseconds` for bytes from Redis, and reads what came; false when nothing did.
+    /// Waits up to `milliseconds` for bytes from Redis, and reads what came; false when nothing
+    /// did. Throws when the reply being read has grown past `replyLimit`.
     func read(waitingAtMost milliseconds: Int32) throws(RedisFailure) -> Bool {
-        var descriptor = pollfd(fd: context.pointee.fd, events: Int16(POLLIN), revents: 0)
-        let ready = poll(&descriptor, 1, milliseconds)
-        if ready < 0 {
-            if errno == EINTR { return false }
-            throw RedisFailure("poll failed: \(String(cString: strerror(errno)))")
-        }
-        guard ready > 0 else { return false }
+        guard try wait(for: POLLIN, milliseconds: milliseconds) else { return false }
+        let before = context.pointee.reader.pointee.len
         guard redisBufferRead(context) == REDIS_OK else { throw RedisFailure(errorText) }
+        let after = context.pointee.reader.pointee.len
+        replyBytes += after > before ? after - before : 0
+        guard replyBytes <= Self.replyLimit else {
+            throw RedisFailure("Redis sent more than \(Self.replyLimit) bytes for one reply")
+        }
         return true
     }
 

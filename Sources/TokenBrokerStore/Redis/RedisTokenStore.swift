@@ -105,6 +105,9 @@ public final class RedisTokenStore: SharedTokenStore {
     private let stopping = Atomic<Bool>(false)
     private let subscriberEnded = DispatchSemaphore(value: 0)
 
+    /// How many times a fetch reads a record that changed under the lease script before it waits
+    /// between two looks.
+    static let rereadsAtOnce = 3
     /// How long a broker waits between two looks at a lease another holds.
     private static let leasePoll: Duration = .milliseconds(250)
     /// The shortest time between two attempts to connect while Redis is out of reach.
@@ -113,7 +116,7 @@ public final class RedisTokenStore: SharedTokenStore {
     /// version may be its fence, and the API reads a version of at most 15 digits
     /// (`/token/refresh`'s `rejected_version`, `/token/ready`'s `after`); a counter outside the
     /// range (set by hand, say) is Redis refusing, and the broker fetches alone.
-    static let fenceLimit: Int64 = 1_000_000_000_000_000
+    static let fenceLimit = Int64(StoreRecord.versionLimit)
     /// How long Redis keeps the record of a token without expiry after its last write: a day, the
     /// longest `tokenRefreshDelaySec`, by when a provider that still refreshes has written it
     /// again; a record no broker writes any more (a dropped child's) then goes, as the file
@@ -153,18 +156,18 @@ public final class RedisTokenStore: SharedTokenStore {
     public func load(_ key: String) async -> StoreLoad {
         let hash = Self.hash(key)
         switch await call({ connection throws(RedisFailure) in
-            try connection.command([Array("GET".utf8), Array(self.name("record:", hash).utf8)])
+            try connection.command(Self.readRecord(self.name("record:", hash)))
         }) {
         case .failure(let failure):
             // Counted and logged by the provider, as a refused load, with this reason.
             return .refused("the Redis store is out of reach: \(failure)")
+        case .success(.string(let bytes)) where bytes.isEmpty:
+            return .missing
         case .success(.string(let bytes)):
             switch record.open(bytes, key: key) {
             case .success(let stored): return .found(stored)
             case .failure(let problem): return .refused("the record in Redis \(problem)")
             }
-        case .success(.null):
-            return .missing
         case .success(let other):
             return .refused("Redis answered GET with \(Self.describe(other))")
         }
@@ -204,6 +207,7 @@ public final class RedisTokenStore: SharedTokenStore {
         let recordKey = Array(name("record:", hash).utf8)
         let leaseKey = Array(name("lease:", hash).utf8)
         let fenceKey = Array(name("fence:", hash).utf8)
+        var raced = 0
         while !Task.isCancelled {
             // 1. A newer record, stored by another broker.
             var storedRecord: StoredToken?
@@ -211,7 +215,7 @@ public final class RedisTokenStore: SharedTokenStore {
             // settings'): the lease script takes the lease only while it is still this one.
             var seenVersion: [UInt8] = []
             switch await call({ connection throws(RedisFailure) in
-                try connection.command([Array("GET".utf8), recordKey])
+                try connection.command(Self.readRecord(recordKey))
             })
             {
             case .failure: return await alone(key, settings: wanted, current: current, fetch: fetch)
@@ -250,9 +254,12 @@ public final class RedisTokenStore: SharedTokenStore {
                     key, settings: wanted, fence: fence, stored: storedRecord, current: current, forced: forced,
                     keys: (recordKey, leaseKey, fenceKey), fetch: fetch)
             case .success(.integer(-1)):
-                // A record was stored between the look above and the lease: read it (not fetch again).
+                // A record was stored between the look above and the lease: read it (not fetch
+                // again). A record that changes at every look (rewritten without end) is waited
+                // on as a lease is, after the first few, not read again in a busy loop.
                 refused(fenceKey, nil)
-                continue
+                raced += 1
+                if raced <= Self.rereadsAtOnce { continue }
             case .success(.integer(0)):
                 refused(fenceKey, nil)
                 events.operation("lease", "held")
@@ -397,6 +404,8 @@ public final class RedisTokenStore: SharedTokenStore {
     private func perform(_ body: (RedisConnection) throws(RedisFailure) -> RedisConnection.Reply) -> Result<
         RedisConnection.Reply, RedisFailure
     > {
+        // The broker stops: what is still queued ends at once, so that `stop` waits for one call at most.
+        guard !stopping.load(ordering: .relaxed) else { return .failure(RedisFailure("the store is stopping")) }
         let now = ContinuousClock.now
         let connection: RedisConnection
         if let open = link.withLock({ $0.connection }) {
@@ -536,8 +545,8 @@ public final class RedisTokenStore: SharedTokenStore {
             for (hash, byID) in watchers {
                 guard
                     case .success(.string(let bytes)) = perform({ connection throws(RedisFailure) in
-                        try connection.command([Array("GET".utf8), Array(name("record:", hash).utf8)])
-                    })
+                        try connection.command(Self.readRecord(name("record:", hash)))
+                    }), !bytes.isEmpty
                 else { continue }
                 for watcher in byID.values {
                     if case .success(let stored) = record.open(bytes, key: watcher.key),
@@ -553,6 +562,15 @@ public final class RedisTokenStore: SharedTokenStore {
     // MARK: - Helpers
 
     private func name(_ kind: String, _ hash: String) -> String { settings.keyPrefix + kind + hash }
+
+    /// The command that reads a record: `GETRANGE` up to one byte past the largest record, so that
+    /// a larger value (written by hand, or by something else) is refused as such, never read
+    /// whole. A missing key reads as empty, as no record can be.
+    private static func readRecord(_ key: String) -> [[UInt8]] { readRecord(Array(key.utf8)) }
+
+    private static func readRecord(_ key: [UInt8]) -> [[UInt8]] {
+        [Array("GETRANGE".utf8), key, Array("0".utf8), Array(String(StoreRecord.maximumSize).utf8)]
+    }
 
     private static func hash(_ key: String) -> String { (try? Fingerprint.sha256Hex(key)) ?? "" }
 
@@ -590,7 +608,10 @@ public final class RedisTokenStore: SharedTokenStore {
 
     /// Takes the lease and returns the next fence; 0 when another holds it. Its holder asking again
     /// (retrying after a failed fetch) keeps the lease without extending it, so a broker whose own
-    /// fetches fail (a local fault) holds up the fleet for `leaseMsec` at most. -1 when the record's version (bytes 9–16 of a record, in clear; empty for no
+    /// fetches fail (a local fault) holds up the fleet for `leaseMsec` at most. A lease key with no
+    /// expiry, or with more than `leaseMsec` left, is no lease a broker of this fleet took (one
+    /// written by hand, or by something else): it is taken over, or it would hold up the fleet
+    /// for good. -1 when the record's version (bytes 9–16 of a record, in clear; empty for no
     /// record or a value that is not one) is no longer the one the caller read, so that a broker
     /// that looked just before another stored a new record, and asks just after that one let the
     /// lease go, reads it instead of fetching again. -2, taking no lease, when the fence counter
@@ -609,8 +630,12 @@ public final class RedisTokenStore: SharedTokenStore {
         if last then count = tonumber(last) end
         if not count or count < 0 or count % 1 ~= 0 or count + 1 >= tonumber(ARGV[4]) then return -2 end
         local holder = redis.call('GET', KEYS[1])
-        if holder ~= ARGV[1] and not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-          return 0
+        if holder ~= ARGV[1] then
+          if holder then
+            local left = redis.call('PTTL', KEYS[1])
+            if left >= 0 and left <= tonumber(ARGV[2]) then return 0 end
+          end
+          redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
         end
         local fence = redis.call('INCR', KEYS[2])
         redis.call('PEXPIRE', KEYS[2], 86400000)

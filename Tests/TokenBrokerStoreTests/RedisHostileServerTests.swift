@@ -1,0 +1,217 @@
+import Foundation
+import Glibc
+import Synchronization
+import Testing
+import TokenBrokerCore
+import TokenBrokerCrypto
+import TokenBrokerTestSupport
+
+@testable import TokenBrokerStore
+
+/// A Redis of the test's own, on a Unix socket in a private temporary folder: it reads each
+/// command (a RESP array of bulk strings), notes its name, and answers as `answer` says for that
+/// name, a step at a time. What no real Redis does, and a broken or hostile one may: a reply a
+/// byte at a time, a reply larger than any record, an answer the scripts never give.
+private final class ScriptedRedis: @unchecked Sendable {
+    enum Step {
+        case send([UInt8])
+        case pause(milliseconds: Int)
+    }
+
+    let folder: TemporaryDirectory
+    let socket: String
+    private let listener: Int32
+    private let answer: @Sendable (String) -> [Step]
+    private let names = Mutex<[String]>([])
+    private let stopped = Atomic<Bool>(false)
+
+    /// - Parameter answer: the steps that answer a command, by its name in capitals.
+    init(answer: @escaping @Sendable (String) -> [Step]) throws {
+        // A write to a connection the store closed must fail with EPIPE, not end the test process.
+        signal(SIGPIPE, SIG_IGN)
+        folder = try TemporaryDirectory()
+        socket = folder.path("fake.sock")
+        self.answer = answer
+        listener = Glibc.socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        guard listener >= 0 else { throw POSIXError(.init(rawValue: errno) ?? .EIO) }
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &address.sun_path) { path in
+            for (index, byte) in socket.utf8.prefix(path.count - 1).enumerated() { path[index] = byte }
+        }
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                bind(listener, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
+            }
+        }
+        guard bound == 0, listen(listener, 16) == 0 else {
+            close(listener)
+            throw POSIXError(.init(rawValue: errno) ?? .EIO)
+        }
+        Thread.detachNewThread { [self] in acceptLoop() }
+    }
+
+    /// The names of the commands received so far, in order.
+    var received: [String] { names.withLock { $0 } }
+
+    /// Stops accepting and answering; the threads end within a tenth of a second.
+    func stop() {
+        stopped.store(true, ordering: .relaxed)
+    }
+
+    deinit {
+        stop()
+        close(listener)
+    }
+
+    private func acceptLoop() {
+        while !stopped.load(ordering: .relaxed) {
+            var descriptor = pollfd(fd: listener, events: Int16(POLLIN), revents: 0)
+            guard poll(&descriptor, 1, 100) > 0 else { continue }
+            let client = accept(listener, nil, nil)
+            guard client >= 0 else { continue }
+            Thread.detachNewThread { [self] in serve(client) }
+        }
+    }
+
+    private func serve(_ client: Int32) {
+        defer { close(client) }
+        var buffer: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 4096)
+        while !stopped.load(ordering: .relaxed) {
+            while let (name, used) = Self.command(in: buffer) {
+                buffer.removeFirst(used)
+                names.withLock { $0.append(name) }
+                for step in answer(name) {
+                    guard !stopped.load(ordering: .relaxed) else { return }
+                    switch step {
+                    case .send(let bytes):
+                        guard bytes.withUnsafeBytes({ send(client, $0.baseAddress, $0.count, 0) }) == bytes.count
+                        else { return }
+                    case .pause(let milliseconds):
+                        usleep(UInt32(milliseconds) * 1000)
+                    }
+                }
+            }
+            var descriptor = pollfd(fd: client, events: Int16(POLLIN), revents: 0)
+            guard poll(&descriptor, 1, 100) > 0 else { continue }
+            let count = recv(client, &chunk, chunk.count, 0)
+            guard count > 0 else { return }
+            buffer += chunk[..<count]
+        }
+    }
+
+    /// The first whole command in `bytes`, a RESP array of bulk strings: its name in capitals
+    /// and how many bytes it took; nil until one has come whole.
+    private static func command(in bytes: [UInt8]) -> (String, Int)? {
+        var position = 0
+        func line() -> String? {
+            guard let end = bytes[position...].firstIndex(of: UInt8(ascii: "\r")), end + 1 < bytes.count else {
+                return nil
+            }
+            defer { position = end + 2 }
+            return String(decoding: bytes[position..<end], as: UTF8.self)
+        }
+        guard let header = line(), header.first == "*", let count = Int(header.dropFirst()), count > 0 else {
+            return nil
+        }
+        var name = ""
+        for index in 0..<count {
+            guard let length = line().flatMap({ Int($0.dropFirst()) }), position + length + 2 <= bytes.count else {
+                return nil
+            }
+            if index == 0 { name = String(decoding: bytes[position..<position + length], as: UTF8.self).uppercased() }
+            position += length + 2
+        }
+        return (name, position)
+    }
+}
+
+/// The `redis` store against a Redis that misbehaves: every call ends within `timeoutMsec`
+/// however its reply comes, no reply is read past what a record can be, and an answer of the
+/// lease script that sends the store round again is not asked for in a busy loop.
+@Suite struct RedisHostileServerTests {
+    private static let sealingKey = (0..<32).map { UInt8(truncatingIfNeeded: $0 &* 5 &+ 1) }
+
+    private func settings(_ server: ScriptedRedis, timeoutMsec: Int) -> RedisStoreSettings {
+        var settings = RedisStoreSettings(address: .unix(server.socket), keyFile: "/unused")
+        settings.timeoutMsec = timeoutMsec
+        return settings
+    }
+
+    /// Each byte of the reply comes well within the timeout, the whole of it well after: hiredis's
+    /// own timeout, which bounds each read, never fires, and the call once lasted as long as the
+    /// reply did (for a store, the whole broker's refreshes behind it, and its stop).
+    @Test func aReplyTricklingInAByteAtATimeEndsTheCallAtItsTimeout() throws {
+        let server = try ScriptedRedis { _ in
+            [.send(Array("$40\r\n".utf8))]
+                + Array(repeating: [.pause(milliseconds: 50), .send([UInt8(ascii: "x")])], count: 40)
+                .flatMap { $0 } + [.send(Array("\r\n".utf8))]
+        }
+        defer { server.stop() }
+        let connection = try RedisConnection.connect(settings(server, timeoutMsec: 300), password: nil)
+        #expect {
+            try connection.command([Array("GET".utf8), Array("k".utf8)])
+        } throws: { error in
+            "\(error)" == "Redis did not answer within 300 ms"
+        }
+    }
+
+    /// A bulk string larger than any record, sent at once; an array of millions of elements, of
+    /// which some hundreds of thousands come.
+    @Test(arguments: ["bulk string", "array"])
+    func aReplyLargerThanAnyRecordIsNotReadWhole(_ kind: String) throws {
+        let reply =
+            kind == "array"
+            ? Array("*5000000\r\n".utf8) + Array(String(repeating: ":1\r\n", count: 100_000).utf8)
+            : Array("$400000\r\n".utf8) + [UInt8](repeating: 0x41, count: 400_000) + Array("\r\n".utf8)
+        let server = try ScriptedRedis { _ in [.send(reply)] }
+        defer { server.stop() }
+        let connection = try RedisConnection.connect(settings(server, timeoutMsec: 5000), password: nil)
+        #expect {
+            try connection.command([Array("GET".utf8), Array("k".utf8)])
+        } throws: { error in
+            "\(error)" == "Redis sent more than \(RedisConnection.replyLimit) bytes for one reply"
+        }
+    }
+
+    /// The lease script answers -1 when the record changed since the store read it, and the store
+    /// reads it again. A Redis that always says so (or a record rewritten without end) once had
+    /// the store ask tens of thousands of times a second, holding a core.
+    @Test func aLeaseScriptThatAlwaysSaysTheRecordChangedIsNotAskedInABusyLoop() async throws {
+        let server = try ScriptedRedis { name in
+            switch name {
+            case "SUBSCRIBE":
+                [.send(Array("*3\r\n$9\r\nsubscribe\r\n$21\r\ntoken-broker:records\r\n:1\r\n".utf8))]
+            case "GETRANGE": [.send(Array("$0\r\n\r\n".utf8))]
+            case "EVAL": [.send(Array(":-1\r\n".utf8))]
+            default: [.send(Array("+OK\r\n".utf8))]
+            }
+        }
+        defer { server.stop() }
+        let store = try RedisTokenStore(
+            settings: settings(server, timeoutMsec: 2000), password: nil, cipher: AESGCM(key: Self.sealingKey)!)
+        let fetched = Mutex(0)
+        let asking = Task {
+            await store.fetchForFleet("orders", settings: "s", current: 0, forced: false) {
+                () async throws(TokenFetchError) -> FetchedToken in
+                fetched.withLock { $0 += 1 }
+                return FetchedToken(accessToken: "t", lifetime: .seconds(300))
+            }
+        }
+        try await Task.sleep(for: .milliseconds(1500))
+        asking.cancel()
+        _ = await asking.value
+        let asked = server.received.filter { $0 == "EVAL" }.count
+        // A few looks at once, then one for each wait between two looks (500 ms at least).
+        #expect(asked >= RedisTokenStore.rereadsAtOnce + 1)
+        #expect(asked <= RedisTokenStore.rereadsAtOnce + 1 + 4, "asked \(asked) times in 1.5 s")
+        #expect(fetched.withLock { $0 } == 0, "a record that changed is read, not fetched again")
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            DispatchQueue.global().async {
+                store.stop()
+                continuation.resume()
+            }
+        }
+    }
+}
