@@ -138,6 +138,18 @@ private let secret = "app-service-secret"
         }
         let listing = api.handle(gce(accounts + "/")).immediate?.bodyText
         #expect(listing == "default/\nb@proj-1.example/\n")
+        let notRecursive = api.handle(gce(accounts + "/default/", [("recursive", "false")])).immediate
+        #expect(notRecursive?.bodyText.contains("email") == true && notRecursive?.status == 200)
+        #expect(notRecursive?.header("Content-Type") != "application/json")
+    }
+
+    /// `recursive` is `true` or `false`, given once: the first of two values was served, and
+    /// anything else read as `false`; another server in front might read them otherwise.
+    @Test(arguments: [[("recursive", "true"), ("recursive", "false")], [("recursive", "maybe")], [("recursive", "")]])
+    func anAccountsRecursiveIsTrueOrFalseGivenOnce(_ query: [(String, String)]) {
+        let answer = api.handle(gce(accounts + "/default/", query)).immediate
+        #expect(answer?.status == 400 && answer?.errorCode == "invalid_request", "\(query)")
+        #expect(answer?.header("Metadata-Flavor") == "Google")
     }
 
     @Test func anAccessTokenIsTheChildsForTheCommaSeparatedScopes() async {
@@ -196,6 +208,14 @@ private let secret = "app-service-secret"
                 api.handle(gce(path, [("audience", "https://svc.example/a"), ("format", "x")])).immediate?.status == 400
             )
             #expect(api.handle(gce(path, [("audience", "https://other.example")])).immediate?.status == 400)
+            // `licenses` is TRUE or FALSE, once; it was not read at all.
+            let audience = ("audience", "https://svc.example/a")
+            let licensed = api.handle(gce(path, [audience, ("licenses", "TRUE")])).immediate
+            #expect(licensed?.status == 200)
+            for licenses in [[("licenses", "maybe")], [("licenses", "TRUE"), ("licenses", "FALSE")]] {
+                let refused = api.handle(gce(path, [audience] + licenses)).immediate
+                #expect(refused?.status == 400 && refused?.errorCode == "invalid_request", "\(licenses)")
+            }
             #expect(shared.count == 1)
         }
     }

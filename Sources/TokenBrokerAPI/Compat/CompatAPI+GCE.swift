@@ -177,7 +177,13 @@ extension CompatAPI {
             case .fixed(let answer)?:
                 return record(counter, answer)
             case .account(let listing, let recursive)?:
-                return record(counter, request.query("recursive") == "true" ? recursive : listing)
+                // `true` or `false`, given once: a second value, which one server might read and
+                // another not, is refused, as every protocol parameter given twice is.
+                let value = try QueryParameters.values(GCEQuery.account, request)[0]
+                if let value, value != "true", value != "false" {
+                    throw BadRequest(.invalidParameter("recursive", allowed: "true or false"))
+                }
+                return record(counter, value == "true" ? recursive : listing)
             case .token?:
                 // A comma-separated list, made space-separated byte by byte; an empty entry leaves
                 // two spaces, or one at an end, which `checked` refuses. None: the configured scopes.
@@ -202,6 +208,10 @@ extension CompatAPI {
                 if let format = named[1], format != "standard", format != "full" {
                     throw BadRequest(.invalidParameter("format", allowed: "standard or full"))
                 }
+                // Read only to be checked: the broker's identity tokens carry no licence codes.
+                if let licenses = named[2], !Self.isBoolean(licenses) {
+                    throw BadRequest(.invalidParameter("licenses", allowed: "TRUE or FALSE"))
+                }
                 let found = try identities.memo.child(for: audience) { () throws(BadRequest) in
                     try Self.checked(audience: audience, scope: nil, for: identities.source)
                 }
@@ -214,6 +224,12 @@ extension CompatAPI {
             return refuse(error.answer, .gce, counter)
         }
         return refuse(.notFound(path: request.path), .gce, counter)
+    }
+
+    /// Whether `value` is `TRUE` or `FALSE`, as the metadata server writes them, in any case.
+    static func isBoolean(_ value: String) -> Bool {
+        let lowercased = value.lowercased()
+        return lowercased == "true" || lowercased == "false"
     }
 
     /// `TokenRequestValues.checked` for a protocol's template, refused as a 400 naming the parameter.
@@ -229,8 +245,9 @@ extension CompatAPI {
     }
 }
 
-/// The query parameters the metadata server's token routes read.
+/// The query parameters the metadata server's routes read.
 enum GCEQuery {
+    static let account = QueryNames(["recursive"])
     static let token = QueryNames(["scopes"])
-    static let identity = QueryNames(["audience", "format"])
+    static let identity = QueryNames(["audience", "format", "licenses"])
 }
