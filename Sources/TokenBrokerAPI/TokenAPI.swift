@@ -242,11 +242,13 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
         case .provider(let endpoint): label = endpoint.counter(route)
         case .template(let endpoint): label = endpoint.counter(route)
         }
-        if let refusal = Methods.only(route == .refresh ? Methods.post : Methods.read, request) {
-            return record(label, refusal)
-        }
+        // The caller before the method: a 405 would tell a caller who may not read the provider
+        // that it exists, where an unknown name gets the caller's refusal (above).
         if let refusal = admit(request, provider: target.name) {
             return record(label, .response(refusal.response))
+        }
+        if let refusal = Methods.only(route == .refresh ? Methods.post : Methods.read, request) {
+            return record(label, refusal)
         }
         let endpoint: Endpoint
         let isChild: Bool
