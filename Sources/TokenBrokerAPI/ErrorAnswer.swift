@@ -23,6 +23,9 @@ public enum ErrorAnswer: Sendable, Equatable {
 
     /// An ambiguous or malformed request head; the connection closes, since where the body ends is not known.
     case malformedHead(problem: String)
+    /// A target with more query arguments than the connection's memory holds (414 `uri_too_long`);
+    /// answered at the head, so the connection closes.
+    case tooManyQueryArguments(most: Int)
     /// A request still waiting when the broker stops, or when a reload removes its provider
     /// (503, `Retry-After: 1`).
     case shuttingDown
@@ -158,6 +161,7 @@ public enum ErrorAnswer: Sendable, Equatable {
         case .reloadInvalid: 422
         case .reloadRefused: 409
         case .reloadAbandoned: 503
+        case .tooManyQueryArguments: 414
         }
     }
 
@@ -196,6 +200,7 @@ public enum ErrorAnswer: Sendable, Equatable {
         case .reloadInvalid: "invalid_configuration"
         case .reloadRefused: "reload_refused"
         case .reloadAbandoned: "reload_abandoned"
+        case .tooManyQueryArguments: "uri_too_long"
         }
     }
 
@@ -212,6 +217,9 @@ public enum ErrorAnswer: Sendable, Equatable {
             "no provider is named \(JSONText.quoted(String(name.prefix(64))))"
         case .malformedHead(let problem):
             problem
+        case .tooManyQueryArguments(let most):
+            "the request target has more than \(most) query arguments, more than the connection's buffer holds "
+                + "(connectionMemoryKiB)"
         case .shuttingDown:
             "the broker is stopping, or a configuration reload removed the provider"
         case .refusedWhileStopping:
@@ -302,7 +310,7 @@ public enum ErrorAnswer: Sendable, Equatable {
         switch self {
         case .methodNotAllowed(_, let allow), .methodNotForwarded(_, let allow):
             [("Allow", allow.joined(separator: ", "))]
-        case .malformedHead:
+        case .malformedHead, .tooManyQueryArguments:
             [("Connection", "close")]
         case .shuttingDown, .proxyTokenUnavailable:
             [("Retry-After", "1")]
@@ -380,6 +388,7 @@ public enum ErrorAnswer: Sendable, Equatable {
     public static func refusal(_ reason: ServerRefusal) -> ErrorAnswer {
         switch reason {
         case .malformedHead(let problem): .malformedHead(problem: problem)
+        case .tooManyQueryArguments(let most): .tooManyQueryArguments(most: most)
         case .stopping: .refusedWhileStopping
         case .stopped: .shuttingDown
         case .clientClosed: .clientClosed

@@ -429,6 +429,9 @@ public final class HTTPServer: @unchecked Sendable {
     ) -> MHD_Result? {
         let clock = Self.clock(of: connection)
         clock?.headArrived()
+        if clock?.targetReadLength == RequestTarget.queryCut {
+            return queue(handler.refusal(.tooManyQueryArguments(most: mostQueryArguments)), on: connection, nil)
+        }
         var awaitedBodyLength: Int?
         if let problem = RequestHead.problem(
             connection, url: url, method: method, version: version, targetLength: clock?.targetReadLength ?? -1,
@@ -592,15 +595,26 @@ extension HTTPServer {
     /// for the head's check, and requests under the streaming prefix get their state now, with
     /// the target as sent. Others get nothing.
     func requestTarget(_ uri: UnsafePointer<CChar>?, _ connection: OpaquePointer) -> UnsafeMutableRawPointer? {
-        Self.clock(of: connection)?.targetRead(length: uri.map(RequestTarget.measure) ?? -1)
-        guard let uri, let prefix = configuration.streamingPrefix, strncmp(uri, prefix, prefix.utf8.count) == 0
-        else {
-            return nil
+        let clock = Self.clock(of: connection)
+        clock?.targetRead(length: uri.map(RequestTarget.measure) ?? -1)
+        guard let uri else { return nil }
+        let raw = configuration.streamingPrefix.flatMap { prefix in
+            strncmp(uri, prefix, prefix.utf8.count) == 0 ? String(cString: uri) : nil
         }
+        // Only with a clock to note it on: the head is then refused, not served without its query.
+        if let clock, RequestTarget.cutQuery(uri, most: mostQueryArguments) {
+            clock.targetRead(length: RequestTarget.queryCut)
+        }
+        guard let raw else { return nil }
         let state = RequestState()
-        state.rawTarget = String(cString: uri)
+        state.rawTarget = raw
         requestsInFlight.add(1, ordering: .relaxed)
         return RequestPhase.targetRead(state).retainingContext
+    }
+
+    /// The most query arguments a request target may have here (`RequestTarget.cutQuery`).
+    private var mostQueryArguments: Int {
+        RequestTarget.mostQueryArguments(memory: configuration.connectionMemoryLimit)
     }
 
     private static func clock(of connection: OpaquePointer) -> ConnectionClock? {

@@ -186,9 +186,16 @@ enum RequestHead {
 /// readers refuse it: `HTTPRequest.query`.)
 enum RequestTarget {
     /// The length of the target `uri` up to its first NUL, as libmicrohttpd hands it to the
-    /// request-line callback before decoding it; -1 when its path (what precedes `?`) has `%00`.
+    /// request-line callback before decoding it; -1 when its path (what precedes `?`) has `%00`;
+    /// `spaceOrControl` when it holds a space or a control character.
     static func measure(_ uri: UnsafePointer<CChar>) -> Int {
         let length = strlen(uri)
+        // No space, tab or other control, nor DEL (RFC 9112 §3.2, RFC 3986 §2): libmicrohttpd
+        // takes the line's last space for the one before the version, so `GET /token /x HTTP/1.1`
+        // reached the routes as the path `/token /x`, which a server in front may read another way.
+        if UnsafeRawBufferPointer(start: uri, count: length).contains(where: { $0 <= 0x20 || $0 == 0x7F }) {
+            return spaceOrControl
+        }
         if let escape = strstr(uri, "%00") {
             // Only the first `?` ends the path; one after the escape leaves it in the path too.
             let query = strchr(uri, Int32(UInt8(ascii: "?")))
@@ -197,12 +204,54 @@ enum RequestTarget {
         return length
     }
 
+    /// What `measure` says of a target with a space or a control character in it.
+    static let spaceOrControl = -3
+
+    /// What the request-line callback notes instead of the target's length when it cut the
+    /// target's query (`cutQuery`); the head is then refused with 414.
+    static let queryCut = -2
+
+    /// The most query arguments a connection with `memory` bytes takes: libmicrohttpd keeps
+    /// each in a record of about 56 bytes of the connection's memory, beside the request's own
+    /// bytes and its headers' records, so half of it goes to them at most (36 in 4 KiB).
+    static func mostQueryArguments(memory: Int) -> Int { max(8, memory / 2 / 56) }
+
+    /// Cuts the query off a target with more than `most` arguments, and says whether it did.
+    ///
+    /// libmicrohttpd 0.9.75 reads the query's arguments into the connection's memory right after
+    /// this callback. When they do not fit, it queues its 431 and then goes on reading the head
+    /// as if nothing had happened (`parse_initial_message_line`'s caller sets the next state over
+    /// the error's), with the read buffer it freed for the answer: the connection then hangs,
+    /// unanswered, until its timeout, and a request pipelined behind it is lost. Ending the
+    /// query where it starts, in libmicrohttpd's own buffer (it writes there itself: the target's
+    /// `?` becomes the NUL that ends the path), leaves it nothing to read; the server then
+    /// answers 414 when the head is in, and closes the connection. Counts up to the target's first NUL, its end for any
+    /// target but one with a NUL sent raw in it, which the head's check refuses (400) if
+    /// libmicrohttpd lets it through.
+    static func cutQuery(_ uri: UnsafePointer<CChar>, most: Int) -> Bool {
+        guard let mark = strchr(uri, Int32(UInt8(ascii: "?"))) else { return false }
+        var arguments = 1
+        var cursor = mark + 1
+        while let separator = strchr(cursor, Int32(UInt8(ascii: "&"))) {
+            arguments += 1
+            guard arguments <= most else {
+                (mark + 1).pointee = 0
+                return true
+            }
+            cursor = separator + 1
+        }
+        return false
+    }
+
     /// Why the target is refused; nil when it is sound. libmicrohttpd ends the target one byte
     /// before the version (the space, now a NUL), so the target as sent spans from `url` to
     /// there: when it measured shorter as the line was read, a NUL sits inside it.
     static func problem(
         url: UnsafeRawPointer, versionStart: UnsafeRawPointer, measured: Int, in scan: RequestHead.Scan
     ) -> String? {
+        if measured == spaceOrControl {
+            return "the request target holds a space or a control character (RFC 9112 §3.2)"
+        }
         guard measured >= 0, scan.contains(url), url < versionStart, versionStart - 1 - url == measured else {
             return "the request target holds a NUL, sent raw or as %00 in the path"
         }

@@ -213,6 +213,56 @@ def test_a_target_with_a_nul_is_refused_not_cut_short(plain_broker, case, listen
     assert status == 200
 
 
+SPACED_TARGETS = {
+    "space in the path": b"/token /x",
+    "space in the query": b"/token?a= b",
+    "tab in the path": b"/token\t/x",
+    "DEL in the query": b"/token?a=\x7f",
+    "escape in the path": b"/token\x1b[0m",
+}
+
+
+@pytest.mark.parametrize("case", sorted(SPACED_TARGETS))
+@pytest.mark.parametrize("listener", ["token", "admin"])
+def test_a_target_with_a_space_or_a_control_character_is_refused(plain_broker, case, listener):
+    """libmicrohttpd takes a request line's last space for the one before its version: `GET
+    /token /x HTTP/1.1` reached the routes as the path `/token /x` (404) and `/token?a= b` was
+    served (200), where RFC 9112 §3.2 allows no whitespace in a target, and a server in front may
+    split the line at its first space instead."""
+    target = SPACED_TARGETS[case].replace(b"/token", b"/healthz") if listener == "admin" else SPACED_TARGETS[case]
+    request = b"GET " + target + b" HTTP/1.1\r\nHost: x\r\n" + GUARD + b"\r\n"
+    answer, closed = exchange(plain_broker.addresses[listener], request)
+    assert_refused(answer, closed)
+    assert b"space or a control character" in parse(answer)[2]
+
+
+@pytest.mark.parametrize("listener", ["token", "admin"])
+def test_a_target_with_more_query_arguments_than_the_buffer_holds_gets_414_and_the_next_request_its_answer(
+        plain_broker, listener):
+    """libmicrohttpd 0.9.75 reads a query's arguments into the connection's 4 KiB, about 56 bytes
+    each: 70 of them, in a target of 280 bytes, did not fit, and it then lost its own 431 (it reads
+    on as if none had been queued): the connection hung unanswered until its timeout, with the
+    request pipelined behind it. The broker now ends such a query before libmicrohttpd reads it,
+    and answers 414 at the head, closing the connection, as for a malformed head."""
+    path = b"/healthz" if listener == "admin" else b"/token"
+
+    def target(arguments):
+        return b"GET " + path + b"?" + b"&".join([b"a=1"] * arguments) + b" HTTP/1.1\r\nHost: x\r\n" + GUARD
+
+    answer, closed = exchange(plain_broker.addresses[listener],
+                              target(70) + b"\r\n" + b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n" + GUARD + b"\r\n")
+    first = parse(answer)
+    assert first is not None, "no answer"
+    status, headers, body = first
+    assert status == 414 and headers["content-type"] == "application/json", answer
+    assert headers["connection"] == "close" and closed, answer
+    assert json.loads(body)["error"] == "uri_too_long", body
+    assert answer.count(b"HTTP/1.1 ") == 1, "the pipelined request is not read"
+    # As many as a default connection takes (36) are read as any query is.
+    status, _, _ = parse(exchange(plain_broker.addresses[listener], target(36) + b"Connection: close\r\n\r\n")[0])
+    assert status == 200
+
+
 def test_a_proxied_target_with_a_raw_nul_is_refused_not_forwarded_cut_short(tmp_path, upstream):
     config, low_key, _ = two_callers(tmp_path, upstream)
     with Broker(config) as broker:
