@@ -237,7 +237,7 @@ def test_a_target_with_a_space_or_a_control_character_is_refused(plain_broker, c
 
 
 @pytest.mark.parametrize("listener", ["token", "admin"])
-def test_a_target_with_more_query_arguments_than_the_buffer_holds_gets_414_and_the_next_request_its_answer(
+def test_a_target_with_more_query_arguments_than_the_buffer_holds_gets_414_at_once(
         plain_broker, listener):
     """libmicrohttpd 0.9.75 reads a query's arguments into the connection's 4 KiB, about 56 bytes
     each: 70 of them, in a target of 280 bytes, did not fit, and it then lost its own 431 (it reads
