@@ -20,6 +20,13 @@ static inline CURLcode CCurl_setopt_pointer(CURL *handle, CURLoption option, voi
     return curl_easy_setopt(handle, option, value);
 }
 
+// curl_easy_setopt is variadic, and a blob option takes a struct curl_blob, made here:
+// CURL_BLOB_COPY, so libcurl keeps a copy of its own and the bytes need not outlive the call.
+static inline CURLcode CCurl_setopt_blob(CURL *handle, CURLoption option, const void *data, size_t length) {
+    struct curl_blob blob = {(void *)data, length, CURL_BLOB_COPY};
+    return curl_easy_setopt(handle, option, &blob);
+}
+
 // curl_easy_setopt is variadic, and a Swift function pointer must be passed as the callback type itself.
 static inline CURLcode CCurl_setopt_write_function(CURL *handle, curl_write_callback callback) {
     return curl_easy_setopt(handle, CURLOPT_WRITEFUNCTION, callback);

@@ -27,6 +27,7 @@ enum ProxyFailure: Equatable {
             self = .upstreamUnreachable(detail.isEmpty ? "unreachable" : "unreachable: \(detail)")
         case .clientFailure(let detail)?: self = .upstreamUnreachable("internal: \(detail)")
         case .settingsRefused?: self = .upstreamUnreachable("configuration: \(UpstreamError.settingsRefusedDetail)")
+        case .unreadableFile(let detail)?: self = .upstreamUnreachable("configuration: \(detail)")
         case .tooLarge(let limit)?:
             self = .upstreamUnreachable("bad_response: the answer is larger than \(limit) bytes")
         case .badResponse(let detail)?: self = .upstreamUnreachable("bad_response: \(detail)")

@@ -56,6 +56,8 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
     private var runningSources = false
     /// Streamed transfers whose head came in this turn and waits for its end.
     fileprivate var heldHeads: [Transfer] = []
+    /// The TLS files' bytes, read again when they change.
+    private let tlsFiles = TLSFileCache()
     /// Easy handles of transfers that ended cleanly, reset for the next ones (`release`).
     private var spareHandles: [UnsafeMutableRawPointer] = []
     /// The most spare handles kept: a burst's worth; past it, handles are freed.
@@ -284,13 +286,25 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
     /// Sets up the easy handle, a spare one if there is one; returns an error instead when the
     /// request cannot be sent.
     private func prepare(_ transfer: Transfer) -> UpstreamError? {
+        let request = transfer.request
+        let settings = request.settings
+        let caFile: [UInt8]?
+        let clientCertificate: [UInt8]?
+        let clientKey: [UInt8]?
+        do {
+            caFile = try tlsFile("caFile", settings.caFile, limit: UpstreamConfiguration.caFileLimit)
+            clientCertificate = try tlsFile(
+                "clientCertFile", settings.clientCertFile, limit: UpstreamConfiguration.clientFileLimit)
+            clientKey = try tlsFile(
+                "clientKeyFile", settings.clientKeyFile, limit: UpstreamConfiguration.clientFileLimit)
+        } catch {
+            return error
+        }
         guard let easy = spareHandles.popLast() ?? curl_easy_init() else {
             return .clientFailure("curl_easy_init failed")
         }
         transfer.easy = easy
         transfer.loop = self
-        let request = transfer.request
-        let settings = request.settings
         let context = Unmanaged.passUnretained(transfer).toOpaque()
         var ok = true
         func set(_ code: CURLcode) { ok = ok && code == CURLE_OK }
@@ -298,6 +312,9 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
         // fewer, such as a method) is first copied to a new array on the heap.
         func set(_ option: CURLoption, _ text: String) {
             text.withCString { set(CCurl_setopt_string(easy, option, $0)) }
+        }
+        func set(_ option: CURLoption, _ bytes: [UInt8]) {
+            bytes.withUnsafeBytes { set(CCurl_setopt_blob(easy, option, $0.baseAddress, $0.count)) }
         }
         set(CURLOPT_URL, request.url)
         set(CURLOPT_PROTOCOLS_STR, "http,https")
@@ -309,19 +326,22 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
         set(CCurl_setopt_long(easy, CURLOPT_TIMEOUT_MS, settings.timeoutMsec))
         if let socket = request.unixSocketPath { set(CURLOPT_UNIX_SOCKET_PATH, socket) }
         if request.bypassesProxies { set(CURLOPT_NOPROXY, "*") }
-        if let caFile = settings.caFile {
-            set(CURLOPT_CAINFO, caFile)
+        // The TLS files go to libcurl as the bytes read above (`TLSFileCache`), never as paths
+        // that libcurl would open itself, waiting on a FIFO. libcurl keeps no CA store made from
+        // bytes (CURLOPT_CA_CACHE_TIMEOUT is for a CA file), and reuses neither a kept connection
+        // nor a TLS session set up with other CA or certificate bytes: a replaced file is used
+        // from the next request on. (Given the same path, libcurl resumed the session made with
+        // the file before, and the new CAs were never asked.)
+        if let caFile {
+            set(CURLOPT_CAINFO_BLOB, caFile)
             // The file's CAs in place of the system's, not beside them: Debian's libcurl is built
-            // with a CA directory (/etc/ssl/certs) that stays in force beside CURLOPT_CAINFO until
-            // it is unset. Without that directory, libcurl would keep the file's CAs for a day
-            // (CURLOPT_CA_CACHE_TIMEOUT); 0 keeps reading the file at each new connection, as
-            // before, so that a replaced file is used from the next connection on.
+            // with a CA directory (/etc/ssl/certs) that stays in force beside the CAs given until
+            // it is unset (the bytes do replace its CA bundle, CURLOPT_CAINFO).
             set(CCurl_setopt_string(easy, CURLOPT_CAPATH, nil))
-            set(CCurl_setopt_long(easy, CURLOPT_CA_CACHE_TIMEOUT, 0))
         }
-        if let certificate = settings.clientCertFile { set(CURLOPT_SSLCERT, certificate) }
-        if let key = settings.clientKeyFile {
-            set(CURLOPT_SSLKEY, key)
+        if let clientCertificate { set(CURLOPT_SSLCERT_BLOB, clientCertificate) }
+        if let clientKey {
+            set(CURLOPT_SSLKEY_BLOB, clientKey)
             // An empty pass phrase, so that a key replaced by an encrypted one since it was
             // checked fails the connection: without one, OpenSSL would ask the terminal, and this
             // thread would wait there for ever.
@@ -388,6 +408,17 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
             return .settingsRefused
         }
         return nil
+    }
+
+    /// A TLS file's bytes for libcurl (`TLSFileCache`), nil when there is no such setting; a file
+    /// that cannot be read now (gone, no regular file any more, too large) fails the exchange, naming
+    /// the setting and the path.
+    private func tlsFile(_ setting: String, _ path: String?, limit: Int) throws(UpstreamError) -> [UInt8]? {
+        guard let path else { return nil }
+        switch tlsFiles.contents(of: path, limit: limit) {
+        case .success(let bytes): return bytes
+        case .failure(let error): throw .unreadableFile("\(setting): cannot read \(path): \(error.reason)")
+        }
     }
 
     /// Adds the line `name: value` to a request's header list; the value is the bytes to send, and

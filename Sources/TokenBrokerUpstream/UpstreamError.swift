@@ -10,6 +10,10 @@ public enum UpstreamError: Error, Sendable, Equatable {
     case clientFailure(String)
     /// libcurl refused the request's settings (a CA file or client certificate it cannot use).
     case settingsRefused
+    /// A TLS file (`caFile`, `clientCertFile`, `clientKeyFile`) could not be read for the
+    /// request: gone, no regular file any more (a FIFO is never waited on), or too large. The
+    /// text names the setting, the path and why, never the file's contents.
+    case unreadableFile(String)
     /// The server could not be reached, or the exchange broke off: refused, reset, no route,
     /// name not resolved, TLS failed. The text is libcurl's.
     case unreachable(String)

@@ -31,6 +31,10 @@ import TokenBrokerUpstream
                 == .upstreamUnreachable(
                     "configuration: libcurl refused the request's settings (check caFile and the client certificate)"))
         #expect(
+            ProxyFailure(upstream: .unreadableFile("caFile: cannot read /etc/ca.pem: is a FIFO, not a regular file"))
+                == .upstreamUnreachable("configuration: caFile: cannot read /etc/ca.pem: is a FIFO, not a regular file")
+        )
+        #expect(
             ProxyFailure(upstream: .tooLarge(limit: 4096))
                 == .upstreamUnreachable("bad_response: the answer is larger than 4096 bytes"))
         #expect(ProxyFailure(upstream: nil) == .upstreamUnreachable("the target gave no answer"))

@@ -13,6 +13,9 @@ import TokenBrokerSources
         #expect(
             TokenFetchError(.settingsRefused).summary
                 == "configuration: libcurl refused the request's settings (check caFile and the client certificate)")
+        #expect(
+            TokenFetchError(.unreadableFile("caFile: cannot read /etc/ca.pem: is a FIFO, not a regular file")).summary
+                == "configuration: caFile: cannot read /etc/ca.pem: is a FIFO, not a regular file")
         #expect(TokenFetchError(.clientFailure("curl_easy_init failed")).summary == "internal: curl_easy_init failed")
         #expect(TokenFetchError(.stopped).description == "internal")
     }

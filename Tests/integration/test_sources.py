@@ -233,6 +233,51 @@ def make_server_certificate(directory, ca, ca_key):
     return certificate, key
 
 
+def make_client_certificate(directory, ca, ca_key):
+    """A client certificate (CN broker-client) signed by `ca`: its certificate and key paths."""
+    key, request, certificate = directory / "client.key", directory / "client.csr", directory / "client.pem"
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", "/CN=broker-client",
+            "-keyout", str(key), "-out", str(request))
+    (directory / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
+    openssl("x509", "-req", "-in", str(request), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial", "-days", "1",
+            "-extfile", str(directory / "client.ext"), "-out", str(certificate))
+    key.chmod(0o600)
+    return certificate, key
+
+
+def test_a_replaced_ca_file_is_used_from_the_next_connection_on(tmp_path):
+    # The broker reads the CA file again when it changed (`stat`: another file, size or time) and
+    # gives libcurl its bytes: replaced by another file, then rewritten in place with what it held.
+    signer, signer_key = make_ca(tmp_path, "a")
+    unrelated, _ = make_ca(tmp_path, "b")
+    certificate, key = make_server_certificate(tmp_path, signer, signer_key)
+    openssl("verify", "-CAfile", str(signer), str(certificate))
+    assert subprocess.run(["openssl", "verify", "-CAfile", str(unrelated), str(certificate)], capture_output=True).returncode != 0
+    ca_file = tmp_path / "trusted.pem"
+    ca_file.write_bytes(signer.read_bytes())
+    # One connection per fetch: the issuer speaks HTTP/1.0.
+    issuer = FaultyIssuer(tls=(str(certificate), str(key)))
+    source = {"type": "oauth2", "tokenURL": issuer.url, "clientID": "c", "clientSecret": "s", "caFile": str(ca_file)}
+    try:
+        with Broker({"providers": [{"source": source, "maxErrorTokenRefreshDelayMsec": 200}]}) as broker:
+            def readiness():
+                return json.loads(broker.request("GET", "/readyz", listener="admin")[2])["providers"][0]
+            assert broker.get_json("/token/ready?timeout=10")[0]["access_token"] == "good-1"
+            replacement = tmp_path / "replacement.pem"
+            replacement.write_bytes(unrelated.read_bytes())
+            os.replace(replacement, ca_file)
+            broker.request("POST", "/token/refresh?timeout=2", body=b'{"rejected_version": 1}')
+            assert wait_until(lambda: readiness().get("last_error") == "unreachable"), readiness()
+            assert "certificate" in readiness()["last_error_description"].lower(), readiness()
+            assert issuer.served == 1, "the unrelated CA does not trust the issuer"
+            with open(ca_file, "wb") as handle:
+                handle.write(signer.read_bytes())
+            assert wait_until(lambda: broker.get_json("/token")[0]["access_token"] == "good-2"), readiness()
+            assert issuer.served == 2
+    finally:
+        issuer.close()
+
+
 def test_a_ca_file_replaces_the_system_ca_directory_instead_of_adding_to_it(tmp_path):
     # The system's CA directory (Debian's libcurl is built with /etc/ssl/certs) is replaced, in a
     # mount namespace of the broker's own, by one that holds only the CA that signed the issuer.

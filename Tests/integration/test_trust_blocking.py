@@ -9,9 +9,12 @@ import os
 import subprocess
 import threading
 
+import pytest
+
 from broker import BINARY, Broker, run_broker
 from issuers.faulty import FaultyIssuer
 from test_http_api import wait_until
+from test_sources import make_ca, make_client_certificate, make_server_certificate
 
 
 def sha256(text):
@@ -331,9 +334,55 @@ def test_a_fetch_abandoned_at_its_deadline_closes_its_upstream_connection():
             connection.close()
 
 
+@pytest.mark.parametrize("replaced", ["caFile", "clientCertFile", "clientKeyFile"])
+def test_a_tls_file_replaced_by_a_fifo_fails_its_own_exchanges_at_once_and_holds_up_nothing(tmp_path, replaced):
+    # libcurl used to open these files itself at each new connection, on the upstream client's
+    # thread: a FIFO put there after start held that thread in open(), and with it every issuer's
+    # fetch and the broker's exit. The broker now reads them itself, never waiting on a FIFO.
+    ca, ca_key = make_ca(tmp_path, "ca")
+    certificate, key = make_server_certificate(tmp_path, ca, ca_key)
+    client, client_key = make_client_certificate(tmp_path, ca, ca_key)
+    tls = {"caFile": str(ca), "clientCertFile": str(client), "clientKeyFile": str(client_key)}
+    issuer = FaultyIssuer(tls=(str(certificate), str(key)), client_ca=str(ca))
+    other = FaultyIssuer()
+    config = {
+        "providers": [
+            {"name": "tls", "source": {"type": "oauth2", "tokenURL": issuer.url, "clientID": "c", "clientSecret": "s", **tls},
+             "maxErrorTokenRefreshDelayMsec": 200},
+            {"name": "other", "source": {"type": "oauth2", "tokenURL": other.url, "clientID": "c", "clientSecret": "s"}},
+        ],
+        "proxies": [{"name": "tls", "target": issuer.url.rsplit("/", 1)[0] + "/", "provider": "other", **tls}],
+    }
+    try:
+        broker = Broker(config)
+        with broker:
+            def readiness():
+                providers = json.loads(broker.request("GET", "/readyz", listener="admin")[2])["providers"]
+                return next(provider for provider in providers if provider["name"] == "tls")
+            assert broker.get_json("/providers/tls/token/ready?timeout=10")[0]["access_token"] == "good-1"
+            assert broker.request("POST", "/proxy/tls/token", body=b"{}")[0] == 200
+            replace_with_fifo(tls[replaced])
+            problem = f"{replaced}: cannot read {tls[replaced]}: is a FIFO, not a regular file"
+            broker.request("POST", "/providers/tls/token/refresh?timeout=2", body=b'{"rejected_version": 1}', timeout=8)
+            assert wait_until(lambda: readiness().get("last_error") == "configuration"), readiness()
+            assert readiness()["last_error_description"] == f"configuration: {problem}"
+            # Another issuer's fetch goes on (both are fetched on the same thread).
+            version = broker.get_json("/providers/other/token")[0]["version"]
+            status, _, body = broker.request("POST", "/providers/other/token/refresh?timeout=8",
+                                             body=json.dumps({"rejected_version": version}).encode(), timeout=15)
+            assert status == 200 and json.loads(body)["version"] > version, (status, body)
+            # A proxied request gets its answer, the broker's own.
+            status, _, body = broker.request("POST", "/proxy/tls/token", body=b"{}", timeout=15)
+            assert status == 502 and problem in json.loads(body)["error_description"], (status, body)
+            assert broker.stop(timeout=15) == 0
+    finally:
+        issuer.close()
+        other.close()
+
+
 def test_tls_files_are_checked_when_the_configuration_is_loaded(tmp_path):
-    # libcurl and OpenSSL open these on the upstream client's thread, at each connection: a FIFO
-    # would block every exchange there, an encrypted key would make OpenSSL ask the terminal.
+    # Checked when loaded; read again by the broker (never by libcurl, which would wait on a
+    # FIFO) when they change, and a bad one then fails its own exchanges alone.
     def openssl(*arguments):
         subprocess.run(["openssl", *arguments], check=True, capture_output=True)
 

@@ -16,6 +16,11 @@ public struct UpstreamConfiguration: Sendable, Equatable {
     /// Longest answer body read, in bytes; a longer one is a `bad_response`. Default 1048576; 1024–16777216.
     public var maxResponseBytes: Int = 1 << 20
 
+    /// The largest `caFile` read: 4 MiB, well above a full system bundle (about 200 KiB).
+    public static let caFileLimit = 4 << 20
+    /// The largest `clientCertFile` or `clientKeyFile` read: 1 MiB, as for every key file.
+    public static let clientFileLimit = 1 << 20
+
     public init() {}
 
     init(reading reader: inout ObjectReader) throws(ConfigurationError) {

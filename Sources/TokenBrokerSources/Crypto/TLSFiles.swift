@@ -5,15 +5,14 @@ import TokenBrokerCore
 /// `clientKeyFile`) when the configuration is loaded: at start, by `--check-config` and at a
 /// reload.
 ///
-/// libcurl and OpenSSL open these files themselves, on the upstream client's thread, at each new
-/// connection. There a FIFO would block every exchange of the broker in `open`, and an encrypted
-/// key would make OpenSSL ask the terminal for a pass phrase. So each is first read here as every
-/// other file is (`FileContents`: a regular file, within a size limit, never waited on), and
-/// parsed: the CA and certificate files must hold PEM certificates, the key a PEM private key
-/// without a pass phrase, matching the certificate.
+/// The upstream client reads them again when they change (`TLSFileCache`), as bytes it hands to
+/// libcurl, and a file that turns out wrong then fails its exchange alone. So each is read here
+/// as every other file is (`FileContents`: a regular file, within a size limit, never waited
+/// on), and parsed: the CA and certificate files must hold PEM certificates, the key a PEM
+/// private key without a pass phrase, matching the certificate.
 public enum TLSFiles {
-    /// The largest CA file read: 4 MiB, well above a full system bundle (about 200 KiB).
-    public static let caFileLimit = 4 << 20
+    /// The largest CA file read (`UpstreamConfiguration.caFileLimit`, as the upstream client reads it).
+    public static let caFileLimit = UpstreamConfiguration.caFileLimit
 
     /// Throws a `configuration` error naming the file and what is wrong with it.
     public static func check(_ upstream: UpstreamConfiguration) throws(TokenFetchError) {
@@ -22,9 +21,11 @@ public enum TLSFiles {
             for certificate in certificates { X509_free(certificate) }
         }
         guard let certificatePath = upstream.clientCertFile, let keyPath = upstream.clientKeyFile else { return }
-        let chain = try Self.certificates(in: try SecretFile.read(certificatePath), path: certificatePath)
+        // The limit the upstream client reads them with.
+        let limit = UpstreamConfiguration.clientFileLimit
+        let chain = try Self.certificates(in: try SecretFile.read(certificatePath, limit: limit), path: certificatePath)
         defer { for certificate in chain { X509_free(certificate) } }
-        let key = try SigningKey.readPrivateKey(try SecretFile.read(keyPath), path: keyPath)
+        let key = try SigningKey.readPrivateKey(try SecretFile.read(keyPath, limit: limit), path: keyPath)
         defer { EVP_PKEY_free(key) }
         // The first certificate is the client's own; libcurl refuses a key that is not its.
         guard X509_check_private_key(chain[0], key) == 1 else {

@@ -8,6 +8,7 @@ extension TokenFetchError {
         switch error {
         case .clientFailure(let detail): self = .internalError(detail)
         case .settingsRefused: self = .configuration(UpstreamError.settingsRefusedDetail)
+        case .unreadableFile(let detail): self = .configuration(detail)
         case .unreachable(let detail): self = .unreachable(detail)
         case .timeout(let detail): self = .timeout(detail)
         case .tooLarge(let limit): self = .badResponse("the answer is larger than \(limit) bytes")
