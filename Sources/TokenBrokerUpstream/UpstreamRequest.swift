@@ -44,7 +44,8 @@ public struct UpstreamResponse: Sendable {
         self.body = body
     }
 
-    /// `Retry-After` (RFC 9110 §10.2.3), in seconds or as an HTTP date, at most an hour.
+    /// `Retry-After` (RFC 9110 §10.2.3), in seconds or as an HTTP date in any of its three forms,
+    /// at most an hour.
     public var retryAfter: Duration? { retryAfter(now: WallTime()) }
 
     /// `retryAfter`, with a date read against `now`.
@@ -54,7 +55,7 @@ public struct UpstreamResponse: Sendable {
             // delay-seconds = 1*DIGIT; more digits than an Int holds is still "a long time".
             return .seconds(min(Int(text) ?? 3600, 3600))
         }
-        guard let date = HTTPDate.parse(text) else { return nil }
+        guard let date = HTTPDate.parse(text, now: now) else { return nil }
         return .seconds(Int64(rounding: min(max(date.timeIntervalSince(now), 0), 3600), .up) ?? 0)
     }
 }

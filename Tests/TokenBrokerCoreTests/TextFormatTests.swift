@@ -23,7 +23,8 @@ import TokenBrokerCore
         }
     }
 
-    /// HTTP dates (IMF-fixdate) read back the instants Foundation's formatter wrote.
+    /// HTTP dates (IMF-fixdate) read back the instants Foundation's formatter wrote; what is none
+    /// of the three forms is refused.
     @Test func httpDatesAgreeWithFoundationsFormatterOverManyDays() {
         let formatter = DateFormatter()
         formatter.locale = Locale(identifier: "en_US_POSIX")
@@ -35,11 +36,78 @@ import TokenBrokerCore
             #expect(HTTPDate.parse(text) == WallTime(timeIntervalSince1970: seconds), "\(text)")
         }
         for bad in [
-            "Sun, 06 Nov 1994 08:49:37 UTC", "Sunday, 06-Nov-94 08:49:37 GMT", "Sun Nov  6 08:49:37 1994",
-            "Sun, 6 Nov 1994 08:49:37 GMT", "Sun, 06 Nov 1994 24:00:00 GMT", "Sun, 06 Foo 1994 08:49:37 GMT", "120",
+            "Sun, 06 Nov 1994 08:49:37 UTC", "Sun, 6 Nov 1994 08:49:37 GMT", "Sun, 06 Nov 1994 24:00:00 GMT",
+            "Sun, 06 Foo 1994 08:49:37 GMT", "120", "", "Sunday, 06 Nov 1994 08:49:37 GMT",
+            // RFC 850 dates: a short weekday, another zone, a four-digit year, a missing part.
+            "Sun, 06-Nov-94 08:49:37 GMT", "Sunday, 06-Nov-94 08:49:37 UTC", "Sunday, 06-Nov-1994 08:49:37 GMT",
+            "Sunday, 06-Nov 08:49:37 GMT", "Sunday, 6-Nov-94 08:49:37 GMT", "Sunday, 06-nov-94 08:49:37 GMT",
+            // asctime dates: one space before a one-digit day, two before two digits, a two-digit year.
+            "Sun Nov 6 08:49:37 1994", "Sun Nov  16 08:49:37 1994", "Sun Nov  6 08:49:37 94",
+            "Sun, Nov  6 08:49:37 1994",
+            "Sunday Nov  6 08:49:37 1994", "Sun Nov  6 08:49 1994", "Sun Nov 06 08:49:37 1994 GMT",
         ] {
             #expect(HTTPDate.parse(bad) == nil, "\(bad)")
         }
+    }
+
+    /// The three forms of RFC 9110 §5.6.7, as Python wrote them (email.utils.formatdate with
+    /// usegmt, time.strftime("%A, %d-%b-%y %H:%M:%S GMT"), time.asctime), read back as the
+    /// instants they were written from; the first is the RFC's own example. An RFC 850 date is
+    /// read at the instant it names, so that its two-digit year falls in its own century.
+    @Test(arguments: [
+        (
+            784_111_777, "Sun, 06 Nov 1994 08:49:37 GMT", "Sunday, 06-Nov-94 08:49:37 GMT",
+            "Sun Nov  6 08:49:37 1994"
+        ),
+        (0, "Thu, 01 Jan 1970 00:00:00 GMT", "Thursday, 01-Jan-70 00:00:00 GMT", "Thu Jan  1 00:00:00 1970"),
+        (
+            951_782_400, "Tue, 29 Feb 2000 00:00:00 GMT", "Tuesday, 29-Feb-00 00:00:00 GMT",
+            "Tue Feb 29 00:00:00 2000"
+        ),
+        (
+            951_868_799, "Tue, 29 Feb 2000 23:59:59 GMT", "Tuesday, 29-Feb-00 23:59:59 GMT",
+            "Tue Feb 29 23:59:59 2000"
+        ),
+        (
+            1_234_567_890, "Fri, 13 Feb 2009 23:31:30 GMT", "Friday, 13-Feb-09 23:31:30 GMT",
+            "Fri Feb 13 23:31:30 2009"
+        ),
+        (
+            1_709_211_661, "Thu, 29 Feb 2024 13:01:01 GMT", "Thursday, 29-Feb-24 13:01:01 GMT",
+            "Thu Feb 29 13:01:01 2024"
+        ),
+        (
+            1_795_995_358, "Sun, 29 Nov 2026 23:35:58 GMT", "Sunday, 29-Nov-26 23:35:58 GMT",
+            "Sun Nov 29 23:35:58 2026"
+        ),
+        (
+            4_102_444_799, "Thu, 31 Dec 2099 23:59:59 GMT", "Thursday, 31-Dec-99 23:59:59 GMT",
+            "Thu Dec 31 23:59:59 2099"
+        ),
+    ])
+    func httpDatesAreReadInEachOfTheirThreeForms(_ seconds: Double, _ imf: String, _ rfc850: String, _ asctime: String)
+    {
+        let instant = WallTime(timeIntervalSince1970: seconds)
+        #expect(HTTPDate.parse(imf) == instant)
+        #expect(HTTPDate.parse(rfc850, now: instant) == instant)
+        #expect(HTTPDate.parse(asctime) == instant)
+    }
+
+    /// RFC 850's two-digit years, read on 2026-12-07 at 10:00 GMT: in this century, unless that
+    /// is more than 50 years on, then in the last (RFC 9110 §5.6.7). Instants from Python's
+    /// calendar.timegm.
+    @Test(arguments: [
+        ("Wednesday, 01-Jan-76 00:00:00 GMT", 3_345_062_400.0),  // 2076: 49 years on
+        ("Monday, 07-Dec-76 00:00:00 GMT", 3_374_524_800),  // 2076: ten hours short of 50 years on
+        ("Wednesday, 08-Dec-76 00:00:00 GMT", 218_851_200),  // 1976: 2076 would be more than 50 years on
+        ("Saturday, 01-Jan-77 00:00:00 GMT", 220_924_800),  // 1977
+        ("Sunday, 06-Nov-94 08:49:37 GMT", 784_111_777),  // 1994
+        ("Saturday, 01-Jan-00 00:00:00 GMT", 946_684_800),  // 2000
+        ("Monday, 07-Dec-26 00:00:00 GMT", 1_796_601_600),  // 2026: today
+    ])
+    func rfc850TwoDigitYearsMoreThanFiftyYearsOnAreInTheLastCentury(_ text: String, _ seconds: Double) {
+        let now = WallTime(timeIntervalSince1970: 1_796_637_600)
+        #expect(HTTPDate.parse(text, now: now) == WallTime(timeIntervalSince1970: seconds))
     }
 
     /// The broker's JSON parser against Foundation's, as an independent reader of the same texts.

@@ -62,6 +62,9 @@ import TokenBrokerUpstream
         #expect(retryAfter("999999") == .seconds(3600), "capped at an hour")
         #expect(retryAfter("Sun, 06 Nov 1994 08:49:37 GMT") == .seconds(60))
         #expect(retryAfter("Sun, 06 Nov 1994 08:00:00 GMT") == .seconds(0), "a date in the past means now")
+        // The obsolete forms a recipient must read too (RFC 9110 §5.6.7).
+        #expect(retryAfter("Sunday, 06-Nov-94 08:49:37 GMT") == .seconds(60))
+        #expect(retryAfter("Sun Nov  6 08:49:37 1994") == .seconds(60))
         #expect(retryAfter("-5") == nil && retryAfter("soon") == nil)
     }
 
