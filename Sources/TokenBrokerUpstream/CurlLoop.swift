@@ -481,6 +481,11 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
             return
         }
         guard let continuation = transfer.continuation else { return }
+        // Stopped by the header callback: the head cannot be read as it came.
+        if let problem = transfer.unpassable {
+            continuation.resume(throwing: UpstreamError.badResponse(problem))
+            return
+        }
         guard result == CURLE_OK else {
             let reason = String(cString: curl_easy_strerror(result))
             switch result {
@@ -616,12 +621,19 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
         case .statusLine where !transfer.headReady:
             // A new response (after 100 Continue): forget the interim one's headers.
             transfer.headers = [:]
+            transfer.ambiguous = []
             transfer.headerLines = []
             transfer.contentLength = nil
         case .end:
-            guard transfer.exchange != nil, !transfer.headReady else { break }
+            guard !transfer.headReady else { break }
             var status = 0
             _ = CCurl_getinfo_long(transfer.easy, CURLINFO_RESPONSE_CODE, &status)
+            guard transfer.exchange != nil else {
+                // An issuer's answer: what comes after its head (a chunked body's trailers) is
+                // none of its headers.
+                if status >= 200 { transfer.headReady = true }
+                break
+            }
             // After a 101 the connection speaks another protocol, and the broker tunnels none
             // (RFC 9110 §15.2.2): libcurl, which asked for no upgrade, would read on as HTTP.
             if status == 101 { return refuse(transfer, "the target switched protocols (101)") }
@@ -654,16 +666,34 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
                 // Streamed exchanges pass every header on, in order, names as sent.
                 if transfer.headerLines.isEmpty { transfer.headerLines.reserveCapacity(16) }
                 transfer.headerLines.append((name, value))
-            } else if transfer.headers.count < 100 {
-                // An issuer's answer is read, not passed on: its values as text.
-                transfer.headers[name.lowercased()] = String(decoding: value, as: UTF8.self)
+            } else if !transfer.headReady {
+                if name.equalsIgnoringASCIICase("Content-Length"), !sameLength(transfer, value) {
+                    // RFC 9112 §6.3 item 5, as for a streamed answer: libcurl frames the body by the last.
+                    return refuse(transfer, "different Content-Length values")
+                }
+                readField(transfer, name.lowercased(), String(decoding: value, as: UTF8.self))
             }
         }
         return line.count
     }
 
-    /// Stops a streamed exchange at its head, which cannot be passed on as it came: writing
-    /// nothing fails the transfer, and libcurl closes a failed transfer's connection.
+    /// An issuer's answer is read, not passed on: its values as text, by lower-case name, the
+    /// first 100 names. A field sent again with the same value is that value; sent with another,
+    /// which one the issuer meant is unknown, and the field is not read at all (a `Retry-After`
+    /// then holds nothing off).
+    private static func readField(_ transfer: Transfer, _ name: String, _ value: String) {
+        guard !transfer.ambiguous.contains(name) else { return }
+        if let earlier = transfer.headers[name] {
+            guard earlier != value else { return }
+            transfer.headers[name] = nil
+            transfer.ambiguous.insert(name)
+        } else if transfer.headers.count < 100 {
+            transfer.headers[name] = value
+        }
+    }
+
+    /// Stops a transfer at its head, which cannot be passed on (or, an issuer's, read) as it
+    /// came: writing nothing fails the transfer, and libcurl closes a failed transfer's connection.
     private static func refuse(_ transfer: Transfer, _ problem: String) -> Int {
         if transfer.unpassable == nil { transfer.unpassable = problem }
         return 0
@@ -739,19 +769,22 @@ final class Transfer: @unchecked Sendable {
     var easy: UnsafeMutableRawPointer?
     var headerList: UnsafeMutablePointer<curl_slist>?
     var body: [UInt8] = []
+    /// A buffered answer's headers, by lower-case name (`readField`).
     var headers: [String: String] = [:]
+    /// Names a buffered answer gave more than one value, which are not read.
+    var ambiguous: Set<String> = []
     /// Every header of the final answer, in order, names as sent and values as the bytes sent
     /// (streamed exchanges).
     var headerLines: [(String, [UInt8])] = []
-    /// The final answer's `Content-Length`, as the first one said it (streamed exchanges).
+    /// The final answer's `Content-Length`, as the first one said it.
     var contentLength: [UInt8]?
-    /// Why the answer cannot be passed on as it came, once the header callback stopped the
-    /// transfer for it (streamed exchanges): the exchange then ends with `badResponse`.
+    /// Why the answer cannot be passed on (or read) as it came, once the header callback stopped
+    /// the transfer for it: the exchange then ends with `badResponse`.
     var unpassable: String?
     var tooLarge = false
     /// The request body as libcurl reads it (buffered requests with a body), freed by `release`.
     var bodyCopy: UnsafeMutableRawBufferPointer?
-    /// The final answer's head is complete (streamed exchanges).
+    /// The final answer's head is complete: what comes after it (trailers) is no header of it.
     var headReady = false
     var headDelivered = false
     /// Body that came with a head not yet handed over.

@@ -21,9 +21,9 @@ public enum UpstreamError: Error, Sendable, Equatable {
     case timeout(String)
     /// The answer's body was longer than `maxResponseBytes` (buffered requests only).
     case tooLarge(limit: Int)
-    /// The answer cannot be passed on as it came (streamed exchanges): two different
-    /// `Content-Length`s, more header lines than are passed on, a 101. The exchange stopped at
-    /// its head and its connection was closed. The text is the client's own, naming no value.
+    /// The answer cannot be passed on, or read, as it came: two different `Content-Length`s;
+    /// of a streamed exchange, more header lines than are passed on, a 101. The exchange stopped
+    /// at its head and its connection was closed. The text is the client's own, naming no value.
     case badResponse(String)
     /// Stopped on purpose: cancelled, given up by its caller, or its head refused by the delegate.
     case stopped

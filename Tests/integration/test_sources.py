@@ -11,6 +11,7 @@ import pytest
 from broker import BINARY, Broker
 from issuers.faulty import FaultyIssuer
 from issuers.process import OAuthServer
+from issuers.raw import RawIssuer
 from test_http_api import wait_until
 
 SECRET = "s3cret-value-for-tests"
@@ -160,6 +161,52 @@ def test_bad_upstream_answers_are_classified_retried_and_never_cached(mode, clas
             assert broker.request("GET", "/healthz", listener="admin")[0] == 200
             issuer.mode = "ok"
             assert wait_until(lambda: broker.get_json("/token")[0]["access_token"] != "good-1", timeout=15)
+    finally:
+        issuer.close()
+
+
+def raw_issuer_broker(answer):
+    """A broker with one provider whose issuer answers every fetch with the bytes `answer`."""
+    issuer = RawIssuer(answer)
+    source = {"type": "oauth2", "tokenURL": issuer.url, "clientID": "c", "clientSecret": "s", "timeoutMsec": 2000}
+    return issuer, Broker({"providers": [{"source": source, "maxErrorTokenRefreshDelayMsec": 200}]})
+
+
+def readiness(broker):
+    return json.loads(broker.request("GET", "/readyz", listener="admin")[2])["providers"][0]
+
+
+RETRY_AFTER_NOT_IN_THE_HEAD = {
+    # libcurl hands a chunked body's trailers to the header callback, after the body.
+    "in a trailer": b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+                    b"Trailer: Retry-After\r\nConnection: close\r\n\r\n2\r\n{}\r\n0\r\nRetry-After: 3600\r\n\r\n",
+    "twice, with different values": b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                                    b"Content-Length: 2\r\nRetry-After: 1\r\nRetry-After: 3600\r\nConnection: close\r\n\r\n{}",
+}
+
+
+@pytest.mark.parametrize("case", RETRY_AFTER_NOT_IN_THE_HEAD)
+def test_a_retry_after_only_in_a_trailer_or_sent_twice_differently_holds_no_fetch_off(case):
+    issuer, broker = raw_issuer_broker(RETRY_AFTER_NOT_IN_THE_HEAD[case])
+    try:
+        with broker:
+            assert wait_until(lambda: issuer.requests >= 3), ("fetches go on as the backoff says", issuer.requests)
+            assert readiness(broker)["last_error"] == "server_error", readiness(broker)
+    finally:
+        issuer.close()
+
+
+def test_an_issuers_answer_with_two_different_content_lengths_is_a_bad_response():
+    # RFC 9112 §6.3 item 5: unrecoverable. libcurl alone frames the body by the last one.
+    body = json.dumps({"access_token": "framed-by-the-last-length", "expires_in": 60}).encode()
+    issuer, broker = raw_issuer_broker(
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 5\r\n"
+        + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+    try:
+        with broker:
+            assert wait_until(lambda: readiness(broker).get("last_error") == "bad_response"), readiness(broker)
+            assert readiness(broker)["last_error_description"] == "bad_response: different Content-Length values"
+            assert broker.request("GET", "/token")[0] == 503
     finally:
         issuer.close()
 
