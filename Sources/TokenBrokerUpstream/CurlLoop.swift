@@ -496,7 +496,11 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
             case _ where transfer.cancelled:
                 continuation.resume(throwing: UpstreamError.stopped)
             default:
-                continuation.resume(throwing: UpstreamError.unreachable(reason))
+                if let problem = Self.malformedAnswer(result, transfer.easy) {
+                    continuation.resume(throwing: UpstreamError.badResponse(problem))
+                } else {
+                    continuation.resume(throwing: UpstreamError.unreachable(reason))
+                }
             }
             return
         }
@@ -525,7 +529,37 @@ final class CurlLoop: EventLoopHost, @unchecked Sendable {
         case _ where transfer.cancelled || exchange.stoppedOnPurpose:
             exchange.delegate.upstreamFinished(.stopped)
         default:
-            exchange.delegate.upstreamFinished(.unreachable(String(cString: curl_easy_strerror(result))))
+            if let problem = Self.malformedAnswer(result, transfer.easy) {
+                exchange.delegate.upstreamFinished(.badResponse(problem))
+            } else {
+                exchange.delegate.upstreamFinished(.unreachable(String(cString: curl_easy_strerror(result))))
+            }
+        }
+    }
+
+    /// What libcurl's failure says of an answer that came but is not HTTP as a server speaks it,
+    /// in the client's words (a `badResponse`); nil for any other failure. The codes, as libcurl
+    /// 7.88 gives them for answers a raw socket sent (Tests/integration): a garbage status line,
+    /// another version, a code out of range or none at all (HTTP/0.9) are
+    /// CURLE_UNSUPPORTED_PROTOCOL; a header line without a colon, a NUL or a Content-Length that
+    /// is no number, CURLE_WEIRD_SERVER_REPLY; a header line over its 100 KiB,
+    /// CURLE_OUT_OF_MEMORY; a transfer coding it cannot decode, CURLE_BAD_CONTENT_ENCODING. Only
+    /// once the request went out: before that, the same codes mean a URL libcurl does not speak
+    /// (`file://`) or memory it could not have.
+    private static func malformedAnswer(_ result: CURLcode, _ easy: UnsafeMutableRawPointer?) -> String? {
+        var sent = 0
+        guard CCurl_getinfo_long(easy, CURLINFO_REQUEST_SIZE, &sent) == CURLE_OK, sent > 0 else { return nil }
+        switch result {
+        case CURLE_UNSUPPORTED_PROTOCOL:
+            return "the answer has no HTTP/1 status line (garbage, another version or code, or none: HTTP/0.9)"
+        case CURLE_WEIRD_SERVER_REPLY:
+            return "the answer's head is not HTTP (a line without a colon, a NUL, a Content-Length that is no number)"
+        case CURLE_OUT_OF_MEMORY:
+            return "a line of the answer's head is longer than libcurl takes (100 KiB), or libcurl ran out of memory"
+        case CURLE_BAD_CONTENT_ENCODING:
+            return "the answer's transfer coding cannot be decoded"
+        default:
+            return nil
         }
     }
 

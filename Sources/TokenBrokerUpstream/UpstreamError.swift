@@ -21,9 +21,11 @@ public enum UpstreamError: Error, Sendable, Equatable {
     case timeout(String)
     /// The answer's body was longer than `maxResponseBytes` (buffered requests only).
     case tooLarge(limit: Int)
-    /// The answer cannot be passed on, or read, as it came: two different `Content-Length`s;
-    /// of a streamed exchange, more header lines than are passed on, a 101. The exchange stopped
-    /// at its head and its connection was closed. The text is the client's own, naming no value.
+    /// The answer cannot be passed on, or read, as it came: not HTTP as a server speaks it (a
+    /// garbage status line, HTTP/0.9, a header line without a colon or over libcurl's 100 KiB),
+    /// two different `Content-Length`s; of a streamed exchange, more header lines than are passed
+    /// on, a 101. The exchange stopped and its connection was closed. The text is the client's
+    /// own, naming no value.
     case badResponse(String)
     /// Stopped on purpose: cancelled, given up by its caller, or its head refused by the delegate.
     case stopped
@@ -37,7 +39,7 @@ extension UpstreamError {
     /// Whether no answer came at all: nothing listens (refused, no socket, name not resolved),
     /// the request could not be sent, the connection closed or broke before anything was heard,
     /// or nothing came in time. False for an answer that came but is not HTTP as a server speaks
-    /// it (a garbage status line, HTTP/0.9, a body cut short, headers past libcurl's limit):
+    /// it (a `badResponse`, or an `unreachable` one in libcurl's words for a body cut short):
     /// something answered there. The command line client tells the two apart in its exit status.
     public var isNoAnswer: Bool {
         switch self {

@@ -182,7 +182,7 @@ enum CommandLineClient {
             return .failure(Failure(.unreachable, "broker did not answer in time at \(endpoint.shown): \(detail)"))
         case .failure(.unreachable(let detail)) where UpstreamError.unreachable(detail).isNoAnswer:
             return .failure(Failure(.unreachable, "broker unreachable at \(endpoint.shown): \(detail)"))
-        case .failure(.unreachable(let detail)):
+        case .failure(.unreachable(let detail)), .failure(.badResponse(let detail)):
             return .failure(
                 Failure(
                     .unexpectedAnswer,

@@ -211,6 +211,37 @@ def test_an_issuers_answer_with_two_different_content_lengths_is_a_bad_response(
         issuer.close()
 
 
+NOT_HTTP = {
+    # What libcurl 7.88 fails each with (its code): UNSUPPORTED_PROTOCOL, for the first three.
+    "garbage status line": (b"HELLO THERE\r\nContent-Length: 2\r\n\r\n{}", "the answer has no HTTP/1 status line"),
+    "another version": (b"HTTP/9.9 200 OK\r\nContent-Length: 2\r\n\r\n{}", "the answer has no HTTP/1 status line"),
+    "HTTP/0.9": (b'{"access_token": "no-head-at-all", "expires_in": 60}', "the answer has no HTTP/1 status line"),
+    # WEIRD_SERVER_REPLY
+    "a header line without a colon": (b"HTTP/1.1 200 OK\r\nNo colon here\r\nContent-Length: 2\r\n\r\n{}",
+                                      "the answer's head is not HTTP"),
+    # OUT_OF_MEMORY: a header line over libcurl's 100 KiB.
+    "a 200 KB header line": (b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 200_000 + b"\r\nContent-Length: 2\r\n\r\n{}",
+                             "a line of the answer's head is longer than libcurl takes"),
+}
+
+
+@pytest.mark.parametrize("case", NOT_HTTP)
+def test_an_answer_that_is_not_http_is_a_bad_response_for_an_issuer_and_a_proxy(case):
+    answer, problem = NOT_HTTP[case]
+    issuer = RawIssuer(answer)
+    source = {"type": "oauth2", "tokenURL": issuer.url, "clientID": "c", "clientSecret": "s", "timeoutMsec": 2000}
+    config = {"providers": [{"source": source, "maxErrorTokenRefreshDelayMsec": 200}, {"name": "signer", "source": {"type": "jwt"}}],
+              "proxies": [{"name": "raw", "target": issuer.url.rsplit("/", 1)[0] + "/", "provider": "signer"}]}
+    try:
+        with Broker(config) as broker:
+            assert wait_until(lambda: readiness(broker).get("last_error") == "bad_response"), readiness(broker)
+            assert readiness(broker)["last_error_description"].startswith(f"bad_response: {problem}"), readiness(broker)
+            status, _, body = broker.request("GET", "/proxy/raw/token")
+            assert status == 502 and f"bad_response: {problem}" in json.loads(body)["error_description"], (status, body)
+    finally:
+        issuer.close()
+
+
 def test_tls_is_always_verified_and_a_configured_ca_file_is_trusted(tmp_path):
     certificate, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "1",
