@@ -189,19 +189,17 @@ enum RequestTarget {
     /// request-line callback before decoding it; -1 when its path (what precedes `?`) has `%00`;
     /// `spaceOrControl` when it holds a space or a control character.
     static func measure(_ uri: UnsafePointer<CChar>) -> Int {
-        let length = strlen(uri)
         // No space, tab or other control, nor DEL (RFC 9112 §3.2, RFC 3986 §2): libmicrohttpd
         // takes the line's last space for the one before the version, so `GET /token /x HTTP/1.1`
         // reached the routes as the path `/token /x`, which a server in front may read another way.
-        if UnsafeRawBufferPointer(start: uri, count: length).contains(where: { $0 <= 0x20 || $0 == 0x7F }) {
-            return spaceOrControl
-        }
+        let length = CMicroHTTPD_target_length(uri)
+        guard length >= 0 else { return spaceOrControl }
         if let escape = strstr(uri, "%00") {
             // Only the first `?` ends the path; one after the escape leaves it in the path too.
             let query = strchr(uri, Int32(UInt8(ascii: "?")))
             if query.map({ escape < $0 }) ?? true { return -1 }
         }
-        return length
+        return Int(length)
     }
 
     /// What `measure` says of a target with a space or a control character in it.
