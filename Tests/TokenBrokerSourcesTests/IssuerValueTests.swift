@@ -75,13 +75,15 @@ import TokenBrokerUpstream
 
     /// A JWT with the given payload, as text; the signature is not checked by the file source.
     private func jwt(payload: String) -> String {
-        func encode(_ text: String) -> String {
-            Data(text.utf8).base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(
-                of: "/", with: "_"
-            )
-            .replacingOccurrences(of: "=", with: "")
-        }
-        return encode(#"{"alg":"none"}"#) + "." + encode(payload) + ".c2ln"
+        Self.base64URL(#"{"alg":"none"}"#) + "." + Self.base64URL(payload) + ".c2ln"
+    }
+
+    /// Base64url without padding, by Foundation.
+    private static func base64URL(_ text: String) -> String {
+        Data(text.utf8).base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(
+            of: "/", with: "_"
+        )
+        .replacingOccurrences(of: "=", with: "")
     }
 
     private func fetch(
@@ -128,6 +130,71 @@ import TokenBrokerUpstream
         #expect(
             fileFailure(jwt(payload: #"{"exp":\#(now)}"#))?.description == "bad_response", "an expired token is refused"
         )
+    }
+
+    // MARK: - a JWT's exp, whatever the source
+
+    /// Claims a reader could take two ways, or whose `exp` is not a NumericDate: a token made so
+    /// was served without expiry (`http`), with the default lifetime (`oauth2`) or `lifetimeSec`
+    /// (`file`), as if it were not a JWT.
+    static let claimsThatAreNoJWTs = [
+        #"{"exp":1800000100,"exp":1799996400}"#, #"{"exp":"1799996400"}"#, #"{"exp":null}"#, #"{"exp":[1800000100]}"#,
+        #"{"exp":1800000100,}"#, #"{"exp":1800000100"#, #"["exp",1800000100]"#, #"not json"#,
+    ]
+
+    @Test(arguments: claimsThatAreNoJWTs)
+    func aJWTWhoseClaimsAreNotOneStrictObjectWithANumericExpIsABadResponseFromEverySource(_ claims: String) {
+        let token = jwt(payload: claims)
+        let now = WallTime(timeIntervalSince1970: 1_800_000_000)
+        #expect(fileFailure(token, lifetimeSec: 60)?.description == "bad_response", "file")
+        var settings = HTTPSourceConfiguration(url: "http://127.0.0.1:1/t")
+        settings.expiresInPointer = "/ttl"
+        let http = HTTPTokenSource(configuration: settings)
+        for body in [#"{"access_token":"\#(token)"}"#, #"{"access_token":"\#(token)","ttl":60}"#] {
+            var failure: TokenFetchError?
+            do { _ = try http.token(from: answer(body), now: now) } catch { failure = error }
+            #expect(failure?.description == "bad_response", "http \(body)")
+        }
+        for body in [#"{"access_token":"\#(token)"}"#, #"{"access_token":"\#(token)","expires_in":60}"#] {
+            #expect(oauthFailure(body, now: now) == "bad_response", "oauth2 \(body)")
+        }
+    }
+
+    @Test func aHeaderThatIsNoJSONObjectIsABadResponseAndATokenThatDoesNotOpenOneIsOpaque() throws {
+        let claims = #"{"exp":1799996400}"#
+        let duplicateHeader = Self.base64URL(#"{"alg":"none","alg":"HS256"}"#) + "." + Self.base64URL(claims) + ".c2ln"
+        #expect(fileFailure(duplicateHeader, lifetimeSec: 60)?.description == "bad_response")
+        for opaque in ["abc.def.ghi", Self.base64URL("[1]") + "." + Self.base64URL(claims) + ".c2ln", "a.b", "a.b.c.d"]
+        {
+            #expect(try fetch(opaque, lifetimeSec: 60).lifetime == .seconds(60), "\(opaque)")
+        }
+    }
+
+    @Test func anOAuthAnswerWithoutExpiresInLivesUntilItsJWTsExpAndAnExpPastIsABadResponse() throws {
+        let now = WallTime(timeIntervalSince1970: 1_800_000_000)
+        let live = jwt(payload: #"{"sub":"s","exp":1800000120}"#)
+        let token = try OAuth2TokenSource.token(
+            from: answer(#"{"access_token":"\#(live)"}"#), defaultLifetime: 3600, now: now)
+        #expect(token.lifetime == .seconds(120))
+        let expired = jwt(payload: #"{"sub":"s","exp":1799996400}"#)
+        #expect(oauthFailure(#"{"access_token":"\#(expired)"}"#, now: now) == "bad_response")
+        #expect(oauthFailure(#"{"access_token":"\#(expired)","expires_in":null}"#, now: now) == "bad_response")
+        // A stated lifetime counts from the answer, so it is taken whatever the clocks say.
+        let stated = try OAuth2TokenSource.token(
+            from: answer(#"{"access_token":"\#(expired)","expires_in":300}"#), defaultLifetime: 3600, now: now)
+        #expect(stated.lifetime == .seconds(300))
+        let opaque = try OAuth2TokenSource.token(
+            from: answer(#"{"access_token":"opaque"}"#), defaultLifetime: 3600, now: now)
+        #expect(opaque.lifetime == .seconds(3600))
+    }
+
+    private func oauthFailure(_ body: String, now: WallTime) -> String? {
+        do {
+            _ = try OAuth2TokenSource.token(from: answer(body), defaultLifetime: 3600, now: now)
+            return nil
+        } catch {
+            return error.description
+        }
     }
 
     /// The file source gets the rules of `oauth2` and `http`: visible ASCII, at most 16 KiB.

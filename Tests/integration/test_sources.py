@@ -196,6 +196,43 @@ def test_a_retry_after_only_in_a_trailer_or_sent_twice_differently_holds_no_fetc
         issuer.close()
 
 
+def signed_jwt(claims):
+    """A JWT signed by PyJWT (HS256). Claims given as bytes are signed as they are, through PyJWT's
+    JWS layer, so that a claim can repeat, which PyJWT's JWT layer cannot write."""
+    key = "a-test-key-of-32-bytes-or-more-0"
+    if isinstance(claims, bytes):
+        return jwt.api_jws.encode(claims, key, algorithm="HS256")
+    return jwt.encode(claims, key, algorithm="HS256")
+
+
+@pytest.mark.parametrize("source", ["oauth2", "http", "file"])
+@pytest.mark.parametrize("claims,reason", [("past", "the token expired"), ("repeated", "appears twice"),
+                                           ("string", "not a NumericDate")])
+def test_a_jwt_past_its_exp_or_whose_exp_reads_two_ways_is_a_bad_response(tmp_path, source, claims, reason):
+    now = int(time.time())
+    claims = {"past": {"sub": "s", "exp": now - 3600}, "repeated": b'{"exp":%d,"exp":%d}' % (now + 600, now - 3600),
+              "string": {"sub": "s", "exp": str(now - 3600)}}[claims]
+    token = signed_jwt(claims)
+    issuer = FaultyIssuer()
+    issuer.mode, issuer.body = "body", {"access_token": token}
+    token_file = tmp_path / "token"
+    token_file.write_text(token)
+    settings = {"oauth2": {"type": "oauth2", "tokenURL": issuer.url, "clientID": "c", "clientSecret": "s"},
+                "http": {"type": "http", "url": issuer.url},
+                "file": {"type": "file", "path": str(token_file), "lifetimeSec": 600}}[source]
+    try:
+        with Broker({"providers": [{"source": settings, "maxErrorTokenRefreshDelayMsec": 200}]}) as broker:
+            def readiness():
+                return json.loads(broker.request("GET", "/readyz", listener="admin")[2])["providers"][0]
+            assert wait_until(lambda: readiness().get("last_error") == "bad_response"), readiness()
+            assert reason in readiness()["last_error_description"], readiness()
+            status, _, body = broker.request("GET", "/token")
+            assert status == 503, body
+            assert token not in broker.stderr()
+    finally:
+        issuer.close()
+
+
 def test_an_issuers_answer_with_two_different_content_lengths_is_a_bad_response():
     # RFC 9112 §6.3 item 5: unrecoverable. libcurl alone frames the body by the last one.
     body = json.dumps({"access_token": "framed-by-the-last-length", "expires_in": 60}).encode()
@@ -238,6 +275,26 @@ def test_an_answer_that_is_not_http_is_a_bad_response_for_an_issuer_and_a_proxy(
             assert readiness(broker)["last_error_description"].startswith(f"bad_response: {problem}"), readiness(broker)
             status, _, body = broker.request("GET", "/proxy/raw/token")
             assert status == 502 and f"bad_response: {problem}" in json.loads(body)["error_description"], (status, body)
+    finally:
+        issuer.close()
+
+
+def test_without_expires_in_an_oauth2_jwt_lives_until_its_exp_not_the_default_lifetime():
+    issuer = FaultyIssuer()
+    issuer.mode, issuer.body = "body", {"access_token": signed_jwt({"sub": "s", "exp": int(time.time()) + 120})}
+    source = {"type": "oauth2", "tokenURL": issuer.url, "clientID": "c", "clientSecret": "s", "defaultLifetimeSec": 3600}
+    try:
+        with Broker({"providers": [{"source": source}]}) as broker:
+            body, _ = broker.get_json("/token/ready?timeout=10")
+            assert jwt.decode(body["access_token"], options={"verify_signature": False})["exp"] > time.time()
+            assert 0 < body["expires_in"] <= 120, body
+            # An issuer that states a lifetime is taken at its word: expires_in counts from the
+            # answer, so the clocks need not agree.
+            issuer.body = {"access_token": signed_jwt({"sub": "s", "exp": int(time.time()) - 3600}), "expires_in": 300}
+            status, _, _ = broker.request("POST", "/token/refresh?timeout=10", body=b'{"rejected_version": 1}')
+            assert status == 200
+            body, _ = broker.get_json("/token")
+            assert body["version"] == 2 and 200 < body["expires_in"] <= 300, body
     finally:
         issuer.close()
 

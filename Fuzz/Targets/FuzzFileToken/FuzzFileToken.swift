@@ -12,7 +12,7 @@ import TokenBrokerCore
 /// `bad_response`, never a trap.
 func fuzzFileToken(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
     let payload = UnsafeBufferPointer(start: data, count: size)
-    _ = JWTClaims.expiry(of: String(decoding: payload, as: UTF8.self))
+    _ = try? JWTClaims.expiry(of: String(decoding: payload, as: UTF8.self))
     let token = "eyJhbGciOiJub25lIn0." + base64URL(payload) + ".c2ln"
     let descriptor = open(tokenPath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
     precondition(descriptor >= 0, "cannot write \(tokenPath)")

@@ -20,7 +20,7 @@ func fuzzTokenAnswer(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
     let response = UpstreamResponse(
         status: status, headers: ["retry-after": retryAfter, "content-type": "application/json"], body: body)
     _ = response.retryAfter(now: now)
-    if let token = try? TokenEndpointAnswer.oauthToken(response, defaultLifetime: 3600) {
+    if let token = try? TokenEndpointAnswer.oauthToken(response, defaultLifetime: 3600, now: now) {
         precondition(TokenEndpointAnswer.isUsableToken(token.accessToken), "served an unusable token")
     }
     if case .object(let members)? = try? JSONValue(parsing: body) {

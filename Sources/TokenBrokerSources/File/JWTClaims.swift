@@ -2,22 +2,55 @@ import TokenBrokerCore
 
 /// Reads claims of a JWT without verifying it: the broker hands tokens on, it does not judge them.
 public enum JWTClaims {
-    /// The `exp` claim of a compact JWS, or nil when the token is not a JWT with one.
-    public static func expiry(of token: String) -> WallTime? {
+    /// The `exp` claim of a token that is a JWT; nil for a token that is not one (an opaque
+    /// token) or a JWT without `exp`.
+    ///
+    /// A token is taken for a JWT when it is three dot-separated parts and the first decodes
+    /// (base64url) to text that opens a JSON object, as every JWS header does. Such a token must
+    /// then be one: its header and claims strict JSON objects, and its `exp`, when there, a
+    /// NumericDate (RFC 7519 §2: a JSON number). A claim set with a repeated member (two `exp`,
+    /// which RFC 7519 §4 lets a reader refuse or read as the last, so that readers disagree), an
+    /// `exp` that is a string or null, or claims that are not JSON are a `bad_response`: such a
+    /// token is never served as if it had no expiry, nor with a lifetime of the source's default.
+    public static func expiry(of token: String) throws(TokenFetchError) -> WallTime? {
         let parts = token.split(separator: ".", omittingEmptySubsequences: false)
-        guard parts.count == 3, let payload = Base64URL.decode(parts[1]),
-            case .object(let claims)? = try? JSONValue(parsing: payload), case .number(let exp)? = claims["exp"]
+        guard parts.count == 3, let header = Base64URL.decode(parts[0]),
+            header.first(where: { ![0x20, 0x09, 0x0A, 0x0D].contains($0) }) == UInt8(ascii: "{")
         else { return nil }
-        return WallTime(timeIntervalSince1970: exp)
+        guard case .object? = try? JSONValue(parsing: header) else {
+            throw .badResponse("the token is a JWT whose header is not a JSON object")
+        }
+        guard let payload = Base64URL.decode(parts[1]) else {
+            throw .badResponse("the token is a JWT whose claims are not base64url")
+        }
+        let parsed: JSONValue
+        do throws(JSONParseError) {
+            parsed = try JSONValue(parsing: payload)
+        } catch {
+            // The parser's words name a repeated claim; the name is the token's, so it is cut to
+            // printable ASCII.
+            throw .badResponse(
+                "the token is a JWT whose claims are not JSON (\(TokenEndpointAnswer.issuerText(error.description, [], limit: 80)))"
+            )
+        }
+        guard case .object(let claims) = parsed else {
+            throw .badResponse("the token is a JWT whose claims are not a JSON object")
+        }
+        switch claims["exp"] {
+        case nil: return nil
+        case .number(let exp)?: return WallTime(timeIntervalSince1970: exp)
+        case let other?: throw .badResponse("the token is a JWT whose exp is \(other.typeName), not a NumericDate")
+        }
     }
 
     /// How long the token lives from `now` by its `exp` claim; nil when it is not a JWT with one.
     ///
     /// `exp` is whatever number the token's writer put there (`1e16`, `-1e300`), so it is
     /// checked before it becomes a duration: a token already expired, or one that claims to
-    /// live longer than `TokenRules.maximumLifetimeSeconds`, is a `bad_response`.
+    /// live longer than `TokenRules.maximumLifetimeSeconds`, is a `bad_response`, as is a token
+    /// that looks like a JWT but is not one (`expiry(of:)`).
     public static func lifetime(of token: String, at now: WallTime) throws(TokenFetchError) -> Duration? {
-        guard let expiry = expiry(of: token) else { return nil }
+        guard let expiry = try expiry(of: token) else { return nil }
         let left = expiry.timeIntervalSince(now)
         guard left > 0 else {
             let when =

@@ -71,26 +71,22 @@ public struct HTTPTokenSource: TemplatedTokenSource {
         else {
             throw .badResponse("no usable token at \(configuration.tokenPointer)", httpStatus: response.status)
         }
-        var lifetime: Int?
+        var stated: Int?
         if let pointer = configuration.expiresInPointer {
-            lifetime = try TokenEndpointAnswer.seconds(
+            stated = try TokenEndpointAnswer.seconds(
                 document.value(atPointer: pointer), name: pointer, status: response.status)
         } else if let pointer = configuration.expiresAtPointer, let at = document.value(atPointer: pointer), at != .null
         {
             guard case .number(let seconds) = at else {
                 throw .badResponse("\(pointer) is not a number", httpStatus: response.status)
             }
-            lifetime = try TokenEndpointAnswer.seconds(
+            stated = try TokenEndpointAnswer.seconds(
                 .number((seconds - now.timeIntervalSince1970).rounded(.down)), name: pointer, status: response.status)
         }
         // An answer without the configured member, or with null there, falls back to the JWT's
-        // exp, whichever pointer is configured: a JWT is never served past its expiry.
-        if lifetime == nil, let expiry = JWTClaims.expiry(of: token) {
-            lifetime = try TokenEndpointAnswer.seconds(
-                .number(expiry.timeIntervalSince(now).rounded(.down)), name: "exp", status: response.status)
-        }
-        return FetchedToken(
-            accessToken: token, lifetime: (lifetime ?? configuration.defaultLifetimeSec).map { .seconds($0) },
-            upstreamStatus: response.status)
+        // exp, whichever pointer is configured (`TokenEndpointAnswer.lifetime`).
+        let lifetime = try TokenEndpointAnswer.lifetime(
+            stated: stated, of: token, default: configuration.defaultLifetimeSec, now: now, status: response.status)
+        return FetchedToken(accessToken: token, lifetime: lifetime, upstreamStatus: response.status)
     }
 }

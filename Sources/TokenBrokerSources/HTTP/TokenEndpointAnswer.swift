@@ -56,10 +56,10 @@ enum TokenEndpointAnswer {
         }
     }
 
-    /// A token from an OAuth 2.0 answer (RFC 6749 §5.1).
-    static func oauthToken(_ response: UpstreamResponse, defaultLifetime: Int, hiding secrets: [String] = [])
-        throws(TokenFetchError) -> FetchedToken
-    {
+    /// A token from an OAuth 2.0 answer (RFC 6749 §5.1), read at `now` (`lifetime`).
+    static func oauthToken(
+        _ response: UpstreamResponse, defaultLifetime: Int, now: WallTime, hiding secrets: [String] = []
+    ) throws(TokenFetchError) -> FetchedToken {
         let members = try document(response, hiding: secrets)
         guard case .string(let accessToken)? = members["access_token"], isUsableToken(accessToken) else {
             throw .badResponse("the answer has no usable access_token", httpStatus: response.status)
@@ -73,13 +73,36 @@ enum TokenEndpointAnswer {
             }
             tokenType = normalised
         }
-        let lifetime =
-            try seconds(members["expires_in"], name: "expires_in", status: response.status) ?? defaultLifetime
+        let lifetime = try lifetime(
+            stated: seconds(members["expires_in"], name: "expires_in", status: response.status), of: accessToken,
+            default: defaultLifetime, now: now, status: response.status)
         var scope: String?
         if case .string(let granted)? = members["scope"] { scope = granted }
         return FetchedToken(
-            accessToken: accessToken, tokenType: tokenType, lifetime: .seconds(lifetime), scope: scope,
+            accessToken: accessToken, tokenType: tokenType, lifetime: lifetime, scope: scope,
             upstreamStatus: response.status)
+    }
+
+    /// A token's lifetime at `now`: the one the answer states (`expires_in`, or what the generic
+    /// source's pointers find), else the JWT's `exp`, else `defaultLifetime`; nil for no expiry.
+    ///
+    /// A stated lifetime is taken as it is, even for a JWT: it counts from the answer, so the
+    /// issuer's clock and the broker's need not agree. Without one, a JWT's `exp` gives it, not
+    /// the default: a JWT is never served past the expiry it carries, and one whose `exp` is
+    /// already past is a `bad_response`. A token that looks like a JWT but is not one (a repeated
+    /// claim, an `exp` that is a string) is a `bad_response` either way (`JWTClaims.expiry`).
+    static func lifetime(stated: Int?, of token: String, default defaultLifetime: Int?, now: WallTime, status: Int)
+        throws(TokenFetchError) -> Duration?
+    {
+        do throws(TokenFetchError) {
+            if let stated {
+                _ = try JWTClaims.expiry(of: token)
+                return .seconds(stated)
+            }
+            return try JWTClaims.lifetime(of: token, at: now) ?? defaultLifetime.map { .seconds($0) }
+        } catch {
+            throw .badResponse(error.detail, httpStatus: status)
+        }
     }
 
     /// A lifetime in whole seconds, 1 to `maximumLifetime`; nil when absent.

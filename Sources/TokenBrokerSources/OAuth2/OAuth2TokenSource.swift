@@ -46,15 +46,18 @@ public struct OAuth2TokenSource: TemplatedTokenSource {
     public func fetch() async throws(TokenFetchError) -> FetchedToken {
         let (request, secrets) = try prepared(now: WallTime())
         let response = try await client.fetch(request)
-        return try Self.token(from: response, defaultLifetime: configuration.defaultLifetimeSec, hiding: secrets)
+        return try Self.token(
+            from: response, defaultLifetime: configuration.defaultLifetimeSec, now: WallTime(), hiding: secrets)
     }
 
-    /// Reads an RFC 6749 §5.1 answer into a token, or classifies what is wrong with it; each of
-    /// `secrets` in the issuer's words becomes `[hidden]`.
-    public static func token(from response: UpstreamResponse, defaultLifetime: Int, hiding secrets: [String] = [])
-        throws(TokenFetchError) -> FetchedToken
-    {
-        try TokenEndpointAnswer.oauthToken(response, defaultLifetime: defaultLifetime, hiding: secrets)
+    /// Reads an RFC 6749 §5.1 answer into a token at `now`, or classifies what is wrong with it;
+    /// each of `secrets` in the issuer's words becomes `[hidden]`. Without `expires_in`, an access
+    /// token that is a JWT lives until its `exp`, and any other `defaultLifetime`.
+    public static func token(
+        from response: UpstreamResponse, defaultLifetime: Int, now: WallTime = WallTime(),
+        hiding secrets: [String] = []
+    ) throws(TokenFetchError) -> FetchedToken {
+        try TokenEndpointAnswer.oauthToken(response, defaultLifetime: defaultLifetime, now: now, hiding: secrets)
     }
 
     /// The token request, ready to send.

@@ -3,7 +3,8 @@
 Runs in a thread of the test process on 127.0.0.1. `mode` picks the answer:
 ok, html, no_token, negative, zero, huge, oversized, slow, hang, reset, status_500, status_429,
 redirect, echo (a 400 whose error_description repeats the request's Authorization, X-Api-Key and
-body, as some issuers do, with DEL and a terminal's CSI in it). With `tls=(certificate, key)` it speaks HTTPS; with `client_ca` as well, it wants a client
+body, as some issuers do, with DEL and a terminal's CSI in it), body (200 with `body`, a JSON value
+or bytes, as the test set it). With `tls=(certificate, key)` it speaks HTTPS; with `client_ca` as well, it wants a client
 certificate signed by that CA (mutual TLS), and records the subject of each it saw.
 """
 import json
@@ -17,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 class FaultyIssuer:
     def __init__(self, tls=None, client_ca=None):
         self.mode = "ok"
+        self.body = {}
         self.scheme = "https" if tls else "http"
         self.requests = 0
         self.served = 0
@@ -91,6 +93,9 @@ class FaultyIssuer:
             sent = " ".join([handler.headers.get("Authorization", ""), handler.headers.get("X-Api-Key", ""),
                              handler.request_body.decode(errors="replace")])
             self.send(handler, 400, {"error": "invalid_client", "error_description": f"you sent {sent} \x7f\x9b31m"})
+        elif mode == "body":
+            self.served += 1
+            self.send(handler, 200, self.body)
         elif mode == "status_429":
             self.send(handler, 429, {"error": "slow_down"}, headers=[("Retry-After", "2")])
 
