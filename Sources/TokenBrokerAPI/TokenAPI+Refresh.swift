@@ -62,7 +62,7 @@ enum RefreshRequestBody {
             throw BadRequest(.refreshBodyUnknownKey(unknown))
         }
         guard let value = members["rejected_version"] else { return nil }
-        if case .number(let number) = value, number < 1e15, let version = UInt64(exactly: number) {
+        if case .number(let number) = value, number.value < 1e15, let version = UInt64(exactly: number.value) {
             return version
         }
         throw BadRequest(.invalidRejectedVersion)

@@ -609,7 +609,7 @@ enum StatusCommand {
     /// A whole number from the answer, when it is one exactly (never trapping); nil otherwise.
     private static func whole(_ value: JSONValue?) -> Int64? {
         guard case .number(let number)? = value else { return nil }
-        return Int64(exactly: number)
+        return Int64(exactly: number.value)
     }
 
     /// A name or a state as a cell: one line, no space, at most 64 characters.

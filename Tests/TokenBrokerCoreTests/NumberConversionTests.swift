@@ -35,6 +35,22 @@ import TokenBrokerCore
         }
     }
 
+    /// RFC 6749 writes `expires_in` as `1*DIGIT`: the parser says which numbers were written so,
+    /// whatever their values (`300.0` and `3e2` are whole).
+    @Test(arguments: [
+        ("300", true), ("0", true), ("31536000", true), ("300.0", false), ("3e2", false), ("3.0e2", false),
+        ("3E+2", false), ("30000e-2", false), ("-300", false), ("-0", false), ("300.5", false),
+    ])
+    func theParserMarksNumbersWrittenAsDigitsAlone(_ text: String, _ isDigits: Bool) throws {
+        let value = try JSONValue(parsing: Array(text.utf8))
+        guard case .number(let number) = value else {
+            Issue.record("\(text) parsed as \(value.typeName)")
+            return
+        }
+        #expect(number.isDigits == isDigits, "\(text)")
+        #expect(value == .number(JSONNumber(Double(text)!)), "equal by value")
+    }
+
     @Test func roundingConversionsAnswerNilInsteadOfTrapping() {
         #expect(Int64(rounding: 2.7, .down) == 2)
         #expect(Int64(rounding: -2.2, .down) == -3)

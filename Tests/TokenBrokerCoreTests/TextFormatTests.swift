@@ -133,7 +133,7 @@ import TokenBrokerCore
         switch object {
         case is NSNull: return .null
         case let number as NSNumber where String(cString: number.objCType) == "c": return .bool(number.boolValue)
-        case let number as NSNumber: return .number(number.doubleValue)
+        case let number as NSNumber: return .number(JSONNumber(number.doubleValue))
         case let text as String: return .string(text)
         case let items as [Any]: return .array(items.map(value))
         case let members as [String: Any]: return .object(members.mapValues(value))

@@ -32,6 +32,8 @@ import TokenBrokerUpstream
     @Test(arguments: [
         #""0x1p4""#, #""+300""#, #""3e2""#, #"" 300""#, #""300 ""#, #""300.0""#, #""-5""#, #""""#, #""٣٠٠""#,
         #""99999999999999999999""#, "300.5", "1e19", "-1e19", "1e300", "-1e300", "31536001", "0", "true", "[300]",
+        // Whole values, but not written as 1*DIGIT.
+        "300.0", "3e2", "3.0e2", "3E+2", "300e0", "30000e-2", "-0",
     ])
     func expiresInThatIsNotOneStarDigitIsABadResponse(_ value: String) {
         #expect(classification(#"{"access_token":"a","expires_in":"# + value + "}") == "bad_response", "\(value)")

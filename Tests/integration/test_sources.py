@@ -299,6 +299,27 @@ def test_without_expires_in_an_oauth2_jwt_lives_until_its_exp_not_the_default_li
         issuer.close()
 
 
+@pytest.mark.parametrize("expires_in", [b"300.0", b"3e2", b"3.0e2"])
+def test_an_expires_in_not_written_as_digits_is_a_bad_response_though_its_value_is_whole(expires_in):
+    assert json.loads(expires_in) == 300
+    issuer = FaultyIssuer()
+    issuer.mode, issuer.body = "body", b'{"access_token": "written-as-300", "expires_in": ' + expires_in + b"}"
+    source = {"type": "oauth2", "tokenURL": issuer.url, "clientID": "c", "clientSecret": "s"}
+    try:
+        with Broker({"providers": [{"source": source, "maxErrorTokenRefreshDelayMsec": 200}]}) as broker:
+            def readiness():
+                return json.loads(broker.request("GET", "/readyz", listener="admin")[2])["providers"][0]
+            assert wait_until(lambda: readiness().get("last_error") == "bad_response"), readiness()
+            assert "expires_in" in readiness()["last_error_description"], readiness()
+            assert broker.request("GET", "/token")[0] == 503
+            issuer.body = json.dumps({"access_token": "written-as-300", "expires_in": 300}).encode()
+            assert wait_until(lambda: broker.request("GET", "/token")[0] == 200, timeout=15)
+            body, _ = broker.get_json("/token")
+            assert body["access_token"] == "written-as-300" and 200 < body["expires_in"] <= 300, body
+    finally:
+        issuer.close()
+
+
 def test_tls_is_always_verified_and_a_configured_ca_file_is_trusted(tmp_path):
     certificate, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "1",

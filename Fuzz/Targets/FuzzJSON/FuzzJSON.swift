@@ -19,7 +19,7 @@ private func render(_ value: JSONValue) -> String {
     switch value {
     case .null: "null"
     case .bool(let flag): flag ? "true" : "false"
-    case .number(let number): "\(number)"
+    case .number(let number): "\(number.value)"
     case .string(let string): JSONText.quoted(string)
     case .array(let items): "[" + items.map(render).joined(separator: ",") + "]"
     case .object(let members):

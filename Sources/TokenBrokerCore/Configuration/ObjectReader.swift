@@ -82,10 +82,11 @@ struct ObjectReader {
     /// `value` as a whole number inside `range`, or an error naming `key`. Checked before it is
     /// converted (`JSONValue.exactInt`): `1e19`, `-1e300` and `1.5` are errors, never a trap.
     static func int(_ value: JSONValue, _ range: ClosedRange<Int>, key: String) throws(ConfigurationError) -> Int {
-        guard case .number(let number) = value else {
+        guard case .number(let written) = value else {
             throw ConfigurationError(
                 key: key, "must be a whole number in \(range.lowerBound)–\(range.upperBound), not \(value.typeName)")
         }
+        let number = written.value
         guard number.rounded(.towardZero) == number else {
             throw ConfigurationError(
                 key: key, "must be a whole number in \(range.lowerBound)–\(range.upperBound), not \(number)")

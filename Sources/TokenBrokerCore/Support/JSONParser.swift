@@ -1,7 +1,7 @@
 /// A strict RFC 8259 parser for `JSONValue`: UTF-8 in, a tree out, or an error with its byte offset.
 ///
 /// The broker's own, so that it needs no Foundation (whose runtime costs a few MB of every
-/// process's memory). Numbers become `Double`; an object may not repeat a key; nesting stops
+/// process's memory). Numbers become `Double`, marked when written as digits alone; an object may not repeat a key; nesting stops
 /// at 256 levels.
 struct JSONParser {
     private let bytes: [UInt8]
@@ -165,7 +165,7 @@ struct JSONParser {
     }
 
     /// RFC 8259 §6: `-? (0 | [1-9][0-9]*) (.[0-9]+)? ([eE][+-]?[0-9]+)?`
-    private mutating func parseNumber() throws(JSONParseError) -> Double {
+    private mutating func parseNumber() throws(JSONParseError) -> JSONNumber {
         let start = index
         if peek(UInt8(ascii: "-")) { index += 1 }
         if peek(UInt8(ascii: "0")) {
@@ -173,7 +173,8 @@ struct JSONParser {
         } else {
             guard digits() > 0 else { throw problem("a number needs digits") }
         }
-        if peek(UInt8(ascii: ".")) {
+        let sawFraction = peek(UInt8(ascii: "."))
+        if sawFraction {
             index += 1
             guard digits() > 0 else { throw problem("a number needs digits after '.'") }
         }
@@ -190,7 +191,7 @@ struct JSONParser {
         guard number != 0 || !bytes[start..<mantissaEnd].contains(where: { (0x31...0x39).contains($0) }) else {
             throw problem("a number is out of range")
         }
-        return number
+        return JSONNumber(number, isDigits: bytes[start] != UInt8(ascii: "-") && mantissaEnd == index && !sawFraction)
     }
 
     private mutating func digits() -> Int {

@@ -4,7 +4,7 @@
 public enum JSONValue: Sendable, Equatable {
     case null
     case bool(Bool)
-    case number(Double)
+    case number(JSONNumber)
     case string(String)
     case array([JSONValue])
     case object([String: JSONValue])
@@ -31,7 +31,7 @@ public enum JSONValue: Sendable, Equatable {
     /// (`1.5`, `1e19`, `-1e300`, a string). Never traps, whatever the document holds.
     public var exactInt: Int? {
         guard case .number(let number) = self else { return nil }
-        return Int(exactly: number)
+        return Int(exactly: number.value)
     }
 
     /// The value at a JSON Pointer (RFC 6901), or nil when the pointer leads nowhere.
@@ -83,6 +83,28 @@ public enum JSONValue: Sendable, Equatable {
         }
         return out
     }
+}
+
+/// A JSON number: its value, and whether its text was digits alone.
+///
+/// The value is all most readers want; the text's form matters where a protocol writes a number
+/// as `1*DIGIT` (RFC 6749's `expires_in`), which `300.0` and `3e2` are not, though their values
+/// are whole. Two numbers are equal when their values are.
+public struct JSONNumber: Sendable, Equatable, ExpressibleByIntegerLiteral, ExpressibleByFloatLiteral {
+    public let value: Double
+    /// Whether the number was written as ASCII digits alone: `300`, `0300`; not `-5`, `300.0` or
+    /// `3e2`. True for a number made in code from an integer literal.
+    public let isDigits: Bool
+
+    public init(_ value: Double, isDigits: Bool = false) {
+        self.value = value
+        self.isDigits = isDigits
+    }
+
+    public init(integerLiteral value: Int) { self.init(Double(value), isDigits: value >= 0) }
+    public init(floatLiteral value: Double) { self.init(value) }
+
+    public static func == (a: JSONNumber, b: JSONNumber) -> Bool { a.value == b.value }
 }
 
 /// Writes JSON text by hand, for bodies whose field order and shape are fixed.

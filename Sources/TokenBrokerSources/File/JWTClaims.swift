@@ -38,7 +38,7 @@ public enum JWTClaims {
         }
         switch claims["exp"] {
         case nil: return nil
-        case .number(let exp)?: return WallTime(timeIntervalSince1970: exp)
+        case .number(let exp)?: return WallTime(timeIntervalSince1970: exp.value)
         case let other?: throw .badResponse("the token is a JWT whose exp is \(other.typeName), not a NumericDate")
         }
     }

@@ -81,7 +81,7 @@ public struct HTTPTokenSource: TemplatedTokenSource {
                 throw .badResponse("\(pointer) is not a number", httpStatus: response.status)
             }
             stated = try TokenEndpointAnswer.seconds(
-                .number((seconds - now.timeIntervalSince1970).rounded(.down)), name: pointer, status: response.status)
+                (seconds.value - now.timeIntervalSince1970).rounded(.down), name: pointer, status: response.status)
         }
         // An answer without the configured member, or with null there, falls back to the JWT's
         // exp, whichever pointer is configured (`TokenEndpointAnswer.lifetime`).

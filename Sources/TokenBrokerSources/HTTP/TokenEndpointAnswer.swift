@@ -107,20 +107,17 @@ enum TokenEndpointAnswer {
 
     /// A lifetime in whole seconds, 1 to `maximumLifetime`; nil when absent.
     ///
-    /// RFC 6749 §A.14 writes `expires_in` as `1*DIGIT`: a JSON number that is a whole number
-    /// exactly (`300`, not `300.5` or `1e300`), or a string of ASCII digits only (`"300"`, not
-    /// `"+300"`, `"3e2"`, `"0x1p4"` or `" 300"`). Anything else is a `bad_response`.
+    /// RFC 6749 §A.14 writes `expires_in` as `1*DIGIT`: a JSON number written as digits alone
+    /// (`300`, not `300.0`, `3e2`, `3.0e2` or `300.5`, whose values may be whole:
+    /// `JSONNumber.isDigits`), or a string of ASCII digits only (`"300"`, not `"+300"`, `"3e2"`,
+    /// `"0x1p4"` or `" 300"`). Anything else is a `bad_response`.
     static func seconds(_ value: JSONValue?, name: String, status: Int) throws(TokenFetchError) -> Int? {
         let whole: Int
         switch value {
         case nil, .null?:
             return nil
-        case .number(let number)? where number.rounded(.towardZero) == number:
-            guard let exact = Int(exactly: number), (1...maximumLifetime).contains(exact) else {
-                throw .badResponse(
-                    "\(name) \(number) is out of range; allowed: 1–\(maximumLifetime) seconds", httpStatus: status)
-            }
-            whole = exact
+        case .number(let number)? where number.isDigits:
+            return try seconds(number.value, name: name, status: status)
         case .string(let text)?:
             guard let number = digits(text) else {
                 throw .badResponse(
@@ -128,13 +125,23 @@ enum TokenEndpointAnswer {
             }
             whole = number
         default:
-            throw .badResponse("\(name) is not a whole number of seconds", httpStatus: status)
+            throw .badResponse("\(name) is not a whole number of seconds written as digits", httpStatus: status)
         }
         guard (1...maximumLifetime).contains(whole) else {
             throw .badResponse(
                 "\(name) \(whole) is out of range; allowed: 1–\(maximumLifetime) seconds", httpStatus: status)
         }
         return whole
+    }
+
+    /// `seconds` as a lifetime, 1 to `maximumLifetime`: checked before it is converted, so that
+    /// `1e300` is a `bad_response`, never a trap.
+    static func seconds(_ seconds: Double, name: String, status: Int) throws(TokenFetchError) -> Int {
+        guard let exact = Int(exactly: seconds), (1...maximumLifetime).contains(exact) else {
+            throw .badResponse(
+                "\(name) \(seconds) is out of range; allowed: 1–\(maximumLifetime) seconds", httpStatus: status)
+        }
+        return exact
     }
 
     /// `1*DIGIT` as a number; nil for anything else, or for more digits than a lifetime needs.
