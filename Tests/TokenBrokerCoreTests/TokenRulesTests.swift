@@ -40,6 +40,29 @@ import TokenBrokerTestSupport
         #expect(failure(FetchedToken(accessToken: "t", lifetime: lifetime))?.description == "bad_response")
     }
 
+    /// RFC 6749 §3.3: scope-tokens of NQCHAR (`%x21 / %x23-5B / %x5D-7E`) separated by single
+    /// spaces, checked over every byte against that grammar written out as ranges; at most 16 KiB.
+    @Test func aGrantedScopeIsRFC6749ScopeTokensOfAtMostSixteenKiB() {
+        for byte in UInt8(0)...UInt8(127) {
+            let scope = "read w" + String(UnicodeScalar(byte)) + "rite"
+            let nqchar = byte == 0x21 || (0x23...0x5B).contains(byte) || (0x5D...0x7E).contains(byte)
+            #expect(TokenRules.isScope(scope) == (nqchar || byte == 0x20), "byte \(byte)")
+        }
+        for good in [
+            "", "read", "read write", "urn:example:a https://api.example/x?y=1",
+            String(repeating: "a", count: 16 * 1024),
+        ] {
+            #expect(failure(FetchedToken(accessToken: "t", lifetime: nil, scope: good)) == nil, "\(good.prefix(40))")
+        }
+        for bad in [
+            " read", "read ", "read  write", " ", "r\u{202E}ead", "read\u{7}", "caf\u{E9}", "a\"b", "a\\b", "a\tb",
+            String(repeating: "a", count: 16 * 1024 + 1), String(repeating: "read ", count: 200_000) + "x",
+        ] {
+            let error = failure(FetchedToken(accessToken: "t", lifetime: nil, scope: bad))
+            #expect(error?.description == "bad_response", "\(bad.prefix(40))")
+        }
+    }
+
     /// RFC 6265 §4.1.1: cookie-octet = %x21 / %x23-2B / %x2D-3A / %x3C-5B / %x5D-7E, checked
     /// over every byte against that grammar written out as ranges.
     @Test func cookieValuesAreExactlyRFC6265CookieOctets() {

@@ -39,6 +39,31 @@ import TokenBrokerUpstream
         #expect(classification(#"{"access_token":"a","expires_in":"# + value + "}") == "bad_response", "\(value)")
     }
 
+    // MARK: - scope
+
+    @Test func theGrantedScopeIsServedAsGivenWhenItIsAnRFC6749Scope() throws {
+        for scope in ["api", "read write", "urn:example:x https://api.example/"] {
+            let token = try OAuth2TokenSource.token(
+                from: answer(#"{"access_token":"a","scope":"\#(scope)"}"#), defaultLifetime: 60)
+            #expect(token.scope == scope)
+        }
+        let none = try OAuth2TokenSource.token(from: answer(#"{"access_token":"a","scope":null}"#), defaultLifetime: 60)
+        #expect(none.scope == nil)
+    }
+
+    /// The scope is copied into every answer for the token: a megabyte of it, or one with a
+    /// bidirectional override and BEL, was served whole.
+    @Test(arguments: [
+        #""a\u202Eb""#, #""read\u0007""#, #""read\nwrite""#, #"" read""#, #""read  write""#, #""a\"b""#,
+        #""caf\u00e9""#,
+        "\"" + String(repeating: "read ", count: 200_000) + "x\"",
+        "\"" + String(repeating: "a", count: 16 * 1024 + 1) + "\"",
+        "7", "[\"read\"]", "true",
+    ])
+    func aScopeThatIsNoRFC6749ScopeIsABadResponse(_ value: String) {
+        #expect(classification(#"{"access_token":"a","scope":"# + value + "}") == "bad_response", "\(value.prefix(40))")
+    }
+
     // MARK: - token_type
 
     @Test func tokenTypeIsServedNormalised() throws {

@@ -320,6 +320,27 @@ def test_an_expires_in_not_written_as_digits_is_a_bad_response_though_its_value_
         issuer.close()
 
 
+@pytest.mark.parametrize("scope", ["read\u202ewrite\x07", "read  write", "read " * 100_000 + "write"],
+                         ids=["override-and-bel", "two-spaces", "half-a-mebibyte"])
+def test_a_granted_scope_that_is_no_rfc_6749_scope_is_a_bad_response(scope):
+    issuer = FaultyIssuer()
+    issuer.mode, issuer.body = "body", {"access_token": "scoped", "token_type": "Bearer", "expires_in": 300, "scope": scope}
+    source = {"type": "oauth2", "tokenURL": issuer.url, "clientID": "c", "clientSecret": "s"}
+    try:
+        with Broker({"providers": [{"source": source, "maxErrorTokenRefreshDelayMsec": 200}]}) as broker:
+            def readiness():
+                return json.loads(broker.request("GET", "/readyz", listener="admin")[2])["providers"][0]
+            assert wait_until(lambda: readiness().get("last_error") == "bad_response"), readiness()
+            assert "scope" in readiness()["last_error_description"], readiness()
+            assert broker.request("GET", "/token")[0] == 503
+            issuer.body = {**issuer.body, "scope": "read write"}
+            assert wait_until(lambda: broker.request("GET", "/token")[0] == 200, timeout=15)
+            status, _, body = broker.request("GET", "/token")
+            assert json.loads(body)["scope"] == "read write", body
+    finally:
+        issuer.close()
+
+
 def test_tls_is_always_verified_and_a_configured_ca_file_is_trusted(tmp_path):
     certificate, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "1",

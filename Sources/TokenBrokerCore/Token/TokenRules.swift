@@ -6,6 +6,7 @@
 /// | with `setTokenCookie`: RFC 6265 cookie-octets only | `;`, `,`, `"`, `\` would end the cookie, or add attributes such as `Domain=` |
 /// | `token_type`: an RFC 6749 type name (`TokenType`) | clients put it in front of the token in `Authorization` |
 /// | the lifetime, when there is one: more than 0, at most a year | an already expired token, or one that claims to live for ever, is a broken answer |
+/// | the granted scope, when there is one: RFC 6749 §3.3 scope-tokens separated by single spaces, at most 16384 bytes, or empty | it is copied into every answer; a megabyte of it, or bidirectional overrides and BEL, are no scope |
 ///
 /// A token that breaks a rule is a `bad_response` fetch error: the provider keeps its previous
 /// token and retries, as for any failed fetch. Sources may refuse earlier with a more precise
@@ -15,6 +16,9 @@ public struct TokenRules: Sendable, Equatable {
     public static let maximumTokenBytes = 16 * 1024
     /// The longest lifetime accepted: a year, in seconds.
     public static let maximumLifetimeSeconds = 31_536_000
+    /// The longest granted scope accepted, in bytes: a token's limit, so that a token and its
+    /// scope together stay far inside a store's record (`StoreRecord.maximumSize`, 256 KiB).
+    public static let maximumScopeBytes = 16 * 1024
 
     /// The token must also be a cookie value (the provider's `setTokenCookie`).
     public var cookieSafe: Bool
@@ -48,6 +52,9 @@ public struct TokenRules: Sendable, Equatable {
                 "token_type is not an RFC 6749 type name (letters, digits, '-', '.', '_'; at most \(TokenType.maximumLength))",
                 httpStatus: token.upstreamStatus)
         }
+        if let scope = token.scope, !Self.isScope(scope) {
+            throw .badResponse(Self.scopeProblem, httpStatus: token.upstreamStatus)
+        }
         if let lifetime = token.lifetime {
             guard lifetime > .zero else {
                 throw .badResponse("the token has already expired", httpStatus: token.upstreamStatus)
@@ -71,6 +78,20 @@ public struct TokenRules: Sendable, Equatable {
     /// Only `%x21-7E`: no space, no control character, nothing outside ASCII.
     public static func isVisibleASCII(_ text: String) -> Bool {
         text.utf8.allSatisfy { $0 > 0x20 && $0 < 0x7F }
+    }
+
+    /// What is wrong with a scope `isScope` refuses, for error details.
+    public static let scopeProblem =
+        "scope is not an RFC 6749 scope (tokens of visible ASCII but '\"' and '\\', separated by single spaces; at most \(maximumScopeBytes) bytes)"
+
+    /// RFC 6749 §3.3's `scope = scope-token *( SP scope-token )`, `scope-token = 1*( %x21 / %x23-5B
+    /// / %x5D-7E )`, at most `maximumScopeBytes`; or empty, as some issuers write "no scope".
+    public static func isScope(_ text: String) -> Bool {
+        guard text.utf8.count <= maximumScopeBytes else { return false }
+        return text.isEmpty
+            || text.utf8.split(separator: 0x20, omittingEmptySubsequences: false).allSatisfy {
+                !$0.isEmpty && $0.allSatisfy(TokenRequestValues.isScopeCharacter)
+            }
     }
 
     /// A non-empty run of RFC 6265 `cookie-octet`s (§4.1.1), the only cookie values the broker

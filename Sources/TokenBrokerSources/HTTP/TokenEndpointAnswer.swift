@@ -76,8 +76,13 @@ enum TokenEndpointAnswer {
         let lifetime = try lifetime(
             stated: seconds(members["expires_in"], name: "expires_in", status: response.status), of: accessToken,
             default: defaultLifetime, now: now, status: response.status)
+        // Copied into every answer for this token: bounded and printable, as RFC 6749 §3.3 writes it.
         var scope: String?
-        if case .string(let granted)? = members["scope"] { scope = granted }
+        switch members["scope"] {
+        case nil, .null?: break
+        case .string(let granted)? where TokenRules.isScope(granted): scope = granted
+        default: throw .badResponse(TokenRules.scopeProblem, httpStatus: response.status)
+        }
         return FetchedToken(
             accessToken: accessToken, tokenType: tokenType, lifetime: lifetime, scope: scope,
             upstreamStatus: response.status)
