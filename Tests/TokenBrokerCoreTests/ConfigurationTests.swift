@@ -107,6 +107,67 @@ import TokenBrokerCore
                 == #"providers[0].source.type: unknown value "magic"; allowed: jwt, oauth2, http, file"#)
     }
 
+    // MARK: - oauth2: nothing sent twice, nothing taken and ignored
+
+    /// An `oauth2` source with `members` added, under `auth`.
+    private func oauth2(_ members: String, auth: String = "client_secret_basic") -> String {
+        let credentials =
+            auth == "private_key_jwt" ? #""privateKeyFile": "/run/secrets/client.pem""# : #""clientSecret": "s""#
+        return
+            #"{"providers": [{"source": {"type": "oauth2", "tokenURL": "https://i.example/t", "clientID": "c", "clientAuth": "\#(auth)", \#(credentials), \#(members)}}]}"#
+    }
+
+    /// RFC 6749 §3.2: request parameters MUST NOT be included more than once. The broker sends
+    /// these itself, under every client authentication (or, under client_secret_basic, the
+    /// client's credentials go in the Authorization header, where the body may not add others).
+    @Test(arguments: ["grant_type", "client_id", "client_secret", "client_assertion", "client_assertion_type"])
+    func extraParamsMayNotHoldAParameterTheBrokerSends(_ name: String) {
+        for auth in ["client_secret_basic", "client_secret_post", "private_key_jwt"] {
+            #expect(
+                configurationProblem(oauth2(#""extraParams": {"foo": "bar", "\#(name)": "x"}"#, auth: auth))
+                    == "providers[0].source.extraParams.\(name): the broker sends \(name) itself; allowed: other parameters",
+                "\(auth)")
+        }
+    }
+
+    @Test(arguments: [
+        ("scope", #""api""#), ("audience", #""https://a.example""#), ("resource", #""https://r.example""#),
+    ])
+    func extraParamsMayNotRepeatAParameterTheSourceSends(_ name: String, _ value: String) {
+        #expect(
+            configurationProblem(oauth2(#""\#(name)": \#(value), "extraParams": {"\#(name)": "other"}"#))
+                == "providers[0].source.extraParams.\(name): source.\(name) is sent already; give one of them")
+        #expect(configurationProblem(oauth2(#""extraParams": {"\#(name)": "other"}"#)) == nil, "sent once")
+    }
+
+    @Test func keysOfAnotherClientAuthenticationAreRefused() {
+        for auth in ["client_secret_basic", "client_secret_post"] {
+            #expect(
+                configurationProblem(oauth2(#""privateKeyFile": "/run/secrets/client.pem""#, auth: auth))
+                    == #"providers[0].source.privateKeyFile: applies only with clientAuth "private_key_jwt", not "\#(auth)""#
+            )
+            #expect(
+                configurationProblem(oauth2(#""kid": "2026-11""#, auth: auth))
+                    == #"providers[0].source.kid: applies only with clientAuth "private_key_jwt", not "\#(auth)""#)
+        }
+        for key in ["clientSecret", "clientSecretFile"] {
+            #expect(
+                configurationProblem(oauth2(#""\#(key)": "/run/secrets/s""#, auth: "private_key_jwt"))
+                    == #"providers[0].source.\#(key): applies only with clientAuth "client_secret_basic" or "client_secret_post", not "private_key_jwt""#
+            )
+        }
+        #expect(configurationProblem(oauth2(#""kid": "2026-11""#, auth: "private_key_jwt")) == nil)
+    }
+
+    /// As `clientSecretFile` must hold: one non-empty line. The message never shows the secret.
+    @Test(arguments: ["", "a\\nb", "a\\r\\nb", "a\\rb", "a\\u2028b", "a\\u0085b", "\\n"])
+    func anInlineClientSecretIsOneNonEmptyLine(_ secret: String) {
+        let message = configurationProblem(
+            #"{"providers": [{"source": {"type": "oauth2", "tokenURL": "https://i.example/t", "clientID": "c", "clientSecret": "\#(secret)"}}]}"#
+        )
+        #expect(message == "providers[0].source.clientSecret: must be one non-empty line, as a clientSecretFile holds")
+    }
+
     @Test func wrongTypesAndBrokenJSONAreExplained() {
         #expect(configurationProblem(#"{"providers": {}}"#) == "providers: must be an array, not an object")
         #expect(

@@ -73,6 +73,40 @@ def test_a_client_secret_file_not_there_yet_is_accepted_and_one_that_reads_is_to
     assert "s3cr3t-value" not in result.stdout + result.stderr
 
 
+# oauth2: nothing sent twice, nothing taken and ignored
+
+def oauth2_config(**source):
+    return {"providers": [{"name": "default", "source": {
+        "type": "oauth2", "tokenURL": "http://127.0.0.1:9/token", "clientID": "c", **source}}]}
+
+
+PEM = "/run/secrets/client.pem"
+
+
+@pytest.mark.parametrize("source,key,mention", [
+    ({"clientSecret": "s", "extraParams": {"grant_type": "password"}}, "extraParams.grant_type", "sends grant_type itself"),
+    ({"clientSecret": "s", "clientAuth": "client_secret_post", "extraParams": {"client_secret": "t"}},
+     "extraParams.client_secret", "sends client_secret itself"),
+    ({"clientSecret": "s", "extraParams": {"client_id": "other"}}, "extraParams.client_id", "sends client_id itself"),
+    ({"clientAuth": "private_key_jwt", "privateKeyFile": PEM, "extraParams": {"client_assertion_type": "x"}},
+     "extraParams.client_assertion_type", "sends client_assertion_type itself"),
+    ({"clientSecret": "s", "scope": "api", "extraParams": {"scope": "admin"}}, "extraParams.scope", "source.scope is sent already"),
+    ({"clientSecret": "s", "privateKeyFile": PEM}, "privateKeyFile", 'applies only with clientAuth \\"private_key_jwt\\"'),
+    ({"clientSecret": "s", "clientAuth": "client_secret_post", "kid": "k1"}, "kid", 'applies only with clientAuth \\"private_key_jwt\\"'),
+    ({"clientAuth": "private_key_jwt", "privateKeyFile": PEM, "clientSecret": "s"}, "clientSecret",
+     'applies only with clientAuth \\"client_secret_basic\\" or \\"client_secret_post\\"'),
+    ({"clientSecret": ""}, "clientSecret", "one non-empty line"),
+    ({"clientSecret": "first-line\nsmuggled: value"}, "clientSecret", "one non-empty line"),
+], ids=["grant_type", "client_secret", "client_id", "client_assertion_type", "scope twice", "privateKeyFile under basic",
+        "kid under post", "clientSecret under private_key_jwt", "empty secret", "two-line secret"])
+def test_an_oauth2_source_that_would_send_a_parameter_twice_or_ignore_a_key_is_refused(tmp_path, source, key, mention):
+    """Each is refused at once, naming the key (the log's logfmt escapes the message's quotes)."""
+    results = check_and_start(write_config(tmp_path, oauth2_config(**source)))
+    assert_refused(results, "providers[0].source." + key + ":", mention)
+    for result in results:
+        assert "smuggled" not in result.stderr and "first-line" not in result.stderr
+
+
 # store: a file store's directory must take a record
 
 def store_key_file(directory):

@@ -22,7 +22,8 @@ public struct OAuth2SourceConfiguration: Sendable, Equatable {
     /// Resource indicators (RFC 8707), each sent as a `resource` parameter. In a template, the
     /// default that a child's one resource replaces.
     public var resources: [String] = []
-    /// More form parameters, sent as given.
+    /// More form parameters, sent as given: none the broker sends itself (`sentByTheBroker`), nor
+    /// one that `scope`, `audience` or `resource` sends already.
     public var extraParams: [(String, String)] = []
     /// The lifetime of a token whose answer has no `expires_in`, in seconds. Default 3600; 1–86400.
     public var defaultLifetimeSec: Int = 3600
@@ -32,6 +33,15 @@ public struct OAuth2SourceConfiguration: Sendable, Equatable {
         self.tokenURL = tokenURL
         self.clientID = clientID
     }
+
+    /// The form parameters every token request carries, under one client authentication or
+    /// another, which `extraParams` may not repeat (RFC 6749 §3.2: a parameter is sent once).
+    /// Under `client_secret_basic` the client's credentials are in the Authorization header, and
+    /// a `client_id` or `client_secret` in the body would be a second way to authenticate, which
+    /// RFC 6749 §2.3 forbids.
+    static let sentByTheBroker = [
+        "grant_type", "client_id", "client_secret", "client_assertion", "client_assertion_type",
+    ]
 
     init(reading reader: inout ObjectReader) throws(ConfigurationError) {
         guard let tokenURL = try reader.string("tokenURL") else {
@@ -45,6 +55,11 @@ public struct OAuth2SourceConfiguration: Sendable, Equatable {
         }
         self.init(tokenURL: tokenURL, clientID: clientID)
         clientSecret = try reader.string("clientSecret")
+        // As a clientSecretFile must hold (`SecretFile.readLine`); the message never shows it.
+        if let clientSecret, clientSecret.isEmpty || clientSecret.contains(where: \.isNewline) {
+            throw ConfigurationError(
+                key: reader.keyPath("clientSecret"), "must be one non-empty line, as a clientSecretFile holds")
+        }
         clientSecretFile = try reader.string("clientSecretFile")
         clientAuth = try reader.choice("clientAuth", default: clientAuth)
         privateKeyFile = try reader.string("privateKeyFile")
@@ -63,13 +78,36 @@ public struct OAuth2SourceConfiguration: Sendable, Equatable {
         if var params = try reader.object("extraParams") {
             extraParams = try params.stringMembers()
         }
+        let sentBySource = [("scope", scope != nil), ("audience", audience != nil), ("resource", !resources.isEmpty)]
+        for (name, _) in extraParams {
+            if Self.sentByTheBroker.contains(name) {
+                throw ConfigurationError(
+                    key: reader.keyPath("extraParams") + "." + name,
+                    "the broker sends \(name) itself; allowed: other parameters")
+            }
+            if sentBySource.contains(where: { $0 == (name, true) }) {
+                throw ConfigurationError(
+                    key: reader.keyPath("extraParams") + "." + name, "source.\(name) is sent already; give one of them")
+            }
+        }
         defaultLifetimeSec = try reader.int("defaultLifetimeSec", 1...86_400, default: defaultLifetimeSec)
         upstream = try UpstreamConfiguration(reading: &reader)
+        // A key of another client authentication would be taken and never used.
         if clientAuth == .privateKeyJWT {
             guard privateKeyFile != nil else {
                 throw ConfigurationError(
                     key: reader.keyPath("privateKeyFile"), "is required with clientAuth \"private_key_jwt\"")
             }
+            for (key, value) in [("clientSecret", clientSecret), ("clientSecretFile", clientSecretFile)]
+            where value != nil {
+                throw ConfigurationError(
+                    key: reader.keyPath(key),
+                    "applies only with clientAuth \"client_secret_basic\" or \"client_secret_post\", not \"private_key_jwt\""
+                )
+            }
+        } else if let key = privateKeyFile != nil ? "privateKeyFile" : keyID != nil ? "kid" : nil {
+            throw ConfigurationError(
+                key: reader.keyPath(key), "applies only with clientAuth \"private_key_jwt\", not \"\(clientAuth)\"")
         } else if (clientSecret == nil) == (clientSecretFile == nil) {
             throw ConfigurationError(
                 key: reader.keyPath("clientSecretFile"),
