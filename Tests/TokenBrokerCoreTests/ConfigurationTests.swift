@@ -168,6 +168,24 @@ import TokenBrokerCore
         #expect(message == "providers[0].source.clientSecret: must be one non-empty line, as a clientSecretFile holds")
     }
 
+    /// libcurl would send a URL's `user:password@` to the issuer as Basic credentials; the
+    /// message does not repeat the URL, which holds the password.
+    @Test func aTokenURLWithUserInformationIsRefusedWithoutShowingIt() {
+        for (source, key) in [
+            (#""type": "oauth2", "clientID": "c", "clientSecret": "s", "tokenURL""#, "tokenURL"),
+            (#""type": "http", "url""#, "url"),
+        ] {
+            for url in ["http://user:pw-42@127.0.0.1/t", "https://pw-42@issuer.example:8443/t?x=1", "http://:pw-42@h"] {
+                let message = configurationProblem(#"{"providers": [{"source": {\#(source): "\#(url)"}}]}"#)
+                #expect(message?.hasPrefix("providers[0].source.\(key): has user information") == true, "\(url)")
+                #expect(message?.contains("pw-42") == false)
+            }
+            for url in ["http://127.0.0.1/t?mail=a@b.example", "http://127.0.0.1/a@b", "http://127.0.0.1#a@b"] {
+                #expect(configurationProblem(#"{"providers": [{"source": {\#(source): "\#(url)"}}]}"#) == nil, "\(url)")
+            }
+        }
+    }
+
     @Test func wrongTypesAndBrokenJSONAreExplained() {
         #expect(configurationProblem(#"{"providers": {}}"#) == "providers: must be an array, not an object")
         #expect(

@@ -171,6 +171,39 @@ import TokenBrokerUpstream
         }
     }
 
+    /// An issuer may encode a secret before it echoes it, RFC 3986's way (`%20`, `/` as is or
+    /// `%2F`) or a form's (`+`), hex in either case, every byte or some: `Sup3r%20Secret/Value%2B42`
+    /// was shown whole, hidden only as given and form-encoded.
+    @Test(arguments: [
+        "Sup3r%20Secret/Value%2B42", "Sup3r%20Secret%2FValue%2B42", "sup3r%20secret%2fvalue%2b42",
+        "Sup3r+Secret%2FValue%2B42", "%53%75%70%33%72%20%53%65%63%72%65%74%2F%56%61%6C%75%65%2B%34%32",
+        "Sup3r Secret/Value+42",
+    ])
+    func aSecretEchoedPercentEncodedInAnyWayStaysHidden(_ dressed: String) {
+        #expect(echoed(dressed, hiding: "Sup3r Secret/Value+42") == "HTTP 400 invalid_client: bad secret [hidden] here")
+    }
+
+    @Test func aSecretsUTF8IsFoundEscapedAndAnotherValueIsNotHidden() {
+        #expect(
+            echoed("p%C3%A4ss%c3%b6rd", hiding: "p\u{E4}ss\u{F6}rd")
+                == "HTTP 400 invalid_client: bad secret [hidden] here")
+        #expect(
+            echoed("Sup3r%20Secret/Value%2B43", hiding: "Sup3r Secret/Value+42")
+                == "HTTP 400 invalid_client: bad secret Sup3r%20Secret/Value%2B43 here")
+        #expect(echoed("a%2", hiding: "a ") == "HTTP 400 invalid_client: bad secret a%2 here", "a cut escape")
+    }
+
+    /// The detail of a 400 whose `error_description` holds `dressed`, with `secret` hidden.
+    private func echoed(_ dressed: String, hiding secret: String) -> String? {
+        let echo = answer(400, #"{"error":"invalid_client","error_description":"bad secret "# + dressed + #" here"}"#)
+        do {
+            _ = try OAuth2TokenSource.token(from: echo, defaultLifetime: 60, hiding: [secret])
+            return nil
+        } catch {
+            return error.detail
+        }
+    }
+
     @Test func clientSecretBasicFormEncodesThenBase64s() throws {
         var settings = OAuth2SourceConfiguration(tokenURL: "https://issuer.test/token", clientID: "my client")
         settings.clientSecret = "p@ss:word"

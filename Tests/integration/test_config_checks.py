@@ -107,6 +107,18 @@ def test_an_oauth2_source_that_would_send_a_parameter_twice_or_ignore_a_key_is_r
         assert "smuggled" not in result.stderr and "first-line" not in result.stderr
 
 
+@pytest.mark.parametrize("source,key", [
+    ({"type": "oauth2", "tokenURL": "http://user:URLPASSWORD-9@127.0.0.1:9/token", "clientID": "c", "clientSecret": "s"},
+     "tokenURL"),
+    ({"type": "http", "url": "https://URLPASSWORD-9@127.0.0.1:9/token"}, "url"),
+], ids=["oauth2", "http"])
+def test_a_token_url_with_user_information_is_refused_without_showing_it(tmp_path, source, key):
+    results = check_and_start(write_config(tmp_path, {"providers": [{"name": "default", "source": source}]}))
+    assert_refused(results, f"providers[0].source.{key}: has user information")
+    for result in results:
+        assert "URLPASSWORD" not in result.stderr + result.stdout
+
+
 # store: a file store's directory must take a record
 
 def store_key_file(directory):

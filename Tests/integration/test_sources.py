@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import time
+import urllib.parse
 
 import jwt
 import pytest
@@ -569,6 +570,30 @@ def test_an_issuer_that_repeats_the_secrets_sent_gets_none_into_the_log_readyz_o
             for text in texts:
                 assert not any(value in text for value in hidden), text
                 assert "\x7f" not in text and "\x9b" not in text
+    finally:
+        issuer.close()
+
+
+def test_a_secret_the_issuer_percent_encodes_again_stays_hidden():
+    secret = "Sup3r Secret/Value+42"
+    issuer = FaultyIssuer()
+    issuer.mode = "echo_encoded"
+    oauth2 = {"type": "oauth2", "tokenURL": issuer.url, "clientID": "c", "clientSecret": secret}
+    providers = [{"name": "basic", "source": oauth2}, {"name": "post", "source": {**oauth2, "clientAuth": "client_secret_post"}}]
+    # What the issuer writes, made here by Python's urllib as the issuer makes it.
+    hidden = [secret, urllib.parse.quote(secret), urllib.parse.quote(secret, safe="").lower(), "Sup3r", "Value"]
+    assert urllib.parse.quote(secret) == "Sup3r%20Secret/Value%2B42"
+    try:
+        with Broker({"providers": [{**provider, "maxErrorTokenRefreshDelayMsec": 200} for provider in providers]}) as broker:
+            def readiness():
+                return json.loads(broker.request("GET", "/readyz", listener="admin")[2])["providers"]
+            assert wait_until(lambda: all(p.get("last_error") == "credentials_rejected" for p in readiness())), readiness()
+            texts = [broker.request("GET", "/readyz", listener="admin")[2].decode(), broker.stderr()]
+            texts += [broker.request("GET", f"/providers/{provider['name']}/token")[2].decode() for provider in providers]
+            for provider in readiness():
+                assert provider["last_error_description"].endswith("you sent [hidden] and [hidden] and [hidden]"), provider
+            for text in texts:
+                assert not any(value in text for value in hidden), text
     finally:
         issuer.close()
 

@@ -37,7 +37,9 @@ public struct UpstreamConfiguration: Sendable, Equatable {
         }
     }
 
-    /// Checks that a URL is http or https, with a host.
+    /// Checks that a URL is http or https, with a host and no user information: a
+    /// `user:password@` would be sent to the issuer as Basic credentials by libcurl beside the
+    /// source's own, and shown wherever the URL is (the message here does not repeat it).
     static func checkURL(_ url: String, key: String) throws(ConfigurationError) {
         let lower = url.lowercased()
         guard lower.hasPrefix("https://") || lower.hasPrefix("http://"),
@@ -48,6 +50,14 @@ public struct UpstreamConfiguration: Sendable, Equatable {
         else {
             throw ConfigurationError(
                 key: key, "\(JSONText.quoted(url)) is not a URL; allowed: an http:// or https:// URL")
+        }
+        let authority = url.utf8.split(separator: UInt8(ascii: "/"), omittingEmptySubsequences: false)[2]
+            .prefix { $0 != UInt8(ascii: "?") && $0 != UInt8(ascii: "#") }
+        guard !authority.contains(UInt8(ascii: "@")) else {
+            throw ConfigurationError(
+                key: key,
+                "has user information (user:password@ before the host), not shown here; allowed: an http:// or https:// URL without it (credentials go in the source's own keys)"
+            )
         }
     }
 }

@@ -63,11 +63,15 @@ extension String {
     /// over the text, the longest secret first where two start at the same place, and what is
     /// put in never searched again.
     ///
-    /// A secret is found however its writer dressed it: ASCII letters in either case, and with
-    /// any scalar that is not visible ASCII (a space, a control character, a zero-width or other
-    /// format character, a combining mark: what a caller's filter would drop or replace) inside
-    /// it. Such a scalar cannot split a secret so that the text, once filtered, shows it whole;
-    /// the span from the secret's first scalar to its last becomes `[hidden]`.
+    /// A secret is found however its writer dressed it: ASCII letters in either case; any of its
+    /// scalars percent-encoded (its UTF-8 bytes as `%HH`, hex digits in either case), or a space
+    /// as `+`, as form encoding and RFC 3986 write them, in whatever mix (`a b/c` as `a+b%2Fc`,
+    /// `a%20b/c` or `a%20b%2fc`: an issuer may echo the request's form, or encode the secret
+    /// again); and with any scalar that is not visible ASCII (a space, a control character, a
+    /// zero-width or other format character, a combining mark: what a caller's filter would drop
+    /// or replace) inside it. Such a scalar cannot split a secret so that the text, once
+    /// filtered, shows it whole; the span from the secret's first scalar to its last becomes
+    /// `[hidden]`.
     public func hiding(_ secrets: [String]) -> String {
         let needles = secrets.filter { !$0.isEmpty }.map { Array($0.unicodeScalars) }.sorted { $0.count > $1.count }
         guard !needles.isEmpty else { return self }
@@ -94,12 +98,32 @@ extension String {
             let scalar = text[position]
             if sameIgnoringASCIICase(scalar, needle[matched]) {
                 matched += 1
+                position += 1
+            } else if let end = encoded(needle[matched], in: text, at: position) {
+                matched += 1
+                position = end
             } else if matched == 0 || (0x21...0x7E).contains(scalar.value) {
                 return nil
+            } else {
+                position += 1
             }
-            position += 1
         }
         return matched == needle.count ? position : nil
+    }
+
+    /// Where `scalar` ends when it stands encoded at `start` of `text`: its UTF-8 bytes each as
+    /// `%HH` (hex in either case), or `+` for a space; nil otherwise.
+    private static func encoded(_ scalar: Unicode.Scalar, in text: [Unicode.Scalar], at start: Int) -> Int? {
+        if scalar == " ", text[start] == "+" { return start + 1 }
+        func hex(_ scalar: Unicode.Scalar) -> UInt8? { scalar.isASCII ? UInt8(scalar.value).hexDigitValue : nil }
+        var position = start
+        for byte in String(scalar).utf8 {
+            guard position + 2 < text.count, text[position] == "%", let high = hex(text[position + 1]),
+                let low = hex(text[position + 2]), high << 4 | low == byte
+            else { return nil }
+            position += 3
+        }
+        return position
     }
 
     private static func sameIgnoringASCIICase(_ a: Unicode.Scalar, _ b: Unicode.Scalar) -> Bool {

@@ -3,16 +3,20 @@
 Runs in a thread of the test process on 127.0.0.1. `mode` picks the answer:
 ok, html, no_token, negative, zero, huge, oversized, slow, hang, reset, status_500, status_429,
 redirect, echo (a 400 whose error_description repeats the request's Authorization, X-Api-Key and
-body, as some issuers do, with DEL and a terminal's CSI in it), body (200 with `body`, a JSON value
+body, as some issuers do, with DEL and a terminal's CSI in it), echo_encoded (a 400 whose
+error_description repeats the client secret the request sent, percent-encoded again as
+urllib.parse.quote writes it, and with every byte escaped in lower-case hex), body (200 with `body`, a JSON value
 or bytes, as the test set it). With `tls=(certificate, key)` it speaks HTTPS; with `client_ca` as well, it wants a client
 certificate signed by that CA (mutual TLS), and records the subject of each it saw.
 """
+import base64
 import json
 import socket
 import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, quote, unquote_plus
 
 
 class FaultyIssuer:
@@ -93,6 +97,13 @@ class FaultyIssuer:
             sent = " ".join([handler.headers.get("Authorization", ""), handler.headers.get("X-Api-Key", ""),
                              handler.request_body.decode(errors="replace")])
             self.send(handler, 400, {"error": "invalid_client", "error_description": f"you sent {sent} \x7f\x9b31m"})
+        elif mode == "echo_encoded":
+            secret = parse_qs(handler.request_body.decode()).get("client_secret", [""])[0]
+            authorization = handler.headers.get("Authorization", "")
+            if authorization.startswith("Basic "):
+                secret = unquote_plus(base64.b64decode(authorization[6:]).decode().split(":", 1)[1])
+            encoded = [quote(secret), quote(secret, safe=""), "".join("%%%02x" % byte for byte in secret.encode())]
+            self.send(handler, 400, {"error": "invalid_client", "error_description": "you sent " + " and ".join(encoded)})
         elif mode == "body":
             self.served += 1
             self.send(handler, 200, self.body)
