@@ -230,6 +230,10 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
             }
             target = named
             rest = tail[name.endIndex...]
+            // A route that is none of a provider's: the caller first, for the same reason.
+            if Route.named(rest) == nil, let refusal = admit(request, provider: named.name) {
+                return record(otherCounter, .response(refusal.response))
+            }
         }
         guard let route = Route.named(rest) else {
             if proxy == nil, let refusal = proxyNotConfigured(request) {

@@ -121,16 +121,18 @@ def test_without_a_key_no_provider_or_proxy_name_can_be_tried(tmp_path):
             assert status == 403 and json.loads(body)["error"] == "provider_not_allowed", (path, body)
         status, _, body = broker.request("GET", "/providers/ghost/token", headers=bearer(everything))
         assert status == 404 and json.loads(body)["error"] == "unknown_provider", body
-        # Nor by a method the route does not take: a known name's 405 once told it apart, without
-        # a key and to a caller whose list leaves it out.
-        for method, route in (("DELETE", "token"), ("PUT", "token/ready"), ("GET", "token/refresh")):
+        # Nor by a method the route does not take, nor by a route no provider has: a known name's
+        # 405 or 404 once told it apart, without a key and to a caller whose list leaves it out.
+        for method, route in (("DELETE", "token"), ("PUT", "token/ready"), ("GET", "token/refresh"),
+                              ("GET", "nonexistent"), ("DELETE", "token/x")):
             for name in ("payments", "ghost"):
                 path = f"/providers/{name}/{route}"
                 status, _, body = broker.request(method, path)
                 assert status == 401, (method, path, status, body)
                 status, _, body = broker.request(method, path, headers=bearer(scoped))
                 assert status == 403 and json.loads(body)["error"] == "provider_not_allowed", (method, path, body)
-            assert broker.request(method, f"/providers/payments/{route}", headers=bearer(everything))[0] == 405
+            expected = 405 if route.startswith("token") and route != "token/x" else 404
+            assert broker.request(method, f"/providers/payments/{route}", headers=bearer(everything))[0] == expected
         status, _, body = broker.request("GET", "/proxy/ghost/x", headers=bearer(scoped))
         assert status == 404 and json.loads(body)["error"] == "unknown_proxy", body
     # The same with no proxy configured at all, where /proxy/ was a plain 404 to anyone.
