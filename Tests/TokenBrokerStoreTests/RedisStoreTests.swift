@@ -711,9 +711,10 @@ private final class Reachability: Sendable {
     }
 
     /// A lease key no broker of the fleet could have set: one without expiry (set by hand), or
-    /// with more left than `leaseMsec`. Waited on as a lease, it held up every broker of the
-    /// fleet, for good or for as long as it said, while their tokens expired.
-    @Test(arguments: [[], ["PX", "600000"]])
+    /// with more left than the longest lease a broker may take (600000 ms). Waited on as a lease,
+    /// it held up every broker of the fleet, for good or for as long as it said, while their
+    /// tokens expired.
+    @Test(arguments: [[], ["PX", "900000"]])
     func aLeaseNoBrokerOfTheFleetCouldHaveTakenIsTakenOver(_ expiry: [String]) async throws {
         try await withRedis { server, fleet in
             let store = try fleet.store { $0.leaseMsec = 1000 }
@@ -735,6 +736,27 @@ private final class Reachability: Sendable {
             #expect(issuer.calls == 1)
             #expect(try server.bytes(lease) == nil, "taken over, then let go once the record was stored")
             #expect(try storedRecord(server, "orders")?.accessToken == "a-token-1")
+        }
+    }
+
+    /// A broker configured with a shorter lease than the holder's (a fleet in the middle of
+    /// changing `leaseMsec`) waits for the holder as any broker does: comparing what the lease
+    /// had left with its own `leaseMsec`, it once took a live lease over, and both fetched.
+    @Test func aLeaseLongerThanThisBrokersOwnIsWaitedOn() async throws {
+        try await withRedis { server, fleet in
+            let holder = try fleet.store { $0.leaseMsec = 60_000 }
+            let shorter = try fleet.store { $0.leaseMsec = 1000 }
+            // A failed fetch keeps the lease, for the holder's retries.
+            let failing = Issuer("a", failures: 1)
+            _ = await holder.fetchForFleet("orders", settings: "s", current: 0, forced: false, fetch: failing.fetch)
+            let other = Issuer("b")
+            let asking = Task {
+                await shorter.fetchForFleet("orders", settings: "s", current: 0, forced: false, fetch: other.fetch)
+            }
+            try await Task.sleep(for: .milliseconds(700))
+            asking.cancel()
+            #expect(await asking.value.failure?.description == "timeout", "it waited until cancelled")
+            #expect(other.calls == 0, "the holder's lease is not taken over")
         }
     }
 

@@ -88,8 +88,11 @@ public struct RedisStoreSettings: Sendable, Equatable {
     public var keyPrefix: String = "token-broker:"
     /// Required: the 32-byte key that seals the records.
     public var keyFile: String
-    /// How long a broker holds the refresh lease before another may fetch. Default 10000; 100–600000.
+    /// How long a broker holds the refresh lease before another may fetch. Default 10000;
+    /// `leaseMsecRange`.
     public var leaseMsec: Int = 10_000
+    /// The lease lengths a broker may be configured with: no broker of a fleet takes one longer.
+    public static let leaseMsecRange = 100...600_000
     /// The longest one call to Redis (connecting included) may take. Default 500; 10–60000.
     public var timeoutMsec: Int = 500
 
@@ -179,7 +182,8 @@ extension StoreConfiguration {
                 }
                 settings.keyPrefix = prefix
             }
-            settings.leaseMsec = try reader.int("leaseMsec", 100...600_000, default: settings.leaseMsec)
+            settings.leaseMsec = try reader.int(
+                "leaseMsec", RedisStoreSettings.leaseMsecRange, default: settings.leaseMsec)
             settings.timeoutMsec = try reader.int("timeoutMsec", 10...60_000, default: settings.timeoutMsec)
             if settings.username != nil, settings.passwordFile == nil {
                 throw ConfigurationError(key: reader.keyPath("username"), "needs passwordFile")

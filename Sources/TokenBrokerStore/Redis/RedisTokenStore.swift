@@ -237,6 +237,7 @@ public final class RedisTokenStore: SharedTokenStore {
                     Array("EVAL".utf8), Array(Self.acquireScript.utf8), Array("3".utf8), leaseKey, fenceKey, recordKey,
                     self.owner, Array(String(self.settings.leaseMsec).utf8),
                     seen, Array(String(Self.fenceLimit).utf8),
+                    Array(String(RedisStoreSettings.leaseMsecRange.upperBound).utf8),
                 ])
             })
             switch acquired {
@@ -609,15 +610,16 @@ public final class RedisTokenStore: SharedTokenStore {
     /// Takes the lease and returns the next fence; 0 when another holds it. Its holder asking again
     /// (retrying after a failed fetch) keeps the lease without extending it, so a broker whose own
     /// fetches fail (a local fault) holds up the fleet for `leaseMsec` at most. A lease key with no
-    /// expiry, or with more than `leaseMsec` left, is no lease a broker of this fleet took (one
-    /// written by hand, or by something else): it is taken over, or it would hold up the fleet
-    /// for good. -1 when the record's version (bytes 9–16 of a record, in clear; empty for no
+    /// expiry, or with more left than the longest lease any broker may take (600000 ms, whatever
+    /// this one's `leaseMsec`: a fleet may be in the middle of changing it), is no lease a broker
+    /// took (one written by hand, or by something else): it is taken over, or it would hold up the
+    /// fleet for good. -1 when the record's version (bytes 9–16 of a record, in clear; empty for no
     /// record or a value that is not one) is no longer the one the caller read, so that a broker
     /// that looked just before another stored a new record, and asks just after that one let the
     /// lease go, reads it instead of fetching again. -2, taking no lease, when the fence counter
     /// is not a whole number from 0 to `fenceLimit` - 2 (its next value would be out of range).
     /// KEYS: lease, fence, record. ARGV: owner, leaseMsec, the version's 8 bytes as read (or none),
-    /// `fenceLimit`.
+    /// `fenceLimit`, the longest lease any broker may take.
     static let acquireScript = """
         local record = redis.call('GET', KEYS[3])
         local version = ''
@@ -633,7 +635,7 @@ public final class RedisTokenStore: SharedTokenStore {
         if holder ~= ARGV[1] then
           if holder then
             local left = redis.call('PTTL', KEYS[1])
-            if left >= 0 and left <= tonumber(ARGV[2]) then return 0 end
+            if left >= 0 and left <= tonumber(ARGV[5]) then return 0 end
           end
           redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
         end
