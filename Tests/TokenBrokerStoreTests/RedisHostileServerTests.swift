@@ -133,6 +133,19 @@ private final class ScriptedRedis: @unchecked Sendable {
 @Suite struct RedisHostileServerTests {
     private static let sealingKey = (0..<32).map { UInt8(truncatingIfNeeded: $0 &* 5 &+ 1) }
 
+    /// Redis's confirmation of `SUBSCRIBE token-broker:records`.
+    private static let confirmation = Array("*3\r\n$9\r\nsubscribe\r\n$20\r\ntoken-broker:records\r\n:1\r\n".utf8)
+
+    /// Stops `store` on a thread of Dispatch's: `stop()` waits for the store's subscriber.
+    private func stopping(_ store: RedisTokenStore) async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            DispatchQueue.global().async {
+                store.stop()
+                continuation.resume()
+            }
+        }
+    }
+
     private func settings(_ server: ScriptedRedis, timeoutMsec: Int) -> RedisStoreSettings {
         var settings = RedisStoreSettings(address: .unix(server.socket), keyFile: "/unused")
         settings.timeoutMsec = timeoutMsec
@@ -182,7 +195,7 @@ private final class ScriptedRedis: @unchecked Sendable {
         let server = try ScriptedRedis { name in
             switch name {
             case "SUBSCRIBE":
-                [.send(Array("*3\r\n$9\r\nsubscribe\r\n$21\r\ntoken-broker:records\r\n:1\r\n".utf8))]
+                [.send(Self.confirmation)]
             case "GETRANGE": [.send(Array("$0\r\n\r\n".utf8))]
             case "EVAL": [.send(Array(":-1\r\n".utf8))]
             default: [.send(Array("+OK\r\n".utf8))]
@@ -212,11 +225,31 @@ private final class ScriptedRedis: @unchecked Sendable {
         let waits = Int((started.duration(to: .now) / .milliseconds(500)).rounded(.up))
         #expect(asked <= RedisTokenStore.rereadsAtOnce + 1 + waits + 1, "asked \(asked) times in \(waits) half-seconds")
         #expect(fetched.withLock { $0 } == 0, "a record that changed is read, not fetched again")
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            DispatchQueue.global().async {
-                store.stop()
-                continuation.resume()
+        await stopping(store)
+    }
+
+    /// After each (re)connection the subscriber reads every watched record once. A Redis that
+    /// repeats the subscription's confirmation once had a read of every watched record queued
+    /// for each: 6.5 million in a review's 10 s, over a GB of memory, and the refreshes' calls to
+    /// Redis waited behind them while the tokens expired.
+    @Test func aRedisRepeatingTheSubscriptionsConfirmationGetsOneCatchUp() async throws {
+        let server = try ScriptedRedis { name in
+            switch name {
+            // Late enough for the watch below to be in place.
+            case "SUBSCRIBE":
+                [.pause(milliseconds: 300), .send(Array(repeating: Self.confirmation, count: 20_000).flatMap { $0 })]
+            case "GETRANGE": [.send(Array("$0\r\n\r\n".utf8))]
+            default: [.send(Array("+OK\r\n".utf8))]
             }
         }
+        defer { server.stop() }
+        let store = try RedisTokenStore(
+            settings: settings(server, timeoutMsec: 2000), password: nil, cipher: AESGCM(key: Self.sealingKey)!)
+        _ = store.watch("orders", settings: "s") { _, _ in }
+        #expect(await eventually(within: 20) { server.received.contains("GETRANGE") })
+        // Every confirmation has been read by now, or is being read: what follows them is one read.
+        try await Task.sleep(for: .seconds(1))
+        #expect(server.received.filter { $0 == "GETRANGE" }.count == 1)
+        await stopping(store)
     }
 }

@@ -103,6 +103,8 @@ public final class RedisTokenStore: SharedTokenStore {
     private let problems = Lock(Problems())
     private let watching = Lock(Watching())
     private let stopping = Atomic<Bool>(false)
+    /// A catch-up is queued on `commands` and has not started.
+    private let catchingUp = Atomic<Bool>(false)
     private let subscriberEnded = DispatchSemaphore(value: 0)
 
     /// How many times a fetch reads a record that changed under the lease script before it waits
@@ -482,13 +484,19 @@ public final class RedisTokenStore: SharedTokenStore {
                 let connection = try RedisConnection.connect(settings, password: password)
                 try connection.send([Array("SUBSCRIBE".utf8), channel])
                 var lastProbe = ContinuousClock.now
+                var confirmed = false
                 while !stopping.load(ordering: .relaxed) {
                     while let reply = try connection.bufferedReply() {
                         if case .error(let text) = reply { throw RedisFailure("Redis refused: \(text)") }
                         if case .array(let parts) = reply, parts.first == .string(Array("subscribe".utf8)) {
-                            // Subscribed: this connection answers; what was missed is read.
+                            // Subscribed: this connection answers; what was missed is read, once
+                            // for the connection (a Redis repeating its confirmation once queued
+                            // reads without end, and the fetches waited behind them).
                             mark(\.subscriber, nil)
-                            catchUp()
+                            if !confirmed {
+                                confirmed = true
+                                catchUp()
+                            }
                         }
                         deliver(reply)
                     }
@@ -539,10 +547,13 @@ public final class RedisTokenStore: SharedTokenStore {
         }
     }
 
-    /// Reads each watched record once (after the subscriber connected: it may have missed some).
+    /// Reads each watched record once (after the subscriber connected: it may have missed some);
+    /// nothing when a catch-up is already queued.
     private func catchUp() {
-        let watchers = watching.withLock { $0.byHash }
+        guard !catchingUp.exchange(true, ordering: .acquiringAndReleasing) else { return }
         commands.async { [self] in
+            catchingUp.store(false, ordering: .releasing)
+            let watchers = watching.withLock { $0.byHash }
             for (hash, byID) in watchers {
                 guard
                     case .success(.string(let bytes)) = perform({ connection throws(RedisFailure) in
