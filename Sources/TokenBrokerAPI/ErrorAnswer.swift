@@ -25,7 +25,7 @@ public enum ErrorAnswer: Sendable, Equatable {
     case malformedHead(problem: String)
     /// A target with more query arguments than the connection's memory holds (414 `uri_too_long`);
     /// answered at the head, so the connection closes.
-    case tooManyQueryArguments(most: Int)
+    case tooManyQueryArguments
     /// A request still waiting when the broker stops, or when a reload removes its provider
     /// (503, `Retry-After: 1`).
     case shuttingDown
@@ -217,9 +217,9 @@ public enum ErrorAnswer: Sendable, Equatable {
             "no provider is named \(JSONText.quoted(String(name.prefix(64))))"
         case .malformedHead(let problem):
             problem
-        case .tooManyQueryArguments(let most):
-            "the request target has more than \(most) query arguments, more than the connection's buffer holds "
-                + "(connectionMemoryKiB)"
+        case .tooManyQueryArguments:
+            "the request target has more query arguments than the connection's memory holds beside it "
+                + "(about 64 bytes each, within three quarters of connectionMemoryKiB)"
         case .shuttingDown:
             "the broker is stopping, or a configuration reload removed the provider"
         case .refusedWhileStopping:
@@ -388,7 +388,7 @@ public enum ErrorAnswer: Sendable, Equatable {
     public static func refusal(_ reason: ServerRefusal) -> ErrorAnswer {
         switch reason {
         case .malformedHead(let problem): .malformedHead(problem: problem)
-        case .tooManyQueryArguments(let most): .tooManyQueryArguments(most: most)
+        case .tooManyQueryArguments: .tooManyQueryArguments
         case .stopping: .refusedWhileStopping
         case .stopped: .shuttingDown
         case .clientClosed: .clientClosed

@@ -22,9 +22,9 @@ public enum ServerRefusal: Sendable, Equatable {
     /// The request head is ambiguous or malformed (`RequestHead`); the answer must close the
     /// connection (`Connection: close`), since where the body ends is not known.
     case malformedHead(String)
-    /// The target has more query arguments than the connection's memory holds (`most`): 414,
-    /// answered at the head, so the connection closes.
-    case tooManyQueryArguments(most: Int)
+    /// The target has more query arguments than the connection's memory holds beside it
+    /// (`RequestTarget.mostQueryArguments`): 414, answered at the head, so the connection closes.
+    case tooManyQueryArguments
     /// A new request arrived while the server is stopping; the answer must close the connection.
     case stopping
     /// The answer to requests still waiting when the server stops.

@@ -430,7 +430,7 @@ public final class HTTPServer: @unchecked Sendable {
         let clock = Self.clock(of: connection)
         clock?.headArrived()
         if clock?.targetReadLength == RequestTarget.queryCut {
-            return queue(handler.refusal(.tooManyQueryArguments(most: mostQueryArguments)), on: connection, nil)
+            return queue(handler.refusal(.tooManyQueryArguments), on: connection, nil)
         }
         var awaitedBodyLength: Int?
         if let problem = RequestHead.problem(
@@ -596,13 +596,19 @@ extension HTTPServer {
     /// the target as sent. Others get nothing.
     func requestTarget(_ uri: UnsafePointer<CChar>?, _ connection: OpaquePointer) -> UnsafeMutableRawPointer? {
         let clock = Self.clock(of: connection)
-        clock?.targetRead(length: uri.map(RequestTarget.measure) ?? -1)
-        guard let uri else { return nil }
+        guard let uri else {
+            clock?.targetRead(length: -1)
+            return nil
+        }
+        let measured = RequestTarget.measure(uri)
+        clock?.targetRead(length: measured)
         let raw = configuration.streamingPrefix.flatMap { prefix in
             strncmp(uri, prefix, prefix.utf8.count) == 0 ? String(cString: uri) : nil
         }
         // Only with a clock to note it on: the head is then refused, not served without its query.
-        if let clock, RequestTarget.cutQuery(uri, most: mostQueryArguments) {
+        let most = RequestTarget.mostQueryArguments(
+            memory: configuration.connectionMemoryLimit, targetLength: measured >= 0 ? measured : strlen(uri))
+        if let clock, RequestTarget.cutQuery(uri, most: most) {
             clock.targetRead(length: RequestTarget.queryCut)
         }
         guard let raw else { return nil }
@@ -610,11 +616,6 @@ extension HTTPServer {
         state.rawTarget = raw
         requestsInFlight.add(1, ordering: .relaxed)
         return RequestPhase.targetRead(state).retainingContext
-    }
-
-    /// The most query arguments a request target may have here (`RequestTarget.cutQuery`).
-    private var mostQueryArguments: Int {
-        RequestTarget.mostQueryArguments(memory: configuration.connectionMemoryLimit)
     }
 
     private static func clock(of connection: OpaquePointer) -> ConnectionClock? {

@@ -209,10 +209,15 @@ enum RequestTarget {
     /// target's query (`cutQuery`); the head is then refused with 414.
     static let queryCut = -2
 
-    /// The most query arguments a connection with `memory` bytes takes: libmicrohttpd keeps
-    /// each in a record of about 56 bytes of the connection's memory, beside the request's own
-    /// bytes and its headers' records, so half of it goes to them at most (36 in 4 KiB).
-    static func mostQueryArguments(memory: Int) -> Int { max(8, memory / 2 / 56) }
+    /// The most query arguments a target of `targetLength` bytes may have on a connection with
+    /// `memory` bytes: libmicrohttpd keeps each in a record of about 56 bytes of that memory,
+    /// beside the read buffer, which grows to hold the request line. Measured with 4 KiB, a
+    /// connection hung from about 56 bytes an argument plus the target's length past 3,750; so
+    /// the two may take three quarters of it, at 64 bytes an argument (44 in a target of 200
+    /// bytes in 4 KiB, none in one of 3 KiB).
+    static func mostQueryArguments(memory: Int, targetLength: Int) -> Int {
+        max(0, (memory * 3 / 4 - targetLength) / 64)
+    }
 
     /// Cuts the query off a target with more than `most` arguments, and says whether it did.
     ///
@@ -223,9 +228,10 @@ enum RequestTarget {
     /// unanswered, until its timeout, and a request pipelined behind it is lost. Ending the
     /// query where it starts, in libmicrohttpd's own buffer (it writes there itself: the target's
     /// `?` becomes the NUL that ends the path), leaves it nothing to read; the server then
-    /// answers 414 when the head is in, and closes the connection. Counts up to the target's first NUL, its end for any
-    /// target but one with a NUL sent raw in it, which the head's check refuses (400) if
-    /// libmicrohttpd lets it through.
+    /// answers 414 when the head is in, and closes the connection. Counts up to the target's
+    /// first NUL, its end for any target but one with a NUL sent raw in it before the `?`, whose
+    /// arguments libmicrohttpd still reads (and which the head's check refuses, 400, when
+    /// libmicrohttpd gets that far).
     static func cutQuery(_ uri: UnsafePointer<CChar>, most: Int) -> Bool {
         guard let mark = strchr(uri, Int32(UInt8(ascii: "?"))) else { return false }
         var arguments = 1

@@ -49,7 +49,7 @@ final class TestHandler: HTTPHandler {
     }
 
     /// Answers a test can tell apart from any route's: 400 `malformed: <problem>`, 503 `stopping`,
-    /// 503 `stopped`, 413 `too large`, 414 `more than <most> arguments` and 503 `client closed`
+    /// 503 `stopped`, 413 `too large`, 414 `too many arguments` and 503 `client closed`
     /// (asked for once, when the server starts, and not recorded).
     func refusal(_ reason: ServerRefusal) -> HTTPResponse {
         if reason == .clientClosed { return Self.text(503, "client closed") }
@@ -65,8 +65,8 @@ final class TestHandler: HTTPHandler {
             return Self.text(503, "stopped")
         case .bodyTooLarge:
             return Self.text(413, "too large")
-        case .tooManyQueryArguments(let most):
-            return Self.text(414, "more than \(most) arguments", headers: [("Connection", "close")])
+        case .tooManyQueryArguments:
+            return Self.text(414, "too many arguments", headers: [("Connection", "close")])
         }
     }
 
