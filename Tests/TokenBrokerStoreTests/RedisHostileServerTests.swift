@@ -170,6 +170,28 @@ private final class ScriptedRedis: @unchecked Sendable {
         }
     }
 
+    /// `timeoutMsec` is the longest one call may take, connecting included: each step once had a
+    /// `timeoutMsec` of its own, so a call that had to connect and authenticate took up to three
+    /// (four with `SELECT`), and a broker's stop waited that long (the fourth review: 10.5 s
+    /// with 4 s).
+    @Test func connectingAuthenticatingAndTheCommandShareOneTimeout() async throws {
+        let server = try ScriptedRedis { name in
+            switch name {
+            case "AUTH": [.pause(milliseconds: 250), .send(Array("+OK\r\n".utf8))]
+            case "GETRANGE": [.pause(milliseconds: 250), .send(Array("$0\r\n\r\n".utf8))]
+            case "SUBSCRIBE": [.send(Self.confirmation)]
+            default: [.send(Array("+OK\r\n".utf8))]
+            }
+        }
+        defer { server.stop() }
+        let store = try RedisTokenStore(
+            settings: settings(server, timeoutMsec: 400), password: "secret", cipher: AESGCM(key: Self.sealingKey)!)
+        // Each step answers within 400 ms; the two take 500 at least.
+        let load = await store.load("orders")
+        #expect(load == .refused("the Redis store is out of reach: Redis did not answer within 400 ms"), "\(load)")
+        await stopping(store)
+    }
+
     /// A bulk string larger than any record, sent at once; an array of millions of elements, of
     /// which some hundreds of thousands come.
     @Test(arguments: ["bulk string", "array"])

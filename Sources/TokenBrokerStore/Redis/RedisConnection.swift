@@ -36,6 +36,9 @@ final class RedisConnection {
     private let timeoutMsec: Int
     /// When the call under way must be over.
     private var deadline = ContinuousClock.now
+    /// When set, the end of every call until it is cleared: one budget for several calls (the
+    /// store's connecting, authenticating and first command share one `timeoutMsec`).
+    var sharedDeadline: ContinuousClock.Instant?
     /// Bytes read since the last whole reply.
     private var replyBytes = 0
 
@@ -46,10 +49,15 @@ final class RedisConnection {
 
     deinit { redisFree(context) }
 
-    /// Connects to `address` within `timeoutMsec`, then authenticates and selects the database,
-    /// each a call of its own.
-    static func connect(_ settings: RedisStoreSettings, password: String?) throws(RedisFailure) -> RedisConnection {
-        let timeout = timeval(milliseconds: settings.timeoutMsec)
+    /// Connects to `address`, then authenticates and selects the database, all by `deadline`
+    /// (by default, within `timeoutMsec`).
+    static func connect(
+        _ settings: RedisStoreSettings, password: String?, deadline given: ContinuousClock.Instant? = nil
+    ) throws(RedisFailure) -> RedisConnection {
+        let deadline = given ?? ContinuousClock.now.advanced(by: .milliseconds(settings.timeoutMsec))
+        let left = ContinuousClock.now.duration(to: deadline).wholeMilliseconds
+        guard left > 0 else { throw RedisFailure("Redis did not answer within \(settings.timeoutMsec) ms") }
+        let timeout = timeval(milliseconds: Int(clamping: min(left, Int64(settings.timeoutMsec))))
         let made: UnsafeMutablePointer<redisContext>? =
             switch settings.address {
             case .tcp(let host, let port): redisConnectWithTimeout(host, Int32(port), timeout)
@@ -57,6 +65,8 @@ final class RedisConnection {
             }
         guard let made else { throw RedisFailure("cannot connect to \(settings.address): out of memory") }
         let connection = RedisConnection(context: made, timeoutMsec: settings.timeoutMsec)
+        connection.sharedDeadline = deadline
+        defer { connection.sharedDeadline = nil }
         guard made.pointee.err == 0 else {
             throw RedisFailure("cannot connect to \(settings.address): \(connection.errorText)")
         }
@@ -98,7 +108,7 @@ final class RedisConnection {
     /// Sends a command without waiting for a reply (`SUBSCRIBE`, whose replies come as messages),
     /// within `timeoutMsec`; a `command` has what is left of that for its reply.
     func send(_ arguments: [[UInt8]]) throws(RedisFailure) {
-        deadline = ContinuousClock.now.advanced(by: .milliseconds(timeoutMsec))
+        deadline = sharedDeadline ?? ContinuousClock.now.advanced(by: .milliseconds(timeoutMsec))
         let status = try withArgv(arguments) { count, pointers, lengths in
             redisAppendCommandArgv(context, count, pointers, lengths)
         }

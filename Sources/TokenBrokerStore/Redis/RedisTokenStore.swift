@@ -410,6 +410,8 @@ public final class RedisTokenStore: SharedTokenStore {
         // The broker stops: what is still queued ends at once, so that `stop` waits for one call at most.
         guard !stopping.load(ordering: .relaxed) else { return .failure(RedisFailure("the store is stopping")) }
         let now = ContinuousClock.now
+        // One budget for the call, connecting included, as `timeoutMsec` says.
+        let deadline = now.advanced(by: .milliseconds(settings.timeoutMsec))
         let connection: RedisConnection
         if let open = link.withLock({ $0.connection }) {
             connection = open
@@ -420,13 +422,15 @@ public final class RedisTokenStore: SharedTokenStore {
             }
             link.withLock { $0.lastAttempt = now }
             do {
-                connection = try RedisConnection.connect(settings, password: password)
+                connection = try RedisConnection.connect(settings, password: password, deadline: deadline)
             } catch {
                 mark(\.commands, error)
                 return .failure(error)
             }
             link.withLock { $0.connection = connection }
         }
+        connection.sharedDeadline = deadline
+        defer { connection.sharedDeadline = nil }
         do throws(RedisFailure) {
             let value = try body(connection)
             if case .error(let text) = value {
