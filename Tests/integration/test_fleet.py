@@ -125,47 +125,12 @@ class Capture:
         return bytes(self.data)
 
 
-class SlowLink:
-    """A proxy on 127.0.0.1 to Redis's socket that holds each lease-taking EVAL for `delay` seconds:
-    a broker behind it (on a slow link, or a busy host) takes the lease that long after it read the record."""
+class Link:
+    """A proxy on 127.0.0.1 to Redis's socket, each connection pumped both ways by `_pump`
+    (a subclass's), until `stop()`."""
 
-    def __init__(self, redis, delay):
-        self.redis, self.delay = redis, delay
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.address = "127.0.0.1:%d" % self.listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                client, _ = self.listener.accept()
-                upstream = self.redis.connect(timeout=None)
-            except OSError:
-                return
-            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
-
-    def _pump(self, source, target, outbound):
-        try:
-            while data := source.recv(65536):
-                if outbound and b"'NX', 'PX'" in data:  # RedisTokenStore.acquireScript
-                    time.sleep(self.delay)
-                target.sendall(data)
-        except OSError:
-            pass
-        finally:
-            source.close()
-            target.close()
-
-
-class DrippingLink:
-    """A proxy on 127.0.0.1 to Redis's socket that, once `drip` is set, passes Redis's replies on a
-    byte at a time, `gap` seconds apart: each byte well within the store's `timeoutMsec`, a whole
-    reply far beyond it. `stop()` ends every pump."""
-
-    def __init__(self, redis, gap):
-        self.redis, self.gap = redis, gap
-        self.drip, self.stopped = threading.Event(), threading.Event()
+    def __init__(self, redis):
+        self.redis, self.stopped = redis, threading.Event()
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.address = "127.0.0.1:%d" % self.listener.getsockname()[1]
         threading.Thread(target=self._accept, daemon=True).start()
@@ -187,18 +152,48 @@ class DrippingLink:
     def _pump(self, source, target, outbound):
         try:
             while not self.stopped.is_set() and (data := source.recv(65536)):
-                if outbound or not self.drip.is_set():
-                    target.sendall(data)
-                    continue
-                for byte in data:
-                    if self.stopped.wait(self.gap):
-                        return
-                    target.sendall(bytes([byte]))
+                self._pass(data, target, outbound)
         except OSError:
             pass
         finally:
             source.close()
             target.close()
+
+    def _pass(self, data, target, outbound):
+        target.sendall(data)
+
+
+class SlowLink(Link):
+    """Holds each lease-taking EVAL for `delay` seconds: a broker behind it (on a slow link, or a
+    busy host) takes the lease that long after it read the record."""
+
+    def __init__(self, redis, delay):
+        self.delay, self.held = delay, 0
+        super().__init__(redis)
+
+    def _pass(self, data, target, outbound):
+        if outbound and b"'PTTL'" in data:  # RedisTokenStore.acquireScript's, and no other command's
+            self.held += 1
+            time.sleep(self.delay)
+        target.sendall(data)
+
+
+class DrippingLink(Link):
+    """Once `drip` is set, passes Redis's replies on a byte at a time, `gap` seconds apart: each
+    byte well within the store's `timeoutMsec`, a whole reply far beyond it."""
+
+    def __init__(self, redis, gap):
+        self.gap, self.drip = gap, threading.Event()
+        super().__init__(redis)
+
+    def _pass(self, data, target, outbound):
+        if outbound or not self.drip.is_set():
+            target.sendall(data)
+            return
+        for byte in data:
+            if self.stopped.wait(self.gap):
+                return
+            target.sendall(bytes([byte]))
 
 
 class FleetBroker(Broker):
@@ -517,8 +512,9 @@ def test_a_broker_that_read_the_old_record_just_before_another_stored_a_new_one_
         assert issuer.requests() - before == 1, \
             f"two brokers refreshing version {current} at once made {issuer.requests() - before} fetches:\n" \
             f"{fetched_lines([quick, slow])}"
+        assert link.held >= 1, "the link held no lease call: it no longer knows the lease script"
     finally:
-        link.listener.close()
+        link.stop()
 
 
 def test_the_window_of_forced_refreshes_is_counted_for_the_fleet(issuer, fleet):

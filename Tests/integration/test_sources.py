@@ -300,46 +300,40 @@ def test_without_expires_in_an_oauth2_jwt_lives_until_its_exp_not_the_default_li
         issuer.close()
 
 
-@pytest.mark.parametrize("expires_in", [b"300.0", b"3e2", b"3.0e2"])
-def test_an_expires_in_not_written_as_digits_is_a_bad_response_though_its_value_is_whole(expires_in):
-    assert json.loads(expires_in) == 300
+def refused_then_served(bad, good, mentions):
+    """An oauth2 provider whose issuer answers `bad`: the fetch is a bad_response whose
+    description names `mentions`, and nothing is served; once the issuer answers `good`, its
+    token is served. Returns the `/token` document then."""
     issuer = FaultyIssuer()
-    issuer.mode, issuer.body = "body", b'{"access_token": "written-as-300", "expires_in": ' + expires_in + b"}"
+    issuer.mode, issuer.body = "body", bad
     source = {"type": "oauth2", "tokenURL": issuer.url, "clientID": "c", "clientSecret": "s"}
     try:
         with Broker({"providers": [{"source": source, "maxErrorTokenRefreshDelayMsec": 200}]}) as broker:
-            def readiness():
-                return json.loads(broker.request("GET", "/readyz", listener="admin")[2])["providers"][0]
-            assert wait_until(lambda: readiness().get("last_error") == "bad_response"), readiness()
-            assert "expires_in" in readiness()["last_error_description"], readiness()
+            assert wait_until(lambda: readiness(broker).get("last_error") == "bad_response"), readiness(broker)
+            assert mentions in readiness(broker)["last_error_description"], readiness(broker)
             assert broker.request("GET", "/token")[0] == 503
-            issuer.body = json.dumps({"access_token": "written-as-300", "expires_in": 300}).encode()
+            issuer.body = good
             assert wait_until(lambda: broker.request("GET", "/token")[0] == 200, timeout=15)
-            body, _ = broker.get_json("/token")
-            assert body["access_token"] == "written-as-300" and 200 < body["expires_in"] <= 300, body
+            return broker.get_json("/token")[0]
     finally:
         issuer.close()
+
+
+@pytest.mark.parametrize("expires_in", [b"300.0", b"3e2", b"3.0e2"])
+def test_an_expires_in_not_written_as_digits_is_a_bad_response_though_its_value_is_whole(expires_in):
+    assert json.loads(expires_in) == 300
+    served = refused_then_served(b'{"access_token": "written-as-300", "expires_in": ' + expires_in + b"}",
+                                 json.dumps({"access_token": "written-as-300", "expires_in": 300}).encode(),
+                                 "expires_in")
+    assert served["access_token"] == "written-as-300" and 200 < served["expires_in"] <= 300, served
 
 
 @pytest.mark.parametrize("scope", ["read\u202ewrite\x07", "read  write", "read " * 100_000 + "write"],
                          ids=["override-and-bel", "two-spaces", "half-a-mebibyte"])
 def test_a_granted_scope_that_is_no_rfc_6749_scope_is_a_bad_response(scope):
-    issuer = FaultyIssuer()
-    issuer.mode, issuer.body = "body", {"access_token": "scoped", "token_type": "Bearer", "expires_in": 300, "scope": scope}
-    source = {"type": "oauth2", "tokenURL": issuer.url, "clientID": "c", "clientSecret": "s"}
-    try:
-        with Broker({"providers": [{"source": source, "maxErrorTokenRefreshDelayMsec": 200}]}) as broker:
-            def readiness():
-                return json.loads(broker.request("GET", "/readyz", listener="admin")[2])["providers"][0]
-            assert wait_until(lambda: readiness().get("last_error") == "bad_response"), readiness()
-            assert "scope" in readiness()["last_error_description"], readiness()
-            assert broker.request("GET", "/token")[0] == 503
-            issuer.body = {**issuer.body, "scope": "read write"}
-            assert wait_until(lambda: broker.request("GET", "/token")[0] == 200, timeout=15)
-            status, _, body = broker.request("GET", "/token")
-            assert json.loads(body)["scope"] == "read write", body
-    finally:
-        issuer.close()
+    answer = {"access_token": "scoped", "token_type": "Bearer", "expires_in": 300}
+    served = refused_then_served({**answer, "scope": scope}, {**answer, "scope": "read write"}, "scope")
+    assert served["scope"] == "read write", served
 
 
 def test_tls_is_always_verified_and_a_configured_ca_file_is_trusted(tmp_path):
