@@ -234,6 +234,11 @@ enum RequestTarget {
     /// libmicrohttpd gets that far).
     static func cutQuery(_ uri: UnsafePointer<CChar>, most: Int) -> Bool {
         guard let mark = strchr(uri, Int32(UInt8(ascii: "?"))) else { return false }
+        // An empty query has no argument; a target too long for even one may have none.
+        guard most > 0 || (mark + 1).pointee == 0 else {
+            (mark + 1).pointee = 0
+            return true
+        }
         var arguments = 1
         var cursor = mark + 1
         while let separator = strchr(cursor, Int32(UInt8(ascii: "&"))) {
