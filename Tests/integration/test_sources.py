@@ -394,27 +394,27 @@ def make_ca(directory, name):
     return certificate, key
 
 
+def make_certificate(directory, ca, ca_key, name, subject, extension):
+    """A certificate for `subject` (a CN) with `extension` (an openssl x509 extension line), signed
+    by `ca`, as `name`.pem beside its key `name`.key (mode 0600): the two paths."""
+    key, request, certificate = directory / f"{name}.key", directory / f"{name}.csr", directory / f"{name}.pem"
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", f"/CN={subject}",
+            "-keyout", str(key), "-out", str(request))
+    (directory / f"{name}.ext").write_text(extension + "\n")
+    openssl("x509", "-req", "-in", str(request), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial", "-days", "1",
+            "-extfile", str(directory / f"{name}.ext"), "-out", str(certificate))
+    key.chmod(0o600)
+    return certificate, key
+
+
 def make_server_certificate(directory, ca, ca_key):
     """A certificate for 127.0.0.1 signed by `ca`: its certificate and key paths."""
-    key, request, certificate = directory / "server.key", directory / "server.csr", directory / "server.pem"
-    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", "/CN=issuer",
-            "-keyout", str(key), "-out", str(request))
-    (directory / "server.ext").write_text("subjectAltName=IP:127.0.0.1\n")
-    openssl("x509", "-req", "-in", str(request), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial", "-days", "1",
-            "-extfile", str(directory / "server.ext"), "-out", str(certificate))
-    return certificate, key
+    return make_certificate(directory, ca, ca_key, "server", "issuer", "subjectAltName=IP:127.0.0.1")
 
 
 def make_client_certificate(directory, ca, ca_key):
     """A client certificate (CN broker-client) signed by `ca`: its certificate and key paths."""
-    key, request, certificate = directory / "client.key", directory / "client.csr", directory / "client.pem"
-    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", "/CN=broker-client",
-            "-keyout", str(key), "-out", str(request))
-    (directory / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
-    openssl("x509", "-req", "-in", str(request), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial", "-days", "1",
-            "-extfile", str(directory / "client.ext"), "-out", str(certificate))
-    key.chmod(0o600)
-    return certificate, key
+    return make_certificate(directory, ca, ca_key, "client", "broker-client", "extendedKeyUsage=clientAuth")
 
 
 def test_a_replaced_ca_file_is_used_from_the_next_connection_on(tmp_path):
