@@ -152,36 +152,11 @@ enum HealthCheck {
         }
         let rest = text.dropFirst("http://".count)
         guard let slash = rest.firstIndex(of: "/") else {
-            guard isHostAndPort(rest) else { return nil }
+            guard URLAuthority.isHostAndPort(rest) else { return nil }
             return (Target(url: text), "")
         }
-        guard isHostAndPort(rest[..<slash]) else { return nil }
+        guard URLAuthority.isHostAndPort(rest[..<slash]) else { return nil }
         return (Target(url: String(text[..<slash])), rest[slash...])
-    }
-
-    /// Whether `authority` is `HOST[:PORT]` as `origin(given:)` takes it, and nothing more.
-    static func isHostAndPort(_ authority: Substring) -> Bool {
-        var host = authority
-        // A port, unless the last colon is inside an IPv6 address's brackets.
-        if let colon = authority.lastIndex(of: ":"), !authority[colon...].contains("]") {
-            let port = authority[authority.index(after: colon)...]
-            guard (1...5).contains(port.utf8.count), port.utf8.allSatisfy({ (0x30...0x39).contains($0) }),
-                let number = Int(port), (1...65_535).contains(number)
-            else { return false }
-            host = authority[..<colon]
-        }
-        if host.hasPrefix("[") {
-            guard host.hasSuffix("]"), host.count > 2 else { return false }
-            return host.dropFirst().dropLast().utf8.allSatisfy {
-                $0 == UInt8(ascii: ":") || $0 == UInt8(ascii: ".") || UInt8($0).hexDigitValue != nil
-            }
-        }
-        // A name as container platforms give them (Compose services hold `_`), or an IPv4 address.
-        return !host.isEmpty
-            && host.utf8.allSatisfy {
-                $0 == UInt8(ascii: ".") || $0 == UInt8(ascii: "-") || $0 == UInt8(ascii: "_")
-                    || (0x30...0x39).contains($0) || (0x41...0x5A).contains($0) || (0x61...0x7A).contains($0)
-            }
     }
 
     private static func fail(_ problem: String) -> Int32 {

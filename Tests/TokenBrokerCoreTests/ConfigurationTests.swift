@@ -186,6 +186,43 @@ import TokenBrokerCore
         }
     }
 
+    /// A password holding `?`, `/` or `#` ends the authority early, and a port out of range or
+    /// not a number is no port: libcurl refused each at every fetch ("URL using bad/illegal
+    /// format"), where the configuration passed. The message never shows the password.
+    @Test func aURLWhoseHostAndPortLibcurlCannotUseIsRefused() {
+        for (source, key) in [
+            (#""type": "oauth2", "clientID": "c", "clientSecret": "s", "tokenURL""#, "tokenURL"),
+            (#""type": "http", "url""#, "url"),
+        ] {
+            func problem(_ url: String) -> String? {
+                configurationProblem(#"{"providers": [{"source": {\#(source): "\#(url)"}}]}"#)
+            }
+            for url in [
+                "http://user:Pa?ssw0rd-42@127.0.0.1:21001/token", "http://user:Pa/ssw0rd-42@127.0.0.1/t",
+                "http://user:Pa#ssw0rd-42@127.0.0.1/t",
+            ] {
+                #expect(problem(url)?.hasPrefix("providers[0].source.\(key): has user information") == true, "\(url)")
+                #expect(problem(url)?.contains("ssw0rd-42") == false)
+            }
+            for url in [
+                "http://127.0.0.1:abc/token", "http://127.0.0.1:99999/token", "http://127.0.0.1:0/t",
+                "http://[::1/token", "http://127.0.0.1:/t", "http://[]:80/t", "http://exa%6Dple.com/t",
+                "https://x:443:443/t",
+            ] {
+                #expect(
+                    problem(url)
+                        == "providers[0].source.\(key): \"\(url)\" has no host and port libcurl could use; allowed: HOST or HOST:PORT (a name, an IPv4 address or a bracketed IPv6 one; PORT 1-65535)",
+                    "\(url)")
+            }
+            for url in [
+                "http://127.0.0.1:65535/t", "https://[::1]:8443/t", "https://[fe80::1]/t", "http://token_broker/t",
+                "https://login.example.com?x=1", "HTTPS://ISSUER.EXAMPLE:1/t#f",
+            ] {
+                #expect(problem(url) == nil, "\(url)")
+            }
+        }
+    }
+
     @Test func wrongTypesAndBrokenJSONAreExplained() {
         #expect(configurationProblem(#"{"providers": {}}"#) == "providers: must be an array, not an object")
         #expect(

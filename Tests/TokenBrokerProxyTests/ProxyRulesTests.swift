@@ -93,8 +93,20 @@ import TokenBrokerServer
         #expect(target.url(path: "/users/7", query: "a=1") == "https://api.example.com:8443/v1/users/7?a=1")
         for bad in [
             "ftp://x", "https://user@x/", "https://x/?q", "https://x/#f", "https://x/a/../b", "https://", "https://x /",
+            "https://x:0/", "https://x:65536/", "https://x:abc/", "https://x:/", "https://[::1/", "https://ex%41mple/",
         ] {
             #expect(throws: ConfigurationError.self) { try ProxyTarget(parsing: bad) }
+        }
+        for good in ["http://[::1]:8080/v1", "http://orders_api", "https://x:65535/"] {
+            #expect(throws: Never.self) { try ProxyTarget(parsing: good) }
+        }
+        // A password holding '/' ends the authority early; the message does not show it.
+        do {
+            _ = try ProxyTarget(parsing: "https://user:pa/ss-42@api.example/v1")
+            Issue.record("a user-info part is refused")
+        } catch {
+            #expect(error.message.hasPrefix("has user information"))
+            #expect(!error.message.contains("ss-42"))
         }
     }
 

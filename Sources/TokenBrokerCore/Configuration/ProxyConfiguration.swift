@@ -155,7 +155,15 @@ public struct ProxyTarget: Sendable, Equatable, CustomStringConvertible {
         let rest = text.dropFirst(scheme.count + 3)
         let authority = rest.prefix { $0 != "/" }
         var path = String(rest.dropFirst(authority.count))
-        guard !authority.isEmpty, !authority.contains("@"),
+        // A password holding `/` ends the authority early (`user:pa/ss@host`): the message then
+        // does not repeat the text.
+        guard URLAuthority.isHostAndPort(authority) || !text.contains("@") else {
+            throw ConfigurationError(
+                key: "",
+                "has user information (user:password@ before the host), not shown here; allowed: http:// or https://, a host, an optional path"
+            )
+        }
+        guard URLAuthority.isHostAndPort(authority),
             text.utf8.allSatisfy({
                 $0 > 0x20 && $0 < 0x7F && $0 != UInt8(ascii: "?") && $0 != UInt8(ascii: "#") && $0 != UInt8(ascii: "\\")
             })

@@ -37,9 +37,10 @@ public struct UpstreamConfiguration: Sendable, Equatable {
         }
     }
 
-    /// Checks that a URL is http or https, with a host and no user information: a
-    /// `user:password@` would be sent to the issuer as Basic credentials by libcurl beside the
-    /// source's own, and shown wherever the URL is (the message here does not repeat it).
+    /// Checks that a URL is http or https, with a host, a port in range if any, and no user
+    /// information: a `user:password@` would be sent to the issuer as Basic credentials by
+    /// libcurl beside the source's own, and shown wherever the URL is (the message here does not
+    /// repeat it). A host or port libcurl cannot use is refused here, not at every fetch.
     static func checkURL(_ url: String, key: String) throws(ConfigurationError) {
         let lower = url.lowercased()
         guard lower.hasPrefix("https://") || lower.hasPrefix("http://"),
@@ -51,12 +52,21 @@ public struct UpstreamConfiguration: Sendable, Equatable {
             throw ConfigurationError(
                 key: key, "\(JSONText.quoted(url)) is not a URL; allowed: an http:// or https:// URL")
         }
-        let authority = url.utf8.split(separator: UInt8(ascii: "/"), omittingEmptySubsequences: false)[2]
-            .prefix { $0 != UInt8(ascii: "?") && $0 != UInt8(ascii: "#") }
-        guard !authority.contains(UInt8(ascii: "@")) else {
+        let rest = url.drop { $0 != "/" }.dropFirst(2)
+        let authority = rest.prefix { $0 != "/" && $0 != "?" && $0 != "#" }
+        // An `@` past the authority too: a password holding `/`, `?` or `#` ends the authority
+        // early (`user:pa/ss@host`), which is then no host and port either.
+        guard !authority.contains("@"), URLAuthority.isHostAndPort(authority) || !rest.contains("@") else {
             throw ConfigurationError(
                 key: key,
                 "has user information (user:password@ before the host), not shown here; allowed: an http:// or https:// URL without it (credentials go in the source's own keys)"
+            )
+        }
+        // A template's placeholder there is refused where placeholders are read, with its own reason.
+        guard URLAuthority.isHostAndPort(authority) || authority.contains("{{") else {
+            throw ConfigurationError(
+                key: key,
+                "\(JSONText.quoted(url)) has no host and port libcurl could use; allowed: HOST or HOST:PORT (a name, an IPv4 address or a bracketed IPv6 one; PORT 1-65535)"
             )
         }
     }
