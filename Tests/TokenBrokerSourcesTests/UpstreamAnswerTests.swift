@@ -121,7 +121,28 @@ import TokenBrokerUpstream
             _ = try OAuth2TokenSource.token(from: html, defaultLifetime: 60)
             Issue.record("an HTML answer is no token")
         } catch {
-            #expect(error.detail == "the answer is not a JSON object (Content-Type: text/html[2J31mx)")
+            #expect(
+                error.detail
+                    == "the answer is not JSON: unexpected character at byte 0 (Content-Type: text/html[2J31mx)")
+        }
+    }
+
+    /// An answer that is JSON, but no object, says so; one that is not JSON says where it went
+    /// wrong: a member given twice was "not a JSON object", which sent a reader looking elsewhere.
+    @Test(arguments: [
+        (
+            #"{"access_token":"t","scope":"a","scope":"b"}"#,
+            #"the answer is not JSON: the key "scope" appears twice at byte 43"#
+        ),
+        ("[1]", "the answer is not a JSON object"),
+        (#"{"access_token":"t"} x"#, "the answer is not JSON: unexpected text after the value at byte 21"),
+    ])
+    func anAnswerThatIsNoJSONObjectSaysWhatItIs(_ body: String, _ expected: String) {
+        do {
+            _ = try OAuth2TokenSource.token(from: answer(200, body), defaultLifetime: 60)
+            Issue.record("\(body) is no token")
+        } catch {
+            #expect(error.detail == expected)
         }
     }
 
@@ -177,10 +198,22 @@ import TokenBrokerUpstream
     @Test(arguments: [
         "Sup3r%20Secret/Value%2B42", "Sup3r%20Secret%2FValue%2B42", "sup3r%20secret%2fvalue%2b42",
         "Sup3r+Secret%2FValue%2B42", "%53%75%70%33%72%20%53%65%63%72%65%74%2F%56%61%6C%75%65%2B%34%32",
-        "Sup3r Secret/Value+42",
+        "Sup3r Secret/Value+42", "Sup3r%2BSecret%252FValue%252B42",
     ])
     func aSecretEchoedPercentEncodedInAnyWayStaysHidden(_ dressed: String) {
         #expect(echoed(dressed, hiding: "Sup3r Secret/Value+42") == "HTTP 400 invalid_client: bad secret [hidden] here")
+    }
+
+    /// A secret holding `%`: its `%` is the text's `%` or opens an escape (`%25`), and the match
+    /// must try both. It was shown whole when the issuer escaped it. The echoes are Python's
+    /// (`quote`, `quote(safe="")`, and `quote(quote_plus)`: the request's form encoded again).
+    @Test(arguments: [
+        ("50%dis/count k3y", "50%25dis/count%20k3y"), ("50%dis/count k3y", "50%25dis%2Fcount%20k3y"),
+        ("50%dis/count k3y", "50%2525dis%252Fcount%2Bk3y"), ("50%dis/count k3y", "50%dis/count k3y"),
+        ("P%40ss/w0rd", "P%2540ss/w0rd"), ("P%40ss/w0rd", "P%252540ss%252Fw0rd"), ("P%40ss/w0rd", "P%40ss/w0rd"),
+    ])
+    func aSecretHoldingAPercentSignIsFoundEscapedOrNot(_ secret: String, _ dressed: String) {
+        #expect(echoed(dressed, hiding: secret) == "HTTP 400 invalid_client: bad secret [hidden] here")
     }
 
     @Test func aSecretsUTF8IsFoundEscapedAndAnotherValueIsNotHidden() {
@@ -191,6 +224,10 @@ import TokenBrokerUpstream
             echoed("Sup3r%20Secret/Value%2B43", hiding: "Sup3r Secret/Value+42")
                 == "HTTP 400 invalid_client: bad secret Sup3r%20Secret/Value%2B43 here")
         #expect(echoed("a%2", hiding: "a ") == "HTTP 400 invalid_client: bad secret a%2 here", "a cut escape")
+        #expect(echoed("a%252", hiding: "a/") == "HTTP 400 invalid_client: bad secret a%252 here", "a cut escape")
+        #expect(
+            echoed("50%25dis/count%20k3z", hiding: "50%dis/count k3y")
+                == "HTTP 400 invalid_client: bad secret 50%25dis/count%20k3z here")
     }
 
     /// The detail of a 400 whose `error_description` holds `dressed`, with `secret` hidden.

@@ -1,5 +1,7 @@
 """Upstream sources against a real OAuth 2.0 server (django-oauth-toolkit) and a broken issuer."""
 import base64
+import hashlib
+import hmac
 import json
 import os
 import subprocess
@@ -230,6 +232,36 @@ def test_a_jwt_past_its_exp_or_whose_exp_reads_two_ways_is_a_bad_response(tmp_pa
             status, _, body = broker.request("GET", "/token")
             assert status == 503, body
             assert token not in broker.stderr()
+    finally:
+        issuer.close()
+
+
+@pytest.mark.parametrize("source", ["oauth2", "file"])
+@pytest.mark.parametrize("encoding", ["utf-8-sig", "utf-16", "utf-16-be", "utf-32"])
+def test_a_jwt_whose_header_is_not_utf8_is_still_a_jwt_and_is_refused_past_its_exp(tmp_path, source, encoding):
+    """RFC 7515 wants the header in UTF-8 without a byte order mark, but readers decode other
+    forms: PyJWT takes a header with a BOM, or in UTF-16 or UTF-32, and finds this token expired.
+    The broker took it for an opaque token and served it, for its default lifetime or with no
+    expiry at all."""
+    header = json.dumps({"alg": "HS256", "typ": "JWT"}).encode(encoding)
+    claims = json.dumps({"sub": "s", "exp": int(time.time()) - 3600}).encode()
+    key = b"a-test-key-of-32-bytes-or-more-0"
+    signing_input = jwt.utils.base64url_encode(header) + b"." + jwt.utils.base64url_encode(claims)
+    token = (signing_input + b"." + jwt.utils.base64url_encode(hmac.new(key, signing_input, hashlib.sha256).digest())).decode()
+    with pytest.raises(jwt.ExpiredSignatureError):
+        jwt.decode(token, key, algorithms=["HS256"])
+    issuer = FaultyIssuer()
+    issuer.mode, issuer.body = "body", {"access_token": token}
+    token_file = tmp_path / "token"
+    token_file.write_text(token)
+    settings = {"oauth2": {"type": "oauth2", "tokenURL": issuer.url, "clientID": "c", "clientSecret": "s"},
+                "file": {"type": "file", "path": str(token_file), "lifetimeSec": 600}}[source]
+    try:
+        with Broker({"providers": [{"source": settings, "maxErrorTokenRefreshDelayMsec": 200}]}) as broker:
+            assert wait_until(lambda: readiness(broker).get("last_error") == "bad_response"), readiness(broker)
+            assert "the token is a JWT whose header is not a JSON object" in readiness(broker)["last_error_description"]
+            status, _, body = broker.request("GET", "/token")
+            assert status == 503, body
     finally:
         issuer.close()
 
@@ -568,15 +600,22 @@ def test_an_issuer_that_repeats_the_secrets_sent_gets_none_into_the_log_readyz_o
         issuer.close()
 
 
-def test_a_secret_the_issuer_percent_encodes_again_stays_hidden():
-    secret = "Sup3r Secret/Value+42"
+@pytest.mark.parametrize("secret,fragments", [("Sup3r Secret/Value+42", ["Sup3r", "Value"]),
+                                              ("50%dis/count k3y", ["dis/count", "dis%2Fcount", "k3y"])])
+def test_a_secret_the_issuer_percent_encodes_again_stays_hidden(secret, fragments):
+    """The issuer echoes the secret escaped three ways, the request's form of it escaped again,
+    and for Basic the credentials without their padding. A secret holding '%' was shown whole
+    when escaped (its '%' became '%25'), as were the last two forms."""
     issuer = FaultyIssuer()
     issuer.mode = "echo_encoded"
     oauth2 = {"type": "oauth2", "tokenURL": issuer.url, "clientID": "c", "clientSecret": secret}
     providers = [{"name": "basic", "source": oauth2}, {"name": "post", "source": {**oauth2, "clientAuth": "client_secret_post"}}]
-    # What the issuer writes, made here by Python's urllib as the issuer makes it.
-    hidden = [secret, urllib.parse.quote(secret), urllib.parse.quote(secret, safe="").lower(), "Sup3r", "Value"]
-    assert urllib.parse.quote(secret) == "Sup3r%20Secret/Value%2B42"
+    # What the issuer writes, made here by Python's urllib and base64 as the issuer makes them.
+    form = urllib.parse.quote_plus(secret)
+    basic = base64.b64encode(f"c:{form}".encode()).decode()
+    hidden = [secret, urllib.parse.quote(secret), urllib.parse.quote(secret, safe="").lower(), form,
+              urllib.parse.quote(form, safe=""), basic.rstrip("="), *fragments]
+    forms = {"basic": 5, "post": 4}
     try:
         with Broker({"providers": [{**provider, "maxErrorTokenRefreshDelayMsec": 200} for provider in providers]}) as broker:
             def readiness():
@@ -585,7 +624,8 @@ def test_a_secret_the_issuer_percent_encodes_again_stays_hidden():
             texts = [broker.request("GET", "/readyz", listener="admin")[2].decode(), broker.stderr()]
             texts += [broker.request("GET", f"/providers/{provider['name']}/token")[2].decode() for provider in providers]
             for provider in readiness():
-                assert provider["last_error_description"].endswith("you sent [hidden] and [hidden] and [hidden]"), provider
+                shown = "you sent " + " and ".join(["[hidden]"] * forms[provider["name"]])
+                assert provider["last_error_description"].endswith(shown), provider
             for text in texts:
                 assert not any(value in text for value in hidden), text
     finally:

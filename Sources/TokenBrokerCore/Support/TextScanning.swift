@@ -67,9 +67,10 @@ extension String {
     /// scalars percent-encoded (its UTF-8 bytes as `%HH`, hex digits in either case), or a space
     /// as `+`, as form encoding and RFC 3986 write them, in whatever mix (`a b/c` as `a+b%2Fc`,
     /// `a%20b/c` or `a%20b%2fc`: an issuer may echo the request's form, or encode the secret
-    /// again); and with any scalar that is not visible ASCII (a space, a control character, a
-    /// zero-width or other format character, a combining mark: what a caller's filter would drop
-    /// or replace) inside it. Such a scalar cannot split a secret so that the text, once
+    /// again), or escaped twice (`a%2Bb%252Fc`: the request's form, encoded again); and with any
+    /// scalar that is not visible ASCII (a space, a control character, a zero-width or other
+    /// format character, a combining mark: what a caller's filter would drop or replace) inside
+    /// it. Such a scalar cannot split a secret so that the text, once
     /// filtered, shows it whole; the span from the secret's first scalar to its last becomes
     /// `[hidden]`.
     public func hiding(_ secrets: [String]) -> String {
@@ -77,9 +78,10 @@ extension String {
         guard !needles.isEmpty else { return self }
         let scalars = Array(unicodeScalars)
         var kept = String.UnicodeScalarView()
+        var walk = Walk()
         var index = 0
         while index < scalars.count {
-            if let end = needles.lazy.compactMap({ Self.match($0, in: scalars, at: index) }).first {
+            if let end = needles.lazy.compactMap({ Self.match($0, in: scalars, at: index, &walk) }).first {
                 kept.append(contentsOf: "[hidden]".unicodeScalars)
                 index = end
             } else {
@@ -90,40 +92,88 @@ extension String {
         return String(kept)
     }
 
-    /// Where `needle` ends when it stands at `start` of `text` (see `hiding(_:)`), or nil.
-    private static func match(_ needle: [Unicode.Scalar], in text: [Unicode.Scalar], at start: Int) -> Int? {
-        var position = start
-        var matched = 0
-        while matched < needle.count, position < text.count {
-            let scalar = text[position]
-            if sameIgnoringASCIICase(scalar, needle[matched]) {
-                matched += 1
-                position += 1
-            } else if let end = encoded(needle[matched], in: text, at: position) {
-                matched += 1
-                position = end
-            } else if matched == 0 || (0x21...0x7E).contains(scalar.value) {
-                return nil
-            } else {
-                position += 1
-            }
-        }
-        return matched == needle.count ? position : nil
+    /// The states of `match(_:in:at:_:)`'s walk, kept from one place of the text to the next so
+    /// that each walk does not allocate its own.
+    private struct Walk {
+        var pending: [(matched: Int, position: Int)] = []
+        var visited = Set<Int>()
     }
 
-    /// Where `scalar` ends when it stands encoded at `start` of `text`: its UTF-8 bytes each as
-    /// `%HH` (hex in either case), or `+` for a space; nil otherwise.
-    private static func encoded(_ scalar: Unicode.Scalar, in text: [Unicode.Scalar], at start: Int) -> Int? {
-        if scalar == " ", text[start] == "+" { return start + 1 }
-        func hex(_ scalar: Unicode.Scalar) -> UInt8? { scalar.isASCII ? UInt8(scalar.value).hexDigitValue : nil }
-        var position = start
-        for byte in String(scalar).utf8 {
-            guard position + 2 < text.count, text[position] == "%", let high = hex(text[position + 1]),
-                let low = hex(text[position + 2]), high << 4 | low == byte
-            else { return nil }
-            position += 3
+    /// Where `needle` ends when it stands at `start` of `text` (see `hiding(_:)`), or nil.
+    ///
+    /// A walk over every way the text may spell the needle, since a step can often be taken in
+    /// two (a `%` of the text is the needle's own `%`, or opens an escape of it; a space of the
+    /// text is the needle's space, or one put inside it): each (scalars matched, position) pair
+    /// is visited once, and the walk ends at the first visible ASCII scalar that no way takes.
+    private static func match(_ needle: [Unicode.Scalar], in text: [Unicode.Scalar], at start: Int, _ walk: inout Walk)
+        -> Int?
+    {
+        // Most places start nothing, and are told apart before the walk.
+        guard let first = needle.first, start < text.count,
+            sameIgnoringASCIICase(text[start], first) || startsEncoded(first, in: text, at: start)
+        else { return nil }
+        defer {
+            walk.pending.removeAll(keepingCapacity: true)
+            walk.visited.removeAll(keepingCapacity: walk.visited.capacity <= 256)
         }
-        return position
+        walk.pending.append((0, start))
+        var end: Int?
+        while let (matched, position) = walk.pending.popLast() {
+            if matched == needle.count {
+                end = Swift.max(end ?? position, position)
+                continue
+            }
+            guard position < text.count, walk.visited.insert(matched &* (text.count + 1) &+ position).inserted else {
+                continue
+            }
+            let scalar = text[position]
+            if sameIgnoringASCIICase(scalar, needle[matched]) { walk.pending.append((matched + 1, position + 1)) }
+            forEachEncodedEnd(needle[matched], in: text, at: position) { walk.pending.append((matched + 1, $0)) }
+            if matched > 0, !(0x21...0x7E).contains(scalar.value) { walk.pending.append((matched, position + 1)) }
+        }
+        return end
+    }
+
+    /// Whether `scalar` may stand encoded at `start` of `text`, by its first byte.
+    private static func startsEncoded(_ scalar: Unicode.Scalar, in text: [Unicode.Scalar], at start: Int) -> Bool {
+        if scalar == " ", text[start] == "+" || escaped(UInt8(ascii: "+"), in: text, at: start, twice: false) {
+            return true
+        }
+        guard let byte = scalar.utf8.first else { return false }
+        return escaped(byte, in: text, at: start, twice: false) || escaped(byte, in: text, at: start, twice: true)
+    }
+
+    /// Calls `body` with each place where `scalar` may end when it stands encoded at `start` of
+    /// `text`: its UTF-8 bytes each as `%HH` (hex in either case), or encoded once more as
+    /// `%25HH` (a request's form echoed percent-encoded again); a space as `+`, or `%2B`.
+    private static func forEachEncodedEnd(
+        _ scalar: Unicode.Scalar, in text: [Unicode.Scalar], at start: Int, _ body: (Int) -> Void
+    ) {
+        if scalar == " " {
+            if text[start] == "+" { return body(start + 1) }
+            if escaped(UInt8(ascii: "+"), in: text, at: start, twice: false) { return body(start + 3) }
+        }
+        let bytes = scalar.utf8
+        func step(_ index: Unicode.Scalar.UTF8View.Index, _ position: Int) {
+            guard index < bytes.endIndex else { return body(position) }
+            if escaped(bytes[index], in: text, at: position, twice: false) {
+                step(bytes.index(after: index), position + 3)
+            }
+            if escaped(bytes[index], in: text, at: position, twice: true) {
+                step(bytes.index(after: index), position + 5)
+            }
+        }
+        step(bytes.startIndex, start)
+    }
+
+    /// Whether `byte` stands at `start` of `text` as `%HH`, or with `twice` as `%25HH`.
+    private static func escaped(_ byte: UInt8, in text: [Unicode.Scalar], at start: Int, twice: Bool) -> Bool {
+        func hex(_ scalar: Unicode.Scalar) -> UInt8? { scalar.isASCII ? UInt8(scalar.value).hexDigitValue : nil }
+        let digits = start + (twice ? 3 : 1)
+        guard digits + 1 < text.count, text[start] == "%", !twice || (text[start + 1] == "2" && text[start + 2] == "5"),
+            let high = hex(text[digits]), let low = hex(text[digits + 1])
+        else { return false }
+        return high << 4 | low == byte
     }
 
     private static func sameIgnoringASCIICase(_ a: Unicode.Scalar, _ b: Unicode.Scalar) -> Bool {

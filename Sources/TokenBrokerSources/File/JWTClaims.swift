@@ -6,17 +6,16 @@ public enum JWTClaims {
     /// token) or a JWT without `exp`.
     ///
     /// A token is taken for a JWT when it is three dot-separated parts and the first decodes
-    /// (base64url) to text that opens a JSON object, as every JWS header does. Such a token must
-    /// then be one: its header and claims strict JSON objects, and its `exp`, when there, a
-    /// NumericDate (RFC 7519 §2: a JSON number). A claim set with a repeated member (two `exp`,
-    /// which RFC 7519 §4 lets a reader refuse or read as the last, so that readers disagree), an
-    /// `exp` that is a string or null, or claims that are not JSON are a `bad_response`: such a
-    /// token is never served as if it had no expiry, nor with a lifetime of the source's default.
+    /// (base64url) to text that opens a JSON object, as every JWS header does, in whatever
+    /// encoding a reader would take it (`opensAnObject(_:)`). Such a token must then be one: its
+    /// header and claims strict JSON objects, and its `exp`, when there, a NumericDate (RFC 7519
+    /// §2: a JSON number). A claim set with a repeated member (two `exp`, which RFC 7519 §4 lets a
+    /// reader refuse or read as the last, so that readers disagree), an `exp` that is a string or
+    /// null, or claims that are not JSON are a `bad_response`: such a token is never served as if
+    /// it had no expiry, nor with a lifetime of the source's default.
     public static func expiry(of token: String) throws(TokenFetchError) -> WallTime? {
         let parts = token.split(separator: ".", omittingEmptySubsequences: false)
-        guard parts.count == 3, let header = Base64URL.decode(parts[0]),
-            header.first(where: { ![0x20, 0x09, 0x0A, 0x0D].contains($0) }) == UInt8(ascii: "{")
-        else { return nil }
+        guard parts.count == 3, let header = Base64URL.decode(parts[0]), opensAnObject(header) else { return nil }
         guard case .object? = try? JSONValue(parsing: header) else {
             throw .badResponse("the token is a JWT whose header is not a JSON object")
         }
@@ -41,6 +40,16 @@ public enum JWTClaims {
         case .number(let exp)?: return WallTime(timeIntervalSince1970: exp.value)
         case let other?: throw .badResponse("the token is a JWT whose exp is \(other.typeName), not a NumericDate")
         }
+    }
+
+    /// Whether a header's bytes open a JSON object as some reader would take them: after white
+    /// space, `{`; also after a byte order mark or with NULs around it (`{` in UTF-16 or UTF-32),
+    /// which RFC 7515 does not allow but readers such as PyJWT decode, so that a token whose
+    /// header is written so is a JWT to them, and must not be served as an opaque token here.
+    static func opensAnObject(_ header: [UInt8]) -> Bool {
+        let marks: [[UInt8]] = [[0xEF, 0xBB, 0xBF], [0x00, 0x00, 0xFE, 0xFF], [0xFE, 0xFF], [0xFF, 0xFE]]
+        let text = marks.first(where: header.starts(with:)).map { header.dropFirst($0.count) } ?? header[...]
+        return text.first(where: { ![0x20, 0x09, 0x0A, 0x0D, 0x00].contains($0) }) == UInt8(ascii: "{")
     }
 
     /// How long the token lives from `now` by its `exp` claim; nil when it is not a JWT with one.

@@ -29,10 +29,19 @@ enum TokenEndpointAnswer {
         let status = response.status
         switch status {
         case 200..<300:
-            guard let document = try? JSONValue(parsing: response.body), case .object(let members) = document else {
-                let type =
-                    response.headers["content-type"].map { " (Content-Type: \(issuerText($0, secrets, limit: 60)))" }
-                    ?? ""
+            let type =
+                response.headers["content-type"].map { " (Content-Type: \(issuerText($0, secrets, limit: 60)))" } ?? ""
+            let document: JSONValue
+            do throws(JSONParseError) {
+                document = try JSONValue(parsing: response.body)
+            } catch {
+                // The parser's words (a member given twice, named; where the text went wrong), cut
+                // to printable ASCII as all of the issuer's text is.
+                throw .badResponse(
+                    "the answer is not JSON: \(issuerText(error.description, secrets, limit: 80))\(type)",
+                    httpStatus: status)
+            }
+            guard case .object(let members) = document else {
                 throw .badResponse("the answer is not a JSON object\(type)", httpStatus: status)
             }
             return members

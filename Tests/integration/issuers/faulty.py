@@ -5,7 +5,8 @@ ok, html, no_token, negative, zero, huge, oversized, slow, hang, reset, status_5
 redirect, echo (a 400 whose error_description repeats the request's Authorization, X-Api-Key and
 body, as some issuers do, with DEL and a terminal's CSI in it), echo_encoded (a 400 whose
 error_description repeats the client secret the request sent, percent-encoded again as
-urllib.parse.quote writes it, and with every byte escaped in lower-case hex), body (200 with `body`, a JSON value
+urllib.parse.quote writes it, with every byte escaped in lower-case hex, and the request's
+form of it encoded again; with Basic credentials, also those without their padding), body (200 with `body`, a JSON value
 or bytes, as the test set it). With `tls=(certificate, key)` it speaks HTTPS; with `client_ca` as well, it wants a client
 certificate signed by that CA (mutual TLS), and records the subject of each it saw.
 """
@@ -16,7 +17,7 @@ import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, quote, unquote_plus
+from urllib.parse import quote, unquote_plus
 
 
 class FaultyIssuer:
@@ -98,11 +99,16 @@ class FaultyIssuer:
                              handler.request_body.decode(errors="replace")])
             self.send(handler, 400, {"error": "invalid_client", "error_description": f"you sent {sent} \x7f\x9b31m"})
         elif mode == "echo_encoded":
-            secret = parse_qs(handler.request_body.decode()).get("client_secret", [""])[0]
+            # The secret as the request carried it (form-encoded), in the body or the Basic credentials.
+            sent = dict(field.split("=", 1) for field in handler.request_body.decode().split("&")).get("client_secret", "")
             authorization = handler.headers.get("Authorization", "")
             if authorization.startswith("Basic "):
-                secret = unquote_plus(base64.b64decode(authorization[6:]).decode().split(":", 1)[1])
-            encoded = [quote(secret), quote(secret, safe=""), "".join("%%%02x" % byte for byte in secret.encode())]
+                sent = base64.b64decode(authorization[6:]).decode().split(":", 1)[1]
+            secret = unquote_plus(sent)
+            encoded = [quote(secret), quote(secret, safe=""), "".join("%%%02x" % byte for byte in secret.encode()),
+                       quote(sent, safe="")]  # the request's form, encoded again
+            if authorization.startswith("Basic "):
+                encoded.append(authorization[6:].rstrip("="))  # the credentials without their padding
             self.send(handler, 400, {"error": "invalid_client", "error_description": "you sent " + " and ".join(encoded)})
         elif mode == "body":
             self.served += 1
