@@ -231,6 +231,49 @@ import TokenBrokerCore
         #expect(token.version == 1)
     }
 
+    /// The request whose own fetch brings the issuer's Retry-After is answered then, when its
+    /// wait ends before the Retry-After does, as a request arriving inside it is: it waited its
+    /// whole `maxWaitSec` (10 s in the review that found it, against Retry-After: 120) for a
+    /// fetch that could not start. One whose wait reaches past the Retry-After keeps waiting,
+    /// and a forced refresh is answered the same way, with the current token.
+    @Test func aWaiterWhoseWaitEndsInsideTheRetryAfterItsFetchBroughtIsAnsweredThen() {
+        var harness = MachineHarness(ProviderConfiguration(backgroundRefreshEnabled: false, maxRetryCount: 3))
+        let short = harness.wait(after: nil, for: .seconds(10), onDemand: true)
+        let long = harness.wait(after: nil, for: .seconds(200), onDemand: true)
+        harness.fail(.serverError("busy", httpStatus: 503, retryAfter: .seconds(120)))
+        guard case .exhausted(nil, let error)? = harness.outcomes[short] else {
+            Issue.record("the request whose wait ends inside the Retry-After is answered at once")
+            return
+        }
+        #expect(error?.retryAfter == .seconds(120))
+        #expect(harness.outcomes[long] == nil)
+        harness.runTimers(until: .seconds(121)) { $0.succeed() }
+        #expect(harness.fetchTimes == [.zero, .seconds(120)])
+        guard case .token(let token, _)? = harness.outcomes[long] else {
+            Issue.record("the fetch when the Retry-After ends answers the patient request")
+            return
+        }
+        #expect(token.version == 1)
+
+        var refreshing = MachineHarness(
+            ProviderConfiguration(tokenRefreshDelaySec: 300, maxRetryCount: 0, maxErrorTokenRefreshDelayMsec: 20_000))
+        refreshing.start()
+        refreshing.succeed()
+        guard case .refreshing = refreshing.forceRefresh(rejected: 1) else {
+            Issue.record("a forced refresh of the current token fetches")
+            return
+        }
+        let (forced, actions) = refreshing.machine.addWaiter(
+            after: 1, deadline: refreshing.now.advanced(by: .seconds(8)), forRefresh: true, now: refreshing.now)
+        refreshing.record(actions)
+        refreshing.fail(.rateLimited("slow down", httpStatus: 429, retryAfter: .seconds(60)))
+        guard case .timedOut(let current?, _)? = refreshing.outcomes[forced] else {
+            Issue.record("the forced refresh is answered at once with the current token")
+            return
+        }
+        #expect(current.version == 1)
+    }
+
     @Test func backgroundRefreshIsDueAtTokenRefreshDelayForLongLivedTokens() {
         var harness = MachineHarness(ProviderConfiguration(tokenRefreshDelaySec: 300))
         harness.start()

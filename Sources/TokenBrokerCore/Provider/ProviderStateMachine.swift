@@ -70,6 +70,8 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         var forRefresh: Bool
         /// A failed fetch answers it (`.timedOut`) instead of the retries that follow.
         var endsOnFailedFetch = false
+        /// When its wait ends.
+        var deadline: Instant
     }
 
     // MARK: - Settings
@@ -269,7 +271,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         }
         waiters[id] = Waiter(
             after: requested, kind: onDemand ? .onDemand : .ready, wantsFetch: !backgroundRefresh,
-            forRefresh: forRefresh, endsOnFailedFetch: endsOnFailedFetch)
+            forRefresh: forRefresh, endsOnFailedFetch: endsOnFailedFetch, deadline: deadline)
         deadlines.insert(id, at: deadline)
         // Ask for a token now when nothing valid can satisfy the waiter, unless a fetch or a
         // retry is already planned: a failing issuer keeps its backoff however many wait. Inside
@@ -495,6 +497,27 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
                 fetchDueAt = nil
                 return actions
             }
+        }
+        // A waiter that wants a fetch and whose wait ends before the issuer's Retry-After lets
+        // the next one start gets now what it would get then, as one that arrives now would
+        // (`addWaiter`): on demand, the previous token as when the retries run out; a forced
+        // refresh, the current one.
+        if let notBefore {
+            let heldPast = waiters.filter {
+                $0.value.deadline <= notBefore && ($0.value.kind == .onDemand || $0.value.forRefresh)
+            }
+            for (id, _) in heldPast { waiters[id] = nil }
+            let onDemand = heldPast.compactMap { $0.value.kind == .onDemand ? $0.key : nil }
+            let forRefresh = heldPast.compactMap { $0.value.kind == .onDemand ? nil : $0.key }
+            if !onDemand.isEmpty {
+                actions.append(
+                    .complete(waiters: onDemand, .exhausted(previous: validToken(at: now), lastError: error)))
+            }
+            if !forRefresh.isEmpty {
+                actions.append(
+                    .complete(waiters: forRefresh, .timedOut(current: validToken(at: now), lastError: error)))
+            }
+            dropDeadlinesIfIdle()
         }
         fetchDueAt = now.advanced(
             by: retryPolicy.delay(afterFailures: failures, unit: jitter.next(), retryAfter: error.retryAfter))
