@@ -454,6 +454,7 @@ enum Broker {
                     configuration, address: address, listener: name, connectionLimit: connectionLimit),
                 handler: handler)
             metrics.observeOpenConnections(listener: name) { [weak server] in server?.openConnections ?? 0 }
+            metrics.observeEvictedConnections(listener: name) { [weak server] in server?.evictedConnections ?? 0 }
             compat.append(CompatListener(name: name, address: address, server: server))
         }
         // Weakly: a server's routes hold the metrics, so a strong capture would be a cycle.

@@ -695,6 +695,26 @@ def test_each_protocol_can_have_a_listener_of_its_own(issuer, tmp_key, identity_
         assert "error" not in out, out
 
 
+def test_a_protocols_own_listener_makes_room_near_the_connection_limit_and_counts_it(issuer, tmp_key, identity_header):
+    """A listener of its own closes idle connections near `connectionLimit` as the token listener
+    does, and token_broker_connections_evicted_total has its series (it had none: only the token
+    and admin listeners' were registered)."""
+    config = {**compat_config(issuer, tmp_key, identity_header[1], gce={"listen": "127.0.0.1:0"}), "connectionLimit": 16}
+    with Broker(config) as broker:
+        host, port = listener_address(broker, "gce").rsplit(":", 1)
+        assert ("token_broker_connections_evicted_total", (("listener", "gce"),)) in broker.metrics()
+        idle = []
+        try:
+            for _ in range(30):
+                idle.append(socket.create_connection((host, int(port)), timeout=10))
+                time.sleep(0.01)
+            assert google(f"{host}:{port}", "/computeMetadata/v1/project/project-id")[1].decode() == PROJECT
+        finally:
+            for connection in idle:
+                connection.close()
+        assert broker.metric("token_broker_connections_evicted_total", listener="gce") >= 1
+
+
 # The SDKs' expiry margins
 
 def test_a_token_with_less_than_an_sdk_s_margin_left_is_renewed_before_it_is_served(issuer, tmp_key, identity_header):
