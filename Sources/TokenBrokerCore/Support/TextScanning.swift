@@ -70,9 +70,8 @@ extension String {
     /// again), or escaped twice (`a%2Bb%252Fc`: the request's form, encoded again); and with any
     /// scalar that is not visible ASCII (a space, a control character, a zero-width or other
     /// format character, a combining mark: what a caller's filter would drop or replace) inside
-    /// it. Such a scalar cannot split a secret so that the text, once
-    /// filtered, shows it whole; the span from the secret's first scalar to its last becomes
-    /// `[hidden]`.
+    /// it. Such a scalar cannot split a secret so that the text, once filtered, shows it whole;
+    /// the span from the secret's first scalar to its last becomes `[hidden]`.
     public func hiding(_ secrets: [String]) -> String {
         let needles = secrets.filter { !$0.isEmpty }.map { Array($0.unicodeScalars) }.sorted { $0.count > $1.count }
         guard !needles.isEmpty else { return self }

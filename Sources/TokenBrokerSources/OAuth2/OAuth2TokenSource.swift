@@ -96,7 +96,7 @@ public struct OAuth2TokenSource: TemplatedTokenSource {
             let credentials = FormEncoding.escape(configuration.clientID) + ":" + FormEncoding.escape(secret)
             let encoded = Self.base64(Array(credentials.utf8))
             // Without its padding (an echo may drop it, and `=` tells nothing), and in base64url's alphabet too.
-            let unpadded = String(encoded.utf8.prefix { $0 != UInt8(ascii: "=") }.map { Character(Unicode.Scalar($0)) })
+            let unpadded = String(encoded.prefix { $0 != "=" })
             let urlSafe = String(unpadded.map { $0 == "+" ? "-" : $0 == "/" ? "_" : $0 })
             secrets = [secret, FormEncoding.escape(secret), unpadded, urlSafe]
             headers.append(("Authorization", "Basic " + encoded))
