@@ -9,12 +9,14 @@ import pytest
 
 from broker import Broker, check_sanitizer_reports
 
-# Says where it listens as the broker does, prints its TSAN_OPTIONS, then a report if asked to.
+# Prints its TSAN_OPTIONS, says where it listens as the broker does, then a report at SIGTERM if
+# asked to. The trap and the options come first: Broker() returns, and a test may send SIGTERM, as
+# soon as both listening lines are out, and a shell that had not set its trap yet would die of it.
 STAND_IN = """#!/bin/sh
+trap 'if [ -n "$REPORT" ]; then printf "==1==%s\\nSUMMARY: ThreadSanitizer: data race\\n" "$REPORT" >&2; fi; exit 0' TERM
+echo "TSAN_OPTIONS=$TSAN_OPTIONS ASAN_OPTIONS=$ASAN_OPTIONS" >&2
 echo "msg=listening listener=token address=127.0.0.1:1" >&2
 echo "msg=listening listener=admin address=127.0.0.1:2" >&2
-echo "TSAN_OPTIONS=$TSAN_OPTIONS ASAN_OPTIONS=$ASAN_OPTIONS" >&2
-trap 'if [ -n "$REPORT" ]; then printf "==1==%s\\nSUMMARY: ThreadSanitizer: data race\\n" "$REPORT" >&2; fi; exit 0' TERM
 while :; do sleep 0.05; done
 """
 
