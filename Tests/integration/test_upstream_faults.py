@@ -114,7 +114,15 @@ def test_an_upstream_fault_is_survived_reported_retried_by_the_policy_and_healed
                 assert failures <= len(seen) <= failures + 1
                 gaps = [later - earlier for earlier, later in zip(seen, seen[1:])]
                 least = [hold_msec / 1000 * 0.9 + gap for gap in expected_gaps(len(gaps), retry_after_msec)]
-                assert all(gap >= bound - 0.02 for gap, bound in zip(gaps, least)), list(zip(gaps, least))
+                # The issuer times an attempt as it reads it, some moment after the broker sent it. A
+                # fault that holds the connection is timed out by the broker from its own start, so
+                # that moment comes off the gap to the next attempt (and is added to the gap before):
+                # one stall of the issuer (a busy machine: 100 ms and more) takes it under a tight
+                # bound. Each gap is allowed 0.15 s for that; their sum, in which every such moment
+                # but the first cancels out, is held to the policy within the same 0.15 s.
+                slack = 0.15 if hold_msec else 0.02
+                assert all(gap >= bound - slack for gap, bound in zip(gaps, least)), list(zip(gaps, least))
+                assert sum(gaps) >= sum(least) - slack, (sum(gaps), sum(least), list(zip(gaps, least)))
             state = readyz(broker)[1]["state"]
             assert state != "fresh" and broker.metric("token_broker_provider_state", provider="faults", state=state) == 1
             assert broker.metric("token_broker_provider_state", provider="faults", state="fresh") == 0
