@@ -494,7 +494,9 @@ def test_a_broker_that_read_the_old_record_just_before_another_stored_a_new_one_
     version is not the one the broker read.)"""
     link = SlowLink(redis, delay=0.25)
     try:
-        quick, slow = fleet(1)[0], fleet(1, address=link.address)[0]
+        # Redis calls may take 2 s here: the link's 250 ms beside a 500 ms timeout left a stalled
+        # machine room for the lease call to time out, and the broker to fetch alone (a second fetch).
+        quick, slow = fleet(1, timeoutMsec=2000)[0], fleet(1, address=link.address, timeoutMsec=2000)[0]
         current = refreshed([quick, slow], token(quick)["version"])["version"]  # the next refresh is 3 s away
         before, answers = issuer.requests(), {}
 
