@@ -120,8 +120,11 @@ public enum ErrorAnswer: Sendable, Equatable {
     case methodNotForwarded(method: String, allow: [String])
     /// A body longer than the proxy's `maxBodyBytes` (413 `payload_too_large`).
     case proxyBodyTooLarge(proxy: String, maxBytes: Int)
-    /// No token could be had for the proxied request (503 `token_unavailable`, `Retry-After: 1`).
-    case proxyTokenUnavailable(proxy: String, provider: String)
+    /// No token could be had for the proxied request (503 `token_unavailable`, with `Retry-After`),
+    /// with what `tokenUnavailable` says of the provider: the last upstream error, and what is left
+    /// of the issuer's `Retry-After` (nil: 1 s).
+    case proxyTokenUnavailable(
+        proxy: String, provider: String, lastError: TokenFetchError? = nil, retryAfter: Duration? = nil)
     /// The token cannot be sent as a cookie (502 `token_not_cookie_safe`).
     case tokenNotCookieSafe(proxy: String, provider: String)
     /// The proxy's target did not answer in time (504 `upstream_timeout`).
@@ -292,8 +295,9 @@ public enum ErrorAnswer: Sendable, Equatable {
             "\(String(method.prefix(32))) is not forwarded; allowed: \(allow.joined(separator: ", "))"
         case .proxyBodyTooLarge(let proxy, let maxBytes):
             "proxy \(JSONText.quoted(proxy)) accepts bodies up to \(maxBytes) bytes"
-        case .proxyTokenUnavailable(let proxy, let provider):
+        case .proxyTokenUnavailable(let proxy, let provider, let lastError, _):
             "proxy \(JSONText.quoted(proxy)) has no token from provider \(JSONText.quoted(provider))"
+                + (lastError.map { "; last upstream error: \($0.summary)" } ?? "")
         case .tokenNotCookieSafe(let proxy, let provider):
             "proxy \(JSONText.quoted(proxy)): the token of provider \(JSONText.quoted(provider)) holds a character a cookie value cannot (RFC 6265), so it is not sent"
         case .upstreamTimeout(let proxy, let timeoutMsec):
@@ -312,7 +316,7 @@ public enum ErrorAnswer: Sendable, Equatable {
             [("Allow", allow.joined(separator: ", "))]
         case .malformedHead, .tooManyQueryArguments:
             [("Connection", "close")]
-        case .shuttingDown, .proxyTokenUnavailable:
+        case .shuttingDown:
             [("Retry-After", "1")]
         case .refusedWhileStopping:
             [("Retry-After", "1"), ("Connection", "close")]
@@ -320,7 +324,7 @@ public enum ErrorAnswer: Sendable, Equatable {
             [("WWW-Authenticate", "Bearer realm=\"token-broker\"")]
         case .invalidCallerKey:
             [("WWW-Authenticate", "Bearer realm=\"token-broker\", error=\"invalid_token\"")]
-        case .tokenUnavailable(_, _, _, let retryAfter):
+        case .tokenUnavailable(_, _, _, let retryAfter), .proxyTokenUnavailable(_, _, _, let retryAfter):
             [("Retry-After", String(retryAfter.map(Self.seconds) ?? 1))]
         case .excessiveRefresh(_, _, _, let retryAfter), .tooManyChildren(_, _, let retryAfter):
             [("Retry-After", String(Self.seconds(retryAfter)))]

@@ -135,7 +135,7 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
         case .timedOut, .exhausted, .cancelled, .shuttingDown: token = nil
         }
         guard let token else {
-            finish(with: ErrorAnswer.proxyTokenUnavailable(proxy: name, provider: provider.name).response)
+            finish(with: tokenUnavailable())
             return
         }
         send(token)
@@ -402,6 +402,16 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
     }
 
     // MARK: - Answering
+
+    /// 503 `token_unavailable`, saying what the token routes' says (`TokenAPI.unavailable`): the
+    /// provider's last upstream error, and what is left of the issuer's `Retry-After`, else 1.
+    private func tokenUnavailable() -> HTTPResponse {
+        let status = provider.status()
+        return ErrorAnswer.proxyTokenUnavailable(
+            proxy: name, provider: provider.name, lastError: status.lastError, retryAfter: status.heldOffFor
+        )
+        .response
+    }
 
     private func fail(_ failure: ProxyFailure) {
         finish(with: failure.response(route.configuration, provider: provider.name))

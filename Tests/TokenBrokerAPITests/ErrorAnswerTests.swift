@@ -55,6 +55,13 @@ import TokenBrokerServer
         ),
         (.proxyBodyTooLarge(proxy: "api", maxBytes: 10), 413, "payload_too_large", [:]),
         (.proxyTokenUnavailable(proxy: "api", provider: "p"), 503, "token_unavailable", ["Retry-After": "1"]),
+        // What is left of the issuer's Retry-After, as on the token routes; not always 1.
+        (
+            .proxyTokenUnavailable(
+                proxy: "api", provider: "p", lastError: .rateLimited("x", httpStatus: 503, retryAfter: .seconds(120)),
+                retryAfter: .milliseconds(118_200)),
+            503, "token_unavailable", ["Retry-After": "119"]
+        ),
         (.tokenNotCookieSafe(proxy: "api", provider: "p"), 502, "token_not_cookie_safe", [:]),
         (.upstreamTimeout(proxy: "api", timeoutMsec: 2500), 504, "upstream_timeout", [:]),
         (.upstreamUnreachable(proxy: "api", problem: nil), 502, "upstream_unreachable", [:]),
@@ -174,6 +181,18 @@ import TokenBrokerServer
         #expect(
             failing
                 == #"provider "p" has no valid token; last upstream error: \#(TokenFetchError.unreachable("refused").summary)"#
+        )
+    }
+
+    /// A proxied request's 503 says the provider's last upstream error, as the token routes' does.
+    @Test func theProxysUnavailableTextSaysTheLastUpstreamError() {
+        let failing = ErrorAnswer.proxyTokenUnavailable(
+            proxy: "api", provider: "p", lastError: .unreachable("refused"), retryAfter: .seconds(3)
+        )
+        .description
+        #expect(
+            failing
+                == #"proxy "api" has no token from provider "p"; last upstream error: \#(TokenFetchError.unreachable("refused").summary)"#
         )
     }
 }

@@ -2,7 +2,7 @@
 
 Runs in a thread of the test process on 127.0.0.1. `mode` picks the answer:
 ok, html, no_token, negative, zero, huge, oversized, slow, hang, reset, status_500, status_429,
-redirect, echo (a 400 whose error_description repeats the request's Authorization, X-Api-Key and
+status_503 (503 with `Retry-After: retry_after`, 120 unless the test set it), redirect, echo (a 400 whose error_description repeats the request's Authorization, X-Api-Key and
 body, as some issuers do, with DEL and a terminal's CSI in it), echo_encoded (a 400 whose
 error_description repeats the client secret the request sent, percent-encoded again as
 urllib.parse.quote writes it, with every byte escaped in lower-case hex, and the request's
@@ -24,6 +24,7 @@ class FaultyIssuer:
     def __init__(self, tls=None, client_ca=None):
         self.mode = "ok"
         self.body = {}
+        self.retry_after = "120"
         self.scheme = "https" if tls else "http"
         self.requests = 0
         self.served = 0
@@ -115,6 +116,8 @@ class FaultyIssuer:
             self.send(handler, 200, self.body)
         elif mode == "status_429":
             self.send(handler, 429, {"error": "slow_down"}, headers=[("Retry-After", "2")])
+        elif mode == "status_503":
+            self.send(handler, 503, {"error": "temporarily_unavailable"}, headers=[("Retry-After", self.retry_after)])
 
     def close(self):
         self.server.shutdown()

@@ -1,0 +1,69 @@
+"""Proxy mode while its provider has no token: how long a proxied request waits for one, and the
+503 `token_unavailable` it gets when none comes, which says what `/token`'s says.
+
+The issuer answers 503 with `Retry-After: 120` (FaultyIssuer's status_503), so no token comes
+for two minutes. A proxied request waits at most the shorter of `maxWaitSec` and what is left of
+the proxy's `timeoutMsec`, with or without background refresh. Each request has a client timeout
+well under the old behaviour's wait, so that a broker that waits on fails the test, not hangs it.
+"""
+import json
+import socket
+import time
+
+import pytest
+
+from broker import GUARD, Broker
+from issuers.faulty import FaultyIssuer
+from test_http_api import wait_until
+
+# How long a request may take before the test calls it a wait that was not bounded: the bound
+# here is 2 s, the old wait for an on-demand provider was the fetch's retries (over 100 s with
+# the issuer's Retry-After of 120 s), and for a provider with background refresh `maxWaitSec`.
+CLIENT_TIMEOUT = 30
+
+
+def config(issuer, background, max_wait_sec, timeout_msec):
+    source = {"type": "oauth2", "tokenURL": issuer.url, "clientID": "c", "clientSecret": "s"}
+    return {"maxWaitSec": max_wait_sec,
+            "providers": [{"name": "p", "source": source, "backgroundRefreshEnabled": background}],
+            # Never reached: no token comes, so nothing is forwarded.
+            "proxies": [{"name": "api", "target": issuer.url.rsplit("/", 1)[0] + "/api", "provider": "p",
+                         "timeoutMsec": timeout_msec}]}
+
+
+def timed(broker, path):
+    """(status, headers, body, seconds) of one GET; fails, rather than hangs, past CLIENT_TIMEOUT."""
+    started = time.monotonic()
+    try:
+        status, headers, body = broker.request("GET", path, timeout=CLIENT_TIMEOUT)
+    except (socket.timeout, TimeoutError):
+        pytest.fail(f"GET {path} had no answer within {CLIENT_TIMEOUT} s")
+    return status, headers, body, time.monotonic() - started
+
+
+def last_error(description):
+    return description.partition("; last upstream error: ")[2]
+
+
+def test_a_proxied_token_unavailable_says_the_issuers_retry_after_and_last_error():
+    """The proxy's 503 said `Retry-After: 1` and named no upstream error, where `/token`'s said
+    what is left of the issuer's Retry-After (about 118 s here) and its error: "every 503
+    token_unavailable says so, on every route". With background refresh, whose wait is maxWaitSec."""
+    issuer = FaultyIssuer()
+    issuer.mode = "status_503"
+    try:
+        with Broker(config(issuer, True, 2, 60000)) as broker:
+            status, headers, body, _ = timed(broker, "/proxy/api/x")
+            assert status == 503, body
+            document = json.loads(body)
+            assert document["error"] == "token_unavailable", document
+            assert 60 <= int(headers["retry-after"]) <= 120, headers
+            assert document["error_description"].startswith('proxy "api" has no token from provider "p"; '), document
+            token_status, token_headers, token_body = broker.request("GET", "/providers/p/token",
+                                                                     timeout=CLIENT_TIMEOUT)
+            assert token_status == 503, token_body
+            assert abs(int(token_headers["retry-after"]) - int(headers["retry-after"])) <= 2, (token_headers, headers)
+            said = last_error(document["error_description"])
+            assert said and said == last_error(json.loads(token_body)["error_description"]), (document, token_body)
+    finally:
+        issuer.close()
