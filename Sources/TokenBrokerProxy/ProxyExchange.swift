@@ -6,7 +6,8 @@ import TokenBrokerUpstream
 
 /// One proxied request, from the token to the last byte of the answer.
 ///
-/// 1. Take the provider's token (waiting for one, suspended, if there is none yet).
+/// 1. Take the provider's token (waiting for one, suspended, if there is none yet: at most the
+///    shorter of `maxWaitSec` and what is left of `timeoutMsec`, then 503 `token_unavailable`).
 /// 2. Send the request upstream with the token put in; the answer streams back as it comes.
 /// 3. If the answer's status is in `retryOn` (and has `retryOnHeader`, when set), and the request
 ///    can be sent again exactly (its body was read whole, or it had none): read that answer
@@ -64,7 +65,7 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
     /// The broker's own `Via` (RFC 9110 §7.6.3), added after the caller's headers are filtered,
     /// so that a caller's `Connection` cannot take it off.
     private let via: ProxyHeaders.Field
-    /// When the exchange's `timeoutMsec` is up: a retry waits for a new token no longer.
+    /// When the exchange's `timeoutMsec` is up: no wait for a token, and no attempt, goes past it.
     private let deadline: ContinuousClock.Instant
     private let state = Lock(State())
 
@@ -119,16 +120,23 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
         }
     }
 
+    /// Waits for a token, as the token routes do, at most the shorter of `maxWaitSec` and what
+    /// is left of the exchange's `timeoutMsec` (which covers the whole exchange); then sends the
+    /// request with it, or answers 503 `token_unavailable` as the token routes would.
     /// - Parameter onDemand: `read` said `.onDemand`: wait for a token fetched for this request.
+    ///   Inside the issuer's `Retry-After` no fetch is made: a wait that ends before it is
+    ///   answered at once, as `/token`'s is.
     private func sendWhenTokenReady(onDemand: Bool) async {
         let token: ProxyAPI.Provider.Token?
-        // On demand the proxy waits through the fetch's retries, however long they take, and
-        // a provider stopping meanwhile leaves it without a token, not `shutting_down`.
-        let timeout = onDemand ? Self.throughTheRetries : api.maxWait
+        let timeout = min(api.maxWait, max(.zero, ContinuousClock.now.duration(to: deadline)))
         switch await provider.onTokenReady(after: nil, timeout: timeout, onDemand: onDemand) {
         case .token(let ready, _): token = ready
         // On demand, a fetch that used up its retries falls back to the previous valid token, as `/token` does.
         case .exhausted(let previous?, _) where onDemand: token = previous
+        // A wait that ended with a valid token cached gets it, as `/token`'s does.
+        case .timedOut(let current?, _): token = current
+        // On demand a provider stopping meanwhile leaves the request without a token (503
+        // `token_unavailable`), not `shutting_down`.
         case .shuttingDown where !onDemand:
             finish(with: ErrorAnswer.shuttingDown.response)
             return
@@ -141,9 +149,6 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
         send(token)
     }
 
-    /// The wait of an on-demand fetch: long enough that only the retries running out end it.
-    private static let throughTheRetries = Duration.seconds(86_400 * 365)
-
     private func send(_ token: ProxyAPI.Provider.Token) {
         let settings = route.configuration
         if settings.inject == .cookie, !TokenRules.isCookieValue(token.token.accessToken) {
@@ -151,12 +156,10 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
             return
         }
         var request = UpstreamRequest(method: method, url: url, settings: settings.upstream)
-        // The retry after a refused token gets what is left of the exchange's `timeoutMsec`,
-        // which covers the whole exchange, not that much again.
-        if state.withLock({ $0.attempt }) > 0 {
-            let left = ContinuousClock.now.duration(to: deadline)
-            request.settings.timeoutMsec = max(1, Int(clamping: left.wholeMilliseconds))
-        }
+        // Each attempt gets what is left of the exchange's `timeoutMsec`, which covers the whole
+        // exchange (a wait for a token, a refused answer and the retry after it), not that much again.
+        let left = ContinuousClock.now.duration(to: deadline)
+        request.settings.timeoutMsec = max(1, Int(clamping: left.wholeMilliseconds))
         request.headers = ProxyHeaders.forward(
             headers, token: token.token.accessToken, injection: settings.inject, overwrite: settings.overwrite,
             cookieName: provider.configuration.cookie.tokenCookieName,

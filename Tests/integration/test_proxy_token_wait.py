@@ -67,3 +67,37 @@ def test_a_proxied_token_unavailable_says_the_issuers_retry_after_and_last_error
             assert said and said == last_error(json.loads(token_body)["error_description"]), (document, token_body)
     finally:
         issuer.close()
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["on_demand", "background_refresh"])
+@pytest.mark.parametrize("max_wait_sec,timeout_msec", [(2, 60000), (60, 2000)], ids=["maxWaitSec", "timeoutMsec"])
+def test_a_proxied_request_without_a_token_gets_the_token_routes_503_within_its_wait(background, max_wait_sec,
+                                                                                    timeout_msec):
+    """Without background refresh the proxy waited through the on-demand fetch's retries (156 s
+    with this issuer, whatever maxWaitSec and timeoutMsec said); with it, maxWaitSec whatever
+    timeoutMsec said. Its 503 said `Retry-After: 1` and not the issuer's error, where every 503
+    token_unavailable says what is left of the issuer's Retry-After and the last upstream error."""
+    issuer = FaultyIssuer()
+    issuer.mode = "status_503"
+    try:
+        with Broker(config(issuer, background, max_wait_sec, timeout_msec)) as broker:
+            status, headers, body, _ = timed(broker, "/proxy/api/x")
+            assert status == 503, body
+            document = json.loads(body)
+            assert document["error"] == "token_unavailable", document
+            assert 60 <= int(headers["retry-after"]) <= 120, headers
+            assert document["error_description"].startswith('proxy "api" has no token from provider "p"'), document
+            assert last_error(document["error_description"]), document
+            # The token route says the same, from the same provider state.
+            token_status, token_headers, token_body = broker.request("GET", "/providers/p/token",
+                                                                     timeout=CLIENT_TIMEOUT)
+            assert token_status == 503, token_body
+            assert abs(int(token_headers["retry-after"]) - int(headers["retry-after"])) <= 2, (token_headers, headers)
+            assert last_error(json.loads(token_body)["error_description"]) == last_error(document["error_description"])
+            # Inside the issuer's Retry-After no fetch is made: a later request waits no longer.
+            status, headers, body, _ = timed(broker, "/proxy/api/x")
+            assert status == 503 and 60 <= int(headers["retry-after"]) <= 120, (status, headers, body)
+            assert broker.metric("token_broker_proxy_requests_total", proxy="api", code="503") == 2
+            assert issuer.requests == 1, "the issuer's Retry-After holds fetches off"
+    finally:
+        issuer.close()
