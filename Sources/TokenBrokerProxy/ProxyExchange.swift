@@ -49,6 +49,9 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
         var responder: (any HTTPResponding)?
         var clientGone = false
         var rejectedVersion: UInt64 = 0
+        /// The task waiting for a token (the first, or the retry's new one), which the client's
+        /// going away cancels (`whileConnected`).
+        var waiting: Task<Void, Never>?
     }
 
     private static let rejectedBodyLimit = 64 * 1024
@@ -101,11 +104,13 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
     func start(_ responder: any HTTPResponding) {
         state.withLock { $0.responder = responder }
         responder.whenConnectionEnds { [self] in
-            let upstream = state.withLock { state -> UpstreamExchange? in
+            let (upstream, waiting) = state.withLock { state -> (UpstreamExchange?, Task<Void, Never>?) in
                 state.clientGone = true
-                return state.upstream
+                defer { state.waiting = nil }
+                return (state.upstream, state.waiting)
             }
             upstream?.cancel()
+            waiting?.cancel()
             if case .streamed(let stream, _) = body { stream.close() }
         }
         if case .streamed(let stream, _) = body {
@@ -113,11 +118,22 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
         }
         switch provider.read() {
         case .token(let token, _, _): send(token)
-        case .unavailable: Task { await self.sendWhenTokenReady(onDemand: false) }
+        case .unavailable: whileConnected { await self.sendWhenTokenReady(onDemand: false) }
         // Without background refresh the proxy reuses the last token fetched for it while valid.
         case .onDemand(let cached?): send(cached)
-        case .onDemand(nil): Task { await self.sendWhenTokenReady(onDemand: true) }
+        case .onDemand(nil): whileConnected { await self.sendWhenTokenReady(onDemand: true) }
         }
+    }
+
+    /// Runs `work` (a wait for a token) in a task that the client's going away cancels: the wait
+    /// ends then, and the provider no longer counts it among its waiters.
+    private func whileConnected(_ work: @escaping @Sendable () async -> Void) {
+        let task = Task { await work() }
+        let gone = state.withLock { state -> Bool in
+            if !state.clientGone { state.waiting = task }
+            return state.clientGone
+        }
+        if gone { task.cancel() }
     }
 
     /// Waits for a token, as the token routes do, at most the shorter of `maxWaitSec` and what
@@ -345,10 +361,8 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
         case .streaming(let stream):
             stream.finish(failed: error != nil)
         case .collecting(let status, let headers, let length, let body) where error == nil:
-            Task {
-                await self.retry(
-                    rejected: self.wholeAnswer(status: status, headers: headers, length: length, body: body))
-            }
+            let rejected = wholeAnswer(status: status, headers: headers, length: length, body: body)
+            whileConnected { await self.retry(rejected: rejected) }
         case .collecting, .waiting:
             if case .streamed(let stream, _) = body, stream.isTooLarge {
                 fail(.bodyTooLarge)

@@ -101,3 +101,29 @@ def test_a_proxied_request_without_a_token_gets_the_token_routes_503_within_its_
             assert issuer.requests == 1, "the issuer's Retry-After holds fetches off"
     finally:
         issuer.close()
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["on_demand", "background_refresh"])
+def test_a_client_that_hangs_up_while_its_proxied_request_waits_for_a_token_stops_waiting(background):
+    """The wait went on after the client had gone, to its end (60 s here; on demand, before the
+    wait was bounded, through the fetch's retries), counted in token_broker_longpoll_waiters all
+    along: nothing cancelled the task that waited. The bound alone does not fix it."""
+    issuer = FaultyIssuer()
+    issuer.mode = "status_503"
+    try:
+        with Broker(config(issuer, background, 60, 60000)) as broker:
+            def waiters():
+                return broker.metric("token_broker_longpoll_waiters", provider="p")
+
+            host, port = broker.addresses["token"].rsplit(":", 1)
+            client = socket.create_connection((host, int(port)), timeout=10)
+            try:
+                guard = "".join(f"{name}: {value}\r\n" for name, value in GUARD.items())
+                client.sendall(f"GET /proxy/api/x HTTP/1.1\r\nHost: b\r\n{guard}\r\n".encode())
+                assert wait_until(lambda: waiters() == 1, timeout=15), waiters()
+            finally:
+                client.close()
+            assert wait_until(lambda: waiters() == 0, timeout=15), \
+                "a client that hung up is still counted as waiting for a token"
+    finally:
+        issuer.close()
