@@ -151,12 +151,11 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
         case .exhausted(let previous?, _) where onDemand: token = previous
         // A wait that ended with a valid token cached gets it, as `/token`'s does.
         case .timedOut(let current?, _): token = current
-        // On demand a provider stopping meanwhile leaves the request without a token (503
-        // `token_unavailable`), not `shutting_down`.
-        case .shuttingDown where !onDemand:
+        // The broker stopping, or a reload removing the provider: as every waiting request.
+        case .shuttingDown:
             finish(with: ErrorAnswer.shuttingDown.response)
             return
-        case .timedOut, .exhausted, .cancelled, .shuttingDown: token = nil
+        case .timedOut, .exhausted, .cancelled: token = nil
         }
         guard let token else {
             finish(with: tokenUnavailable())

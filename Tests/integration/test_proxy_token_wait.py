@@ -7,7 +7,9 @@ the proxy's `timeoutMsec`, with or without background refresh. Each request has 
 well under the old behaviour's wait, so that a broker that waits on fails the test, not hangs it.
 """
 import json
+import signal
 import socket
+import threading
 import time
 
 import pytest
@@ -125,5 +127,28 @@ def test_a_client_that_hangs_up_while_its_proxied_request_waits_for_a_token_stop
                 client.close()
             assert wait_until(lambda: waiters() == 0, timeout=15), \
                 "a client that hung up is still counted as waiting for a token"
+    finally:
+        issuer.close()
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["on_demand", "background_refresh"])
+def test_a_proxied_request_waiting_for_a_token_when_the_broker_stops_gets_shutting_down(background):
+    """README (Signals, step 2): "proxied requests still waiting for their first token, are
+    answered at once with 503 shutting_down". On demand the proxy answered token_unavailable."""
+    issuer = FaultyIssuer()
+    issuer.mode = "status_503"
+    try:
+        with Broker(config(issuer, background, 60, 60000)) as broker:
+            answers = []
+            waiting = threading.Thread(target=lambda: answers.append(timed(broker, "/proxy/api/x")))
+            waiting.start()
+            assert wait_until(lambda: broker.metric("token_broker_longpoll_waiters", provider="p") == 1, timeout=15)
+            broker.process.send_signal(signal.SIGTERM)
+            waiting.join(CLIENT_TIMEOUT + 5)
+            assert answers, "no answer"
+            status, headers, body, _ = answers[0]
+            assert status == 503 and json.loads(body)["error"] == "shutting_down", (status, body)
+            assert headers["retry-after"] == "1", headers
+            assert broker.process.wait(timeout=15) == 0
     finally:
         issuer.close()
