@@ -109,9 +109,10 @@ def test_a_proxied_request_without_a_token_gets_the_token_routes_503_within_its_
 def test_a_client_that_hangs_up_while_its_proxied_request_waits_for_a_token_stops_waiting(background):
     """The wait went on after the client had gone, to its end (60 s here; on demand, before the
     wait was bounded, through the fetch's retries), counted in token_broker_longpoll_waiters all
-    along: nothing cancelled the task that waited. The bound alone does not fix it."""
+    along: nothing cancelled the task that waited. The bound alone does not fix it. (The issuer's
+    Retry-After is 5 s here: one past the wait's end answers an on-demand request at once.)"""
     issuer = FaultyIssuer()
-    issuer.mode = "status_503"
+    issuer.mode, issuer.retry_after = "status_503", "5"
     try:
         with Broker(config(issuer, background, 60, 60000)) as broker:
             def waiters():
@@ -134,9 +135,11 @@ def test_a_client_that_hangs_up_while_its_proxied_request_waits_for_a_token_stop
 @pytest.mark.parametrize("background", [False, True], ids=["on_demand", "background_refresh"])
 def test_a_proxied_request_waiting_for_a_token_when_the_broker_stops_gets_shutting_down(background):
     """README (Signals, step 2): "proxied requests still waiting for their first token, are
-    answered at once with 503 shutting_down". On demand the proxy answered token_unavailable."""
+    answered at once with 503 shutting_down". On demand the proxy answered token_unavailable.
+    (The issuer's Retry-After is 5 s here: one past the wait's end answers an on-demand request
+    at once, and there would be nobody waiting.)"""
     issuer = FaultyIssuer()
-    issuer.mode = "status_503"
+    issuer.mode, issuer.retry_after = "status_503", "5"
     try:
         with Broker(config(issuer, background, 60, 60000)) as broker:
             answers = []
