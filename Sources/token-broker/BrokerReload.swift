@@ -356,6 +356,18 @@ extension Broker {
                 let sinks = try makeSinks(
                     old.configuration, directories: directories, providers: old.providers, events: recordWrite)
                 running.sinks = startSinks(sinks)
+                // The restored writers write their files again before the reload answers, so that
+                // a reload that did not take leaves no file not ready in /readyz meanwhile (its
+                // token is at hand: a moment). At most a second, or to the deadline; a stop
+                // signal is left for the main loop.
+                let until = min(deadline, ContinuousClock.now.advanced(by: .seconds(1)))
+                while ContinuousClock.now < until,
+                    sinks.runners.contains(where: {
+                        readyBefore.contains($0.configuration.path) && !$0.status().holdsValidToken
+                    })
+                {
+                    usleep(5_000)
+                }
             } catch {
                 Log.error(
                     "token files not started again after a reload that did not take", ["problem": error.description])
