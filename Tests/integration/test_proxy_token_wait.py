@@ -47,30 +47,6 @@ def last_error(description):
     return description.partition("; last upstream error: ")[2]
 
 
-def test_a_proxied_token_unavailable_says_the_issuers_retry_after_and_last_error():
-    """The proxy's 503 said `Retry-After: 1` and named no upstream error, where `/token`'s said
-    what is left of the issuer's Retry-After (about 118 s here) and its error: "every 503
-    token_unavailable says so, on every route". With background refresh, whose wait is maxWaitSec."""
-    issuer = FaultyIssuer()
-    issuer.mode = "status_503"
-    try:
-        with Broker(config(issuer, True, 2, 60000)) as broker:
-            status, headers, body, _ = timed(broker, "/proxy/api/x")
-            assert status == 503, body
-            document = json.loads(body)
-            assert document["error"] == "token_unavailable", document
-            assert 60 <= int(headers["retry-after"]) <= 120, headers
-            assert document["error_description"].startswith('proxy "api" has no token from provider "p"; '), document
-            token_status, token_headers, token_body = broker.request("GET", "/providers/p/token",
-                                                                     timeout=CLIENT_TIMEOUT)
-            assert token_status == 503, token_body
-            assert abs(int(token_headers["retry-after"]) - int(headers["retry-after"])) <= 2, (token_headers, headers)
-            said = last_error(document["error_description"])
-            assert said and said == last_error(json.loads(token_body)["error_description"]), (document, token_body)
-    finally:
-        issuer.close()
-
-
 @pytest.mark.parametrize("background", [False, True], ids=["on_demand", "background_refresh"])
 @pytest.mark.parametrize("max_wait_sec,timeout_msec", [(2, 60000), (60, 2000)], ids=["maxWaitSec", "timeoutMsec"])
 def test_a_proxied_request_without_a_token_gets_the_token_routes_503_within_its_wait(background, max_wait_sec,
