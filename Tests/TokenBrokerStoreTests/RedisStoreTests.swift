@@ -674,21 +674,26 @@ private final class Reachability: Sendable {
         }
     }
 
-    @Test func aBrokerWaitingOnALeaseGivesUpWhenItsTaskIsCancelled() async throws {
+    /// A broker waiting on a live lease waits until its task is cancelled, and fetches nothing.
+    /// With a shorter `leaseMsec` than the holder's (a fleet in the middle of changing it) it
+    /// waits for the holder as any broker does: comparing what the lease had left with its own
+    /// `leaseMsec`, it once took a live lease over, and both fetched.
+    @Test(arguments: [60_000, 1000])
+    func aBrokerWaitingOnALiveLeaseFetchesNothingAndGivesUpWhenCancelled(_ waitingLeaseMsec: Int) async throws {
         try await withRedis { server, fleet in
             let holder = try fleet.store { $0.leaseMsec = 60_000 }
-            let waiting = try fleet.store { $0.leaseMsec = 60_000 }
+            let waiting = try fleet.store { $0.leaseMsec = waitingLeaseMsec }
+            // A failed fetch keeps the lease, for the holder's retries.
             let failing = Issuer("a", failures: 1)
             _ = await holder.fetchForFleet("orders", settings: "s", current: 0, forced: false, fetch: failing.fetch)
             let other = Issuer("b")
             let wait = Task {
                 await waiting.fetchForFleet("orders", settings: "s", current: 0, forced: false, fetch: other.fetch)
             }
-            try await Task.sleep(for: .milliseconds(300))
+            try await Task.sleep(for: .milliseconds(700))
             wait.cancel()
-            let result = await wait.value
-            #expect(result.failure?.description == "timeout")
-            #expect(other.calls == 0)
+            #expect(await wait.value.failure?.description == "timeout", "it waited until cancelled")
+            #expect(other.calls == 0, "the holder's lease is not taken over")
         }
     }
 
@@ -736,27 +741,6 @@ private final class Reachability: Sendable {
             #expect(issuer.calls == 1)
             #expect(try server.bytes(lease) == nil, "taken over, then let go once the record was stored")
             #expect(try storedRecord(server, "orders")?.accessToken == "a-token-1")
-        }
-    }
-
-    /// A broker configured with a shorter lease than the holder's (a fleet in the middle of
-    /// changing `leaseMsec`) waits for the holder as any broker does: comparing what the lease
-    /// had left with its own `leaseMsec`, it once took a live lease over, and both fetched.
-    @Test func aLeaseLongerThanThisBrokersOwnIsWaitedOn() async throws {
-        try await withRedis { server, fleet in
-            let holder = try fleet.store { $0.leaseMsec = 60_000 }
-            let shorter = try fleet.store { $0.leaseMsec = 1000 }
-            // A failed fetch keeps the lease, for the holder's retries.
-            let failing = Issuer("a", failures: 1)
-            _ = await holder.fetchForFleet("orders", settings: "s", current: 0, forced: false, fetch: failing.fetch)
-            let other = Issuer("b")
-            let asking = Task {
-                await shorter.fetchForFleet("orders", settings: "s", current: 0, forced: false, fetch: other.fetch)
-            }
-            try await Task.sleep(for: .milliseconds(700))
-            asking.cancel()
-            #expect(await asking.value.failure?.description == "timeout", "it waited until cancelled")
-            #expect(other.calls == 0, "the holder's lease is not taken over")
         }
     }
 
