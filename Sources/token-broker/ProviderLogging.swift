@@ -103,6 +103,23 @@ extension ProviderEvents {
                     Log.info("token from the fleet", ["provider": name, "version": version, "token": fingerprint])
                 }
             },
+            refusedFromFleet: { name, record, problem in
+                metrics.recordStoreOperation("record", result: "refused")
+                let message = "token from the fleet refused; fetching"
+                let version = String(record.version)
+                let fingerprint = Fingerprint.of(record.accessToken)
+                if let child {
+                    Log.warning(
+                        message,
+                        [
+                            "provider": name, "values": child.description, "version": version,
+                            "token": fingerprint, "problem": problem,
+                        ])
+                } else {
+                    Log.warning(
+                        message, ["provider": name, "version": version, "token": fingerprint, "problem": problem])
+                }
+            },
             fetchedFor: { _, origin in
                 switch origin {
                 case .fetchedForFleet: metrics.recordStoreFetch(for: "fleet")

@@ -582,6 +582,7 @@ private final class FakeFleetStore: SharedTokenStore {
 
     func fetchForFleet(
         _ key: String, settings: String, current: UInt64, forced: Bool,
+        accepts: @escaping @Sendable (StoredToken) -> Bool,
         fetch: @escaping @Sendable () async throws(TokenFetchError) -> FetchedToken
     ) async -> Result<SharedFetch, TokenFetchError> {
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
@@ -597,8 +598,19 @@ private final class FakeFleetStore: SharedTokenStore {
         }
         let (chosen, stored) = state.withLock { ($0.mode, $0.stored) }
         switch chosen {
-        case .fromFleet(let record):
+        case .fromFleet(let record) where accepts(record):
             return .success(SharedFetch(record: record, origin: .fromFleet, fetched: nil))
+        case .fromFleet:
+            // Refused by the provider: fetched past, as Redis's store does.
+            do {
+                let token = try await fetch()
+                return .success(
+                    SharedFetch(
+                        record: record(of: token, version: current + 1, settings: settings),
+                        origin: .fetchedForFleet, fetched: token))
+            } catch {
+                return .failure(error)
+            }
         case .fail(let error):
             return .failure(error)
         case .fetch(let origin):
@@ -612,7 +624,9 @@ private final class FakeFleetStore: SharedTokenStore {
                 return .failure(error)
             }
         case .likeRedis:
-            if let stored, stored.settings == settings, stored.version > current, stored.isValid(at: wallClock()) {
+            if let stored, stored.settings == settings, stored.version > current, stored.isValid(at: wallClock()),
+                accepts(stored)
+            {
                 return .success(SharedFetch(record: stored, origin: .fromFleet, fetched: nil))
             }
             do {
@@ -660,6 +674,8 @@ private final class FleetReports: Sendable {
         var fetched: [Result<(FetchedToken, UInt64), TokenFetchError>] = []
         var fromFleet: [StoredToken] = []
         var fetchedFor: [SharedFetch.Origin] = []
+        var refused: [(version: UInt64, problem: String)] = []
+        var loads: [StoreLoad] = []
         var names: Set<String> = []
     }
 
@@ -673,11 +689,15 @@ private final class FleetReports: Sendable {
                     $0.names.insert(name)
                 }
             },
+            storeLoaded: { _, load, _ in self.all.withLock { $0.loads.append(load) } },
             fromFleet: { name, record in
                 self.all.withLock {
                     $0.fromFleet.append(record)
                     $0.names.insert(name)
                 }
+            },
+            refusedFromFleet: { _, record, problem in
+                self.all.withLock { $0.refused.append((record.version, problem)) }
             },
             fetchedFor: { name, origin in
                 self.all.withLock {
@@ -697,6 +717,8 @@ private final class FleetReports: Sendable {
     var fetchFailures: Int { all.withLock { $0.fetched.filter { (try? $0.get()) == nil }.count } }
     var fromFleet: [StoredToken] { all.withLock { $0.fromFleet } }
     var fetchedFor: [SharedFetch.Origin] { all.withLock { $0.fetchedFor } }
+    var refused: [(version: UInt64, problem: String)] { all.withLock { $0.refused } }
+    var loads: [StoreLoad] { all.withLock { $0.loads } }
     var names: Set<String> { all.withLock { $0.names } }
 }
 
@@ -893,6 +915,63 @@ private final class SameTokenSource: TokenSource {
             #expect(setup.reports.fetchedFor.isEmpty)
             #expect(setup.store.saves.isEmpty, "a shared store keeps its records itself")
             #expect(setup.reports.names == ["orders"])
+        }
+    }
+
+    // MARK: - Records whose tokens this provider refuses
+
+    /// With `setTokenCookie`, a token that could end the cookie (`;` starts an attribute).
+    private static let cookieConfiguration: ProviderConfiguration = {
+        var cookie = CookieSettings()
+        cookie.setTokenCookie = true
+        return ProviderConfiguration(name: "orders", tokenRefreshDelaySec: 300, cookie: cookie)
+    }()
+
+    /// Another broker (its `setTokenCookie` off, or an older version) stored a token this one
+    /// would have refused from its source: neither the record read at start, nor one the watch
+    /// delivers, nor one a fetch through the fleet finds, is served. The fetch goes past it to
+    /// the source, and each refused record is reported once.
+    @Test(arguments: [
+        ("x;Domain=evil.example", cookieConfiguration, "cookie"),
+        ("line\r\nbreak", ProviderConfiguration(name: "orders", tokenRefreshDelaySec: 300), "visible ASCII"),
+    ])
+    func aRecordWhoseTokenBreaksThisProvidersRulesIsNotServed(
+        token: String, configuration: ProviderConfiguration, rule: String
+    ) async {
+        let bad = fleetRecord(version: 4, issuedSecondsAgo: 5, lifetime: 100, accessToken: token, settings: "s1")
+        let setup = Setup(.fromFleet(bad), load: .found(bad), configuration: configuration)
+        let provider = setup.provider
+        await withRunning(provider) {
+            guard case .token(let served, _) = await provider.onTokenReady(timeout: .seconds(30)) else {
+                Issue.record("the source's token should be served")
+                return
+            }
+            #expect(served.token.accessToken == "token-1")
+            #expect(served.version > 4, "numbered after the refused record")
+            #expect(setup.fetchCount == 1)
+            #expect(setup.store.calls.count == 1)
+            guard case .refused(let reason)? = setup.reports.loads.first else {
+                Issue.record("the record read at start should be refused, not \(setup.reports.loads)")
+                return
+            }
+            #expect(reason.contains(rule))
+            #expect(setup.reports.refused.map(\.version) == [4], "the fetch's refusal, reported once")
+            #expect(setup.reports.refused.allSatisfy { $0.problem.contains(rule) })
+            #expect(setup.reports.fetchedFor == [.fetchedForFleet])
+
+            #expect(await eventually { setup.store.watchers.count == 1 })
+            let newer = fleetRecord(version: 9, lifetime: 100, accessToken: token + "2", settings: "s1")
+            setup.store.deliver(newer, key: "orders")
+            setup.store.deliver(newer, key: "orders")
+            #expect(currentToken(provider)?.token.accessToken == "token-1")
+            #expect(setup.reports.refused.map(\.version) == [4, 9], "each record reported once")
+            #expect(setup.reports.fromFleet.isEmpty)
+
+            // A record this provider accepts is still served from the fleet.
+            let good = fleetRecord(version: 10, lifetime: 100, accessToken: "fine", settings: "s1")
+            setup.store.deliver(good, key: "orders")
+            #expect(currentToken(provider)?.token.accessToken == "fine")
+            #expect(setup.reports.fromFleet == [good])
         }
     }
 

@@ -206,6 +206,18 @@ private final class CurrentTokenIssuer: TokenSource {
     }
 }
 
+extension RedisTokenStore {
+    /// A fetch for a provider that accepts every record (what it refuses is
+    /// `aRecordTheProviderRefusesIsFetchedPastAndReplaced`'s, and the provider's own tests').
+    func fetchForFleet(
+        _ key: String, settings: String, current: UInt64, forced: Bool,
+        fetch: @escaping @Sendable () async throws(TokenFetchError) -> FetchedToken
+    ) async -> Result<SharedFetch, TokenFetchError> {
+        await fetchForFleet(
+            key, settings: settings, current: current, forced: forced, accepts: { _ in true }, fetch: fetch)
+    }
+}
+
 /// The stores of a test, one per "broker", on its server: each is stopped at the end (`stop()`).
 private final class Fleet: Sendable {
     let server: RedisServer
@@ -574,6 +586,36 @@ private final class Reachability: Sendable {
             #expect(changed.origin == .fetchedForFleet)
             #expect(issuerC.calls == 1)
             #expect(try storedRecord(server, "orders")?.settings == "new")
+        }
+    }
+
+    /// A record the provider refuses (its token breaks this broker's rules, `TokenRules`) is
+    /// fetched past as an older one is: this broker takes the lease, fetches, and replaces it.
+    @Test func aRecordTheProviderRefusesIsFetchedPastAndReplaced() async throws {
+        try await withRedis { server, fleet in
+            let first = try fleet.store()
+            let second = try fleet.store()
+            guard
+                let fetched = success(
+                    await first.fetchForFleet(
+                        "orders", settings: "s", current: 0, forced: false, fetch: Issuer("a").fetch))
+            else { return }
+            let offered = Mutex<[UInt64]>([])
+            let issuer = Issuer("b")
+            guard
+                let refetched = success(
+                    await second.fetchForFleet(
+                        "orders", settings: "s", current: 0, forced: false,
+                        accepts: { record in
+                            offered.withLock { $0.append(record.version) }
+                            return record.accessToken != fetched.record.accessToken
+                        }, fetch: issuer.fetch))
+            else { return }
+            #expect(offered.withLock { $0 } == [fetched.record.version], "the record was offered once")
+            #expect(refetched.origin == .fetchedForFleet)
+            #expect(issuer.calls == 1)
+            #expect(refetched.record.version > fetched.record.version)
+            #expect(same(try storedRecord(server, "orders"), refetched.record))
         }
     }
 

@@ -806,6 +806,44 @@ def test_a_broker_with_another_key_file_fetches_for_itself_and_no_broker_serves_
     assert issuer.requests() - before <= 2 * (3 / 0.75 + 1) + 1
 
 
+def test_a_record_holding_a_token_this_broker_would_refuse_is_fetched_past_and_replaced(issuer, redis, key, fleet):
+    """A record sealed with the fleet's key and settings whose token breaks this broker's rules
+    (`x;Domain=…` where `setTokenCookie` is on: another broker with it off, or of an older version,
+    may store one). A forced refresh finds it newer than the token held; the broker does not serve
+    it (before, its `Set-Cookie` ended early and gained a `Domain`), takes the lease, fetches, and
+    replaces it."""
+    broker = fleet(1, provider={"setTokenCookie": True})[0]
+    current = token(broker)
+    record = redis.command("GET", f"token-broker:record:{HASH}")
+    document = json.loads(AESGCM(key[0]).decrypt(record[16:28], record[28:], record[:16] + b"default"))
+    forged, version, now_ms = "forged;Domain=evil.example", current["version"] + 5, int(time.time() * 1000)
+    SEEN.add(forged)
+    document.update(access_token=forged, issued_at_ms=now_ms - 1000, expires_at_ms=now_ms + 60_000)
+    header, nonce = b"TBSTORE1" + version.to_bytes(8, "big"), os.urandom(12)
+    sealed = header + nonce + AESGCM(key[0]).encrypt(nonce, json.dumps(document).encode(), header + b"default")
+    name = f"token-broker:record:{HASH}".encode()
+    with redis.connect() as connection:  # SET with a binary value (`RedisServer.command` sends text)
+        connection.sendall(b"*5\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n$2\r\nPX\r\n$5\r\n60000\r\n"
+                           % (len(name), name, len(sealed), sealed))
+        assert read_reply(connection.makefile("rb")) == "OK"
+    status, _, body = broker.request(
+        "POST", "/token/refresh", body=json.dumps({"rejected_version": current["version"]}).encode())
+    assert status == 200, body
+    answer = json.loads(body)
+    SEEN.add(answer["access_token"])
+    assert answer["access_token"] != forged and sha256(answer["access_token"]) in issuer.issued()
+    assert answer["version"] > version and "evil" not in answer["set_cookie"]
+    refused = lines(broker, "token from the fleet refused; fetching")
+    assert len(refused) == 1 and "level=warn" in refused[0], broker.stderr()
+    assert f"version={version} " in refused[0] and fingerprint(forged) in refused[0], refused[0]
+    assert "a cookie value cannot" in refused[0], refused[0]
+    assert broker.metric(OPS, operation="record", result="refused") == 1
+    assert not lines(broker, "token from the fleet")
+    stored = redis.command("GET", f"token-broker:record:{HASH}")
+    assert json.loads(AESGCM(key[0]).decrypt(stored[16:28], stored[28:], stored[:16] + b"default"))["access_token"] \
+        == answer["access_token"], "the refused record is replaced"
+
+
 # What Redis holds
 
 def test_redis_holds_no_token_and_no_secret_in_clear_in_its_values_or_its_traffic(issuer, redis, key, fleet):

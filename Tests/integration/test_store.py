@@ -372,6 +372,39 @@ def test_a_foreign_or_corrupt_record_is_refused_with_a_warning_and_a_normal_fetc
     assert store.read("beta")[1]["access_token"] == served["access_token"], "the bad record is replaced"
 
 
+@pytest.mark.parametrize("change, provider, rule", [
+    ({"access_token": "forged;Domain=evil.example"}, {"setTokenCookie": True}, "a cookie value cannot"),
+    ({"access_token": "forged\r\nX-Injected: 1"}, {}, "other than visible ASCII"),
+    ({"token_type": "Bearer\r\nX-Injected: 1"}, {}, "token_type is not an RFC 6749 type name"),
+    ({"scope": "api\u202eipa"}, {}, "scope is not an RFC 6749 scope"),
+], ids=["cookie-breaking token, setTokenCookie on", "line break in the token", "line break in the type",
+        "bidirectional override in the scope"])
+def test_a_record_whose_token_this_provider_would_refuse_from_its_issuer_is_not_served(
+        issuer, store, default_settings, change, provider, rule):
+    """A record sealed with the key and the provider's settings, but holding what the provider's
+    token rules refuse: written by a broker whose rules differ (`setTokenCookie` off, an older
+    version) or before the configuration changed. It is refused as a foreign record is, and the
+    broker fetches; before, the broker served it (a `Set-Cookie` ending early, a line break)."""
+    now_ms = int(time.time() * 1000)
+    document = {"access_token": "forged-" + secrets.token_urlsafe(16), "token_type": "Bearer", "scope": "api",
+                "issued_at_ms": now_ms - 10_000, "expires_at_ms": now_ms + 3_600_000, "settings": default_settings,
+                **change}
+    SEEN.add(document["access_token"])
+    store.write("default", 41, document)
+    fetched = issuer.requests()
+    with StoreBroker(configuration(store, oauth(issuer, **provider))) as broker:
+        served = token(broker)
+        assert served["access_token"] != document["access_token"], "the record was served"
+        assert sha256(served["access_token"]) in issuer.issued()
+        assert "evil" not in served.get("set_cookie", "")
+        assert issuer.requests() == fetched + 1
+        refused = log_lines(broker, "stored record refused; fetching", "default")
+        assert len(refused) == 1 and "level=warn" in refused[0] and rule in refused[0], broker.stderr()
+        assert (ops(broker, "load", "refused"), ops(broker, "load", "served")) == (1, 0)
+        assert broker.stop() == 0
+    assert store.read("default")[1]["access_token"] == served["access_token"], "the record is replaced"
+
+
 def test_a_record_that_cannot_be_written_is_logged_and_counted_and_the_token_still_served(issuer, store):
     store.path("default").mkdir()  # a directory where the record goes: neither read nor replaced
     with StoreBroker(configuration(store, oauth(issuer))) as broker:

@@ -9,6 +9,9 @@ public struct ProviderEvents: Sendable {
     public var storeLoaded: @Sendable (String, StoreLoad, Bool) -> Void
     /// A token another broker of the fleet fetched is served (a shared store's record).
     public var fromFleet: @Sendable (String, StoredToken) -> Void
+    /// A record another broker of the fleet stored is not served: its token breaks this
+    /// provider's rules (`TokenRules.problem(with:)`, whose words are the last argument).
+    public var refusedFromFleet: @Sendable (String, StoredToken, String) -> Void
     /// A fetch this broker made through a shared store: for the fleet, or alone.
     public var fetchedFor: @Sendable (String, SharedFetch.Origin) -> Void
 
@@ -20,9 +23,11 @@ public struct ProviderEvents: Sendable {
         excessiveRefresh: @escaping @Sendable (String) -> Void = { _ in },
         storeLoaded: @escaping @Sendable (String, StoreLoad, Bool) -> Void = { _, _, _ in },
         fromFleet: @escaping @Sendable (String, StoredToken) -> Void = { _, _ in },
+        refusedFromFleet: @escaping @Sendable (String, StoredToken, String) -> Void = { _, _, _ in },
         fetchedFor: @escaping @Sendable (String, SharedFetch.Origin) -> Void = { _, _ in }
     ) {
         self.fromFleet = fromFleet
+        self.refusedFromFleet = refusedFromFleet
         self.fetchedFor = fetchedFor
         self.fetched = fetched
         self.excessiveRefresh = excessiveRefresh

@@ -33,6 +33,8 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     /// The clock of its deadlines and token lifetimes.
     public let clock: C
     private let source: any TokenSource
+    /// What its tokens must be, from its source or from a store (`TokenRules`).
+    private let rules: TokenRules
     private let events: ProviderEvents
     /// Where the token is kept across restarts, read once at start and written after each fetch.
     private let store: StoreSlot?
@@ -50,6 +52,8 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         var fetch: Task<Void, Never>?
         var fetchStartedAt: C.Instant?
         var isShutDown = false
+        /// The version of the last record from the fleet refused by `rules`, reported once.
+        var refusedFromFleet: UInt64?
         /// Ends `run()`'s wait: finished by `shutDown()` or by cancelling `run()`'s task.
         var runEnds: AsyncStream<Never>.Continuation?
         /// After `shutDown(handingWaitersTo:)`: where each handed waiter went, by its id here,
@@ -103,7 +107,8 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     ) {
         self.wallClock = wallClock
         self.configuration = configuration
-        self.source = TokenRules(for: configuration).applied(to: source)
+        rules = TokenRules(for: configuration)
+        self.source = rules.applied(to: source)
         self.clock = clock
         self.events = events
         self.store = store
@@ -419,9 +424,14 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     private func loadStoredToken(_ store: StoreSlot) async {
         var load = await store.store.load(store.key)
         var storedVersion: UInt64?
-        if case .found(let record) = load, record.settings != store.settings {
-            storedVersion = record.version
-            load = .refused("was made under other settings of the provider (its source or key changed)")
+        if case .found(let record) = load {
+            if record.settings != store.settings {
+                storedVersion = record.version
+                load = .refused("was made under other settings of the provider (its source or key changed)")
+            } else if let problem = rules.problem(with: record) {
+                storedVersion = record.version
+                load = .refused("holds a token this provider refuses: \(problem)")
+            }
         }
         let record: StoredToken? = if case .found(let record) = load { record } else { nil }
         apply(ifShutDown: false) { machine, now in
@@ -435,6 +445,7 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     /// Another broker of the fleet stored `record`: served if newer (`Machine.recordArrived`);
     /// fetched for a forced refresh, it counts in this broker's window too.
     private func recordArrived(_ record: StoredToken, forced: Bool) {
+        guard acceptsFromFleet(record) else { return }
         apply(ifShutDown: false) { machine, now in
             // Counted once per new token: a record replayed on the channel is not newer.
             if forced, record.version > (machine.cached?.version ?? 0) { machine.forcedElsewhere(now: now) }
@@ -444,6 +455,19 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         } report: { [self] adopted in
             if adopted { events.fromFleet(name, record) }
         }
+    }
+
+    /// Whether a record another broker stored holds a token this provider would have accepted
+    /// from its source (`TokenRules.problem(with:)`); a refused one is reported once per version,
+    /// however often the store offers it.
+    private func acceptsFromFleet(_ record: StoredToken) -> Bool {
+        guard let problem = rules.problem(with: record) else { return true }
+        let first = state.withLock { state in
+            defer { state.refusedFromFleet = record.version }
+            return state.refusedFromFleet != record.version
+        }
+        if first { events.refusedFromFleet(name, record, problem) }
+        return false
     }
 
     // MARK: - Carrying out actions
@@ -626,6 +650,7 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
             let source = source
             switch await shared.fetchForFleet(
                 store.key, settings: store.settings, current: current, forced: forced,
+                accepts: { [weak self] record in self?.acceptsFromFleet(record) ?? false },
                 fetch: {
                     () async throws(TokenFetchError) -> FetchedToken in try await source.fetch()
                 })

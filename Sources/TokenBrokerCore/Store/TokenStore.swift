@@ -117,9 +117,12 @@ public protocol SharedTokenStore: TokenStore {
     ///   - current: the version the provider holds (0: none); a record must be newer to answer.
     ///   - forced: a forced refresh asked for it (the retrier); the other brokers are told, and
     ///     count it in their windows.
+    ///   - accepts: whether the provider may serve a record another broker stored (its rules
+    ///     may differ from theirs); one it refuses is fetched past, as if older.
     ///   - fetch: the provider's source, called only when this broker is the one to fetch.
     func fetchForFleet(
         _ key: String, settings: String, current: UInt64, forced: Bool,
+        accepts: @escaping @Sendable (StoredToken) -> Bool,
         fetch: @escaping @Sendable () async throws(TokenFetchError) -> FetchedToken
     ) async -> Result<SharedFetch, TokenFetchError>
 

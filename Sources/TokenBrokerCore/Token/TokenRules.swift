@@ -68,6 +68,26 @@ public struct TokenRules: Sendable, Equatable {
         return token
     }
 
+    /// Which rule a store's record breaks, or nil when its token is one this provider would have
+    /// accepted from its source.
+    ///
+    /// A record was checked when it was made, but perhaps not by these rules: another broker of
+    /// the fleet, with `setTokenCookie` off or an older version, may have stored a token that
+    /// this provider would put in a cookie it could end (`x;Domain=…`), and a file store outlives
+    /// a change of the configuration. The lifetime is the record's, from its issue time.
+    public func problem(with record: StoredToken) -> String? {
+        let lifetime = record.expiresAt.map { Duration.seconds($0.timeIntervalSince(record.issuedAt)) }
+        do {
+            _ = try checked(
+                FetchedToken(
+                    accessToken: record.accessToken, tokenType: record.tokenType, lifetime: lifetime,
+                    scope: record.scope))
+            return nil
+        } catch {
+            return error.detail
+        }
+    }
+
     /// A source whose every token is checked against these rules before it is handed over.
     public func applied(to source: any TokenSource) -> any TokenSource {
         CheckedTokenSource(source: source, rules: self)

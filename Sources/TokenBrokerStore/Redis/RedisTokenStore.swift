@@ -203,6 +203,7 @@ public final class RedisTokenStore: SharedTokenStore {
 
     public func fetchForFleet(
         _ key: String, settings wanted: String, current: UInt64, forced: Bool,
+        accepts: @escaping @Sendable (StoredToken) -> Bool,
         fetch: @escaping @Sendable () async throws(TokenFetchError) -> FetchedToken
     ) async -> Result<SharedFetch, TokenFetchError> {
         let hash = Self.hash(key)
@@ -225,7 +226,7 @@ public final class RedisTokenStore: SharedTokenStore {
                 if StoreRecord.version(of: bytes) != nil { seenVersion = Array(bytes[8..<16]) }
                 if case .success(let stored) = record.open(bytes, key: key), stored.settings == wanted {
                     storedRecord = stored
-                    if stored.version > current, stored.isValid(at: WallTime()) {
+                    if stored.version > current, stored.isValid(at: WallTime()), accepts(stored) {
                         return .success(SharedFetch(record: stored, origin: .fromFleet, fetched: nil))
                     }
                 }
