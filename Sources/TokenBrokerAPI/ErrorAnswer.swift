@@ -347,10 +347,23 @@ public enum ErrorAnswer: Sendable, Equatable {
         }
     }
 
+    /// The longest `Retry-After` an answer in a cloud SDK protocol's shape carries, in seconds.
+    ///
+    /// azure-core sleeps for whatever `Retry-After` says, and msal replays the 503 for as long:
+    /// a template full until its earliest child has idled `childIdleSec` (an hour by default), or
+    /// an issuer's long `Retry-After`, would hold an unchanged application that long without an
+    /// error. Capped, the SDK retries within its own budget, then fails with the broker's words.
+    static let protocolRetryAfterLimit = 5
+
     /// The answer in a cloud SDK protocol's shape (`CompatAPI`): Google's metadata server's
     /// carries `Metadata-Flavor: Google`, as its every answer does; Azure's body adds
     /// `statusCode` and `message`, which msal quotes when it fails.
+    ///
+    /// Its `Retry-After` is at most `protocolRetryAfterLimit`.
     func response(for protocolName: CompatProtocol) -> HTTPResponse {
+        let headers = headers.map { name, value in
+            name == "Retry-After" ? (name, String(min(Int(value) ?? 1, Self.protocolRetryAfterLimit))) : (name, value)
+        }
         switch protocolName {
         case .gce:
             return HTTPResponse(status: status, json: body, headers: headers + [CompatProtocol.metadataFlavor])

@@ -365,6 +365,34 @@ def test_azure_managed_identity_in_imds_mode_gets_the_broker_s_token_and_expiry(
         assert type(document["expires_on"]) is int and document["expires_on"] == epoch(child["expires_at"]), document
 
 
+def test_a_full_template_fails_an_azure_sdk_within_its_own_retries_not_after_the_children_s_idle_time(issuer, tmp_key):
+    """A template with `maxChildren` children says, on the broker's own route, when its earliest
+    child can be dropped: up to `childIdleSec`, an hour here. azure-core sleeps for whatever
+    `Retry-After` says, so the SDK asking the full template hung for that hour (one request,
+    then nothing). The protocols' answers now say at most 5 s: the SDK retries and fails with
+    the broker's words. The metadata server's answer is capped the same way."""
+    config = compat_config(issuer, tmp_key, None)
+    for template in config["providers"]:
+        if template["name"] in ("azure", "gcp"):
+            template["maxChildren"] = 1
+    with Broker(config) as broker:
+        address = broker.addresses["token"]
+        azure(address, imds(resource="https://management.azure.com"), headers={"Metadata": "true"})
+        google(address, f"{ACCOUNT}/default/token?scopes=read")
+        for path, headers in [(imds(), {"Metadata": "true"}), (f"{ACCOUNT}/default/token?scopes=write", GOOGLE)]:
+            status, answer_headers, body = call(address, path, headers=headers)
+            assert status == 503 and json.loads(body)["error"] == "too_many_children", (path, status, body)
+            assert 1 <= int(answer_headers["retry-after"]) <= 5, (path, answer_headers)
+        status, answer_headers, body = broker.request("GET", "/providers/azure/token?resource=" + quote(VAULT, safe=""))
+        assert status == 503 and json.loads(body)["error"] == "too_many_children", body
+        assert int(answer_headers["retry-after"]) > 3000, "the broker's own route says the real wait"
+        before = broker.metric("token_broker_http_requests_total", listener="token", route=IMDS, code="503")
+        out = imds_sdk(address)  # within SUBPROCESS_TIMEOUT, or the subprocess times out and the test fails
+        assert out.get("error") and "too_many_children" in out["message"], out
+        asked = broker.metric("token_broker_http_requests_total", listener="token", route=IMDS, code="503") - before
+        assert asked >= 2, f"the SDK asked {asked} time(s): it did not retry"
+
+
 def test_azure_imds_is_not_served_beside_app_service_s_secret_unless_asked_for(issuer, tmp_key, identity_header, tmp_path):
     """IMDS has no secret: served beside App Service's route, `Metadata: true` alone would get the
     tokens the secret guards. With `identityHeaderFile`, IMDS is 404 unless `imds` is true, and
