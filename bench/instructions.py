@@ -42,7 +42,7 @@ ROUTES = {
     "azure-imds": ("/metadata/identity/oauth2/token?api-version=2018-02-01&resource=https://vault.azure.net",
                    {"Metadata": "true"}),
     "azure-app-service": ("/msi/token?api-version=2019-08-01&resource=https://vault.azure.net",
-                          {"X-IDENTITY-HEADER": "bench-secret"}),
+                          {"X-IDENTITY-HEADER": "bench-secret-of-32-bytes-for-azure"}),
     "proxy": ("/proxy/u/x", {"Token-Broker-Request": "true"}),
     "proxy-floor": ("/proxy/u/x", {"Token-Broker-Request": "true"}),
 }

@@ -546,7 +546,7 @@ def compat_config(work):
     `compat.gce` and `compat.azure` on the token listener, App Service's secret in `work`."""
     header_file = os.path.join(work, "identity-header")
     with open(header_file, "w") as handle:
-        handle.write("bench-secret\n")
+        handle.write("bench-secret-of-32-bytes-for-azure\n")
     os.chmod(header_file, 0o600)
     config = {"providers": [
         {"name": "fixed"},
@@ -582,7 +582,7 @@ def compat_answers(rounds, seconds, c_binary=None):
         "GCE token": (account + "/token?scopes=https://www.googleapis.com/auth/cloud-platform", ("Metadata-Flavor: Google",)),
         "GCE identity": (account + "/identity?audience=https://svc.example/a&format=full", ("Metadata-Flavor: Google",)),
         "Azure IMDS": ("/metadata/identity/oauth2/token?api-version=2018-02-01&resource=https://vault.azure.net", ("Metadata: true",)),
-        "Azure App Service": ("/msi/token?api-version=2019-08-01&resource=https://vault.azure.net", ("X-IDENTITY-HEADER: bench-secret",)),
+        "Azure App Service": ("/msi/token?api-version=2019-08-01&resource=https://vault.azure.net", ("X-IDENTITY-HEADER: bench-secret-of-32-bytes-for-azure",)),
     }
     servers = {"token-broker": broker}
     if c_binary and os.path.exists(c_binary):

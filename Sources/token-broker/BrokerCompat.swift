@@ -26,7 +26,7 @@ extension Broker {
     /// The secret must be visible ASCII (0x21–0x7E) throughout, as a client can send it: HTTP
     /// strips surrounding blanks (and azure-identity refuses to send them), Python sends a header
     /// as Latin-1, and the broker refuses control characters in headers. The error does not
-    /// quote the secret.
+    /// quote the secret. It must have at least `minimumIdentityHeaderBytes`.
     static func readIdentityHeader(_ configuration: BrokerConfiguration) throws(ConfigurationError) -> [UInt8]? {
         guard let path = configuration.compat.azure?.identityHeaderFile else { return nil }
         let secret: [UInt8]
@@ -41,8 +41,18 @@ extension Broker {
                 "\(path) must hold visible ASCII characters only (0x21–0x7E: no spaces, tabs, control"
                     + " characters or characters beyond ASCII), which is what a client can send as X-IDENTITY-HEADER")
         }
+        guard secret.count >= minimumIdentityHeaderBytes else {
+            throw ConfigurationError(
+                key: "compat.azure.identityHeaderFile",
+                "the secret in \(path) is too short (\(secret.count) of at least \(minimumIdentityHeaderBytes) bytes),"
+                    + " so that it cannot be guessed: use one such as the 32 hex digits of `openssl rand -hex 16`")
+        }
         return secret
     }
+
+    /// The shortest App Service secret accepted: a local process may try secrets as fast as the
+    /// broker answers, so a short one would be found (Azure's own is a GUID, 36 characters).
+    static let minimumIdentityHeaderBytes = 16
 
     /// What to warn about: the protocols served on the token listener while callers have keys
     /// (the SDKs cannot send one, so these routes bypass them), a protocol's own listener that

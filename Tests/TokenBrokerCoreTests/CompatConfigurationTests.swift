@@ -86,6 +86,15 @@ import TokenBrokerCore
             "compat.azure.identities[1].clientId: names an identity already listed"
         ),
         (
+            // Requests name identities in any case: "abc" would reach the first only.
+            #"{"azure": {"identities": [{"provider": "storage", "clientId": "AbC"}, {"provider": "gcp", "clientId": "abc"}]}}"#,
+            "compat.azure.identities[1].clientId: names an identity already listed"
+        ),
+        (
+            #"{"azure": {"identities": [{"provider": "storage", "resourceId": "/subscriptions/0/RG"}, {"provider": "gcp", "resourceId": "/SUBSCRIPTIONS/0/rg"}]}}"#,
+            "compat.azure.identities[1].resourceId: names an identity already listed"
+        ),
+        (
             #"{"azure": {"identities": [{"provider": "gcp-id"}]}}"#,
             "compat.azure.identities[0].provider: provider \"gcp-id\" must be a template whose perRequest has \"resource\" or \"scope\""
         ),

@@ -463,6 +463,18 @@ def test_an_identity_header_no_client_can_send_is_refused_at_start_without_print
     assert secret.strip() not in result.stderr and secret.strip() not in result.stdout
 
 
+def test_an_identity_header_shorter_than_16_bytes_is_refused_at_start_without_printing_it(issuer, tmp_key, tmp_path):
+    """A local process may try secrets as fast as the broker answers: a short one would be found."""
+    for secret, refused in [("Qz7", True), ("fifteen-bytes-Q", True), ("sixteen-bytes-Qz", False)]:
+        header_file = tmp_path / "identity-header"
+        header_file.write_bytes(secret.encode() + b"\n")
+        header_file.chmod(0o600)
+        result = run_broker("--check-config", "--config", write_config(tmp_path, compat_config(issuer, tmp_key, str(header_file))))
+        assert result.returncode == (2 if refused else 0), (secret, result.stdout, result.stderr)
+        assert ("is too short" in result.stderr and "at least 16 bytes" in result.stderr) == refused, result.stderr
+        assert secret not in result.stderr + result.stdout
+
+
 def test_azure_a_user_assigned_identity_by_client_id_works_and_an_unknown_one_fails(issuer, tmp_key, identity_header):
     secret, header_file = identity_header
     with Broker(compat_config(issuer, tmp_key, header_file, azure={"imds": True})) as broker:

@@ -67,14 +67,22 @@ import TokenBrokerTestSupport
             Broker.lifetimeWarnings(try served(refreshDelay: 300, lifetime: #", "defaultLifetimeSec": 3600"#)).isEmpty)
     }
 
-    @Test func theIdentityHeaderIsReadWithoutItsLineBreakAndAnEmptyOneIsRefused() throws {
+    @Test func theIdentityHeaderIsReadWithoutItsLineBreakAndAnEmptyOrShortOneIsRefused() throws {
         let directory = try TemporaryDirectory()
-        let path = try directory.write("header", "s3cret\n")
-        #expect(try Broker.readIdentityHeader(try served(lifetime: 900, headerFile: path)) == Array("s3cret".utf8))
+        let path = try directory.write("header", "s3cret-of-16-byt\n")
+        #expect(
+            try Broker.readIdentityHeader(try served(lifetime: 900, headerFile: path))
+                == Array("s3cret-of-16-byt".utf8))
         _ = try directory.write("header", "\n")
         #expect(throws: ConfigurationError.self) {
             try Broker.readIdentityHeader(try served(lifetime: 900, headerFile: path))
         }
+        _ = try directory.write("header", "s3cret-of-15-by\n")
+        let error = #expect(throws: ConfigurationError.self) {
+            try Broker.readIdentityHeader(try served(lifetime: 900, headerFile: path))
+        }
+        #expect(error?.message.contains("at least 16 bytes") == true, "\(String(describing: error))")
+        #expect(error?.message.contains("s3cret") == false)
         #expect(try Broker.readIdentityHeader(try served(lifetime: 900)) == nil)
     }
 

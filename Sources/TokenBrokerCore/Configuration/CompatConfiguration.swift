@@ -206,10 +206,12 @@ extension AzureConfiguration {
                     "a second identity without clientId, objectId or resourceId; allowed: one "
                         + "system-assigned identity")
             }
+            // In any case, as requests are matched: Azure's ids (GUIDs, resource ids) are the same
+            // in any case, so an id listed twice in two cases names one identity, the first.
             for (key, id) in [("clientId", \Identity.clientId), ("objectId", \.objectId), ("resourceId", \.resourceId)]
-            where identity[keyPath: id] != nil
-                && identities.contains(where: { $0[keyPath: id] == identity[keyPath: id] })
-            {
+            where identity[keyPath: id].map({ new in
+                identities.contains { $0[keyPath: id]?.equalsIgnoringASCIICase(new) == true }
+            }) == true {
                 throw ConfigurationError(key: "\(item.path).\(key)", "names an identity already listed")
             }
             identities.append(identity)
