@@ -11,6 +11,9 @@ import TokenBrokerCore
           {"name": "gcp-id", "perRequest": ["audience"], "allowedAudiences": ["https://svc.example/*"]},
           {"name": "storage", "perRequest": ["resource"], "allowedResources": ["https://storage.example/*"],
            "source": {"type": "oauth2", "tokenURL": "https://issuer.example/token", "clientID": "c", "clientSecret": "s"}},
+          {"name": "both", "perRequest": ["scope", "audience"], "allowedScopes": ["https://www.googleapis.com/auth/*"],
+           "allowedAudiences": ["https://svc.example/*"],
+           "source": {"type": "http", "url": "https://issuer.example/token?aud={{audience}}&scope={{scope}}"}},
           {"name": "plain"}],
          "compat": \(compat)}
         """
@@ -75,6 +78,19 @@ import TokenBrokerCore
         (
             #"{"gce": {"provider": "gcp", "projectId": "my project", "serviceAccountEmail": "a@p"}}"#,
             "compat.gce.projectId: must be 1–1024 visible ASCII characters"
+        ),
+        // A placeholder the protocol never fills: every request would be refused.
+        (
+            #"{"gce": {"provider": "both", "projectId": "p", "serviceAccountEmail": "a@p"}}"#,
+            "compat.gce.provider: provider \"both\"'s source needs {{audience}} in every request, which this protocol never sends (it sends scope only)"
+        ),
+        (
+            #"{"gce": {"provider": "gcp", "identityProvider": "both", "projectId": "p", "serviceAccountEmail": "a@p"}}"#,
+            "compat.gce.identityProvider: provider \"both\"'s source needs {{scope}} in every request"
+        ),
+        (
+            #"{"azure": {"identities": [{"provider": "both"}]}}"#,
+            "compat.azure.identities[0].provider: provider \"both\"'s source needs {{audience}} in every request"
         ),
         (#"{"azure": {"identities": []}}"#, "compat.azure.identities: must list at least one identity"),
         (

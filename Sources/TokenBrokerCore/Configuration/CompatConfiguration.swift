@@ -121,10 +121,21 @@ extension CompatConfiguration {
                     key: key,
                     "no provider is named \"\(name)\"; allowed: \(providers.map(\.name).joined(separator: ", "))")
             }
-            guard parameters.contains(where: provider.perRequest.contains) else {
+            // What the protocol sends the template: the first of `parameters` it takes (Azure's
+            // resource, or the scope `R/.default` for a template of scopes).
+            guard let sent = parameters.first(where: provider.perRequest.contains) else {
                 let wanted = parameters.map { "\"\($0.rawValue)\"" }.joined(separator: " or ")
                 throw ConfigurationError(
                     key: key, "provider \"\(name)\" must be a template whose perRequest has \(wanted)")
+            }
+            // A placeholder has no default: one the protocol never fills would refuse every request.
+            let unsent = provider.requiredParameters.subtracting([sent])
+            guard unsent.isEmpty else {
+                let placeholders = unsent.sorted().map { "{{\($0.rawValue)}}" }.joined(separator: " and ")
+                throw ConfigurationError(
+                    key: key,
+                    "provider \"\(name)\"'s source needs \(placeholders) in every request, which this protocol"
+                        + " never sends (it sends \(sent.rawValue) only)")
             }
             return provider
         }
