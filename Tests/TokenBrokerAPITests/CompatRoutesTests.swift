@@ -451,6 +451,32 @@ private let secret = "app-service-secret"
         #expect((answer?.int("expires_in")).map { (295...300).contains($0) } == true)
     }
 
+    /// A child paused while idle stops refreshing: a token without expiry, issued more than
+    /// `tokenRefreshDelaySec` (300 s) ago, is still served. Its answer says 1 s left, and
+    /// `expires_on` says the same moment; it said the replacement time, 100 s in the past, which
+    /// msal turns into a negative `expires_in`.
+    @Test(arguments: [false, true])
+    func aTokenWithoutExpiryPastItsReplacementIsSaidToExpireInASecondByBothFields(appService: Bool) {
+        let template = OneChildTemplate(perRequest: [.resource])
+        var token = FakeProvider.token("forever", version: 1, lifetime: nil)
+        token.issuedAt = ContinuousClock.now.advanced(by: .seconds(-400))
+        template.child.state.withLock { $0.read = .token(token, stale: false, secondsLeft: nil) }
+        let api = CompatAPI(
+            gce: nil,
+            azure: AzureConfiguration(
+                identities: [.init(provider: "gcp")], identityHeaderFile: appService ? "header" : nil, imds: true),
+            identityHeader: Array(secret.utf8), templates: [template], maxWait: .seconds(1), listener: "token",
+            metrics: BrokerMetrics(version: "test"))
+        let request =
+            appService
+            ? self.appService([("api-version", "2019-08-01"), ("resource", "read")])
+            : imds([("api-version", "2018-02-01"), ("resource", "read")])
+        let answer = api.handle(request).immediate
+        // Issued at 1_800_000_000 by the wall clock, 400 s ago by the provider's.
+        #expect(answer?.int("expires_on") == 1_800_000_401)
+        if !appService { #expect(answer?.int("expires_in") == 1) }
+    }
+
     @Test func whetherAChildAwaitsItsFirstTokenComesFromTheReadNotFromALaterStatus() {
         // The status says a token was held (a first fetch ended just after the read); the read,
         // made under the provider's one lock, says the child awaited its first: the route waits.
