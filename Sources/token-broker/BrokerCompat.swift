@@ -103,17 +103,18 @@ extension Broker {
     /// after their issue (`CompatAPI.Answering.untilReplaced`): at or under the SDK's margin, the
     /// SDK treats each as expired at once and asks again at every use; that is reported too.
     static func lifetimeWarnings(_ configuration: BrokerConfiguration) -> [String] {
-        var served: [(provider: String, sdk: String, margin: Int)] = []
+        // google-auth treats a token with 225 s left as expired (`atMargin`); msal one with less than 300.
+        var served: [(provider: String, sdk: String, margin: Int, atMargin: Bool)] = []
         if let gce = configuration.compat.gce {
-            served.append((gce.provider, "google-auth", 225))
-            if let identity = gce.identityProvider { served.append((identity, "google-auth", 225)) }
+            served.append((gce.provider, "google-auth", 225, true))
+            if let identity = gce.identityProvider { served.append((identity, "google-auth", 225, true)) }
         }
         for identity in configuration.compat.azure?.identities ?? [] {
-            served.append((identity.provider, "msal", 300))
+            served.append((identity.provider, "msal", 300, false))
         }
         var warnings: [String] = []
         var seen: Set<String> = []
-        for (name, sdk, margin) in served where seen.insert(name + sdk).inserted {
+        for (name, sdk, margin, atMargin) in served where seen.insert(name + sdk).inserted {
             guard let provider = configuration.providers.first(where: { $0.name == name }) else { continue }
             let signer: JWTSourceConfiguration
             switch provider.source {
@@ -137,7 +138,7 @@ extension Broker {
                 .refreshAfter(lifetime: .seconds(lifetime), unit: 1)
             let leastLeft =
                 Int(rounding: (Duration.seconds(lifetime) - refreshAt) / .seconds(1), .toNearestOrAwayFromZero) ?? 0
-            guard leastLeft < margin else { continue }
+            guard leastLeft < margin || (atMargin && leastLeft == margin) else { continue }
             if lifetime <= margin {
                 warnings.append(
                     "provider \"\(name)\": its tokens live \(lifetime) s, no more than the \(margin) s before expiry at"
@@ -145,9 +146,10 @@ extension Broker {
                         + " lifetimeSec above \(margin)")
             } else {
                 warnings.append(
-                    "provider \"\(name)\": its tokens may be served with \(leastLeft) s left, less than the \(margin) s"
-                        + " \(sdk) needs; such a request forces a refresh and waits for it. Set tokenRefreshDelaySec"
-                        + " to at most \(lifetime - margin) to refresh in time")
+                    "provider \"\(name)\": its tokens may be served with \(leastLeft) s left, \(atMargin ? "no more" : "less") than the"
+                        + " \(margin) s \(sdk) needs; such a request forces a refresh and waits for it. Set"
+                        + " tokenRefreshDelaySec to at most \(lifetime - margin - (atMargin ? 1 : 0)) to refresh in time"
+                )
             }
         }
         return warnings

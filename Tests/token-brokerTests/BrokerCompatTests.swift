@@ -32,8 +32,18 @@ import TokenBrokerTestSupport
         let warnings = Broker.lifetimeWarnings(try served(lifetime: 1200, refreshDelay: 1000))
         #expect(warnings.count == 2)
         #expect(warnings.allSatisfy { $0.contains("200 s left") })
-        #expect(warnings.contains { $0.contains("google-auth") && $0.contains("tokenRefreshDelaySec to at most 975") })
+        #expect(warnings.contains { $0.contains("google-auth") && $0.contains("tokenRefreshDelaySec to at most 974") })
         #expect(warnings.contains { $0.contains("msal") && $0.contains("tokenRefreshDelaySec to at most 900") })
+    }
+
+    @Test func google_authsMarginItselfIsTooLittleAndMsalsIsEnough() throws {
+        // 525 s refreshed every 300 s: 225 s left at the least, which google-auth treats as expired.
+        let at525 = Broker.lifetimeWarnings(try served(lifetime: 525))
+        #expect(at525.contains { $0.contains("google-auth") && $0.contains("tokenRefreshDelaySec to at most 299") })
+        #expect(!Broker.lifetimeWarnings(try served(lifetime: 526)).contains { $0.contains("google-auth") })
+        // 600 s: 300 s left at the least, which msal does not treat as expired.
+        #expect(Broker.lifetimeWarnings(try served(lifetime: 600)).isEmpty)
+        #expect(Broker.lifetimeWarnings(try served(lifetime: 599)).contains { $0.contains("msal") })
     }
 
     @Test func aLifetimeNoLongerThanTheMarginIsWarnedAbout() throws {
