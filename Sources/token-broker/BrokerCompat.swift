@@ -100,7 +100,7 @@ extension Broker {
     /// A template whose source sets no lifetime (a `file` without `lifetimeSec`, an `http`
     /// source without `expiresInPointer`, `expiresAtPointer` or `defaultLifetimeSec`) may get
     /// tokens without expiry, which the protocols advertise as expiring `tokenRefreshDelaySec`
-    /// after their issue (`CompatAPI.Answering.untilReplaced`): at or under the SDK's margin, the
+    /// after their issue (`CompatAPI.Answering.answerWithoutExpiry`): at or under the SDK's margin, the
     /// SDK treats each as expired at once and asks again at every use; that is reported too.
     static func lifetimeWarnings(_ configuration: BrokerConfiguration) -> [String] {
         // google-auth treats a token with 225 s left as expired (`atMargin`); msal one with less than 300.

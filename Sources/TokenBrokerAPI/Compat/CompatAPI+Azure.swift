@@ -61,8 +61,9 @@ extension CompatAPI {
             self.identities = identities.map { Identity(settings: $0.0, source: $0.1) }
             self.identityHeader = settings.identityHeaderFile == nil ? nil : identityHeader
             servesIMDS = settings.servesIMDS
-            appServiceRenderings = identities.map { _ in CompatAPI.azureRendering(appService: true) }
-            imdsRenderings = identities.map { _ in CompatAPI.azureRendering(appService: false) }
+            let delays = identities.map { $0.1.configuration.tokenRefreshDelaySec }
+            appServiceRenderings = delays.map { CompatAPI.azureRendering(appService: true, tokenDelay: $0) }
+            imdsRenderings = delays.map { CompatAPI.azureRendering(appService: false, tokenDelay: $0) }
             appServiceCounter = metrics.counter(listener: listener, route: Self.appServicePath)
             imdsCounter = metrics.counter(listener: listener, route: Self.imdsPath)
         }
@@ -180,11 +181,12 @@ extension CompatAPI {
 
     /// How each protocol's answer looks: `expires_on` in epoch seconds (App Service), and
     /// `expires_in` too (IMDS), both JSON integers. A token without an expiry is replaced within
-    /// `tokenRefreshDelaySec`: the SDK is told so (`Answering.untilReplaced`).
-    static func azureRendering(appService: Bool) -> Rendering {
+    /// `tokenDelay` seconds (`tokenRefreshDelaySec`): the SDK is told so (`Answering.answerWithoutExpiry`).
+    static func azureRendering(appService: Bool, tokenDelay: Int) -> Rendering {
         Rendering(format: appService ? .azureAppService : .azureIMDS, protocolName: .azure, margin: Azure.margin) {
-            token, expiresIn, resource, expiresAt in
+            token, expiresIn, resource in
             // A lifetime is at most `Duration.checkedLimitSeconds`, so this fits; checked all the same.
+            let expiresAt = token.expiresAtDate ?? token.issuedAtDate.addingTimeInterval(Double(tokenDelay))
             let expiresOn = Int(rounding: expiresAt.timeIntervalSince1970, .down) ?? Int.max
             var members: [(String, String)] = [("access_token", JSONText.quoted(token.token.accessToken))]
             if !appService { members.append(("expires_in", String(expiresIn))) }

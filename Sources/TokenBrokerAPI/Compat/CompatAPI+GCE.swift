@@ -113,7 +113,7 @@ extension CompatAPI {
                 }
             }
             tokenRendering = Rendering(format: .gceToken, protocolName: .gce, margin: Self.margin) {
-                token, expiresIn, _, _ in
+                token, expiresIn, _ in
                 Self.json(
                     JSONText.object([
                         ("access_token", JSONText.quoted(token.token.accessToken)),
@@ -121,7 +121,7 @@ extension CompatAPI {
                     ]))
             }
             identityRendering = Rendering(format: .gceIdentity, protocolName: .gce, margin: Self.margin) {
-                token, _, _, _ in
+                token, _, _ in
                 Self.text(token.token.accessToken)
             }
             let route = { (path: String) in metrics.counter(listener: listener, route: path) }

@@ -152,13 +152,10 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
         let protocolName: CompatProtocol
         /// The SDK's margin: it treats a token with less left as expired.
         let margin: Duration
-        /// The answer for a token with `expiresIn` seconds left, expiring at `expiresAt` by the
-        /// wall clock, naming `resource` (Azure's; empty for Google's). A token without an expiry
-        /// is said to expire `tokenRefreshDelaySec` after its issue, by which time the broker has
-        /// replaced it (`Answering.untilReplaced`).
-        let render:
-            @Sendable (CachedToken<Provider.Instant>, _ expiresIn: Int, _ resource: String, _ expiresAt: WallTime) ->
-                HTTPResponse
+        /// The answer for a token with `expiresIn` seconds left, naming `resource` (Azure's;
+        /// empty for Google's). A token without an expiry is said to expire `tokenRefreshDelaySec`
+        /// after its issue, by which time the broker has replaced it (`Answering.answerWithoutExpiry`).
+        let render: @Sendable (CachedToken<Provider.Instant>, _ expiresIn: Int, _ resource: String) -> HTTPResponse
     }
 
     /// The answer with the token of `found`, the child of `source` for the request's checked
@@ -244,33 +241,33 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
             -> HTTPResponse
         {
             if stale { metrics.recordStaleServed(provider: source.configuration.name) }
-            if let secondsLeft, let expiresAt = token.expiresAtDate {
-                return cache.response(for: token, stale: stale, secondsLeft: secondsLeft, format: rendering.format) {
-                    rendering.render(token, secondsLeft, resource, expiresAt)
-                }
-            }
-            let (secondsLeft, expiresAt, late) = Self.untilReplaced(token, child, source)
-            // Past its replacement (a child paused while idle stops refreshing), the answer says
-            // 1 s from now, which moves with the clock: made for this request, not kept.
-            if late { return rendering.render(token, secondsLeft, resource, expiresAt) }
+            guard let secondsLeft else { return answerWithoutExpiry(token, stale: stale, child: child) }
             return cache.response(for: token, stale: stale, secondsLeft: secondsLeft, format: rendering.format) {
-                rendering.render(token, secondsLeft, resource, expiresAt)
+                rendering.render(token, secondsLeft, resource)
             }
         }
 
-        /// For a token without an expiry, the seconds until `tokenRefreshDelaySec` after its
-        /// issue, when the broker replaces it, and that moment by the wall clock. Once it has
-        /// passed (`late`), 1 s from now, so that the token never reads as expired, and
-        /// `expires_on` says the same moment as `expires_in`.
-        static func untilReplaced(_ token: CachedToken<Provider.Instant>, _ child: Provider, _ source: Source) -> (
-            seconds: Int, at: WallTime, late: Bool
-        ) {
+        /// The answer for a token without an expiry: said to expire `tokenRefreshDelaySec` after
+        /// its issue, when the broker replaces it (`Rendering.render` counts from the issue date).
+        ///
+        /// Past that point (a child paused while idle stops refreshing) it is said to expire 1 s
+        /// from now, so that it never reads as expired: shown as issued that much later, for
+        /// `expires_on` to say what `expires_in` says. That answer moves with the clock, so it is
+        /// made for this request, not kept.
+        private func answerWithoutExpiry(_ token: CachedToken<Provider.Instant>, stale: Bool, child: Provider)
+            -> HTTPResponse
+        {
             let delay = Duration.seconds(source.configuration.tokenRefreshDelaySec)
             let age = token.issuedAt.duration(to: child.now)
             guard age >= delay else {
-                return ((delay - age).secondsLeft, token.issuedAtDate.addingTimeInterval(delay.inSeconds), false)
+                let secondsLeft = (delay - age).secondsLeft
+                return cache.response(for: token, stale: stale, secondsLeft: secondsLeft, format: rendering.format) {
+                    rendering.render(token, secondsLeft, resource)
+                }
             }
-            return (1, token.issuedAtDate.addingTimeInterval(age.inSeconds + 1), true)
+            var shown = token
+            shown.issuedAtDate = token.issuedAtDate.addingTimeInterval((age - delay).inSeconds + 1)
+            return rendering.render(shown, 1, resource)
         }
     }
 
