@@ -12,19 +12,24 @@ import TokenBrokerCore
 /// - not be writable by others: whoever can write there can replace the token file with one of
 ///   their own, or remove it, between two writes. The sticky bit does not help (it stops others
 ///   from renaming over the broker's file, not from planting files), so `/tmp` is refused too;
-/// - have no directory above it, up to `/`, that another user owns, or that others can write
-///   unless it has the sticky bit (as `/tmp`): whoever owns or can write such a directory can
-///   rename the directory away and put one of their own in its place, which readers of the path
-///   would then read while the broker goes on writing into the one renamed.
+/// - have no directory on the path to it, from `/`, that another user owns, or that others can
+///   write unless it has the sticky bit (as `/tmp`): whoever owns or can write such a directory
+///   can rename the directory away and put one of their own in its place, which readers of the
+///   path would then read while the broker goes on writing into the one renamed.
 ///
-/// Symbolic links are followed for the directory, as `open` would, and the directories checked
-/// above it are those of the resolved path, the ones that really hold it; they are opened one by
-/// one from `/` without following links, so that what is checked is what is opened. The file's
-/// own name, if a symbolic link, is replaced by the first write, never followed.
+/// The path is walked as written, one name at a time from `/` (a relative path from the working
+/// directory), each directory opened from the one before without following links, so that what
+/// is checked is what is opened. A symbolic link on the way is followed by hand: the directory
+/// that holds it is checked as every directory on the way is, since whoever could replace a
+/// directory there could replace the link just as well, and so are the directories its target
+/// leads through; the link itself must be owned by the broker's user or root, since its owner
+/// may replace it even in a sticky directory. Checking only the directories above the resolved
+/// path (`realpath`) would let the owner of a directory that holds a link repoint it. The
+/// file's own name, if a symbolic link, is replaced by the first write, never followed.
 public final class SinkDirectory: Sendable {
     /// The directory as the configuration names it, for messages.
     public let path: String
-    /// The directory with symbolic links and `.`, `..` resolved (`realpath`).
+    /// The directory with symbolic links and `.`, `..` resolved, as `open` walked to it.
     public let resolvedPath: String
     /// Open (`O_RDONLY | O_DIRECTORY | O_CLOEXEC`) for the life of this object; closed by `deinit`.
     public let descriptor: Int32
@@ -106,64 +111,116 @@ public final class SinkDirectory: Sendable {
         return "the directory \(path) cannot hold a \(what): 8 probe files with random names already existed"
     }
 
-    /// Opens `directory` after checking it and every directory above it (see the type's note);
-    /// else the reason it cannot hold a token file.
+    /// Opens `directory` after checking it and every directory on the path to it (see the type's
+    /// note); else the reason it cannot hold a token file.
     public static func open(_ directory: String) -> Result<SinkDirectory, SinkDirectoryProblem> {
-        guard let resolved = realpath(directory, nil) else {
-            let code = errno
-            return .failure(
-                SinkDirectoryProblem(
-                    code == ENOENT
-                        ? "the directory \(directory) does not exist; create it (owned by the broker's user, mode 0700 or 0750)"
-                        : code == ENOTDIR
-                            ? "\(directory) is not a directory"
-                            : "the directory \(directory) cannot be examined: \(String(cString: strerror(code)))"))
+        // The path as written, from `/`: a relative one from the working directory, whose path
+        // (`getcwd`) has no symbolic links. Next component last.
+        var pending: [String]
+        if directory.hasPrefix("/") {
+            pending = components(of: directory).reversed()
+        } else {
+            guard let working = getcwd(nil, 0) else { return .failure(unexaminable(directory, ".", errno)) }
+            pending = (components(of: String(cString: working)) + components(of: directory)).reversed()
+            free(working)
         }
-        let resolvedPath = String(cString: resolved)
-        free(resolved)
-        let components = resolvedPath.split(separator: "/").map(String.init)
-        // Walk down from `/`, each step opened from the one above without following links.
-        var current = Glibc.open("/", (components.isEmpty ? O_RDONLY : openPathOnly) | O_DIRECTORY | O_CLOEXEC)
-        guard current >= 0 else { return .failure(unexaminable(directory, "/", errno)) }
-        var currentPath = "/"
-        for (index, component) in components.enumerated() {
+        let root = Glibc.open("/", openPathOnly | O_DIRECTORY | O_CLOEXEC)
+        guard root >= 0 else { return .failure(unexaminable(directory, "/", errno)) }
+        // The directories walked through from `/`, each opened from the one before without
+        // following links, and whether it has been checked as a directory above the sink's.
+        var walked: [(descriptor: Int32, path: String, checked: Bool)] = [(root, "/", false)]
+        defer { for step in walked { _ = Glibc.close(step.descriptor) } }
+        var linksFollowed = 0
+        while let component = pending.popLast() {
+            if component == "." { continue }
+            if component == ".." {
+                // What `..` is to the kernel: the directory this one was reached from (`/` stays).
+                if walked.count > 1 { _ = Glibc.close(walked.removeLast().descriptor) }
+                continue
+            }
+            let holder = walked[walked.count - 1]
+            // Whatever it holds on the way, a directory or a link, its owner or writers could replace.
+            if !holder.checked {
+                var status = stat()
+                guard fstat(holder.descriptor, &status) == 0 else {
+                    return .failure(unexaminable(directory, holder.path, errno))
+                }
+                if let problem = ancestorProblem(holder.path, holder.descriptor, status, below: directory) {
+                    return .failure(problem)
+                }
+                walked[walked.count - 1].checked = true
+            }
+            let path = holder.path == "/" ? "/" + component : holder.path + "/" + component
             var status = stat()
-            guard fstat(current, &status) == 0 else {
-                let code = errno
-                _ = Glibc.close(current)
-                return .failure(unexaminable(directory, currentPath, code))
+            guard fstatat(holder.descriptor, component, &status, AT_SYMLINK_NOFOLLOW) == 0 else {
+                return .failure(missing(directory, path, errno))
             }
-            if let problem = ancestorProblem(currentPath, status, below: directory) {
-                _ = Glibc.close(current)
-                return .failure(problem)
+            if status.st_mode & S_IFMT == S_IFLNK {
+                linksFollowed += 1
+                guard linksFollowed <= maximumLinks else { return .failure(unexaminable(directory, path, ELOOP)) }
+                if let problem = linkProblem(path, status, below: directory) { return .failure(problem) }
+                guard let target = readLink(holder.descriptor, component) else {
+                    return .failure(unexaminable(directory, path, errno))
+                }
+                guard !target.isEmpty else { return .failure(missing(directory, path, ENOENT)) }
+                if target.hasPrefix("/") {
+                    for step in walked.dropFirst() { _ = Glibc.close(step.descriptor) }
+                    walked.removeSubrange(1...)
+                }
+                pending += components(of: target).reversed()
+                continue
             }
-            let last = index == components.count - 1
-            let next = openat(
-                current, component, (last ? O_RDONLY : openPathOnly) | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
-            let code = errno
-            _ = Glibc.close(current)
-            currentPath = currentPath == "/" ? "/" + component : currentPath + "/" + component
-            guard next >= 0 else {
-                // ENOTDIR: a file where a directory should be. Anything else (ELOOP: a link where
-                // realpath found none a moment ago) means the path changed meanwhile.
-                return .failure(
-                    code == ENOTDIR
-                        ? SinkDirectoryProblem("\(directory) is not a directory")
-                        : unexaminable(directory, currentPath, code))
+            guard status.st_mode & S_IFMT == S_IFDIR else {
+                return .failure(SinkDirectoryProblem("\(directory) is not a directory"))
             }
-            current = next
+            let next = openat(holder.descriptor, component, openPathOnly | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+            // Anything but success (ELOOP, ENOTDIR: a link or a file where a directory was a
+            // moment ago) means the path changed meanwhile.
+            guard next >= 0 else { return .failure(unexaminable(directory, path, errno)) }
+            walked.append((next, path, false))
         }
+        let last = walked[walked.count - 1]
+        // The walk opened it for `fstat` and lookups only; writes need a descriptor that can read it.
+        let opened = openat(last.descriptor, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard opened >= 0 else { return .failure(unexaminable(directory, last.path, errno)) }
         var status = stat()
-        guard fstat(current, &status) == 0 else {
+        guard fstat(opened, &status) == 0 else {
             let code = errno
-            _ = Glibc.close(current)
-            return .failure(unexaminable(directory, resolvedPath, code))
+            _ = Glibc.close(opened)
+            return .failure(unexaminable(directory, last.path, code))
         }
         if let problem = ownProblem(directory, status) {
-            _ = Glibc.close(current)
+            _ = Glibc.close(opened)
             return .failure(problem)
         }
-        return .success(SinkDirectory(path: directory, resolvedPath: resolvedPath, descriptor: current, status: status))
+        return .success(SinkDirectory(path: directory, resolvedPath: last.path, descriptor: opened, status: status))
+    }
+
+    /// The symbolic links `open` follows, at most, before it gives up as the kernel would (`ELOOP`).
+    static let maximumLinks = 40
+
+    /// The names in `path`, empty ones (`//`, a trailing `/`) left out.
+    private static func components(of path: String) -> [String] {
+        path.split(separator: "/").map(String.init)
+    }
+
+    /// The target of the link `name` in the directory open as `holder`; nil, with `errno` set, when it cannot be read.
+    private static func readLink(_ holder: Int32, _ name: String) -> String? {
+        var buffer = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
+        let count = buffer.withUnsafeMutableBufferPointer { readlinkat(holder, name, $0.baseAddress!, $0.count) }
+        guard count >= 0 else { return nil }
+        guard count < buffer.count else {
+            errno = ENAMETOOLONG
+            return nil
+        }
+        return String(decoding: buffer[..<count].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+
+    /// Why `path`, a step on the way to `directory`, could not be looked up: missing, or else as the system says.
+    private static func missing(_ directory: String, _ path: String, _ code: Int32) -> SinkDirectoryProblem {
+        guard code == ENOENT else { return unexaminable(directory, path, code) }
+        return SinkDirectoryProblem(
+            "the directory \(directory) does not exist; create it (owned by the broker's user, mode 0700 or 0750)")
     }
 
     /// The directory's own owner and mode.
@@ -184,9 +241,11 @@ public final class SinkDirectory: Sendable {
         return nil
     }
 
-    /// A directory above the sink's: owned by the broker's user or root, and others may not
-    /// write it, unless it is sticky.
-    private static func ancestorProblem(_ ancestor: String, _ status: stat, below directory: String)
+    /// A directory on the path to the sink's: owned by the broker's user or root, and others may
+    /// not write it unless it is sticky.
+    private static func ancestorProblem(
+        _ ancestor: String, _ descriptor: Int32, _ status: stat, below directory: String
+    )
         -> SinkDirectoryProblem?
     {
         let user = geteuid()
@@ -198,11 +257,28 @@ public final class SinkDirectory: Sendable {
                     + "put one of their own in its place; allowed: directories above owned by the broker's user or root"
             )
         }
-        guard status.st_mode & S_IWOTH != 0, status.st_mode & S_ISVTX == 0 else { return nil }
+        // Others may write a sticky directory, but not rename what they do not own.
+        guard status.st_mode & S_ISVTX == 0 else { return nil }
+        if status.st_mode & S_IWOTH != 0 {
+            return SinkDirectoryProblem(
+                "\(ancestor), a directory above \(directory), is writable by other users (mode \(modeText(status))) "
+                    + "without the sticky bit: they could rename the token file's directory away and put one of their "
+                    + "own in its place; allowed: directories above that others cannot write, or sticky ones such as /tmp"
+            )
+        }
+        return nil
+    }
+
+    /// A symbolic link on the path to the sink's directory: owned by the broker's user or root.
+    /// Its owner may remove it from a sticky directory, such as `/tmp`, and put a link elsewhere
+    /// in its place; its directory is checked as the others on the way are.
+    private static func linkProblem(_ link: String, _ status: stat, below directory: String) -> SinkDirectoryProblem? {
+        let user = geteuid()
+        guard status.st_uid != user, status.st_uid != 0 else { return nil }
         return SinkDirectoryProblem(
-            "\(ancestor), a directory above \(directory), is writable by other users (mode \(modeText(status))) "
-                + "without the sticky bit: they could rename the token file's directory away and put one of their "
-                + "own in its place; allowed: directories above that others cannot write, or sticky ones such as /tmp")
+            "\(link), a symbolic link on the way to \(directory), is owned by user \(status.st_uid), neither the "
+                + "broker's user (\(user)) nor root: its owner could replace it with a link to a directory of their "
+                + "own; allowed: links owned by the broker's user or root")
     }
 
     private static func unexaminable(_ directory: String, _ step: String, _ code: Int32) -> SinkDirectoryProblem {

@@ -251,6 +251,59 @@ import TokenBrokerTestSupport
         #expect(problem?.contains("\(parent), a directory above") == true, "\(problem ?? "accepted")")
     }
 
+    @Test(.enabled(if: geteuid() == 0, "only root can give a directory or a link to another user"))
+    func aLinkThatAnotherUserCouldRepointIsRefusedWhereverItLeads() throws {
+        let directory = try privateDirectory()
+        let target = directory.path("tokens")
+        try FileManager.default.createDirectory(atPath: target, withIntermediateDirectories: false)
+        try setMode(target, 0o700)
+        let holder = directory.path("theirs")
+        try FileManager.default.createDirectory(atPath: holder, withIntermediateDirectories: false)
+        try setMode(holder, 0o755)
+        #expect(symlink(target, holder + "/link") == 0)
+        // nobody (65534) owns the link's directory: it could point the link at a directory of its own.
+        #expect(chown(holder, 65_534, 65_534) == 0)
+        let problem = SinkDirectory.problem(for: holder + "/link/token")
+        #expect(
+            problem?.contains("\(holder), a directory above \(holder)/link, is owned by user 65534") == true,
+            "\(problem ?? "accepted")")
+        // In a sticky directory, the link's own owner could replace it.
+        #expect(chown(holder, 0, 0) == 0)
+        try setMode(holder, 0o1777)
+        #expect(lchown(holder + "/link", 65_534, 65_534) == 0)
+        let linkProblem = SinkDirectory.problem(for: holder + "/link/token")
+        #expect(
+            linkProblem?.contains(
+                "\(holder)/link, a symbolic link on the way to \(holder)/link, is owned by user 65534")
+                == true, "\(linkProblem ?? "accepted")")
+        #expect(lchown(holder + "/link", 0, 0) == 0)
+        #expect(SinkDirectory.problem(for: holder + "/link/token") == nil, "root's link in a sticky directory")
+    }
+
+    @Test func linksAreFollowedAsTheKernelWouldRelativeAbsoluteAndThroughDotDot() throws {
+        let directory = try privateDirectory()
+        let folder = directory.path("run")
+        try FileManager.default.createDirectory(atPath: folder + "/inner", withIntermediateDirectories: true)
+        try setMode(folder, 0o700)
+        try setMode(folder + "/inner", 0o700)
+        #expect(symlink("run/inner", directory.path("relative")) == 0)
+        #expect(symlink(folder + "/inner", directory.path("absolute")) == 0)
+        #expect(symlink("relative", directory.path("chained")) == 0)
+        let inner = try SinkDirectory.open(folder + "/inner").get()
+        for path in ["relative", "absolute", "chained", "chained/../inner", "absolute/../inner/."] {
+            let opened = try SinkDirectory.open(directory.path(path)).get()
+            #expect(opened.identity(of: "t") == inner.identity(of: "t"), "\(path)")
+            #expect(opened.resolvedPath == inner.resolvedPath, "\(path)")
+        }
+        // `..` after a link is the parent of where the link leads, not the link's directory.
+        #expect(try SinkDirectory.open(directory.path("absolute") + "/..").get().resolvedPath.hasSuffix("/run"))
+        #expect(symlink("loop", directory.path("loop")) == 0)
+        let problem = SinkDirectory.problem(for: directory.path("loop") + "/token")
+        #expect(problem?.contains("Too many levels of symbolic links") == true, "\(problem ?? "accepted")")
+        #expect(symlink("nowhere", directory.path("dangling")) == 0)
+        #expect(SinkDirectory.problem(for: directory.path("dangling") + "/token")?.contains("does not exist") == true)
+    }
+
     /// Probe files a crash left behind, under the names a process with this id would have used
     /// (in a container, every start is process 1), do not make the directory unusable.
     @Test func probeFilesLeftBehindDoNotBlockTheNextCheck() throws {

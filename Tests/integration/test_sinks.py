@@ -505,3 +505,51 @@ def test_a_sink_s_values_must_pass_the_template_s_allow_list(tmp_path, sink_dir)
         {"provider": "orders", "audience": "https://evil.example/", "path": str(sink_dir / "t"), "format": "token", "mode": "0600"}]}))
     result = run_broker("--check-config", "--config", str(config))
     assert result.returncode == 2 and "audience" in result.stderr, result.stderr
+
+
+def refused(config, reason):
+    """Runs `--check-config`, then a start, on `config` (a path): both must exit 2 with `reason`."""
+    for args in (["--check-config"], []):
+        result = run_broker(*args, "--config", str(config),
+                            env={"TOKEN_BROKER_LISTEN": "127.0.0.1:0", "TOKEN_BROKER_ADMIN_LISTEN": "127.0.0.1:0"})
+        assert result.returncode == 2, (args, result.stdout, result.stderr)
+        assert reason in result.stderr, result.stderr
+
+
+def write_sink_config(tmp_path, path, **extra):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"sinks": [{"provider": "default", "path": str(path)}], **extra}))
+    return config
+
+
+@pytest.mark.parametrize("case", ["a directory another user owns", "a link another user owns in a sticky directory"])
+def test_a_symbolic_link_on_the_way_that_another_user_could_repoint_is_refused(tmp_path, case):
+    """The link's holder, or the link's own owner, could point it at a directory of their own;
+    readers of the configured path would then read their token file while the broker writes
+    the one it opened at start."""
+    if os.geteuid() != 0:
+        pytest.skip("only root can give a directory or a link to another user")
+    target = tmp_path / "d1"
+    target.mkdir(mode=0o700)
+    holder = tmp_path / "evil"
+    holder.mkdir(mode=0o755 if case == "a directory another user owns" else 0o1777)
+    holder.chmod(0o755 if case == "a directory another user owns" else 0o1777)
+    link = holder / "link"
+    link.symlink_to(target)
+    if case == "a directory another user owns":
+        os.chown(holder, 65534, 65534)
+        reason = f"{holder}, a directory above {link}, is owned by user 65534"
+    else:
+        os.lchown(link, 65534, 65534)
+        reason = f"{link}, a symbolic link on the way to {link}, is owned by user 65534"
+    refused(write_sink_config(tmp_path, link / "p.token"), reason)
+    assert os.listdir(target) == []
+
+
+def test_a_symbolic_link_that_only_root_or_the_broker_could_repoint_is_followed(tmp_path):
+    """As /var/run -> /run: a link in a directory others cannot write, owned by root, to a good directory."""
+    (tmp_path / "run").mkdir(mode=0o700)
+    (tmp_path / "var").mkdir(mode=0o755)
+    (tmp_path / "var" / "run").symlink_to("../run")
+    result = run_broker("--check-config", "--config", str(write_sink_config(tmp_path, tmp_path / "var/run/p.token")))
+    assert result.returncode == 0, result.stdout + result.stderr
