@@ -5,7 +5,7 @@
 // Layers, from the bottom up; each imports only those below it, and the C stays behind
 // `internal import`:
 //   CMicroHTTPD, COpenSSL, CCurl, CHiredis  system libraries from Debian, each behind a small shim.h
-//   CSystem                       system headers Glibc's Swift module leaves out (epoll, eventfd, malloc)
+//   CSystem                       system headers Glibc's Swift module leaves out (epoll, eventfd, malloc, xattr)
 //   TokenBrokerCore               pure Swift: tokens, configuration, the provider and its rules, metrics
 //   TokenBrokerCrypto             hashing, HMAC, random bytes, constant-time comparison (libcrypto)
 //   TokenBrokerUpstream           the HTTP client for issuers and proxy targets (libcurl)
@@ -101,7 +101,7 @@ let package = Package(
         ),
         .target(
             name: "TokenBrokerSinks",
-            dependencies: ["TokenBrokerCore", "TokenBrokerCrypto", "TokenBrokerAPI"],
+            dependencies: ["TokenBrokerCore", "TokenBrokerCrypto", "TokenBrokerAPI", "CSystem"],
             swiftSettings: optimized
         ),
         .target(

@@ -1,3 +1,4 @@
+internal import CSystem
 import Glibc
 import TokenBrokerCore
 
@@ -13,9 +14,10 @@ import TokenBrokerCore
 ///   their own, or remove it, between two writes. The sticky bit does not help (it stops others
 ///   from renaming over the broker's file, not from planting files), so `/tmp` is refused too;
 /// - have no directory on the path to it, from `/`, that another user owns, or that others can
-///   write unless it has the sticky bit (as `/tmp`): whoever owns or can write such a directory
-///   can rename the directory away and put one of their own in its place, which readers of the
-///   path would then read while the broker goes on writing into the one renamed.
+///   write (by its mode, or by an ACL entry naming another user or a group) unless it has the
+///   sticky bit (as `/tmp`): whoever owns or can write such a directory can rename the directory
+///   away and put one of their own in its place, which readers of the path would then read while
+///   the broker goes on writing into the one renamed.
 ///
 /// The path is walked as written, one name at a time from `/` (a relative path from the working
 /// directory), each directory opened from the one before without following links, so that what
@@ -242,7 +244,7 @@ public final class SinkDirectory: Sendable {
     }
 
     /// A directory on the path to the sink's: owned by the broker's user or root, and others may
-    /// not write it unless it is sticky.
+    /// not write it, by its mode or by an ACL entry, unless it is sticky.
     private static func ancestorProblem(
         _ ancestor: String, _ descriptor: Int32, _ status: stat, below directory: String
     )
@@ -266,7 +268,17 @@ public final class SinkDirectory: Sendable {
                     + "own in its place; allowed: directories above that others cannot write, or sticky ones such as /tmp"
             )
         }
-        return nil
+        switch aclWriter(of: descriptor) {
+        case .failure(let failure):
+            return SinkDirectoryProblem("\(ancestor), a directory above \(directory), \(failure)")
+        case .success(let writer?):
+            return SinkDirectoryProblem(
+                "\(ancestor), a directory above \(directory), lets \(writer) write it (an ACL entry) without the "
+                    + "sticky bit: they could rename the token file's directory away and put one of their own in its "
+                    + "place; allowed: directories above that no other user or named group can write, or sticky ones")
+        case .success(nil):
+            return nil
+        }
     }
 
     /// A symbolic link on the path to the sink's directory: owned by the broker's user or root.
@@ -279,6 +291,68 @@ public final class SinkDirectory: Sendable {
             "\(link), a symbolic link on the way to \(directory), is owned by user \(status.st_uid), neither the "
                 + "broker's user (\(user)) nor root: its owner could replace it with a link to a directory of their "
                 + "own; allowed: links owned by the broker's user or root")
+    }
+
+    /// Another writer that an access ACL names: a user other than the broker's, or a named group.
+    public struct ACLWriter: Sendable, Equatable, CustomStringConvertible {
+        /// A named group (`ACL_GROUP`), whose members are other users; else a named user (`ACL_USER`).
+        public let isGroup: Bool
+        public let id: UInt32
+
+        /// `user 4242`, `group 4343`.
+        public var description: String { (isGroup ? "group " : "user ") + String(id) }
+    }
+
+    /// Why an access ACL could not be read, as the end of a sentence about its directory.
+    public struct ACLReadFailure: Error, Sendable, Equatable, CustomStringConvertible {
+        public let description: String
+    }
+
+    /// The first writer, besides the owner and the owning group, that the access ACL of the
+    /// directory open as `descriptor` names, or nil (no ACL, or a file system without ACLs): a
+    /// named user other than the broker's, or any named group, whose entry the ACL mask lets
+    /// write. Their write permission shows in no mode bit (only the mask does, as the group
+    /// bits). The ACL is read as the kernel stores it: version 2, then entries of tag,
+    /// permissions and id, little-endian. A descriptor opened only as a path (`O_PATH`, as the
+    /// directories above are, which need not be readable) has no extended attributes of its own
+    /// (`EBADF`): it is then read through `/proc/self/fd`, which names the directory it holds.
+    public static func aclWriter(of descriptor: Int32) -> Result<ACLWriter?, ACLReadFailure> {
+        let name = "system.posix_acl_access"
+        var value = [UInt8](repeating: 0, count: 4 + 8 * 256)
+        var size = value.withUnsafeMutableBytes { fgetxattr(descriptor, name, $0.baseAddress, $0.count) }
+        if size < 0, errno == EBADF {
+            size = value.withUnsafeMutableBytes {
+                getxattr("/proc/self/fd/\(descriptor)", name, $0.baseAddress, $0.count)
+            }
+        }
+        guard size >= 0 else {
+            let code = errno
+            if code == ENODATA || code == ENOTSUP || code == EOPNOTSUPP { return .success(nil) }
+            return .failure(
+                ACLReadFailure(description: "cannot be examined for an ACL: \(String(cString: strerror(code)))"))
+        }
+        func field(_ offset: Int, _ width: Int) -> UInt32 {
+            (0..<width).reduce(0) { $0 | UInt32(value[offset + $1]) << (8 * UInt32($1)) }
+        }
+        guard size >= 4, (size - 4) % 8 == 0, field(0, 4) == 2 else {
+            return .failure(ACLReadFailure(description: "has an ACL this broker cannot read"))
+        }
+        let entries = stride(from: 4, to: size, by: 8).map {
+            (tag: field($0, 2), permissions: field($0 + 2, 2), id: field($0 + 4, 4))
+        }
+        // ACL_MASK (0x10) bounds what named entries grant; without one, there are no named entries.
+        let mask = entries.first { $0.tag == 0x10 }?.permissions ?? 7
+        let user = geteuid()
+        // ACL_USER (0x02): a named user; write is 2.
+        if let writer = entries.first(where: { $0.tag == 0x02 && $0.permissions & mask & 2 != 0 && $0.id != user }) {
+            return .success(ACLWriter(isGroup: false, id: writer.id))
+        }
+        // ACL_GROUP (0x08): a named group (the owning group is ACL_GROUP_OBJ, whose write
+        // permission the mode's group bits show).
+        if let writer = entries.first(where: { $0.tag == 0x08 && $0.permissions & mask & 2 != 0 }) {
+            return .success(ACLWriter(isGroup: true, id: writer.id))
+        }
+        return .success(nil)
     }
 
     private static func unexaminable(_ directory: String, _ step: String, _ code: Int32) -> SinkDirectoryProblem {

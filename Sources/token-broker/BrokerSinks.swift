@@ -101,42 +101,21 @@ extension Broker {
     }
 
     /// An access ACL that lets a named user other than the broker's, or any named group, write
-    /// the directory makes it writable by others, which its mode bits do not show (only the ACL
-    /// mask, as group bits). The ACL is read with `fgetxattr` as the kernel stores it: version 2,
-    /// then entries of tag, permissions and id, little-endian.
+    /// the directory makes it writable by others, which its mode bits do not show
+    /// (`SinkDirectory.aclWriter`).
     private static func aclWriterProblem(_ directory: SinkDirectory, holding what: String) -> String? {
-        let name = "system.posix_acl_access"
-        var value = [UInt8](repeating: 0, count: 4 + 8 * 256)
-        let size = value.withUnsafeMutableBytes { fgetxattr(directory.descriptor, name, $0.baseAddress, $0.count) }
-        guard size >= 0 else {
-            let code = errno
-            if code == ENODATA || code == ENOTSUP || code == EOPNOTSUPP { return nil }
-            return "the directory \(directory.path) cannot be examined for an ACL: \(String(cString: strerror(code)))"
-        }
-        func field(_ offset: Int, _ width: Int) -> UInt32 {
-            (0..<width).reduce(0) { $0 | UInt32(value[offset + $1]) << (8 * UInt32($1)) }
-        }
-        guard size >= 4, (size - 4) % 8 == 0, field(0, 4) == 2 else {
-            return "the directory \(directory.path) has an ACL this broker cannot read"
-        }
-        let entries = stride(from: 4, to: size, by: 8).map {
-            (tag: field($0, 2), permissions: field($0 + 2, 2), id: field($0 + 4, 4))
-        }
-        // ACL_MASK (0x10) bounds what named entries grant; without one, there are no named entries.
-        let mask = entries.first { $0.tag == 0x10 }?.permissions ?? 7
-        let user = geteuid()
-        // ACL_USER (0x02): a named user; write is 2.
-        if let writer = entries.first(where: { $0.tag == 0x02 && $0.permissions & mask & 2 != 0 && $0.id != user }) {
-            return "the directory \(directory.path) lets user \(writer.id) write it (an ACL entry): they could replace "
-                + "or remove the \(what); allowed: a directory only its owner and group can write"
-        }
-        // ACL_GROUP (0x08): a named group, whose members are other users (the owning group is
-        // ACL_GROUP_OBJ, whose write permission the mode's group bits show).
-        if let writer = entries.first(where: { $0.tag == 0x08 && $0.permissions & mask & 2 != 0 }) {
-            return "the directory \(directory.path) lets group \(writer.id) write it (an ACL entry): its members could "
+        switch SinkDirectory.aclWriter(of: directory.descriptor) {
+        case .failure(let failure):
+            return "the directory \(directory.path) \(failure)"
+        case .success(let writer?) where writer.isGroup:
+            return "the directory \(directory.path) lets \(writer) write it (an ACL entry): its members could "
                 + "replace or remove the \(what); allowed: a directory only its owner and group can write"
+        case .success(let writer?):
+            return "the directory \(directory.path) lets \(writer) write it (an ACL entry): they could replace "
+                + "or remove the \(what); allowed: a directory only its owner and group can write"
+        case .success(nil):
+            return nil
         }
-        return nil
     }
 
     /// One runner per sink, in configuration order, each on its provider: a configured provider

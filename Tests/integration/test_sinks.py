@@ -553,3 +553,24 @@ def test_a_symbolic_link_that_only_root_or_the_broker_could_repoint_is_followed(
     (tmp_path / "var" / "run").symlink_to("../run")
     result = run_broker("--check-config", "--config", str(write_sink_config(tmp_path, tmp_path / "var/run/p.token")))
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("entry,who", [((0x02, 7, 65534), "user 65534"), ((0x08, 7, 4343), "group 4343")],
+                         ids=["a named user", "a named group"])
+def test_a_directory_above_whose_acl_lets_another_user_write_it_is_refused_unless_sticky(tmp_path, entry, who):
+    """Whoever the ACL lets write `anc` could rename `sub` away and put one of their own in its
+    place, which readers of the path would read; the mode bits show only the ACL's mask."""
+    above = tmp_path / "anc"
+    directory = above / "sub"
+    directory.mkdir(parents=True, mode=0o700)
+    above.chmod(0o755)
+    # user::rwx, group::r-x, mask::rwx, other::r-x and the entry, in the order of their tags, as the kernel wants
+    os.setxattr(above, "system.posix_acl_access", acl(*sorted(
+        [(0x01, 7, ANYONE), entry, (0x04, 5, ANYONE), (0x10, 7, ANYONE), (0x20, 5, ANYONE)])))
+    config = write_sink_config(tmp_path, directory / "t")
+    refused(config, f"{above}, a directory above {directory}, lets {who} write it (an ACL entry)")
+    assert os.listdir(directory) == []
+    # Sticky, as /tmp: they may not rename what they do not own.
+    above.chmod(0o1775)
+    result = run_broker("--check-config", "--config", str(config))
+    assert result.returncode == 0, result.stdout + result.stderr
