@@ -46,12 +46,14 @@ extension Broker {
 
     /// Each sink's directory, opened and checked (`SinkDirectory.open`), in configuration order;
     /// else the first problem, as `sinks[0].path: …`: a directory that cannot hold a token file,
-    /// one with a default ACL, a path that is a directory, or two sinks naming the same file
-    /// through `..` or symbolic links (the same directory, by device and inode, and the same name).
+    /// one with a default ACL, a path that is a directory, a file the broker reads or makes
+    /// (`UsedFiles`), or two sinks naming the same file through `..` or symbolic links (the
+    /// same directory, by device and inode, and the same name).
     static func openSinkDirectories(_ configuration: BrokerConfiguration) -> Result<[SinkDirectory], ConfigurationError>
     {
         var directories: [SinkDirectory] = []
         var files: [SinkDirectory.FileIdentity: Int] = [:]
+        let used = UsedFiles(configuration)
         for (index, sink) in configuration.sinks.enumerated() {
             let key = "sinks[\(index)].path"
             let directory: SinkDirectory
@@ -59,7 +61,9 @@ extension Broker {
             case .success(let opened): directory = opened
             case .failure(let problem): return .failure(ConfigurationError(key: key, problem.description))
             }
-            if let problem = aclProblem(directory, holding: "token file") ?? directory.fileProblem(for: sink.path) {
+            if let problem = aclProblem(directory, holding: "token file") ?? directory.fileProblem(for: sink.path)
+                ?? used.problem(for: sink.path, in: directory)
+            {
                 return .failure(ConfigurationError(key: key, problem))
             }
             let file = directory.identity(of: AtomicFileWriter.fileName(of: sink.path))
@@ -75,6 +79,87 @@ extension Broker {
             directories.append(directory)
         }
         return .success(directories)
+    }
+
+    /// The files the broker reads or makes besides its token files (`BrokerConfiguration.filesUsed`:
+    /// its configuration file, keys, secrets, TLS files, the store's), found as the file system
+    /// finds them, so that a token file that is one of them, through `..`, a symbolic link or a
+    /// hard link, is refused: each write would replace it (a private key, the configuration) and
+    /// the next start would fail, or read a token as a key. A token file in the file store's
+    /// directory is refused too: the files there are the store's.
+    struct UsedFiles {
+        /// Each file, as messages show it, by the name it has in its directory: the name as
+        /// configured, and the name its symbolic links lead to, when they lead to one.
+        private var names: [Name: String] = [:]
+        /// Each existing file, as messages show it, by its device and inode, whatever name it goes by.
+        private var inodes: [Inode: String] = [:]
+        /// The file store's directory, by device and inode.
+        private var storeDirectory: (inode: Inode, path: String)?
+
+        private struct Inode: Hashable {
+            let device: UInt64
+            let inode: UInt64
+
+            init(device: UInt64, inode: UInt64) { (self.device, self.inode) = (device, inode) }
+
+            /// The file `path` leads to (following links); nil when there is none.
+            init?(_ path: String) {
+                var status = stat()
+                guard stat(path, &status) == 0 else { return nil }
+                (device, inode) = (UInt64(status.st_dev), UInt64(status.st_ino))
+            }
+        }
+
+        /// A name in a directory.
+        private struct Name: Hashable {
+            let directory: Inode
+            let name: String
+        }
+
+        init(_ configuration: BrokerConfiguration) {
+            for path in configuration.filesUsed where !path.isEmpty {
+                let shown =
+                    path == configuration.configurationFile
+                    ? "the configuration file \(path)"
+                    : "\(path), a file the configuration names (a key, a secret, a TLS file, a socket, the store's)"
+                for name in [path] + (Self.resolved(path).map { [$0] } ?? []) {
+                    if let directory = Inode(BrokerConfiguration.directory(of: name)) {
+                        let named = Name(directory: directory, name: AtomicFileWriter.fileName(of: name))
+                        names[named] = names[named] ?? shown
+                    }
+                }
+                if let file = Inode(path) { inodes[file] = inodes[file] ?? shown }
+            }
+            if case .file(let path, _) = configuration.store, let directory = Inode(path) {
+                storeDirectory = (directory, path)
+            }
+        }
+
+        /// `path` with its symbolic links resolved (`realpath`), when it leads to a file that exists.
+        private static func resolved(_ path: String) -> String? {
+            guard let resolved = realpath(path, nil) else { return nil }
+            defer { free(resolved) }
+            return String(cString: resolved)
+        }
+
+        /// Why the token file `path`, in `directory` (opened and checked), would write over a
+        /// file the broker uses, or nil.
+        func problem(for path: String, in directory: SinkDirectory) -> String? {
+            let name = AtomicFileWriter.fileName(of: path)
+            let directoryInode = Inode(device: directory.device, inode: directory.inode)
+            if let store = storeDirectory, store.inode == directoryInode {
+                return "\(JSONText.quoted(path)) is in the store's directory \(store.path), whose files are the "
+                    + "store's; allowed: a token file in a directory of its own"
+            }
+            var existing = stat()
+            let found =
+                names[Name(directory: directoryInode, name: name)]
+                ?? (fstatat(directory.descriptor, name, &existing, AT_SYMLINK_NOFOLLOW) == 0
+                    ? inodes[Inode(device: UInt64(existing.st_dev), inode: UInt64(existing.st_ino))] : nil)
+            guard let found else { return nil }
+            return "\(JSONText.quoted(path)) is \(found): each token written would replace it; allowed: a file of "
+                + "its own"
+        }
     }
 
     /// What the ACLs of a directory that holds token files or the store's records allow that its

@@ -208,6 +208,7 @@ enum Options {
                 throw ConfigurationError(key: error.key, "\(error.message) (in \(path))")
             }
             configuration.resolvePaths(relativeTo: BrokerConfiguration.directory(of: path))
+            configuration.configurationFile = path
         }
         try configuration.applyEnvironment(environment)
         return configuration

@@ -325,6 +325,32 @@ import TokenBrokerCore
         #expect(configuration.proxies[0].upstream.caFile == "/etc/tb/ca.pem")
     }
 
+    /// What a token file may not be written over: every file path the configuration names but
+    /// the token files' own, resolved as the broker resolves them, and the configuration file.
+    @Test func filesUsedAreEveryFileTheConfigurationNamesButTheTokenFiles() throws {
+        var configuration = try parse(
+            #"""
+            {"clientKeysFile": "callers.json", "listen": "unix:/run/tb/token.sock",
+             "providers": [
+               {"name": "a", "source": {"type": "jwt", "keyFile": "key.pem"}},
+               {"name": "b", "source": {"type": "file", "path": "token.txt"}},
+               {"name": "c", "source": {"type": "oauth2", "tokenURL": "https://issuer.example/token", "clientID": "x",
+                                        "clientSecretFile": "secret", "caFile": "/etc/ca.pem"}}],
+             "sinks": [{"provider": "a", "path": "a.token"}],
+             "store": {"type": "file", "path": "records", "keyFile": "store.key"}}
+            """#)
+        #expect(configuration.filesUsed.contains("key.pem"))
+        configuration.resolvePaths(relativeTo: "/etc/tb")
+        configuration.configurationFile = "/etc/tb/config.json"
+        #expect(
+            Set(configuration.filesUsed) == [
+                "/etc/tb/config.json", "/etc/tb/callers.json", "/etc/tb/key.pem", "/etc/tb/token.txt",
+                "/etc/tb/secret", "/etc/ca.pem", "/etc/tb/records", "/etc/tb/store.key", "/run/tb/token.sock",
+            ])
+        #expect(!configuration.filesUsed.contains("/etc/tb/a.token"), "the token files are not among them")
+        #expect(configuration.sinks[0].path == "/etc/tb/a.token", "listing them changed nothing")
+    }
+
     @Test func theDirectoryOfAConfigurationFile() {
         #expect(BrokerConfiguration.directory(of: "/etc/tb/config.json") == "/etc/tb")
         #expect(BrokerConfiguration.directory(of: "/config.json") == "/")

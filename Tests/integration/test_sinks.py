@@ -574,3 +574,44 @@ def test_a_directory_above_whose_acl_lets_another_user_write_it_is_refused_unles
     above.chmod(0o1775)
     result = run_broker("--check-config", "--config", str(config))
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.fixture
+def key_dir(tmp_path, tmp_key):
+    """A private directory holding the configuration's files: a signing key (`key.pem`)."""
+    directory = tmp_path / "etc"
+    directory.mkdir(mode=0o700)
+    (directory / "key.pem").write_bytes(open(tmp_key("ec"), "rb").read())
+    return directory
+
+
+@pytest.mark.parametrize("path,reason", [
+    ("key.pem", "is {etc}/key.pem, a file the configuration names"),
+    ("config.json", "is the configuration file {etc}/config.json"),
+    ("sub/../key.pem", "is {etc}/key.pem, a file the configuration names"),
+    ("link/key.pem", "is {etc}/key.pem, a file the configuration names"),
+    ("hard.pem", "is {etc}/key.pem, a file the configuration names"),
+    ("records/a.token", "is in the store's directory {etc}/records"),
+    ("store.key", "is {etc}/store.key, a file the configuration names"),
+], ids=["the signing key", "the configuration file", "the key through ..", "the key through a link",
+        "a hard link of the key", "the store's directory", "the store's key"])
+def test_a_token_file_that_is_a_file_the_broker_reads_is_refused(key_dir, path, reason):
+    """Each write would replace it: the private key or the configuration would be gone, and the
+    next start would fail. Paths are relative to the configuration file, as the broker reads them."""
+    (key_dir / "sub").mkdir(mode=0o700)
+    (key_dir / "link").symlink_to(".")
+    os.link(key_dir / "key.pem", key_dir / "hard.pem")
+    (key_dir / "records").mkdir(mode=0o700)
+    (key_dir / "store.key").write_text("00" * 32)
+    (key_dir / "store.key").chmod(0o600)
+    config = key_dir / "config.json"
+    before = (key_dir / "key.pem").read_bytes()
+    config.write_text(json.dumps({
+        "providers": [{"name": "default", "source": {"type": "jwt", "keyFile": "key.pem"}}],
+        "store": {"type": "file", "path": "records", "keyFile": "store.key"},
+        "sinks": [{"provider": "default", "path": path, "format": "json"}]}))
+    written = config.read_text()
+    # The path, in quotes, is escaped in the log line: the reason follows it.
+    refused(config, f'sinks[0].path: \\"{key_dir}/{path}\\" ' + reason.format(etc=key_dir))
+    assert (key_dir / "key.pem").read_bytes() == before and config.read_text() == written
+    assert os.listdir(key_dir / "records") == []

@@ -40,6 +40,10 @@ public struct BrokerConfiguration: Sendable, Equatable {
     public var store = StoreConfiguration.memory
     /// How log lines are written. Default logfmt.
     public var logFormat = LogFormat.logfmt
+    /// The file the configuration was read from, as given (`--config`, `TOKEN_BROKER_CONFIG`);
+    /// nil for the embedded default. Not a key: `Options.load` sets it, so that no token file is
+    /// written over it (`filesUsed`).
+    public var configurationFile: String?
 
     /// The shape of a log line: `key=value` pairs (logfmt), or one JSON object.
     public enum LogFormat: String, Sendable, Equatable {
@@ -125,16 +129,37 @@ public struct BrokerConfiguration: Sendable, Equatable {
     /// against `directory`, the configuration file's own, so that a configuration names the same
     /// files whatever the working directory. Absolute paths are kept as written.
     public mutating func resolvePaths(relativeTo directory: String) {
-        let resolve = { (path: String) -> String in
+        rewritePaths { path in
             guard !path.isEmpty, !path.hasPrefix("/"), directory != "." else { return path }
             return directory.hasSuffix("/") ? directory + path : directory + "/" + path
         }
-        clientKeysFile = clientKeysFile.map(resolve)
-        for index in providers.indices { providers[index].source.resolvePaths(resolve) }
-        for index in proxies.indices { proxies[index].upstream.resolvePaths(resolve) }
-        for index in sinks.indices { sinks[index].path = resolve(sinks[index].path) }
-        if let path = compat.azure?.identityHeaderFile { compat.azure?.identityHeaderFile = resolve(path) }
-        store.resolvePaths(resolve)
+    }
+
+    /// Every file the broker reads or makes besides its token files: the configuration file,
+    /// keys, secret files, TLS files, `clientKeysFile`, a `file` source's token, the identity
+    /// header file, the store's key file, password file, directory or socket (the paths
+    /// `resolvePaths` resolves, so that a key added there is found here too), and the Unix
+    /// sockets it listens on. A token file written over one of them would destroy it
+    /// (`Broker.openSinkDirectories` refuses that).
+    public var filesUsed: [String] {
+        var paths = configurationFile.map { [$0] } ?? []
+        var visited = self
+        visited.rewritePaths(includingSinks: false) { path in
+            paths.append(path)
+            return path
+        }
+        let listeners = [listen, adminListen, compat.gce?.listen, compat.azure?.listen]
+        return paths + listeners.compactMap { $0?.unixPath }
+    }
+
+    /// Rewrites every file path of the configuration with `rewrite`; the token files' only when `includingSinks`.
+    private mutating func rewritePaths(includingSinks: Bool = true, _ rewrite: (String) -> String) {
+        clientKeysFile = clientKeysFile.map(rewrite)
+        for index in providers.indices { providers[index].source.resolvePaths(rewrite) }
+        for index in proxies.indices { proxies[index].upstream.resolvePaths(rewrite) }
+        if includingSinks { for index in sinks.indices { sinks[index].path = rewrite(sinks[index].path) } }
+        if let path = compat.azure?.identityHeaderFile { compat.azure?.identityHeaderFile = rewrite(path) }
+        store.resolvePaths(rewrite)
     }
 
     /// The directory of a file path: `/etc/tb` for `/etc/tb/config.json`, `.` for `config.json`.
