@@ -51,9 +51,16 @@ public final class AtomicFileWriter: Sendable {
         self.mode = mode
         self.directory = directory
         name = Self.fileName(of: path)
-        // A name near NAME_MAX (255 bytes) would leave no room for the suffix: past 200 bytes, keep
-        // the first 180 and a hash of the whole, so that two long names that begin alike still have
-        // temporary files (and leftovers) of their own.
+        let prefix = Self.leftoverPrefix(of: name)
+        leftoverPrefix = Array(prefix.utf8)
+        temporaryPrefix = prefix + "\(getpid())-"
+    }
+
+    /// `.{name}.tmp-`, the start of every temporary file's name of the file `name`. A name near
+    /// NAME_MAX (255 bytes) would leave no room for the suffix: past 200 bytes, the first 180 are
+    /// kept with a hash of the whole, so that two long names that begin alike still have
+    /// temporary files (and leftovers) of their own.
+    private static func leftoverPrefix(of name: String) -> String {
         var kept = name
         if name.utf8.count > 200 {
             kept = ""
@@ -63,8 +70,14 @@ public final class AtomicFileWriter: Sendable {
             }
             kept += "~" + Fingerprint.of(name).dropFirst("sha256:".count)
         }
-        leftoverPrefix = Array(".\(kept).tmp-".utf8)
-        temporaryPrefix = ".\(kept).tmp-\(getpid())-"
+        return ".\(kept).tmp-"
+    }
+
+    /// The length in bytes of the longest temporary file's name a writer of the file `name`
+    /// may use, whatever its process id and attempt number: what the directory's name limit
+    /// must allow, besides `name` itself, for any write to succeed.
+    public static func longestTemporaryName(for name: String) -> Int {
+        leftoverPrefix(of: name).utf8.count + String(Int32.max).utf8.count + 1 + String(UInt64.max).utf8.count
     }
 
     /// A writer of `path`, its directory opened and checked (`SinkDirectory.open`) now.

@@ -74,11 +74,25 @@ public final class SinkDirectory: Sendable {
         }
     }
 
-    /// Why the file `path` (in this directory) cannot be a token file, or nil: it must not be a
+    /// Why the file `path` (in this directory) cannot be a token file, or nil: its name, and the
+    /// name of each temporary file a write makes beside it, must fit the directory's file system
+    /// (NAME_MAX, 255 bytes, on most), or every write would fail; and it must not be a
     /// directory, which no rename can replace.
     public func fileProblem(for path: String) -> String? {
+        let name = AtomicFileWriter.fileName(of: path)
+        let limit = fpathconf(descriptor, Int32(_PC_NAME_MAX))
+        let longest = limit > 0 ? limit : Int(NAME_MAX)
+        if name.utf8.count > longest {
+            return "the file name of \(path) is \(name.utf8.count) bytes long; allowed: at most \(longest) "
+                + "(the directory's file system allows no longer names)"
+        }
+        let temporary = AtomicFileWriter.longestTemporaryName(for: name)
+        if temporary > longest {
+            return "the temporary files of \(path) would have names of up to \(temporary) bytes; allowed: at "
+                + "most \(longest) (the directory's file system allows no longer names): a shorter file name"
+        }
         var existing = stat()
-        if fstatat(descriptor, AtomicFileWriter.fileName(of: path), &existing, AT_SYMLINK_NOFOLLOW) == 0,
+        if fstatat(descriptor, name, &existing, AT_SYMLINK_NOFOLLOW) == 0,
             existing.st_mode & S_IFMT == S_IFDIR
         {
             return "\(path) is a directory; allowed: the path of a file (it is created if missing)"

@@ -46,9 +46,10 @@ extension Broker {
 
     /// Each sink's directory, opened and checked (`SinkDirectory.open`), in configuration order;
     /// else the first problem, as `sinks[0].path: …`: a directory that cannot hold a token file,
-    /// one with a default ACL, a path that is a directory, a file the broker reads or makes
-    /// (`UsedFiles`), or two sinks naming the same file through `..` or symbolic links (the
-    /// same directory, by device and inode, and the same name).
+    /// one with a default ACL, one where no file can be made (`creationProblem`: `/proc`, a
+    /// read-only mount), a name too long for it, a path that is a directory, a file the broker
+    /// reads or makes (`UsedFiles`), or two sinks naming the same file through `..` or
+    /// symbolic links (the same directory, by device and inode, and the same name).
     static func openSinkDirectories(_ configuration: BrokerConfiguration) -> Result<[SinkDirectory], ConfigurationError>
     {
         var directories: [SinkDirectory] = []
@@ -63,6 +64,7 @@ extension Broker {
             }
             if let problem = aclProblem(directory, holding: "token file") ?? directory.fileProblem(for: sink.path)
                 ?? used.problem(for: sink.path, in: directory)
+                ?? directory.creationProblem(holding: "token file")
             {
                 return .failure(ConfigurationError(key: key, problem))
             }

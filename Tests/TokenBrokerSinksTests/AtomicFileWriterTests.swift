@@ -304,6 +304,39 @@ import TokenBrokerTestSupport
         #expect(SinkDirectory.problem(for: directory.path("dangling") + "/token")?.contains("does not exist") == true)
     }
 
+    /// A name the file system cannot hold would fail every write (each rename), so it is
+    /// refused at start; every name it can hold leaves room for the temporary files' names too.
+    @Test func aFileNameLongerThanTheFileSystemAllowsIsRefused() throws {
+        let directory = try privateDirectory()
+        let problem = SinkDirectory.problem(for: directory.path(String(repeating: "a", count: 256)))
+        #expect(
+            problem?.contains("is 256 bytes long; allowed: at most 255") == true, "\(problem ?? "accepted")")
+        #expect(SinkDirectory.problem(for: directory.path(String(repeating: "a", count: 255))) == nil)
+        let writer = try AtomicFileWriter(path: directory.path(String(repeating: "a", count: 255)), mode: 0o600)
+        #expect(writer.write(Array("token".utf8)).failed == nil, "a name of 255 bytes is written")
+        // 127 two-byte characters and one byte: 255 bytes; 86 three-byte ones: 258.
+        #expect(SinkDirectory.problem(for: directory.path(String(repeating: "é", count: 127) + "e")) == nil)
+        #expect(SinkDirectory.problem(for: directory.path(String(repeating: "€", count: 86)))?.contains("258") == true)
+        for length in 1...255 {
+            for unit in ["a", "é", "€", "😀"] {
+                var name = String(repeating: unit, count: length / unit.utf8.count)
+                name += String(repeating: "a", count: length - name.utf8.count)
+                #expect(AtomicFileWriter.longestTemporaryName(for: name) <= 255, "\(length) bytes of \(unit)")
+            }
+        }
+    }
+
+    @Test func theLongestTemporaryNameIsNoShorterThanTheOnesAWriteMakes() throws {
+        let directory = try privateDirectory()
+        for name in ["t", String(repeating: "b", count: 200), String(repeating: "c", count: 201)] {
+            let writer = AtomicFileWriter(
+                directory: try SinkDirectory.open(directory.url.path).get(), path: directory.path(name), mode: 0o600)
+            let made = AtomicFileWriter.fileName(of: writer.temporaryPath(writer.nextTemporaryNumber))
+            let longest = AtomicFileWriter.longestTemporaryName(for: name)
+            #expect(made.utf8.count <= longest, "\(name.utf8.count) bytes: \(made.utf8.count) > \(longest)")
+        }
+    }
+
     /// Probe files a crash left behind, under the names a process with this id would have used
     /// (in a container, every start is process 1), do not make the directory unusable.
     @Test func probeFilesLeftBehindDoNotBlockTheNextCheck() throws {

@@ -615,3 +615,21 @@ def test_a_token_file_that_is_a_file_the_broker_reads_is_refused(key_dir, path, 
     refused(config, f'sinks[0].path: \\"{key_dir}/{path}\\" ' + reason.format(etc=key_dir))
     assert (key_dir / "key.pem").read_bytes() == before and config.read_text() == written
     assert os.listdir(key_dir / "records") == []
+
+
+@pytest.mark.parametrize("case", ["/proc", "a name of 300 bytes"])
+def test_a_token_file_that_could_never_be_written_is_refused_at_start(tmp_path, sink_dir, case):
+    """`/proc` passes the owner and mode checks, but no file can be made there; a name longer
+    than the file system's limit (255 bytes) makes every rename fail."""
+    if case == "/proc":
+        path, reason = "/proc/p.token", "the directory /proc cannot hold a token file: a file cannot be created there"
+    else:
+        path, reason = str(sink_dir / ("t" * 300)), "is 300 bytes long; allowed: at most 255"
+    refused(write_sink_config(tmp_path, path), reason)
+    assert os.listdir(sink_dir) == []
+
+
+def test_a_token_file_with_a_name_of_255_bytes_is_written(tmp_key, sink_dir):
+    path = sink_dir / ("t" * 255)
+    with Broker({"providers": [signer(tmp_key)], "sinks": [{"provider": "default", "path": str(path)}]}):
+        assert wait_until(lambda: read(path) is not None, timeout=20)
