@@ -100,7 +100,12 @@ enum Broker {
     /// what stays for the process's life. Read and changed on the main thread only.
     final class Running {
         var loaded: Loaded
-        var sinks: RunningSinks
+        /// The token files' writers; each new set is what `/readyz` reports from then on.
+        var sinks: RunningSinks {
+            didSet { currentSinks.use(sinks.sinks) }
+        }
+        /// What the admin routes read the token files' state from (`CurrentSinks`).
+        let currentSinks: CurrentSinks
         let listeners: Listeners
         let callers: CallerKeyStore?
         let store: OpenedStore?
@@ -112,12 +117,15 @@ enum Broker {
         var discardedTasks: [Task<Void, Never>] = []
 
         init(
-            loaded: Loaded, sinks: RunningSinks, listeners: Listeners, callers: CallerKeyStore?, store: OpenedStore?,
-            metrics: BrokerMetrics, reloads: ReloadRequests, stopping: StopFlag
+            loaded: Loaded, sinks: RunningSinks, currentSinks: CurrentSinks, listeners: Listeners,
+            callers: CallerKeyStore?, store: OpenedStore?, metrics: BrokerMetrics, reloads: ReloadRequests,
+            stopping: StopFlag
         ) {
             self.stopping = stopping
             self.loaded = loaded
             self.sinks = sinks
+            self.currentSinks = currentSinks
+            currentSinks.use(sinks.sinks)
             self.listeners = listeners
             self.callers = callers
             self.store = store
@@ -196,10 +204,11 @@ enum Broker {
         let loaded = Loaded(
             configuration: configuration, sources: sources, digests: digests, providers: providers,
             identityHeader: identityHeader, storeKey: storeKey)
+        let currentSinks = CurrentSinks(sinks)
         let listeners: Listeners
         do {
             let handlers = makeHandlers(
-                configuration, providers: providers, sinks: sinks, jwks: loaded.jwks, callers: callers,
+                configuration, providers: providers, sinks: currentSinks, jwks: loaded.jwks, callers: callers,
                 identityHeader: identityHeader, store: store, metrics: metrics, reloads: reloads, stopping: stopping)
             listeners = try openListeners(
                 configuration, connectionLimit: connectionLimit, handlers: handlers, metrics: metrics)
@@ -208,8 +217,8 @@ enum Broker {
             return 1
         }
         let running = start(
-            loaded, sinks: sinks, listeners: listeners, callers: callers, store: store, metrics: metrics,
-            reloads: reloads, stopping: stopping)
+            loaded, sinks: sinks, currentSinks: currentSinks, listeners: listeners, callers: callers, store: store,
+            metrics: metrics, reloads: reloads, stopping: stopping)
         announce(configuration, listeners: listeners)
         let signal = serve(running, path: path)
         Log.info("stopping", ["signal": signal])
@@ -399,7 +408,7 @@ enum Broker {
     /// Each listener's routes over `providers`: the token routes (with the proxy's and the cloud
     /// SDK protocols', when configured), the admin routes, and each protocol's own listener's.
     static func makeHandlers(
-        _ configuration: BrokerConfiguration, providers: Providers, sinks: Sinks, jwks: String,
+        _ configuration: BrokerConfiguration, providers: Providers, sinks: CurrentSinks, jwks: String,
         callers: CallerKeyStore?, identityHeader: [UInt8]?, store: OpenedStore?, metrics: BrokerMetrics,
         reloads: ReloadRequests, stopping: StopFlag
     ) -> Handlers {
@@ -473,8 +482,8 @@ enum Broker {
     /// Runs each provider and each template in a task of its own, starts the token files' sinks,
     /// and starts watching the caller keys file.
     private static func start(
-        _ loaded: Loaded, sinks: Sinks, listeners: Listeners, callers: CallerKeyStore?, store: OpenedStore?,
-        metrics: BrokerMetrics, reloads: ReloadRequests, stopping: StopFlag
+        _ loaded: Loaded, sinks: Sinks, currentSinks: CurrentSinks, listeners: Listeners, callers: CallerKeyStore?,
+        store: OpenedStore?, metrics: BrokerMetrics, reloads: ReloadRequests, stopping: StopFlag
     ) -> Running {
         loaded.startTasks()
         if let callers {
@@ -488,8 +497,8 @@ enum Broker {
             }
         }
         return Running(
-            loaded: loaded, sinks: startSinks(sinks), listeners: listeners, callers: callers, store: store,
-            metrics: metrics, reloads: reloads, stopping: stopping)
+            loaded: loaded, sinks: startSinks(sinks), currentSinks: currentSinks, listeners: listeners,
+            callers: callers, store: store, metrics: metrics, reloads: reloads, stopping: stopping)
     }
 
     /// Logs the addresses bound and the proxies ready, and warns about a configuration left open.

@@ -268,7 +268,7 @@ extension Broker {
             }
         }
         let handlers = makeHandlers(
-            configuration, providers: providers, sinks: running.sinks.sinks, jwks: loaded.jwks,
+            configuration, providers: providers, sinks: running.currentSinks, jwks: loaded.jwks,
             callers: running.callers, identityHeader: identityHeader, store: running.store, metrics: running.metrics,
             reloads: running.reloads, stopping: running.stopping)
         // The keys may name the new providers before their routes are served.

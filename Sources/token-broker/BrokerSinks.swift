@@ -38,6 +38,22 @@ extension Broker {
         }
     }
 
+    /// The token files `/readyz` reports: the writers running now. The admin routes read them
+    /// here at each request, never the writers they were made with: a reload that did not take
+    /// can start writers anew without making new routes, and a route that kept the writers
+    /// stopped by the reload would report their last state for as long as it served.
+    final class CurrentSinks: Sendable {
+        private let sinks: Lock<Sinks>
+
+        init(_ sinks: Sinks) { self.sinks = Lock(sinks) }
+
+        /// From now on, the writers that `/readyz` reports.
+        func use(_ sinks: Sinks) { self.sinks.withLock { $0 = sinks } }
+
+        /// Each token file's state now (`Sinks.reports`).
+        func reports() -> [AdminAPI.TokenFileReport] { sinks.withLock { $0 }.reports() }
+    }
+
     /// The sinks' runners, each in a task of its own.
     struct RunningSinks {
         let sinks: Sinks

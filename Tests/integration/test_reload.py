@@ -428,6 +428,75 @@ def test_a_token_file_of_a_template_moves_to_other_values_when_the_template_has_
         assert wait_until(lambda: sha256(open(path).read().strip()) == record["token_sha256"], timeout=20)
 
 
+def sink_template():
+    """A template of a local signer with room for one child, which a token file holds."""
+    return {"name": "t", "perRequest": ["audience"], "allowedAudiences": ["https://t.example/*"],
+            "maxChildren": 1, "source": {"type": "jwt", "lifetimeSec": 600}}
+
+
+def private_directory(path):
+    """Makes a directory only its owner can write, as a token file's must be."""
+    path.mkdir()
+    path.chmod(0o700)
+    return path
+
+
+def refresh_child(broker, audience, version):
+    """A forced refresh of the template child for `audience` (its `version` refused); waits out a 429."""
+    for _ in range(100):
+        status, _, body = broker.request("POST", f"/providers/t/token/refresh?audience={audience}",
+                                         body=json.dumps({"rejected_version": version}).encode())
+        if status != 429:
+            break
+        time.sleep(0.2)
+    assert status == 200, (status, body)
+    renewed = json.loads(body)
+    assert renewed["version"] > version, renewed
+    return renewed
+
+
+def sink_report(broker, path):
+    """What /readyz says of the token file `path`, ready or not."""
+    _, _, body = broker.request("GET", "/readyz", listener="admin")
+    return next(sink for sink in json.loads(body)["sinks"] if sink["path"] == path)
+
+
+def read_file(path):
+    """The file's contents; None while there is none."""
+    try:
+        with open(path) as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return None
+
+
+def test_readyz_reports_the_token_file_writers_a_reload_that_did_not_take_started_again(tmp_path):
+    """A reload that restarted the token files and then did not take (here: the template has
+    no room for the new file's child, 422) left /readyz asking the writers it had stopped: it
+    went on reporting the version they last wrote, ready or not, while other writers wrote the
+    file; once that version expired it answered 503 for a file that held a valid token."""
+    directory = private_directory(tmp_path / "d1")
+    path = str(directory / "t.token")
+    one = "https://t.example/one"
+
+    def config(audience):
+        return {"providers": [sink_template()], "sinks": [{"provider": "t", "audience": audience, "path": path}]}
+
+    with Broker(config(one)) as broker:
+        assert wait_until(lambda: sink_report(broker, path).get("version") is not None, timeout=20)
+        written = sink_report(broker, path)["version"]
+        rewrite(broker, config("https://t.example/two"))
+        status, document = post_reload(broker)
+        assert status == 422 and "maxChildren 1" in document["error_description"], document
+        renewed = refresh_child(broker, one, written)
+        assert wait_until(lambda: read_file(path) == renewed["access_token"], timeout=20), \
+            "the token file's writer wrote the new token"
+        assert wait_until(lambda: sink_report(broker, path).get("version") == renewed["version"], timeout=20), \
+            ("/readyz reports the writer that wrote it", sink_report(broker, path), renewed["version"])
+        readiness = broker.get_json("/readyz", listener="admin")[0]
+        assert readiness["ready"] and readiness["sinks"][0]["ready"], readiness
+
+
 def test_a_changed_templates_children_go_on_after_the_versions_its_old_children_handed_out(issuer):
     """A reload that changes a template makes a new one, whose children are made anew: they
     number their tokens after every version the old template's children handed out, so that a
