@@ -19,9 +19,10 @@ import TokenBrokerSources
 ///    `reloadTimeoutSec` to get their first token, while the old ones keep serving, so that no
 ///    route answers 503 for want of a first token. One that does not: `abandoned`, the new
 ///    providers stop, and nothing changes. A stop signal meanwhile abandons the reload too.
-/// 5. When any token file's settings or provider changed, the token files are stopped and
-///    started again over the new providers (each file keeps its last token meanwhile), and the
-///    reload waits for each file that held a valid token to hold one again (`restartSinks`).
+/// 5. When any token file's settings or provider changed, the token files get new writers over
+///    the new providers, which start once the reload takes; the old writers go on until then. The
+///    reload waits for each file that holds a valid token to have one at hand for its new writer,
+///    or is abandoned (`restartSinks`).
 /// 6. Each listener's routes are made anew over the new providers and swapped in: requests
 ///    from then on see the new configuration; connections, and requests under way, stay.
 /// 7. The replaced and removed providers shut down. A replaced provider's waiters (long-polls,
@@ -324,80 +325,66 @@ extension Broker {
         return Array(kept.prefix(retiredSignersLimit).reversed())
     }
 
-    /// How restarting the token files ended.
+    /// How handing the token files to new writers ended.
     private enum SinksRestart {
         case started
         /// The new configuration's files cannot all be held (a template at `maxChildren`).
         case invalid(String)
-        /// A file that held a valid token before holds none at the deadline.
+        /// A file that holds a valid token has none to be written by its new writer at the deadline.
         case notWritten(String)
         case stopping(String)
     }
 
-    /// Step 5, before the routes are swapped: the old writers end (a write under way finishes,
-    /// and their held template children are let go, so that the new files can hold theirs),
-    /// then the new ones start, over the new providers, and the reload waits until each file
-    /// that held a valid token holds one again, so that `/readyz` never reports a file the
-    /// reload emptied. On any failure the old writers are started again, as they were.
+    /// Step 5, before the routes are swapped. The new writers are made over the new providers
+    /// (holding the template children their files name), but start only once the reload takes:
+    /// until then the old writers go on writing every file, through the directories opened
+    /// when they started. The reload waits until each file that holds a valid token has one at
+    /// hand for its new writer; then the old writers end (a write under way finishes, and their
+    /// held children are let go), the new ones start, and the reload waits for them to write
+    /// those files, so that `/readyz` never reports a file the reload emptied.
+    ///
+    /// A reload that does not take lets go of the new writers' children, and that is all: no
+    /// file has held a token of a configuration that did not take, and no old writer was
+    /// stopped, so none needs starting again (which would reopen, and check again, a directory
+    /// that may since have been replaced or opened to others).
     private static func restartSinks(
         _ running: Running, _ configuration: BrokerConfiguration, _ directories: [SinkDirectory],
         _ providers: Providers, until deadline: ContinuousClock.Instant
     ) -> SinksRestart {
-        let readyBefore = Set(
-            running.sinks.sinks.runners.filter { $0.status().holdsValidToken }.map(\.configuration.path))
-        stopSinks(running.sinks)
-        let recordWrite: @Sendable (String, Bool) -> Void = { [metrics = running.metrics] in
-            metrics.recordSinkWrite(provider: $0, succeeded: $1)
-        }
-        func restoreOld() {
-            let old = running.loaded
-            do {
-                let directories = try openSinkDirectories(old.configuration).get()
-                let sinks = try makeSinks(
-                    old.configuration, directories: directories, providers: old.providers, events: recordWrite)
-                running.sinks = startSinks(sinks)
-                // The restored writers write their files again before the reload answers, so that
-                // a reload that did not take leaves no file not ready in /readyz meanwhile (its
-                // token is at hand: a moment). At most a second, or to the deadline; a stop
-                // signal is left for the main loop.
-                let until = min(deadline, ContinuousClock.now.advanced(by: .seconds(1)))
-                while ContinuousClock.now < until,
-                    sinks.runners.contains(where: {
-                        readyBefore.contains($0.configuration.path) && !$0.status().holdsValidToken
-                    })
-                {
-                    usleep(5_000)
-                }
-            } catch {
-                Log.error(
-                    "token files not started again after a reload that did not take", ["problem": error.description])
-            }
-        }
         let sinks: Sinks
         do {
-            sinks = try makeSinks(configuration, directories: directories, providers: providers, events: recordWrite)
+            sinks = try makeSinks(configuration, directories: directories, providers: providers) {
+                [metrics = running.metrics] in metrics.recordSinkWrite(provider: $0, succeeded: $1)
+            }
         } catch {
-            restoreOld()
             return .invalid(error.description)
         }
-        let started = startSinks(sinks)
-        let unwritten = {
-            sinks.runners.first { readyBefore.contains($0.configuration.path) && !$0.status().holdsValidToken }
-        }
+        let readyBefore = Set(
+            running.sinks.sinks.runners.filter { $0.status().holdsValidToken }.map(\.configuration.path))
+        let keptReady = sinks.runners.filter { readyBefore.contains($0.configuration.path) }
         let outcome: SinksRestart
-        switch waitUntil(deadline, for: unwritten) {
+        switch waitUntil(deadline, for: { keptReady.first { !$0.provider.status().hasValidToken } }) {
         case .done:
-            running.sinks = started
+            stopSinks(running.sinks)
+            running.sinks = startSinks(sinks)
+            // The reload has taken: past the deadline too, the new writers get a moment to
+            // write (their tokens are at hand), and a stop signal is left for the main loop.
+            let until = max(deadline, ContinuousClock.now.advanced(by: .seconds(1)))
+            while ContinuousClock.now < until, keptReady.contains(where: { !$0.status().holdsValidToken }) {
+                usleep(5_000)
+            }
             return .started
         case .stopping(let stop):
             outcome = .stopping(stop)
         case .pastDeadline(let pending):
-            outcome = .notWritten(
-                "token file \(JSONText.quoted(pending.configuration.path)) held no valid token within"
-                    + " \(configuration.reloadTimeoutSec) s (reloadTimeoutSec)")
+            var problem =
+                "token file \(JSONText.quoted(pending.configuration.path)): its provider"
+                + " \(JSONText.quoted(pending.configuration.provider)) got no token within"
+                + " \(configuration.reloadTimeoutSec) s (reloadTimeoutSec)"
+            if let error = pending.provider.status().lastError { problem += "; last error: \(error.summary)" }
+            outcome = .notWritten(problem)
         }
-        stopSinks(started)
-        restoreOld()
+        for (template, values) in sinks.held { template.release(values) }
         return outcome
     }
 

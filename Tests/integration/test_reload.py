@@ -497,6 +497,82 @@ def test_readyz_reports_the_token_file_writers_a_reload_that_did_not_take_starte
         assert readiness["ready"] and readiness["sinks"][0]["ready"], readiness
 
 
+@pytest.mark.parametrize("change", ["opened to others", "renamed"])
+def test_after_a_reload_that_did_not_take_the_token_file_is_written_through_the_directory_opened_at_start(
+        tmp_path, change):
+    """A reload that did not take started the old writers again by opening their directories
+    by path and checking them anew: a directory opened to others since start (chmod 777) then
+    left no writer at all until a restart, and one renamed and replaced got the token in the
+    replacement, where README says a directory replaced later receives nothing."""
+    directory = private_directory(tmp_path / "d1")
+    path = str(directory / "t.token")
+    one = "https://t.example/one"
+    config = {"providers": [sink_template()], "sinks": [{"provider": "t", "audience": one, "path": path}]}
+    with Broker(config) as broker:
+        assert wait_until(lambda: sink_report(broker, path).get("version") is not None, timeout=20)
+        written = sink_report(broker, path)["version"]
+        if change == "opened to others":
+            directory.chmod(0o777)
+            opened = directory
+        else:
+            opened = tmp_path / "d1-moved"
+            directory.rename(opened)
+            private_directory(directory)
+        # The file moves to another directory and another child, for which the template has no room.
+        other = private_directory(tmp_path / "d2")
+        rewrite(broker, {**config, "sinks": [{"provider": "t", "audience": "https://t.example/two",
+                                               "path": str(other / "t.token")}]})
+        status, document = post_reload(broker)
+        assert status == 422 and "maxChildren 1" in document["error_description"], document
+        renewed = refresh_child(broker, one, written)
+        assert wait_until(lambda: read_file(str(opened / "t.token")) == renewed["access_token"], timeout=20), \
+            ("the directory opened at start holds the new token", broker.stderr())
+        assert "token files not started again" not in broker.stderr()
+        if change == "renamed":
+            assert not os.path.exists(path), "the directory that replaced the one opened at start receives nothing"
+        assert not os.path.exists(other / "t.token")
+        report = sink_report(broker, path)
+        assert report["ready"] and report["version"] == renewed["version"], report
+
+
+def test_an_abandoned_reload_writes_nothing_of_the_new_configuration_into_the_token_files(tmp_path):
+    """README: an abandoned reload changes nothing and the old writers go on. The new writers
+    wrote each file as soon as their provider had a token, and an abandoned reload then put the
+    old ones back: for up to reloadTimeoutSec a file held another provider's token, from a
+    configuration that did not take."""
+    directory = private_directory(tmp_path / "run")
+    first, second = str(directory / "first.token"), str(directory / "second.token")
+    signers = [{"name": "p1", "source": {"type": "jwt", "audience": "a", "lifetimeSec": 600}},
+               {"name": "p2", "source": {"type": "jwt", "audience": "b", "lifetimeSec": 600}}]
+    config = {"reloadTimeoutSec": 2, "providers": signers,
+              "sinks": [{"provider": "p1", "path": first}, {"provider": "p1", "path": second}]}
+    # The second file's new provider never gets a token: its issuer is a closed port. A template
+    # is not waited for before the token files are, so the reload reaches them and is abandoned there.
+    down = {"name": "down", "perRequest": ["audience"], "allowedAudiences": ["https://down.example/*"],
+            "maxErrorTokenRefreshDelayMsec": 500,
+            "source": {"type": "oauth2", "tokenURL": f"http://127.0.0.1:{closed_port()}/token", "clientID": "c",
+                       "clientSecret": "not-used"}}
+    with Broker(config) as broker:
+        assert wait_until(lambda: read_file(first) is not None and read_file(second) is not None, timeout=20)
+        old = served(broker, "p1")["access_token"]
+        new = served(broker, "p2")["access_token"]
+        assert read_file(first) == old and read_file(second) == old
+        rewrite(broker, {**config, "providers": [*signers, down],
+                         "sinks": [{"provider": "p2", "path": first},
+                                   {"provider": "down", "audience": "https://down.example/x", "path": second}]})
+        status, document = post_reload(broker)
+        assert status == 503 and document["error"] == "reload_abandoned", document
+        assert second in document["error_description"], document
+        new_fingerprint = "sha256:" + sha256(new)[:12]
+        writes = [line for line in broker.stderr().splitlines() if "msg=\"token file written" in line]
+        assert not [line for line in writes if new_fingerprint in line], \
+            "the new provider's token was written into a file of the configuration that stays"
+        assert read_file(first) == old and read_file(second) == old
+        readiness = broker.get_json("/readyz", listener="admin")[0]
+        assert readiness["ready"] and [sink["provider"] for sink in readiness["sinks"]] == ["p1", "p1"], readiness
+        assert_still_running(broker, config, ["p1", "p2"])
+
+
 def test_a_changed_templates_children_go_on_after_the_versions_its_old_children_handed_out(issuer):
     """A reload that changes a template makes a new one, whose children are made anew: they
     number their tokens after every version the old template's children handed out, so that a
