@@ -15,8 +15,9 @@ enum ReloadCommand {
         listener's POST /reload, and waits for the reload to end (a changed provider's replacement
         may take up to the broker's reloadTimeoutSec to get its first token).
 
-          --config FILE     the configuration whose admin listener to ask; else TOKEN_BROKER_CONFIG,
-                            with TOKEN_BROKER_ADMIN_LISTEN applied over it
+          --config FILE     the configuration whose admin listener to ask (its adminListen as the
+                            file says now); else TOKEN_BROKER_CONFIG, with TOKEN_BROKER_ADMIN_LISTEN
+                            applied over it
           --address ADDR    ask http://HOST[:PORT] or unix:/path instead
           --timeout SEC     the longest wait for the answer, 1-660; by default the reloadTimeoutSec of
                             the configuration read, and 60 s more (default 90); with --address, 660
@@ -84,6 +85,13 @@ enum ReloadCommand {
         return "reloaded; " + parts.joined(separator: "; ")
     }
 
+    /// Said when nothing answers at the admin listener found in the configuration file: the
+    /// address is the file's as it is now, which a reload that changes `adminListen` (refused:
+    /// it needs a restart) makes another than the running broker's, which then never hears of it.
+    static let fileAddressHint =
+        " (asked at the adminListen the configuration gives now: if it changed since the broker started,"
+        + " which needs a restart, give the broker's address with --address)"
+
     /// The `error` codes of a reload that did not take (`ErrorAnswer`).
     static let notReloaded = ["invalid_configuration", "reload_refused", "reload_abandoned"]
 
@@ -105,7 +113,10 @@ enum ReloadCommand {
                 endpoint, method: "POST", headers: [("Token-Broker-Request", "true")],
                 timeoutMsec: timeoutSec(given, environment: environment) * 1000,
                 maxResponseBytes: 1 << 20
-            ).get()
+            ).mapError { failure in
+                guard failure.exit == .unreachable, given.address == nil else { return failure }
+                return CommandLineClient.Failure(failure.exit, failure.reason + fileAddressHint)
+            }.get()
             let reason = CommandLineClient.brokerError(status: response.status, body: response.body)
             // Every answer of POST /reload is the broker's JSON (`application/json`).
             guard CommandLineClient.brokerDocument(response) != nil else {

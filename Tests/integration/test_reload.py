@@ -899,3 +899,22 @@ def test_the_reload_command_reloads_prints_one_line_and_says_why_it_did_not(issu
         assert reloads(broker) == counted(reloaded=1, invalid=1, refused=1)
     # The broker stopped: unreachable, exit 3.
     assert_failure(reload_command(admin), UNREACHABLE, command="reload")
+
+
+def test_the_reload_command_asks_the_admin_listener_its_file_names_and_says_so_when_nothing_answers_there(issuer):
+    """`reload --config FILE` finds the broker at the file's adminListen as it is now: after a
+    change of adminListen (which needs a restart) nothing answers there, and the command said
+    only "broker unreachable". It now says where it asked and how to reach the broker; asked
+    there, the broker refuses the change (409, exit 5)."""
+    config = {"listen": "127.0.0.1:0", "adminListen": f"127.0.0.1:{closed_port()}",
+              "providers": [provider(issuer, "keep")]}
+    with Broker(config, listen=None, admin=None) as broker:
+        path = os.path.join(broker.workdir, "config.json")
+        result = run_broker("reload", "--config", path, timeout=90)
+        assert result.returncode == 0, result.stderr
+        rewrite(broker, {**config, "adminListen": f"127.0.0.1:{closed_port()}"})
+        assert_failure(run_broker("reload", "--config", path, timeout=90), UNREACHABLE, command="reload",
+                       mentions=("adminListen", "--address"))
+        result = run_broker("reload", "--address", f"http://{broker.addresses['admin']}", timeout=90)
+        assert_failure(result, REFUSED, command="reload", mentions=("adminListen", "restart"))
+        assert reloads(broker) == counted(reloaded=1, refused=1)
