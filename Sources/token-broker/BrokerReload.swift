@@ -366,13 +366,18 @@ extension Broker {
         switch waitUntil(deadline, for: { keptReady.first { !$0.provider.status().hasValidToken } }) {
         case .done:
             stopSinks(running.sinks)
-            running.sinks = startSinks(sinks)
-            // The reload has taken: past the deadline too, the new writers get a moment to
-            // write (their tokens are at hand), and a stop signal is left for the main loop.
-            let until = max(deadline, ContinuousClock.now.advanced(by: .seconds(1)))
+            let started = startSinks(sinks)
+            // The reload has taken: the new writers get a moment to write (their tokens are at
+            // hand), 1 s at most, so that a write that fails (a full disk: `/readyz` and the log
+            // say so) does not hold the main loop until the deadline; a stop signal is left for
+            // the main loop. Only then does `/readyz` report them: until their first write it
+            // reports the old writers, stopped, with the valid tokens they wrote, not a file
+            // "not ready" because its new writer has yet to write it.
+            let until = ContinuousClock.now.advanced(by: .seconds(1))
             while ContinuousClock.now < until, keptReady.contains(where: { !$0.status().holdsValidToken }) {
                 usleep(5_000)
             }
+            running.sinks = started
             return .started
         case .stopping(let stop):
             outcome = .stopping(stop)

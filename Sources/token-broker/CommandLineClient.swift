@@ -41,10 +41,14 @@ enum CommandLineClient {
     struct Failure: Error, Equatable {
         var exit: Exit
         var reason: String
+        /// Nothing answered at the address at all (refused, no route), as opposed to an answer
+        /// that did not come in time: then the address itself may be the wrong one.
+        var nothingListens = false
 
-        init(_ exit: Exit, _ reason: String) {
+        init(_ exit: Exit, _ reason: String, nothingListens: Bool = false) {
             self.exit = exit
             self.reason = reason
+            self.nothingListens = nothingListens
         }
     }
 
@@ -181,7 +185,8 @@ enum CommandLineClient {
         case .failure(.timeout(let detail)):
             return .failure(Failure(.unreachable, "broker did not answer in time at \(endpoint.shown): \(detail)"))
         case .failure(.unreachable(let detail)) where UpstreamError.unreachable(detail).isNoAnswer:
-            return .failure(Failure(.unreachable, "broker unreachable at \(endpoint.shown): \(detail)"))
+            return .failure(
+                Failure(.unreachable, "broker unreachable at \(endpoint.shown): \(detail)", nothingListens: true))
         case .failure(.unreachable(let detail)), .failure(.badResponse(let detail)):
             return .failure(
                 Failure(

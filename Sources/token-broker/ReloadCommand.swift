@@ -114,7 +114,9 @@ enum ReloadCommand {
                 timeoutMsec: timeoutSec(given, environment: environment) * 1000,
                 maxResponseBytes: 1 << 20
             ).mapError { failure in
-                guard failure.exit == .unreachable, given.address == nil else { return failure }
+                // Only when nothing listens there: a broker that does not answer in time is
+                // found, and busy (a reload that waits for tokens), not at another address.
+                guard failure.nothingListens, given.address == nil else { return failure }
                 return CommandLineClient.Failure(failure.exit, failure.reason + fileAddressHint)
             }.get()
             let reason = CommandLineClient.brokerError(status: response.status, body: response.body)
