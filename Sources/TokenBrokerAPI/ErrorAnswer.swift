@@ -310,24 +310,27 @@ public enum ErrorAnswer: Sendable, Equatable {
     }
 
     /// The headers the answer carries besides `Content-Type` and `Cache-Control`.
-    public var headers: [(String, String)] {
+    public var headers: [(String, String)] { headers(retryAfterAtMost: .max) }
+
+    /// `headers`, with a `Retry-After` of at most `limit` seconds.
+    private func headers(retryAfterAtMost limit: Int) -> [(String, String)] {
         switch self {
         case .methodNotAllowed(_, let allow), .methodNotForwarded(_, let allow):
             [("Allow", allow.joined(separator: ", "))]
         case .malformedHead, .tooManyQueryArguments:
             [("Connection", "close")]
         case .shuttingDown:
-            [("Retry-After", "1")]
+            [("Retry-After", String(min(1, limit)))]
         case .refusedWhileStopping:
-            [("Retry-After", "1"), ("Connection", "close")]
+            [("Retry-After", String(min(1, limit))), ("Connection", "close")]
         case .missingCallerKey:
             [("WWW-Authenticate", "Bearer realm=\"token-broker\"")]
         case .invalidCallerKey:
             [("WWW-Authenticate", "Bearer realm=\"token-broker\", error=\"invalid_token\"")]
         case .tokenUnavailable(_, _, _, let retryAfter), .proxyTokenUnavailable(_, _, _, let retryAfter):
-            [("Retry-After", String(retryAfter.map(Self.seconds) ?? 1))]
+            [("Retry-After", String(min(retryAfter.map(Self.seconds) ?? 1, limit)))]
         case .excessiveRefresh(_, _, _, let retryAfter), .tooManyChildren(_, _, let retryAfter):
-            [("Retry-After", String(Self.seconds(retryAfter)))]
+            [("Retry-After", String(min(Self.seconds(retryAfter), limit)))]
         default:
             []
         }
@@ -361,9 +364,7 @@ public enum ErrorAnswer: Sendable, Equatable {
     ///
     /// Its `Retry-After` is at most `protocolRetryAfterLimit`.
     func response(for protocolName: CompatProtocol) -> HTTPResponse {
-        let headers = headers.map { name, value in
-            name == "Retry-After" ? (name, String(min(Int(value) ?? 1, Self.protocolRetryAfterLimit))) : (name, value)
-        }
+        let headers = headers(retryAfterAtMost: Self.protocolRetryAfterLimit)
         switch protocolName {
         case .gce:
             return HTTPResponse(status: status, json: body, headers: headers + [CompatProtocol.metadataFlavor])
