@@ -58,6 +58,11 @@ public final class SinkDirectory: Sendable {
         public let device: UInt64
         public let inode: UInt64
         public let name: String
+
+        /// The file `name` in the directory of `device` and `inode`.
+        public init(device: UInt64, inode: UInt64, name: String) {
+            (self.device, self.inode, self.name) = (device, inode, name)
+        }
     }
 
     /// The identity of the file `name` in this directory.

@@ -70,6 +70,8 @@ extension Broker {
     {
         var directories: [SinkDirectory] = []
         var files: [SinkDirectory.FileIdentity: Int] = [:]
+        // The directories a file could be made in: probed once each, however many sinks share one.
+        var probed: Set<SinkDirectory.FileIdentity> = []
         let used = UsedFiles(configuration)
         for (index, sink) in configuration.sinks.enumerated() {
             let key = "sinks[\(index)].path"
@@ -80,7 +82,8 @@ extension Broker {
             }
             if let problem = aclProblem(directory, holding: "token file") ?? directory.fileProblem(for: sink.path)
                 ?? used.problem(for: sink.path, in: directory)
-                ?? directory.creationProblem(holding: "token file")
+                ?? (probed.insert(directory.identity(of: ".")).inserted
+                    ? directory.creationProblem(holding: "token file") : nil)
             {
                 return .failure(ConfigurationError(key: key, problem))
             }
@@ -108,7 +111,7 @@ extension Broker {
     struct UsedFiles {
         /// Each file, as messages show it, by the name it has in its directory: the name as
         /// configured, and the name its symbolic links lead to, when they lead to one.
-        private var names: [Name: String] = [:]
+        private var names: [SinkDirectory.FileIdentity: String] = [:]
         /// Each existing file, as messages show it, by its device and inode, whatever name it goes by.
         private var inodes: [Inode: String] = [:]
         /// The file store's directory, by device and inode.
@@ -128,12 +131,6 @@ extension Broker {
             }
         }
 
-        /// A name in a directory.
-        private struct Name: Hashable {
-            let directory: Inode
-            let name: String
-        }
-
         init(_ configuration: BrokerConfiguration) {
             for path in configuration.filesUsed where !path.isEmpty {
                 let shown =
@@ -142,7 +139,8 @@ extension Broker {
                     : "\(path), a file the configuration names (a key, a secret, a TLS file, a socket, the store's)"
                 for name in [path] + (Self.resolved(path).map { [$0] } ?? []) {
                     if let directory = Inode(BrokerConfiguration.directory(of: name)) {
-                        let named = Name(directory: directory, name: AtomicFileWriter.fileName(of: name))
+                        let named = SinkDirectory.FileIdentity(
+                            device: directory.device, inode: directory.inode, name: AtomicFileWriter.fileName(of: name))
                         names[named] = names[named] ?? shown
                     }
                 }
@@ -171,7 +169,7 @@ extension Broker {
             }
             var existing = stat()
             let found =
-                names[Name(directory: directoryInode, name: name)]
+                names[directory.identity(of: name)]
                 ?? (fstatat(directory.descriptor, name, &existing, AT_SYMLINK_NOFOLLOW) == 0
                     ? inodes[Inode(device: UInt64(existing.st_dev), inode: UInt64(existing.st_ino))] : nil)
             guard let found else { return nil }
