@@ -25,6 +25,10 @@ import TokenBrokerCrypto
 /// Temporary files are named `.{name}.tmp-{pid}-{n}`; those a crash left behind are removed by
 /// `removeLeftovers()`, which a sink calls at its start.
 ///
+/// A writer that another replaces (a reload gives a token file a writer of its own) is
+/// `retire()`d: from then on its writes are abandoned before their rename, so that a write held
+/// up past its writer's stop (a slow `fsync`) cannot put an older token over the newer writer's.
+///
 /// The calls block: run `write` off Swift's cooperative pool (`SinkRunner` uses a queue of its own).
 public final class AtomicFileWriter: Sendable {
     /// The file replaced.
@@ -41,6 +45,9 @@ public final class AtomicFileWriter: Sendable {
     private let temporaryPrefix: String
     /// Numbers temporary files, so that each write, and each retry after a name already taken, has its own.
     private let counter = Lock<UInt64>(0)
+    /// Whether `retire()` was called. Held across each rename: a rename has either landed when
+    /// `retire()` returns, or never will.
+    private let retired = Lock<Bool>(false)
 
     /// Temporary names tried before a write gives up, when names are already taken.
     static let maximumAttempts = 16
@@ -131,12 +138,22 @@ public final class AtomicFileWriter: Sendable {
         open = false
         // Linux closes the descriptor even when close fails (EINTR included): never close it twice.
         guard Glibc.close(fd) == 0 else { return fail(.system("close", temporaryPath, errno)) }
-        guard renameat(directory.descriptor, temporary, directory.descriptor, name) == 0 else {
-            return fail(.system("rename", path, errno))
+        let renamed = retired.withLock { retired -> Result<Void, FileWriteError> in
+            guard !retired else { return .failure(.abandoned(path)) }
+            guard renameat(directory.descriptor, temporary, directory.descriptor, name) == 0 else {
+                return .failure(.system("rename", path, errno))
+            }
+            return .success(())
         }
+        if case .failure(let error) = renamed { return fail(error) }
         if let error = Self.sync(directory.descriptor, path: directory.path) { return .failure(error) }
         return .success(())
     }
+
+    /// Abandons every write from now on before its rename (`FileWriteError.abandoned`), and
+    /// waits for a rename under way to land: once it returns, this writer never changes the file
+    /// again. A write under way still removes its temporary file.
+    public func retire() { retired.withLock { $0 = true } }
 
     /// Removes the temporary files of this file that an earlier run left behind (a crash between
     /// create and rename): the regular files named `.{name}.tmp-{digits}-{digits}`, whichever
@@ -274,6 +291,12 @@ public struct FileWriteError: Error, Sendable, Equatable, CustomStringConvertibl
     static func system(_ call: String, _ path: String, _ code: Int32) -> Self {
         Self(call: call, path: path, code: code)
     }
+
+    /// A write abandoned before its rename because its writer was retired (`AtomicFileWriter.retire()`).
+    static func abandoned(_ path: String) -> Self { Self(call: "rename", path: path, code: ECANCELED) }
+
+    /// Whether the write was abandoned because its writer was retired, not failed by the system.
+    public var isAbandoned: Bool { call == "rename" && code == ECANCELED }
 
     func addingCleanupFailure(unlink path: String, _ code: Int32) -> Self {
         var error = self

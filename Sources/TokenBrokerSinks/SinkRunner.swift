@@ -123,6 +123,12 @@ public final class SinkRunner<C: Clock>: Sendable where C.Duration == Duration {
         }
     }
 
+    /// Makes sure this runner never writes its file again, once it is stopped (its task
+    /// cancelled) and another may write the file: a write under way is abandoned before its
+    /// rename, or has landed when this returns (`AtomicFileWriter.retire()`). Blocks for a
+    /// rename under way, never for the rest of a write.
+    public func retire() { writer.retire() }
+
     /// What the sink has done so far, and whether its file holds a valid token now.
     public func status() -> SinkStatus {
         let now = provider.clock.now
@@ -176,7 +182,9 @@ public final class SinkRunner<C: Clock>: Sendable where C.Duration == Duration {
                 let result = writer.write(bytes)
                 let error = result.failure
                 state.withLock { state in
-                    if let error {
+                    if let error, error.isAbandoned {
+                        // Retired: the file is the next writer's now, and this one's state stays as it was.
+                    } else if let error {
                         state.status.failures += 1
                         state.status.lastError = error
                     } else {

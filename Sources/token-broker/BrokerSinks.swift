@@ -238,7 +238,7 @@ extension Broker {
         }
         let events = SinkEvents(
             wrote: { write in
-                recordWrite(write.sink.provider, write.error == nil)
+                if write.error?.isAbandoned != true { recordWrite(write.sink.provider, write.error == nil) }
                 logSinkWrite(write)
             },
             cleanedUp: logSinkCleanup)
@@ -306,7 +306,9 @@ extension Broker {
         return RunningSinks(sinks: sinks, tasks: tasks)
     }
 
-    /// Stops every runner and waits, at most `limit`, for a write under way to end.
+    /// Stops every runner and waits, at most `limit`, for a write under way to end; then retires
+    /// each runner's writer (`SinkRunner.retire()`), so that a write still held up (a slow
+    /// `fsync`) is abandoned rather than landing later over what the writers after it wrote.
     ///
     /// - Important: blocks the calling thread: call it from the main thread, never from Swift's pool.
     static func stopSinks(_ running: RunningSinks, atMost limit: Duration = .seconds(2)) {
@@ -321,13 +323,22 @@ extension Broker {
             Log.warning(
                 "a token file write was still under way at stop", ["waited_ms": String(limit.wholeMilliseconds)])
         }
+        for runner in running.sinks.runners { runner.retire() }
         for (template, values) in running.sinks.held { template.release(values) }
     }
 
     /// One log line per write: the file, the version and the token's fingerprint; a failure with its reason.
     private static func logSinkWrite(_ write: SinkEvents.Write) {
         let sink = write.sink
-        if let error = write.error {
+        if let error = write.error, error.isAbandoned {
+            Log.warning(
+                "token file write abandoned: its writer was stopped before the write ended; the file keeps what"
+                    + " was written before it, or after it by the writer that took over",
+                [
+                    "provider": sink.provider, "path": sink.path, "version": String(write.version),
+                    "token": write.fingerprint,
+                ])
+        } else if let error = write.error {
             Log.error(
                 "token file not written; the file keeps its previous token, and the write is tried again",
                 [

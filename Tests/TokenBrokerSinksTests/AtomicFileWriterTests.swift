@@ -1,3 +1,4 @@
+import Dispatch
 import Foundation
 import Glibc
 import Testing
@@ -100,6 +101,50 @@ import TokenBrokerTestSupport
         }
         #expect(error.call == "rename")
         #expect(entries(directory.url.path) == ["token"], "the temporary file is removed")
+    }
+
+    @Test func aRetiredWritersWritesAreAbandonedAndTheFileKeepsItsSuccessors() throws {
+        let directory = try privateDirectory()
+        let path = directory.path("token")
+        let old = try AtomicFileWriter(path: path, mode: 0o600)
+        let successor = try AtomicFileWriter(path: path, mode: 0o600)
+        #expect(old.write(Array("old-1".utf8)).failed == nil)
+        old.retire()
+        #expect(successor.write(Array("new-1".utf8)).failed == nil)
+        guard case .failure(let error) = old.write(Array("old-2".utf8)) else {
+            Issue.record("a retired writer's write should be abandoned")
+            return
+        }
+        #expect(error.isAbandoned && error.call == "rename" && error.code == ECANCELED, "\(error)")
+        #expect(contents(path) == "new-1")
+        #expect(entries(directory.url.path) == ["token"], "the abandoned write's temporary file is removed")
+    }
+
+    @Test func onceRetireReturnsAWriterWritingMeanwhileNeverChangesTheFileAgain() throws {
+        let directory = try privateDirectory()
+        let path = directory.path("token")
+        let old = try AtomicFileWriter(path: path, mode: 0o600)
+        let successor = try AtomicFileWriter(path: path, mode: 0o600)
+        let started = DispatchSemaphore(value: 0)
+        let ended = DispatchSemaphore(value: 0)
+        let writes = Lock(0)
+        // The old writer writes as fast as it can, 20,000 times at most, until its writes are abandoned.
+        Thread.detachNewThread {
+            started.signal()
+            for index in 0..<20_000 {
+                let result = old.write(Array("old-\(index)".utf8))
+                writes.withLock { $0 += 1 }
+                if case .failure(let error) = result, error.isAbandoned { break }
+            }
+            ended.signal()
+        }
+        started.wait()
+        while writes.withLock({ $0 }) < 10 { usleep(1_000) }
+        old.retire()
+        #expect(successor.write(Array("new".utf8)).failed == nil)
+        #expect(ended.wait(timeout: .now() + 60) == .success, "the old writer's loop ends")
+        #expect(contents(path) == "new", "no write of the old writer landed after retire() returned")
+        #expect(entries(directory.url.path) == ["token"])
     }
 
     @Test func longNamesThatBeginAlikeKeepTheirLeftoversApart() throws {

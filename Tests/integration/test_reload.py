@@ -12,6 +12,7 @@ where they happen.
 import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -609,6 +610,77 @@ def test_an_abandoned_reload_writes_nothing_of_the_new_configuration_into_the_to
         readiness = broker.get_json("/readyz", listener="admin")[0]
         assert readiness["ready"] and [sink["provider"] for sink in readiness["sinks"]] == ["p1", "p1"], readiness
         assert_still_running(broker, config, ["p1", "p2"])
+
+
+def slow_disk_library(tmp_path):
+    """Tests/integration/preload/slow_disk.c built as a shared library: a slow disk, for one call."""
+    compiler = shutil.which("cc") or shutil.which("clang")
+    assert compiler, "a C compiler (cc, or the Swift toolchain's clang) builds the slow-disk library"
+    source = os.path.join(os.path.dirname(__file__), "preload", "slow_disk.c")
+    library = str(tmp_path / "slow_disk.so")
+    subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", library, source, "-ldl"], check=True, timeout=120)
+    return library
+
+
+def slow_disk_environment(library, trigger):
+    environment = {"LD_PRELOAD": library, "SLOW_DISK_TRIGGER": trigger, "SLOW_DISK_SECONDS": "6"}
+    if os.environ.get("ASAN_OPTIONS") is not None:
+        # AddressSanitizer's runtime wants to come first among the preloaded libraries.
+        environment["ASAN_OPTIONS"] = os.environ["ASAN_OPTIONS"] + ":verify_asan_link_order=0"
+    return environment
+
+
+def test_a_write_held_up_past_its_writer_s_stop_never_lands_over_the_new_writer_s_token(tmp_path):
+    """At a reload the old token-file writers are given 2 s to end a write under way, then the new
+    ones start. An old write held up longer (here the creation of its temporary file takes 6 s:
+    a slow disk) went on and renamed its token over the one the new writer had written: the
+    file went back to the old provider's token, from a configuration the reload had replaced,
+    until the new provider's next refresh. The old writer is retired now: its late write is
+    abandoned before its rename."""
+    library = slow_disk_library(tmp_path)
+    trigger = str(tmp_path / "slow-next-create")
+    directory = private_directory(tmp_path / "run")
+    path = str(directory / "t.token")
+    signers = [{"name": name, "source": {"type": "jwt", "audience": name, "lifetimeSec": 600}} for name in ("p1", "p2")]
+
+    def config(name):
+        return {"providers": signers, "sinks": [{"provider": name, "path": path}]}
+
+    with Broker(config("p1"), env=slow_disk_environment(library, trigger)) as broker:
+        assert wait_until(lambda: sink_report(broker, path).get("ready"), timeout=20)
+        first = served(broker, "p1")
+        assert read_file(path) == first["access_token"]
+        # The next write's temporary file is the slow one to make: p1's forced refresh.
+        with open(trigger, "w"):
+            pass
+        status, _, body = broker.request("POST", "/providers/p1/token/refresh",
+                                         body=json.dumps({"rejected_version": first["version"]}).encode())
+        assert status == 200, (status, body)
+        held_up = json.loads(body)["version"]
+        assert wait_until(lambda: os.path.exists(trigger + ".taken"), timeout=20), "the old writer's write is held up"
+        rewrite(broker, config("p2"))
+        status, document = post_reload(broker)
+        assert status == 200, document
+        new = served(broker, "p2")["access_token"]
+        assert wait_until(lambda: read_file(path) == new, timeout=20), "the new writer wrote p2's token"
+
+        def held_up_write_ended():
+            for line in broker.stderr().splitlines():
+                fields = logfmt(line)
+                if fields.get("provider") == "p1" and fields.get("version") == str(held_up) and \
+                        fields.get("msg", "").startswith("token file"):
+                    return fields
+            return None
+
+        # The held-up write ends 6 s after it began: abandoned, or (the bug) renamed over p2's token.
+        assert wait_until(held_up_write_ended, timeout=30), broker.stderr()
+        assert held_up_write_ended()["msg"].startswith("token file write abandoned"), held_up_write_ended()
+        assert jwt.decode(read_file(path), options={"verify_signature": False})["aud"] == "p2", \
+            "the old writer's late write put p1's token back over p2's"
+        assert read_file(path) == new
+        assert broker.metric("token_broker_sink_writes_total", provider="p1", result="error") == 0
+        assert sink_report(broker, path)["ready"]
+        assert [name for name in os.listdir(directory)] == ["t.token"], "the abandoned write left no temporary file"
 
 
 def test_a_changed_templates_children_go_on_after_the_versions_its_old_children_handed_out(issuer):
