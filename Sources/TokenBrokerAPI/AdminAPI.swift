@@ -40,13 +40,18 @@ public final class AdminAPI: HTTPHandler {
         public var ready: Bool
         /// Why the last write failed, while no write has succeeded since.
         public var lastError: String?
+        /// Why readers of the path do not see the writes (the directory was replaced since start).
+        public var problem: String?
 
-        public init(provider: String, path: String, version: UInt64?, ready: Bool, lastError: String?) {
+        public init(
+            provider: String, path: String, version: UInt64?, ready: Bool, lastError: String?, problem: String? = nil
+        ) {
             self.provider = provider
             self.path = path
             self.version = version
             self.ready = ready
             self.lastError = lastError
+            self.problem = problem
         }
     }
 
@@ -172,6 +177,7 @@ public final class AdminAPI: HTTPHandler {
             ]
             if let version = file.version { members.append(("version", String(version))) }
             if let error = file.lastError { members.append(("last_error", JSONText.quoted(error))) }
+            if let problem = file.problem { members.append(("problem", JSONText.quoted(problem))) }
             return JSONText.object(members)
         }
         var members = [

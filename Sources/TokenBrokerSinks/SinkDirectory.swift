@@ -70,6 +70,25 @@ public final class SinkDirectory: Sendable {
         FileIdentity(device: device, inode: inode, name: name)
     }
 
+    /// Why the directory that `path` names now is not this one, or nil while it is: since it was
+    /// opened, it was renamed away, replaced or removed, or a symbolic link on the way was
+    /// repointed. Writes still go to this one (`AtomicFileWriter`), where readers that open the
+    /// file by its path no longer look.
+    public func replacementProblem() -> String? {
+        var status = stat()
+        guard stat(path, &status) == 0 else {
+            let reason = String(cString: strerror(errno))
+            return "the directory \(path) cannot be examined now (\(reason)): the file is written into the"
+                + " directory opened at start, where readers of the path may no longer look"
+        }
+        guard UInt64(status.st_dev) == device, UInt64(status.st_ino) == inode else {
+            return "the directory \(path) was renamed or replaced since the broker opened it: the file is"
+                + " written into the directory opened then, where readers of the path no longer look;"
+                + " a restart, or a reload that changes the token files, opens the one now at the path"
+        }
+        return nil
+    }
+
     /// Why `path`'s directory cannot hold a token file, or nil when it can; the directory is
     /// opened and checked (`open(_:)`) then closed again.
     public static func problem(for path: String) -> String? {

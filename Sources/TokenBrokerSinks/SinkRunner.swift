@@ -129,14 +129,17 @@ public final class SinkRunner<C: Clock>: Sendable where C.Duration == Duration {
     /// rename under way, never for the rest of a write.
     public func retire() { writer.retire() }
 
-    /// What the sink has done so far, and whether its file holds a valid token now.
+    /// What the sink has done so far, whether its file holds a valid token now, and whether its
+    /// directory is still the one at its path (a `stat`, outside the lock).
     public func status() -> SinkStatus {
         let now = provider.clock.now
-        return state.withLock { state in
+        var status = state.withLock { state in
             var status = state.status
             status.holdsValidToken = status.version != nil && state.writtenExpiry.map { now < $0 } ?? true
             return status
         }
+        status.directoryProblem = writer.directory.replacementProblem()
+        return status
     }
 
     // MARK: - Writing

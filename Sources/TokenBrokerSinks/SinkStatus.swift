@@ -21,11 +21,14 @@ public struct SinkStatus: Sendable, Equatable {
     public var failures: Int
     /// Why the last write failed, until a write succeeds; nil when the last write succeeded.
     public var lastError: FileWriteError?
+    /// Why readers of the path no longer see the file's writes (its directory was replaced
+    /// since start: `SinkDirectory.replacementProblem()`), looked at when the status is read.
+    public var directoryProblem: String?
 
     public init(
         provider: String, path: String, format: SinkConfiguration.Format, version: UInt64? = nil,
         fingerprint: String? = nil, holdsValidToken: Bool = false, writes: Int = 0, failures: Int = 0,
-        lastError: FileWriteError? = nil
+        lastError: FileWriteError? = nil, directoryProblem: String? = nil
     ) {
         self.provider = provider
         self.path = path
@@ -36,6 +39,7 @@ public struct SinkStatus: Sendable, Equatable {
         self.writes = writes
         self.failures = failures
         self.lastError = lastError
+        self.directoryProblem = directoryProblem
     }
 }
 

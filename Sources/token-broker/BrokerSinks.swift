@@ -33,7 +33,8 @@ extension Broker {
                 let status = runner.status()
                 return AdminAPI.TokenFileReport(
                     provider: status.provider, path: status.path, version: status.version,
-                    ready: status.holdsValidToken, lastError: status.lastError?.description)
+                    ready: status.holdsValidToken && status.directoryProblem == nil,
+                    lastError: status.lastError?.description, problem: status.directoryProblem)
             }
         }
     }

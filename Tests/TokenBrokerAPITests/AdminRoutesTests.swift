@@ -51,6 +51,18 @@ final class FakeTemplate: TemplateStatusReporting {
             failing?.bodyText.contains(
                 bytes: #"{"provider":"a","path":"/run/tb/a.token","ready":false,"version":3,"#
                     + #""last_error":"rename /run/tb/a.token: Permission denied"}"#) == true)
+        // The file's directory was replaced: its writes go where readers of the path no longer look.
+        files.withLock {
+            $0[0].lastError = nil
+            $0[0].problem = "the directory /run/tb was renamed or replaced since the broker opened it"
+        }
+        let replaced = api.handle(request("/readyz", guarded: false)).immediate
+        #expect(replaced?.status == 503)
+        #expect(
+            replaced?.bodyText.contains(
+                bytes: #"{"provider":"a","path":"/run/tb/a.token","ready":false,"version":3,"#
+                    + #""problem":"the directory /run/tb was renamed or replaced since the broker opened it"}"#) == true
+        )
     }
 
     /// Once the broker begins to stop, it is not ready, though its providers still hold tokens:

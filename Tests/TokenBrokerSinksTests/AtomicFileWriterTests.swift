@@ -423,9 +423,12 @@ import TokenBrokerTestSupport
         try setMode(folder, 0o700)
         let writer = try AtomicFileWriter(path: folder + "/token", mode: 0o600)
         #expect(writer.write(Array("token-1".utf8)).failed == nil)
+        #expect(writer.directory.replacementProblem() == nil)
         // What another user could do in a parent they can write: move the directory away, put another in its place.
         #expect(rename(folder, directory.path("moved")) == 0)
+        #expect(writer.directory.replacementProblem()?.contains("cannot be examined now (No such file") == true)
         try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: false)
+        #expect(writer.directory.replacementProblem()?.contains("was renamed or replaced since") == true)
         #expect(writer.write(Array("token-2".utf8)).failed == nil)
         #expect(contents(directory.path("moved") + "/token") == "token-2")
         #expect(entries(folder).isEmpty, "nothing is written into the directory put in its place")

@@ -571,7 +571,12 @@ def test_after_a_reload_that_did_not_take_the_token_file_is_written_through_the_
             assert not os.path.exists(path), "the directory that replaced the one opened at start receives nothing"
         assert not os.path.exists(other / "t.token")
         report = sink_report(broker, path)
-        assert report["ready"] and report["version"] == renewed["version"], report
+        assert report["version"] == renewed["version"], report
+        if change == "renamed":
+            # Readers of the path no longer see the writes: /readyz says so.
+            assert not report["ready"] and "was renamed or replaced" in report["problem"], report
+        else:
+            assert report["ready"] and "problem" not in report, report
 
 
 def test_an_abandoned_reload_writes_nothing_of_the_new_configuration_into_the_token_files(tmp_path):

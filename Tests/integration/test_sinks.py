@@ -338,6 +338,31 @@ def test_leftover_temporary_files_are_removed_at_start_and_counted_in_the_log(tm
 
 # Refused at start
 
+def test_a_directory_replaced_after_start_makes_the_file_not_ready_until_it_is_back(tmp_key, sink_dir):
+    """The writes go through the directory opened at start, so that a directory renamed or
+    replaced later receives nothing; /readyz went on saying the file was ready while readers of
+    the path found no file, or another's. It now reports the file not ready, with the reason."""
+    path = str(sink_dir / "t.token")
+    config = {"providers": [signer(tmp_key)], "sinks": [{"provider": "default", "path": path}]}
+    with Broker(config) as broker:
+        assert wait_until(lambda: read(path) is not None, timeout=20)
+        status, _, body = broker.request("GET", "/readyz", listener="admin")
+        assert status == 200, body
+        moved = str(sink_dir) + "-moved"
+        os.rename(sink_dir, moved)
+        os.mkdir(sink_dir, 0o700)
+        status, _, body = broker.request("GET", "/readyz", listener="admin")
+        report = json.loads(body)
+        assert status == 503 and not report["ready"], report
+        sink = report["sinks"][0]
+        assert not sink["ready"] and str(sink_dir) in sink["problem"] and "renamed or replaced" in sink["problem"], sink
+        # Put back, the directory the broker writes through is the one at the path again.
+        os.rmdir(sink_dir)
+        os.rename(moved, sink_dir)
+        status, _, body = broker.request("GET", "/readyz", listener="admin")
+        assert status == 200 and "problem" not in json.loads(body)["sinks"][0], body
+
+
 @pytest.mark.parametrize("case", ["missing", "0777", "1777", "0703", "parent 0777", "owned by nobody",
                                   "parent owned by nobody"])
 def test_a_directory_missing_or_writable_by_others_stops_the_broker_with_the_reason(tmp_path, case):
