@@ -172,6 +172,7 @@ enum Broker {
             return 2
         }
         for warning in compatWarnings(configuration) { Log.warning("compat", ["problem": warning]) }
+        for warning in templateWarnings(configuration) { Log.warning("template", ["problem": warning]) }
         let sinkDirectories: [SinkDirectory]
         switch openSinkDirectories(configuration) {
         case .success(let opened): sinkDirectories = opened

@@ -6,10 +6,10 @@ import TokenBrokerSources
 /// The cloud SDKs' protocols (`compat`): the steps `Broker.run` takes for them.
 ///
 /// In `run`: `readIdentityHeader` with the other secret files (a problem exits 2), and
-/// `compatWarnings` logged; `compatHandlers` when the routes are made (at start and at each
-/// reload): the routes served on the token listener, and those of each protocol with a
-/// `listen` address, which `openListeners` gives a listener of its own.
-/// `--check-config` reads the header file and prints the same warnings.
+/// `compatWarnings` and `templateWarnings` logged (again at each reload); `compatHandlers` when
+/// the routes are made (at start and at each reload): the routes served on the token listener,
+/// and those of each protocol with a `listen` address, which `openListeners` gives a listener of
+/// its own. `--check-config` reads the header file and prints the same warnings.
 extension Broker {
     /// A protocol's routes for a listener of its own: its name, address and routes.
     typealias OwnCompatRoutes = (name: String, address: ListenAddress, handler: CompatAPI<Provider>)
@@ -162,6 +162,162 @@ extension Broker {
         case .http(let settings):
             settings.expiresInPointer == nil && settings.expiresAtPointer == nil && settings.defaultLifetimeSec == nil
         case .jwt, .oauth2: false
+        }
+    }
+
+    /// Each template that callers without a secret can fill: on the routes that reach it without
+    /// one, its allow-lists admit more combinations of values than its `maxChildren`.
+    ///
+    /// Those routes cannot tell callers apart, so one local client can make `maxChildren`
+    /// children of its choosing (once each, without reading them again), and every other caller
+    /// asking for a combination not made yet then gets 503 `too_many_children` until the earliest
+    /// of them is dropped, `childIdleSec` later. The defence is narrow allow-lists (exact values,
+    /// few enough combinations) or a larger `maxChildren`. A caller key or App Service's secret
+    /// is trusted: the templates reached only with one are not reported. See `reachWithoutSecret`.
+    static func templateWarnings(_ configuration: BrokerConfiguration) -> [String] {
+        var warnings: [String] = []
+        for provider in configuration.providers where provider.isTemplate {
+            let open = reachWithoutSecret(provider, configuration)
+            guard !open.routes.isEmpty, open.combinations.exceeds(provider.maxChildren) else { continue }
+            let prefixes =
+                open.prefixLists.isEmpty
+                ? "" : " (a prefix entry, ending in *, in " + open.prefixLists.sorted().joined(separator: " and ") + ")"
+            let limit = provider.maxChildren
+            let routes =
+                open.routes.dropLast().joined(separator: ", ") + (open.routes.count > 1 ? " and " : "")
+                + open.routes[open.routes.count - 1]
+            let sets = provider.perRequest.contains(.scope) ? " (n scope tokens make 2^n − 1 scope sets)" : ""
+            let keys =
+                open.routes.count == 1 && configuration.clientKeysFile == nil
+                ? ", or give callers keys (clientKeysFile)" : ""
+            warnings.append(
+                "template \"\(provider.name)\": its allow-lists admit \(open.combinations) combinations of values"
+                    + "\(prefixes), more than its maxChildren (\(limit)), on routes that take no secret: \(routes)."
+                    + " Any client there can fill it with \(limit) of its choosing, and every other caller asking for"
+                    + " a new combination then gets 503 too_many_children for up to childIdleSec"
+                    + " (\(provider.childIdleSec) s). Allow exact values only, few enough combinations to fit\(sets),"
+                    + " or raise maxChildren\(keys)")
+        }
+        return warnings
+    }
+
+    /// The routes that reach `provider`'s children without a secret (empty: none does), and how
+    /// many children they can make between them.
+    ///
+    /// - Without `clientKeysFile`, the token listener's routes: any combination
+    ///   `TokenRequestValues.checked` accepts, each parameter of `perRequest` named with an
+    ///   admitted value or left out (the template's default for it, a child of its own) unless its
+    ///   source needs it (`requiredParameters`). They can make every child the protocols can.
+    /// - `compat.gce`'s token route (its `provider`): a scope set each; its identity route
+    ///   (`identityProvider`): an audience each.
+    /// - `compat.azure`'s IMDS route, when served (an identity's `provider`): a resource each, or
+    ///   for a template without `resource` the one scope `R/.default`, which an exact entry
+    ///   admits when it ends so (every such scope set is one of `compat.gce`'s too).
+    ///
+    /// These routes' children differ in the parameters they leave out, so their counts add up.
+    static func reachWithoutSecret(_ provider: ProviderConfiguration, _ configuration: BrokerConfiguration) -> (
+        routes: [String], combinations: Combinations, prefixLists: Set<String>
+    ) {
+        var prefixLists: Set<String> = []
+        /// What `parameter`'s allow-list admits (named, never empty), noting a prefix entry.
+        func admitted(_ parameter: RequestParameter) -> Combinations {
+            let (list, name) =
+                switch parameter {
+                case .audience: (provider.allowedAudiences, "allowedAudiences")
+                case .scope: (provider.allowedScopes, "allowedScopes")
+                case .resource: (provider.allowedResources, "allowedResources")
+                }
+            if list.contains(where: \.isPrefix) { prefixLists.insert(name) }
+            return parameter == .scope ? .scopeSets(list) : .values(list)
+        }
+        let name = provider.name
+        let gce = configuration.compat.gce
+        let azure = configuration.compat.azure.flatMap { $0.servesIMDS ? $0 : nil }
+        let scopeSets = gce?.provider == name
+        let audiences = gce?.identityProvider == name
+        let azureServed = azure?.identities.contains { $0.provider == name } == true
+        var routes: [String] = []
+        var combinations = Combinations.count(0)
+        if configuration.clientKeysFile == nil {
+            let defaults = !provider.perRequest.isSubset(of: provider.requiredParameters)
+            routes.append(
+                "the token listener's routes (no clientKeysFile"
+                    + (defaults ? "; a request there may also leave a parameter out, for the template's default)" : ")")
+            )
+            combinations = provider.perRequest.reduce(.count(1)) { product, parameter in
+                product * (admitted(parameter) + .count(provider.requiredParameters.contains(parameter) ? 0 : 1))
+            }
+        }
+        if scopeSets { routes.append("compat.gce's token route") }
+        if audiences { routes.append("compat.gce's identity route") }
+        if azureServed { routes.append("compat.azure's IMDS route") }
+        // The token listener's children include the protocols'.
+        guard configuration.clientKeysFile != nil else { return (routes, combinations, prefixLists) }
+        if scopeSets { combinations = combinations + admitted(.scope) }
+        if audiences { combinations = combinations + admitted(.audience) }
+        if azureServed, provider.perRequest.contains(.resource) {
+            combinations = combinations + admitted(.resource)
+        } else if azureServed, !scopeSets {
+            // One scope `R/.default` each: unboundedly many after a prefix, else the exact entries ending so.
+            let scopes = provider.allowedScopes.filter { $0.isPrefix || $0.text.hasSuffix("/.default") }
+            if scopes.contains(where: \.isPrefix) { prefixLists.insert("allowedScopes") }
+            combinations = combinations + .values(scopes)
+        }
+        return (routes, combinations, prefixLists)
+    }
+
+    /// A number of combinations of values, counted without overflow: past `Int.max` it stays
+    /// there (so that `Int.max` reads "at least"), and an allow-list with a prefix entry admits
+    /// `unbounded`ly many.
+    enum Combinations: Equatable, CustomStringConvertible {
+        case count(Int)
+        case unbounded
+
+        /// The values an allow-list admits: unboundedly many with a prefix entry, else its exact
+        /// entries, each once.
+        static func values(_ list: [AllowPattern]) -> Self {
+            list.contains(where: \.isPrefix) ? .unbounded : .count(Set(list.map(\.text)).count)
+        }
+
+        /// The scope sets `allowedScopes` admits: 2^n − 1 of n exact scope tokens, every set but the
+        /// empty one (an empty scope is refused), each once whatever its order and repeats (a
+        /// child's scopes are sorted and without repeats).
+        static func scopeSets(_ list: [AllowPattern]) -> Self {
+            guard case .count(let tokens) = values(list) else { return .unbounded }
+            // 2^63 − 1 is Int.max: from 63 tokens on, the count is Int.max (exact at 63, saturated past it).
+            return .count(tokens >= Int.bitWidth - 1 ? .max : (1 << tokens) - 1)
+        }
+
+        /// Each combination of one of `lhs`'s with one of `rhs`'s.
+        static func * (lhs: Self, rhs: Self) -> Self {
+            switch (lhs, rhs) {
+            case (.count(0), _), (_, .count(0)): return .count(0)
+            case (.unbounded, _), (_, .unbounded): return .unbounded
+            case (.count(let left), .count(let right)):
+                let (product, overflow) = left.multipliedReportingOverflow(by: right)
+                return .count(overflow ? .max : product)
+            }
+        }
+
+        /// The combinations of `lhs` and those of `rhs`, which share none.
+        static func + (lhs: Self, rhs: Self) -> Self {
+            guard case .count(let left) = lhs, case .count(let right) = rhs else { return .unbounded }
+            let (sum, overflow) = left.addingReportingOverflow(right)
+            return .count(overflow ? .max : sum)
+        }
+
+        /// Whether more than `limit`.
+        func exceeds(_ limit: Int) -> Bool {
+            guard case .count(let count) = self else { return true }
+            return count > limit
+        }
+
+        var description: String {
+            switch self {
+            case .unbounded: "unboundedly many"
+            case .count(.max): "at least \(Int.max)"
+            case .count(let count): "\(count)"
+            }
         }
     }
 

@@ -298,6 +298,7 @@ extension Broker {
         warnAboutExposedSecretFiles(configuration)
         warnAboutOpenAccess(configuration)
         for warning in compatWarnings(configuration) { Log.warning("compat", ["problem": warning]) }
+        for warning in templateWarnings(configuration) { Log.warning("template", ["problem": warning]) }
         return (.reloaded(summary), nil)
     }
 

@@ -132,6 +132,7 @@ enum Options {
                 return Broker.run(configuration, path: configurationPath(given: configPath, environment: environment))
             }
             for warning in Broker.compatWarnings(configuration) { Log.warning("compat", ["problem": warning]) }
+            for warning in Broker.templateWarnings(configuration) { Log.warning("template", ["problem": warning]) }
             print(
                 "configuration OK: \(configuration.providers.count) provider(s), token listener \(configuration.listen), admin listener \(configuration.adminListen)"
             )
