@@ -54,6 +54,7 @@ EMAIL = "broker@compat-project.iam.gserviceaccount.com"
 # names are opaque to the broker and to google-auth alike.
 ACCOUNT_SCOPES = ["api"]
 AUDIENCE = "https://run.example/orders"
+OTHER_AUDIENCE = "https://run.example/billing"
 VAULT = "https://vault.azure.net"
 USER_CLIENT_ID = "11111111-2222-3333-4444-555555555555"
 USER_OBJECT_ID = "66666666-7777-8888-9999-000000000000"
@@ -99,7 +100,8 @@ def compat_config(issuer, tmp_key, header_file, gce=None, azure=None, id_lifetim
     """Four templates and both protocols on the token listener:
 
     - `gcp`: the OAuth server, a child per scope set (GCE access tokens);
-    - `gcp-id`: the local signer, a child per audience (GCE identity tokens);
+    - `gcp-id`: the local signer, a child per audience (GCE identity tokens), of two exact ones:
+      with a prefix, a client of the routes could fill it (start and `--check-config` warn);
     - `azure`: the OAuth server, a child per resource (the system-assigned identity);
     - `azure-user`: the local signer, a child per scope set (a user-assigned identity), so that a
       resource reaches it as the scope `R/.default`.
@@ -111,7 +113,7 @@ def compat_config(issuer, tmp_key, header_file, gce=None, azure=None, id_lifetim
     return {
         "providers": [
             oauth_template(issuer, "gcp", "scope", "allowedScopes", ["read", "write", "api"]),
-            signer_template("gcp-id", "audience", "allowedAudiences", ["https://run.example/*"], key, id_lifetime),
+            signer_template("gcp-id", "audience", "allowedAudiences", [AUDIENCE, OTHER_AUDIENCE], key, id_lifetime),
             oauth_template(issuer, "azure", "resource", "allowedResources", [VAULT, "https://management.azure.com"]),
             signer_template("azure-user", "scope", "allowedScopes", [VAULT + "/.default"], key, user_lifetime),
         ],
@@ -315,12 +317,12 @@ def test_google_fetch_id_token_returns_a_jwt_for_the_audience_verified_with_the_
         claims = verify(out["id_token"], AUDIENCE)
         assert claims["aud"] == AUDIENCE
         with pytest.raises(jwt.InvalidAudienceError):
-            verify(out["id_token"], "https://run.example/billing")
+            verify(out["id_token"], OTHER_AUDIENCE)
         assert broker_child(broker, "gcp-id", audience=AUDIENCE)["access_token"] == out["id_token"]
         assert issuer.token_requests(since=started) == [], "identity tokens come from the local signer"
         # Another audience, another child.
-        other = google_sdk(address, default=False, audience="https://run.example/billing")
-        assert verify(other["id_token"], "https://run.example/billing")["aud"] == "https://run.example/billing"
+        other = google_sdk(address, default=False, audience=OTHER_AUDIENCE)
+        assert verify(other["id_token"], OTHER_AUDIENCE)["aud"] == OTHER_AUDIENCE
 
 
 # azure-identity

@@ -526,3 +526,87 @@ def test_a_good_template_configuration_passes_the_check(tmp_path, issuer):
                                                              maxChildren=10000, childIdleSec=86400)]}))
     result = run_broker("--check-config", "--config", str(path))
     assert result.returncode == 0, result.stderr
+
+
+# Templates that callers without a secret can fill
+
+def signer_template(name, per_request, max_children=100, **allowed):
+    """A local-signer template (no upstream to contact) taking `per_request`, with `allowed`
+    (allowedAudiences=[…], allowedScopes=[…]) and `max_children`."""
+    return {"name": name, "perRequest": list(per_request), "maxChildren": max_children, "source": {"type": "jwt"},
+            **allowed}
+
+
+def template_warnings(stderr):
+    """The broker's warnings about templates that callers without a secret can fill:
+    `level=warn msg=template problem="template \"NAME\": …"`."""
+    return [line for line in stderr.splitlines() if " level=warn " in line and " msg=template " in line]
+
+
+def checked(tmp_path, config):
+    """--check-config of `config`, which must pass; its template warnings."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    result = run_broker("--check-config", "--config", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    return template_warnings(result.stderr)
+
+
+SEVEN_SCOPES = [f"scope{index}" for index in range(7)]  # 2^7 - 1 = 127 scope sets
+
+
+def test_check_config_warns_of_a_template_any_client_can_fill_without_a_key(tmp_path):
+    """Without clientKeysFile, the token listener's routes take no key: a template whose
+    allow-lists admit more combinations than maxChildren can be filled by any local client, and
+    every other caller then gets too_many_children for a new one."""
+    prefixed = checked(tmp_path, {"providers": [
+        signer_template("orders", ["audience"], allowedAudiences=["https://api.example/*"])]})
+    assert len(prefixed) == 1, prefixed
+    line = prefixed[0]
+    assert r'template \"orders\": its allow-lists admit unboundedly many combinations of values' in line, line
+    assert "allowedAudiences" in line and "more than its maxChildren (100)" in line, line
+    assert "the token listener's routes (no clientKeysFile" in line, line
+    assert "503 too_many_children for up to childIdleSec (3600 s)" in line, line
+    assert "Allow exact values only" in line and "raise maxChildren" in line, line
+    # 7 exact scope tokens: 127 sets, and the request that names none (the template's default):
+    # 128 children against maxChildren.
+    for max_children, warned in [(127, True), (128, False)]:
+        warnings = checked(tmp_path, {"providers": [
+            signer_template("apis", ["scope"], max_children, allowedScopes=SEVEN_SCOPES)]})
+        assert len(warnings) == warned, (max_children, warnings)
+        assert all("admit 128 combinations" in line and f"maxChildren ({max_children})" in line
+                   for line in warnings), warnings
+
+
+def test_a_template_behind_caller_keys_is_not_warned_about_unless_a_protocol_serves_it(tmp_path):
+    keys = tmp_path / "callers.json"
+    keys.write_text(json.dumps({"keys": [
+        {"name": "app", "sha256": sha256("caller-" + secrets.token_hex(16)), "providers": ["*"]}]}))
+    orders = signer_template("orders", ["audience"], allowedAudiences=["https://api.example/*"])
+    assert checked(tmp_path, {"clientKeysFile": str(keys), "providers": [orders]}) == []
+    # compat.gce's token route takes no key: its template's 127 scope sets (it always names a set) count.
+    for max_children, warned in [(100, True), (127, False)]:
+        gcp = signer_template("gcp", ["scope"], max_children, allowedScopes=SEVEN_SCOPES)
+        warnings = checked(tmp_path, {
+            "clientKeysFile": str(keys), "providers": [orders, gcp],
+            "compat": {"gce": {"provider": "gcp", "projectId": "p", "serviceAccountEmail": "a@p",
+                               "scopes": ["scope0"], "listen": "127.0.0.1:9"}}})
+        assert len(warnings) == warned, (max_children, warnings)
+        assert all(r'template \"gcp\"' in line and "admit 127 combinations" in line
+                   and "no secret: compat.gce's token route." in line for line in warnings), warnings
+
+
+def test_the_combinations_warned_about_at_start_are_the_children_a_client_without_a_key_can_make():
+    # read, write, "read write" and none (the template's default): 4 children, 1 more than maxChildren.
+    config = {"providers": [signer_template("orders", ["scope"], 3, allowedScopes=["read", "write"])]}
+    with Broker(config) as broker:
+        warnings = template_warnings(broker.stderr())
+        assert len(warnings) == 1 and "admit 4 combinations" in warnings[0], broker.stderr()
+        for values in ({}, {"scope": "read"}, {"scope": "write"}):
+            token_for(broker, **values)
+        for scope in ("read write", "write read"):
+            status, _, body = broker.request("GET", f"/providers/orders/token{query(scope=scope)}")
+            assert status == 503 and json.loads(body)["error"] == "too_many_children", (scope, status, body)
+    config["providers"][0]["maxChildren"] = 4
+    with Broker(config) as broker:
+        assert template_warnings(broker.stderr()) == [], broker.stderr()
