@@ -214,6 +214,15 @@ import TokenBrokerCore
                         == "providers[0].source.\(key): \"\(url)\" has no host and port libcurl could use; allowed: HOST or HOST:PORT (a name, an IPv4 address or a bracketed IPv6 one; PORT 1-65535)",
                     "\(url)")
             }
+            // A query or fragment may hold a credential: the message shows the URL without them.
+            for (url, shown) in [
+                ("http://127.0.0.1:1/t?token=SECRET-42 {{x}}", "http://127.0.0.1:1/t?..."),
+                ("ftp://h/t#sig=SECRET-42", "ftp://h/t?..."),
+                ("http://127.0.0.1:99999/t?api_key=SECRET-42", "http://127.0.0.1:99999/t?..."),
+            ] {
+                #expect(problem(url)?.contains("\"\(shown)\"") == true, "\(url): \(problem(url) ?? "accepted")")
+                #expect(problem(url)?.contains("SECRET-42") == false)
+            }
             for url in [
                 "http://127.0.0.1:65535/t", "https://[::1]:8443/t", "https://[fe80::1]/t", "http://token_broker/t",
                 "https://login.example.com?x=1", "HTTPS://ISSUER.EXAMPLE:1/t#f",

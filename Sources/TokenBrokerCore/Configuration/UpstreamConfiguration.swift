@@ -37,6 +37,15 @@ public struct UpstreamConfiguration: Sendable, Equatable {
         }
     }
 
+    /// `url` quoted for a message, without its query and fragment, which may hold a credential
+    /// (`?api_key=…`, `?sig=…`): cut at the first `?` or `#`, with `?...` in their place.
+    static func shown(_ url: String) -> String {
+        guard let cut = url.utf8.firstIndex(where: { $0 == UInt8(ascii: "?") || $0 == UInt8(ascii: "#") }) else {
+            return JSONText.quoted(url)
+        }
+        return JSONText.quoted(String(url[..<cut]) + "?...")
+    }
+
     /// Checks that a URL is http or https, with a host, a port in range if any, and no user
     /// information: a `user:password@` would be sent to the issuer as Basic credentials by
     /// libcurl beside the source's own, and shown wherever the URL is (the message here does not
@@ -50,7 +59,7 @@ public struct UpstreamConfiguration: Sendable, Equatable {
             !url.split(separator: "/", omittingEmptySubsequences: false)[2].isEmpty
         else {
             throw ConfigurationError(
-                key: key, "\(JSONText.quoted(url)) is not a URL; allowed: an http:// or https:// URL")
+                key: key, "\(shown(url)) is not a URL; allowed: an http:// or https:// URL")
         }
         let rest = url.drop { $0 != "/" }.dropFirst(2)
         let authority = rest.prefix { $0 != "/" && $0 != "?" && $0 != "#" }
@@ -66,7 +75,7 @@ public struct UpstreamConfiguration: Sendable, Equatable {
         guard URLAuthority.isHostAndPort(authority) || authority.contains("{{") else {
             throw ConfigurationError(
                 key: key,
-                "\(JSONText.quoted(url)) has no host and port libcurl could use; allowed: HOST or HOST:PORT (a name, an IPv4 address or a bracketed IPv6 one; PORT 1-65535)"
+                "\(shown(url)) has no host and port libcurl could use; allowed: HOST or HOST:PORT (a name, an IPv4 address or a bracketed IPv6 one; PORT 1-65535)"
             )
         }
     }
