@@ -233,13 +233,25 @@ enum Broker {
     /// The source for each provider, in order, with its local signer if it has one; reads key
     /// files, and generates keys where none is given. A template's source is its children's base.
     /// Also checks the TLS files of the sources and the proxies (`TLSFiles`).
-    static func makeSources(_ configuration: BrokerConfiguration) throws(ConfigurationError) -> [(
-        any TokenSource, JWTSigner?
-    )] {
+    ///
+    /// - Parameter reused: sources already made, by provider name (a reload's unchanged
+    ///   providers': the same settings, and the same bytes in their key and secret files). Such a
+    ///   provider keeps its source: no key is generated or read for it, and a signer keeps the key
+    ///   the JWKS publishes. Its files that are read again at each fetch (a `clientSecretFile`)
+    ///   and its TLS files are checked as any other's: their digests do not tell whether they
+    ///   still read.
+    static func makeSources(
+        _ configuration: BrokerConfiguration, reusing reused: [String: (any TokenSource, JWTSigner?)] = [:]
+    ) throws(ConfigurationError) -> [(any TokenSource, JWTSigner?)] {
         var sources: [(any TokenSource, JWTSigner?)] = []
         for (index, provider) in configuration.providers.enumerated() {
+            let kept = reused[provider.name]
             switch provider.source {
             case .jwt(let settings):
+                if let kept {
+                    sources.append(kept)
+                    continue
+                }
                 do {
                     let signer = try JWTSigner(configuration: settings)
                     sources.append((signer, signer))
@@ -247,12 +259,16 @@ enum Broker {
                     throw ConfigurationError(key: "providers[\(index)].source", error.detail)
                 }
             case .file(let settings):
-                sources.append((FileTokenSource(configuration: settings), nil))
+                sources.append(kept ?? (FileTokenSource(configuration: settings), nil))
             case .oauth2(let settings):
                 do {
                     try TLSFiles.check(settings.upstream)
                     if let path = settings.clientSecretFile { try SecretFile.checkLine(path) }
-                    sources.append((try OAuth2TokenSource(configuration: settings), nil))
+                    if let kept {
+                        sources.append(kept)
+                    } else {
+                        sources.append((try OAuth2TokenSource(configuration: settings), nil))
+                    }
                 } catch {
                     throw ConfigurationError(key: "providers[\(index)].source", error.detail)
                 }
@@ -262,7 +278,7 @@ enum Broker {
                 } catch {
                     throw ConfigurationError(key: "providers[\(index)].source", error.detail)
                 }
-                sources.append((HTTPTokenSource(configuration: settings), nil))
+                sources.append(kept ?? (HTTPTokenSource(configuration: settings), nil))
             }
         }
         // The proxies' TLS files too: like the sources', libcurl opens them on its own thread.

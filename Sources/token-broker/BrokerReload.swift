@@ -10,11 +10,13 @@ import TokenBrokerSources
 /// reload`): the steps `Broker.serve` takes at each one, on the main thread, one at a time.
 ///
 /// 1. The file is read again, the environment's overrides applied, and everything
-///    `--check-config` checks is checked. A problem: `invalid`, and nothing changes.
+///    `--check-config` checks is checked. A problem: `invalid`, and nothing changes. The
+///    providers are compared by name first (`compare`), so that keys are generated and key files
+///    read only for the added and changed ones: an unchanged one's source is kept as it is.
 /// 2. A change only a restart can make (`restartNeeded`): `refused`, and nothing changes.
-/// 3. The providers are compared by name (`compare`): one whose settings and secret files are
-///    the same keeps running as it is: its token, version, timers and waiters. A changed one gets
-///    a replacement, numbered after it; new ones are made.
+/// 3. A provider whose settings and secret files are the same keeps running as it is: its
+///    source, token, version, timers and waiters. A changed one gets a replacement, numbered
+///    after it; new ones are made.
 /// 4. The new providers that fetch at start (replacements and added ones) are given
 ///    `reloadTimeoutSec` to get their first token, while the old ones keep serving, so that no
 ///    route answers 503 for want of a first token. One that does not: `abandoned`, the new
@@ -141,13 +143,21 @@ extension Broker {
         // 1. Read and check.
         let configuration: BrokerConfiguration
         let digests: [[[UInt8]?]]
+        let summary: ReloadSummary
         let sources: [(any TokenSource, JWTSigner?)]
         let directories: [SinkDirectory]
         let identityHeader: [UInt8]?
         do {
             configuration = try Options.load(path: path, environment: Environment.variables())
+            // The digests before the sources read the files (see `Loaded.init`).
             digests = configuration.providers.map(secretDigests)
-            sources = try makeSources(configuration)
+            summary = compare(
+                old: old.configuration.providers.map { ($0, old.digests[$0.name] ?? []) },
+                new: Array(zip(configuration.providers, digests)))
+            // An unchanged provider keeps its source: no key made or read again for it (a signer
+            // without keyFile would make one, RSA in a good part of a second, to be thrown away).
+            sources = try makeSources(
+                configuration, reusing: old.sources.filter { summary.unchanged.contains($0.key) })
             directories = try openSinkDirectories(configuration).get()
             identityHeader = try readIdentityHeader(configuration)
             // The store's key file, directory and password file, as `--check-config` reads them.
@@ -166,10 +176,7 @@ extension Broker {
             return (.refused(problem: problem), nil)
         }
         if let problem = httpClientFailure(configuration) { return (.invalid(problem: problem), nil) }
-        // 3. Compare, and make what is new.
-        let summary = compare(
-            old: old.configuration.providers.map { ($0, old.digests[$0.name] ?? []) },
-            new: Array(zip(configuration.providers, digests)))
+        // 3. Make what is new.
         var made = Providers(providers: [], templates: [])
         var tasks: [String: Task<Void, Never>] = [:]
         for (settings, source) in zip(configuration.providers, sources) where !summary.unchanged.contains(settings.name)
@@ -242,15 +249,11 @@ extension Broker {
                 return abandon("the broker is stopping", stop: stop)
             }
         }
-        // 6. The routes over the new set. An unchanged provider keeps its source: a local signer
-        // made at start keeps its key, which the JWKS must go on publishing (the file's read just
-        // now generated another).
-        let kept = zip(configuration.providers, sources).map { settings, source in
-            summary.unchanged.contains(settings.name) ? old.sources[settings.name] ?? source : source
-        }
-        let retiredSigners = retire(old, summary: summary, keeping: kept.compactMap(\.1))
+        // 6. The routes over the new set. An unchanged provider kept its source (step 1): a local
+        // signer made at start keeps its key, which the JWKS goes on publishing.
+        let retiredSigners = retire(old, summary: summary, keeping: sources.compactMap(\.1))
         let loaded = Loaded(
-            configuration: configuration, sources: kept, digests: digests, providers: providers,
+            configuration: configuration, sources: sources, digests: digests, providers: providers,
             identityHeader: identityHeader, storeKey: old.storeKey,
             tasks: tasks.merging(old.tasks.filter { summary.unchanged.contains($0.key) }) { new, _ in new },
             retiredSigners: retiredSigners)

@@ -1,3 +1,4 @@
+import Glibc
 import Testing
 import TokenBrokerCore
 
@@ -46,6 +47,28 @@ import TokenBrokerCore
                 [{"source": {"type": "oauth2", "tokenURL": "http://127.0.0.1:1/token", "clientID": "c",
                              "clientSecretFile": "\#(directory.path("absent"))"}}]
                 """#) == nil)
+    }
+
+    @Test func aReusedSourceIsKeptAsItIsAndItsFilesReadAtEachFetchAreStillChecked() throws {
+        // A reload's unchanged providers: no key is made again, but a client secret file that
+        // can no longer be read is refused, as for any provider.
+        let directory = try TemporaryDirectory()
+        let secret = try directory.write("secret", "s3cret")
+        let settings = try configuration(
+            #"""
+            {"providers": [
+                {"name": "signed", "source": {"type": "jwt", "algorithm": "RS256"}},
+                {"name": "oauth", "source": {"type": "oauth2", "tokenURL": "http://127.0.0.1:1/token", "clientID": "c",
+                                             "clientSecretFile": "\#(secret)"}}
+            ]}
+            """#)
+        let first = try Broker.makeSources(settings)
+        let reused = ["signed": first[0], "oauth": first[1]]
+        let again = try Broker.makeSources(settings, reusing: reused)
+        #expect(again[0].1?.keyID == first[0].1?.keyID)
+        #expect(try Broker.makeSources(settings)[0].1?.keyID != first[0].1?.keyID, "a key made anew is another")
+        #expect(unlink(secret) == 0 && mkdir(secret, 0o700) == 0)
+        #expect(throws: ConfigurationError.self) { try Broker.makeSources(settings, reusing: reused) }
     }
 
     @Test func aMissingSigningKeyIsNamedUnderItsProvidersSource() throws {
