@@ -11,8 +11,11 @@ public enum ReloadOutcome: Sendable, Equatable {
     /// The file changes something that only a restart can change (a listener's address, …).
     case refused(problem: String)
     /// A new provider (a replacement or an added one), or a token file, got no token in time;
-    /// the old configuration still runs.
+    /// the old configuration still runs. Or the broker began to stop (`stopping`).
     case abandoned(problem: String)
+
+    /// A reload under way when the broker began to stop, or asked for since: none is made.
+    public static let stopping = ReloadOutcome.abandoned(problem: "the broker is stopping")
 
     /// The `result` label: one of `BrokerMetrics.reloadResults`.
     public var result: String {

@@ -200,7 +200,7 @@ enum Broker {
             return 2
         }
         let connectionLimit = fitConnectionLimit(configuration)
-        let reloads = ReloadRequests()
+        let reloads = ReloadRequests(metrics: metrics)
         let stopping = StopFlag()
         let loaded = Loaded(
             configuration: configuration, sources: sources, digests: digests, providers: providers,
@@ -553,7 +553,9 @@ enum Broker {
     }
 
     /// Stops what `start` set going, in the order that matters; the one way the broker stops.
-    /// From its first step, `/readyz` answers 503 (`stopping: true`).
+    /// From its first step, `/readyz` answers 503 (`stopping: true`), and `POST /reload` 503
+    /// `reload_abandoned` at once: the requests waiting for a reload are answered now
+    /// (`ReloadRequests.close`), since the main thread makes none from here on.
     ///
     /// 0. The token files' sinks stop, each once a write under way has ended, so that a file is
     ///    never left with a temporary beside it by the stop; held template children are released.
@@ -570,6 +572,7 @@ enum Broker {
     /// 5. The token store's writes under way end, so that no record is left half-made.
     private static func stop(_ running: Running) {
         running.stopping.set()
+        running.reloads.close()
         stopSinks(running.sinks)
         shutDown(running.loaded.providers)
         running.listeners.token.shutDown(grace: .seconds(5))

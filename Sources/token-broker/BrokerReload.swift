@@ -20,7 +20,8 @@ import TokenBrokerSources
 /// 4. The new providers that fetch at start (replacements and added ones) are given
 ///    `reloadTimeoutSec` to get their first token, while the old ones keep serving, so that no
 ///    route answers 503 for want of a first token. One that does not: `abandoned`, the new
-///    providers stop, and nothing changes. A stop signal meanwhile abandons the reload too.
+///    providers stop, and nothing changes. A stop signal meanwhile abandons the reload too
+///    (`ReloadOutcome.stopping`), as it does each one asked for from then on (`ReloadRequests.close`).
 /// 5. When any token file's settings or provider changed, the token files get new writers over
 ///    the new providers, which start once the reload takes; the old writers go on until then. The
 ///    reload waits for each file that holds a valid token to have one at hand for its new writer,
@@ -212,15 +213,13 @@ extension Broker {
             }
             return (outcome, stop)
         }
-        func abandon(_ problem: String, stop: String? = nil) -> (ReloadOutcome, stop: String?) {
-            discard(.abandoned(problem: problem), stop: stop)
-        }
+        func abandon(_ problem: String) -> (ReloadOutcome, stop: String?) { discard(.abandoned(problem: problem)) }
         // 4. The new providers' first tokens.
         let awaited = made.providers.filter(\.configuration.backgroundRefreshEnabled)
         let deadline = ContinuousClock.now.advanced(by: .seconds(configuration.reloadTimeoutSec))
         switch waitUntil(deadline, for: { awaited.first { !$0.status().hasValidToken } }) {
         case .done: break
-        case .stopping(let stop): return abandon("the broker is stopping", stop: stop)
+        case .stopping(let stop): return discard(.stopping, stop: stop)
         case .pastDeadline(let pending):
             let what = summary.added.contains(pending.name) ? "it" : "its replacement"
             var problem =
@@ -246,7 +245,7 @@ extension Broker {
             case .notWritten(let problem):
                 return abandon(problem)
             case .stopping(let stop):
-                return abandon("the broker is stopping", stop: stop)
+                return discard(.stopping, stop: stop)
             }
         }
         // 6. The routes over the new set. An unchanged provider kept its source (step 1): a local
@@ -473,12 +472,33 @@ extension Broker {
 /// The `POST /reload` requests waiting for the main thread to reload: each asks by raising
 /// SIGHUP, which the main thread takes as any other; requests that arrive while a reload runs
 /// get the next one's outcome, since the file may have changed since that one read it.
+///
+/// Once the broker begins to stop (`close`), the main thread reloads no more: the requests
+/// waiting then, and each one after, are answered at once with `ReloadOutcome.stopping`, logged
+/// and counted as an abandoned reload, rather than left to the admin listener's final 503
+/// `shutting_down` when it closes (seconds later while a proxied answer drains), uncounted.
 final class ReloadRequests: Sendable {
-    private let waiting = Lock<[@Sendable (ReloadOutcome) -> Void]>([])
+    private struct State {
+        var waiting: [@Sendable (ReloadOutcome) -> Void] = []
+        var closed = false
+    }
 
-    /// Asks for a reload; `ended` is called once, on the main thread, with its outcome.
+    private let state = Lock<State>(State())
+    private let metrics: BrokerMetrics
+    /// The abandoned reloads answered while stopping are logged once a second at most: a client
+    /// can ask for them as often as it likes until the admin listener closes.
+    private let stoppingLog = LogThrottle(interval: .seconds(1))
+
+    init(metrics: BrokerMetrics) { self.metrics = metrics }
+
+    /// Asks for a reload; `ended` is called once, with its outcome: on the main thread, or on
+    /// the caller's at once when the broker is stopping.
     func request(_ ended: @escaping @Sendable (ReloadOutcome) -> Void) {
-        waiting.withLock { $0.append(ended) }
+        let closed = state.withLock { state in
+            if !state.closed { state.waiting.append(ended) }
+            return state.closed
+        }
+        guard !closed else { return abandonWhileStopping([ended]) }
         // Fails only for an invalid signal or for another process's pid.
         if kill(getpid(), SIGHUP) != 0 {
             let reason = String(cString: strerror(errno))
@@ -488,9 +508,36 @@ final class ReloadRequests: Sendable {
 
     /// The requests waiting now, handed over once.
     func take() -> [@Sendable (ReloadOutcome) -> Void] {
-        waiting.withLock { waiting in
-            defer { waiting = [] }
-            return waiting
+        state.withLock { state in
+            defer { state.waiting = [] }
+            return state.waiting
         }
+    }
+
+    /// Called once, on the main thread, as the broker begins to stop: the requests waiting are
+    /// answered now, together as one abandoned reload (they waited for the same next one), and
+    /// each later request at once, as a reload of its own.
+    func close() {
+        let waiting = state.withLock { state in
+            state.closed = true
+            defer { state.waiting = [] }
+            return state.waiting
+        }
+        if !waiting.isEmpty { abandonWhileStopping(waiting) }
+    }
+
+    private func abandonWhileStopping(_ requests: [@Sendable (ReloadOutcome) -> Void]) {
+        let outcome = ReloadOutcome.stopping
+        metrics.recordReload(result: outcome.result)
+        switch stoppingLog.admit(at: .now) {
+        case nil: break
+        case 0?:
+            Log.error("configuration not reloaded", ["result": outcome.result, "problem": outcome.problem ?? ""])
+        case let notLogged?:
+            Log.error(
+                "configuration not reloaded",
+                ["result": outcome.result, "problem": outcome.problem ?? "", "not_logged": String(notLogged)])
+        }
+        for ended in requests { ended(outcome) }
     }
 }

@@ -983,6 +983,53 @@ def test_a_replacement_without_a_token_in_time_abandons_the_reload(issuer):
         assert_still_running(broker, config, ["keep", "change"])
 
 
+def sighup_pending(pid):
+    """Whether a SIGHUP waits, blocked, for the broker's main thread (a `POST /reload` raises one)."""
+    with open(f"/proc/{pid}/status") as handle:
+        for line in handle:
+            if line.startswith("ShdPnd:"):
+                return int(line.split()[1], 16) & (1 << (signal.SIGHUP - 1)) != 0
+    return False
+
+
+def test_a_reload_asked_for_during_one_a_stop_abandons_is_answered_as_abandoned_too(issuer):
+    """A POST /reload that arrives while a reload runs waits for the next one. When a stop signal
+    abandons the reload under way there is no next one: as the stop begins, the waiting request
+    is answered 503 reload_abandoned (the broker is stopping) like the one under way, and each
+    is logged. It was left unanswered until the admin listener's final 503 shutting_down."""
+    config = {"reloadTimeoutSec": 60, "providers": [provider(issuer, "keep")]}
+    with Broker(config) as broker:
+        since = time.time()
+        # The added provider's secret is refused: the reload waits for its first token.
+        refused = provider(issuer, "add", clientSecret="not-the-secret",
+                           retry={"maxRetryCount": 0, "maxErrorTokenRefreshDelayMsec": 300})
+        rewrite(broker, {**config, "providers": [provider(issuer, "keep"), refused]})
+        answers = {}
+
+        def ask(key):
+            answers[key] = post_reload(broker, timeout=60)
+
+        first = threading.Thread(target=ask, args=("under way",))
+        first.start()
+        assert wait_until(lambda: fetched(issuer, since, "add"), timeout=20), "the reload did not start the provider"
+        second = threading.Thread(target=ask, args=("waiting",))
+        second.start()
+        # The second asked for the next reload by raising SIGHUP, left pending while one runs.
+        assert wait_until(lambda: sighup_pending(broker.process.pid), timeout=20), "the second request did not arrive"
+        broker.process.send_signal(signal.SIGTERM)
+        for thread in (first, second):
+            thread.join(60)
+            assert not thread.is_alive()
+        for key in ("under way", "waiting"):
+            status, document = answers[key]
+            assert status == 503 and document["error"] == "reload_abandoned", (key, document)
+            assert "the broker is stopping" in document["error_description"], (key, document)
+        assert broker.process.wait(timeout=15) == 0
+        entries = log_entries(broker, NOT_RELOADED)
+        assert [(entry["result"], entry["problem"]) for entry in entries] == [
+            ("abandoned", "the broker is stopping")] * 2, broker.stderr()
+
+
 # The route and the connections
 
 def test_the_reload_route_wants_post_and_the_request_header_and_lives_on_the_admin_listener_only(issuer):

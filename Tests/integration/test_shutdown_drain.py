@@ -12,6 +12,7 @@ import pytest
 
 from broker import GUARD
 from test_http_api import wait_until
+from test_logs import logfmt
 from test_proxy import ResourceServer, proxied_broker
 
 
@@ -75,6 +76,39 @@ def test_sigterm_lets_a_slow_proxied_answer_finish_and_refuses_new_connections(r
         status, _, body = results["poll"]
         assert status == 503 and json.loads(body)["error"] == "shutting_down"
         assert broker.process.wait(timeout=15) == 0
+
+
+def test_a_reload_asked_for_while_the_broker_drains_is_answered_at_once_as_abandoned(resource):
+    """Once the broker begins to stop it reloads no more: a POST /reload that arrives while a
+    proxied answer drains is answered at once 503 reload_abandoned (the broker is stopping), and
+    logged and counted as an abandoned reload. It waited unanswered, uncounted, until the admin
+    listener closed after the drain and gave it its final 503 shutting_down."""
+    with proxied_broker(resource) as broker:
+        results = {}
+
+        # The target answers 4 s after it got the request: the stop drains meanwhile (within the
+        # token listener's 5 s grace), and the admin listener still answers.
+        def slow():
+            results["slow"] = broker.request("GET", "/proxy/api/slow?seconds=4", timeout=20)
+
+        thread = threading.Thread(target=slow)
+        thread.start()
+        assert wait_until(lambda: any(seen["target"].startswith("/api/slow") for seen in resource.stats()["seen"]))
+        broker.process.send_signal(signal.SIGTERM)
+        assert wait_until(lambda: refused(broker), timeout=10), "the broker did not begin to stop"
+        status, _, body = broker.request("POST", "/reload", listener="admin", timeout=20)
+        document = json.loads(body)
+        assert status == 503 and document["error"] == "reload_abandoned", body
+        assert "the broker is stopping" in document["error_description"], document
+        # Asked while the slow answer still drains: the admin listener answers until it has.
+        assert broker.metric("token_broker_reloads_total", result="abandoned") == 1
+        assert broker.metric("token_broker_http_requests_total", listener="admin", route="/reload", code="503") == 1
+        thread.join(20)
+        assert results["slow"][0] == 200, "the proxied answer in flight was cut short"
+        assert broker.process.wait(timeout=15) == 0
+        entries = [logfmt(line) for line in broker.stderr().splitlines() if 'msg="configuration not reloaded"' in line]
+        assert [(entry["level"], entry["result"], entry["problem"]) for entry in entries] == [
+            ("error", "abandoned", "the broker is stopping")], broker.stderr()
 
 
 def test_sigterm_lets_a_streamed_answer_finish(resource):

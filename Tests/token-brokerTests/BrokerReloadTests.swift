@@ -63,6 +63,21 @@ import TokenBrokerCore
         #expect(Broker.restartNeeded(from: withProxy, to: otherProxy) == nil)
     }
 
+    @Test func onceTheBrokerStopsEachReloadAskedForIsAnsweredAtOnceAsAbandonedAndCounted() {
+        // Only after `close`: before it, a request raises SIGHUP, which would end this process.
+        let metrics = BrokerMetrics(version: "test")
+        let requests = ReloadRequests(metrics: metrics)
+        requests.close()
+        #expect(metrics.render(statuses: []).contains(#"token_broker_reloads_total{result="abandoned"} 0"#))
+        let answers = Lock<[String?]>([])
+        for _ in 0..<2 {
+            requests.request { outcome in answers.withLock { $0.append(outcome.problem) } }
+        }
+        #expect(answers.withLock { $0 } == ["the broker is stopping", "the broker is stopping"])
+        #expect(metrics.render(statuses: []).contains(#"token_broker_reloads_total{result="abandoned"} 2"#))
+        #expect(requests.take().isEmpty)
+    }
+
     @Test func theCommandPrintsTheAnswerAsOneLineAndRefusesAnythingElse() {
         let body = #"{"reloaded":true,"added":["d"],"changed":["b","e"],"removed":[],"unchanged":["a"]}"#
         #expect(

@@ -330,7 +330,8 @@ public final class BrokerMetrics: Sendable {
         counters(
             "token_broker_reloads_total",
             "Configuration reloads by result: reloaded, invalid (the file), refused (a change that needs a "
-                + "restart), abandoned (a new provider or a token file got no token in time).",
+                + "restart), abandoned (a new provider or a token file got no token in time, or the broker "
+                + "began to stop).",
             label: "result", snapshot.reloads)
         if let read = snapshot.storeHealth {
             counters(
