@@ -11,8 +11,10 @@ import TokenBrokerCrypto
 ///
 ///     {"time":"2026-11-29T23:40:00Z","level":"info","msg":"token fetched","provider":"default","version":"1",…}
 ///
-/// Lines written before the broker starts on its configuration (an unreadable file, `--check-config`)
-/// are logfmt.
+/// At start, the file's `logFormat` applies as soon as the file is parsed as JSON, so that an
+/// error in the rest of the file, or in the environment's overrides, is logged as the file asks.
+/// Lines written before (an unreadable file, one that is not JSON, a bad command line), those of
+/// `--check-config` and those of `healthcheck` are logfmt.
 ///
 /// - Important: never pass a token or a secret; pass `Fingerprint.of(secret)`.
 enum Log {

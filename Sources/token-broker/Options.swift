@@ -121,8 +121,10 @@ enum Options {
             let environment = Environment.variables()
             let configuration: BrokerConfiguration
             do {
+                // At start, errors found past the JSON itself are logged in the format the file asks for.
                 configuration = try load(
-                    path: configurationPath(given: configPath, environment: environment), environment: environment)
+                    path: configurationPath(given: configPath, environment: environment), environment: environment,
+                    appliesLogFormat: !checkOnly)
                 if checkOnly { try check(configuration) }
             } catch {
                 Log.error("invalid configuration", ["problem": error.description])
@@ -194,7 +196,14 @@ enum Options {
     }
 
     /// Reads the file, if any, then applies the environment's overrides.
-    static func load(path: String?, environment: [String: String]) throws(ConfigurationError) -> BrokerConfiguration {
+    ///
+    /// With `appliesLogFormat` (at start), the file's `logFormat`, when it is a valid one, is used
+    /// for every log line from the moment the file is parsed as JSON: an error in the rest of the
+    /// file or in the environment's overrides is logged as the file asks. Never for a reload,
+    /// which cannot change the log format (`Broker.restartNeeded`).
+    static func load(path: String?, environment: [String: String], appliesLogFormat: Bool = false)
+        throws(ConfigurationError) -> BrokerConfiguration
+    {
         var configuration = BrokerConfiguration()
         if let path {
             let data: [UInt8]
@@ -204,7 +213,9 @@ enum Options {
                 throw ConfigurationError(key: "", "cannot read configuration file \(path): \(error.reason)")
             }
             do {
-                configuration = try BrokerConfiguration(json: data)
+                let document = try BrokerConfiguration.document(data)
+                if appliesLogFormat, let format = BrokerConfiguration.logFormat(in: document) { Log.use(format) }
+                configuration = try BrokerConfiguration(document: document)
             } catch {
                 throw ConfigurationError(key: error.key, "\(error.message) (in \(path))")
             }

@@ -432,6 +432,19 @@ import TokenBrokerCore
         }
     }
 
+    @Test func theLogFormatIsFoundInADocumentWhateverElseItHolds() throws {
+        func format(_ json: String) throws -> BrokerConfiguration.LogFormat? {
+            BrokerConfiguration.logFormat(in: try BrokerConfiguration.document(Array(json.utf8)))
+        }
+        // Found before the rest is read: a duplicate provider name does not hide it.
+        #expect(try format(#"{"logFormat": "json", "providers": [{"name": "a"}, {"name": "a"}]}"#) == .json)
+        #expect(try format(#"{"logFormat": "logfmt", "listen": "nowhere"}"#) == .logfmt)
+        for none in ["{}", #"{"logFormat": "xml"}"#, #"{"logFormat": 1}"#, #"{"logFormat": null}"#, #"["json"]"#] {
+            #expect(try format(none) == nil, "\(none)")
+        }
+        #expect(throws: ConfigurationError.self) { try BrokerConfiguration.document(Array("{".utf8)) }
+    }
+
     @Test func aHeaderValueOrURLWithAControlCharacterIsRefusedByteByByte() {
         // "\r\n" is one Character, equal to neither "\r" nor "\n": only a check of the bytes sees it.
         for value in [#"a\r\nb"#, #"\r\n"#, #"a\u0000b"#, #"a\u007fb"#, #"a\u001bb"#, #"a\rb"#, #"a\nb"#] {

@@ -99,3 +99,32 @@ def test_an_unknown_log_format_is_refused_at_start(tmp_path):
     assert result.returncode == 2
     problem = logfmt(result.stderr.splitlines()[-1])["problem"]
     assert problem.startswith('logFormat: "xml" is not a log format'), problem
+
+
+@pytest.mark.parametrize("mistake", ["duplicate provider", "listen from the environment", "missing key file"])
+def test_an_error_at_start_is_logged_in_the_format_the_file_asks_for(tmp_path, mistake):
+    """The file's logFormat applies as soon as the file is read as JSON: the errors found in the
+    rest of it, or in the environment's overrides, come out in JSON too (before, a duplicate
+    name and TOKEN_BROKER_LISTEN=x came out in logfmt, a missing key file in JSON)."""
+    # Port 0 for both: should the broker start after all, it takes no port another test uses.
+    config = {"logFormat": "json", "listen": "127.0.0.1:0", "adminListen": "127.0.0.1:0", "providers": [{"name": "a"}]}
+    env = {}
+    if mistake == "duplicate provider":
+        config["providers"].append({"name": "a"})
+    elif mistake == "listen from the environment":
+        env["TOKEN_BROKER_LISTEN"] = "x"
+    else:
+        config["providers"][0]["source"] = {"keyFile": str(tmp_path / "missing.pem")}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    result = run_broker("--config", str(path), env=env)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.splitlines()
+    assert lines, "an error is logged"
+    for line in lines:
+        assert json.loads(line)["level"] in ("info", "warn", "error"), line
+    error = json.loads(lines[-1])
+    assert error["msg"] == "invalid configuration", error
+    wanted = {"duplicate provider": "providers[1].name", "listen from the environment": "TOKEN_BROKER_LISTEN",
+              "missing key file": "missing.pem"}[mistake]
+    assert wanted in error["problem"], error

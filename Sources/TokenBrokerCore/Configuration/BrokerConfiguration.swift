@@ -73,7 +73,29 @@ public struct BrokerConfiguration: Sendable, Equatable {
 
     /// Reads and checks a configuration document.
     public init(json: some Collection<UInt8>) throws(ConfigurationError) {
-        var reader = try ObjectReader(parsingFile: json)
+        try self.init(document: try Self.document(json))
+    }
+
+    /// A configuration file's text as a JSON document, not yet read as a configuration.
+    public static func document(_ json: some Collection<UInt8>) throws(ConfigurationError) -> JSONValue {
+        do {
+            return try JSONValue(parsing: json)
+        } catch {
+            throw ConfigurationError(key: "", "the file is not valid JSON (\(error))")
+        }
+    }
+
+    /// The `logFormat` a document asks for, when it is a JSON object whose `logFormat` is one;
+    /// nil otherwise, whatever else the document holds. Read before anything else, so that the
+    /// errors found in the rest of the file are logged in the format it asks for.
+    public static func logFormat(in document: JSONValue) -> LogFormat? {
+        guard case .object(let members) = document, case .string(let text)? = members["logFormat"] else { return nil }
+        return LogFormat(rawValue: text)
+    }
+
+    /// Reads and checks a configuration document already parsed (`document(_:)`).
+    public init(document: JSONValue) throws(ConfigurationError) {
+        var reader = try ObjectReader(document, path: "")
         self.init()
         if let text = try reader.string("listen") { listen = try Self.address(text, key: "listen") }
         if let text = try reader.string("adminListen") { adminListen = try Self.address(text, key: "adminListen") }
