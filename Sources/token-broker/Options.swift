@@ -35,6 +35,7 @@ enum Options {
           TOKEN_BROKER_CONFIG         configuration file, when --config is not given
           TOKEN_BROKER_LISTEN         token listener, overriding the file (default 127.0.0.1:8080)
           TOKEN_BROKER_ADMIN_LISTEN   admin listener, overriding the file (default 127.0.0.1:9090)
+                                      (any of these three set but empty is a configuration error)
           TOKEN_BROKER_CALLER_KEY_FILE  token: the caller key's file, when --key-file is not given
 
         Relative paths in the configuration file are read from the file's own directory.
@@ -119,20 +120,18 @@ enum Options {
             return ReloadCommand.run(arguments: arguments)
         case .broker(let configPath, let checkOnly):
             let environment = Environment.variables()
+            let path: String?
             let configuration: BrokerConfiguration
             do {
+                path = try configurationPath(given: configPath, environment: environment)
                 // At start, errors found past the JSON itself are logged in the format the file asks for.
-                configuration = try load(
-                    path: configurationPath(given: configPath, environment: environment), environment: environment,
-                    appliesLogFormat: !checkOnly)
+                configuration = try load(path: path, environment: environment, appliesLogFormat: !checkOnly)
                 if checkOnly { try check(configuration) }
             } catch {
                 Log.error("invalid configuration", ["problem": error.description])
                 return 2
             }
-            guard checkOnly else {
-                return Broker.run(configuration, path: configurationPath(given: configPath, environment: environment))
-            }
+            guard checkOnly else { return Broker.run(configuration, path: path) }
             for warning in Broker.compatWarnings(configuration) { Log.warning("compat", ["problem": warning]) }
             for warning in Broker.templateWarnings(configuration) { Log.warning("template", ["problem": warning]) }
             print(
@@ -178,10 +177,14 @@ enum Options {
         return .broker(configPath: configPath, checkOnly: checkOnly)
     }
 
-    /// The configuration file to read: the one given, else `TOKEN_BROKER_CONFIG` unless it is
-    /// empty, else none (the embedded default).
-    static func configurationPath(given: String?, environment: [String: String]) -> String? {
-        given ?? environment["TOKEN_BROKER_CONFIG"].flatMap { $0.isEmpty ? nil : $0 }
+    /// The configuration file to read: the one given, else `TOKEN_BROKER_CONFIG`, else none (the
+    /// embedded default). `TOKEN_BROKER_CONFIG` set but empty is an error, not the embedded default.
+    static func configurationPath(given: String?, environment: [String: String]) throws(ConfigurationError)
+        -> String?
+    {
+        if let given { return given }
+        return try BrokerConfiguration.environmentValue(
+            "TOKEN_BROKER_CONFIG", in: environment, unset: "the embedded default configuration")
     }
 
     /// `--check-config`: everything start does short of binding. The listen addresses are parsed

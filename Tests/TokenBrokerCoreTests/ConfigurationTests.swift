@@ -266,6 +266,20 @@ import TokenBrokerCore
         }
     }
 
+    @Test func aListenerVariableSetButEmptyIsAnErrorNamingIt() throws {
+        var configuration = try parse(#"{"listen": "127.0.0.1:1000", "adminListen": "127.0.0.1:1001"}"#)
+        for (name, key) in [("TOKEN_BROKER_LISTEN", "listen"), ("TOKEN_BROKER_ADMIN_LISTEN", "adminListen")] {
+            #expect(
+                throws: ConfigurationError(
+                    key: name, "is set but empty; unset it for the file's \(key), or give a value")
+            ) {
+                try configuration.applyEnvironment([name: ""])
+            }
+        }
+        try configuration.applyEnvironment([:])
+        #expect(configuration.listen.description == "127.0.0.1:1000")
+    }
+
     @Test(arguments: ["127.0.0.1:8080", "0.0.0.0:0", "[::1]:9090", "[::]:1", "unix:/run/token-broker/token.sock"])
     func listenAddressesRoundTrip(_ text: String) throws {
         #expect(try ListenAddress(parsing: text).description == text)

@@ -143,3 +143,28 @@ def test_a_store_directory_that_takes_records_passes_and_keeps_no_probe(tmp_path
     result = run_broker("--check-config", "--config", config)
     assert result.returncode == 0 and "configuration OK" in result.stdout, result.stderr
     assert os.listdir(directory) == []
+
+
+# The environment's variables: set but empty is an error, never "unset"
+
+@pytest.mark.parametrize("variable", ["TOKEN_BROKER_CONFIG", "TOKEN_BROKER_LISTEN", "TOKEN_BROKER_ADMIN_LISTEN"])
+def test_a_variable_set_but_empty_is_refused_naming_it(tmp_path, variable):
+    """An empty TOKEN_BROKER_CONFIG (a manifest's template left unfilled) started the embedded
+    default, with its own signer, and looked healthy; an empty listener variable was ignored for
+    the file's listener. Each is now a configuration error naming the variable: exit 2 for start,
+    --check-config and the commands, 1 for healthcheck (which Docker reads)."""
+    # Port 0 everywhere else: a broker that started after all would take no port in use.
+    config = write_config(tmp_path, {"listen": "127.0.0.1:0", "adminListen": "127.0.0.1:0"})
+    args = () if variable == "TOKEN_BROKER_CONFIG" else ("--config", config)
+    env = {**LOOPBACK_ZERO, variable: ""}
+    results = [run_broker("--check-config", *args, env=env), run_broker(*args, env=env, timeout=15)]
+    assert_refused(results, variable, "empty")
+    commands = [("healthcheck", 1), ("status", 2), ("reload", 2)]
+    if variable != "TOKEN_BROKER_ADMIN_LISTEN":
+        commands.append(("token", 2))
+    if variable == "TOKEN_BROKER_LISTEN":
+        commands = [("token", 2)]
+    for command, status in commands:
+        result = run_broker(command, *args, env=env)
+        assert result.returncode == status, (command, result.returncode, result.stderr)
+        assert variable in result.stderr and "empty" in result.stderr, (command, result.stderr)

@@ -63,11 +63,20 @@ import TokenBrokerCore
         #expect(Options.run(arguments: ["--check-config", "--config", directory.path("missing.json")]) == 2)
     }
 
-    @Test func theFileGivenWinsOverTheEnvironmentWhichIsIgnoredWhenEmpty() {
-        #expect(Options.configurationPath(given: "a.json", environment: ["TOKEN_BROKER_CONFIG": "b.json"]) == "a.json")
-        #expect(Options.configurationPath(given: nil, environment: ["TOKEN_BROKER_CONFIG": "b.json"]) == "b.json")
-        #expect(Options.configurationPath(given: nil, environment: ["TOKEN_BROKER_CONFIG": ""]) == nil)
-        #expect(Options.configurationPath(given: nil, environment: [:]) == nil)
+    @Test func theFileGivenWinsOverTheEnvironmentWhichMustNotBeEmpty() throws {
+        #expect(
+            try Options.configurationPath(given: "a.json", environment: ["TOKEN_BROKER_CONFIG": "b.json"]) == "a.json")
+        #expect(try Options.configurationPath(given: nil, environment: ["TOKEN_BROKER_CONFIG": "b.json"]) == "b.json")
+        #expect(try Options.configurationPath(given: "a.json", environment: ["TOKEN_BROKER_CONFIG": ""]) == "a.json")
+        #expect(try Options.configurationPath(given: nil, environment: [:]) == nil)
+        // Set but empty (a template's variable left unfilled) is not the embedded default.
+        #expect(
+            throws: ConfigurationError(
+                key: "TOKEN_BROKER_CONFIG",
+                "is set but empty; unset it for the embedded default configuration, or give a value")
+        ) {
+            try Options.configurationPath(given: nil, environment: ["TOKEN_BROKER_CONFIG": ""])
+        }
     }
 
     @Test func loadNamesAFileItCannotReadAndTheFileOfAKeyItRefuses() throws {

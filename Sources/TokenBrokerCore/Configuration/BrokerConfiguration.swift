@@ -191,14 +191,31 @@ public struct BrokerConfiguration: Sendable, Equatable {
     }
 
     /// Applies the environment's overrides, `TOKEN_BROKER_LISTEN` and `TOKEN_BROKER_ADMIN_LISTEN`.
+    /// A variable set but empty is an error (`environmentValue`), not the file's listener.
     public mutating func applyEnvironment(_ environment: [String: String]) throws(ConfigurationError) {
-        if let text = environment["TOKEN_BROKER_LISTEN"], !text.isEmpty {
+        if let text = try Self.environmentValue("TOKEN_BROKER_LISTEN", in: environment, unset: "the file's listen") {
             listen = try Self.address(text, key: "TOKEN_BROKER_LISTEN")
         }
-        if let text = environment["TOKEN_BROKER_ADMIN_LISTEN"], !text.isEmpty {
+        if let text = try Self.environmentValue(
+            "TOKEN_BROKER_ADMIN_LISTEN", in: environment, unset: "the file's adminListen")
+        {
             adminListen = try Self.address(text, key: "TOKEN_BROKER_ADMIN_LISTEN")
         }
         try validate()
+    }
+
+    /// The value of the environment variable `name`, nil when it is not set. Set but empty, it is
+    /// an error naming the variable: an empty value is a slip (a template's variable left
+    /// unfilled), and taking it as unset would run something else than meant, such as the
+    /// embedded default with its own signer. `unset` says what applies without the variable.
+    public static func environmentValue(_ name: String, in environment: [String: String], unset: String)
+        throws(ConfigurationError) -> String?
+    {
+        guard let value = environment[name] else { return nil }
+        guard !value.isEmpty else {
+            throw ConfigurationError(key: name, "is set but empty; unset it for \(unset), or give a value")
+        }
+        return value
     }
 
     /// Checks what no single key can: unique provider names, distinct listeners, proxies on
