@@ -168,3 +168,18 @@ def test_a_variable_set_but_empty_is_refused_naming_it(tmp_path, variable):
         result = run_broker(command, *args, env=env)
         assert result.returncode == status, (command, result.returncode, result.stderr)
         assert variable in result.stderr and "empty" in result.stderr, (command, result.stderr)
+
+
+def test_a_listener_clash_caused_by_the_environment_names_the_variable(tmp_path):
+    """The file's adminListen was fine: the clash came from TOKEN_BROKER_LISTEN, which the error
+    did not name ("adminListen: … is also listen"). It now says where the value came from."""
+    config = write_config(tmp_path, {"listen": "127.0.0.1:0", "adminListen": "127.0.0.1:47202"})
+    env = {"TOKEN_BROKER_LISTEN": "127.0.0.1:47202"}
+    results = [run_broker("--check-config", "--config", config, env=env),
+               run_broker("--config", config, env=env, timeout=15)]
+    assert_refused(results, "adminListen: 127.0.0.1:47202 is also listen (from TOKEN_BROKER_LISTEN)")
+    config = write_config(tmp_path, {"listen": "127.0.0.1:47203", "adminListen": "127.0.0.1:47204"})
+    env = {"TOKEN_BROKER_ADMIN_LISTEN": "127.0.0.1:47203"}
+    results = [run_broker("--check-config", "--config", config, env=env),
+               run_broker("--config", config, env=env, timeout=15)]
+    assert_refused(results, "adminListen (from TOKEN_BROKER_ADMIN_LISTEN): 127.0.0.1:47203 is also listen;")

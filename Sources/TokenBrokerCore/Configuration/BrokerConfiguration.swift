@@ -192,16 +192,20 @@ public struct BrokerConfiguration: Sendable, Equatable {
 
     /// Applies the environment's overrides, `TOKEN_BROKER_LISTEN` and `TOKEN_BROKER_ADMIN_LISTEN`.
     /// A variable set but empty is an error (`environmentValue`), not the file's listener.
+    /// An error about a listener set there names the variable too: "listen (from TOKEN_BROKER_LISTEN)".
     public mutating func applyEnvironment(_ environment: [String: String]) throws(ConfigurationError) {
+        var overridden: [String: String] = [:]
         if let text = try Self.environmentValue("TOKEN_BROKER_LISTEN", in: environment, unset: "the file's listen") {
             listen = try Self.address(text, key: "TOKEN_BROKER_LISTEN")
+            overridden["listen"] = "TOKEN_BROKER_LISTEN"
         }
         if let text = try Self.environmentValue(
             "TOKEN_BROKER_ADMIN_LISTEN", in: environment, unset: "the file's adminListen")
         {
             adminListen = try Self.address(text, key: "TOKEN_BROKER_ADMIN_LISTEN")
+            overridden["adminListen"] = "TOKEN_BROKER_ADMIN_LISTEN"
         }
-        try validate()
+        try validate(overridden: overridden)
     }
 
     /// The value of the environment variable `name`, nil when it is not set. Set but empty, it is
@@ -221,6 +225,12 @@ public struct BrokerConfiguration: Sendable, Equatable {
     /// Checks what no single key can: unique provider names, distinct listeners, proxies on
     /// ordinary providers, and sinks on providers that exist and keep their token fresh.
     public func validate() throws(ConfigurationError) {
+        try validate(overridden: [:])
+    }
+
+    /// `validate()`, naming the environment variable beside each key in `overridden` (key:
+    /// variable), whose value came from there and not from the file.
+    private func validate(overridden: [String: String]) throws(ConfigurationError) {
         var seen: Set<String> = []
         for (index, provider) in providers.enumerated() where !seen.insert(provider.name).inserted {
             throw ConfigurationError(
@@ -254,10 +264,11 @@ public struct BrokerConfiguration: Sendable, Equatable {
         var listeners: [(String, ListenAddress)] = [("listen", listen), ("adminListen", adminListen)]
         if let address = compat.gce?.listen { listeners.append(("compat.gce.listen", address)) }
         if let address = compat.azure?.listen { listeners.append(("compat.azure.listen", address)) }
+        func named(_ key: String) -> String { overridden[key].map { "\(key) (from \($0))" } ?? key }
         for (index, (key, address)) in listeners.enumerated() where address.port != 0 || address.unixPath != nil {
             if let (other, _) = listeners[..<index].first(where: { $0.1 == address }) {
                 throw ConfigurationError(
-                    key: key, "\(address) is also \(other); allowed: a different address or port")
+                    key: named(key), "\(address) is also \(named(other)); allowed: a different address or port")
             }
         }
     }
