@@ -119,6 +119,11 @@ import TokenBrokerCore
             "compat.azure.listen: 127.0.0.1:8080 is also listen"
         ),
         (
+            // The protocols' own listeners are checked against the broker's for overlap too.
+            #"{"gce": {"provider": "gcp", "projectId": "p", "serviceAccountEmail": "a@p", "listen": "0.0.0.0:8080"}}"#,
+            "compat.gce.listen: 0.0.0.0:8080 overlaps listen 127.0.0.1:8080: 0.0.0.0 takes port 8080"
+        ),
+        (
             #"{"azure": {"identities": [{"provider": "storage"}], "imds": false}}"#,
             "compat.azure.imds: is false and there is no identityHeaderFile"
         ),

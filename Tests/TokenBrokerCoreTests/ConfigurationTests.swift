@@ -300,6 +300,41 @@ import TokenBrokerCore
                 == "adminListen: 127.0.0.1:5 is also listen; allowed: a different address or port")
     }
 
+    @Test(arguments: [
+        // A wildcard takes its port on every address of its family.
+        ("0.0.0.0:80", "127.0.0.1:80", true), ("10.0.0.1:80", "0.0.0.0:80", true), ("0.0.0.0:80", "0.0.0.0:80", true),
+        ("[::]:80", "[::1]:80", true), ("[2001:db8::1]:80", "[0:0:0:0:0:0:0:0]:80", true),
+        // One address written two ways.
+        ("[::1]:80", "[0:0:0:0:0:0:0:1]:80", true), ("[FE80::1]:80", "[fe80::1]:80", true),
+        ("unix:/run/a.sock", "unix:/run/a.sock", true),
+        // Bindable together: IPv6 listeners are IPv6-only, so [::] leaves IPv4 alone.
+        ("0.0.0.0:80", "[::]:80", false), ("[::]:80", "127.0.0.1:80", false), ("127.0.0.1:80", "127.0.0.2:80", false),
+        ("0.0.0.0:80", "127.0.0.1:81", false), ("0.0.0.0:0", "127.0.0.1:0", false), ("0.0.0.0:0", "0.0.0.0:0", false),
+        ("unix:/run/a.sock", "unix:/run/b.sock", false), ("unix:/run/a.sock", "0.0.0.0:80", false),
+    ])
+    func listenersOverlapWhenTheyCannotBothBind(_ first: String, _ second: String, _ overlapping: Bool) throws {
+        let (a, b) = (try ListenAddress(parsing: first), try ListenAddress(parsing: second))
+        #expect(a.overlaps(b) == overlapping)
+        #expect(b.overlaps(a) == overlapping)
+    }
+
+    @Test func listenersThatCannotBothBindAreRefused() {
+        #expect(
+            configurationProblem(#"{"listen": "0.0.0.0:47251", "adminListen": "127.0.0.1:47251"}"#)
+                == "adminListen: 127.0.0.1:47251 overlaps listen 0.0.0.0:47251: 0.0.0.0 takes port 47251 on every IPv4"
+                + " address; allowed: a different port")
+        #expect(
+            configurationProblem(#"{"listen": "[::1]:9", "adminListen": "[::]:9"}"#)
+                == "adminListen: [::]:9 overlaps listen [::1]:9: :: takes port 9 on every IPv6 address; allowed: a"
+                + " different port")
+        #expect(
+            configurationProblem(#"{"listen": "[::1]:9", "adminListen": "[0:0:0:0:0:0:0:1]:9"}"#)
+                == "adminListen: [0:0:0:0:0:0:0:1]:9 is also listen, written [::1]:9; allowed: a different address"
+                + " or port")
+        #expect(configurationProblem(#"{"listen": "0.0.0.0:9", "adminListen": "[::]:9"}"#) == nil)
+        #expect(configurationProblem(#"{"listen": "0.0.0.0:9", "adminListen": "127.0.0.1:10"}"#) == nil)
+    }
+
     @Test func aListenerVariableSetButEmptyIsAnErrorNamingIt() throws {
         var configuration = try parse(#"{"listen": "127.0.0.1:1000", "adminListen": "127.0.0.1:1001"}"#)
         for (name, key) in [("TOKEN_BROKER_LISTEN", "listen"), ("TOKEN_BROKER_ADMIN_LISTEN", "adminListen")] {

@@ -5,6 +5,7 @@ every write: it is refused at once, exit status 2, with an error naming the path
 """
 import json
 import os
+import socket
 
 import pytest
 
@@ -183,3 +184,26 @@ def test_a_listener_clash_caused_by_the_environment_names_the_variable(tmp_path)
     results = [run_broker("--check-config", "--config", config, env=env),
                run_broker("--config", config, env=env, timeout=15)]
     assert_refused(results, "adminListen (from TOKEN_BROKER_ADMIN_LISTEN): 127.0.0.1:47203 is also listen;")
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_listeners_that_cannot_both_bind_are_refused_before_start(tmp_path):
+    """0.0.0.0 takes its port on every IPv4 address: with 127.0.0.1 on the same port for the
+    other listener, --check-config said "configuration OK" and start then failed to bind (exit 1,
+    Address already in use). Both now refuse the file, exit 2, naming the keys; nothing binds."""
+    port = free_port()
+    config = write_config(tmp_path, {"listen": f"0.0.0.0:{port}", "adminListen": f"127.0.0.1:{port}"})
+    assert_refused([run_broker("--check-config", "--config", config), run_broker("--config", config, timeout=15)],
+                   f"adminListen: 127.0.0.1:{port} overlaps listen 0.0.0.0:{port}")
+    # IPv6: [::] takes its port on every IPv6 address, and no IPv4 one (the listeners are IPv6-only).
+    config = write_config(tmp_path, {"listen": f"[::1]:{port}", "adminListen": f"[::]:{port}"})
+    assert_refused([run_broker("--check-config", "--config", config)], f"adminListen: [::]:{port} overlaps listen")
+    for listen, admin in ((f"0.0.0.0:{port}", f"[::]:{port}"), (f"127.0.0.1:{port}", f"127.0.0.2:{port}")):
+        config = write_config(tmp_path, {"listen": listen, "adminListen": admin})
+        result = run_broker("--check-config", "--config", config)
+        assert result.returncode == 0 and "configuration OK" in result.stdout, (listen, admin, result.stderr)

@@ -265,11 +265,28 @@ public struct BrokerConfiguration: Sendable, Equatable {
         if let address = compat.gce?.listen { listeners.append(("compat.gce.listen", address)) }
         if let address = compat.azure?.listen { listeners.append(("compat.azure.listen", address)) }
         func named(_ key: String) -> String { overridden[key].map { "\(key) (from \($0))" } ?? key }
-        for (index, (key, address)) in listeners.enumerated() where address.port != 0 || address.unixPath != nil {
-            if let (other, _) = listeners[..<index].first(where: { $0.1 == address }) {
+        // Listeners that cannot both bind: the same address, or one on a wildcard (0.0.0.0, ::)
+        // and another on the same port of the same family.
+        for (index, (key, address)) in listeners.enumerated() {
+            guard let (other, otherAddress) = listeners[..<index].first(where: { $0.1.overlaps(address) }) else {
+                continue
+            }
+            if address == otherAddress {
                 throw ConfigurationError(
                     key: named(key), "\(address) is also \(named(other)); allowed: a different address or port")
             }
+            if address.isWildcard == otherAddress.isWildcard {
+                // One address written two ways, such as [::1] and [0:0:0:0:0:0:0:1].
+                throw ConfigurationError(
+                    key: named(key),
+                    "\(address) is also \(named(other)), written \(otherAddress); allowed: a different address or port")
+            }
+            let wildcard = (address.isWildcard ? address : otherAddress).host
+            let family = address.isIPv6 ? "IPv6" : "IPv4"
+            throw ConfigurationError(
+                key: named(key),
+                "\(address) overlaps \(named(other)) \(otherAddress): \(wildcard) takes port \(address.port) on every "
+                    + "\(family) address; allowed: a different port")
         }
     }
 

@@ -84,6 +84,34 @@ public struct ListenAddress: Sendable, Equatable, CustomStringConvertible {
         return isIPv6 ? "[\(host)]:\(port)" : "\(host):\(port)"
     }
 
+    /// Whether a listener here and one at `other` cannot both bind: the same socket path, or the
+    /// same family and port (not 0, which picks a free one) where the hosts are one address or
+    /// either is the family's wildcard. `0.0.0.0` takes its port on every IPv4 address, `::` on
+    /// every IPv6 one and no IPv4 address (every IPv6 listener is IPv6-only: `ListeningSocket`).
+    /// IPv6 hosts are compared as addresses: `::1` is `0:0:0:0:0:0:0:1`.
+    public func overlaps(_ other: ListenAddress) -> Bool {
+        if unixPath != nil || other.unixPath != nil { return unixPath == other.unixPath }
+        guard isIPv6 == other.isIPv6, port == other.port, port != 0 else { return false }
+        guard let mine = hostBytes, let theirs = other.hostBytes else { return host == other.host }
+        return mine == theirs || isWildcard || other.isWildcard
+    }
+
+    /// Whether the host is the family's wildcard, `0.0.0.0` or `::`, which binds every address.
+    public var isWildcard: Bool { unixPath == nil && hostBytes?.allSatisfy { $0 == 0 } == true }
+
+    /// The host as the system reads it, in network order; nil for a Unix socket.
+    private var hostBytes: [UInt8]? {
+        guard unixPath == nil else { return nil }
+        if isIPv6 {
+            var address = in6_addr()
+            guard inet_pton(AF_INET6, host, &address) == 1 else { return nil }
+            return withUnsafeBytes(of: address) { Array($0) }
+        }
+        var address = in_addr()
+        guard inet_pton(AF_INET, host, &address) == 1 else { return nil }
+        return withUnsafeBytes(of: address) { Array($0) }
+    }
+
     /// Whether the address is on this machine only (a Unix socket always is).
     public var isLoopback: Bool { unixPath != nil || (isIPv6 ? host == "::1" : host.hasPrefix("127.")) }
 }
