@@ -11,10 +11,13 @@ import TokenBrokerUpstream
 /// - `status` asks the admin listener's `/readyz`, and prints the providers as a table.
 /// - `reload` asks the admin listener's `POST /reload` (`ReloadCommand`).
 ///
-/// Both find the broker as `healthcheck` does (`HealthCheck.target(listen:path:)`): the listener
-/// of the configuration the broker itself would run (`--config` or `TOKEN_BROKER_CONFIG`, with
-/// `TOKEN_BROKER_LISTEN` or `TOKEN_BROKER_ADMIN_LISTEN` applied over it; 0.0.0.0 and `::` read as
-/// loopback; `unix:` listeners through their socket), or the one `--address` names. A failure
+/// Each finds the broker as `healthcheck` does (`HealthCheck.target(listen:path:)`): the listener
+/// of the configuration the broker itself would run (`TOKEN_BROKER_LISTEN` or
+/// `TOKEN_BROKER_ADMIN_LISTEN`, else the key of the file `--config` or `TOKEN_BROKER_CONFIG`
+/// names; 0.0.0.0 and `::` read as loopback; `unix:` listeners through their socket), or the one
+/// `--address` names. Of the file only that key is read (`Options.listener`): a mistake elsewhere
+/// in it is the running broker's to find at its next reload, and does not keep a script from
+/// its token. A failure
 /// is one line on stderr and an exit status that says which (`Exit`); that line never holds the
 /// token or the caller key.
 enum CommandLineClient {
@@ -139,15 +142,13 @@ enum CommandLineClient {
             }
             origin = given
         } else {
-            let configuration: BrokerConfiguration
+            let listen: ListenAddress
             do {
-                configuration = try Options.load(
-                    path: Options.configurationPath(given: configPath, environment: environment),
-                    environment: environment)
+                listen = try Options.listener(
+                    listener == .token ? .listen : .adminListen, configPath: configPath, environment: environment)
             } catch {
                 throw Failure(.usage, "invalid configuration: \(error.description)")
             }
-            let listen = listener == .token ? configuration.listen : configuration.adminListen
             guard let found = HealthCheck.target(listen: listen, path: "") else {
                 throw Failure(
                     .usage, "the \(listener.rawValue) listener \(listen) has port 0 (picked at start); give --address")
@@ -400,7 +401,8 @@ enum TokenCommand {
           --timeout SEC     the longest wait for the answer, 1-120 (default 10)
 
         Exit status: 0 the token was printed; 1 an answer that is not the broker's; 2 a bad command
-        line, configuration or key file; 3 the broker is unreachable; 4 it has no valid token (503);
+        line or key file, or no token listener to be read from the configuration (of the file only
+        listen is read); 3 the broker is unreachable; 4 it has no valid token (503);
         5 it refused the request (400, 401, 403, 404). A failure is one line on stderr.
         """
 
@@ -567,7 +569,8 @@ enum StatusCommand {
           --address ADDR    ask http://HOST[:PORT] or unix:/path instead
 
         Exit status: 0 the broker answered (ready or not); 1 an answer that is not /readyz's;
-        2 a bad command line or configuration; 3 the broker is unreachable.
+        2 a bad command line, or no admin listener to be read from the configuration (of the file
+        only adminListen is read); 3 the broker is unreachable.
         """
 
     typealias Arguments = CommandLineClient.AdminArguments

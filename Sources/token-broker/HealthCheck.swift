@@ -8,10 +8,12 @@ import TokenBrokerUpstream
 /// listener answers `GET /healthz` with 200, 1 otherwise.
 ///
 /// For a container's HEALTHCHECK, so the image needs no curl. Without an address it asks the
-/// admin listener of the configuration the broker itself would run: the file from `--config`
-/// or `TOKEN_BROKER_CONFIG`, with `TOKEN_BROKER_ADMIN_LISTEN` applied over it, 0.0.0.0 and `::`
+/// admin listener of the configuration the broker itself would run: `TOKEN_BROKER_ADMIN_LISTEN`,
+/// else the `adminListen` of the file from `--config` or `TOKEN_BROKER_CONFIG`, 0.0.0.0 and `::`
 /// read as loopback, and a `unix:` listener asked through its socket. So it checks the broker
-/// the configuration describes, and never some other process on the default port.
+/// the configuration describes, and never some other process on the default port. Of the file
+/// only `adminListen` is read (`Options.listener`): a mistake saved elsewhere in it, which the
+/// running broker has not loaded, does not fail the check of a broker that is healthy.
 ///
 /// An address may be given instead: a URL (`http://127.0.0.1:9090`, where no path means
 /// `/healthz`) or `unix:/path/to/admin.sock`.
@@ -44,17 +46,15 @@ enum HealthCheck {
             target = parsed
         } else {
             let environment = Environment.variables()
-            let configuration: BrokerConfiguration
+            let adminListen: ListenAddress
             do {
-                configuration = try Options.load(
-                    path: Options.configurationPath(given: given.configPath, environment: environment),
-                    environment: environment)
+                adminListen = try Options.listener(
+                    .adminListen, configPath: given.configPath, environment: environment)
             } catch {
                 return fail("invalid configuration: \(error.description)")
             }
-            guard let found = Self.target(adminListen: configuration.adminListen) else {
-                return fail(
-                    "the admin listener \(configuration.adminListen) has port 0 (picked at start); give the address")
+            guard let found = Self.target(adminListen: adminListen) else {
+                return fail("the admin listener \(adminListen) has port 0 (picked at start); give the address")
             }
             target = found
         }

@@ -62,7 +62,9 @@ enum Options {
         token, status and reload (a failure is one line on stderr, never holding the token or the key):
           0  the token was printed; status: the broker answered, ready or not; reload: reloaded
           1  an answer that is not the broker's (or not /readyz's)
-          2  bad command line, configuration or caller key file
+          2  bad command line or caller key file, or no listener to be read from the configuration
+             (the file unreadable or not a JSON object, the listener not an address); the rest
+             of the file is the broker's to check
           3  the broker is unreachable: nothing listens, or no answer in time
           4  token: the broker has no valid token now (503)
           5  token: the broker refused (400 bad value, 401 caller key, 403, 404 unknown provider);
@@ -209,15 +211,9 @@ enum Options {
     {
         var configuration = BrokerConfiguration()
         if let path {
-            let data: [UInt8]
-            switch FileContents.read(path) {
-            case .success(let bytes): data = bytes
-            case .failure(let error):
-                throw ConfigurationError(key: "", "cannot read configuration file \(path): \(error.reason)")
-            }
+            let document = try document(at: path)
+            if appliesLogFormat, let format = BrokerConfiguration.logFormat(in: document) { Log.use(format) }
             do {
-                let document = try BrokerConfiguration.document(data)
-                if appliesLogFormat, let format = BrokerConfiguration.logFormat(in: document) { Log.use(format) }
                 configuration = try BrokerConfiguration(document: document)
             } catch {
                 throw ConfigurationError(key: error.key, "\(error.message) (in \(path))")
@@ -227,6 +223,40 @@ enum Options {
         }
         try configuration.applyEnvironment(environment)
         return configuration
+    }
+
+    /// The configuration file at `path`, parsed as JSON and not yet read as a configuration.
+    static func document(at path: String) throws(ConfigurationError) -> JSONValue {
+        let data: [UInt8]
+        switch FileContents.read(path) {
+        case .success(let bytes): data = bytes
+        case .failure(let error):
+            throw ConfigurationError(key: "", "cannot read configuration file \(path): \(error.reason)")
+        }
+        do {
+            return try BrokerConfiguration.document(data)
+        } catch {
+            throw ConfigurationError(key: error.key, "\(error.message) (in \(path))")
+        }
+    }
+
+    /// The listener a command asks (`healthcheck`, `token`, `status`, `reload`), found as the
+    /// broker would find it, reading only what it needs: the environment's variable when it is
+    /// set (then the file is not read at all); else the file's key
+    /// (`BrokerConfiguration.listener(_:in:)`: the file must be a JSON object and the key, when
+    /// given, a listen address; nothing else in it is read); else the default.
+    static func listener(
+        _ listener: BrokerConfiguration.Listener, configPath: String?, environment: [String: String]
+    ) throws(ConfigurationError) -> ListenAddress {
+        let path = try configurationPath(given: configPath, environment: environment)
+        if let address = try BrokerConfiguration.listener(listener, environment: environment) { return address }
+        guard let path else { return try BrokerConfiguration.listener(listener, in: nil) }
+        let document = try document(at: path)
+        do {
+            return try BrokerConfiguration.listener(listener, in: document)
+        } catch {
+            throw ConfigurationError(key: error.key, "\(error.message) (in \(path))")
+        }
     }
 
     private static func usage(_ problem: String) -> Int32 {

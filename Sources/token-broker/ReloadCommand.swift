@@ -17,14 +17,16 @@ enum ReloadCommand {
 
           --config FILE     the configuration whose admin listener to ask (its adminListen as the
                             file says now); else TOKEN_BROKER_CONFIG, with TOKEN_BROKER_ADMIN_LISTEN
-                            applied over it
+                            applied over it. Of the file only adminListen and reloadTimeoutSec are
+                            read: the broker checks the rest, and refuses an invalid file (exit 5)
           --address ADDR    ask http://HOST[:PORT] or unix:/path instead
           --timeout SEC     the longest wait for the answer, 1-660; by default the reloadTimeoutSec of
                             the configuration read, and 60 s more (default 90); with --address, 660
 
-        Exit status: 0 reloaded; 1 an answer that is not the broker's; 2 a bad command line or
-        configuration; 3 the broker is unreachable; 5 not reloaded (the file is invalid, changes
-        what needs a restart, or a replacement got no token in time): the broker runs as before.
+        Exit status: 0 reloaded; 1 an answer that is not the broker's; 2 a bad command line, or no
+        admin listener to be read from the configuration; 3 the broker is unreachable; 5 not
+        reloaded (the file is invalid, changes what needs a restart, or a replacement got no token
+        in time): the broker runs as before.
         """
 
     /// The time given, past `reloadTimeoutSec`, to read and check the file and answer.
@@ -56,15 +58,22 @@ enum ReloadCommand {
 
     /// The longest wait for the answer: `--timeout`; else the `reloadTimeoutSec` of the
     /// configuration read to find the broker (the file the broker reloads, when it is the same),
-    /// and `spareSec`; else, with `--address`, `longestTimeoutSec`, which covers any reload.
+    /// and `spareSec`; else, with `--address`, or when that file gives no valid value (or cannot
+    /// be read), `longestTimeoutSec`, which covers any reload. Of the file only
+    /// `reloadTimeoutSec` is read here, leniently (`BrokerConfiguration.reloadTimeoutSec(in:)`).
     static func timeoutSec(_ given: Arguments, environment: [String: String]) -> Int {
         if let seconds = given.timeoutSec { return seconds }
-        guard given.address == nil,
-            let configuration = try? Options.load(
-                path: Options.configurationPath(given: given.configPath, environment: environment),
-                environment: environment)
-        else { return longestTimeoutSec }
-        return configuration.reloadTimeoutSec + spareSec
+        guard given.address == nil else { return longestTimeoutSec }
+        let document: JSONValue?
+        do {
+            document = try Options.configurationPath(given: given.configPath, environment: environment).map {
+                (path) throws(ConfigurationError) in try Options.document(at: path)
+            }
+        } catch {
+            return longestTimeoutSec
+        }
+        guard let seconds = BrokerConfiguration.reloadTimeoutSec(in: document) else { return longestTimeoutSec }
+        return seconds + spareSec
     }
 
     /// `POST /reload`'s 200 body as one line; nil when it is not that answer's shape.

@@ -335,6 +335,32 @@ import TokenBrokerCore
         #expect(configurationProblem(#"{"listen": "0.0.0.0:9", "adminListen": "127.0.0.1:10"}"#) == nil)
     }
 
+    @Test func aListenerIsReadLenientlyForTheCommandsThatAskTheBroker() throws {
+        func document(_ json: String) throws -> JSONValue { try BrokerConfiguration.document(Array(json.utf8)) }
+        let typo = try document(
+            #"{"adminListen": "unix:/run/a.sock", "providers": [{"name": "a"}, {"name": "a"}], "bogus": 1}"#)
+        #expect(try BrokerConfiguration.listener(.adminListen, in: typo).description == "unix:/run/a.sock")
+        #expect(try BrokerConfiguration.listener(.listen, in: typo).description == "127.0.0.1:8080")
+        #expect(try BrokerConfiguration.listener(.adminListen, in: nil).description == "127.0.0.1:9090")
+        #expect(try BrokerConfiguration.listener(.listen, in: try document(#"{"listen": null}"#)).port == 8080)
+        #expect(throws: ConfigurationError.self) {
+            try BrokerConfiguration.listener(.listen, in: try document(#"{"listen": "127.0.0.1"}"#))
+        }
+        #expect(throws: ConfigurationError.self) { try BrokerConfiguration.listener(.listen, in: try document("1")) }
+        #expect(
+            try BrokerConfiguration.listener(.listen, environment: ["TOKEN_BROKER_LISTEN": "[::1]:1"])?.description
+                == "[::1]:1")
+        #expect(try BrokerConfiguration.listener(.adminListen, environment: ["TOKEN_BROKER_LISTEN": "[::1]:1"]) == nil)
+        #expect(throws: ConfigurationError.self) {
+            try BrokerConfiguration.listener(.adminListen, environment: ["TOKEN_BROKER_ADMIN_LISTEN": ""])
+        }
+        #expect(BrokerConfiguration.reloadTimeoutSec(in: typo) == 30)
+        #expect(BrokerConfiguration.reloadTimeoutSec(in: nil) == 30)
+        #expect(BrokerConfiguration.reloadTimeoutSec(in: try document(#"{"reloadTimeoutSec": 600, "x": 1}"#)) == 600)
+        #expect(BrokerConfiguration.reloadTimeoutSec(in: try document(#"{"reloadTimeoutSec": 601}"#)) == nil)
+        #expect(BrokerConfiguration.reloadTimeoutSec(in: try document("[]")) == nil)
+    }
+
     @Test func aListenerVariableSetButEmptyIsAnErrorNamingIt() throws {
         var configuration = try parse(#"{"listen": "127.0.0.1:1000", "adminListen": "127.0.0.1:1001"}"#)
         for (name, key) in [("TOKEN_BROKER_LISTEN", "listen"), ("TOKEN_BROKER_ADMIN_LISTEN", "adminListen")] {

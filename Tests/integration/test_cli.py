@@ -532,3 +532,51 @@ def test_a_server_that_echoes_the_key_dressed_up_never_gets_it_printed_nor_forma
         assert_failure(result, REFUSED, mentions=("invalid_caller_key", "[hidden]"))
         assert key not in result.stderr.lower() and key[9:] not in result.stderr.lower(), result.stderr
         assert all(" " <= character <= "~" or character in "\n…" for character in result.stderr), repr(result.stderr)
+
+
+# A mistake saved in the file: the running broker's business, not the commands'
+
+def test_a_mistake_saved_in_the_file_keeps_no_command_from_the_running_broker(tmp_path):
+    """An edit saved in the broker's file (a provider with tokenRefreshDelaySec 0), not reloaded:
+    the broker serves on, and token, status and healthcheck, which read of the file only the
+    listener they ask, find it as before (they exited 2, 2 and 1: "invalid configuration"). reload
+    asks the broker, which judges the file: 422 invalid_configuration, exit 5, logged and counted
+    as result="invalid" (it exited 2 without asking). Only a listener that cannot be read fails
+    the commands, without asking anything."""
+    config = {"listen": f"127.0.0.1:{closed_port()}", "adminListen": f"127.0.0.1:{closed_port()}",
+              "providers": [{"name": "default"}]}
+    with Broker(config, listen=None, admin=None) as broker:
+        path = os.path.join(broker.workdir, "config.json")
+        token = served_token(broker)
+        write_json(broker.workdir, "config.json",
+                   {**config, "providers": [{"name": "default"}, {"name": "new", "tokenRefreshDelaySec": 0}]})
+        assert run_broker("--check-config", "--config", path).returncode == 2, "the file is invalid"
+        assert_token(cli("token", "--config", path), token)
+        assert_token(cli("token", env={"TOKEN_BROKER_CONFIG": path}), token)
+        result = cli("status", "--config", path)
+        assert result.returncode == 0, result.stderr
+        assert [row["NAME"] for row in parse_tables(result.stdout)[0][1]] == ["default"]
+        result = cli("healthcheck", "--config", path)
+        assert result.returncode == 0, result.stderr
+        result = cli("reload", "--config", path)
+        assert_failure(result, REFUSED, command="reload",
+                       mentions=("not reloaded", "invalid_configuration", "providers[1].tokenRefreshDelaySec"))
+        assert broker.metric("token_broker_reloads_total", result="invalid") == 1
+        assert "configuration not reloaded" in broker.stderr()
+        # Not JSON: nothing can be read of it; the environment's listener needs no file.
+        with open(path, "w") as handle:
+            handle.write(json.dumps(config)[:-1])
+        for command in ("token", "status", "reload"):
+            assert_failure(cli(command, "--config", path), USAGE, command=command,
+                           mentions=("invalid configuration", "not valid JSON", path))
+        result = cli("healthcheck", "--config", path)
+        assert result.returncode == 1 and "not valid JSON" in result.stderr, result.stderr
+        assert_token(cli("token", "--config", path, env={"TOKEN_BROKER_LISTEN": broker.addresses["token"]}), token)
+        # A listener that is not an address: the commands that ask it fail, naming it; token asks the other.
+        write_json(broker.workdir, "config.json", {**config, "adminListen": "localhost:9090"})
+        for command in ("status", "reload"):
+            assert_failure(cli(command, "--config", path), USAGE, command=command, mentions=("adminListen", path))
+        result = cli("healthcheck", "--config", path)
+        assert result.returncode == 1 and "adminListen" in result.stderr, result.stderr
+        assert_token(cli("token", "--config", path), token)
+        assert broker.metric("token_broker_reloads_total", result="invalid") == 1, "only the broker's own reload"

@@ -108,6 +108,82 @@ import TokenBrokerUpstream
                 == .init(target: .init(url: "http://10.0.0.1:80/token"), shown: "http://10.0.0.1:80"))
     }
 
+    @Test func ofTheFileOnlyTheListenerAskedIsRead() throws {
+        let directory = try TemporaryDirectory()
+        // A file the broker would refuse (a typo saved since it started) still finds it.
+        let typo = try directory.write(
+            "typo.json",
+            #"{"listen": "127.0.0.1:8181", "adminListen": "127.0.0.1:9191", "#
+                + #""providers": [{"name": "a"}, {"name": "new", "tokenRefreshDelaySec": 0}], "maxRetryCont": 1}"#)
+        #expect(
+            try CommandLineClient.endpoint(
+                address: nil, configPath: typo, listener: .token, path: "/token", environment: [:]
+            ).shown
+                == "http://127.0.0.1:8181")
+        #expect(
+            try CommandLineClient.endpoint(
+                address: nil, configPath: typo, listener: .admin, path: "/readyz", environment: [:]
+            ).shown
+                == "http://127.0.0.1:9191")
+        // The other listener's key is not read either.
+        let badAdmin = try directory.write("admin.json", #"{"listen": "127.0.0.1:8181", "adminListen": 9191}"#)
+        #expect(
+            try CommandLineClient.endpoint(
+                address: nil, configPath: badAdmin, listener: .token, path: "/token", environment: [:]
+            ).shown
+                == "http://127.0.0.1:8181")
+        #expect(
+            throws: Failure(
+                .usage, "invalid configuration: adminListen: must be a string, not a number (in \(badAdmin))")
+        ) {
+            try CommandLineClient.endpoint(
+                address: nil, configPath: badAdmin, listener: .admin, path: "/readyz", environment: [:])
+        }
+        // With the environment's variable, the file is not read at all.
+        let notJSON = try directory.write("broken.json", #"{"listen": "127.0.0.1:8181","#)
+        #expect(
+            try CommandLineClient.endpoint(
+                address: nil, configPath: notJSON, listener: .admin, path: "/readyz",
+                environment: ["TOKEN_BROKER_ADMIN_LISTEN": "127.0.0.1:7070"]
+            ).shown == "http://127.0.0.1:7070")
+    }
+
+    @Test(arguments: [
+        (#"{"listen": "127.0.0.1:8181","#, "the file is not valid JSON"),
+        (#"["127.0.0.1:8181"]"#, "must be an object, not an array"),
+        (#"{"listen": "localhost:8181"}"#, "listen: \"localhost:8181\" is not a listen address"),
+        (#"{"listen": ["127.0.0.1:8181"]}"#, "listen: must be a string, not an array"),
+    ])
+    func aFileWhoseListenerCannotBeReadIsAConfigurationError(_ json: String, _ problem: String) throws {
+        let directory = try TemporaryDirectory()
+        let file = try directory.write("c.json", json)
+        #expect {
+            try CommandLineClient.endpoint(
+                address: nil, configPath: file, listener: .token, path: "/token", environment: [:])
+        } throws: { error in
+            guard let failure = error as? Failure else { return false }
+            return failure.exit == .usage && failure.reason.hasPrefix("invalid configuration: \(problem)")
+                && failure.reason.contains(file)
+        }
+    }
+
+    @Test func reloadWaitsForTheFilesReloadTimeoutWhateverElseTheFileHolds() throws {
+        let directory = try TemporaryDirectory()
+        let reload = try ReloadCommand.parse(["--config", directory.path("c.json")])
+        try directory.write("c.json", #"{"reloadTimeoutSec": 200, "providers": [{"maxRetryCount": 11}]}"#)
+        #expect(ReloadCommand.timeoutSec(reload, environment: [:]) == 260)
+        try directory.write("c.json", #"{"providers": [{"maxRetryCount": 11}]}"#)
+        #expect(ReloadCommand.timeoutSec(reload, environment: [:]) == 90)
+        // No value it can trust: long enough for any reload.
+        for json in [#"{"reloadTimeoutSec": 0}"#, #"{"reloadTimeoutSec": "30"}"#, "{", "[]"] {
+            try directory.write("c.json", json)
+            #expect(ReloadCommand.timeoutSec(reload, environment: [:]) == 660, "\(json)")
+        }
+        #expect(
+            ReloadCommand.timeoutSec(
+                try ReloadCommand.parse(["--config", directory.path("missing.json")]), environment: [:]) == 660)
+    }
+
     @Test(arguments: [
         ("http://127.0.0.1:8080/token", "--address \"http://127.0.0.1:8080/token\" is neither"),
         ("127.0.0.1:8080", "--address \"127.0.0.1:8080\" is neither"),

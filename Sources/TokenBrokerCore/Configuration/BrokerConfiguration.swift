@@ -195,17 +195,81 @@ public struct BrokerConfiguration: Sendable, Equatable {
     /// An error about a listener set there names the variable too: "listen (from TOKEN_BROKER_LISTEN)".
     public mutating func applyEnvironment(_ environment: [String: String]) throws(ConfigurationError) {
         var overridden: [String: String] = [:]
-        if let text = try Self.environmentValue("TOKEN_BROKER_LISTEN", in: environment, unset: "the file's listen") {
-            listen = try Self.address(text, key: "TOKEN_BROKER_LISTEN")
-            overridden["listen"] = "TOKEN_BROKER_LISTEN"
-        }
-        if let text = try Self.environmentValue(
-            "TOKEN_BROKER_ADMIN_LISTEN", in: environment, unset: "the file's adminListen")
-        {
-            adminListen = try Self.address(text, key: "TOKEN_BROKER_ADMIN_LISTEN")
-            overridden["adminListen"] = "TOKEN_BROKER_ADMIN_LISTEN"
+        for listener in Listener.allCases {
+            guard let address = try Self.listener(listener, environment: environment) else { continue }
+            switch listener {
+            case .listen: listen = address
+            case .adminListen: adminListen = address
+            }
+            overridden[listener.rawValue] = listener.environmentVariable
         }
         try validate(overridden: overridden)
+    }
+
+    /// The broker's two listeners, by their keys.
+    public enum Listener: String, Sendable, CaseIterable {
+        case listen, adminListen
+
+        /// The environment variable that overrides the file's key.
+        public var environmentVariable: String {
+            switch self {
+            case .listen: "TOKEN_BROKER_LISTEN"
+            case .adminListen: "TOKEN_BROKER_ADMIN_LISTEN"
+            }
+        }
+    }
+
+    /// A listener as the environment sets it (`TOKEN_BROKER_LISTEN`, `TOKEN_BROKER_ADMIN_LISTEN`);
+    /// nil when its variable is not set. Set but empty, or not a listen address, it is an error
+    /// naming the variable.
+    public static func listener(_ listener: Listener, environment: [String: String]) throws(ConfigurationError)
+        -> ListenAddress?
+    {
+        let variable = listener.environmentVariable
+        guard let text = try environmentValue(variable, in: environment, unset: "the file's \(listener.rawValue)")
+        else { return nil }
+        return try address(text, key: variable)
+    }
+
+    /// A listener as a configuration document gives it (nil: no file, the embedded default), read
+    /// leniently, for the commands that ask a running broker (`healthcheck`, `token`, `status`,
+    /// `reload`): the document must be a JSON object, and its key, when given, a listen address;
+    /// the rest of the document is not read at all. That broker checked its file when it started
+    /// or reloaded it; a mistake made in the file since is for it to find, at its next reload,
+    /// and does not keep a command from finding it.
+    public static func listener(_ listener: Listener, in document: JSONValue?) throws(ConfigurationError)
+        -> ListenAddress
+    {
+        let fallback = BrokerConfiguration()
+        let key = listener.rawValue
+        let text: String?
+        if let document {
+            var reader = try ObjectReader(document, path: "")
+            text = try reader.string(key)
+        } else {
+            text = nil
+        }
+        guard let text else {
+            switch listener {
+            case .listen: return fallback.listen
+            case .adminListen: return fallback.adminListen
+            }
+        }
+        return try address(text, key: key)
+    }
+
+    /// A configuration document's `reloadTimeoutSec`, read leniently as `listener(_:in:)` reads a
+    /// listener: the default (30) when the document does not give it (nil: no file); nil when the
+    /// document is not an object or its value is not one the broker takes (1–600).
+    public static func reloadTimeoutSec(in document: JSONValue?) -> Int? {
+        let fallback = BrokerConfiguration().reloadTimeoutSec
+        guard let document else { return fallback }
+        guard var reader = try? ObjectReader(document, path: "") else { return nil }
+        do {
+            return try reader.int("reloadTimeoutSec", 1...600) ?? fallback
+        } catch {
+            return nil
+        }
     }
 
     /// The value of the environment variable `name`, nil when it is not set. Set but empty, it is
