@@ -68,7 +68,8 @@ enum Options {
           3  the broker is unreachable: nothing listens, or no answer in time
           4  token: the broker has no valid token now (503)
           5  token: the broker refused (400 bad value, 401 caller key, 403, 404 unknown provider);
-             reload: the configuration was not reloaded (invalid, needs a restart, or abandoned)
+             reload: the configuration was not reloaded (invalid, needs a restart, abandoned, or
+             the broker is stopping)
 
         See README.md for the configuration reference.
         """

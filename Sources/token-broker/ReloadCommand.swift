@@ -26,7 +26,7 @@ enum ReloadCommand {
         Exit status: 0 reloaded; 1 an answer that is not the broker's; 2 a bad command line, or no
         admin listener to be read from the configuration; 3 the broker is unreachable; 5 not
         reloaded (the file is invalid, changes what needs a restart, or a replacement got no token
-        in time): the broker runs as before.
+        in time: the broker runs as before; or the broker is stopping).
         """
 
     /// The time given, past `reloadTimeoutSec`, to read and check the file and answer.
@@ -101,7 +101,8 @@ enum ReloadCommand {
         " (asked at the adminListen the configuration gives now: if it changed since the broker started,"
         + " which needs a restart, give the broker's address with --address)"
 
-    /// The `error` codes of a reload that did not take (`ErrorAnswer`).
+    /// The `error` codes of a reload that did not take (`ErrorAnswer`). Besides, a 503
+    /// `shutting_down`: the broker is stopping, and the reload does not run.
     static let notReloaded = ["invalid_configuration", "reload_refused", "reload_abandoned"]
 
     /// The `error` member of a JSON error answer.
@@ -144,6 +145,9 @@ enum ReloadCommand {
                 return 0
             case _ where notReloaded.contains(errorCode(response.body) ?? ""):
                 throw .init(.refused, "not reloaded: \(reason)")
+            case 503 where errorCode(response.body) == "shutting_down":
+                // The broker's own answer while it stops: a reload asked then never runs.
+                throw .init(.refused, "not reloaded: the broker is stopping (\(reason))")
             default:
                 throw .init(
                     .unexpectedAnswer,

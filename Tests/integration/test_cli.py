@@ -580,3 +580,39 @@ def test_a_mistake_saved_in_the_file_keeps_no_command_from_the_running_broker(tm
         assert result.returncode == 1 and "adminListen" in result.stderr, result.stderr
         assert_token(cli("token", "--config", path), token)
         assert broker.metric("token_broker_reloads_total", result="invalid") == 1, "only the broker's own reload"
+
+
+# reload while the broker stops
+
+def test_reload_says_not_reloaded_when_the_broker_answers_that_it_is_stopping():
+    """The broker's own 503 shutting_down is its answer, not another server's: the reload was not
+    made, exit 5 saying the broker is stopping (it was exit 1, "gave no reload answer … is it the
+    broker's admin listener?")."""
+    body = b'{"error":"shutting_down","error_description":"the broker is stopping"}'
+    with hostile_server(http_answer(503, "application/json", body)) as url:
+        result = cli("reload", "--address", url)
+    assert_failure(result, REFUSED, command="reload", mentions=("not reloaded: the broker is stopping",
+                                                                 "HTTP 503 shutting_down"))
+    assert "is it the broker's" not in result.stderr
+
+
+def test_a_reload_asked_of_a_broker_that_is_stopping_is_not_reloaded():
+    """A real broker, stopping while a proxied request holds it (up to 5 s): a reload asked then
+    is never made, and the command exits 5, not 1."""
+    with socket.socket() as target:
+        target.bind(("127.0.0.1", 0))
+        target.listen(8)
+        target.settimeout(15)
+        config = {"proxies": [{"name": "held", "target": f"http://127.0.0.1:{target.getsockname()[1]}",
+                               "timeoutMsec": 60000}]}
+        with Broker(config) as broker:
+            proxied = threading.Thread(target=lambda: broker.request("GET", "/proxy/held/x", timeout=30), daemon=True)
+            proxied.start()
+            forwarded, _ = target.accept()  # the request is in flight, waiting for its answer
+            with forwarded:
+                broker.process.send_signal(signal.SIGTERM)
+                assert wait_until(lambda: "msg=stopping" in broker.stderr(), timeout=10), broker.stderr()
+                result = cli("reload", "--address", address(broker, "admin"))
+                assert broker.process.wait(timeout=20) == 0
+            proxied.join(timeout=20)
+        assert_failure(result, REFUSED, command="reload", mentions=("not reloaded",))
