@@ -460,6 +460,24 @@ extension MachineHarness {
         #expect(harness.machine.fetchIsForced, "a forced refresh's fetch says so, for the fleet")
     }
 
+    /// A template's child counts the forced refreshes other brokers fetched for its values in
+    /// its template's window, which the other children share: five elsewhere for one child, and
+    /// another child's forced refresh is excessive too.
+    @Test func forcedRefreshesFetchedElsewhereForAChildFillItsTemplatesWindow() {
+        let window = SharedForcedRefreshWindow<ManualClock.Instant>(interval: .seconds(30), maximumAttempts: 5)
+        var first = MachineHarness.servingFleetRecord(fleetRecord(version: 1, lifetime: 900, accessToken: "token-a"))
+        var second = MachineHarness.servingFleetRecord(fleetRecord(version: 1, lifetime: 900, accessToken: "token-b"))
+        first.machine.shareForcedRefreshes(window, as: TokenRequestValues(audience: "https://a"))
+        second.machine.shareForcedRefreshes(window, as: TokenRequestValues(audience: "https://b"))
+        for _ in 0..<5 { first.machine.forcedElsewhere(now: first.now) }
+        guard case .excessive(let retryAfter) = second.forceRefresh(rejected: 1) else {
+            Issue.record("five forced refreshes elsewhere for a sibling should fill the template's window")
+            return
+        }
+        #expect(retryAfter == .seconds(30))
+        #expect(!second.machine.isFetching)
+    }
+
     /// A fetch the schedule started is not a forced one.
     @Test func aScheduledFetchIsNotForced() {
         var harness = MachineHarness.servingFleetRecord(

@@ -426,6 +426,74 @@ import TokenBrokerCore
         }
     }
 
+    /// A template's children count their forced refreshes in the template's one window (5 per
+    /// 30 s), not each in its own: callers refusing twenty children's tokens six times each make
+    /// five forced fetches, not a hundred. One child takes three places (half the window, rounded
+    /// up) while the others take none, so two are left for other children's first refreshes.
+    @Test func childrenSharingTheTemplatesWindowMakeItsForcedFetchesBetweenThem() {
+        let window = SharedForcedRefreshWindow<MachineHarness.Instant>(interval: .seconds(30), maximumAttempts: 5)
+        var admitted: [Int] = []
+        var children: [MachineHarness] = []
+        for index in 0..<20 {
+            var child = MachineHarness(ProviderConfiguration())
+            child.machine.shareForcedRefreshes(window, as: TokenRequestValues(audience: "https://svc.example/\(index)"))
+            child.start()
+            child.succeed()
+            child.now = .init(offset: .seconds(1))
+            var refreshed = 0
+            for _ in 0..<6 {
+                switch child.forceRefresh(rejected: nil) {
+                case .refreshing:
+                    refreshed += 1
+                    child.succeed()
+                case .excessive(let retryAfter):
+                    #expect(retryAfter == .seconds(30), "the window's first places leave it at 31 s")
+                case .current:
+                    Issue.record("a refusal of whatever is current refreshes")
+                }
+            }
+            admitted.append(refreshed)
+            children.append(child)
+        }
+        #expect(admitted == [3, 1, 1] + Array(repeating: 0, count: 17))
+        #expect(children.map(\.fetchesStarted).reduce(0, +) == 20 + 5, "twenty first fetches and five forced")
+        children[19].now = .init(offset: .seconds(31))
+        guard case .refreshing = children[19].forceRefresh(rejected: nil) else {
+            Issue.record("the window has moved on")
+            return
+        }
+    }
+
+    /// In a template's window, a child that holds places takes another only while fewer than
+    /// half the places are taken, or once its own have left the window: its Retry-After is the
+    /// earlier of the two (a plain provider's window has no such share: five of its own).
+    @Test func aChildHoldingItsShareWaitsUntilTheWindowHasRoomForIt() {
+        var window = ForcedRefreshWindow<MachineHarness.Instant>(
+            interval: .seconds(30), maximumAttempts: 5, sharedByChildren: true)
+        let first = TokenRequestValues(audience: "https://a")
+        let second = TokenRequestValues(audience: "https://b")
+        func at(_ seconds: Int) -> MachineHarness.Instant { .init(offset: .seconds(seconds)) }
+        for second in 0..<3 { #expect(window.admit(at: at(second), by: first) == nil) }
+        #expect(window.admit(at: at(3), by: second) == nil, "another child's first refresh finds room")
+        #expect(
+            window.admit(at: at(4), by: first) == .seconds(27),
+            "three of five taken until the place taken at 1 s leaves, at 31 s (its own last leaves at 32 s)")
+        #expect(window.admit(at: at(31), by: first) == nil)
+        // Its own places gone, a child takes one even past half, while the window has room.
+        var late = ForcedRefreshWindow<MachineHarness.Instant>(
+            interval: .seconds(30), maximumAttempts: 5, sharedByChildren: true)
+        #expect(late.admit(at: at(0), by: first) == nil)
+        for (index, name) in ["b", "c", "d"].enumerated() {
+            #expect(late.admit(at: at(20 + index), by: TokenRequestValues(audience: "https://\(name)")) == nil)
+        }
+        #expect(late.admit(at: at(25), by: first) == .seconds(5), "its place of 0 s leaves at 30 s")
+        #expect(late.admit(at: at(30), by: first) == nil)
+
+        var own = ForcedRefreshWindow<MachineHarness.Instant>(interval: .seconds(30), maximumAttempts: 5)
+        for second in 0..<5 { #expect(own.admit(at: at(second)) == nil) }
+        #expect(own.admit(at: at(5)) == .seconds(25))
+    }
+
     @Test func forcedRefreshOfAnOlderVersionReturnsTheCurrentTokenWithoutFetching() {
         var harness = MachineHarness(ProviderConfiguration())
         harness.start()

@@ -20,10 +20,11 @@ private final class TemplateFixture: Sendable {
     let events = Lock<[String]>([])
 
     init(
-        maxChildren: Int = 100, childIdleSec: Int = 60, fetchTimeoutSec: Int? = nil,
+        maxChildren: Int = 100, childIdleSec: Int = 60, fetchTimeoutSec: Int? = nil, forcedRefreshWindowSec: Int = 30,
         source: ScriptedSource = ScriptedSource(), versionsAfter: UInt64 = 0
     ) {
         var configuration = ProviderConfiguration(name: "orders", fetchTimeoutSec: fetchTimeoutSec)
+        configuration.forcedRefreshWindowSec = forcedRefreshWindowSec
         configuration.perRequest = [.audience, .scope]
         configuration.allowedAudiences = [AllowPattern("https://*")!]
         configuration.allowedScopes = [AllowPattern("read")!, AllowPattern("write")!]
@@ -214,6 +215,88 @@ private final class TemplateFixture: Sendable {
         fixture.clock.advance(by: .seconds(60))
         #expect(await eventually { fixture.children == 0 })
         #expect(await version("b") == 4)
+    }
+
+    /// The children count their forced refreshes in the template's one window (5 per 30 s):
+    /// callers refusing twenty children's tokens six times each make five forced fetches, not
+    /// one hundred (each child had a window of its own). One child takes at most three places
+    /// while the others take none, so that the others' first refreshes find room.
+    @Test func theChildrenShareTheTemplatesWindowOfForcedRefreshes() async {
+        let fixture = TemplateFixture()
+        let service = Task { await fixture.template.run() }
+        defer { service.cancel() }
+        var admitted: [Int] = []
+        for index in 0..<20 {
+            guard let child = fixture.child("svc.example/\(index)"),
+                case .token = await child.onTokenReady(timeout: .seconds(5))
+            else {
+                Issue.record("child \(index) should have its first token")
+                return
+            }
+            var refreshed = 0
+            for _ in 0..<6 {
+                switch child.forceRefresh(rejected: nil) {
+                case .refreshing(let after):
+                    refreshed += 1
+                    guard case .token = await child.onTokenReady(after: after, timeout: .seconds(5), forRefresh: true)
+                    else {
+                        Issue.record("the forced refresh of child \(index) should bring a token")
+                        return
+                    }
+                case .excessive(let retryAfter):
+                    #expect(retryAfter == .seconds(30), "no time passes on the manual clock")
+                case .current:
+                    Issue.record("a refusal of whatever is current refreshes")
+                }
+            }
+            admitted.append(refreshed)
+        }
+        #expect(admitted == [3, 1, 1] + Array(repeating: 0, count: 17))
+        #expect(fixture.source.fetchCount == 20 + 5, "twenty first fetches, and five forced for the template")
+        fixture.clock.advance(by: .seconds(30))
+        guard let last = fixture.child("svc.example/19"), case .refreshing = last.forceRefresh(rejected: nil) else {
+            Issue.record("the window has moved on")
+            return
+        }
+    }
+
+    /// A child dropped and made again for the same values finds the places the dropped one took
+    /// in the template's window: dropping a child, which any caller can make happen by waiting
+    /// `childIdleSec`, does not give its values a new window.
+    @Test func aChildMadeAgainFindsThePlacesItsDroppedPredecessorTook() async {
+        let fixture = TemplateFixture(childIdleSec: 60, forcedRefreshWindowSec: 300)
+        let service = Task { await fixture.template.run() }
+        defer { service.cancel() }
+        guard let first = fixture.child("a"), case .token = await first.onTokenReady(timeout: .seconds(5)) else {
+            Issue.record("the child should have its first token")
+            return
+        }
+        for _ in 0..<3 {
+            guard case .refreshing(let after) = first.forceRefresh(rejected: nil) else {
+                Issue.record("a child takes three places of five")
+                return
+            }
+            _ = await first.onTokenReady(after: after, timeout: .seconds(5), forRefresh: true)
+        }
+        fixture.clock.advance(by: .seconds(60))
+        #expect(await eventually { fixture.children == 0 })
+        guard let again = fixture.child("a"), again !== first,
+            case .token = await again.onTokenReady(timeout: .seconds(5))
+        else {
+            Issue.record("the child made again should have its first token")
+            return
+        }
+        guard case .excessive(let retryAfter) = again.forceRefresh(rejected: nil) else {
+            Issue.record("the child made again should find its predecessor's three places taken")
+            return
+        }
+        #expect(retryAfter == .seconds(240), "the places taken at 0 s leave the window at 300 s")
+        guard let other = fixture.child("b"), case .token = await other.onTokenReady(timeout: .seconds(5)),
+            case .refreshing = other.forceRefresh(rejected: nil)
+        else {
+            Issue.record("another child's first forced refresh finds room")
+            return
+        }
     }
 
     /// A template that replaces another at a reload starts its children after the versions the
@@ -508,4 +591,7 @@ private final class StatusHookChild: TemplateChild {
     func renumber(after version: UInt64) {}
     func run() async {}
     func shutDown() {}
+    func shareForcedRefreshes(
+        _ window: SharedForcedRefreshWindow<ContinuousClock.Instant>, as values: TokenRequestValues
+    ) {}
 }

@@ -375,6 +375,38 @@ def test_past_max_children_a_new_child_gets_503_with_retry_after_and_no_fetch(is
         assert broker.metric("token_broker_template_children_refused_total", provider="orders") == 1
 
 
+def test_the_children_share_the_template_s_window_of_forced_refreshes(issuer):
+    """One caller refusing twenty children's tokens six times each: the template makes
+    forcedRefreshMaxAttempts (5) forced fetches per forcedRefreshWindowSec between its children,
+    not five per child (a hundred). One child takes three of the five places while the others take
+    none, so that two are left for the first refresh of two other children. The window is 300 s
+    here, so that no place leaves it while the test runs, however slow the machine."""
+    audiences = [f"https://api.example/forced{index}" for index in range(20)]
+    config = {"providers": [oauth_template(issuer, maxChildren=50, forcedRefreshWindowSec=300)]}
+    with Broker(config) as broker:
+        versions = {audience: token_for(broker, audience=audience)["version"] for audience in audiences}
+        started = time.time()
+        answers = {}
+        for audience in audiences:
+            for _ in range(6):
+                status, headers, body = broker.request(
+                    "POST", f"/providers/orders/token/refresh{query(audience=audience)}", timeout=70)
+                answers.setdefault(audience, []).append(status)
+                if status == 200:
+                    refreshed = json.loads(body)
+                    assert refreshed["version"] > versions[audience], body
+                    versions[audience] = refreshed["version"]
+                else:
+                    assert status == 429, body
+                    document = json.loads(body)
+                    assert document["error"] == "excessive_refresh", body
+                    assert 1 <= int(headers["retry-after"]) <= 300
+        forced = issuer.token_requests(since=started)
+        assert len(forced) == 5, f"the issuer's token requests for forced refreshes: {len(forced)}; answers {answers}"
+        assert [answers[audience].count(200) for audience in audiences] == [3, 1, 1] + [0] * 17, answers
+        assert broker.metric("token_broker_excessive_refreshes_total", provider="orders") == 115
+
+
 def test_a_child_whose_first_fetch_fails_answers_503_after_waiting_then_recovers(issuer):
     config = {"maxWaitSec": 3, "providers": [oauth_template(issuer)]}
     with Broker(config) as broker:

@@ -15,7 +15,7 @@
 /// | a new version only for a new token: the same access token again only updates the expiry | `fetchSucceeded` |
 /// | a replacement at a reload serving the old provider's token keeps its version | `numberAfter`, `fetchSucceeded` |
 /// | a forced refresh's waiters are answered by its token, even the same one again | `addWaiter`, `fetchSucceeded` |
-/// | forced refresh only for the current version, 5 per 30 s | `forceRefresh` |
+/// | forced refresh only for the current version, 5 per 30 s (a template's, for all its children) | `forceRefresh`, `shareForcedRefreshes` |
 /// | on demand: fetch per call, after `maxRetryCount` retries fall back to the previous valid token | `addWaiter`, `fetchFailed` |
 /// | with a store, no fetch before its record is read; a valid record is served, and refreshed on its schedule | `storeLoaded` |
 public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Instant.Duration == Duration {
@@ -109,6 +109,9 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     private var waiters: [UInt64: Waiter] = [:]
     private var deadlines = DeadlineQueue<Instant>()
     private var forcedWindow: ForcedRefreshWindow<Instant>
+    /// A template's child counts its forced refreshes in its template's window, shared with the
+    /// other children, under its values (`shareForcedRefreshes`); nil: in `forcedWindow`.
+    private var sharedWindow: (window: SharedForcedRefreshWindow<Instant>, child: TokenRequestValues)?
     /// True until the stored record has been read (`storeLoaded`): no fetch starts before it.
     public private(set) var awaitingStore: Bool
     /// The provider has a store: its versions outlive the process (a file store), or are the
@@ -310,7 +313,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
             actions += startFetchIfIdle(now: now)
             return (.refreshing(after: cached?.version), actions)
         }
-        if let wait = forcedWindow.admit(at: now) { return (.excessive(retryAfter: wait), actions) }
+        if let wait = admitForced(at: now) { return (.excessive(retryAfter: wait), actions) }
         actions += startFetchIfIdle(now: now)
         fetchIsForced = isFetching
         return (.refreshing(after: cached?.version), actions)
@@ -388,9 +391,22 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
 
     /// Another broker of the fleet fetched for a forced refresh: it counts in this broker's window
     /// of forced refreshes too, so that the window (`forcedRefreshMaxAttempts` per
-    /// `forcedRefreshWindowSec`) holds for the fleet, not for each broker.
+    /// `forcedRefreshWindowSec`) holds for the fleet, not for each broker. A template's child
+    /// counts it in its template's window.
     public mutating func forcedElsewhere(now: Instant) {
-        _ = forcedWindow.admit(at: now)
+        countForced(at: now)
+    }
+
+    /// Makes this provider, a template's child for `child`'s values, count its forced refreshes
+    /// in its template's `window`, which the template's other children share, instead of a
+    /// window of its own: the template as a whole then makes at most `forcedRefreshMaxAttempts`
+    /// forced fetches per `forcedRefreshWindowSec`, however many children it has, and a child
+    /// made again for the same values finds the places the one before it took. Called before
+    /// the provider serves (its own window is then empty).
+    public mutating func shareForcedRefreshes(
+        _ window: SharedForcedRefreshWindow<Instant>, as child: TokenRequestValues
+    ) {
+        sharedWindow = (window, child)
     }
 
     /// Serves `record` as the cached token, refreshed from its issue time, and wakes the waiters
@@ -597,7 +613,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         }
         // Without background refresh a waiter wants a fetch made for it, record or not.
         if forced || (wanted && (!hasValidToken(at: now) || (!backgroundRefresh && !waiters.isEmpty))) {
-            if forced { _ = forcedWindow.admit(at: now) }
+            if forced { countForced(at: now) }
             actions += startFetchIfIdle(now: now)
             fetchIsForced = forced && isFetching
         }
@@ -679,6 +695,19 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
             }
         }
         return startFetchIfIdle(now: now)
+    }
+
+    /// Takes a place in the window of forced refreshes (the template's, for a child), or says
+    /// how long until one is free.
+    private mutating func admitForced(at now: Instant) -> Duration? {
+        guard let (window, child) = sharedWindow else { return forcedWindow.admit(at: now) }
+        return window.admit(at: now, by: child)
+    }
+
+    /// Counts a forced fetch the window did not decide on (`ForcedRefreshWindow.count`).
+    private mutating func countForced(at now: Instant) {
+        guard let (window, child) = sharedWindow else { return forcedWindow.count(at: now) }
+        window.count(at: now, by: child)
     }
 
     /// Whether the issuer's Retry-After still forbids a fetch at `now`.

@@ -394,6 +394,12 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         return (decision, started)
     }
 
+    /// Makes this provider, a template's child for `values`, count its forced refreshes in its
+    /// template's `window` (`ProviderStateMachine.shareForcedRefreshes`); called before it serves.
+    public func shareForcedRefreshes(_ window: SharedForcedRefreshWindow<C.Instant>, as values: TokenRequestValues) {
+        state.withLock { $0.machine.shareForcedRefreshes(window, as: values) }
+    }
+
     /// What the provider is doing now, for readiness, metrics and error descriptions.
     public func status() -> ProviderStatus {
         let now = clock.now

@@ -20,6 +20,12 @@ public typealias ChildAttachment = AnyObject & Sendable
 ///   the highest (one number, whatever the values), and makes each child after it, so that a
 ///   client holding a dropped child's version N is answered by the new child's token after N.
 ///   A template that replaces another at a reload starts after the one it replaces.
+/// - The children share one window of forced refreshes (`SharedForcedRefreshWindow`): the
+///   template as a whole makes at most `forcedRefreshMaxAttempts` forced fetches per
+///   `forcedRefreshWindowSec`, however many children it has, and a child made again for values
+///   whose child was dropped finds the places that child took. One child takes at most half the
+///   places (rounded up) while the others take none, so that the rest are there for the others'
+///   first forced refreshes (a token refused downstream).
 ///
 /// Locking: one lock, `state`, and each child's lease's own (taken inside `state`, or alone by
 /// `renew`). While `state` is held the template reads its clock and its table, and reads,
@@ -41,6 +47,8 @@ where C.Duration == Duration {
     private let attach: @Sendable (Child) -> Attachment
     private let events: TemplateEvents
     private let idleLimit: Duration
+    /// The window of forced refreshes every child counts in, made again or not.
+    private let forcedRefreshes: SharedForcedRefreshWindow<Child.ChildInstant>
     private let state: Lock<State>
 
     /// A child as handed out, with its read time: see `ChildLease`.
@@ -96,6 +104,7 @@ where C.Duration == Duration {
         self.attach = attach
         self.events = events
         idleLimit = .seconds(configuration.childIdleSec)
+        forcedRefreshes = SharedForcedRefreshWindow(for: configuration)
         var state = State()
         state.retiredVersions = versionsAfter
         self.state = Lock(state)
@@ -229,6 +238,7 @@ where C.Duration == Duration {
         Entry, ChildRefusal
     > {
         let child = makeChild(values, versionsAfter)
+        child.shareForcedRefreshes(forcedRefreshes, as: values)
         let attachment = attach(child)
         let now = clock.now
         var timer: (C.Instant, UInt64)?
@@ -456,6 +466,9 @@ where C.Duration == Duration {
 
 /// What a template needs of a child: `TokenProvider` conforms.
 public protocol TemplateChild: AnyObject, Sendable {
+    /// The instants of the child's clock, in which it counts its forced refreshes.
+    associatedtype ChildInstant: InstantProtocol where ChildInstant.Duration == Duration
+
     /// What the child is doing now (its waiters keep it from being dropped).
     func status() -> ProviderStatus
     /// The highest version it handed out: a child made after it was dropped goes on after it.
@@ -466,6 +479,9 @@ public protocol TemplateChild: AnyObject, Sendable {
     func run() async
     /// Stops the child: its waiters are answered, its timers and fetch stop, its `run()` returns.
     func shutDown()
+    /// Counts its forced refreshes in `window`, its template's, under its `values`, from now
+    /// on; called once, before it is started or handed out.
+    func shareForcedRefreshes(_ window: SharedForcedRefreshWindow<ChildInstant>, as values: TokenRequestValues)
 }
 
 extension TokenProvider: TemplateChild {
