@@ -589,21 +589,98 @@ import TokenBrokerCore
     }
 
     /// A version from before this provider (a restart without a store, a provider removed and
-    /// added again) is above every version it handed out: the next token answers its waiter,
-    /// rather than timeout after timeout until the numbers catch up.
-    @Test func aWaiterForAVersionFromBeforeThisProviderGetsItsNextToken() {
+    /// added again) is above every version it handed out: it is not one of its versions, and
+    /// the valid token held answers its waiter at once. (It waited for the next token, and at
+    /// its deadline got a 304 naming version 1, which the client never had, while its token
+    /// was from a process whose key was gone.) A waiter for the current version still waits.
+    @Test func aWaiterForAVersionFromBeforeThisProviderGetsTheTokenHeldAtOnce() {
         var harness = MachineHarness(ProviderConfiguration(tokenRefreshDelaySec: 60))
         harness.start()
         harness.succeed()
         let fromBefore = harness.wait(after: 7, for: .seconds(120))
         let current = harness.wait(after: 1, for: .seconds(120))
-        #expect(harness.outcomes.isEmpty, "the token held now is not newer than what the client has")
-        harness.runTimers(until: .seconds(61)) { $0.succeed() }
-        guard case .token(let token, _)? = harness.outcomes[fromBefore], case .token? = harness.outcomes[current] else {
-            Issue.record("expected the next token for both: \(harness.outcomes)")
+        guard case .token(let token, stale: false)? = harness.outcomes[fromBefore] else {
+            Issue.record("expected the token held, at once: \(harness.outcomes)")
             return
         }
-        #expect(token.version == 2)
+        #expect(token.version == 1)
+        #expect(harness.outcomes[current] == nil, "the token held now is not newer than what the client has")
+        #expect(harness.fetchesStarted == 1, "answered without a fetch")
+        harness.runTimers(until: .seconds(61)) { $0.succeed() }
+        guard case .token(let next, _)? = harness.outcomes[current] else {
+            Issue.record("expected the next token for the current version's waiter: \(harness.outcomes)")
+            return
+        }
+        #expect(next.version == 2)
+
+        // On demand too: the previous token, still valid, rather than a fetch's wait.
+        var onDemand = MachineHarness(ProviderConfiguration(backgroundRefreshEnabled: false))
+        _ = onDemand.wait(after: nil, for: .seconds(30), onDemand: true)
+        onDemand.succeed()
+        let old = onDemand.wait(after: 41, for: .seconds(30))
+        guard case .token(let previous, _)? = onDemand.outcomes[old] else {
+            Issue.record("expected the previous token at once: \(onDemand.outcomes)")
+            return
+        }
+        #expect(previous.version == 1 && onDemand.fetchesStarted == 1)
+    }
+
+    /// With no valid token held, a version from before this provider waits for the next token,
+    /// whatever its number, rather than for one above the version it names.
+    @Test func aWaiterForAVersionFromBeforeThisProviderWithoutATokenGetsTheNextOne() {
+        var harness = MachineHarness(ProviderConfiguration(tokenRefreshDelaySec: 60))
+        harness.start()
+        let fromBefore = harness.wait(after: 7, for: .seconds(30))
+        #expect(harness.outcomes.isEmpty, "no token yet")
+        harness.succeed()
+        guard case .token(let token, _)? = harness.outcomes[fromBefore] else {
+            Issue.record("expected the first token: \(harness.outcomes)")
+            return
+        }
+        #expect(token.version == 1)
+
+        // Its token expired before the refresh: the next token answers.
+        var expired = MachineHarness(ProviderConfiguration(tokenRefreshDelaySec: 60))
+        expired.start()
+        expired.succeed(lifetime: .seconds(10))
+        expired.now = .init(offset: .seconds(11))
+        let late = expired.wait(after: 7, for: .seconds(30))
+        #expect(expired.outcomes[late] == nil, "no valid token to answer with")
+        expired.tick(at: .seconds(11))
+        #expect(expired.machine.isFetching)
+        expired.succeed()
+        guard case .token(let next, _)? = expired.outcomes[late] else {
+            Issue.record("expected the next token: \(expired.outcomes)")
+            return
+        }
+        #expect(next.version == 2)
+    }
+
+    /// The versions a provider was numbered after (the provider it replaced, a template's
+    /// dropped children) are its own for this rule: a waiter holding one of them waits for a
+    /// newer token, and only a version above them all is answered at once.
+    @Test func versionsNumberedAfterAreKnownAndOnlyThoseAboveThemAreAnsweredAtOnce() {
+        var harness = MachineHarness(ProviderConfiguration(tokenRefreshDelaySec: 60))
+        harness.machine = MachineHarness.Machine(
+            configuration: ProviderConfiguration(tokenRefreshDelaySec: 60), now: harness.now, jitter: .fixed(0.5),
+            versionsAfter: 5)
+        harness.start()
+        harness.succeed()
+        #expect(harness.read().token?.version == 6)
+        let dropped = harness.wait(after: 5, for: .seconds(30))
+        guard case .token(let newer, _)? = harness.outcomes[dropped] else {
+            Issue.record("version 6 is newer than 5: \(harness.outcomes)")
+            return
+        }
+        #expect(newer.version == 6)
+        let current = harness.wait(after: 6, for: .seconds(30))
+        #expect(harness.outcomes[current] == nil, "6 is the current version: it waits")
+        let unknown = harness.wait(after: 7, for: .seconds(30))
+        guard case .token(let held, _)? = harness.outcomes[unknown] else {
+            Issue.record("7 is above every version: answered at once: \(harness.outcomes)")
+            return
+        }
+        #expect(held.version == 6)
     }
 
     /// One new token wakes every waiter it satisfies, in one action, and only those: waiters who

@@ -221,12 +221,17 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
 
     /// Registers a waiter for a valid token newer than `after` (`TokenProvider.addWaiter`).
     ///
-    /// Without a store, an `after` above every version this provider handed out names a version
-    /// from before it (a broker restarted, a provider removed and added again): it counts as the
-    /// highest version here, so the next token answers the waiter, where it would otherwise wait
-    /// through timeout after timeout until the numbers caught up. With a store, versions outlive
-    /// the process or are the fleet's, and such a version is a newer one, as it is for a forced
-    /// refresh's waiter: both keep it.
+    /// Without a store, an `after` above every version this provider handed out, or was numbered
+    /// after (a provider it replaced at a reload, a template's dropped children), is not one of
+    /// its versions: it names a token from before it (a broker restarted, a provider removed and
+    /// added again), which the token held here replaces, since it is another token whatever its
+    /// number. The valid token held answers the waiter at once; without one, the next token does.
+    /// Waiting for a token newer than the one held, as for a version of its own, would answer
+    /// with the token held at the deadline (a 304 naming a version the client never had, while
+    /// its token is from a process whose keys are gone), or, with the version kept, never until
+    /// the numbers caught up. With a store, versions outlive the process or are the fleet's, and
+    /// such a version is a newer one (another broker's, not yet read here), as it is for a
+    /// forced refresh's waiter: both keep it, and wait for a version above it.
     ///
     /// - Parameters:
     ///   - onDemand: true for a request without background refresh (`TokenRead.onDemand`): the
@@ -248,7 +253,12 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         var actions = noteActivity(now: now)
         nextWaiterID += 1
         let id = nextWaiterID
-        let requested = forRefresh || hasStore ? requested : requested.map { min($0, lastVersion) }
+        let unknown = !forRefresh && !hasStore && (requested ?? 0) > lastVersion
+        if unknown, let token = validToken(at: now) {
+            actions.append(.complete(waiters: [id], .token(token, stale: isStale(at: now))))
+            return (id, actions)
+        }
+        let requested = unknown ? lastVersion : requested
         // Without background refresh every call wants a token fetched after it asked.
         let after = backgroundRefresh ? requested : max(requested ?? 0, lastVersion)
         if let token = validToken(at: now),
