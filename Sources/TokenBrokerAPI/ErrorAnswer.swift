@@ -39,7 +39,8 @@ public enum ErrorAnswer: Sendable, Equatable {
 
     /// The request guard: `Token-Broker-Request: true` is missing (403).
     case missingRequestHeader
-    /// The request guard: the request was relayed by a proxy (`X-Forwarded-For`) (403).
+    /// The request guard: the request was relayed by a proxy (`X-Forwarded-For`, or on the token
+    /// routes `Forwarded`) (403).
     case forwardedRequest
     /// Callers have keys and none was sent (401, with `WWW-Authenticate`).
     case missingCallerKey
@@ -232,7 +233,7 @@ public enum ErrorAnswer: Sendable, Equatable {
         case .missingRequestHeader:
             "this route needs the request header \"\(RequestGuard.headerName): true\""
         case .forwardedRequest:
-            "requests relayed by a proxy (with X-Forwarded-For) are refused"
+            "requests relayed by a proxy (with X-Forwarded-For or Forwarded) are refused"
         case .missingCallerKey:
             "token routes need a caller key: send Authorization: Bearer <key>"
         case .invalidCallerKey:

@@ -148,7 +148,7 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
     ///     `/providers/{name}` (the first configured); nil: the first provider, else the first template.
     ///   - jwks: the JWK Set document to publish.
     ///   - maxWait: the longest a request waits (long-polls, on-demand fetches, refreshes).
-    ///   - requestGuard: require `Token-Broker-Request: true` and refuse `X-Forwarded-For`.
+    ///   - requestGuard: require `Token-Broker-Request: true` and refuse `X-Forwarded-For` and `Forwarded`.
     ///   - callers: who may read which provider; nil lets every client read every provider.
     ///   - proxy: proxy mode's routes, when proxies are configured.
     ///   - compat: the cloud SDK protocols' routes, when served on this listener: their paths

@@ -462,6 +462,37 @@ func tokenAPI(
             ).immediate?.status == 200)
     }
 
+    /// RFC 7239's `Forwarded` marks a relayed request as `X-Forwarded-For` does: refused the
+    /// same way, its name in any case, wherever it stands among the headers, even empty.
+    @Test func theRequestGuardRefusesForwardedAsXForwardedFor() {
+        let provider = FakeProvider()
+        provider.state.withLock { $0.read = .token(FakeProvider.token(), stale: false, secondsLeft: nil) }
+        let api = tokenAPI([provider])
+        for path in ["/token", "/token/ready", "/providers/default/token"] {
+            for name in ["Forwarded", "forwarded", "FORWARDED"] {
+                expectError(
+                    api.handle(request(path, headers: [(name, "for=203.0.113.9")])).immediate, 403,
+                    "forwarded_request")
+            }
+            // Before the guard's own header, and with an empty value.
+            expectError(
+                api.handle(request(path, headers: [("Forwarded", "")], guarded: false)).immediate, 403,
+                "forwarded_request")
+        }
+        expectError(
+            api.handle(request("POST", "/token/refresh", headers: [("Forwarded", "for=192.0.2.60;proto=http")]))
+                .immediate, 403, "forwarded_request")
+        #expect(provider.state.withLock { $0.reads }.isEmpty)
+        // Names that only begin or end like it are not it.
+        for name in ["Forwarded-Host", "X-Forwarded", "Forwarde"] {
+            #expect(api.handle(request("/token", headers: [(name, "x")])).immediate?.status == 200, "\(name)")
+        }
+        #expect(
+            tokenAPI([provider], requestGuard: false).handle(
+                request("/token", headers: [("Forwarded", "for=203.0.113.9")], guarded: false)
+            ).immediate?.status == 200)
+    }
+
     @Test func callerKeysAreChecked() {
         let provider = FakeProvider()
         provider.state.withLock { $0.read = .token(FakeProvider.token(), stale: false, secondsLeft: nil) }

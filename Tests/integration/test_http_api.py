@@ -91,6 +91,20 @@ def test_the_guard_refuses_requests_without_its_header_or_with_x_forwarded_for(b
     assert broker.request("GET", "/.well-known/jwks.json", guard=False)[0] == 200, "public keys need no guard"
 
 
+def test_the_guard_refuses_a_request_relayed_with_forwarded(broker):
+    """RFC 7239's `Forwarded` is the standard form of `X-Forwarded-For`: a proxy that relays a
+    request adds one or the other, and the guard refuses both (it let `Forwarded` through)."""
+    for method, path in (("GET", "/token"), ("GET", "/token/ready?timeout=0"), ("POST", "/token/refresh"),
+                         ("GET", "/providers/default/token")):
+        for value in ("for=203.0.113.9", 'for="[2001:db8::1]";proto=https', ""):
+            status, _, body = broker.request(method, path, headers={"Forwarded": value})
+            assert status == 403, (method, path, value, status, body)
+            assert json.loads(body)["error"] == "forwarded_request", body
+    status, _, body = broker.request("GET", "/token", headers={"forwarded": "for=203.0.113.9"})
+    assert status == 403 and json.loads(body)["error"] == "forwarded_request", body
+    assert broker.request("GET", "/token", headers={"Forwarded-Host": "example.com"})[0] == 200
+
+
 def test_operators_can_turn_the_guard_off():
     with Broker({"requestGuard": False}) as broker:
         assert broker.request("GET", "/token", guard=False)[0] == 200
