@@ -152,26 +152,58 @@ enum QueryParameters {
         return nil
     }
 
-    /// The version `If-None-Match` says the client has: the highest of its entity tags that are
-    /// ours (`"3"` or `W/"3"`), since the condition is false when any of them is current (RFC
-    /// 9110 §13.1.2); for `*` (any version), `current`, the version held now. Nil when absent,
-    /// or when none of its tags is one of ours.
+    /// What `If-None-Match` says the client has: the highest of its entity tags that are ours
+    /// (`"3"` or `W/"3"`), and whether it holds `*` (any version). Every line of the header is
+    /// read, as one list: a client may split a list across lines (RFC 9110 §5.3). Nil when the
+    /// request has none.
+    static func entityTags(_ request: HTTPRequest) -> EntityTags? {
+        var tags: EntityTags?
+        request.forEachHeader(named: "If-None-Match") { line in
+            tags = tags ?? EntityTags()
+            tags?.read(line)
+        }
+        return tags
+    }
+
+    /// The version one `If-None-Match` line says the client has, as `EntityTags.version`; nil
+    /// when absent.
     static func entityTagVersion(_ header: String?, current: () -> UInt64?) -> UInt64? {
         guard let header else { return nil }
+        var tags = EntityTags()
+        tags.read(header)
+        return tags.version(current: current)
+    }
+
+    /// The entity tags of an `If-None-Match` list that the broker can read.
+    struct EntityTags: Equatable {
+        /// The highest version among the tags that are ours; nil: none is.
         var highest: UInt64?
-        for member in header.split(separator: ",") {
-            var text = Substring(member.trimmingCharacters(in: " \t"))
-            if text == "*" {
-                if let now = current() { highest = max(highest ?? 0, now) }
-                continue
+        /// The list holds `*`.
+        var any = false
+
+        /// Adds the members of `list` (one line of the header).
+        mutating func read(_ list: String) {
+            for member in list.split(separator: ",") {
+                var text = Substring(member.trimmingCharacters(in: " \t"))
+                if text == "*" {
+                    any = true
+                    continue
+                }
+                if text.hasPrefix("W/") { text = text.dropFirst(2) }
+                guard text.count >= 3, text.first == "\"", text.last == "\"",
+                    let version = QueryParameters.number(text.dropFirst().dropLast())
+                else { continue }
+                highest = max(highest ?? 0, version)
             }
-            if text.hasPrefix("W/") { text = text.dropFirst(2) }
-            guard text.count >= 3, text.first == "\"", text.last == "\"",
-                let version = number(text.dropFirst().dropLast())
-            else { continue }
-            highest = max(highest ?? 0, version)
         }
-        return highest
+
+        /// The version the client has: the highest of its tags, since the condition is false
+        /// when any of them is current (RFC 9110 §13.1.2); with `*`, at least `current`, the
+        /// version held now (when there is one). Nil when none of its tags is one of ours.
+        func version(current: () -> UInt64?) -> UInt64? {
+            guard any, let now = current() else { return highest }
+            return max(highest ?? 0, now)
+        }
     }
 
     /// The value of the parameter `name`, given at most once (by `queryCount`'s reading); nil

@@ -21,7 +21,7 @@ extension TokenAPI {
         do {
             after =
                 try QueryParameters.version("after", request)
-                ?? QueryParameters.entityTagVersion(request.header("If-None-Match")) { provider.status().version }
+                ?? QueryParameters.entityTags(request)?.version { provider.status().version }
             timeout = try QueryParameters.timeout(request, maximum: maxWait)
         } catch {
             return record(label, .response(error.answer.response))

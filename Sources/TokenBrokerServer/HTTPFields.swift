@@ -180,6 +180,18 @@ public struct HTTPFields: Sendable {
         }
     }
 
+    /// Calls `body` with the position of every field whose whole name is `name`, compared as
+    /// `firstIndex(named:)` compares, in the order sent: a header whose value is a list may be
+    /// sent as several lines, which together are the one list (RFC 9110 §5.3).
+    public func forEachIndex(named name: String, _ body: (Int) -> Void) {
+        name.withUTF8Bytes { wanted in
+            forEachName { index, name in
+                if Self.equalIgnoringCase(name, wanted) { body(index) }
+                return true
+            }
+        }
+    }
+
     /// How many fields have the name `name` when each is read up to its first NUL, as C reads
     /// it, ASCII letters compared without regard to case.
     public func count(namedUpToNUL name: String) -> Int {

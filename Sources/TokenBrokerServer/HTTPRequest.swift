@@ -56,6 +56,17 @@ public struct HTTPRequest: Sendable {
     /// The value of a request header, by name without regard to case; the first when repeated.
     public func header(_ name: String) -> String? { headers.firstIndex(named: name).flatMap(headers.value(at:)) }
 
+    /// Calls `body` with the value of every request header named `name` (without regard to
+    /// case), in the order sent: for a header whose value is a list, which a client may split
+    /// across lines (RFC 9110 §5.3), the lines together are the list. Nothing is collected: each
+    /// value is made as it is handed over.
+    public func forEachHeader(named name: String, _ body: (String) -> Void) {
+        headers.forEachIndex(named: name) { index in
+            // A header always has a value, empty when none was sent.
+            body(headers.value(at: index) ?? "")
+        }
+    }
+
     /// The value of a query parameter, as libmicrohttpd looks one up: the first parameter whose name
     /// matches without regard to ASCII case; nil when there is none, or when it has no `=`.
     public func query(_ name: String) -> String? {

@@ -221,6 +221,34 @@ func tokenAPI(
         #expect(provider.onlyWaiter?.waiter.after == 9)
     }
 
+    /// A list may be split across header lines (RFC 9110 §5.3): `If-None-Match: "1"` and
+    /// `If-None-Match: "2"` are the list `"1", "2"`. Only the first line was read, so a client
+    /// holding the current version 2 got it again at once instead of waiting.
+    @Test func readyReadsEveryLineOfIfNoneMatchAsOneList() {
+        let provider = FakeProvider()
+        provider.state.withLock { $0.status = FakeProvider.status(name: "default", phase: .fresh, version: 4) }
+        let responder = RecordingResponder()
+        let api = tokenAPI([provider])
+        let cases: [([String], UInt64?)] = [
+            ([#""1""#, #""2""#], 2), ([#""2""#, #""1""#], 2), ([#""1", "3""#, #"W/"2""#], 3),
+            ([#""abc""#, #""5""#], 5), (["", #""6""#], 6), ([#""1""#, "*"], 4), (["*", #""7""#], 7),
+            ([#""x""#, ""], nil),
+        ]
+        for (lines, after) in cases {
+            let reply = api.handle(request("/token/ready", headers: lines.map { ("If-None-Match", $0) }))
+            #expect(reply.start(responder), "\(lines)")
+            #expect(provider.onlyWaiter?.waiter.after == after, "\(lines)")
+            provider.completeWaiters(.timedOut(current: nil, lastError: nil))
+        }
+        // `after` in the query still comes first.
+        let reply = api.handle(
+            request(
+                "/token/ready", query: [("after", "1")],
+                headers: [("If-None-Match", #""2""#), ("If-None-Match", #""3""#)]))
+        #expect(reply.start(responder))
+        #expect(provider.onlyWaiter?.waiter.after == 1)
+    }
+
     @Test func aWaiterIsForgottenWhenItsClientHangsUp() {
         let provider = FakeProvider()
         let responder = RecordingResponder()

@@ -41,6 +41,11 @@ import TokenBrokerCore
         let expectedCount = Self.fields.count { $0.0.prefix { $0 != "\u{0}" }.equalsIgnoringASCIICase(name) }
         #expect(read.firstIndex(named: name) == expectedIndex)
         #expect(read.count(namedUpToNUL: name) == expectedCount)
+        // Every field of the whole name, in order, the first of them the one `firstIndex` finds.
+        var found: [Int] = []
+        read.forEachIndex(named: name) { found.append($0) }
+        #expect(found == Self.fields.indices.filter { Self.fields[$0].0.equalsIgnoringASCIICase(name) })
+        #expect(found.first == expectedIndex)
     }
 
     @Test func aRequestsLookupsReadItsFields() {
@@ -49,5 +54,11 @@ import TokenBrokerCore
         #expect(request.query("FLAG") == nil, "the first Flag has no value")
         #expect(request.query("x") == nil && request.query("a") == "1" && request.queryCount("x") == 3)
         #expect(request.header("x-EMPTY") == "" && request.header("host") == "h" && request.header("none") == nil)
+        // A header sent as several lines: every line's value, in order.
+        var values: [String] = []
+        request.forEachHeader(named: "X-EMPTY") { values.append($0) }
+        #expect(values == ["", "2"])
+        request.forEachHeader(named: "none") { values.append($0) }
+        #expect(values == ["", "2"])
     }
 }

@@ -124,6 +124,35 @@ def test_ready_answers_at_once_when_a_newer_token_is_cached_and_304_when_none_co
     assert body["version"] == 1, "without after, any valid token answers at once"
 
 
+def test_if_none_match_split_across_lines_is_read_as_one_list(broker):
+    """RFC 9110 §5.3: a list header may be sent as several lines, which together are the list.
+    Only the first line was read: a client holding version 2 that sent `"1"` and `"2"` on two
+    lines got version 2 again at once (200) instead of a long-poll ending in 304."""
+    status, headers, body = broker.request("POST", "/token/refresh", body=b"{}", timeout=30)
+    assert status == 200 and headers["etag"] == '"2"', (status, body)
+
+    def ready(lines, timeout):
+        """GET /token/ready with each of `lines` as an If-None-Match line: (status, ETag)."""
+        host, port = broker.addresses["token"].rsplit(":", 1)
+        extra = b"".join(b"If-None-Match: " + line + b"\r\n" for line in lines)
+        with socket.create_connection((host, int(port)), timeout=30) as connection:
+            connection.sendall(get(f"/token/ready?timeout={timeout}", extra))
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = connection.recv(4096)
+                assert chunk, head
+                head += chunk
+        lines = head.split(b"\r\n\r\n")[0].split(b"\r\n")
+        etags = [line.split(b":", 1)[1].strip() for line in lines if line.lower().startswith(b"etag:")]
+        return int(lines[0].split(b" ")[1]), etags
+
+    for lines in ([b'"1"', b'"2"'], [b'"2"', b'"1"'], [b'"1"', b'W/"2"', b'"x"'], [b'"1"', b"*"],
+                  [b'"1"', b'"0", W/"2"']):
+        assert ready(lines, 1) == (304, [b'"2"']), lines
+    # Lines that name only older versions are answered at once with the current token.
+    assert ready([b'"1"', b'"0"'], 20) == (200, [b'"2"'])
+
+
 def test_a_304_says_the_length_of_the_answer_it_stands_for_and_keeps_the_connection(broker):
     """RFC 9110 §8.6: a 304's Content-Length, if sent, is what a 200 to the same request would
     say. It said 0. http.client reads no body after a 304, so a second answer on the connection

@@ -19,7 +19,8 @@ let template: ProviderConfiguration = {
 /// header (`after=3`, `timeout=30`, `"3"`, `audience=…`), as libmicrohttpd hands them over, percent-decoded.
 ///
 /// The input is read as a query parameter's value and as an `If-None-Match` header; a number
-/// that comes out must be one the input spells in digits. It is also read as each value of a
+/// that comes out must be one the input spells in digits, and the input's lines read as the
+/// header's lines must say what they say joined into one. It is also read as each value of a
 /// template's child: an accepted one is the input itself (the scope, the input's set of tokens),
 /// visible ASCII, within the length limit and allowed by the template's list. And it is read as
 /// the `Host` of a compatibility route, whose check must agree with one written plainly. Before
@@ -44,6 +45,15 @@ func fuzzQuery(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
             text.contains(String(version)) || (version == held && text.contains("*")),
             "\(text) read as version \(version)")
     }
+    // Lines of `If-None-Match` are one list: read line by line, they say what the lines joined
+    // with commas say as one line.
+    var tags = QueryParameters.EntityTags()
+    let lines = text.split(separator: "\n", omittingEmptySubsequences: false)
+    for line in lines { tags.read(String(line)) }
+    precondition(
+        tags.version(current: { held })
+            == QueryParameters.entityTagVersion(lines.joined(separator: ","), current: { held }),
+        "\(text) read otherwise line by line")
     fuzzRequestValues(text)
     precondition(text.withUTF8Bytes(CompatHost.isLocal) == plainlyLocal(text), "Host \(text.debugDescription)")
     return 0
