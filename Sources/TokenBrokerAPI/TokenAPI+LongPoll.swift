@@ -14,23 +14,15 @@ extension TokenAPI {
     /// `GET /token/ready?after=N&timeout=S` (or `If-None-Match: "N"`): answers 200 as soon as a
     /// valid token newer than N is cached, 304 when none came in time, 503 when no valid token
     /// could be had. The connection waits suspended, not a thread.
-    func ready(_ endpoint: Endpoint, _ request: HTTPRequest, label: RequestCounter) -> HTTPReply {
-        let after: UInt64?
-        let timeout: Duration
+    func ready(_ endpoint: Endpoint, _ poll: LongPollParameters, label: RequestCounter) -> HTTPReply {
         let provider = endpoint.provider
-        do {
-            after =
-                try QueryParameters.version("after", request)
-                ?? QueryParameters.entityTags(request)?.version { provider.status().version }
-            timeout = try QueryParameters.timeout(request, maximum: maxWait)
-        } catch {
-            return record(label, .response(error.answer.response))
-        }
+        let after = poll.after { provider.status().version }
         // The common case needs no suspension: a newer valid token is already cached.
         if case .token(let token, let stale, let secondsLeft) = provider.read(newerThan: after ?? 0) {
             return record(label, .response(cachedAnswer(endpoint, token, stale: stale, secondsLeft: secondsLeft)))
         }
-        return wait(endpoint, after: after, timeout: timeout, mode: .ready(conditional: after != nil), label: label)
+        return wait(
+            endpoint, after: after, timeout: poll.timeout, mode: .ready(conditional: after != nil), label: label)
     }
 
     /// Suspends the request until the provider completes its waiter.
@@ -90,5 +82,26 @@ extension TokenAPI {
         case .shuttingDown:
             return ErrorAnswer.shuttingDown.response
         }
+    }
+}
+
+/// `/token/ready`'s parameters, read before its provider is known (`TokenAPI.RouteParameters`).
+struct LongPollParameters {
+    /// `after`; nil when not given.
+    let after: UInt64?
+    /// `If-None-Match`, read when `after` is not given; nil when neither is.
+    let entityTags: QueryParameters.EntityTags?
+    let timeout: Duration
+
+    init(_ request: HTTPRequest, maxWait: Duration) throws(BadRequest) {
+        after = try QueryParameters.version("after", request)
+        entityTags = after == nil ? QueryParameters.entityTags(request) : nil
+        timeout = try QueryParameters.timeout(request, maximum: maxWait)
+    }
+
+    /// The version the client has: `after`, else what `If-None-Match` says (for `*`, `current`,
+    /// the version the provider holds now); nil when neither names one.
+    func after(current: () -> UInt64?) -> UInt64? {
+        after ?? entityTags?.version(current: current)
     }
 }

@@ -11,16 +11,11 @@ extension TokenAPI {
     /// while refresh fails; 503 only when no valid token is cached. A refresh that brings back
     /// the same token ends the wait with it, under its unchanged version. If N is older, the current
     /// token comes back at once. Past the refresh window: 429 `excessive_refresh` with `Retry-After`.
-    func refresh(_ endpoint: Endpoint, _ request: HTTPRequest, label: RequestCounter) -> HTTPReply {
-        let rejected: UInt64?
-        let timeout: Duration
-        do {
-            rejected = try RefreshRequestBody.rejectedVersion(request)
-            // A refresh always gets a moment to finish: 0 would only ever answer "not in time".
-            timeout = try QueryParameters.timeout(request, minimum: 1, maximum: maxWait)
-        } catch {
-            return record(label, .response(error.answer.response))
-        }
+    ///
+    /// - Parameters:
+    ///   - rejected: the body's N; nil when not sent.
+    ///   - timeout: how long the request waits for a new token (`timeout`, at least 1 s).
+    func refresh(_ endpoint: Endpoint, rejected: UInt64?, timeout: Duration, label: RequestCounter) -> HTTPReply {
         let provider = endpoint.provider
         switch provider.forceRefresh(rejected: rejected) {
         case .current(let token):

@@ -254,16 +254,25 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
         if let refusal = Methods.only(route == .refresh ? Methods.post : Methods.read, request) {
             return record(label, refusal)
         }
+        // The route's own parameters before the provider: a request refused for them makes no
+        // template child, so causes no fetch and takes no room under `maxChildren`.
+        let asked: RouteParameters
+        do throws(BadRequest) {
+            asked = try RouteParameters(route, request, maxWait: maxWait)
+        } catch {
+            return record(label, .response(error.answer.response))
+        }
         let endpoint: Endpoint
         let isChild: Bool
         switch answering(target, request) {
         case .success(let found): (endpoint, isChild) = found
         case .failure(let refusal): return record(label, .response(refusal.answer.response))
         }
-        switch route {
+        switch asked {
         case .token: return token(endpoint, waitForFirstToken: isChild, label: label)
-        case .ready: return ready(endpoint, request, label: label)
-        case .refresh: return refresh(endpoint, request, label: label)
+        case .ready(let poll): return ready(endpoint, poll, label: label)
+        case .refresh(let rejected, let timeout):
+            return refresh(endpoint, rejected: rejected, timeout: timeout, label: label)
         }
     }
 
@@ -353,5 +362,32 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
             retryAfter: status.heldOffFor
         )
         .response
+    }
+}
+
+extension TokenAPI {
+    /// What a token route's request asks besides its provider (and its child's values): read and
+    /// checked before the provider answers, so that a request refused for them (400) makes no
+    /// template child.
+    enum RouteParameters {
+        /// `/token` reads none.
+        case token
+        case ready(LongPollParameters)
+        /// `/token/refresh`: the body's `rejected_version`, and `timeout`.
+        case refresh(rejected: UInt64?, timeout: Duration)
+
+        init(_ route: Route, _ request: HTTPRequest, maxWait: Duration) throws(BadRequest) {
+            switch route {
+            case .token:
+                self = .token
+            case .ready:
+                self = .ready(try LongPollParameters(request, maxWait: maxWait))
+            case .refresh:
+                let rejected = try RefreshRequestBody.rejectedVersion(request)
+                // A refresh always gets a moment to finish: 0 would only ever answer "not in time".
+                self = .refresh(
+                    rejected: rejected, timeout: try QueryParameters.timeout(request, minimum: 1, maximum: maxWait))
+            }
+        }
     }
 }

@@ -249,6 +249,44 @@ struct TemplateCallers: CallerAuthorizing {
         }
     }
 
+    /// `after`, `timeout` and the retrier's body are the route's, read before the child is made:
+    /// a request refused for them (400) makes no child, causes no fetch and takes no room under
+    /// `maxChildren`. They were read after, so three such requests filled a template of three.
+    @Test func aRequestRefusedForItsRoutesParametersMakesNoChild() async {
+        let shared = ValuesSource.Shared()
+        let template = liveTemplate(maxChildren: 1, perRequest: [.audience], shared: shared)
+        let api = api(templates: [template])
+        await running([template]) {
+            let refused: [HTTPRequest] = [
+                token("/providers/orders/token/ready", [("audience", "https://api.example/1"), ("after", "x")]),
+                token("/token/ready", [("audience", "https://api.example/2"), ("timeout", "-1")]),
+                token("/token/ready", [("audience", "https://api.example/3"), ("after", "1"), ("after", "2")]),
+                request("POST", "/token/refresh", query: [("audience", "https://api.example/4")], body: "not json"),
+                request(
+                    "POST", "/providers/orders/token/refresh",
+                    query: [("audience", "https://api.example/5"), ("timeout", "0")]),
+                request("POST", "/token/refresh", query: [("audience", "https://api.example/6")], bodyTooLarge: true),
+            ]
+            for request in refused {
+                let response = api.handle(request).immediate
+                #expect(response?.status == 400 || response?.status == 413, "\(request.path) \(request.query.pairs)")
+            }
+            #expect(template.status().children == 0, "no child for a refused request")
+            #expect(shared.count == 0, "and no fetch")
+            // The one child there is room for is made for a request that is answered; `If-None-Match: *`
+            // is the version of the child it names, read once the child is made.
+            let first = await answer(
+                api.handle(token("/token/ready", [("audience", "https://api.example/7")])))
+            #expect(first?.status == 200 && first?.int("version") == 1)
+            let poll = api.handle(
+                token(
+                    "/token/ready", [("audience", "https://api.example/7"), ("timeout", "0")],
+                    headers: [("If-None-Match", "*")]))
+            #expect(await answer(poll)?.status == 304)
+            #expect(template.status().children == 1 && shared.count == 1)
+        }
+    }
+
     @Test func theValuesKeptFromTheLastRequestNeverLetAnotherRequestsValuesThrough() async {
         let shared = ValuesSource.Shared()
         let template = liveTemplate(perRequest: [.audience], shared: shared)

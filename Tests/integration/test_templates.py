@@ -407,6 +407,33 @@ def test_the_children_share_the_template_s_window_of_forced_refreshes(issuer):
         assert broker.metric("token_broker_excessive_refreshes_total", provider="orders") == 115
 
 
+def test_a_request_refused_for_its_route_s_parameters_makes_no_child_and_no_fetch(issuer):
+    """`after`, `timeout`, `If-None-Match` and the retrier's body are read before the child is
+    made. They were read after: three requests answered 400 each made a child, each child
+    fetched a token, and with maxChildren 3 a caller's new audience then got 503
+    too_many_children for up to childIdleSec."""
+    audiences = [f"https://api.example/refused{index}" for index in range(6)]
+    with Broker({"providers": [oauth_template(issuer, maxChildren=3)]}) as broker:
+        started = time.time()
+        refused = [
+            ("GET", f"/providers/orders/token/ready{query(audience=audiences[0])}&after=x", None),
+            ("GET", f"/token/ready{query(audience=audiences[1])}&timeout=-1", None),
+            ("POST", f"/token/refresh{query(audience=audiences[2])}", b"not json"),
+            ("POST", f"/providers/orders/token/refresh{query(audience=audiences[3])}&timeout=0", b"{}"),
+            ("GET", f"/token/ready{query(audience=audiences[4])}&after=1&after=2", None),
+            ("POST", f"/token/refresh{query(audience=audiences[5])}", b'{"rejected_version": "1"}'),
+        ]
+        for method, path, body in refused:
+            status, _, payload = broker.request(method, path, body=body)
+            assert status == 400 and json.loads(payload)["error"] == "invalid_request", (path, status, payload)
+        assert template_readiness(broker)["children"] == 0
+        assert [r for r in issuer.token_requests(since=started) if set(r["audience"]) & set(audiences)] == []
+        # All of maxChildren is left for requests that are answered.
+        for audience in audiences[:3]:
+            assert token_for(broker, route="token/ready", audience=audience)["version"] >= 1
+        assert template_readiness(broker)["children"] == 3
+
+
 def test_a_child_whose_first_fetch_fails_answers_503_after_waiting_then_recovers(issuer):
     config = {"maxWaitSec": 3, "providers": [oauth_template(issuer)]}
     with Broker(config) as broker:
