@@ -14,7 +14,10 @@ extension TokenAPI {
     /// `GET /token/ready?after=N&timeout=S` (or `If-None-Match: "N"`): answers 200 as soon as a
     /// valid token newer than N is cached, 304 when none came in time, 503 when no valid token
     /// could be had. The connection waits suspended, not a thread.
-    func ready(_ endpoint: Endpoint, _ poll: LongPollParameters, label: RequestCounter) -> HTTPReply {
+    /// - Parameter caller: the caller let in, checked again when a wait ends (nil: no keys).
+    func ready(_ endpoint: Endpoint, _ poll: LongPollParameters, caller: AdmittedCaller?, label: RequestCounter)
+        -> HTTPReply
+    {
         let provider = endpoint.provider
         let after = poll.after { provider.status().version }
         // The common case needs no suspension: a newer valid token is already cached.
@@ -22,21 +25,25 @@ extension TokenAPI {
             return record(label, .response(cachedAnswer(endpoint, token, stale: stale, secondsLeft: secondsLeft)))
         }
         return wait(
-            endpoint, after: after, timeout: poll.timeout, mode: .ready(conditional: after != nil), label: label)
+            endpoint, after: after, timeout: poll.timeout, mode: .ready(conditional: after != nil), caller: caller,
+            label: label)
     }
 
     /// Suspends the request until the provider completes its waiter.
-    /// - Parameter forRefresh: the wait of a forced refresh (see `ProviderStateMachine.addWaiter`).
+    /// - Parameters:
+    ///   - forRefresh: the wait of a forced refresh (see `ProviderStateMachine.addWaiter`).
+    ///   - caller: the caller let in, checked again when the wait ends: a caller the callers
+    ///     listed by then refuse gets the refusal, not the token (nil: callers have no keys).
     func wait(
         _ endpoint: Endpoint, after: UInt64?, timeout: Duration, mode: WaitMode, forRefresh: Bool = false,
-        label: RequestCounter
+        caller: AdmittedCaller?, label: RequestCounter
     ) -> HTTPReply {
         let provider = endpoint.provider
         let deadline = provider.deadline(in: timeout)
         return .deferred { [self] responder in
             let id = provider.addWaiter(after: after, deadline: deadline, onDemand: false, forRefresh: forRefresh) {
                 outcome in
-                self.answer(responder, self.waitAnswer(outcome, endpoint, mode: mode), route: label)
+                self.answer(responder, caller: caller, route: label) { self.waitAnswer(outcome, endpoint, mode: mode) }
             }
             responder.onClose { provider.removeWaiter(id) }
         }

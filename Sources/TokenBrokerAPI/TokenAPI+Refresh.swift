@@ -15,7 +15,10 @@ extension TokenAPI {
     /// - Parameters:
     ///   - rejected: the body's N; nil when not sent.
     ///   - timeout: how long the request waits for a new token (`timeout`, at least 1 s).
-    func refresh(_ endpoint: Endpoint, rejected: UInt64?, timeout: Duration, label: RequestCounter) -> HTTPReply {
+    ///   - caller: the caller let in, checked again when the wait ends (nil: no keys).
+    func refresh(
+        _ endpoint: Endpoint, rejected: UInt64?, timeout: Duration, caller: AdmittedCaller?, label: RequestCounter
+    ) -> HTTPReply {
         let provider = endpoint.provider
         switch provider.forceRefresh(rejected: rejected) {
         case .current(let token):
@@ -32,7 +35,7 @@ extension TokenAPI {
         case .refreshing(let after):
             return wait(
                 endpoint, after: after ?? rejected, timeout: timeout, mode: .ready(conditional: rejected != nil),
-                forRefresh: true, label: label)
+                forRefresh: true, caller: caller, label: label)
         }
     }
 }

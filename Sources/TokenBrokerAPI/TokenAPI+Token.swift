@@ -9,7 +9,10 @@ extension TokenAPI {
     ///   request waits for its first, at most `maxWait`, as `/token/ready` would, sharing the
     ///   child's one fetch. Once that fetch failed, later requests get the 503 at once, with the
     ///   error, as a configured provider's do: a failing issuer does not hold each caller for `maxWait`.
-    func token(_ endpoint: Endpoint, waitForFirstToken: Bool = false, label: RequestCounter) -> HTTPReply {
+    /// - Parameter caller: the caller let in, checked again when a wait ends (nil: no keys).
+    func token(
+        _ endpoint: Endpoint, waitForFirstToken: Bool = false, caller: AdmittedCaller?, label: RequestCounter
+    ) -> HTTPReply {
         let provider = endpoint.provider
         switch provider.read() {
         case .token(let token, let stale, let secondsLeft):
@@ -17,7 +20,9 @@ extension TokenAPI {
         case .unavailable(let wasPaused, let awaitingFirstToken):
             // A first token that comes just after the read completes the waiter at once.
             if waitForFirstToken, awaitingFirstToken {
-                return wait(endpoint, after: nil, timeout: maxWait, mode: .ready(conditional: false), label: label)
+                return wait(
+                    endpoint, after: nil, timeout: maxWait, mode: .ready(conditional: false), caller: caller,
+                    label: label)
             }
             return record(label, .response(Self.unavailable(provider, wasPaused: wasPaused)))
         case .onDemand:
@@ -26,7 +31,9 @@ extension TokenAPI {
         let deadline = provider.deadline(in: maxWait)
         return .deferred { [self] responder in
             let id = provider.addWaiter(after: nil, deadline: deadline, onDemand: true, forRefresh: false) { outcome in
-                self.answer(responder, self.waitAnswer(outcome, endpoint, mode: .onDemand), route: label)
+                self.answer(responder, caller: caller, route: label) {
+                    self.waitAnswer(outcome, endpoint, mode: .onDemand)
+                }
             }
             responder.onClose { provider.removeWaiter(id) }
         }

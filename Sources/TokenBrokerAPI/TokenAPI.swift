@@ -13,7 +13,10 @@ import TokenBrokerServer
 /// | `ANY /proxy/{name}/{path}` | proxy mode: forwarded with a token (`ProxyRoute.swift`) |
 ///
 /// Token routes pass the request guard first (`RequestGuard`), then, when callers have keys
-/// (`clientKeysFile`), the caller check (`CallerCheck`). Error answers are worded in `ErrorAnswer`.
+/// (`clientKeysFile`), the caller check (`CallerCheck`). A request that waits (a long-poll, a
+/// refresh, a first token, a token fetched on demand) is checked again when it is answered
+/// (`answer(_:caller:route:_:)`): the keys file may have been re-read meanwhile. Error answers
+/// are worded in `ErrorAnswer`.
 ///
 /// A provider template (`perRequest`) answers the same routes through its children: the query's
 /// `audience`, `scope` and `resource`, checked against the template's allow-lists
@@ -129,7 +132,7 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
     let maxWait: Duration
     let metrics: BrokerMetrics
     private let guardRequests: Bool
-    private let callers: (any CallerAuthorizing)?
+    private let callers: (any CallerRechecking)?
     /// Proxy mode's routes, present only when proxies are configured (the server then streams
     /// requests under `/proxy/` to `begin`, with their raw target).
     let proxy: (any ProxyHandling)?
@@ -155,7 +158,7 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
     ///     (`/`, `/computeMetadata/…`, `/msi/token`, `/metadata/identity/…`) are handed to them.
     public init(
         providers: [Provider], templates: [any TemplateProviding<Provider>] = [], defaultName: String? = nil,
-        jwks: String, maxWait: Duration, requestGuard: Bool = true, callers: (any CallerAuthorizing)? = nil,
+        jwks: String, maxWait: Duration, requestGuard: Bool = true, callers: (any CallerRechecking)? = nil,
         proxy: (any ProxyHandling)? = nil, compat: CompatAPI<Provider>? = nil, metrics: BrokerMetrics
     ) {
         precondition(!providers.isEmpty || !templates.isEmpty, "the broker needs at least one provider")
@@ -248,7 +251,8 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
         }
         // The caller before the method: a 405 would tell a caller who may not read the provider
         // that it exists, where an unknown name gets the caller's refusal (above).
-        if let refusal = admit(request, provider: target.name) {
+        var caller: AdmittedCaller?
+        if let refusal = admit(request, provider: target.name, caller: &caller) {
             return record(label, .response(refusal.response))
         }
         if let refusal = Methods.only(route == .refresh ? Methods.post : Methods.read, request) {
@@ -269,10 +273,10 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
         case .failure(let refusal): return record(label, .response(refusal.answer.response))
         }
         switch asked {
-        case .token: return token(endpoint, waitForFirstToken: isChild, label: label)
-        case .ready(let poll): return ready(endpoint, poll, label: label)
+        case .token: return token(endpoint, waitForFirstToken: isChild, caller: caller, label: label)
+        case .ready(let poll): return ready(endpoint, poll, caller: caller, label: label)
         case .refresh(let rejected, let timeout):
-            return refresh(endpoint, rejected: rejected, timeout: timeout, label: label)
+            return refresh(endpoint, rejected: rejected, timeout: timeout, caller: caller, label: label)
         }
     }
 
@@ -329,14 +333,24 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
 
     /// Nil when the request passes the request guard and the caller check, else the refusal.
     func admit(_ request: HTTPRequest, provider: String) -> ErrorAnswer? {
+        var caller: AdmittedCaller?
+        return admit(request, provider: provider, caller: &caller)
+    }
+
+    /// `admit(_:provider:)`, which also sets `caller` to the caller let in, when callers have
+    /// keys, for the answer to check again if the request waits (`answer(_:caller:route:_:)`).
+    func admit(_ request: HTTPRequest, provider: String, caller: inout AdmittedCaller?) -> ErrorAnswer? {
         if guardRequests, let refusal = RequestGuard.check(request) { return refusal }
         if let callers {
             // The header's bytes as sent, not a string made of them (`CallerAuthorizing`).
-            let decision =
+            let admission =
                 request.headers.firstIndex(named: "Authorization").map { index in
-                    request.headers.withValue(at: index) { callers.authorize($0, provider: provider) }
-                } ?? callers.authorize(UnsafeBufferPointer<UInt8>?.none, provider: provider)
-            return CallerCheck.refusal(decision, provider: provider)
+                    request.headers.withValue(at: index) { callers.admit($0, provider: provider) }
+                } ?? callers.admit(UnsafeBufferPointer<UInt8>?.none, provider: provider)
+            switch admission {
+            case .allowed(let admitted): caller = admitted
+            case .refused(let decision): return CallerCheck.refusal(decision, provider: provider)
+            }
         }
         return nil
     }
@@ -351,6 +365,23 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
     func answer(_ responder: any HTTPResponding, _ response: HTTPResponse, route: RequestCounter) {
         route.record(status: response.status)
         responder.respond(response)
+    }
+
+    /// Answers a suspended request with `response()`, unless `caller`, let in when it arrived,
+    /// may no longer read the provider by the callers listed now (the keys file was re-read
+    /// while it waited): then with the 401 or 403 that `admit` would give it now, and the
+    /// answer is not made. Nil `caller`: callers have no keys.
+    func answer(
+        _ responder: any HTTPResponding, caller: AdmittedCaller?, route: RequestCounter,
+        _ response: () -> HTTPResponse
+    ) {
+        if let caller, let callers,
+            let refusal = CallerCheck.refusal(callers.recheck(caller), provider: caller.provider)
+        {
+            answer(responder, refusal.response, route: route)
+            return
+        }
+        answer(responder, response(), route: route)
     }
 
     /// The 503 for a provider without a valid token, saying why when it knows.

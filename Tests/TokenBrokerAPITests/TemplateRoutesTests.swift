@@ -93,7 +93,7 @@ func liveTemplate(
 }
 
 /// Callers by key: `Bearer orders` may read `orders` only, `Bearer other` nothing.
-struct TemplateCallers: CallerAuthorizing {
+struct TemplateCallers: FixedCallers {
     func authorize(_ authorization: UnsafeBufferPointer<UInt8>?, provider: String) -> CallerDecision {
         // The bytes as sent, compared as bytes: a string made of them would not be.
         guard let authorization else { return .missingKey }
@@ -108,7 +108,7 @@ struct TemplateCallers: CallerAuthorizing {
 @Suite struct TemplateRoutesTests {
     private func api(
         providers: [TokenProvider<ContinuousClock>] = [], templates: [LiveTemplate], defaultName: String? = nil,
-        maxWait: Duration = .seconds(30), callers: (any CallerAuthorizing)? = nil,
+        maxWait: Duration = .seconds(30), callers: (any CallerRechecking)? = nil,
         metrics: BrokerMetrics = BrokerMetrics(version: "test")
     ) -> TokenAPI<TokenProvider<ContinuousClock>> {
         TokenAPI(

@@ -7,7 +7,7 @@ import TokenBrokerServer
 @testable import TokenBrokerCore
 
 /// A caller check of the test's making: `Bearer good` may read everything, `Bearer billing` nothing.
-struct FakeCallers: CallerAuthorizing {
+struct FakeCallers: FixedCallers {
     func authorize(_ authorization: UnsafeBufferPointer<UInt8>?, provider: String) -> CallerDecision {
         // The bytes as sent, compared as bytes: a string made of them would not be.
         guard let authorization else { return .missingKey }
@@ -19,7 +19,7 @@ struct FakeCallers: CallerAuthorizing {
 
 /// A token listener over fake providers (the first is the default).
 func tokenAPI(
-    _ providers: [FakeProvider] = [FakeProvider()], requestGuard: Bool = true, callers: (any CallerAuthorizing)? = nil,
+    _ providers: [FakeProvider] = [FakeProvider()], requestGuard: Bool = true, callers: (any CallerRechecking)? = nil,
     proxy: (any ProxyHandling)? = nil, metrics: BrokerMetrics = BrokerMetrics(version: "test")
 ) -> TokenAPI<FakeProvider> {
     TokenAPI(

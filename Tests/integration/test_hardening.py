@@ -15,6 +15,7 @@ import socket
 import stat
 import subprocess
 import tempfile
+import threading
 import time
 
 import pytest
@@ -181,6 +182,51 @@ def test_the_keys_file_is_reread_when_it_changes_and_a_broken_one_keeps_the_prev
         assert wait_until(lambda: "caller keys not reloaded" in broker.stderr(), timeout=10)
         assert broker.request("GET", "/token", headers=bearer(second))[0] == 200
         assert broker.stderr().count("caller keys not reloaded") == 1, "a broken file is reported once"
+
+
+def test_a_key_removed_while_its_long_poll_waits_gets_401_not_the_next_token(tmp_path):
+    """A re-read keys file applies to requests already waiting, when they are answered. A caller
+    whose key was removed while its long-poll waited got the token another caller's refresh made
+    afterwards (200), for up to maxWaitSec; one whose list lost the provider, the same."""
+    removed, narrowed, kept, refresher = (secrets.token_urlsafe(32) for _ in range(4))
+    keys = tmp_path / "callers.json"
+    write_keys(keys, [("removed", removed, ["default"]), ("narrowed", narrowed, ["default", "payments"]),
+                      ("kept", kept, ["default"]), ("refresher", refresher, ["default"])])
+    config = {"maxWaitSec": 600, "providers": TWO_PROVIDERS, "clientKeysFile": str(keys)}
+    with Broker(config) as broker:
+        assert broker.get_json("/token", headers=bearer(kept))[0]["version"] == 1
+        answers = {}
+
+        def poll(name, key):
+            answers[name] = broker.request("GET", "/token/ready?after=1&timeout=60", headers=bearer(key), timeout=90)
+
+        polls = [threading.Thread(target=poll, args=(name, key))
+                 for name, key in (("removed", removed), ("narrowed", narrowed), ("kept", kept))]
+        for thread in polls:
+            thread.start()
+        assert wait_until(lambda: broker.metric("token_broker_longpoll_waiters", provider="default") == 3)
+
+        write_keys(keys, [("narrowed", narrowed, ["payments"]), ("kept", kept, ["default"]),
+                          ("refresher", refresher, ["default"])])
+        assert wait_until(lambda: broker.request("GET", "/token", headers=bearer(removed))[0] == 401, timeout=10)
+        assert broker.request("GET", "/token", headers=bearer(narrowed))[0] == 403
+        status, headers, body = broker.request("POST", "/token/refresh", headers=bearer(refresher), body=b"{}",
+                                               timeout=30)
+        assert status == 200 and headers["etag"] == '"2"', (status, body)
+        for thread in polls:
+            thread.join(timeout=90)
+        assert not any(thread.is_alive() for thread in polls)
+
+        status, headers, body = answers["removed"]
+        assert status == 401 and json.loads(body)["error"] == "invalid_caller_key", (status, body)
+        assert 'error="invalid_token"' in headers["www-authenticate"]
+        status, _, body = answers["narrowed"]
+        assert status == 403 and json.loads(body)["error"] == "provider_not_allowed", (status, body)
+        assert "narrowed" in json.loads(body)["error_description"]
+        status, headers, body = answers["kept"]
+        assert status == 200 and json.loads(body)["version"] == 2 and headers["etag"] == '"2"', (status, body)
+        assert broker.metric("token_broker_http_requests_total", listener="token", route="/token/ready",
+                             code="401") == 1
 
 
 @pytest.mark.parametrize("document,needle", [

@@ -12,12 +12,17 @@ import TokenBrokerCrypto
 /// identity (inode, size, modification time) once a second; a changed file that does not parse
 /// leaves the previous list in force.
 ///
+/// Each list read is numbered (`State.number`). A request that waits keeps the caller `admit` let
+/// in (`AdmittedCaller`: the matched entry's hash and the list's number), and is checked again
+/// when answered (`recheck`): while the list is the one that let it in, nothing is looked up;
+/// after a re-read, its hash is looked up in the new list, as a key is, without hashing again.
+///
 /// Locks: `state` and `watcher` are each taken alone, never one inside the other.
-public final class CallerKeyStore: CallerAuthorizing, Sendable {
+public final class CallerKeyStore: CallerRechecking, Sendable {
     public let path: String
     /// The providers a key may name: those configured now (a reload changes them).
     private let knownProviders: Lock<Set<String>>
-    private let state: Lock<(list: CallerKeyList, identity: FileIdentity?)>
+    private let state: Lock<State>
     private let watcher = Lock<Watch?>(nil)
 
     /// The running watch: its task, and what the task signals as it ends.
@@ -25,6 +30,19 @@ public final class CallerKeyStore: CallerAuthorizing, Sendable {
         // DispatchSemaphore is thread-safe but not marked Sendable.
         var task: Task<Void, Never>
         var ended: DispatchSemaphore
+    }
+
+    private struct State {
+        var list: CallerKeyList
+        /// Which list this is: one more at every list read in place of the one before.
+        var number: UInt64 = 0
+        var identity: FileIdentity?
+
+        mutating func use(_ list: CallerKeyList, identity: FileIdentity?) {
+            self.list = list
+            number &+= 1
+            self.identity = identity
+        }
     }
 
     /// What happened at a re-read: the number of callers now listed, or why the file was refused.
@@ -35,7 +53,7 @@ public final class CallerKeyStore: CallerAuthorizing, Sendable {
         self.path = path
         self.knownProviders = Lock(knownProviders)
         let identity = FileIdentity(path)
-        state = Lock((try Self.read(path, knownProviders: knownProviders), identity))
+        state = Lock(State(list: try Self.read(path, knownProviders: knownProviders), identity: identity))
     }
 
     /// Starts looking for changes every `interval`, reporting each re-read to `onReload`, until `stop()`.
@@ -84,7 +102,7 @@ public final class CallerKeyStore: CallerAuthorizing, Sendable {
         let identity = FileIdentity(path)
         do {
             let list = try Self.read(path, knownProviders: names)
-            state.withLock { $0 = (list, identity) }
+            state.withLock { $0.use(list, identity: identity) }
             return nil
         } catch {
             state.withLock { $0.identity = identity }
@@ -98,7 +116,7 @@ public final class CallerKeyStore: CallerAuthorizing, Sendable {
         guard identity != state.withLock({ $0.identity }) else { return nil }
         do {
             let list = try Self.read(path, knownProviders: knownProviders.withLock { $0 })
-            state.withLock { $0 = (list, identity) }
+            state.withLock { $0.use(list, identity: identity) }
             return .success(list.entries.count)
         } catch {
             // Remember the broken version, so that it is reported once, not every second.
@@ -110,17 +128,34 @@ public final class CallerKeyStore: CallerAuthorizing, Sendable {
     public var count: Int { state.withLock { $0.list.entries.count } }
 
     public func authorize(_ authorization: UnsafeBufferPointer<UInt8>?, provider: String) -> CallerDecision {
-        guard let key = Self.bearerKey(authorization) else { return .missingKey }
+        admit(authorization, provider: provider).decision
+    }
+
+    public func admit(_ authorization: UnsafeBufferPointer<UInt8>?, provider: String) -> CallerAdmission {
+        guard let key = Self.bearerKey(authorization) else { return .refused(.missingKey) }
         // A key that cannot be hashed matches no one.
-        guard let digest = try? Crypto.sha256(key) else { return .unknownKey }
-        let entries = state.withLock { $0.list.entries }
-        var match: CallerKeyList.Entry?
-        for entry in entries {
-            // Every entry is compared, whatever the outcome of the others.
-            if Crypto.constantTimeEqual(digest, entry.digest) { match = entry }
+        guard let digest = try? Crypto.sha256(key) else { return .refused(.unknownKey) }
+        let (entries, number) = state.withLock { ($0.list.entries, $0.number) }
+        guard let match = Self.entry(digest, in: entries) else { return .refused(.unknownKey) }
+        guard match.mayRead(provider) else { return .refused(.forbidden(caller: match.name)) }
+        return .allowed(AdmittedCaller(keyDigest: match.digest, provider: provider, list: number))
+    }
+
+    public func recheck(_ caller: AdmittedCaller) -> CallerDecision {
+        // While the list that let the caller in is in force, it still may: one lock, no look-up.
+        guard let entries = state.withLock({ $0.number == caller.list ? nil : $0.list.entries }) else {
+            return .allowed
         }
-        guard let match else { return .unknownKey }
-        return match.mayRead(provider) ? .allowed : .forbidden(caller: match.name)
+        guard let match = Self.entry(caller.keyDigest, in: entries) else { return .unknownKey }
+        return match.mayRead(caller.provider) ? .allowed : .forbidden(caller: match.name)
+    }
+
+    /// The entry whose hash is `digest`; every entry is compared, whatever the outcome of the
+    /// others, in constant time.
+    private static func entry(_ digest: [UInt8], in entries: [CallerKeyList.Entry]) -> CallerKeyList.Entry? {
+        var match: CallerKeyList.Entry?
+        for entry in entries where Crypto.constantTimeEqual(digest, entry.digest) { match = entry }
+        return match
     }
 
     /// The key of `Authorization: Bearer <key>` (RFC 6750 §2.1; the scheme in any case), as the
