@@ -589,40 +589,38 @@ import TokenBrokerCore
     }
 
     /// A version from before this provider (a restart without a store, a provider removed and
-    /// added again) is above every version it handed out: it is not one of its versions, and
-    /// the valid token held answers its waiter at once. (It waited for the next token, and at
-    /// its deadline got a 304 naming version 1, which the client never had, while its token
-    /// was from a process whose key was gone.) A waiter for the current version still waits.
-    @Test func aWaiterForAVersionFromBeforeThisProviderGetsTheTokenHeldAtOnce() {
+    /// added again) is above every version it handed out: it is not one of its versions. Its
+    /// waiter waits as for the version held, and its deadline answers it with the token held,
+    /// not `.timedOut` (which became a 304 naming version 1, which the client never had, while
+    /// its token was from a process whose key was gone). Not at once: a client long-polling two
+    /// brokers without a store, each numbering its own versions, was then answered at once by
+    /// each in turn, a loop with no wait. A new token before the deadline answers it as any.
+    @Test func aWaiterForAVersionFromBeforeThisProviderGetsTheTokenHeldAtItsDeadline() {
         var harness = MachineHarness(ProviderConfiguration(tokenRefreshDelaySec: 60))
         harness.start()
         harness.succeed()
-        let fromBefore = harness.wait(after: 7, for: .seconds(120))
-        let current = harness.wait(after: 1, for: .seconds(120))
+        let fromBefore = harness.wait(after: 7, for: .seconds(20))
+        let current = harness.wait(after: 1, for: .seconds(20))
+        #expect(harness.outcomes.isEmpty, "both wait, as for the version held")
+        harness.tick(at: .seconds(20))
         guard case .token(let token, stale: false)? = harness.outcomes[fromBefore] else {
-            Issue.record("expected the token held, at once: \(harness.outcomes)")
+            Issue.record("expected the token held at the deadline: \(harness.outcomes)")
             return
         }
         #expect(token.version == 1)
-        #expect(harness.outcomes[current] == nil, "the token held now is not newer than what the client has")
+        guard case .timedOut(let held?, _)? = harness.outcomes[current] else {
+            Issue.record("expected the current version's waiter to time out: \(harness.outcomes)")
+            return
+        }
+        #expect(held.version == 1)
         #expect(harness.fetchesStarted == 1, "answered without a fetch")
+        let again = harness.wait(after: 9, for: .seconds(120))
         harness.runTimers(until: .seconds(61)) { $0.succeed() }
-        guard case .token(let next, _)? = harness.outcomes[current] else {
-            Issue.record("expected the next token for the current version's waiter: \(harness.outcomes)")
+        guard case .token(let next, _)? = harness.outcomes[again] else {
+            Issue.record("expected the next token before the deadline: \(harness.outcomes)")
             return
         }
         #expect(next.version == 2)
-
-        // On demand too: the previous token, still valid, rather than a fetch's wait.
-        var onDemand = MachineHarness(ProviderConfiguration(backgroundRefreshEnabled: false))
-        _ = onDemand.wait(after: nil, for: .seconds(30), onDemand: true)
-        onDemand.succeed()
-        let old = onDemand.wait(after: 41, for: .seconds(30))
-        guard case .token(let previous, _)? = onDemand.outcomes[old] else {
-            Issue.record("expected the previous token at once: \(onDemand.outcomes)")
-            return
-        }
-        #expect(previous.version == 1 && onDemand.fetchesStarted == 1)
     }
 
     /// With no valid token held, a version from before this provider waits for the next token,
@@ -658,8 +656,8 @@ import TokenBrokerCore
 
     /// The versions a provider was numbered after (the provider it replaced, a template's
     /// dropped children) are its own for this rule: a waiter holding one of them waits for a
-    /// newer token, and only a version above them all is answered at once.
-    @Test func versionsNumberedAfterAreKnownAndOnlyThoseAboveThemAreAnsweredAtOnce() {
+    /// newer token and times out, and only a version above them all gets the token held at its deadline.
+    @Test func versionsNumberedAfterAreKnownAndOnlyThoseAboveThemGetTheTokenAtTheirDeadline() {
         var harness = MachineHarness(ProviderConfiguration(tokenRefreshDelaySec: 60))
         harness.machine = MachineHarness.Machine(
             configuration: ProviderConfiguration(tokenRefreshDelaySec: 60), now: harness.now, jitter: .fixed(0.5),
@@ -674,10 +672,15 @@ import TokenBrokerCore
         }
         #expect(newer.version == 6)
         let current = harness.wait(after: 6, for: .seconds(30))
-        #expect(harness.outcomes[current] == nil, "6 is the current version: it waits")
         let unknown = harness.wait(after: 7, for: .seconds(30))
+        #expect(harness.outcomes[current] == nil && harness.outcomes[unknown] == nil, "both wait")
+        harness.tick(at: .seconds(30))
+        guard case .timedOut? = harness.outcomes[current] else {
+            Issue.record("6 is the current version: its deadline times it out: \(harness.outcomes)")
+            return
+        }
         guard case .token(let held, _)? = harness.outcomes[unknown] else {
-            Issue.record("7 is above every version: answered at once: \(harness.outcomes)")
+            Issue.record("7 is above every version: its deadline answers the token held: \(harness.outcomes)")
             return
         }
         #expect(held.version == 6)

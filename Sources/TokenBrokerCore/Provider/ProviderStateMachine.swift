@@ -70,6 +70,9 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         var forRefresh: Bool
         /// A failed fetch answers it (`.timedOut`) instead of the retries that follow.
         var endsOnFailedFetch = false
+        /// It named a version this provider never handed out (`addWaiter`): its deadline
+        /// answers it with the valid token held, not `.timedOut`.
+        var answersAtDeadline = false
         /// When its wait ends.
         var deadline: Instant
     }
@@ -225,11 +228,12 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     /// after (a provider it replaced at a reload, a template's dropped children), is not one of
     /// its versions: it names a token from before it (a broker restarted, a provider removed and
     /// added again), which the token held here replaces, since it is another token whatever its
-    /// number. The valid token held answers the waiter at once; without one, the next token does.
-    /// Waiting for a token newer than the one held, as for a version of its own, would answer
-    /// with the token held at the deadline (a 304 naming a version the client never had, while
-    /// its token is from a process whose keys are gone), or, with the version kept, never until
-    /// the numbers caught up. With a store, versions outlive the process or are the fleet's, and
+    /// number. It waits for a token newer than the one held, as for a version of its own, and
+    /// its deadline answers it with the token held (`answersAtDeadline`), never `.timedOut`,
+    /// which would become a 304 naming a version the client never had while its token is from
+    /// a process whose keys are gone. Not at once: a client that long-polls two brokers without
+    /// a store, each with numbers of its own, would then be answered at once by each in turn, a
+    /// loop with no wait; this way it gets at most one answer per wait. With a store, versions outlive the process or are the fleet's, and
     /// such a version is a newer one (another broker's, not yet read here), as it is for a
     /// forced refresh's waiter: both keep it, and wait for a version above it.
     ///
@@ -254,10 +258,6 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         nextWaiterID += 1
         let id = nextWaiterID
         let unknown = !forRefresh && !hasStore && (requested ?? 0) > lastVersion
-        if unknown, let token = validToken(at: now) {
-            actions.append(.complete(waiters: [id], .token(token, stale: isStale(at: now))))
-            return (id, actions)
-        }
         let requested = unknown ? lastVersion : requested
         // Without background refresh every call wants a token fetched after it asked.
         let after = backgroundRefresh ? requested : max(requested ?? 0, lastVersion)
@@ -268,7 +268,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
             return (id, actions)
         }
         if deadline <= now {
-            actions.append(.complete(waiters: [id], .timedOut(current: validToken(at: now), lastError: lastError)))
+            actions.append(.complete(waiters: [id], deadlineOutcome(answersWithToken: unknown, now: now)))
             return (id, actions)
         }
         // A waiter that wants a fetch (on demand, or a forced refresh's) gets now what it would
@@ -284,7 +284,8 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         }
         waiters[id] = Waiter(
             after: requested, kind: onDemand ? .onDemand : .ready, wantsFetch: !backgroundRefresh,
-            forRefresh: forRefresh, endsOnFailedFetch: endsOnFailedFetch, deadline: deadline)
+            forRefresh: forRefresh, endsOnFailedFetch: endsOnFailedFetch, answersAtDeadline: unknown,
+            deadline: deadline)
         deadlines.insert(id, at: deadline)
         // Ask for a token now when nothing valid can satisfy the waiter, unless a fetch or a
         // retry is already planned: a failing issuer keeps its backoff however many wait. Inside
@@ -293,6 +294,13 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
             actions += startFetchIfIdle(now: now)
         }
         return (id, actions)
+    }
+
+    /// What a waiter gets at its deadline: `.timedOut` with the valid token held; for a waiter
+    /// that named a version this provider never handed out, that token itself.
+    private func deadlineOutcome(answersWithToken: Bool, now: Instant) -> WaitOutcome {
+        if answersWithToken, let token = validToken(at: now) { return .token(token, stale: isStale(at: now)) }
+        return .timedOut(current: validToken(at: now), lastError: lastError)
     }
 
     /// Forgets a waiter whose caller went away. The shared fetch goes on for the others.
@@ -563,9 +571,9 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
             actions.insert(.abandonFetch(number: number, error), at: 0)
         }
         for id in deadlines.popDue(at: now) {
-            guard waiters.removeValue(forKey: id) != nil else { continue }
-            let current = validToken(at: now)
-            actions.append(.complete(waiters: [id], .timedOut(current: current, lastError: lastError)))
+            guard let waiter = waiters.removeValue(forKey: id) else { continue }
+            actions.append(
+                .complete(waiters: [id], deadlineOutcome(answersWithToken: waiter.answersAtDeadline, now: now)))
         }
         dropDeadlinesIfIdle()
         guard let due = fetchDueAt, due <= now, !isFetching else { return actions }
