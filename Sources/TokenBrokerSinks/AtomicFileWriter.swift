@@ -26,8 +26,9 @@ import TokenBrokerCrypto
 /// `removeLeftovers()`, which a sink calls at its start.
 ///
 /// A writer that another replaces (a reload gives a token file a writer of its own) is
-/// `retire()`d: from then on its writes are abandoned before their rename, so that a write held
-/// up past its writer's stop (a slow `fsync`) cannot put an older token over the newer writer's.
+/// retired (`retire(waitingAtMost:)`): from then on its writes are abandoned before their
+/// rename, so that a write held up past its writer's stop (a slow `fsync`) cannot put an older
+/// token over the newer writer's.
 ///
 /// The calls block: run `write` off Swift's cooperative pool (`SinkRunner` uses a queue of its own).
 public final class AtomicFileWriter: Sendable {
@@ -43,11 +44,23 @@ public final class AtomicFileWriter: Sendable {
     private let leftoverPrefix: [UInt8]
     /// The start of this process's temporary files' names: `.{name}.tmp-{pid}-`.
     private let temporaryPrefix: String
-    /// Numbers temporary files, so that each write, and each retry after a name already taken, has its own.
-    private let counter = Lock<UInt64>(0)
-    /// Whether `retire()` was called. Held across each rename: a rename has either landed when
-    /// `retire()` returns, or never will.
-    private let retired = Lock<Bool>(false)
+    /// Numbers temporary files, so that each write, and each retry after a name already taken, has
+    /// its own. Each writer numbers from a start of its own (`generations`), so that the writers
+    /// of one file in one process (one per reload) never make the same name: a retired writer's
+    /// abandoned write removes its temporary file by name, which must not be its successor's.
+    private let counter: Lock<UInt64>
+    /// The writers made in this process so far: each counts from its number shifted 32 bits.
+    private static let generations = Lock<UInt64>(0)
+    /// Whether `retire(waitingAtMost:)` was called, and whether a rename is under way: a write
+    /// renames only while not retired, so that once `retire` has seen no rename under way, none
+    /// ever lands. The lock is never held across the rename itself, which a hung file system
+    /// could hold up for as long as it likes.
+    private let gate = Lock(Gate())
+
+    private struct Gate {
+        var retired = false
+        var renaming = false
+    }
 
     /// Temporary names tried before a write gives up, when names are already taken.
     static let maximumAttempts = 16
@@ -61,6 +74,11 @@ public final class AtomicFileWriter: Sendable {
         let prefix = Self.leftoverPrefix(of: name)
         leftoverPrefix = Array(prefix.utf8)
         temporaryPrefix = prefix + "\(getpid())-"
+        let generation = Self.generations.withLock { generations in
+            generations += 1
+            return generations
+        }
+        counter = Lock(generation << 32)
     }
 
     /// `.{name}.tmp-`, the start of every temporary file's name of the file `name`. A name near
@@ -138,22 +156,33 @@ public final class AtomicFileWriter: Sendable {
         open = false
         // Linux closes the descriptor even when close fails (EINTR included): never close it twice.
         guard Glibc.close(fd) == 0 else { return fail(.system("close", temporaryPath, errno)) }
-        let renamed = retired.withLock { retired -> Result<Void, FileWriteError> in
-            guard !retired else { return .failure(.abandoned(path)) }
-            guard renameat(directory.descriptor, temporary, directory.descriptor, name) == 0 else {
-                return .failure(.system("rename", path, errno))
-            }
-            return .success(())
+        let admitted = gate.withLock { gate in
+            guard !gate.retired else { return false }
+            gate.renaming = true
+            return true
         }
-        if case .failure(let error) = renamed { return fail(error) }
+        guard admitted else { return fail(.abandoned(path)) }
+        let renamed = renameat(directory.descriptor, temporary, directory.descriptor, name) == 0
+        let code = errno
+        gate.withLock { $0.renaming = false }
+        guard renamed else { return fail(.system("rename", path, code)) }
         if let error = Self.sync(directory.descriptor, path: directory.path) { return .failure(error) }
         return .success(())
     }
 
-    /// Abandons every write from now on before its rename (`FileWriteError.abandoned`), and
-    /// waits for a rename under way to land: once it returns, this writer never changes the file
-    /// again. A write under way still removes its temporary file.
-    public func retire() { retired.withLock { $0 = true } }
+    /// Abandons every write from now on before its rename (`FileWriteError.abandoned`; the write
+    /// still removes its temporary file), and waits, at most `limit`, for a rename under way to
+    /// end. True when none is under way any more: this writer then never changes the file again.
+    /// False when one still is (a hung file system): it may land later.
+    public func retire(waitingAtMost limit: Duration) -> Bool {
+        let deadline = ContinuousClock.now.advanced(by: limit)
+        gate.withLock { $0.retired = true }
+        while gate.withLock({ $0.renaming }) {
+            guard ContinuousClock.now < deadline else { return false }
+            usleep(1_000)
+        }
+        return true
+    }
 
     /// Removes the temporary files of this file that an earlier run left behind (a crash between
     /// create and rename): the regular files named `.{name}.tmp-{digits}-{digits}`, whichever
@@ -292,7 +321,7 @@ public struct FileWriteError: Error, Sendable, Equatable, CustomStringConvertibl
         Self(call: call, path: path, code: code)
     }
 
-    /// A write abandoned before its rename because its writer was retired (`AtomicFileWriter.retire()`).
+    /// A write abandoned before its rename because its writer was retired (`AtomicFileWriter.retire(waitingAtMost:)`).
     static func abandoned(_ path: String) -> Self { Self(call: "rename", path: path, code: ECANCELED) }
 
     /// Whether the write was abandoned because its writer was retired, not failed by the system.

@@ -125,9 +125,9 @@ public final class SinkRunner<C: Clock>: Sendable where C.Duration == Duration {
 
     /// Makes sure this runner never writes its file again, once it is stopped (its task
     /// cancelled) and another may write the file: a write under way is abandoned before its
-    /// rename, or has landed when this returns (`AtomicFileWriter.retire()`). Blocks for a
-    /// rename under way, never for the rest of a write.
-    public func retire() { writer.retire() }
+    /// rename (`AtomicFileWriter.retire(waitingAtMost:)`). Waits at most `limit` for a rename
+    /// under way, never for the rest of a write; false when one still is.
+    public func retire(waitingAtMost limit: Duration) -> Bool { writer.retire(waitingAtMost: limit) }
 
     /// What the sink has done so far, whether its file holds a valid token now, and whether its
     /// directory is still the one at its path (a `stat`, outside the lock).

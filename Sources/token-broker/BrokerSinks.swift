@@ -308,8 +308,9 @@ extension Broker {
     }
 
     /// Stops every runner and waits, at most `limit`, for a write under way to end; then retires
-    /// each runner's writer (`SinkRunner.retire()`), so that a write still held up (a slow
-    /// `fsync`) is abandoned rather than landing later over what the writers after it wrote.
+    /// each runner's writer (`SinkRunner.retire(waitingAtMost:)`), so that a write still held up
+    /// (a slow `fsync`) is abandoned rather than landing later over what the writers after it
+    /// wrote. A rename itself under way gets 1 s more, then is logged and left.
     ///
     /// - Important: blocks the calling thread: call it from the main thread, never from Swift's pool.
     static func stopSinks(_ running: RunningSinks, atMost limit: Duration = .seconds(2)) {
@@ -324,7 +325,18 @@ extension Broker {
             Log.warning(
                 "a token file write was still under way at stop", ["waited_ms": String(limit.wholeMilliseconds)])
         }
-        for runner in running.sinks.runners { runner.retire() }
+        // A rename under way gets 1 s more, all files together: a hung file system holds
+        // neither a stop nor a reload.
+        let retireBy = ContinuousClock.now.advanced(by: .seconds(1))
+        let landing = running.sinks.runners.filter { runner in
+            !runner.retire(waitingAtMost: max(.zero, retireBy - ContinuousClock.now))
+        }
+        if !landing.isEmpty {
+            Log.error(
+                "a token file rename was still under way 1 s after the write's 2 s: if it lands, the file holds the"
+                    + " stopped writer's token until the next write",
+                ["paths": landing.map(\.configuration.path).joined(separator: ",")])
+        }
         for (template, values) in running.sinks.held { template.release(values) }
     }
 

@@ -109,7 +109,7 @@ import TokenBrokerTestSupport
         let old = try AtomicFileWriter(path: path, mode: 0o600)
         let successor = try AtomicFileWriter(path: path, mode: 0o600)
         #expect(old.write(Array("old-1".utf8)).failed == nil)
-        old.retire()
+        #expect(old.retire(waitingAtMost: .seconds(10)), "no rename under way")
         #expect(successor.write(Array("new-1".utf8)).failed == nil)
         guard case .failure(let error) = old.write(Array("old-2".utf8)) else {
             Issue.record("a retired writer's write should be abandoned")
@@ -140,7 +140,7 @@ import TokenBrokerTestSupport
         }
         started.wait()
         while writes.withLock({ $0 }) < 10 { usleep(1_000) }
-        old.retire()
+        #expect(old.retire(waitingAtMost: .seconds(30)), "the rename under way ends")
         #expect(successor.write(Array("new".utf8)).failed == nil)
         #expect(ended.wait(timeout: .now() + 60) == .success, "the old writer's loop ends")
         #expect(contents(path) == "new", "no write of the old writer landed after retire() returned")

@@ -699,8 +699,9 @@ def slow_disk_library(tmp_path):
     return library
 
 
-def slow_disk_environment(library, trigger):
-    environment = {"LD_PRELOAD": library, "SLOW_DISK_TRIGGER": trigger, "SLOW_DISK_SECONDS": "6"}
+def slow_disk_environment(library, trigger, call="create", seconds=15):
+    environment = {"LD_PRELOAD": library, "SLOW_DISK_TRIGGER": trigger, "SLOW_DISK_CALL": call,
+                   "SLOW_DISK_SECONDS": str(seconds)}
     if os.environ.get("ASAN_OPTIONS") is not None:
         # AddressSanitizer's runtime wants to come first among the preloaded libraries.
         environment["ASAN_OPTIONS"] = os.environ["ASAN_OPTIONS"] + ":verify_asan_link_order=0"
@@ -709,7 +710,7 @@ def slow_disk_environment(library, trigger):
 
 def test_a_write_held_up_past_its_writer_s_stop_never_lands_over_the_new_writer_s_token(tmp_path):
     """At a reload the old token-file writers are given 2 s to end a write under way, then the new
-    ones start. An old write held up longer (here the creation of its temporary file takes 6 s:
+    ones start. An old write held up longer (here the creation of its temporary file takes 15 s:
     a slow disk) went on and renamed its token over the one the new writer had written: the
     file went back to the old provider's token, from a configuration the reload had replaced,
     until the new provider's next refresh. The old writer is retired now: its late write is
@@ -749,7 +750,7 @@ def test_a_write_held_up_past_its_writer_s_stop_never_lands_over_the_new_writer_
                     return fields
             return None
 
-        # The held-up write ends 6 s after it began: abandoned, or (the bug) renamed over p2's token.
+        # The held-up write ends 15 s after it began: abandoned, or (the bug) renamed over p2's token.
         assert wait_until(held_up_write_ended, timeout=30), broker.stderr()
         assert held_up_write_ended()["msg"].startswith("token file write abandoned"), held_up_write_ended()
         assert jwt.decode(read_file(path), options={"verify_signature": False})["aud"] == "p2", \
@@ -758,6 +759,35 @@ def test_a_write_held_up_past_its_writer_s_stop_never_lands_over_the_new_writer_
         assert broker.metric("token_broker_sink_writes_total", provider="p1", result="error") == 0
         assert sink_report(broker, path)["ready"]
         assert [name for name in os.listdir(directory)] == ["t.token"], "the abandoned write left no temporary file"
+
+
+def test_a_rename_that_hangs_holds_up_the_stop_for_a_bounded_time_and_is_logged(tmp_path):
+    """A token file writer that is stopped gets 2 s to end a write, then is retired: its later
+    writes are abandoned before their rename. A rename itself under way is waited for 1 s more,
+    then logged and left: the stop waited for it without bound, and a rename that a hung file
+    system holds (here 60 s) held the broker's main thread, its stop, its signals and its
+    reloads, for as long."""
+    library = slow_disk_library(tmp_path)
+    trigger = str(tmp_path / "slow-next-rename")
+    directory = private_directory(tmp_path / "run")
+    path = str(directory / "t.token")
+    config = {"providers": [{"name": "p1", "source": {"type": "jwt", "lifetimeSec": 600}}],
+              "sinks": [{"provider": "p1", "path": path}]}
+    with Broker(config, env=slow_disk_environment(library, trigger, call="rename", seconds=60)) as broker:
+        assert wait_until(lambda: sink_report(broker, path).get("ready"), timeout=20)
+        first = served(broker, "p1")
+        with open(trigger, "w"):
+            pass
+        status, _, body = broker.request("POST", "/providers/p1/token/refresh",
+                                         body=json.dumps({"rejected_version": first["version"]}).encode())
+        assert status == 200, (status, body)
+        assert wait_until(lambda: os.path.exists(trigger + ".taken"), timeout=20), "the rename is held up"
+        broker.process.send_signal(signal.SIGTERM)
+        # Well before the held rename's 60 s: a generous bound, not a measure.
+        assert broker.process.wait(timeout=40) == 0, broker.stderr()
+        log = broker.stderr()
+        assert "a token file rename was still under way" in log and path in log, log
+        assert read_file(path) == first["access_token"], "the held rename never landed"
 
 
 def test_a_changed_templates_children_go_on_after_the_versions_its_old_children_handed_out(issuer):

@@ -1,9 +1,11 @@
 /* A slow disk, for one call: loaded into the broker with LD_PRELOAD by test_reload.py.
  *
- * While the file named by SLOW_DISK_TRIGGER exists, the next call that creates a token file's
- * temporary file (an openat with O_CREAT of a name holding ".tmp-") renames the trigger to
+ * While the file named by SLOW_DISK_TRIGGER exists, the next call of the kind SLOW_DISK_CALL
+ * names on a token file's temporary file (a name holding ".tmp-") renames the trigger to
  * TRIGGER.taken, so that the test knows a write is held up and only one is, and sleeps
- * SLOW_DISK_SECONDS (default 6) before doing the real call. Every other call is the real one.
+ * SLOW_DISK_SECONDS (default 6) before doing the real call. SLOW_DISK_CALL is "create" (an
+ * openat with O_CREAT; the default) or "rename" (a renameat from such a name). Every other call
+ * is the real one.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -14,9 +16,11 @@
 #include <string.h>
 #include <unistd.h>
 
-static void hold_up(const char *path, int flags) {
+static void hold_up(const char *call, const char *path) {
     const char *trigger = getenv("SLOW_DISK_TRIGGER");
-    if (trigger == NULL || (flags & O_CREAT) == 0 || strstr(path, ".tmp-") == NULL) return;
+    const char *held = getenv("SLOW_DISK_CALL");
+    if (held == NULL) held = "create";
+    if (trigger == NULL || strcmp(call, held) != 0 || strstr(path, ".tmp-") == NULL) return;
     char taken[4096];
     if (snprintf(taken, sizeof taken, "%s.taken", trigger) >= (int)sizeof taken) return;
     if (rename(trigger, taken) != 0) return;
@@ -27,7 +31,7 @@ static void hold_up(const char *path, int flags) {
 static int call_openat(const char *symbol, int directory, const char *path, int flags, mode_t mode) {
     int (*real)(int, const char *, int, ...) = (int (*)(int, const char *, int, ...))dlsym(RTLD_NEXT, symbol);
     if (real == NULL) abort();
-    hold_up(path, flags);
+    if (flags & O_CREAT) hold_up("create", path);
     return real(directory, path, flags, mode);
 }
 
@@ -51,4 +55,12 @@ int openat64(int directory, const char *path, int flags, ...) {
         va_end(arguments);
     }
     return call_openat("openat64", directory, path, flags, mode);
+}
+
+int renameat(int old_directory, const char *old_path, int new_directory, const char *new_path) {
+    int (*real)(int, const char *, int, const char *) =
+        (int (*)(int, const char *, int, const char *))dlsym(RTLD_NEXT, "renameat");
+    if (real == NULL) abort();
+    hold_up("rename", old_path);
+    return real(old_directory, old_path, new_directory, new_path);
 }
