@@ -219,6 +219,9 @@ import TokenBrokerCore
                 ("http://127.0.0.1:1/t?token=SECRET-42 {{x}}", "http://127.0.0.1:1/t?..."),
                 ("ftp://h/t#sig=SECRET-42", "ftp://h/t?..."),
                 ("http://127.0.0.1:99999/t?api_key=SECRET-42", "http://127.0.0.1:99999/t?..."),
+                // A scheme refused before the user information is looked at: still hidden.
+                ("ftp://client:SECRET-42@issuer.example/token", "ftp://...@issuer.example/token"),
+                ("gopher://u:pa/SECRET-42@h/t", "gopher://...@h/t"),
             ] {
                 #expect(problem(url)?.contains("\"\(shown)\"") == true, "\(url): \(problem(url) ?? "accepted")")
                 #expect(problem(url)?.contains("SECRET-42") == false)

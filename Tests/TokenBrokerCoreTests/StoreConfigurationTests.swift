@@ -132,6 +132,19 @@ import TokenBrokerCore
         try settings(Self.json(address: text))?.address
     }
 
+    /// A refused address may hold a password (`redis://user:password@host`): the message
+    /// quotes it without what comes before the `@`. So does a refused proxy target its query.
+    @Test func aRefusedAddressOrTargetIsQuotedWithoutItsCredentials() {
+        let address = configurationProblem(
+            #"{"store": {"type": "redis", "address": "redis://u:SECRET-42@127.0.0.1:6379", "keyFile": "/k"}}"#)
+        #expect(address?.contains("SECRET-42") == false, "\(address ?? "accepted")")
+        #expect(address?.contains("\"redis://...@127.0.0.1:6379\" \(Self.addressProblem)") == true, "\(address ?? "")")
+        let target = configurationProblem(
+            #"{"proxies": [{"name": "p", "target": "https://api.example/v1?api_key=SECRET-42"}]}"#)
+        #expect(target?.contains("SECRET-42") == false, "\(target ?? "accepted")")
+        #expect(target?.contains("\"https://api.example/v1?...\" is not a base URL") == true, "\(target ?? "")")
+    }
+
     @Test func theDefaultsAreDatabaseZeroThePrefixTheLeaseAndTheTimeout() throws {
         let json = Self.json(address: "127.0.0.1:6379")
         let store = try BrokerConfiguration(json: Array(json.utf8)).store
@@ -208,9 +221,11 @@ import TokenBrokerCore
         "localhost/0:6379", "",
     ])
     func aMalformedAddressIsRefused(text: String) {
+        // User information is not quoted: it may be a password.
+        let shown = text == "user@localhost:6379" ? "...@localhost:6379" : text
         #expect(
             configurationProblem(Self.json(address: text))
-                == "store.address: \(JSONText.quoted(text)) \(Self.addressProblem)")
+                == "store.address: \(JSONText.quoted(shown)) \(Self.addressProblem)")
     }
 
     @Test func aHostLongerThanADNSNameOrASocketPathLongerThanLinuxTakesIsRefused() throws {

@@ -141,7 +141,7 @@ public struct ProxyTarget: Sendable, Equatable, CustomStringConvertible {
     public init(parsing text: String) throws(ConfigurationError) {
         let problem = ConfigurationError(
             key: "",
-            "\(JSONText.quoted(text)) is not a base URL; allowed: http:// or https://, a host, an optional path; no query, fragment or user"
+            "\(UpstreamConfiguration.shown(text)) is not a base URL; allowed: http:// or https://, a host, an optional path; no query, fragment or user"
         )
         let lower = text.lowercased()
         let scheme: String

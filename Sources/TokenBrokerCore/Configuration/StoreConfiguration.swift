@@ -155,7 +155,7 @@ extension StoreConfiguration {
             guard let address = RedisStoreSettings.address(text) else {
                 throw ConfigurationError(
                     key: reader.keyPath("address"),
-                    "\(JSONText.quoted(text)) is not a Redis address; allowed: host:port, [IPv6]:port or "
+                    "\(UpstreamConfiguration.shown(text)) is not a Redis address; allowed: host:port, [IPv6]:port or "
                         + "unix:/absolute/path, such as 127.0.0.1:6379")
             }
             let keyFile = try Self.requiredPath(&reader, "keyFile", example: "/etc/token-broker/store.key")

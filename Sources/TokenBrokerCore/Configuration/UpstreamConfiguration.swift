@@ -37,13 +37,30 @@ public struct UpstreamConfiguration: Sendable, Equatable {
         }
     }
 
-    /// `url` quoted for a message, without its query and fragment, which may hold a credential
-    /// (`?api_key=…`, `?sig=…`): cut at the first `?` or `#`, with `?...` in their place.
-    static func shown(_ url: String) -> String {
-        guard let cut = url.utf8.firstIndex(where: { $0 == UInt8(ascii: "?") || $0 == UInt8(ascii: "#") }) else {
-            return JSONText.quoted(url)
+    /// `text` (a URL or an address as configured) quoted for a message, without what may hold a
+    /// credential: the query and fragment (`?api_key=…`, `#sig=…`) become `?...`, and what comes
+    /// before the last `@` after the scheme (`user:password@`, a password holding `/` included)
+    /// becomes `...@`. For every configuration message that quotes a URL or address it refuses.
+    static func shown(_ text: String) -> String {
+        let bytes = Array(text.utf8)
+        let end = bytes.firstIndex { $0 == UInt8(ascii: "?") || $0 == UInt8(ascii: "#") } ?? bytes.count
+        // After `://` when there is one: the scheme's own colon is no password.
+        var start = 0
+        if end >= 3,
+            let colon = (0...(end - 3)).first(where: {
+                bytes[$0] == 0x3A && bytes[$0 + 1] == 0x2F && bytes[$0 + 2] == 0x2F
+            })
+        {
+            start = colon + 3
         }
-        return JSONText.quoted(String(url[..<cut]) + "?...")
+        var kept = Array(bytes[0..<start])
+        if let at = bytes[start..<end].lastIndex(of: UInt8(ascii: "@")) {
+            kept += Array("...@".utf8) + bytes[(at + 1)..<end]
+        } else {
+            kept += bytes[start..<end]
+        }
+        if end < bytes.count { kept += Array("?...".utf8) }
+        return JSONText.quoted(String(decoding: kept, as: UTF8.self))
     }
 
     /// Checks that a URL is http or https, with a host, a port in range if any, and no user
