@@ -354,9 +354,8 @@ import TokenBrokerCore
             try BrokerConfiguration.listener(.listen, environment: ["TOKEN_BROKER_LISTEN": "[::1]:1"])?.description
                 == "[::1]:1")
         #expect(try BrokerConfiguration.listener(.adminListen, environment: ["TOKEN_BROKER_LISTEN": "[::1]:1"]) == nil)
-        #expect(throws: ConfigurationError.self) {
-            try BrokerConfiguration.listener(.adminListen, environment: ["TOKEN_BROKER_ADMIN_LISTEN": ""])
-        }
+        // Set but empty: the file's (a container cannot unset the image's variables, only empty them).
+        #expect(try BrokerConfiguration.listener(.adminListen, environment: ["TOKEN_BROKER_ADMIN_LISTEN": ""]) == nil)
         #expect(BrokerConfiguration.reloadTimeoutSec(in: typo) == 30)
         #expect(BrokerConfiguration.reloadTimeoutSec(in: nil) == 30)
         #expect(BrokerConfiguration.reloadTimeoutSec(in: try document(#"{"reloadTimeoutSec": 600, "x": 1}"#)) == 600)
@@ -364,18 +363,12 @@ import TokenBrokerCore
         #expect(BrokerConfiguration.reloadTimeoutSec(in: try document("[]")) == nil)
     }
 
-    @Test func aListenerVariableSetButEmptyIsAnErrorNamingIt() throws {
+    @Test func aListenerVariableSetButEmptyMeansTheFilesListener() throws {
+        // The image sets both variables; a container can only empty them to use the file's.
         var configuration = try parse(#"{"listen": "127.0.0.1:1000", "adminListen": "127.0.0.1:1001"}"#)
-        for (name, key) in [("TOKEN_BROKER_LISTEN", "listen"), ("TOKEN_BROKER_ADMIN_LISTEN", "adminListen")] {
-            #expect(
-                throws: ConfigurationError(
-                    key: name, "is set but empty; unset it for the file's \(key), or give a value")
-            ) {
-                try configuration.applyEnvironment([name: ""])
-            }
-        }
-        try configuration.applyEnvironment([:])
+        try configuration.applyEnvironment(["TOKEN_BROKER_LISTEN": "", "TOKEN_BROKER_ADMIN_LISTEN": ""])
         #expect(configuration.listen.description == "127.0.0.1:1000")
+        #expect(configuration.adminListen.description == "127.0.0.1:1001")
     }
 
     @Test(arguments: ["127.0.0.1:8080", "0.0.0.0:0", "[::1]:9090", "[::]:1", "unix:/run/token-broker/token.sock"])

@@ -10,6 +10,7 @@ import socket
 import pytest
 
 from broker import run_broker
+from test_cli import closed_port
 
 LOOPBACK_ZERO = {"TOKEN_BROKER_LISTEN": "127.0.0.1:0", "TOKEN_BROKER_ADMIN_LISTEN": "127.0.0.1:0"}
 
@@ -146,29 +147,34 @@ def test_a_store_directory_that_takes_records_passes_and_keeps_no_probe(tmp_path
     assert os.listdir(directory) == []
 
 
-# The environment's variables: set but empty is an error, never "unset"
+# The environment's variables: TOKEN_BROKER_CONFIG set but empty is an error, never "unset"
 
-@pytest.mark.parametrize("variable", ["TOKEN_BROKER_CONFIG", "TOKEN_BROKER_LISTEN", "TOKEN_BROKER_ADMIN_LISTEN"])
-def test_a_variable_set_but_empty_is_refused_naming_it(tmp_path, variable):
+def test_an_empty_config_variable_is_refused_naming_it(tmp_path):
     """An empty TOKEN_BROKER_CONFIG (a manifest's template left unfilled) started the embedded
-    default, with its own signer, and looked healthy; an empty listener variable was ignored for
-    the file's listener. Each is now a configuration error naming the variable: exit 2 for start,
-    --check-config and the commands, 1 for healthcheck (which Docker reads)."""
-    # Port 0 everywhere else: a broker that started after all would take no port in use.
-    config = write_config(tmp_path, {"listen": "127.0.0.1:0", "adminListen": "127.0.0.1:0"})
-    args = () if variable == "TOKEN_BROKER_CONFIG" else ("--config", config)
+    default, with its own signer, and looked healthy. It is now a configuration error naming the
+    variable: exit 2 for start, --check-config and the commands, 1 for healthcheck (which Docker
+    reads)."""
+    variable = "TOKEN_BROKER_CONFIG"
     env = {**LOOPBACK_ZERO, variable: ""}
-    results = [run_broker("--check-config", *args, env=env), run_broker(*args, env=env, timeout=15)]
+    results = [run_broker("--check-config", env=env), run_broker(env=env, timeout=15)]
     assert_refused(results, variable, "empty")
-    commands = [("healthcheck", 1), ("status", 2), ("reload", 2)]
-    if variable != "TOKEN_BROKER_ADMIN_LISTEN":
-        commands.append(("token", 2))
-    if variable == "TOKEN_BROKER_LISTEN":
-        commands = [("token", 2)]
-    for command, status in commands:
-        result = run_broker(command, *args, env=env)
+    for command, status in [("healthcheck", 1), ("status", 2), ("reload", 2), ("token", 2)]:
+        result = run_broker(command, env=env)
         assert result.returncode == status, (command, result.returncode, result.stderr)
         assert variable in result.stderr and "empty" in result.stderr, (command, result.stderr)
+
+
+@pytest.mark.parametrize("variable,key", [("TOKEN_BROKER_LISTEN", "listen"), ("TOKEN_BROKER_ADMIN_LISTEN", "adminListen")])
+def test_an_empty_listener_variable_means_the_file_s_listener(tmp_path, variable, key):
+    """The image sets both listener variables (Dockerfile), and a container cannot unset them,
+    only empty them: empty means the file's listener, as unset does."""
+    ports = {"listen": closed_port(), "adminListen": closed_port()}
+    config = write_config(tmp_path, {k: f"127.0.0.1:{port}" for k, port in ports.items()})
+    env = {**LOOPBACK_ZERO, variable: ""}
+    result = run_broker("--check-config", "--config", config, env=env)
+    assert result.returncode == 0, result.stderr
+    wanted = "token listener" if key == "listen" else "admin listener"
+    assert f"{wanted} 127.0.0.1:{ports[key]}" in result.stdout, result.stdout
 
 
 def test_a_listener_clash_caused_by_the_environment_names_the_variable(tmp_path):

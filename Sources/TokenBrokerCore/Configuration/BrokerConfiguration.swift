@@ -220,14 +220,14 @@ public struct BrokerConfiguration: Sendable, Equatable {
     }
 
     /// A listener as the environment sets it (`TOKEN_BROKER_LISTEN`, `TOKEN_BROKER_ADMIN_LISTEN`);
-    /// nil when its variable is not set. Set but empty, or not a listen address, it is an error
+    /// nil when its variable is not set, or set but empty: the image sets both, and a container
+    /// can only empty them to get the file's listener back. Not a listen address, it is an error
     /// naming the variable.
     public static func listener(_ listener: Listener, environment: [String: String]) throws(ConfigurationError)
         -> ListenAddress?
     {
         let variable = listener.environmentVariable
-        guard let text = try environmentValue(variable, in: environment, unset: "the file's \(listener.rawValue)")
-        else { return nil }
+        guard let text = environment[variable], !text.isEmpty else { return nil }
         return try address(text, key: variable)
     }
 
