@@ -271,31 +271,25 @@ import TokenBrokerCore
 
     @Test func aListenerClashNamesTheVariableWhereTheValueCameFromTheEnvironment() throws {
         let file = try parse(#"{"listen": "127.0.0.1:1000", "adminListen": "127.0.0.1:1001"}"#)
-        var configuration = file
-        #expect(
-            throws: ConfigurationError(
-                key: "adminListen",
-                "127.0.0.1:1001 is also listen (from TOKEN_BROKER_LISTEN); allowed: a different address or port")
-        ) {
-            try configuration.applyEnvironment(["TOKEN_BROKER_LISTEN": "127.0.0.1:1001"])
-        }
-        configuration = file
-        #expect(
-            throws: ConfigurationError(
-                key: "adminListen (from TOKEN_BROKER_ADMIN_LISTEN)",
-                "127.0.0.1:1000 is also listen; allowed: a different address or port")
-        ) {
-            try configuration.applyEnvironment(["TOKEN_BROKER_ADMIN_LISTEN": "127.0.0.1:1000"])
-        }
-        configuration = file
-        #expect(
-            throws: ConfigurationError(
-                key: "adminListen (from TOKEN_BROKER_ADMIN_LISTEN)",
-                "127.0.0.1:7 is also listen (from TOKEN_BROKER_LISTEN); allowed: a different address or port")
-        ) {
-            try configuration.applyEnvironment([
-                "TOKEN_BROKER_LISTEN": "127.0.0.1:7", "TOKEN_BROKER_ADMIN_LISTEN": "127.0.0.1:7",
-            ])
+        let cases: [(environment: [String: String], key: String, problem: String)] = [
+            (
+                ["TOKEN_BROKER_LISTEN": "127.0.0.1:1001"], "adminListen",
+                "127.0.0.1:1001 is also listen (from TOKEN_BROKER_LISTEN)"
+            ),
+            (
+                ["TOKEN_BROKER_ADMIN_LISTEN": "127.0.0.1:1000"], "adminListen (from TOKEN_BROKER_ADMIN_LISTEN)",
+                "127.0.0.1:1000 is also listen"
+            ),
+            (
+                ["TOKEN_BROKER_LISTEN": "127.0.0.1:7", "TOKEN_BROKER_ADMIN_LISTEN": "127.0.0.1:7"],
+                "adminListen (from TOKEN_BROKER_ADMIN_LISTEN)", "127.0.0.1:7 is also listen (from TOKEN_BROKER_LISTEN)"
+            ),
+        ]
+        for (environment, key, problem) in cases {
+            var configuration = file
+            #expect(throws: ConfigurationError(key: key, problem + "; allowed: a different address or port")) {
+                try configuration.applyEnvironment(environment)
+            }
         }
         // A clash within the file names the file's keys alone.
         #expect(

@@ -314,13 +314,14 @@ def test_an_unchanged_signer_with_a_key_made_at_start_keeps_it_in_the_jwks():
         assert served(broker, "signer")["access_token"] == token
 
 
-def key_log_library(tmp_path):
-    """Tests/integration/preload/key_log.c built as a shared library: a log of the keys the broker
-    generates and of the files it opens in one directory."""
+def preload_library(tmp_path, name):
+    """Tests/integration/preload/NAME.c built as a shared library, for the broker's LD_PRELOAD:
+    `key_log` logs the keys it generates and the files it opens in one directory; `slow_disk`
+    holds one call on a token file's temporary file up, as a slow disk would."""
     compiler = shutil.which("cc") or shutil.which("clang")
-    assert compiler, "a C compiler (cc, or the Swift toolchain's clang) builds the key-log library"
-    source = os.path.join(os.path.dirname(__file__), "preload", "key_log.c")
-    library = str(tmp_path / "key_log.so")
+    assert compiler, f"a C compiler (cc, or the Swift toolchain's clang) builds the {name} library"
+    source = os.path.join(os.path.dirname(__file__), "preload", f"{name}.c")
+    library = str(tmp_path / f"{name}.so")
     subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", library, source, "-ldl"], check=True, timeout=120)
     return library
 
@@ -338,7 +339,7 @@ def test_a_reload_makes_keys_and_reads_key_files_only_for_the_providers_it_adds_
         subprocess.run(["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256",
                         "-out", str(keys / f"{name}.pem")], check=True, capture_output=True)
     log = tmp_path / "keys.log"
-    environment = {"LD_PRELOAD": key_log_library(tmp_path), "KEY_LOG": str(log), "KEY_LOG_DIRECTORY": str(keys)}
+    environment = {"LD_PRELOAD": preload_library(tmp_path, "key_log"), "KEY_LOG": str(log), "KEY_LOG_DIRECTORY": str(keys)}
     if os.environ.get("ASAN_OPTIONS") is not None:
         environment["ASAN_OPTIONS"] = os.environ["ASAN_OPTIONS"] + ":verify_asan_link_order=0"
 
@@ -689,16 +690,6 @@ def test_an_abandoned_reload_writes_nothing_of_the_new_configuration_into_the_to
         assert_still_running(broker, config, ["p1", "p2"])
 
 
-def slow_disk_library(tmp_path):
-    """Tests/integration/preload/slow_disk.c built as a shared library: a slow disk, for one call."""
-    compiler = shutil.which("cc") or shutil.which("clang")
-    assert compiler, "a C compiler (cc, or the Swift toolchain's clang) builds the slow-disk library"
-    source = os.path.join(os.path.dirname(__file__), "preload", "slow_disk.c")
-    library = str(tmp_path / "slow_disk.so")
-    subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", library, source, "-ldl"], check=True, timeout=120)
-    return library
-
-
 def slow_disk_environment(library, trigger, call="create", seconds=15):
     environment = {"LD_PRELOAD": library, "SLOW_DISK_TRIGGER": trigger, "SLOW_DISK_CALL": call,
                    "SLOW_DISK_SECONDS": str(seconds)}
@@ -715,7 +706,7 @@ def test_a_write_held_up_past_its_writer_s_stop_never_lands_over_the_new_writer_
     file went back to the old provider's token, from a configuration the reload had replaced,
     until the new provider's next refresh. The old writer is retired now: its late write is
     abandoned before its rename."""
-    library = slow_disk_library(tmp_path)
+    library = preload_library(tmp_path, "slow_disk")
     trigger = str(tmp_path / "slow-next-create")
     directory = private_directory(tmp_path / "run")
     path = str(directory / "t.token")
@@ -767,7 +758,7 @@ def test_a_rename_that_hangs_holds_up_the_stop_for_a_bounded_time_and_is_logged(
     then logged and left: the stop waited for it without bound, and a rename that a hung file
     system holds (here 60 s) held the broker's main thread, its stop, its signals and its
     reloads, for as long."""
-    library = slow_disk_library(tmp_path)
+    library = preload_library(tmp_path, "slow_disk")
     trigger = str(tmp_path / "slow-next-rename")
     directory = private_directory(tmp_path / "run")
     path = str(directory / "t.token")

@@ -35,26 +35,25 @@ static int call_openat(const char *symbol, int directory, const char *path, int 
     return real(directory, path, flags, mode);
 }
 
+/* openat and openat64 take a mode only with O_CREAT or O_TMPFILE, as a variadic argument. */
+#define MODE_OF(flags, last) \
+    ({ \
+        mode_t mode = 0; \
+        if ((flags) & (O_CREAT | O_TMPFILE)) { \
+            va_list arguments; \
+            va_start(arguments, last); \
+            mode = (mode_t)va_arg(arguments, int); \
+            va_end(arguments); \
+        } \
+        mode; \
+    })
+
 int openat(int directory, const char *path, int flags, ...) {
-    mode_t mode = 0;
-    if (flags & (O_CREAT | O_TMPFILE)) {
-        va_list arguments;
-        va_start(arguments, flags);
-        mode = (mode_t)va_arg(arguments, int);
-        va_end(arguments);
-    }
-    return call_openat("openat", directory, path, flags, mode);
+    return call_openat("openat", directory, path, flags, MODE_OF(flags, flags));
 }
 
 int openat64(int directory, const char *path, int flags, ...) {
-    mode_t mode = 0;
-    if (flags & (O_CREAT | O_TMPFILE)) {
-        va_list arguments;
-        va_start(arguments, flags);
-        mode = (mode_t)va_arg(arguments, int);
-        va_end(arguments);
-    }
-    return call_openat("openat64", directory, path, flags, mode);
+    return call_openat("openat64", directory, path, flags, MODE_OF(flags, flags));
 }
 
 int renameat(int old_directory, const char *old_path, int new_directory, const char *new_path) {
