@@ -190,17 +190,14 @@ public struct BrokerConfiguration: Sendable, Equatable {
         return slash == path.startIndex ? "/" : String(path[..<slash])
     }
 
-    /// Applies the environment's overrides, `TOKEN_BROKER_LISTEN` and `TOKEN_BROKER_ADMIN_LISTEN`.
-    /// A variable set but empty is an error (`environmentValue`), not the file's listener.
-    /// An error about a listener set there names the variable too: "listen (from TOKEN_BROKER_LISTEN)".
+    /// Applies the environment's overrides, `TOKEN_BROKER_LISTEN` and `TOKEN_BROKER_ADMIN_LISTEN`
+    /// (`listener(_:environment:)`: set but empty, the file's listener stays). An error about a
+    /// listener set there names the variable too: "listen (from TOKEN_BROKER_LISTEN)".
     public mutating func applyEnvironment(_ environment: [String: String]) throws(ConfigurationError) {
         var overridden: [String: String] = [:]
         for listener in Listener.allCases {
             guard let address = try Self.listener(listener, environment: environment) else { continue }
-            switch listener {
-            case .listen: listen = address
-            case .adminListen: adminListen = address
-            }
+            self[keyPath: listener.setting] = address
             overridden[listener.rawValue] = listener.environmentVariable
         }
         try validate(overridden: overridden)
@@ -209,6 +206,14 @@ public struct BrokerConfiguration: Sendable, Equatable {
     /// The broker's two listeners, by their keys.
     public enum Listener: String, Sendable, CaseIterable {
         case listen, adminListen
+
+        /// The configuration's setting of this listener.
+        public var setting: WritableKeyPath<BrokerConfiguration, ListenAddress> {
+            switch self {
+            case .listen: \.listen
+            case .adminListen: \.adminListen
+            }
+        }
 
         /// The environment variable that overrides the file's key.
         public var environmentVariable: String {
@@ -240,7 +245,6 @@ public struct BrokerConfiguration: Sendable, Equatable {
     public static func listener(_ listener: Listener, in document: JSONValue?) throws(ConfigurationError)
         -> ListenAddress
     {
-        let fallback = BrokerConfiguration()
         let key = listener.rawValue
         let text: String?
         if let document {
@@ -249,12 +253,7 @@ public struct BrokerConfiguration: Sendable, Equatable {
         } else {
             text = nil
         }
-        guard let text else {
-            switch listener {
-            case .listen: return fallback.listen
-            case .adminListen: return fallback.adminListen
-            }
-        }
+        guard let text else { return BrokerConfiguration()[keyPath: listener.setting] }
         return try address(text, key: key)
     }
 
