@@ -39,8 +39,8 @@ public enum ErrorAnswer: Sendable, Equatable {
 
     /// The request guard: `Token-Broker-Request: true` is missing (403).
     case missingRequestHeader
-    /// The request guard: the request was relayed by a proxy (`X-Forwarded-For`, or on the token
-    /// routes `Forwarded`) (403).
+    /// The request guard, and the cloud SDK routes' own: the request was relayed by a proxy
+    /// (`X-Forwarded-For` or `Forwarded`) (403).
     case forwardedRequest
     /// Callers have keys and none was sent (401, with `WWW-Authenticate`).
     case missingCallerKey

@@ -112,6 +112,7 @@ private let secret = "app-service-secret"
             (gce("/", headers: []), 403, "missing_metadata_flavor"),
             (gce("/", headers: [("Metadata-Flavor", "google-ish")]), 403, "missing_metadata_flavor"),
             (gce("/", headers: [flavor, ("X-Forwarded-For", "10.0.0.1")]), 403, "forwarded_request"),
+            (gce("/", headers: [flavor, ("Forwarded", "for=10.0.0.1")]), 403, "forwarded_request"),
             (gce("/computeMetadata/v1/instance/zone"), 404, "not_found"),
             (gce(accounts + "/other@example/token"), 404, "not_found"),
         ]
@@ -254,6 +255,7 @@ private let secret = "app-service-secret"
                     imds(base, headers: [("Metadata", "true"), ("X-Forwarded-For", "10.0.0.1")]), 403,
                     "forwarded_request"
                 ),
+                (imds(base, headers: [("Metadata", "true"), ("forwarded", "for=10.0.0.1")]), 403, "forwarded_request"),
                 (imds([("api-version", "2019-08-01"), ("resource", "r")]), 400, "invalid_request"),
                 (imds([("api-version", "2018-02-01")]), 400, "invalid_request"),
                 (imds(base + [("client_id", "nobody")]), 400, "identity_not_found"),
@@ -720,7 +722,8 @@ final class CountingTemplate: TemplateProviding {
             headers: [
                 ("Metadata-Flavos", "no"), ("metadata-FLAVOR", "Google"), ("Metadata-Flavor", "second"),
                 ("X-FORWARDED-FOR", "10.0.0.1"), ("Metadatum", "no"), ("METADATA", "true"), ("metadata", "false"),
-                ("x-identity-header", "secret"), ("Hos", "no"), ("HoSt", "127.0.0.1"),
+                ("x-identity-header", "secret"), ("Hos", "no"), ("HoSt", "127.0.0.1"), ("Forwarder", "no"),
+                ("FORWARDED", "for=10.0.0.2"),
             ])
         let headers = CompatHeaders.read(request)
         func text(_ field: CompatHeaders.Field) -> String? {
@@ -728,12 +731,14 @@ final class CountingTemplate: TemplateProviding {
         }
         #expect(text(.metadataFlavor) == "Google")
         #expect(text(.forwardedFor) == "10.0.0.1")
+        #expect(text(.forwarded) == "for=10.0.0.2")
         #expect(text(.metadata) == "true")
         #expect(text(.identityHeader) == "secret")
         #expect(text(.host) == "127.0.0.1")
         // The same values as the look-up by name, header by header.
         #expect(text(.metadataFlavor) == request.header("Metadata-Flavor"))
         #expect(text(.forwardedFor) == request.header("X-Forwarded-For"))
+        #expect(text(.forwarded) == request.header("Forwarded"))
         #expect(text(.metadata) == request.header("Metadata"))
         #expect(text(.identityHeader) == request.header("X-IDENTITY-HEADER"))
         #expect(text(.host) == request.header("Host"))
@@ -743,7 +748,7 @@ final class CountingTemplate: TemplateProviding {
         let shouted = CompatHeaders.read(HTTPRequest(method: "GET", path: "/", headers: [("Metadata", "TRUE")]))
         #expect(shouted.value(.metadata, equalsIgnoringCase: "true"))
         let none = CompatHeaders.read(HTTPRequest(method: "GET", path: "/", headers: [("Accept", "*/*")]))
-        #expect(!none.has(.forwardedFor) && !none.has(.host) && !none.has(.metadataFlavor))
+        #expect(!none.has(.forwardedFor) && !none.has(.host) && !none.has(.metadataFlavor) && !none.isRelayed)
         #expect(none.withValue(.host) { $0 == nil } && none.withValue(.metadataFlavor) { $0 == nil })
         #expect(!none.value(.metadata, equalsIgnoringCase: "true"))
     }

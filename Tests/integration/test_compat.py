@@ -549,6 +549,8 @@ def test_every_gce_answer_carries_metadata_flavor_and_a_content_type_and_errors_
             ("/computeMetadata/v1/project/project-id", {}, "GET", 403, "missing_metadata_flavor"),
             (f"{ACCOUNT}/default/token", {"Metadata-Flavor": "google-ish"}, "GET", 403, "missing_metadata_flavor"),
             (f"{ACCOUNT}/default/token", {**GOOGLE, "X-Forwarded-For": "203.0.113.9"}, "GET", 403, "forwarded_request"),
+            (f"{ACCOUNT}/default/token", {**GOOGLE, "Forwarded": "for=203.0.113.9"}, "GET", 403, "forwarded_request"),
+            ("/", {**GOOGLE, "forwarded": ""}, "GET", 403, "forwarded_request"),
             ("/computeMetadata/v1/project/attributes/ssh-keys", GOOGLE, "GET", 404, "not_found"),
             (f"{ACCOUNT}/someone-else@example.com/token", GOOGLE, "GET", 404, "not_found"),
             (f"{ACCOUNT}/default/identity", GOOGLE, "GET", 400, None),
@@ -659,6 +661,8 @@ def test_azure_refusals_have_their_statuses_in_azure_s_error_shape_and_never_fet
             (msi(resource="https://evil.example"), header, 400, None),
             (imds(resource="https://evil.example"), metadata, 400, None),
             (msi(), {**header, "X-Forwarded-For": "203.0.113.9"}, 403, None),
+            (msi(), {**header, "Forwarded": "for=203.0.113.9"}, 403, "forwarded_request"),
+            (imds(), {**metadata, "FORWARDED": "for=203.0.113.9;proto=http"}, 403, "forwarded_request"),
         ]:
             document = azure(address, path, expect=expect, headers=headers)
             assert isinstance(document.get("error"), str) and isinstance(document.get("error_description"), str), document

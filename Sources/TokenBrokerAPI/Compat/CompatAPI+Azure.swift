@@ -130,7 +130,7 @@ extension CompatAPI {
             return refuse(.methodNotAllowed(method: request.method, allow: ["GET"]), .azure, counter)
         }
         let headers = CompatHeaders.read(request)
-        if headers.has(.forwardedFor) { return refuse(.forwardedRequest, .azure, counter) }
+        if headers.isRelayed { return refuse(.forwardedRequest, .azure, counter) }
         if let refusal = foreignHost(headers) { return refuse(refusal, .azure, counter) }
         if appService {
             guard headers.withValue(.identityHeader, azure.isIdentityHeader) else {

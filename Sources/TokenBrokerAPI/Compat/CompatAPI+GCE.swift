@@ -15,7 +15,7 @@ import TokenBrokerServer
 /// | `…/{account}/identity?audience=A` | the bare JWT: the `identityProvider` template's child for that audience |
 ///
 /// `{account}` is `default` or the configured email. Every request must carry
-/// `Metadata-Flavor: Google` (else 403) and no `X-Forwarded-For` (403); every answer carries
+/// `Metadata-Flavor: Google` (else 403) and neither `X-Forwarded-For` nor `Forwarded` (403); every answer carries
 /// `Metadata-Flavor: Google` and a `Content-Type` (google-auth fails on an answer without one).
 extension CompatAPI {
     /// What the metadata server serves: its settings, its answers that never change (built
@@ -167,7 +167,7 @@ extension CompatAPI {
             return refuse(.methodNotAllowed(method: request.method, allow: Methods.read), .gce, counter)
         }
         let headers = CompatHeaders.read(request)
-        if headers.has(.forwardedFor) { return refuse(.forwardedRequest, .gce, counter) }
+        if headers.isRelayed { return refuse(.forwardedRequest, .gce, counter) }
         if let refusal = foreignHost(headers) { return refuse(refusal, .gce, counter) }
         guard headers.withValue(.metadataFlavor, { sameText(utf8: $0, "Google") }) else {
             return refuse(.missingMetadataFlavor, .gce, counter)

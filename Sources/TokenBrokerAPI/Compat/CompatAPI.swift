@@ -29,7 +29,7 @@ public enum CompatProtocol: String, Sendable {
 ///
 /// The caller keys and the request guard do not apply: the SDKs cannot send them. These
 /// routes' guards are the protocols' own headers (`Metadata-Flavor: Google`, `Metadata: true`,
-/// App Service's secret `X-IDENTITY-HEADER`), the refusal of `X-Forwarded-For` and, on a
+/// App Service's secret `X-IDENTITY-HEADER`), the refusal of `X-Forwarded-For` and `Forwarded` and, on a
 /// loopback listener, of a `Host` that is not local (`CompatHost`), and the listener's address.
 ///
 /// Served on the token listener (`TokenAPI` hands these paths over) or on a listener of their own.
@@ -348,11 +348,16 @@ struct CompatHeaders {
     private var positions = SIMD8<Int>(repeating: -1)
 
     enum Field: Int {
-        case forwardedFor, host, metadataFlavor, metadata, identityHeader
+        case forwardedFor, forwarded, host, metadataFlavor, metadata, identityHeader
     }
 
     /// Whether the request has a header `field`.
     func has(_ field: Field) -> Bool { positions[field.rawValue] >= 0 }
+
+    /// Whether the request says it was relayed: `X-Forwarded-For`, or RFC 7239's `Forwarded`
+    /// (a proxy that writes the standard header relays as surely as one that writes the other),
+    /// with any value. The metadata services refuse such requests, and so do these routes.
+    var isRelayed: Bool { has(.forwardedFor) || has(.forwarded) }
 
     /// Calls `body` with the bytes of the value of the header `field`, read in place; nil when
     /// the request has none.
@@ -388,6 +393,7 @@ struct CompatHeaders {
         switch name.count {
         case 4: matches(name, "host") ? .host : nil
         case 8: matches(name, "metadata") ? .metadata : nil
+        case 9: matches(name, "forwarded") ? .forwarded : nil
         case 15:
             matches(name, "x-forwarded-for") ? .forwardedFor : matches(name, "metadata-flavor") ? .metadataFlavor : nil
         case 17: matches(name, "x-identity-header") ? .identityHeader : nil
