@@ -35,6 +35,9 @@ public protocol TokenProviding: AnyObject, Sendable {
     func removeWaiter(_ id: UInt64)
     /// The retrier: `rejected` is the version a downstream service refused.
     func forceRefresh(rejected: UInt64?) -> ProviderStateMachine<Instant>.ForcedRefreshDecision
+    /// A refresh ahead of the schedule of the valid token `version`, which a client treats as
+    /// expired sooner (a cloud SDK's margin): counted apart from the retrier's forced refreshes.
+    func refreshEarly(replacing version: UInt64) -> ProviderStateMachine<Instant>.ForcedRefreshDecision
     /// What the provider is doing now.
     func status() -> ProviderStatus
     /// The instant `duration` from now on the provider's clock.

@@ -330,7 +330,9 @@ private let secret = "app-service-secret"
         let reply = marginAPI(template).handle(gce(accounts + "/default/token", [("scopes", "read")]))
         let responder = RecordingResponder()
         #expect(reply.start(responder))
-        #expect(template.child.state.withLock { $0.refreshes } == [4])
+        #expect(
+            template.child.state.withLock { $0.earlyRefreshes } == [4]
+                && template.child.state.withLock { $0.refreshes }.isEmpty)
         #expect(template.child.onlyWaiter?.waiter.after == 4)
         template.child.completeWaiters(
             .token(FakeProvider.token("new", version: 5, lifetime: .seconds(3600)), stale: false))
@@ -374,7 +376,9 @@ private let secret = "app-service-secret"
             : gce(accounts + "/default/token", [("scopes", "read")])
         let responder = RecordingResponder()
         #expect(api.handle(request).start(responder))
-        #expect(template.child.state.withLock { $0.refreshes } == [4])
+        #expect(
+            template.child.state.withLock { $0.earlyRefreshes } == [4]
+                && template.child.state.withLock { $0.refreshes }.isEmpty)
         template.child.completeWaiters(
             .token(FakeProvider.token("new", version: 5, lifetime: .seconds(3600)), stale: false))
         #expect(responder.responses.first?.string("access_token") == "new")
@@ -395,7 +399,9 @@ private let secret = "app-service-secret"
         #expect(first.responses.first?.string("access_token") == "old")
         let second = api.handle(gce(accounts + "/default/token", [("scopes", "read")])).immediate
         #expect(second?.string("access_token") == "old")
-        #expect(template.child.state.withLock { $0.refreshes } == [4])
+        #expect(
+            template.child.state.withLock { $0.earlyRefreshes } == [4]
+                && template.child.state.withLock { $0.refreshes }.isEmpty)
     }
 
     @Test func aLoopbackListenerRefusesAHostThatIsNotLocalAsARebindingPageSendsIt() {

@@ -464,6 +464,54 @@ import TokenBrokerCore
         }
     }
 
+    /// An early refresh (a cloud SDK's margin) is counted in a window of its own: callers forcing
+    /// refreshes on the template's other children, and on the child itself, cannot take its
+    /// places, which left the SDK a token it treats as expired. Its own window still bounds it.
+    @Test func anEarlyRefreshHasItsOwnWindowWhichTheRetriersCallersCannotFill() {
+        let window = SharedForcedRefreshWindow<MachineHarness.Instant>(interval: .seconds(30), maximumAttempts: 5)
+        var children: [MachineHarness] = []
+        for index in 0..<2 {
+            var child = MachineHarness(ProviderConfiguration())
+            child.machine.shareForcedRefreshes(window, as: TokenRequestValues(audience: "https://svc.example/\(index)"))
+            child.start()
+            child.succeed()
+            child.now = .init(offset: .seconds(1))
+            children.append(child)
+        }
+        // The other child takes its three places, this one a fourth: the retrier's window is shut to it.
+        for _ in 0..<3 {
+            guard case .refreshing = children[0].forceRefresh(rejected: nil) else {
+                Issue.record("the other child's first three forced refreshes are admitted")
+                return
+            }
+            children[0].succeed()
+        }
+        guard case .refreshing = children[1].forceRefresh(rejected: nil) else {
+            Issue.record("this child's first forced refresh is admitted")
+            return
+        }
+        children[1].succeed()
+        guard case .excessive = children[1].forceRefresh(rejected: nil) else {
+            Issue.record("the retrier's window is shut to this child")
+            return
+        }
+        let fetches = children[1].fetchesStarted
+        var early = 0
+        for _ in 0..<7 {
+            // Of the current version, as the cloud SDK routes ask (nil names it too).
+            guard case .refreshing = children[1].forceRefresh(rejected: nil, early: true) else { break }
+            early += 1
+            children[1].succeed()
+        }
+        #expect(early == 5, "five early refreshes in 30 s, whatever the retrier's callers took")
+        #expect(children[1].fetchesStarted == fetches + 5)
+        children[1].now = .init(offset: .seconds(31))
+        guard case .refreshing = children[1].forceRefresh(rejected: nil, early: true) else {
+            Issue.record("the early window has moved on")
+            return
+        }
+    }
+
     /// In a template's window, a child that holds places takes another only while fewer than
     /// half the places are taken, or once its own have left the window: its Retry-After is the
     /// earlier of the two (a plain provider's window has no such share: five of its own).

@@ -792,6 +792,40 @@ def test_a_token_with_less_than_an_sdk_s_margin_left_is_renewed_before_it_is_ser
         assert "error" not in out and verify(out["id_token"], AUDIENCE)["exp"] >= asked + 225, out
 
 
+
+def test_callers_forcing_refreshes_on_a_template_s_children_do_not_keep_an_sdk_s_margin_refresh_out(issuer, tmp_key, identity_header):
+    """The renewal inside an SDK's margin counted in the template's shared window of forced
+    refreshes: a caller who forced refreshes on another child (three places) and on the SDK's
+    child (a fourth, after which the window is shut to that child) left the SDK, for the rest of
+    the 30 s, a token it treats as expired. The renewal now has a window of its own."""
+    config = compat_config(issuer, tmp_key, identity_header[1], id_lifetime=235)
+    with Broker(config) as broker:
+        address = broker.addresses["token"]
+        verify = verifier(address)
+        identity = f"{ACCOUNT}/default/identity?audience={quote(AUDIENCE, safe='')}"
+        google(address, identity)
+
+        def force(audience):
+            status, _, body = broker.request("POST", f"/providers/gcp-id/token/refresh?audience={quote(audience, safe='')}")
+            return status, json.loads(body)
+
+        for _ in range(3):
+            assert force(OTHER_AUDIENCE)[0] == 200
+        status, document = force(AUDIENCE)
+        assert status == 200, document
+        forced_iat = verify(document["access_token"], AUDIENCE)["iat"]
+        status, document = force(AUDIENCE)
+        assert status == 429 and document["error"] == "excessive_refresh", document
+        # Wait (bounded) until the child's token has less than google-auth's 225 s left.
+        deadline = time.monotonic() + 30
+        while time.time() < forced_iat + 12 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        asked = time.time()
+        assert asked < forced_iat + 25, "still inside the retrier's 30 s window"
+        served = google(address, identity)[1].decode()
+        assert verify(served, AUDIENCE)["exp"] >= asked + 225, "served inside google-auth's margin"
+
+
 # Configuration
 
 def write_config(tmp_path, config):

@@ -163,7 +163,8 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
     /// child's first fetch (a new child) or the fetch its read restarted (a child paused while
     /// idle, whose token expired), waited for at most `maxWait`, or after one forced
     /// refresh (a token inside the SDK's margin, when a fresher one can be had: once per token
-    /// version, waited for at most `marginWait`, then the token held is served). Refused: no
+    /// version, in the child's window of early refreshes, which callers forcing refreshes do not
+    /// use up; waited for at most `marginWait`, then the token held is served). Refused: no
     /// child (no room for another, or the template stopped), no valid token.
     /// - Parameter resource: what the answer names as its resource (Azure's); the same for every
     ///   request that reaches the same child, since the child's values are made from it.
@@ -192,7 +193,7 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
             else {
                 return record(counter, answering.answer(token, stale: stale, secondsLeft: secondsLeft, child: child))
             }
-            switch child.forceRefresh(rejected: token.version) {
+            switch child.refreshEarly(replacing: token.version) {
             case .current(let newer):
                 return record(
                     counter,

@@ -115,6 +115,9 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     /// A template's child counts its forced refreshes in its template's window, shared with the
     /// other children, under its values (`shareForcedRefreshes`); nil: in `forcedWindow`.
     private var sharedWindow: (window: SharedForcedRefreshWindow<Instant>, child: TokenRequestValues)?
+    /// The early refreshes (`forceRefresh(rejected:now:early:)`), in a window of their own with
+    /// the same limits: the retrier's callers cannot use up its places.
+    private var earlyWindow: ForcedRefreshWindow<Instant>
     /// True until the stored record has been read (`storeLoaded`): no fetch starts before it.
     public private(set) var awaitingStore: Bool
     /// The provider has a store: its versions outlive the process (a file store), or are the
@@ -151,6 +154,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         forcedWindow = ForcedRefreshWindow(
             interval: .seconds(configuration.forcedRefreshWindowSec),
             maximumAttempts: configuration.forcedRefreshMaxAttempts)
+        earlyWindow = forcedWindow
         fetchTimeout = configuration.effectiveFetchTimeout
         self.jitter = jitter
         lastActivity = now
@@ -317,7 +321,16 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     /// forced refresh, within the window like any other. Inside the issuer's `Retry-After` no
     /// fetch starts and no place in the window is used: the caller waits for the retry planned
     /// for when it ends (`addWaiter` answers at once when that is past the caller's deadline).
-    public mutating func forceRefresh(rejected: UInt64?, now: Instant) -> (ForcedRefreshDecision, [Action]) {
+    ///
+    /// - Parameter early: a refresh ahead of the schedule, not a refused token: the token is
+    ///   valid, but a client treats it as expired sooner than the broker refreshes it (a cloud
+    ///   SDK's margin). Counted in a window of its own (`earlyWindow`), with the same limits,
+    ///   never in the retrier's or the template's shared one: callers forcing refreshes, on this
+    ///   provider or on its template's other children, cannot use up its places and leave the
+    ///   SDK a token it takes for expired. The caller asks once per version.
+    public mutating func forceRefresh(rejected: UInt64?, now: Instant, early: Bool = false) -> (
+        ForcedRefreshDecision, [Action]
+    ) {
         var actions = noteActivity(now: now)
         if let rejected, let token = validToken(at: now), rejected < token.version {
             return (.current(token), actions)
@@ -331,7 +344,9 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
             actions += startFetchIfIdle(now: now)
             return (.refreshing(after: cached?.version), actions)
         }
-        if let wait = admitForced(at: now) { return (.excessive(retryAfter: wait), actions) }
+        if let wait = early ? earlyWindow.admit(at: now) : admitForced(at: now) {
+            return (.excessive(retryAfter: wait), actions)
+        }
         actions += startFetchIfIdle(now: now)
         fetchIsForced = isFetching
         return (.refreshing(after: cached?.version), actions)

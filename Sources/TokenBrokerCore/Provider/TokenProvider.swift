@@ -379,6 +379,17 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         forceRefreshStartingFetch(rejected: rejected).decision
     }
 
+    /// A refresh ahead of the schedule of the valid token `version`, which a client treats as
+    /// expired sooner than this provider refreshes it (`ProviderStateMachine.forceRefresh`'s
+    /// `early`): in a window of its own, which the retrier's callers do not use up.
+    public func refreshEarly(replacing version: UInt64) -> Machine.ForcedRefreshDecision {
+        let decision = apply(ifShutDown: Machine.ForcedRefreshDecision.refreshing(after: nil)) { machine, now in
+            machine.forceRefresh(rejected: version, now: now, early: true)
+        }
+        if case .excessive = decision { events.excessiveRefresh(name) }
+        return decision
+    }
+
     /// `forceRefresh`, also saying whether this call started an upstream fetch (rather than
     /// joining one under way, or finding a newer token).
     public func forceRefreshStartingFetch(rejected: UInt64?) -> (

@@ -25,7 +25,8 @@ public typealias ChildAttachment = AnyObject & Sendable
 ///   `forcedRefreshWindowSec`, however many children it has, and a child made again for values
 ///   whose child was dropped finds the places that child took. One child takes at most half the
 ///   places (rounded up) while the others take none, so that the rest are there for the others'
-///   first forced refreshes (a token refused downstream).
+///   first forced refreshes (a token refused downstream). A cloud SDK route's refresh inside
+///   its margin is not among them: each child counts those in a window of its own.
 ///
 /// Locking: one lock, `state`, and each child's lease's own (taken inside `state`, or alone by
 /// `renew`). While `state` is held the template reads its clock and its table, and reads,

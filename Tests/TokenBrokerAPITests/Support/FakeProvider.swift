@@ -25,6 +25,8 @@ final class FakeProvider: TokenProviding {
         var reads: [UInt64] = []
         var refresh: ProviderStateMachine<Instant>.ForcedRefreshDecision = .refreshing(after: nil)
         var refreshes: [UInt64?] = []
+        /// The versions `refreshEarly` was asked to replace, in order.
+        var earlyRefreshes: [UInt64] = []
         var status: ProviderStatus
         var waiters: [UInt64: Waiter] = [:]
         var removed: [UInt64] = []
@@ -89,6 +91,13 @@ final class FakeProvider: TokenProviding {
     func forceRefresh(rejected: UInt64?) -> ProviderStateMachine<Instant>.ForcedRefreshDecision {
         state.withLock { state in
             state.refreshes.append(rejected)
+            return state.refresh
+        }
+    }
+
+    func refreshEarly(replacing version: UInt64) -> ProviderStateMachine<Instant>.ForcedRefreshDecision {
+        state.withLock { state in
+            state.earlyRefreshes.append(version)
             return state.refresh
         }
     }

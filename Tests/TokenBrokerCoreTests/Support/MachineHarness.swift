@@ -96,8 +96,8 @@ struct MachineHarness {
     }
 
     /// A forced refresh of `rejected` at the current instant, its actions recorded.
-    mutating func forceRefresh(rejected: UInt64?) -> Machine.ForcedRefreshDecision {
-        let (decision, actions) = machine.forceRefresh(rejected: rejected, now: now)
+    mutating func forceRefresh(rejected: UInt64?, early: Bool = false) -> Machine.ForcedRefreshDecision {
+        let (decision, actions) = machine.forceRefresh(rejected: rejected, now: now, early: early)
         record(actions)
         return decision
     }
