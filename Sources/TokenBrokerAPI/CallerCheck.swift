@@ -48,6 +48,26 @@ public struct AdmittedCaller: Sendable, Equatable {
     }
 }
 
+/// A caller let in, with the checker that let it in: what a proxied request keeps, so that it is
+/// asked again before the request goes on after a wait (for its body, its token, a refresh) on
+/// the caller's behalf.
+public struct CallerRecheck: Sendable {
+    public let caller: AdmittedCaller
+    let callers: any CallerRechecking
+
+    init(_ caller: AdmittedCaller, by callers: any CallerRechecking) {
+        self.caller = caller
+        self.callers = callers
+    }
+
+    /// Nil while the caller may still read its provider by the callers listed now; else the
+    /// 401 `invalid_caller_key` or 403 `provider_not_allowed` that a request arriving now would
+    /// get, as a token route's waited request gets when answered.
+    public func refusal() -> ErrorAnswer? {
+        CallerCheck.refusal(callers.recheck(caller), provider: caller.provider)
+    }
+}
+
 /// The answers to callers without a key, with an unknown key, or reading a provider outside
 /// their list. They name the caller and the provider, never the key.
 enum CallerCheck {

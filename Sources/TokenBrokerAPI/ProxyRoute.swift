@@ -11,13 +11,24 @@ public protocol ProxyHandling: Sendable {
     /// The request's headers have arrived: how to take its body.
     func begin(_ request: HTTPRequest, target: ProxyRequestTarget) -> BodyHandling
     /// Forward the request (its body read whole, or flowing in through `request.bodyStream`).
-    func handle(_ request: HTTPRequest, target: ProxyRequestTarget) -> HTTPReply
+    /// - Parameter caller: the caller let in, when callers have keys: asked again before the
+    ///   request goes upstream, and before an answer given after a wait, since the keys file may
+    ///   have been re-read meanwhile.
+    func handle(_ request: HTTPRequest, target: ProxyRequestTarget, caller: CallerRecheck?) -> HTTPReply
+}
+
+/// What `begin` leaves in `request.admitted` for `handle`: the checked target, the provider the
+/// caller was checked for, and the caller let in (nil: callers have no keys).
+struct ProxyAdmission: Sendable {
+    let target: ProxyRequestTarget
+    let provider: String
+    let caller: CallerRecheck?
 }
 
 extension TokenAPI {
     /// `begin` for targets under `/proxy/`: refuse what may not pass before any body is read.
     /// The server calls it for every such request before `handle`, so admission happens here only;
-    /// the checked target is left in `request.admitted` for `handle`.
+    /// the checked target and the caller are left in `request.admitted` for `handle`.
     /// Without proxies the server streams no prefix and never calls it; the body is then read whole.
     @_specialize(where Provider == TokenProvider<ContinuousClock>)
     public func begin(_ request: inout HTTPRequest) -> BodyHandling {
@@ -28,9 +39,9 @@ extension TokenAPI {
             return .refuse(ErrorAnswer.notFound(path: request.path).response)
         }
         switch proxyTarget(request, raw: raw, proxy: proxy, admitting: true) {
-        case .pass(let target):
-            request.admitted = target
-            return proxy.begin(request, target: target)
+        case .pass(let admission):
+            request.admitted = admission
+            return proxy.begin(request, target: admission.target)
         case .refuse(let refusal):
             let response = refusal.response
             proxyCounter.record(status: response.status)
@@ -43,14 +54,17 @@ extension TokenAPI {
     /// either a proxy's or an `unknown_proxy`.
     func proxied(_ request: HTTPRequest, target raw: String, proxy: any ProxyHandling) -> HTTPReply {
         let admission: Admission
-        // Checked by `begin`; unless a reload since removed its proxy, and then it is checked again.
-        if let target = request.admitted as? ProxyRequestTarget, proxy.provider(ofProxy: target.proxy) != nil {
-            admission = .pass(target)
+        // Checked by `begin`; unless a reload since removed its proxy or gave it another
+        // provider, and then it is checked again: the caller, against the proxy's provider now.
+        if let admitted = request.admitted as? ProxyAdmission,
+            proxy.provider(ofProxy: admitted.target.proxy) == admitted.provider
+        {
+            admission = .pass(admitted)
         } else {
-            admission = proxyTarget(request, raw: raw, proxy: proxy, admitting: false)
+            admission = proxyTarget(request, raw: raw, proxy: proxy, admitting: request.admitted != nil)
         }
         switch admission {
-        case .pass(let target): return proxy.handle(request, target: target)
+        case .pass(let admitted): return proxy.handle(request, target: admitted.target, caller: admitted.caller)
         case .refuse(let refusal): return record(proxyCounter, .response(refusal.response))
         }
     }
@@ -58,7 +72,7 @@ extension TokenAPI {
     /// The checked target, or the refusal: a malformed or escaping path, an unknown proxy, the
     /// request guard, the caller check.
     private enum Admission {
-        case pass(ProxyRequestTarget)
+        case pass(ProxyAdmission)
         case refuse(ErrorAnswer)
     }
 
@@ -94,7 +108,11 @@ extension TokenAPI {
             }
             return .refuse(.unknownProxy(name: target.proxy))
         }
-        if admitting, let refusal = admit(request, provider: provider) { return .refuse(refusal) }
-        return .pass(target)
+        var caller: AdmittedCaller?
+        if admitting, let refusal = admit(request, provider: provider, caller: &caller) { return .refuse(refusal) }
+        return .pass(
+            ProxyAdmission(
+                target: target, provider: provider,
+                caller: caller.flatMap { caller in callers.map { CallerRecheck(caller, by: $0) } }))
     }
 }

@@ -132,7 +132,7 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
     let maxWait: Duration
     let metrics: BrokerMetrics
     private let guardRequests: Bool
-    private let callers: (any CallerRechecking)?
+    let callers: (any CallerRechecking)?
     /// Proxy mode's routes, present only when proxies are configured (the server then streams
     /// requests under `/proxy/` to `begin`, with their raw target).
     let proxy: (any ProxyHandling)?

@@ -157,7 +157,7 @@ public final class ProxyAPI: ProxyHandling {
         ("Via", Array((request.isHTTP10 ? "1.0 token-broker" : "1.1 token-broker").utf8))
     }
 
-    public func handle(_ request: HTTPRequest, target: ProxyRequestTarget) -> HTTPReply {
+    public func handle(_ request: HTTPRequest, target: ProxyRequestTarget, caller: CallerRecheck?) -> HTTPReply {
         guard let route = routes[target.proxy] else { return .response(Self.noRoute(target.proxy)) }
         let settings = route.configuration
         if request.bodyTooLarge {
@@ -191,7 +191,7 @@ public final class ProxyAPI: ProxyHandling {
             headers: headers,
             body: request.bodyStream.map { .streamed($0, length: request.header("Content-Length").flatMap { Int($0) }) }
                 ?? .buffered(request.body),
-            answerHeadRoom: answerHeadRoom(request, headers: headers), via: Self.via(request))
+            answerHeadRoom: answerHeadRoom(request, headers: headers), via: Self.via(request), caller: caller)
         return .deferred { responder in exchange.start(responder) }
     }
 }

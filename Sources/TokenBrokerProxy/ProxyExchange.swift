@@ -17,6 +17,15 @@ import TokenBrokerUpstream
 ///    passed on after all, whole. A refused answer whose body is longer than 64 KiB is not
 ///    held: it is passed on as it comes, with no retry.
 ///
+/// With caller keys, the caller let in as the request arrived is asked again (`CallerRecheck`)
+/// before each attempt goes upstream, and before an answer of the broker's own given after a
+/// wait (503 `token_unavailable`, or a refused answer passed on after all): a caller whose key
+/// was removed from `clientKeysFile` meanwhile (while its body came in, while it waited for a
+/// token or a refresh, while the first attempt's answer came) gets 401 `invalid_caller_key`,
+/// and one whose list no longer holds the provider 403 `provider_not_allowed`, as a token
+/// route's waited request does; nothing more is sent upstream for it. An answer already being
+/// passed on is not cut.
+///
 /// An answer's head that the connection's memory (`connectionMemoryKiB`) cannot hold, or that
 /// cannot be passed on as it came (`UpstreamError.badResponse`), gets 502.
 ///
@@ -68,13 +77,15 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
     /// The broker's own `Via` (RFC 9110 §7.6.3), added after the caller's headers are filtered,
     /// so that a caller's `Connection` cannot take it off.
     private let via: ProxyHeaders.Field
+    /// The caller let in, asked again before each attempt (nil: callers have no keys).
+    private let caller: CallerRecheck?
     /// When the exchange's `timeoutMsec` is up: no wait for a token, and no attempt, goes past it.
     private let deadline: ContinuousClock.Instant
     private let state = Lock(State())
 
     init(
         api: ProxyAPI, route: ProxyAPI.Route, method: String, url: String, headers: [ProxyHeaders.Field], body: Body,
-        answerHeadRoom: Int, via: ProxyHeaders.Field
+        answerHeadRoom: Int, via: ProxyHeaders.Field, caller: CallerRecheck?
     ) {
         self.api = api
         self.route = route
@@ -84,6 +95,7 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
         self.body = body
         self.answerHeadRoom = answerHeadRoom
         self.via = via
+        self.caller = caller
         deadline = .now + .milliseconds(route.configuration.upstream.timeoutMsec)
     }
 
@@ -153,18 +165,23 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
         case .timedOut(let current?, _): token = current
         // The broker stopping, or a reload removing the provider: as every waiting request.
         case .shuttingDown:
-            finish(with: ErrorAnswer.shuttingDown.response)
+            finish(with: callerRefusal() ?? ErrorAnswer.shuttingDown.response)
             return
         case .timedOut, .exhausted, .cancelled: token = nil
         }
         guard let token else {
-            finish(with: tokenUnavailable())
+            finish(with: callerRefusal() ?? tokenUnavailable())
             return
         }
         send(token)
     }
 
     private func send(_ token: ProxyAPI.Provider.Token) {
+        // Before every attempt: the first after a wait for the body or a token, and the retry.
+        if let refusal = callerRefusal() {
+            finish(with: refusal)
+            return
+        }
         let settings = route.configuration
         if settings.inject == .cookie, !TokenRules.isCookieValue(token.token.accessToken) {
             fail(.tokenNotCookieSafe)
@@ -409,6 +426,11 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
         case .excessive:
             fresh = nil
         }
+        // A caller refused by now gets neither the refused answer nor a retry.
+        if let refusal = callerRefusal() {
+            finish(with: refusal)
+            return
+        }
         guard let fresh, fresh.version != version else {
             finish(with: rejected)
             return
@@ -428,6 +450,10 @@ final class ProxyExchange: UpstreamExchangeDelegate, Sendable {
         )
         .response
     }
+
+    /// Nil while the caller let in may still read the provider by the callers listed now (or
+    /// callers have no keys); else the 401 or 403 the caller would get arriving now.
+    private func callerRefusal() -> HTTPResponse? { caller?.refusal()?.response }
 
     private func fail(_ failure: ProxyFailure) {
         finish(with: failure.response(route.configuration, provider: provider.name))

@@ -7,7 +7,7 @@ import TokenBrokerServer
 
 @testable import TokenBrokerAPI
 
-/// Proxy mode with proxies named in `names` (by default one, `api`), reading provider `default`;
+/// Proxy mode with proxies named in `names` (by default one, `api`), reading `provider` (`default`);
 /// it records what reaches it. Its path rules are the test's: the targets in `problems` are
 /// refused so, any other is split at its first slash after `/proxy/` (the real rules are
 /// `ProxyPath`'s, tested with the proxy).
@@ -15,9 +15,16 @@ final class FakeProxy: ProxyHandling {
     let names: Set<String>
     let begun = Mutex<[ProxyRequestTarget]>([])
     let handled = Mutex<[ProxyRequestTarget]>([])
+    /// The caller each handled request came with.
+    let callers = Mutex<[CallerRecheck?]>([])
     /// How many targets were split and checked.
     let checked = Mutex(0)
-    init(names: Set<String> = ["api"]) { self.names = names }
+    /// The provider every proxy reads.
+    let provider: String
+    init(names: Set<String> = ["api"], provider: String = "default") {
+        self.names = names
+        self.provider = provider
+    }
     static let problems: [String: ProxyPathProblem] = [
         "/proxy/api/a b": .badCharacters, "/proxy/api/../../etc": .escapesRoot, "/proxy/api/a%2Fb": .encodedSeparator,
         "http://evil/proxy/api/": .absoluteForm, "/proxy/": .notUnderProxy,
@@ -35,15 +42,16 @@ final class FakeProxy: ProxyHandling {
                 query: pathAndQuery.count > 1 ? String(pathAndQuery[1]) : nil))
     }
 
-    func provider(ofProxy name: String) -> String? { names.contains(name) ? "default" : nil }
+    func provider(ofProxy name: String) -> String? { names.contains(name) ? provider : nil }
 
     func begin(_ request: HTTPRequest, target: ProxyRequestTarget) -> BodyHandling {
         begun.withLock { $0.append(target) }
         return .buffer(limit: 7)
     }
 
-    func handle(_ request: HTTPRequest, target: ProxyRequestTarget) -> HTTPReply {
+    func handle(_ request: HTTPRequest, target: ProxyRequestTarget, caller: CallerRecheck?) -> HTTPReply {
         handled.withLock { $0.append(target) }
+        callers.withLock { $0.append(caller) }
         return .response(HTTPResponse(status: 202, body: []))
     }
 }
@@ -169,6 +177,51 @@ extension BodyHandling {
             "provider_not_allowed")
         #expect(proxy.begun.withLock { $0 }.isEmpty)
         #expect(api.begin(proxied("/proxy/api/x", headers: [("Authorization", "Bearer good")])).bufferLimit == .some(7))
+    }
+
+    /// The caller `begin` let in reaches the proxy, to be asked again before the request goes
+    /// upstream after a wait: a key removed from the file since, or a list that no longer holds
+    /// the provider, is refused as a token route's waited request is.
+    @Test func theCallerBeginLetInReachesTheProxyToBeCheckedAgain() throws {
+        typealias Keys = WaitingCallersTests.Keys
+        let keys = try Keys(a: ["default"], b: ["default"])
+        let proxy = FakeProxy()
+        let api = tokenAPI(callers: keys.store, proxy: proxy)
+        func admitted(_ key: (String, String)) -> CallerRecheck? {
+            var request = proxied("/proxy/api/x", headers: [key])
+            #expect(api.begin(&request).bufferLimit == .some(7))
+            #expect(api.handle(request).immediate?.status == 202)
+            return proxy.callers.withLock { $0.last ?? nil }
+        }
+        let a = try #require(admitted(WaitingCallersTests.keyA))
+        let b = try #require(admitted(WaitingCallersTests.keyB))
+        #expect(a.caller.provider == "default" && a.refusal() == nil && b.refusal() == nil)
+        try keys.change(a: nil, b: ["payments"])
+        #expect(a.refusal() == .invalidCallerKey)
+        #expect(b.refusal() == .providerNotAllowed(caller: "b", provider: "default"))
+        try keys.change(a: ["*"], b: ["default"])
+        #expect(a.refusal() == nil && b.refusal() == nil)
+        // Without keys, no caller is kept.
+        let open = FakeProxy()
+        var request = proxied("/proxy/api/x")
+        #expect(tokenAPI(proxy: open).begin(&request).bufferLimit == .some(7))
+        #expect(tokenAPI(proxy: open).handle(request).immediate?.status == 202)
+        #expect(open.callers.withLock { $0 }.count == 1 && open.callers.withLock { $0[0] } == nil)
+    }
+
+    /// A reload between the head and the end of the body that gives the proxy another provider:
+    /// the caller is checked again, against the provider the request would now take a token of.
+    @Test func aProxyGivenAnotherProviderBetweenBeginAndHandleChecksTheCallerAgain() throws {
+        let keys = try WaitingCallersTests.Keys(a: ["default"], b: ["default", "payments"])
+        var a = proxied("/proxy/api/x", headers: [WaitingCallersTests.keyA])
+        var b = proxied("/proxy/api/x", headers: [WaitingCallersTests.keyB])
+        #expect(tokenAPI(callers: keys.store, proxy: FakeProxy()).begin(&a).bufferLimit == .some(7))
+        #expect(tokenAPI(callers: keys.store, proxy: FakeProxy()).begin(&b).bufferLimit == .some(7))
+        let reloaded = FakeProxy(provider: "payments")
+        let api = tokenAPI(callers: keys.store, proxy: reloaded)
+        expectError(api.handle(a).immediate, 403, "provider_not_allowed")
+        #expect(api.handle(b).immediate?.status == 202)
+        #expect(reloaded.callers.withLock { $0.map { $0?.caller.provider } } == ["payments"])
     }
 
     @Test func withoutProxiesTheProxyPathIsNotStreamed() {
