@@ -152,9 +152,13 @@ public final class ProxyAPI: ProxyHandling {
     }
 
     /// What the broker adds to every request it forwards, as an HTTP-to-HTTP gateway must
-    /// (RFC 9110 §7.6.3): the version it received, and its name.
+    /// (RFC 9110 §7.6.3): the version it received, as the client's request line said it (a
+    /// client's `HTTP/1.2` is served as 1.1, RFC 9110 §2.5, but is named as sent: Via records
+    /// what each sender advertised), and its name.
     static func via(_ request: HTTPRequest) -> ProxyHeaders.Field {
-        ("Via", Array((request.isHTTP10 ? "1.0 token-broker" : "1.1 token-broker").utf8))
+        var value = Array("1.1 token-broker".utf8)
+        value[2] = UInt8(ascii: "0") + min(request.minorVersion, 9)
+        return ("Via", value)
     }
 
     public func handle(_ request: HTTPRequest, target: ProxyRequestTarget, caller: CallerRecheck?) -> HTTPReply {

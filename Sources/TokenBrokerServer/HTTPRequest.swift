@@ -21,9 +21,10 @@ public struct HTTPRequest: Sendable {
     public var bodyTooLarge: Bool
     /// The body as it arrives, when `HTTPHandler.begin` chose to stream it.
     public var bodyStream: HTTPRequestBodyStream?
-    /// Whether the request line said `HTTP/1.0`; known for requests under the server's
+    /// The request line's HTTP/1 minor version, 0 to 9 (libmicrohttpd refuses any other version,
+    /// and answers 1.2 to 1.9 as 1.1: RFC 9110 §2.5); known for requests under the server's
     /// `streamingPrefix` only (a gateway names the version it received in `Via`).
-    public var isHTTP10 = false
+    public var minorVersion: UInt8 = 1
     /// What the handler's `begin` made of the head, left for its `handle` so that nothing is
     /// worked out twice (proxy mode: the checked target); nil when `begin` left nothing.
     public var admitted: (any Sendable)?

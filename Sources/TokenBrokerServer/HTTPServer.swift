@@ -475,6 +475,16 @@ public final class HTTPServer: @unchecked Sendable {
         }
     }
 
+    /// `HTTP/1.x`'s x, from the version as libmicrohttpd passes it on: the request line's, as
+    /// sent (`HTTP/`, a digit, a dot and a digit; it refuses any major but 1 before this); 1 for
+    /// any other form.
+    static func minorVersion(_ version: UnsafePointer<CChar>) -> UInt8 {
+        guard strncmp(version, "HTTP/1.", 7) == 0 else { return 1 }
+        let digit = UInt8(bitPattern: version[7])
+        guard (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(digit), version[8] == 0 else { return 1 }
+        return digit - UInt8(ascii: "0")
+    }
+
     private func begin(
         _ state: RequestState, _ connection: OpaquePointer, url: UnsafePointer<CChar>, method: UnsafePointer<CChar>,
         version: UnsafePointer<CChar>
@@ -484,7 +494,7 @@ public final class HTTPServer: @unchecked Sendable {
         var request = HTTPRequest(
             method: String(cString: method), path: String(cString: url), rawTarget: state.rawTarget,
             query: HTTPFields(connection, .GET_ARGUMENT_KIND), headers: HTTPFields(connection, .HEADER_KIND))
-        request.isHTTP10 = strcmp(version, "HTTP/1.0") == 0
+        request.minorVersion = Self.minorVersion(version)
         switch handler.begin(&request) {
         case .buffer(let limit):
             state.bodyLimit = limit

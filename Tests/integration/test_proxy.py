@@ -194,6 +194,20 @@ def test_the_broker_names_itself_in_via_as_a_gateway_must(broker):
     assert [value for name, value in json.loads(body)["headers"] if name.lower() == "via"] == ["1.0 token-broker"]
 
 
+@pytest.mark.parametrize("minor", [2, 9])
+def test_via_names_a_higher_http1_minor_version_as_the_client_sent_it(broker, minor):
+    """A request line of HTTP/1.2 to HTTP/1.9 is served as HTTP/1.1 (RFC 9110 §2.5: a higher minor
+    version is processed as the highest one the recipient conforms to), and the broker's answer
+    says HTTP/1.1; but Via's received-protocol is the version the broker received (RFC 9110
+    §7.6.3), which it named 1.1."""
+    answer = raw(broker, b"GET /proxy/api/echo/newer HTTP/1.%d\r\nHost: b\r\nToken-Broker-Request: true\r\n"
+                         b"Connection: close\r\n\r\n" % minor, timeout=20)
+    assert answer.startswith(b"HTTP/1.1 200 "), answer
+    status, _, body = parse(answer)
+    vias = [value for name, value in json.loads(body)["headers"] if name.lower() == "via"]
+    assert vias == [f"1.{minor} token-broker"], vias
+
+
 def test_options_with_max_forwards_is_answered_at_zero_and_counted_down_otherwise(broker, resource):
     """RFC 9110 §7.6.2: an intermediary answers OPTIONS itself when Max-Forwards is 0, and sends
     one less on; other methods pass it on as it came."""
