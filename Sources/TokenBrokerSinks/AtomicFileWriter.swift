@@ -25,6 +25,14 @@ import TokenBrokerCrypto
 /// Temporary files are named `.{name}.tmp-{pid}-{n}`; those a crash left behind are removed by
 /// `removeLeftovers()`, which a sink calls at its start.
 ///
+/// Whoever can write the directory (a directory trusted with `SinkDirectory.trustsWriters`) can
+/// plant names there, and none of them can turn a write elsewhere: a symbolic link or a file at
+/// a temporary name makes `O_EXCL` fail, and the next name is tried; a symbolic link, a hard
+/// link or a file at the path is replaced by the rename, never followed or written through; a
+/// directory at the path makes the rename fail, and the write with it. The token goes only into
+/// the file this writer created. What such a writer can still do is replace or remove the file
+/// between writes (or the temporary file before its rename): `replacementProblem()` says so.
+///
 /// A writer that another replaces (a reload gives a token file a writer of its own) is
 /// retired (`retire(waitingAtMost:)`): from then on its writes are abandoned before their
 /// rename, so that a write held up past its writer's stop (a slow `fsync`) cannot put an older
@@ -60,6 +68,19 @@ public final class AtomicFileWriter: Sendable {
     private struct Gate {
         var retired = false
         var renaming = false
+        /// The file the last successful write renamed over the path, and a descriptor of it,
+        /// held until the next one replaces it (or `deinit`), so that its inode cannot be reused.
+        var written: (id: FileID, descriptor: Int32)?
+        /// The file a rename under way puts at the path.
+        var landing: FileID?
+    }
+
+    /// A file by its device and inode.
+    private struct FileID: Equatable {
+        let device: UInt64
+        let inode: UInt64
+
+        init(_ status: stat) { (device, inode) = (UInt64(status.st_dev), UInt64(status.st_ino)) }
     }
 
     /// Temporary names tried before a write gives up, when names are already taken.
@@ -79,6 +100,11 @@ public final class AtomicFileWriter: Sendable {
             return generations
         }
         counter = Lock(generation << 32)
+    }
+
+    deinit {
+        // A descriptor only held (`Gate.written`): nothing to do about a failed close.
+        if let held = gate.withLock({ $0.written?.descriptor }) { _ = Glibc.close(held) }
     }
 
     /// `.{name}.tmp-`, the start of every temporary file's name of the file `name`. A name near
@@ -151,23 +177,79 @@ public final class AtomicFileWriter: Sendable {
         }
         let temporaryPath = inDirectory(temporary)
         guard fchmod(fd, mode_t(mode)) == 0 else { return fail(.system("fchmod", temporaryPath, errno)) }
+        var created = stat()
+        guard fstat(fd, &created) == 0 else { return fail(.system("fstat", temporaryPath, errno)) }
         if let error = Self.writeAll(bytes, to: fd, path: temporaryPath) { return fail(error) }
         if let error = Self.sync(fd, path: temporaryPath) { return fail(error) }
+        // Held while the file is the one written (`Gate.written`): an inode number is reused once
+        // its file is gone, and a file of another's could otherwise pass for this one.
+        let held = fcntl(fd, F_DUPFD_CLOEXEC, 0)
+        guard held >= 0 else { return fail(.system("fcntl", temporaryPath, errno)) }
         open = false
         // Linux closes the descriptor even when close fails (EINTR included): never close it twice.
-        guard Glibc.close(fd) == 0 else { return fail(.system("close", temporaryPath, errno)) }
+        guard Glibc.close(fd) == 0 else {
+            let code = errno
+            _ = Glibc.close(held)
+            return fail(.system("close", temporaryPath, code))
+        }
+        let written = FileID(created)
         let admitted = gate.withLock { gate in
             guard !gate.retired else { return false }
             gate.renaming = true
+            gate.landing = written
             return true
         }
-        guard admitted else { return fail(.abandoned(path)) }
+        guard admitted else {
+            _ = Glibc.close(held)
+            return fail(.abandoned(path))
+        }
         let renamed = renameat(directory.descriptor, temporary, directory.descriptor, name) == 0
         let code = errno
-        gate.withLock { $0.renaming = false }
+        let replaced = gate.withLock { gate -> Int32? in
+            gate.renaming = false
+            gate.landing = nil
+            guard renamed else { return held }
+            defer { gate.written = (written, held) }
+            return gate.written?.descriptor
+        }
+        // The file written before, or this one when its rename failed: a descriptor only held, only closed.
+        if let replaced { _ = Glibc.close(replaced) }
         guard renamed else { return fail(.system("rename", path, code)) }
         if let error = Self.sync(directory.descriptor, path: directory.path) { return .failure(error) }
         return .success(())
+    }
+
+    /// Why the path no longer holds the file this writer last renamed there, or nil while it
+    /// does (or before the first write): since that write, a writer of the directory removed it,
+    /// or replaced it with a file, a link or a directory of their own, which readers of the path
+    /// now read. Looked up through the directory's descriptor, without following a link. A write
+    /// under way is no replacement; nor is anything once the writer is retired
+    /// (`retire(waitingAtMost:)`), since the file is then its successor's to write.
+    public func replacementProblem() -> String? {
+        // A write may land between the look at the gate and the look at the path: the path is
+        // judged against a gate seen unchanged across the look, tried a few times.
+        func look(_ gate: Gate) -> (FileID?, FileID?) { (gate.retired ? nil : gate.written?.id, gate.landing) }
+        for _ in 0..<3 {
+            let before = gate.withLock { look($0) }
+            guard let written = before.0 else { return nil }
+            var status = stat()
+            let found = fstatat(directory.descriptor, name, &status, AT_SYMLINK_NOFOLLOW) == 0
+            let code = errno
+            let after = gate.withLock { look($0) }
+            guard before == after else { continue }
+            guard found else {
+                guard code == ENOENT else {
+                    return "the token file \(path) cannot be examined now (\(String(cString: strerror(code))))"
+                }
+                return "the token file \(path) was removed since the broker wrote it (by a writer of its directory); "
+                    + "the broker writes it again"
+            }
+            let current = FileID(status)
+            guard current != written, current != before.1 else { return nil }
+            return "the token file \(path) was replaced since the broker wrote it (by a writer of its directory): "
+                + "readers of the path read another file until the broker writes it again"
+        }
+        return nil
     }
 
     /// Abandons every write from now on before its rename (`FileWriteError.abandoned`; the write
@@ -238,6 +320,11 @@ public final class AtomicFileWriter: Sendable {
         guard unlinkat(directory.descriptor, name, 0) == 0 || errno == ENOENT else {
             return .system("unlink", path, errno)
         }
+        let held = gate.withLock { gate in
+            defer { gate.written = nil }
+            return gate.written?.descriptor
+        }
+        if let held { _ = Glibc.close(held) }
         return nil
     }
 

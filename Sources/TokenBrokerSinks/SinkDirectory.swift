@@ -28,6 +28,14 @@ import TokenBrokerCore
 /// may replace it even in a sticky directory. Checking only the directories above the resolved
 /// path (`realpath`) would let the owner of a directory that holds a link repoint it. The
 /// file's own name, if a symbolic link, is replaced by the first write, never followed.
+///
+/// Opened trusting its writers (`SinkConfiguration.trustDirectoryWriters`, for a Kubernetes
+/// `emptyDir` shared by a pod's containers, mode 0777), others may write the directory and
+/// the directories above it, by their mode or by an ACL entry: those two checks, and only
+/// those, become notes (`otherWriters`) that the broker logs as a warning. Every other check
+/// stays, and so does the way each write is made (`AtomicFileWriter`): a new file created
+/// exclusively, never following a link, written through the descriptor opened here and renamed
+/// over the path.
 public final class SinkDirectory: Sendable {
     /// The directory as the configuration names it, for messages.
     public let path: String
@@ -38,13 +46,26 @@ public final class SinkDirectory: Sendable {
     /// The directory's device and inode, which name it whatever path leads there.
     public let device: UInt64
     public let inode: UInt64
+    /// Whether it was opened trusting whoever may write it and the directories above it
+    /// (`open(_:trustingWriters:)`).
+    public let trustsWriters: Bool
+    /// What others may write, found by `open` and let through because it trusts the writers, in
+    /// path order: `/shared (mode 0777)`, `/data, a directory above, lets user 4242 write it (an
+    /// ACL entry)`. Empty when the directory was not opened trusting its writers, or when nobody
+    /// else may write there now.
+    public let otherWriters: [String]
 
-    private init(path: String, resolvedPath: String, descriptor: Int32, status: stat) {
+    private init(
+        path: String, resolvedPath: String, descriptor: Int32, status: stat, trustsWriters: Bool,
+        otherWriters: [String]
+    ) {
         self.path = path
         self.resolvedPath = resolvedPath
         self.descriptor = descriptor
         device = UInt64(status.st_dev)
         inode = UInt64(status.st_ino)
+        self.trustsWriters = trustsWriters
+        self.otherWriters = otherWriters
     }
 
     deinit {
@@ -90,9 +111,9 @@ public final class SinkDirectory: Sendable {
     }
 
     /// Why `path`'s directory cannot hold a token file, or nil when it can; the directory is
-    /// opened and checked (`open(_:)`) then closed again.
-    public static func problem(for path: String) -> String? {
-        switch open(BrokerConfiguration.directory(of: path)) {
+    /// opened and checked (`open(_:trustingWriters:)`) then closed again.
+    public static func problem(for path: String, trustingWriters: Bool = false) -> String? {
+        switch open(BrokerConfiguration.directory(of: path), trustingWriters: trustingWriters) {
         case .failure(let problem): return problem.description
         case .success(let directory): return directory.fileProblem(for: path)
         }
@@ -153,7 +174,12 @@ public final class SinkDirectory: Sendable {
 
     /// Opens `directory` after checking it and every directory on the path to it (see the type's
     /// note); else the reason it cannot hold a token file.
-    public static func open(_ directory: String) -> Result<SinkDirectory, SinkDirectoryProblem> {
+    ///
+    /// - Parameter trustingWriters: let other users write it, and the directories above it (by
+    ///   their mode or an ACL entry), noting each in `otherWriters` instead of refusing it.
+    public static func open(_ directory: String, trustingWriters: Bool = false) -> Result<
+        SinkDirectory, SinkDirectoryProblem
+    > {
         // The path as written, from `/`: a relative one from the working directory, whose path
         // (`getcwd`) has no symbolic links. Next component last.
         var pending: [String]
@@ -171,6 +197,8 @@ public final class SinkDirectory: Sendable {
         var walked: [(descriptor: Int32, path: String, checked: Bool)] = [(root, "/", false)]
         defer { for step in walked { _ = Glibc.close(step.descriptor) } }
         var linksFollowed = 0
+        // What others may write on the way, when trusted.
+        var writers: [String] = []
         while let component = pending.popLast() {
             if component == "." { continue }
             if component == ".." {
@@ -185,8 +213,11 @@ public final class SinkDirectory: Sendable {
                 guard fstat(holder.descriptor, &status) == 0 else {
                     return .failure(unexaminable(directory, holder.path, errno))
                 }
-                if let problem = ancestorProblem(holder.path, holder.descriptor, status, below: directory) {
-                    return .failure(problem)
+                switch ancestorWriters(holder.path, holder.descriptor, status, below: directory) {
+                case .failure(let problem): return .failure(problem)
+                case .success(let found?) where trustingWriters: writers.append(found.note)
+                case .success(let found?): return .failure(found.problem)
+                case .success(nil): break
                 }
                 walked[walked.count - 1].checked = true
             }
@@ -229,11 +260,37 @@ public final class SinkDirectory: Sendable {
             _ = Glibc.close(opened)
             return .failure(unexaminable(directory, last.path, code))
         }
-        if let problem = ownProblem(directory, status) {
+        if let problem = ownerProblem(directory, status) {
             _ = Glibc.close(opened)
             return .failure(problem)
         }
-        return .success(SinkDirectory(path: directory, resolvedPath: last.path, descriptor: opened, status: status))
+        if status.st_mode & S_IWOTH != 0 {
+            guard trustingWriters else {
+                _ = Glibc.close(opened)
+                return .failure(
+                    SinkDirectoryProblem(
+                        "the directory \(directory) is writable by other users (mode \(modeText(status))): they could "
+                            + "replace or remove the token file; allowed: a directory only its owner and group can "
+                            + "write, such as mode 0750",
+                        trustWouldLift: true))
+            }
+            writers.append("\(directory) (mode \(modeText(status)))")
+        }
+        // The directory's own ACL writers are refused by the broker's ACL check, made once the
+        // directory is open; trusted, they are noted here instead.
+        if trustingWriters {
+            switch aclWriter(of: opened) {
+            case .failure(let failure):
+                _ = Glibc.close(opened)
+                return .failure(SinkDirectoryProblem("the directory \(directory) \(failure)"))
+            case .success(let writer?): writers.append("\(directory) lets \(writer) write it (an ACL entry)")
+            case .success(nil): break
+            }
+        }
+        return .success(
+            SinkDirectory(
+                path: directory, resolvedPath: last.path, descriptor: opened, status: status,
+                trustsWriters: trustingWriters, otherWriters: writers))
     }
 
     /// The symbolic links `open` follows, at most, before it gives up as the kernel would (`ELOOP`).
@@ -263,8 +320,8 @@ public final class SinkDirectory: Sendable {
             "the directory \(directory) does not exist; create it (owned by the broker's user, mode 0700 or 0750)")
     }
 
-    /// The directory's own owner and mode.
-    private static func ownProblem(_ directory: String, _ status: stat) -> SinkDirectoryProblem? {
+    /// The directory's own owner: the broker's user or root.
+    private static func ownerProblem(_ directory: String, _ status: stat) -> SinkDirectoryProblem? {
         let user = geteuid()
         guard status.st_uid == user || status.st_uid == 0 else {
             return SinkDirectoryProblem(
@@ -272,50 +329,61 @@ public final class SinkDirectory: Sendable {
                     + "nor root: its owner could replace or remove the token file; allowed: a directory owned by "
                     + "the broker's user or root")
         }
-        guard status.st_mode & S_IWOTH == 0 else {
-            return SinkDirectoryProblem(
-                "the directory \(directory) is writable by other users (mode \(modeText(status))): they could "
-                    + "replace or remove the token file; allowed: a directory only its owner and group can write, "
-                    + "such as mode 0750")
-        }
         return nil
     }
 
-    /// A directory on the path to the sink's: owned by the broker's user or root, and others may
-    /// not write it, by its mode or by an ACL entry, unless it is sticky.
-    private static func ancestorProblem(
+    /// Another writer of a directory above the sink's: the problem it is without trust, and the
+    /// note it becomes with it (`open(_:trustingWriters:)`).
+    private struct AncestorWriter {
+        let problem: SinkDirectoryProblem
+        let note: String
+    }
+
+    /// A directory on the path to the sink's: a problem when another user owns it (trust or
+    /// not); else whoever else may write it, by its mode or by an ACL entry, unless it is sticky;
+    /// else nil.
+    private static func ancestorWriters(
         _ ancestor: String, _ descriptor: Int32, _ status: stat, below directory: String
-    )
-        -> SinkDirectoryProblem?
-    {
+    ) -> Result<AncestorWriter?, SinkDirectoryProblem> {
         let user = geteuid()
         guard status.st_uid == user || status.st_uid == 0 else {
             // Its owner may rename what is in it whatever its mode, sticky or not.
-            return SinkDirectoryProblem(
-                "\(ancestor), a directory above \(directory), is owned by user \(status.st_uid), neither the "
-                    + "broker's user (\(user)) nor root: its owner could rename the token file's directory away and "
-                    + "put one of their own in its place; allowed: directories above owned by the broker's user or root"
-            )
+            return .failure(
+                SinkDirectoryProblem(
+                    "\(ancestor), a directory above \(directory), is owned by user \(status.st_uid), neither the "
+                        + "broker's user (\(user)) nor root: its owner could rename the token file's directory away "
+                        + "and put one of their own in its place; allowed: directories above owned by the broker's user "
+                        + "or root"))
         }
         // Others may write a sticky directory, but not rename what they do not own.
-        guard status.st_mode & S_ISVTX == 0 else { return nil }
+        guard status.st_mode & S_ISVTX == 0 else { return .success(nil) }
+        let consequence =
+            "without the sticky bit: they could rename the token file's directory away and put one of their own in "
+            + "its place"
         if status.st_mode & S_IWOTH != 0 {
-            return SinkDirectoryProblem(
-                "\(ancestor), a directory above \(directory), is writable by other users (mode \(modeText(status))) "
-                    + "without the sticky bit: they could rename the token file's directory away and put one of their "
-                    + "own in its place; allowed: directories above that others cannot write, or sticky ones such as /tmp"
-            )
+            return .success(
+                AncestorWriter(
+                    problem: SinkDirectoryProblem(
+                        "\(ancestor), a directory above \(directory), is writable by other users (mode "
+                            + "\(modeText(status))) \(consequence); allowed: directories above that others cannot write, "
+                            + "or sticky ones such as /tmp",
+                        trustWouldLift: true),
+                    note: "\(ancestor), a directory above (mode \(modeText(status)))"))
         }
         switch aclWriter(of: descriptor) {
         case .failure(let failure):
-            return SinkDirectoryProblem("\(ancestor), a directory above \(directory), \(failure)")
+            return .failure(SinkDirectoryProblem("\(ancestor), a directory above \(directory), \(failure)"))
         case .success(let writer?):
-            return SinkDirectoryProblem(
-                "\(ancestor), a directory above \(directory), lets \(writer) write it (an ACL entry) without the "
-                    + "sticky bit: they could rename the token file's directory away and put one of their own in its "
-                    + "place; allowed: directories above that no other user or named group can write, or sticky ones")
+            return .success(
+                AncestorWriter(
+                    problem: SinkDirectoryProblem(
+                        "\(ancestor), a directory above \(directory), lets \(writer) write it (an ACL entry) "
+                            + "\(consequence); allowed: directories above that no other user or named group can write, "
+                            + "or sticky ones",
+                        trustWouldLift: true),
+                    note: "\(ancestor), a directory above, lets \(writer) write it (an ACL entry)"))
         case .success(nil):
-            return nil
+            return .success(nil)
         }
     }
 
@@ -409,6 +477,12 @@ private let openPathOnly: Int32 = 0o10_000_000
 /// Why a directory cannot hold a token file, in words.
 public struct SinkDirectoryProblem: Error, Sendable, Equatable, CustomStringConvertible {
     public let description: String
+    /// Whether the problem is that others may write the directory or one above it, which opening
+    /// it trusting its writers lets through (`SinkDirectory.open(_:trustingWriters:)`).
+    public let trustWouldLift: Bool
 
-    public init(_ description: String) { self.description = description }
+    public init(_ description: String, trustWouldLift: Bool = false) {
+        self.description = description
+        self.trustWouldLift = trustWouldLift
+    }
 }

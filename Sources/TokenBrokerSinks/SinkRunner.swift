@@ -20,6 +20,9 @@ import TokenBrokerCrypto
 ///   token. An expired token is never written.
 /// - A failed write is reported, and tried again at the next token, or after `retryDelay` with
 ///   the token then valid, whichever comes first, until one succeeds.
+/// - A file that a writer of its directory removed or replaced since the last write
+///   (`AtomicFileWriter.replacementProblem()`) is written again, with the token then valid, at
+///   the next periodic look (see below); `status()` reports it meanwhile.
 /// - Writes block (`open`, `fsync`, `rename`), so they run on a serial queue of the sink's own,
 ///   never on Swift's cooperative pool; the task of `run()` only waits, suspended.
 ///
@@ -79,12 +82,15 @@ public final class SinkRunner<C: Clock>: Sendable where C.Duration == Duration {
             ))
     }
 
-    /// A runner whose file's directory is opened and checked (`SinkDirectory.open`) now.
+    /// A runner whose file's directory is opened and checked (`SinkDirectory.open`) now, trusting
+    /// its writers as the configuration says (`trustDirectoryWriters`).
     public convenience init(
         configuration: SinkConfiguration, provider: TokenProvider<C>, events: SinkEvents = SinkEvents(),
         retryDelay: Duration = .seconds(5)
     ) throws(SinkDirectoryProblem) {
-        let directory = try SinkDirectory.open(BrokerConfiguration.directory(of: configuration.path)).get()
+        let directory = try SinkDirectory.open(
+            BrokerConfiguration.directory(of: configuration.path), trustingWriters: configuration.trustDirectoryWriters
+        ).get()
         self.init(
             configuration: configuration, provider: provider, directory: directory, events: events,
             retryDelay: retryDelay)
@@ -103,21 +109,24 @@ public final class SinkRunner<C: Clock>: Sendable where C.Duration == Duration {
                 after: attempted, timeout: failing ? min(retryDelay, lookInterval) : lookInterval)
             let token: TokenProvider<C>.Token
             let stale: Bool
+            var restoring = false
             switch outcome {
             case .token(let next, let isStale):
                 (token, stale) = (next, isStale)
             case .timedOut, .exhausted:
                 // No newer token: write the current one if the file lacks it (a failed write to
-                // try again, a renewed expiry for `json`); never an expired one.
-                guard case .token(let current, let isStale, _) = provider.read(), needsWrite(current, over: written)
-                else { continue }
+                // try again, a renewed expiry for `json`, a file removed or replaced by a writer
+                // of the directory); never an expired one.
+                guard case .token(let current, let isStale, _) = provider.read() else { continue }
+                restoring = written != nil && writer.replacementProblem() != nil
+                guard restoring || needsWrite(current, over: written) else { continue }
                 (token, stale) = (current, isStale)
             case .shuttingDown, .cancelled:
                 return
             }
             let isRetry = failing && token.version == attempted
             attempted = max(attempted, token.version)
-            if await write(token, stale: stale, isRetry: isRetry) {
+            if await write(token, stale: stale, isRetry: isRetry, isRestore: restoring) {
                 written = Written(version: token.version, renewal: token.renewal)
             }
         }
@@ -130,7 +139,8 @@ public final class SinkRunner<C: Clock>: Sendable where C.Duration == Duration {
     public func retire(waitingAtMost limit: Duration) -> Bool { writer.retire(waitingAtMost: limit) }
 
     /// What the sink has done so far, whether its file holds a valid token now, and whether its
-    /// directory is still the one at its path (a `stat`, outside the lock).
+    /// directory is still the one at its path, and the file the one last written (a `stat` each,
+    /// outside the lock).
     public func status() -> SinkStatus {
         let now = provider.clock.now
         var status = state.withLock { state in
@@ -139,6 +149,7 @@ public final class SinkRunner<C: Clock>: Sendable where C.Duration == Duration {
             return status
         }
         status.directoryProblem = writer.directory.replacementProblem()
+        status.fileProblem = writer.replacementProblem()
         return status
     }
 
@@ -176,7 +187,7 @@ public final class SinkRunner<C: Clock>: Sendable where C.Duration == Duration {
     }
 
     /// Writes `token` on the sink's queue, records and reports the outcome; true when the file now holds it.
-    private func write(_ token: TokenProvider<C>.Token, stale: Bool, isRetry: Bool) async -> Bool {
+    private func write(_ token: TokenProvider<C>.Token, stale: Bool, isRetry: Bool, isRestore: Bool) async -> Bool {
         let bytes = contents(token, stale: stale)
         let (version, expiry) = (token.version, token.expiresAt)
         let fingerprint = Fingerprint.of(token.token.accessToken)
@@ -200,8 +211,8 @@ public final class SinkRunner<C: Clock>: Sendable where C.Duration == Duration {
                 }
                 events.wrote(
                     SinkEvents.Write(
-                        sink: configuration, version: version, fingerprint: fingerprint, error: error, isRetry: isRetry)
-                )
+                        sink: configuration, version: version, fingerprint: fingerprint, error: error, isRetry: isRetry,
+                        isRestore: isRestore))
                 continuation.resume(returning: error == nil)
             }
         }

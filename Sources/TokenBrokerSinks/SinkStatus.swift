@@ -24,11 +24,19 @@ public struct SinkStatus: Sendable, Equatable {
     /// Why readers of the path no longer see the file's writes (its directory was replaced
     /// since start: `SinkDirectory.replacementProblem()`), looked at when the status is read.
     public var directoryProblem: String?
+    /// Why readers of the path do not read the file last written (a writer of the directory
+    /// removed or replaced it since: `AtomicFileWriter.replacementProblem()`), looked at when the
+    /// status is read.
+    public var fileProblem: String?
+
+    /// Why readers of the path do not read what the broker wrote, or nil: the directory's problem
+    /// first, since the file's is looked for in the directory opened at start.
+    public var problem: String? { directoryProblem ?? fileProblem }
 
     public init(
         provider: String, path: String, format: SinkConfiguration.Format, version: UInt64? = nil,
         fingerprint: String? = nil, holdsValidToken: Bool = false, writes: Int = 0, failures: Int = 0,
-        lastError: FileWriteError? = nil, directoryProblem: String? = nil
+        lastError: FileWriteError? = nil, directoryProblem: String? = nil, fileProblem: String? = nil
     ) {
         self.provider = provider
         self.path = path
@@ -40,6 +48,7 @@ public struct SinkStatus: Sendable, Equatable {
         self.failures = failures
         self.lastError = lastError
         self.directoryProblem = directoryProblem
+        self.fileProblem = fileProblem
     }
 }
 
@@ -59,6 +68,9 @@ public struct SinkEvents: Sendable {
         public var error: FileWriteError?
         /// Whether this write tried again a token whose write had failed.
         public var isRetry: Bool
+        /// Whether this write put the token back into a file that a writer of its directory had
+        /// removed or replaced since the last write (`AtomicFileWriter.replacementProblem()`).
+        public var isRestore = false
     }
 
     /// What the removal of leftover temporary files at a sink's start did.

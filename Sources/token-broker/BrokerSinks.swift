@@ -33,8 +33,8 @@ extension Broker {
                 let status = runner.status()
                 return AdminAPI.TokenFileReport(
                     provider: status.provider, path: status.path, version: status.version,
-                    ready: status.holdsValidToken && status.directoryProblem == nil,
-                    lastError: status.lastError?.description, problem: status.directoryProblem)
+                    ready: status.holdsValidToken && status.problem == nil,
+                    lastError: status.lastError?.description, problem: status.problem)
             }
         }
     }
@@ -67,6 +67,12 @@ extension Broker {
     /// read-only mount), a name too long for it, a path that is a directory, a file the broker
     /// reads or makes (`UsedFiles`), or two sinks naming the same file through `..` or
     /// symbolic links (the same directory, by device and inode, and the same name).
+    ///
+    /// A sink with `trustDirectoryWriters` has its directory opened trusting its writers (others
+    /// may write it and the directories above it, by their mode or an ACL entry); once every
+    /// directory is open, each such sink is logged as a warning, naming its directory and what
+    /// others may write there. Start, `--check-config` and each reload call this, so each says it.
+    /// Without it, a problem the trust would lift names it.
     static func openSinkDirectories(_ configuration: BrokerConfiguration) -> Result<[SinkDirectory], ConfigurationError>
     {
         var directories: [SinkDirectory] = []
@@ -77,11 +83,18 @@ extension Broker {
         for (index, sink) in configuration.sinks.enumerated() {
             let key = "sinks[\(index)].path"
             let directory: SinkDirectory
-            switch SinkDirectory.open(BrokerConfiguration.directory(of: sink.path)) {
+            switch SinkDirectory.open(
+                BrokerConfiguration.directory(of: sink.path), trustingWriters: sink.trustDirectoryWriters)
+            {
             case .success(let opened): directory = opened
-            case .failure(let problem): return .failure(ConfigurationError(key: key, problem.description))
+            case .failure(let problem):
+                return .failure(
+                    ConfigurationError(key: key, problem.description + (problem.trustWouldLift ? trustHint : "")))
             }
-            if let problem = aclProblem(directory, holding: "token file") ?? directory.fileProblem(for: sink.path)
+            if let problem = defaultACLProblem(directory, holding: "token file")
+                ?? (directory.trustsWriters
+                    ? nil : aclWriterProblem(directory, holding: "token file").map { $0 + trustHint })
+                ?? directory.fileProblem(for: sink.path)
                 ?? used.problem(for: sink.path, in: directory)
                 ?? (probed.insert(directory.identity(of: ".")).inserted
                     ? directory.creationProblem(holding: "token file") : nil)
@@ -100,8 +113,24 @@ extension Broker {
             files[file] = index
             directories.append(directory)
         }
+        for (index, (sink, directory)) in zip(configuration.sinks, directories).enumerated()
+        where directory.trustsWriters {
+            Log.warning(
+                "token file in a directory whose writers are trusted (trustDirectoryWriters): whoever can write it, "
+                    + "or a directory above it, can replace or remove the token file between writes",
+                [
+                    "sink": "sinks[\(index)]", "path": sink.path, "directory": directory.path,
+                    "writable_by_others": directory.otherWriters.isEmpty
+                        ? "nothing now" : directory.otherWriters.joined(separator: "; "),
+                ])
+        }
         return .success(directories)
     }
+
+    /// The end of a problem that `trustDirectoryWriters` would lift: others may write the
+    /// directory, or one above it.
+    private static let trustHint =
+        "; or, when every user who can write there is trusted (a Kubernetes emptyDir), trustDirectoryWriters true"
 
     /// The files the broker reads or makes besides its token files (`BrokerConfiguration.filesUsed`:
     /// its configuration file, keys, secrets, TLS files, the store's), found as the file system
@@ -181,7 +210,9 @@ extension Broker {
 
     /// What the ACLs of a directory that holds token files or the store's records allow that its
     /// mode does not show (`defaultACLProblem`, `aclWriterProblem`), or nil; `what` names its files
-    /// in the problem. The one check of both, made once the directory is open.
+    /// in the problem. The one check of both, made once the directory is open (the store's; a
+    /// token file's makes both itself, since a directory opened trusting its writers lets them
+    /// write it by an ACL entry too, and `SinkDirectory.otherWriters` names them).
     static func aclProblem(_ directory: SinkDirectory, holding what: String) -> String? {
         defaultACLProblem(directory, holding: what) ?? aclWriterProblem(directory, holding: what)
     }
@@ -357,6 +388,13 @@ extension Broker {
                 [
                     "provider": sink.provider, "path": sink.path, "version": String(write.version),
                     "token": write.fingerprint, "problem": error.description,
+                ])
+        } else if write.isRestore {
+            Log.warning(
+                "token file written again: a writer of its directory had removed or replaced it since the last write",
+                [
+                    "provider": sink.provider, "path": sink.path, "version": String(write.version),
+                    "token": write.fingerprint,
                 ])
         } else {
             Log.info(

@@ -132,8 +132,35 @@ import TokenBrokerCore
         #expect(
             configurationProblem(document(sinks: #"{"provider": "plain", "path": "/run/tb/x", "owner": "root"}"#))?
                 .hasPrefix(
-                    "sinks[0].owner: unknown key; allowed: provider, path, format, mode, audience, scope, resource")
+                    "sinks[0].owner: unknown key; allowed: provider, path, format, mode, audience, scope, resource, "
+                        + "trustDirectoryWriters")
                 == true)
+    }
+
+    @Test func trustDirectoryWritersIsOffByDefaultAndOnlyABoolean() throws {
+        let configuration = try parse(
+            document(
+                sinks: """
+                    {"provider": "plain", "path": "/run/tb/a"},
+                    {"provider": "plain", "path": "/run/tb/b", "trustDirectoryWriters": true},
+                    {"provider": "plain", "path": "/run/tb/c", "trustDirectoryWriters": false}
+                    """))
+        #expect(configuration.sinks.map(\.trustDirectoryWriters) == [false, true, false])
+        #expect(
+            configuration.sinks[1]
+                == SinkConfiguration(provider: "plain", path: "/run/tb/b", trustDirectoryWriters: true))
+        for value in [#""true""#, "1", "[]", "{}"] {
+            let problem = configurationProblem(
+                document(sinks: #"{"provider": "plain", "path": "/run/tb/x", "trustDirectoryWriters": \#(value)}"#))
+            #expect(
+                problem?.hasPrefix("sinks[0].trustDirectoryWriters: must be true or false, not ") == true,
+                "\(value): \(problem ?? "accepted")")
+        }
+        // The key is named exactly: another spelling is an unknown key, not an opt-in.
+        #expect(
+            configurationProblem(
+                document(sinks: #"{"provider": "plain", "path": "/run/tb/x", "sharedDirectory": true}"#))?
+                .hasPrefix("sinks[0].sharedDirectory: unknown key") == true)
     }
 
     @Test func valuesNeedATemplateThatTakesThemAndAllowsThem() {

@@ -201,6 +201,47 @@ import TokenBrokerTestSupport
         #expect(source.fetchCount == 1, "the retry writes the token it has; it fetches none")
     }
 
+    @Test func aFileRemovedOrReplacedBetweenWritesIsReportedThenWrittenAgainAtTheNextLook() async throws {
+        let directory = try privateDirectory()
+        let path = directory.path("p.token")
+        let (clock, source) = (ManualClock(), ScriptedSource())
+        // A token every 10 s; the runner looks again every 5 s (half the refresh delay).
+        let provider = provider(source, clock, refreshDelay: 10)
+        let writes = Recorder()
+        let runner = try SinkRunner(
+            configuration: SinkConfiguration(provider: "p", path: path), provider: provider, events: writes.events)
+        try await running(provider, runner) {
+            #expect(await eventually { contents(path) == "token-1" && provider.status().waiters == 1 })
+            #expect(runner.status().problem == nil)
+            // Another writer of the directory removes the file.
+            #expect(unlink(path) == 0)
+            #expect(runner.status().fileProblem?.contains("was removed since the broker wrote it") == true)
+            #expect(runner.status().problem == runner.status().fileProblem)
+            #expect(runner.status().holdsValidToken, "the token written is still valid: the file is what is wrong")
+            await step(clock, seconds: 5, provider, runnerWaits: true)
+            #expect(await eventually { contents(path) == "token-1" }, "written again with the token held")
+            #expect(await eventually { writes.all.count == 2 })
+            #expect(runner.status().problem == nil)
+            // At 10 s the next token is written as usual; then the other writer puts a file of its own in its place.
+            await step(clock, seconds: 5, provider, runnerWaits: true)
+            #expect(await eventually { contents(path) == "token-2" && writes.all.count == 3 })
+            try "theirs".write(toFile: directory.path("theirs"), atomically: false, encoding: .utf8)
+            #expect(rename(directory.path("theirs"), path) == 0)
+            #expect(runner.status().fileProblem?.contains("was replaced since the broker wrote it") == true)
+            await step(clock, seconds: 4, provider, runnerWaits: true)
+            #expect(contents(path) == "theirs" && runner.status().problem != nil, "until the next look")
+            await step(clock, seconds: 1, provider, runnerWaits: true)
+            #expect(await eventually { contents(path) == "token-2" })
+            #expect(await eventually { writes.all.count == 4 })
+            #expect(runner.status().problem == nil)
+        }
+        #expect(writes.all.map(\.isRestore) == [false, true, false, true])
+        #expect(writes.all.map(\.version) == [1, 1, 2, 2])
+        #expect(writes.all.allSatisfy { $0.error == nil })
+        #expect(source.fetchCount == 2, "written again from the token held, with no fetch of its own")
+        #expect(runner.status().writes == 4 && runner.status().failures == 0)
+    }
+
     @Test func aProviderReadOnlyByASinkNeverPausesWhileIdle() async throws {
         // Without a sink, the same provider pauses: nobody reads it for tokenRefreshDelaySec.
         let alone = ScriptedSource()

@@ -416,6 +416,8 @@ def test_a_directory_missing_or_writable_by_others_stops_the_broker_with_the_rea
     ({"colour": "blue"}, "colour"),
     ({"audience": "https://orders.example/"}, "audience"),  # the provider is no template
     ({"path": None}, "path"),
+    ({"trustDirectoryWriters": "yes"}, "trustDirectoryWriters"),
+    ({"sharedDirectory": True}, "sharedDirectory"),
 ])
 def test_a_bad_sink_is_refused_at_start_naming_the_key(tmp_path, sink, key):
     directory = tmp_path / "run"
@@ -658,3 +660,260 @@ def test_a_token_file_with_a_name_of_255_bytes_is_written(tmp_key, sink_dir):
     path = sink_dir / ("t" * 255)
     with Broker({"providers": [signer(tmp_key)], "sinks": [{"provider": "default", "path": str(path)}]}):
         assert wait_until(lambda: read(path) is not None, timeout=20)
+
+
+# A directory others may write, whose writers are trusted: trustDirectoryWriters (a Kubernetes
+# emptyDir: mode 0777, or 2777 with the pod's fsGroup as its group)
+
+OTHER_GROUP = 4343
+
+
+def shared_directory(tmp_path, case):
+    """`tmp_path/shared` as the kubelet makes an emptyDir: mode 0777, or with an fsGroup its
+    group and the setgid bit (2777). Returns the directory and its group."""
+    directory = tmp_path / "shared"
+    directory.mkdir()
+    group = os.getegid()
+    if case == "2777 with a group":
+        groups = [gid for gid in os.getgroups() if gid != os.getegid()]
+        if os.geteuid() == 0:
+            group = OTHER_GROUP
+        elif groups:
+            group = groups[0]
+        else:
+            pytest.skip("the test user can give a directory no other group")
+        os.chown(directory, -1, group)
+    directory.chmod(0o2777 if case == "2777 with a group" else 0o777)
+    return directory, group
+
+
+def trusted_sink(path, **extra):
+    return {"provider": "default", "path": str(path), "trustDirectoryWriters": True, **extra}
+
+
+def trust_warnings(text):
+    """The start-up warning lines of sinks whose directory's writers are trusted."""
+    return [line for line in text.splitlines() if "level=warn" in line and "trustDirectoryWriters" in line]
+
+
+SHARED_CASES = ["0777", "2777 with a group"]
+
+
+@pytest.mark.parametrize("case", SHARED_CASES)
+def test_a_directory_others_can_write_is_refused_unless_the_sink_trusts_its_writers(tmp_path, case):
+    """Without the opt-in, an emptyDir is refused (exit 2) with the reason and the way out; with
+    it, --check-config passes and warns, naming the directory and its mode. A broker that does not
+    know the key refuses it as unknown (exit 2): the opt-in is never silently ignored."""
+    directory, _ = shared_directory(tmp_path, case)
+    mode = "02777" if case == "2777 with a group" else "0777"
+    plain = write_sink_config(tmp_path, directory / "t.token")
+    refused(plain, f"the directory {directory} is writable by other users (mode {mode})")
+    refused(plain, "; or, when every user who can write there is trusted (a Kubernetes emptyDir), trustDirectoryWriters true")
+    config = tmp_path / "trusted.json"
+    config.write_text(json.dumps({"sinks": [trusted_sink(directory / "t.token")]}))
+    result = run_broker("--check-config", "--config", str(config))
+    assert result.returncode == 0, result.stdout + result.stderr
+    [warning] = trust_warnings(result.stderr)
+    assert "sink=sinks[0]" in warning and f"directory={directory}" in warning, warning
+    assert f'writable_by_others="{directory} (mode {mode})"' in warning, warning
+    assert "can replace or remove the token file between writes" in warning, warning
+    assert os.listdir(directory) == []
+
+
+def test_the_trust_lifts_only_the_writer_checks(tmp_path):
+    """A directory above that others can write is trusted too and named in the warning; a default
+    ACL (which would widen who may read each new file) and a directory another user owns stay
+    refused; the key takes only true or false."""
+    parent = tmp_path / "shared"
+    directory = parent / "tokens"
+    directory.mkdir(parents=True, mode=0o700)
+    parent.chmod(0o777)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"sinks": [trusted_sink(directory / "t")]}))
+    result = run_broker("--check-config", "--config", str(config))
+    assert result.returncode == 0, result.stdout + result.stderr
+    [warning] = trust_warnings(result.stderr)
+    assert f'writable_by_others="{parent}, a directory above (mode 0777)"' in warning, warning
+
+    # user::rwx, user:4242:rwx, group::r-x, mask::rwx, other::---: another writer, by an ACL entry.
+    directory.chmod(0o750)
+    os.setxattr(directory, "system.posix_acl_access", acl(
+        (0x01, 7, ANYONE), (0x02, 7, 4242), (0x04, 5, ANYONE), (0x10, 7, ANYONE), (0x20, 0, ANYONE)))
+    result = run_broker("--check-config", "--config", str(config))
+    assert result.returncode == 0, result.stdout + result.stderr
+    [warning] = trust_warnings(result.stderr)
+    assert f"{directory} lets user 4242 write it (an ACL entry)" in warning, warning
+    parent.chmod(0o755)
+    refused(write_sink_config(tmp_path, directory / "t"),
+            f"the directory {directory} lets user 4242 write it (an ACL entry): they could replace or remove the "
+            "token file; allowed: a directory only its owner and group can write; or, when every user who can write "
+            "there is trusted (a Kubernetes emptyDir), trustDirectoryWriters true")
+
+    set_acl(directory, "default ACL")
+    refused(config, f"the directory {directory} has a default ACL")
+
+    config.write_text(json.dumps({"sinks": [trusted_sink(directory / "t", trustDirectoryWriters="yes")]}))
+    refused(config, "sinks[0].trustDirectoryWriters: must be true or false, not a string")
+    if os.geteuid() == 0:
+        os.removexattr(directory, "system.posix_acl_default")
+        os.chown(directory, 65534, 65534)
+        config.write_text(json.dumps({"sinks": [trusted_sink(directory / "t")]}))
+        refused(config, f"the directory {directory} is owned by user 65534")
+
+
+@pytest.mark.parametrize("case", SHARED_CASES)
+def test_a_sink_trusting_its_directory_s_writers_gets_each_new_token_with_its_mode(tmp_key, tmp_path, case):
+    """The sidecar's case: the broker writes into the emptyDir, mode 0640; with an fsGroup the file
+    takes the directory's group (setgid), so that the application, in that group, reads it."""
+    directory, group = shared_directory(tmp_path, case)
+    path = directory / "default.token"
+    config = {"providers": [signer(tmp_key, forcedRefreshMaxAttempts=100, forcedRefreshWindowSec=1)],
+              "sinks": [trusted_sink(path, mode="0640")]}
+    with Broker(config, umask=0o077) as broker:
+        assert wait_until(lambda: read(path) is not None, timeout=20)
+        assert len(trust_warnings(broker.stderr())) == 1, broker.stderr()
+        current = broker.get_json("/token")[0]
+        assert wait_until(lambda: read(path) == current["access_token"], timeout=10)
+        for _ in range(3):
+            current = refresh(broker, current["version"])
+            assert wait_until(lambda: read(path) == current["access_token"], timeout=10), "the file follows the token"
+            status = os.lstat(path)
+            assert stat.S_ISREG(status.st_mode) and stat.S_IMODE(status.st_mode) == 0o640
+            assert status.st_uid == os.geteuid() and status.st_gid == group
+        status, _, body = broker.request("GET", "/readyz", listener="admin")
+        assert status == 200 and json.loads(body)["sinks"][0]["ready"], body
+        assert sorted(os.listdir(directory)) == ["default.token"]
+        assert sink_writes(broker) == 4 and sink_writes(broker, success=False) == 0
+
+
+def temporary_names(broker, path, count):
+    """The names of the temporary files the broker's first writer of `path` makes first: each
+    writer numbers its own from its number (the first made is 1) shifted 32 bits
+    (AtomicFileWriter), after `.{name}.tmp-{pid}-`."""
+    return [f".{path.name}.tmp-{broker.process.pid}-{(1 << 32) + n}" for n in range(1, count + 1)]
+
+
+def test_names_another_writer_plants_in_a_trusted_directory_are_never_followed_nor_written_through(tmp_key, tmp_path):
+    """Whoever may write the directory plants, between two writes, a symbolic link at the path
+    and at the next temporary names (to a file the broker could write but they could not), a
+    file of their own at a temporary name, a hard link at the path: the token goes only into a
+    new file the broker made, renamed over the path; the links' target is untouched."""
+    directory, _ = shared_directory(tmp_path, "0777")
+    path = directory / "t.token"
+    victim = tmp_path / "victim"
+    victim.write_text("victim's own")
+    victim.chmod(0o644)
+    config = {"providers": [signer(tmp_key, forcedRefreshMaxAttempts=100, forcedRefreshWindowSec=1)],
+              "sinks": [trusted_sink(path, mode="0640")]}
+    with Broker(config) as broker:
+        assert wait_until(lambda: read(path) is not None and sink_writes(broker) == 1, timeout=20)
+        current = broker.get_json("/token")[0]
+        # The first write took the first name; the next ones are planted.
+        names = temporary_names(broker, path, 6)[1:]
+        for index, name in enumerate(names):
+            if index % 2:
+                (directory / name).write_text("theirs")
+            else:
+                (directory / name).symlink_to(victim)
+        os.symlink(victim, directory / "link")
+        os.rename(directory / "link", path)
+
+        current = refresh(broker, current["version"])
+        assert wait_until(lambda: not os.path.islink(path) and read(path) == current["access_token"], timeout=10)
+        assert victim.read_text() == "victim's own" and stat.S_IMODE(victim.stat().st_mode) == 0o644
+        for index, name in enumerate(names):
+            planted = directory / name
+            assert planted.is_symlink() if index % 2 == 0 else planted.read_text() == "theirs", name
+        assert stat.S_IMODE(os.lstat(path).st_mode) == 0o640
+
+        # A hard link of the victim at the path: replaced by the next write, never written through.
+        os.link(victim, directory / "hard")
+        os.rename(directory / "hard", path)
+        current = refresh(broker, current["version"])
+        assert wait_until(lambda: read(path) == current["access_token"], timeout=10)
+        assert victim.read_text() == "victim's own" and victim.stat().st_nlink == 1
+        assert sorted(os.listdir(directory)) == sorted(names + ["t.token"])
+        assert sink_writes(broker, success=False) == 0
+        assert current["access_token"] not in broker.stderr()
+
+
+def test_a_file_another_writer_removes_replaces_or_blocks_shows_in_readyz_and_is_written_again(tmp_key, tmp_path):
+    """What trusted writers can still do: remove or replace the file between writes, or put a
+    directory at its path. /readyz reports the file not ready with the problem; the broker writes
+    the token it holds again at its next look (every tokenRefreshDelaySec / 2), logging it; a
+    write that cannot land (a directory at the path) fails, is logged and counted, and leaves
+    nothing elsewhere."""
+    directory, _ = shared_directory(tmp_path, "0777")
+    path = directory / "t.token"
+    # A token every 20 s; the sink looks again every 10 s.
+    config = {"providers": [signer(tmp_key, tokenRefreshDelaySec=20, forcedRefreshMaxAttempts=100,
+                                   forcedRefreshWindowSec=1)],
+              "sinks": [trusted_sink(path)]}
+
+    def readyz():
+        status, _, body = broker.request("GET", "/readyz", listener="admin")
+        return status, json.loads(body)["sinks"][0]
+
+    with Broker(config) as broker:
+        assert wait_until(lambda: read(path) is not None, timeout=20)
+        token = read(path)
+        assert readyz()[0] == 200
+        path.unlink()
+        status, sink = readyz()
+        assert status == 503 and not sink["ready"] and "was removed since the broker wrote it" in sink["problem"], sink
+        assert wait_until(lambda: read(path) is not None, timeout=30), "written again at the next look"
+        assert wait_until(lambda: readyz()[0] == 200, timeout=10)
+        assert any("token file written again" in line and str(path) in line and "level=warn" in line
+                   for line in broker.stderr().splitlines()), broker.stderr()
+
+        (directory / "theirs").write_text("not a token")
+        os.rename(directory / "theirs", path)
+        status, sink = readyz()
+        assert status == 503 and "was replaced since the broker wrote it" in sink["problem"], sink
+        assert wait_until(lambda: read(path) not in (None, "not a token"), timeout=30)
+        assert wait_until(lambda: readyz()[0] == 200, timeout=10)
+
+        # A directory at the path: no rename can replace it.
+        path.unlink()
+        path.mkdir()
+        current = broker.get_json("/token")[0]
+        renewed = refresh(broker, current["version"])
+        assert wait_until(lambda: sink_writes(broker, success=False) >= 1, timeout=10)
+        status, sink = readyz()
+        assert status == 503 and "was replaced" in sink["problem"] and "Is a directory" in sink["last_error"], sink
+        assert any(str(path) in line and "level=error" in line and "Is a directory" in line
+                   for line in broker.stderr().splitlines()), broker.stderr()
+        assert sorted(os.listdir(directory)) == ["t.token"] and os.listdir(path) == [], "nothing written elsewhere"
+        path.rmdir()
+        assert wait_until(lambda: read(path) == renewed["access_token"], timeout=30)
+        assert wait_until(lambda: readyz()[0] == 200, timeout=10)
+        assert token not in broker.stderr() and renewed["access_token"] not in broker.stderr()
+
+
+def test_a_reload_checks_and_warns_about_a_trusted_directory_as_start_does(tmp_key, tmp_path):
+    """A reload opens the token files' directories again (Reloading): one others can write is
+    refused (422, and the running writers go on) unless its sink trusts its writers, when it is
+    taken, written, and warned about."""
+    from test_reload import post_reload, rewrite
+
+    directory, _ = shared_directory(tmp_path, "0777")
+    path = directory / "t.token"
+    provider = signer(tmp_key)
+    with Broker({"providers": [provider]}) as broker:
+        rewrite(broker, {"providers": [provider], "sinks": [{"provider": "default", "path": str(path)}]})
+        status, document = post_reload(broker)
+        assert status == 422 and "is writable by other users (mode 0777)" in document["error_description"], document
+        assert os.listdir(directory) == [] and not trust_warnings(broker.stderr())
+
+        rewrite(broker, {"providers": [provider], "sinks": [trusted_sink(path)]})
+        status, document = post_reload(broker)
+        assert status == 200, document
+        assert wait_until(lambda: read(path) == broker.get_json("/token")[0]["access_token"], timeout=20)
+        assert len(trust_warnings(broker.stderr())) == 1, broker.stderr()
+
+        # Trust withdrawn: refused, and the trusted writer goes on.
+        rewrite(broker, {"providers": [provider], "sinks": [{"provider": "default", "path": str(path)}]})
+        status, document = post_reload(broker)
+        assert status == 422, document
+        renewed = refresh(broker, broker.get_json("/token")[0]["version"])
+        assert wait_until(lambda: read(path) == renewed["access_token"], timeout=10)

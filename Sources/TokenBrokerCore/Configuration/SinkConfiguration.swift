@@ -24,7 +24,8 @@ public struct SinkConfiguration: Sendable, Equatable {
     /// and unique across sinks (here by its text; at start, also through `..` and symbolic links,
     /// by the directory's device and inode and the file's name). Its directory must exist, be
     /// owned by the broker's user or root, and not be writable by others, nor may any directory
-    /// above it be, unless sticky (checked at start, `SinkDirectory`).
+    /// above it be, unless sticky (checked at start, `SinkDirectory`); `trustDirectoryWriters`
+    /// lifts the last two checks.
     public var path: String
     /// Default `token`; also `json`.
     public var format: Format
@@ -43,13 +44,25 @@ public struct SinkConfiguration: Sendable, Equatable {
     public var scope: String?
     /// The resource of a template's child (RFC 8707), as a request's `?resource=` names it; nil for none.
     public var resource: String?
+    /// Whether other users may write the file's directory, and the directories above it, because
+    /// every one of them is trusted: a Kubernetes `emptyDir` shared by the containers of one pod,
+    /// which the kubelet makes with mode 0777 and nobody in a pod without root can narrow.
+    /// Default false.
+    ///
+    /// Only the checks that others cannot write those directories (by their mode, or an ACL
+    /// entry) are lifted; every other one stays: their owners, the links on the way, no default
+    /// ACL, no file the broker reads, and how each write is made (`AtomicFileWriter`). Whoever
+    /// can write the directory can still replace or remove the file between two writes, which
+    /// `/readyz` then reports until the broker writes it again. The broker logs a warning for
+    /// each such sink at start, at `--check-config` and at each reload.
+    public var trustDirectoryWriters: Bool
 
     /// The default `mode`.
     public static let defaultMode: UInt32 = 0o600
 
     public init(
         provider: String, path: String, format: Format = .token, mode: UInt32 = defaultMode,
-        audience: String? = nil, scope: String? = nil, resource: String? = nil
+        audience: String? = nil, scope: String? = nil, resource: String? = nil, trustDirectoryWriters: Bool = false
     ) {
         self.provider = provider
         self.path = path
@@ -58,6 +71,7 @@ public struct SinkConfiguration: Sendable, Equatable {
         self.audience = audience
         self.scope = scope
         self.resource = resource
+        self.trustDirectoryWriters = trustDirectoryWriters
     }
 
     /// Whether the sink names a value for a template's child.
@@ -106,6 +120,7 @@ extension SinkConfiguration {
         audience = try reader.string("audience")
         scope = try reader.string("scope")
         resource = try reader.string("resource")
+        trustDirectoryWriters = try reader.bool("trustDirectoryWriters", default: false)
         try reader.finish()
     }
 
