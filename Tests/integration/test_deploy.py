@@ -9,7 +9,8 @@
 - The Kubernetes manifest and the compose file parse as YAML, hold what a pod (or a fleet) needs,
   agree with themselves (volumes, mounts, ports, paths), and the broker configurations they carry
   pass the real binary's --check-config, with their secret files made (mode 0600) in a temporary
-  directory.
+  directory, and the manifest's token file's emptyDir made as the kubelet makes it (mode 2777,
+  the fsGroup's), shared read-only with the application.
 
 promtool comes from Debian's `prometheus` package (`make test` installs it); without it these
 tests fail, never skip. Only 127.0.0.1 is contacted.
@@ -168,9 +169,10 @@ def k8s_documents():
     return documents
 
 
-def check_config(config_text, replacements, secret_files, tmp_path, env):
+def check_config(config_text, replacements, secret_files, tmp_path, env, warnings=0):
     """Writes a configuration (its paths moved into tmp_path) and its secret files (mode 0600), runs
-    --check-config with `env` plus TOKEN_BROKER_CONFIG, and returns the result."""
+    --check-config with `env` plus TOKEN_BROKER_CONFIG, and returns the result. Its only warnings
+    must be those of the token files whose directory's writers are trusted, `warnings` of them."""
     for old, new in replacements.items():
         config_text = config_text.replace(old, new)
     for path, content in secret_files.items():
@@ -182,7 +184,8 @@ def check_config(config_text, replacements, secret_files, tmp_path, env):
     with open(config_path, "w") as handle:
         handle.write(config_text)
     result = run_broker("--check-config", env={**env, "TOKEN_BROKER_CONFIG": config_path})
-    assert "level=warn" not in result.stderr, result.stderr
+    warned = [line for line in result.stderr.splitlines() if "level=warn" in line]
+    assert len(warned) == warnings and all("trustDirectoryWriters" in line for line in warned), result.stderr
     return result
 
 
@@ -479,15 +482,42 @@ def test_the_kubernetes_brokers_configuration_passes_check_config(tmp_path):
                 if os.path.join(mount["mountPath"], item["path"]) == env["TOKEN_BROKER_CONFIG"]:
                     config_text = config_map["data"][item["key"]]
     assert config_text, "TOKEN_BROKER_CONFIG is no file of a mounted ConfigMap"
-    # Every file the configuration names is one the pod mounts.
-    for key, path in config_paths(json.loads(config_text)):
+    config = json.loads(config_text)
+    sinks = config.get("sinks", [])
+    # Every file the configuration names is one the pod mounts; the token files are checked below.
+    for key, path in config_paths(config):
+        if path in {sink["path"] for sink in sinks}:
+            continue
         assert any(path.startswith(prefix + "/") for prefix in replacements), f"{key} {path} is not mounted"
         local = path
         for old, new in replacements.items():
             local = local.replace(old, new)
         assert local in files, f"{key} {path} is no file of the mounted Secret"
+    # Each token file is in an emptyDir that the broker mounts writable and an application
+    # container mounts read-only; made here as the kubelet makes it, mode 0777, or with the pod's
+    # fsGroup, its group and the setgid bit (2777), which only a sink trusting its directory's
+    # writers accepts. Its mode lets the fsGroup read it.
+    fs_group = spec.get("securityContext", {}).get("fsGroup")
+    apps = [container for container in spec["containers"] if container is not broker]
+    for index, sink in enumerate(sinks):
+        directory = os.path.dirname(sink["path"])
+        [mount] = [mount for mount in broker["volumeMounts"] if mount["mountPath"] == directory]
+        assert "emptyDir" in volumes[mount["name"]] and not mount.get("readOnly"), mount
+        readers = [m for app in apps for m in app.get("volumeMounts", []) if m["name"] == mount["name"]]
+        assert readers and all(m.get("readOnly") is True for m in readers), f"sinks[{index}]: {readers}"
+        assert sink.get("trustDirectoryWriters") is True, f"sinks[{index}] cannot use an emptyDir without it"
+        if fs_group is not None:
+            assert int(sink.get("mode", "0600"), 8) & 0o040, f"sinks[{index}]: the fsGroup cannot read mode {sink['mode']}"
+        local = replacements[directory]
+        os.makedirs(local)
+        if fs_group is not None:
+            os.chown(local, -1, fs_group if os.geteuid() == 0 else os.getegid())
+        os.chmod(local, 0o2777 if fs_group is not None else 0o777)
     result = check_config(config_text, replacements, files, tmp_path,
-                          {name: value for name, value in env.items() if name != "TOKEN_BROKER_CONFIG"})
+                          {name: value for name, value in env.items() if name != "TOKEN_BROKER_CONFIG"},
+                          warnings=len(sinks))
+    for sink in sinks:
+        assert replacements[os.path.dirname(sink["path"])] in result.stderr, result.stderr
     assert result.returncode == 0, result.stdout + result.stderr
     listen, admin = env["TOKEN_BROKER_LISTEN"], env["TOKEN_BROKER_ADMIN_LISTEN"]
     assert f"token listener {listen}, admin listener {admin}" in result.stdout, result.stdout
