@@ -467,8 +467,9 @@ extension MachineHarness {
         let window = SharedForcedRefreshWindow<ManualClock.Instant>(interval: .seconds(30), maximumAttempts: 5)
         var first = MachineHarness.servingFleetRecord(fleetRecord(version: 1, lifetime: 900, accessToken: "token-a"))
         var second = MachineHarness.servingFleetRecord(fleetRecord(version: 1, lifetime: 900, accessToken: "token-b"))
-        first.machine.shareForcedRefreshes(window, as: TokenRequestValues(audience: "https://a"))
-        second.machine.shareForcedRefreshes(window, as: TokenRequestValues(audience: "https://b"))
+        let early = SharedForcedRefreshWindow<ManualClock.Instant>(interval: .seconds(30), maximumAttempts: 5)
+        first.machine.shareForcedRefreshes(window, early: early, as: TokenRequestValues(audience: "https://a"))
+        second.machine.shareForcedRefreshes(window, early: early, as: TokenRequestValues(audience: "https://b"))
         for _ in 0..<5 { first.machine.forcedElsewhere(now: first.now) }
         guard case .excessive(let retryAfter) = second.forceRefresh(rejected: 1) else {
             Issue.record("five forced refreshes elsewhere for a sibling should fill the template's window")

@@ -436,7 +436,9 @@ import TokenBrokerCore
         var children: [MachineHarness] = []
         for index in 0..<20 {
             var child = MachineHarness(ProviderConfiguration())
-            child.machine.shareForcedRefreshes(window, as: TokenRequestValues(audience: "https://svc.example/\(index)"))
+            child.machine.shareForcedRefreshes(
+                window, early: SharedForcedRefreshWindow(interval: .seconds(30), maximumAttempts: 5),
+                as: TokenRequestValues(audience: "https://svc.example/\(index)"))
             child.start()
             child.succeed()
             child.now = .init(offset: .seconds(1))
@@ -464,49 +466,59 @@ import TokenBrokerCore
         }
     }
 
-    /// An early refresh (a cloud SDK's margin) is counted in a window of its own: callers forcing
-    /// refreshes on the template's other children, and on the child itself, cannot take its
-    /// places, which left the SDK a token it treats as expired. Its own window still bounds it.
-    @Test func anEarlyRefreshHasItsOwnWindowWhichTheRetriersCallersCannotFill() {
+    /// An early refresh (a cloud SDK's margin) is counted in the template's window of early
+    /// refreshes, apart from the retrier's: callers forcing refreshes on the template's other
+    /// children, and on the child itself, cannot take its places, which left the SDK a token it
+    /// treats as expired. That window is the template's, shared as the retrier's is, so that
+    /// the SDK routes' callers, who choose which children exist, cannot make the issuer fetch
+    /// more per window than five early refreshes, however many children they make.
+    @Test func earlyRefreshesHaveTheTemplatesWindowOfTheirOwnWhichTheRetriersCallersCannotFill() {
         let window = SharedForcedRefreshWindow<MachineHarness.Instant>(interval: .seconds(30), maximumAttempts: 5)
+        let early = SharedForcedRefreshWindow<MachineHarness.Instant>(interval: .seconds(30), maximumAttempts: 5)
         var children: [MachineHarness] = []
-        for index in 0..<2 {
+        for index in 0..<4 {
             var child = MachineHarness(ProviderConfiguration())
-            child.machine.shareForcedRefreshes(window, as: TokenRequestValues(audience: "https://svc.example/\(index)"))
+            child.machine.shareForcedRefreshes(
+                window, early: early, as: TokenRequestValues(audience: "https://svc.example/\(index)"))
             child.start()
             child.succeed()
             child.now = .init(offset: .seconds(1))
             children.append(child)
         }
-        // The other child takes its three places, this one a fourth: the retrier's window is shut to it.
+        // One child takes its three places, another a fourth: the retrier's window is shut to it.
         for _ in 0..<3 {
             guard case .refreshing = children[0].forceRefresh(rejected: nil) else {
-                Issue.record("the other child's first three forced refreshes are admitted")
+                Issue.record("the first child's first three forced refreshes are admitted")
                 return
             }
             children[0].succeed()
         }
         guard case .refreshing = children[1].forceRefresh(rejected: nil) else {
-            Issue.record("this child's first forced refresh is admitted")
+            Issue.record("the second child's first forced refresh is admitted")
             return
         }
         children[1].succeed()
         guard case .excessive = children[1].forceRefresh(rejected: nil) else {
-            Issue.record("the retrier's window is shut to this child")
+            Issue.record("the retrier's window is shut to the second child")
             return
         }
-        let fetches = children[1].fetchesStarted
-        var early = 0
-        for _ in 0..<7 {
-            // Of the current version, as the cloud SDK routes ask (nil names it too).
-            guard case .refreshing = children[1].forceRefresh(rejected: nil, early: true) else { break }
-            early += 1
-            children[1].succeed()
+        // Early refreshes (of the current version, as the cloud SDK routes ask; nil names it too).
+        func earlyRefreshes(_ index: Int, tries: Int = 6) -> Int {
+            var admitted = 0
+            for _ in 0..<tries {
+                guard case .refreshing = children[index].forceRefresh(rejected: nil, early: true) else { break }
+                admitted += 1
+                children[index].succeed()
+            }
+            return admitted
         }
-        #expect(early == 5, "five early refreshes in 30 s, whatever the retrier's callers took")
-        #expect(children[1].fetchesStarted == fetches + 5)
-        children[1].now = .init(offset: .seconds(31))
-        guard case .refreshing = children[1].forceRefresh(rejected: nil, early: true) else {
+        let fetches = children.map(\.fetchesStarted).reduce(0, +)
+        #expect(earlyRefreshes(1) == 3, "the child's share of the early window, whatever the retrier's callers took")
+        #expect(earlyRefreshes(2) == 1 && earlyRefreshes(3) == 1, "the others' first ones find room")
+        #expect(earlyRefreshes(0) == 0, "five per 30 s for the template as a whole")
+        #expect(children.map(\.fetchesStarted).reduce(0, +) == fetches + 5)
+        children[0].now = .init(offset: .seconds(31))
+        guard case .refreshing = children[0].forceRefresh(rejected: nil, early: true) else {
             Issue.record("the early window has moved on")
             return
         }

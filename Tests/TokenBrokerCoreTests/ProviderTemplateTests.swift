@@ -592,6 +592,7 @@ private final class StatusHookChild: TemplateChild {
     func run() async {}
     func shutDown() {}
     func shareForcedRefreshes(
-        _ window: SharedForcedRefreshWindow<ContinuousClock.Instant>, as values: TokenRequestValues
+        _ window: SharedForcedRefreshWindow<ContinuousClock.Instant>,
+        early: SharedForcedRefreshWindow<ContinuousClock.Instant>, as values: TokenRequestValues
     ) {}
 }

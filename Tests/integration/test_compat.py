@@ -826,6 +826,42 @@ def test_callers_forcing_refreshes_on_a_template_s_children_do_not_keep_an_sdk_s
         assert verify(served, AUDIENCE)["exp"] >= asked + 225, "served inside google-auth's margin"
 
 
+
+def test_the_sdk_routes_early_refreshes_are_bounded_for_the_template_as_a_whole(issuer, tmp_key, identity_header):
+    """The routes need no secret, so a local client chooses which children exist. With tokens
+    that live just over google-auth's margin (226 s), every child's token is inside it a second
+    after its fetch: with a window of early refreshes per child, twelve children made the issuer
+    fetch a dozen times a second round. The window is the template's, as the retrier's is: at
+    most five early fetches per 30 s, however many children."""
+    config = compat_config(issuer, tmp_key, identity_header[1])
+    identity_template = next(p for p in config["providers"] if p["name"] == "gcp-id")
+    identity_template["allowedAudiences"] = ["https://run.example/*"]
+    identity_template["source"]["lifetimeSec"] = 226
+    with Broker(config) as broker:
+        address = broker.addresses["token"]
+        audiences = [f"https://run.example/{index}" for index in range(12)]
+
+        def identity(audience):
+            return google(address, f"{ACCOUNT}/default/identity?audience={quote(audience, safe='')}")[1]
+
+        def fetches():
+            return sum(value for (name, labels), value in broker.metrics().items()
+                       if name == "token_broker_refreshes_total" and ("provider", "gcp-id") in labels)
+
+        for audience in audiences:
+            identity(audience)
+        first = fetches()
+        assert first >= len(audiences), first
+        time.sleep(2)  # every token now has 225 s or less left
+        started = time.monotonic()
+        for _ in range(3):
+            for audience in audiences:
+                identity(audience)
+        assert time.monotonic() - started < 25, "the rounds fit in one 30 s window"
+        early = fetches() - first
+        assert 1 <= early <= 5, f"{early} early fetches for the template in one window"
+
+
 # Configuration
 
 def write_config(tmp_path, config):

@@ -113,8 +113,13 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     private var deadlines = DeadlineQueue<Instant>()
     private var forcedWindow: ForcedRefreshWindow<Instant>
     /// A template's child counts its forced refreshes in its template's window, shared with the
-    /// other children, under its values (`shareForcedRefreshes`); nil: in `forcedWindow`.
-    private var sharedWindow: (window: SharedForcedRefreshWindow<Instant>, child: TokenRequestValues)?
+    /// other children, under its values, and its early refreshes in the template's window of
+    /// those (`shareForcedRefreshes`); nil: in `forcedWindow` and `earlyWindow`.
+    private var sharedWindow:
+        (
+            window: SharedForcedRefreshWindow<Instant>, early: SharedForcedRefreshWindow<Instant>,
+            child: TokenRequestValues
+        )?
     /// The early refreshes (`forceRefresh(rejected:now:early:)`), in a window of their own with
     /// the same limits: the retrier's callers cannot use up its places.
     private var earlyWindow: ForcedRefreshWindow<Instant>
@@ -324,10 +329,13 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     ///
     /// - Parameter early: a refresh ahead of the schedule, not a refused token: the token is
     ///   valid, but a client treats it as expired sooner than the broker refreshes it (a cloud
-    ///   SDK's margin). Counted in a window of its own (`earlyWindow`), with the same limits,
-    ///   never in the retrier's or the template's shared one: callers forcing refreshes, on this
-    ///   provider or on its template's other children, cannot use up its places and leave the
-    ///   SDK a token it takes for expired. The caller asks once per version.
+    ///   SDK's margin). Counted in a window of early refreshes (`earlyWindow`, or for a child its
+    ///   template's, shared as the retrier's is), with the same limits, never in the retrier's:
+    ///   callers forcing refreshes, on this provider or on its template's other children, cannot
+    ///   use up its places and leave the SDK a token it takes for expired, and the template as a
+    ///   whole still makes at most `forcedRefreshMaxAttempts` early fetches per window, however
+    ///   many children it has. Not told to the fleet as a forced refresh (`fetchIsForced`): it
+    ///   does not count in the other brokers' retrier windows. The caller asks once per version.
     public mutating func forceRefresh(rejected: UInt64?, now: Instant, early: Bool = false) -> (
         ForcedRefreshDecision, [Action]
     ) {
@@ -344,11 +352,11 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
             actions += startFetchIfIdle(now: now)
             return (.refreshing(after: cached?.version), actions)
         }
-        if let wait = early ? earlyWindow.admit(at: now) : admitForced(at: now) {
+        if let wait = early ? admitEarly(at: now) : admitForced(at: now) {
             return (.excessive(retryAfter: wait), actions)
         }
         actions += startFetchIfIdle(now: now)
-        fetchIsForced = isFetching
+        fetchIsForced = isFetching && !early
         return (.refreshing(after: cached?.version), actions)
     }
 
@@ -436,10 +444,14 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     /// forced fetches per `forcedRefreshWindowSec`, however many children it has, and a child
     /// made again for the same values finds the places the one before it took. Called before
     /// the provider serves (its own window is then empty).
+    ///
+    /// Its early refreshes (`forceRefresh`'s `early`) count in the template's `early` window the
+    /// same way, apart from the forced ones.
     public mutating func shareForcedRefreshes(
-        _ window: SharedForcedRefreshWindow<Instant>, as child: TokenRequestValues
+        _ window: SharedForcedRefreshWindow<Instant>, early: SharedForcedRefreshWindow<Instant>,
+        as child: TokenRequestValues
     ) {
-        sharedWindow = (window, child)
+        sharedWindow = (window, early, child)
     }
 
     /// Serves `record` as the cached token, refreshed from its issue time, and wakes the waiters
@@ -733,14 +745,21 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     /// Takes a place in the window of forced refreshes (the template's, for a child), or says
     /// how long until one is free.
     private mutating func admitForced(at now: Instant) -> Duration? {
-        guard let (window, child) = sharedWindow else { return forcedWindow.admit(at: now) }
-        return window.admit(at: now, by: child)
+        guard let shared = sharedWindow else { return forcedWindow.admit(at: now) }
+        return shared.window.admit(at: now, by: shared.child)
+    }
+
+    /// Takes a place in the window of early refreshes (the template's, for a child), or says
+    /// how long until one is free.
+    private mutating func admitEarly(at now: Instant) -> Duration? {
+        guard let shared = sharedWindow else { return earlyWindow.admit(at: now) }
+        return shared.early.admit(at: now, by: shared.child)
     }
 
     /// Counts a forced fetch the window did not decide on (`ForcedRefreshWindow.count`).
     private mutating func countForced(at now: Instant) {
-        guard let (window, child) = sharedWindow else { return forcedWindow.count(at: now) }
-        window.count(at: now, by: child)
+        guard let shared = sharedWindow else { return forcedWindow.count(at: now) }
+        shared.window.count(at: now, by: shared.child)
     }
 
     /// Whether the issuer's Retry-After still forbids a fetch at `now`.

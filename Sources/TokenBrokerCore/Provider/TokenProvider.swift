@@ -406,9 +406,13 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     }
 
     /// Makes this provider, a template's child for `values`, count its forced refreshes in its
-    /// template's `window` (`ProviderStateMachine.shareForcedRefreshes`); called before it serves.
-    public func shareForcedRefreshes(_ window: SharedForcedRefreshWindow<C.Instant>, as values: TokenRequestValues) {
-        state.withLock { $0.machine.shareForcedRefreshes(window, as: values) }
+    /// template's `window`, and its early ones in its template's `early` window
+    /// (`ProviderStateMachine.shareForcedRefreshes`); called before it serves.
+    public func shareForcedRefreshes(
+        _ window: SharedForcedRefreshWindow<C.Instant>, early: SharedForcedRefreshWindow<C.Instant>,
+        as values: TokenRequestValues
+    ) {
+        state.withLock { $0.machine.shareForcedRefreshes(window, early: early, as: values) }
     }
 
     /// What the provider is doing now, for readiness, metrics and error descriptions.

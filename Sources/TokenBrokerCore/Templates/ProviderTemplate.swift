@@ -26,7 +26,8 @@ public typealias ChildAttachment = AnyObject & Sendable
 ///   whose child was dropped finds the places that child took. One child takes at most half the
 ///   places (rounded up) while the others take none, so that the rest are there for the others'
 ///   first forced refreshes (a token refused downstream). A cloud SDK route's refresh inside
-///   its margin is not among them: each child counts those in a window of its own.
+///   its margin is not among them: the children count those in a second window of the
+///   template's, shared the same way, which callers forcing refreshes cannot use up.
 ///
 /// Locking: one lock, `state`, and each child's lease's own (taken inside `state`, or alone by
 /// `renew`). While `state` is held the template reads its clock and its table, and reads,
@@ -50,6 +51,9 @@ where C.Duration == Duration {
     private let idleLimit: Duration
     /// The window of forced refreshes every child counts in, made again or not.
     private let forcedRefreshes: SharedForcedRefreshWindow<Child.ChildInstant>
+    /// The window of early refreshes (a cloud SDK's margin) every child counts in, apart from
+    /// the forced ones, with the same limits.
+    private let earlyRefreshes: SharedForcedRefreshWindow<Child.ChildInstant>
     private let state: Lock<State>
 
     /// A child as handed out, with its read time: see `ChildLease`.
@@ -106,6 +110,7 @@ where C.Duration == Duration {
         self.events = events
         idleLimit = .seconds(configuration.childIdleSec)
         forcedRefreshes = SharedForcedRefreshWindow(for: configuration)
+        earlyRefreshes = SharedForcedRefreshWindow(for: configuration)
         var state = State()
         state.retiredVersions = versionsAfter
         self.state = Lock(state)
@@ -239,7 +244,7 @@ where C.Duration == Duration {
         Entry, ChildRefusal
     > {
         let child = makeChild(values, versionsAfter)
-        child.shareForcedRefreshes(forcedRefreshes, as: values)
+        child.shareForcedRefreshes(forcedRefreshes, early: earlyRefreshes, as: values)
         let attachment = attach(child)
         let now = clock.now
         var timer: (C.Instant, UInt64)?
@@ -480,9 +485,11 @@ public protocol TemplateChild: AnyObject, Sendable {
     func run() async
     /// Stops the child: its waiters are answered, its timers and fetch stop, its `run()` returns.
     func shutDown()
-    /// Counts its forced refreshes in `window`, its template's, under its `values`, from now
-    /// on; called once, before it is started or handed out.
-    func shareForcedRefreshes(_ window: SharedForcedRefreshWindow<ChildInstant>, as values: TokenRequestValues)
+    /// Counts its forced refreshes in `window`, its template's, and its early ones in `early`,
+    /// under its `values`, from now on; called once, before it is started or handed out.
+    func shareForcedRefreshes(
+        _ window: SharedForcedRefreshWindow<ChildInstant>, early: SharedForcedRefreshWindow<ChildInstant>,
+        as values: TokenRequestValues)
 }
 
 extension TokenProvider: TemplateChild {
