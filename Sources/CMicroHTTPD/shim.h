@@ -140,9 +140,11 @@ static inline size_t CMicroHTTPD_unescape(void *cls, struct MHD_Connection *conn
     return value[plain] == '\0' ? plain : plain + MHD_http_unescape(value + plain);
 }
 
-// Like the option wrappers above, for MHD_OPTION_UNESCAPE_CALLBACK with CMicroHTTPD_unescape.
-static inline struct MHD_OptionItem CMicroHTTPD_option_unescape(void) {
-    struct MHD_OptionItem item = { MHD_OPTION_UNESCAPE_CALLBACK, (intptr_t)&CMicroHTTPD_unescape, NULL };
+// Like the option wrappers above, for MHD_OPTION_UNESCAPE_CALLBACK, whose callback type the
+// header does not name: the server's, which calls CMicroHTTPD_unescape.
+typedef size_t (*CMicroHTTPD_unescape_callback)(void *cls, struct MHD_Connection *connection, char *value);
+static inline struct MHD_OptionItem CMicroHTTPD_option_unescape(CMicroHTTPD_unescape_callback callback, void *cls) {
+    struct MHD_OptionItem item = { MHD_OPTION_UNESCAPE_CALLBACK, (intptr_t)callback, cls };
     return item;
 }
 

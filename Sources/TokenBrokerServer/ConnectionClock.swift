@@ -18,6 +18,9 @@ final class ConnectionClock: Sendable {
     /// The length of the request target as the request line carried it, measured before
     /// libmicrohttpd decoded it in place (`RequestTarget.measure`); -1: none, or refused.
     private let targetLength = Atomic<Int>(-1)
+    /// The address of the NUL where the request-line callback's view of the target ended
+    /// (`RequestTarget.cutQuery`); 0: none, or past it already.
+    private let targetEnd = Atomic<UInt>(0)
 
     init(fd: Int32) { self.fd = fd }
 
@@ -34,6 +37,18 @@ final class ConnectionClock: Sendable {
     func targetRead(length: Int) { targetLength.store(length, ordering: .relaxed) }
     /// What `targetRead` last noted, for the request whose head has arrived.
     var targetReadLength: Int { targetLength.load(ordering: .relaxed) }
+    /// The request-line callback's view of the target ended at `end` (nil: it saw none).
+    func targetSeen(upTo end: UnsafePointer<CChar>?) {
+        targetEnd.store(end.map { UInt(bitPattern: $0) } ?? 0, ordering: .relaxed)
+    }
+    /// Whether `pointer`, a name or value libmicrohttpd decodes, lies past what `targetSeen`
+    /// noted; true once per request line.
+    func readsPastTarget(_ pointer: UnsafePointer<CChar>) -> Bool {
+        let end = targetEnd.load(ordering: .relaxed)
+        guard end != 0, UInt(bitPattern: pointer) > end else { return false }
+        targetEnd.store(0, ordering: .relaxed)
+        return true
+    }
 
     /// The request's head has arrived; its body may still be coming.
     func headArrived() { headPending.store(false, ordering: .relaxed) }

@@ -39,6 +39,14 @@ let requestTargetCallback: CMicroHTTPD_uri_callback = { cls, uri, connection in
     return HTTPServer.with(cls) { $0.requestTarget(uri, connection) }
 }
 
+// The percent-decoding of the path and each query name and value: CMicroHTTPD_unescape's, after
+// the server has looked at where the value lies.
+let unescapeCallback: CMicroHTTPD_unescape_callback = { cls, connection, value in
+    guard let value else { return 0 }
+    if let cls, let connection { HTTPServer.with(cls) { $0.unescaping(value, connection) } }
+    return CMicroHTTPD_unescape(nil, connection, value)
+}
+
 let libraryLogCallback: MHD_LogCallback = { cls, format, arguments in
     guard let cls, let format, let arguments, let log = HTTPServer.fromOpaque(cls).configuration.libraryLog else {
         return

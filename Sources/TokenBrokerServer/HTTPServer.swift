@@ -85,8 +85,9 @@ public final class HTTPServer: @unchecked Sendable {
             MHD_OptionItem(option: .LISTEN_BACKLOG_SIZE, value: 4096, ptr_value: nil),
             CMicroHTTPD_option_notify_completed(requestCompletedCallback, context),
             CMicroHTTPD_option_notify_connection(connectionNotifyCallback, context),
-            // MHD_http_unescape's answers, without its byte-at-a-time pass over a target with no '%'.
-            CMicroHTTPD_option_unescape(),
+            // MHD_http_unescape's answers, without its byte-at-a-time pass over a target with no
+            // '%'; and a look at where each query argument lies (`unescaping`).
+            CMicroHTTPD_option_unescape(unescapeCallback, context),
             // The target as sent, measured before it is decoded in place (`RequestTarget`).
             CMicroHTTPD_option_uri_log(requestTargetCallback, context),
         ]
@@ -608,6 +609,7 @@ extension HTTPServer {
         let clock = Self.clock(of: connection)
         guard let uri else {
             clock?.targetRead(length: -1)
+            clock?.targetSeen(upTo: nil)
             return nil
         }
         let measured = RequestTarget.measure(uri)
@@ -618,14 +620,31 @@ extension HTTPServer {
         // Only with a clock to note it on: the head is then refused, not served without its query.
         let most = RequestTarget.mostQueryArguments(
             memory: configuration.connectionMemoryLimit, targetLength: measured >= 0 ? measured : strlen(uri))
-        if let clock, RequestTarget.cutQuery(uri, most: most) {
-            clock.targetRead(length: RequestTarget.queryCut)
+        if let clock {
+            let (cut, seenUpTo) = RequestTarget.cutQuery(UnsafeMutablePointer(mutating: uri), most: most)
+            if cut == .tooManyArguments { clock.targetRead(length: RequestTarget.queryCut) }
+            clock.targetSeen(upTo: seenUpTo)
         }
         guard let raw else { return nil }
         let state = RequestState()
         state.rawTarget = raw
         requestsInFlight.add(1, ordering: .relaxed)
         return RequestPhase.targetRead(state).retainingContext
+    }
+
+    /// libmicrohttpd decodes the path or a query argument's name or value, in place, at `value`.
+    ///
+    /// One lying past what the request-line callback saw of the target (`RequestTarget.cutQuery`)
+    /// is an argument behind a NUL sent raw that was followed, like the target's end, by
+    /// `HTTP/1.1` and a NUL: the target is refused anyway, but libmicrohttpd may be unable to
+    /// answer (its arguments, past the view, were not counted), and would hang until the
+    /// connection's timeout. So the refusal (400) is sent now, straight to the socket, which is
+    /// then shut down: libmicrohttpd sees it end and closes the connection.
+    func unescaping(_ value: UnsafeMutablePointer<CChar>, _ connection: OpaquePointer) {
+        guard let clock = Self.clock(of: connection), clock.readsPastTarget(value) else { return }
+        // The method is not known yet: the body goes too, even to HEAD, on a connection that then ends.
+        DirectAnswer(handler.refusal(.malformedHead(RequestTarget.nulProblem)), withBody: true).send(to: clock.fd)
+        shutdown(clock.fd, Int32(SHUT_RDWR))
     }
 
     private static func clock(of connection: OpaquePointer) -> ConnectionClock? {

@@ -219,7 +219,19 @@ enum RequestTarget {
         max(0, (memory * 3 / 4 - targetLength) / 64)
     }
 
-    /// Cuts the query off a target with more than `most` arguments, and says whether it did.
+    /// How `cutQuery` left a target's query.
+    enum QueryCut: Equatable {
+        /// Left as it came: none, or at most `most` arguments.
+        case none
+        /// Ended where it starts: it has more than `most` arguments (the head then gets 414).
+        case tooManyArguments
+        /// Ended where it starts: a NUL sent raw comes before it, so the head's check refuses the
+        /// target anyway (400).
+        case behindNUL
+    }
+
+    /// Ends the query of the target `uri` where it starts when libmicrohttpd could not hold its
+    /// arguments, or when a NUL sent raw comes before it; says which, and how far it read.
     ///
     /// libmicrohttpd 0.9.75 reads the query's arguments into the connection's memory right after
     /// this callback. When they do not fit, it queues its 431 and then goes on reading the head
@@ -228,29 +240,73 @@ enum RequestTarget {
     /// unanswered, until its timeout, and a request pipelined behind it is lost. Ending the
     /// query where it starts, in libmicrohttpd's own buffer (it writes there itself: the target's
     /// `?` becomes the NUL that ends the path), leaves it nothing to read; the server then
-    /// answers 414 when the head is in, and closes the connection. Counts up to the target's
-    /// first NUL, its end for any target but one with a NUL sent raw in it before the `?`, whose
-    /// arguments libmicrohttpd still reads (and which the head's check refuses, 400, when
-    /// libmicrohttpd gets that far).
-    static func cutQuery(_ uri: UnsafePointer<CChar>, most: Int) -> Bool {
-        guard let mark = strchr(uri, Int32(UInt8(ascii: "?"))) else { return false }
-        // An empty query has no argument; a target too long for even one may have none.
-        guard most > 0 || (mark + 1).pointee == 0 else {
-            (mark + 1).pointee = 0
-            return true
+    /// answers when the head is in, and closes the connection.
+    ///
+    /// libmicrohttpd finds the `?` over the whole target (`memchr` up to the space before the
+    /// version), and reads the arguments from there up to the next NUL, while `uri` is a C
+    /// string that ends at the target's first NUL. So when no `?` comes before that NUL, the
+    /// NUL is looked at: the one libmicrohttpd wrote over the space before the version is
+    /// followed by the version (`HTTP/d.d`, which it checked) and the NUL it wrote over the
+    /// line's end. Any other NUL was sent raw, and the rest of the target is searched for the
+    /// `?`, from NUL to NUL, up to the first NUL that is so followed. Every byte read lies in
+    /// the request line: each NUL met before the target's real end has at least the 9 bytes
+    /// that follow the real one after it.
+    ///
+    /// - Returns: what was done, and `seenUpTo`, the NUL where the search stopped: the target's
+    ///   end as far as the callback can tell. A target can still hold, raw, a NUL followed by
+    ///   `HTTP/1.1` and a NUL, and a query after it: libmicrohttpd then reads arguments past
+    ///   `seenUpTo`, where the server's decoding callback meets them (`HTTPServer.unescaping`).
+    static func cutQuery(_ uri: UnsafeMutablePointer<CChar>, most: Int) -> (
+        cut: QueryCut, seenUpTo: UnsafeMutablePointer<CChar>
+    ) {
+        var end = uri + strlen(uri)
+        if let mark = strchr(uri, Int32(UInt8(ascii: "?"))) {
+            return (hasMoreArguments(after: mark, than: most) ? cut(at: mark, .tooManyArguments) : .none, end)
         }
+        while !endsTarget(end) {
+            let part = end + 1
+            let partEnd = part + strlen(part)
+            if let mark = memchr(part, Int32(UInt8(ascii: "?")), partEnd - part) {
+                return (cut(at: mark.assumingMemoryBound(to: CChar.self), .behindNUL), partEnd)
+            }
+            end = partEnd
+        }
+        return (.none, end)
+    }
+
+    /// Whether the query that starts after `mark` (a C string up to its first NUL, as
+    /// libmicrohttpd reads it) has more than `most` arguments. An empty query has none; a target
+    /// too long for even one may have none.
+    private static func hasMoreArguments(after mark: UnsafeMutablePointer<CChar>, than most: Int) -> Bool {
+        guard (mark + 1).pointee != 0 else { return false }
         var arguments = 1
         var cursor = mark + 1
-        while let separator = strchr(cursor, Int32(UInt8(ascii: "&"))) {
+        while arguments <= most, let separator = strchr(cursor, Int32(UInt8(ascii: "&"))) {
             arguments += 1
-            guard arguments <= most else {
-                (mark + 1).pointee = 0
-                return true
-            }
             cursor = separator + 1
         }
-        return false
+        return arguments > most
     }
+
+    /// Ends the query after `mark` where it starts.
+    private static func cut(at mark: UnsafeMutablePointer<CChar>, _ why: QueryCut) -> QueryCut {
+        (mark + 1).pointee = 0
+        return why
+    }
+
+    /// Whether the NUL at `nul` can be the one libmicrohttpd wrote over the space before the
+    /// version: `HTTP/d.d` (the only version it takes, 8 bytes up to the line's end) and a NUL
+    /// follow it.
+    static func endsTarget(_ nul: UnsafePointer<CChar>) -> Bool {
+        let bytes = UnsafeRawPointer(nul + 1).assumingMemoryBound(to: UInt8.self)
+        func isDigit(_ byte: UInt8) -> Bool { byte >= 0x30 && byte <= 0x39 }
+        return bytes[0] == UInt8(ascii: "H") && bytes[1] == UInt8(ascii: "T") && bytes[2] == UInt8(ascii: "T")
+            && bytes[3] == UInt8(ascii: "P") && bytes[4] == UInt8(ascii: "/") && isDigit(bytes[5])
+            && bytes[6] == UInt8(ascii: ".") && isDigit(bytes[7]) && bytes[8] == 0
+    }
+
+    /// Why a target with a NUL in it is refused.
+    static let nulProblem = "the request target holds a NUL, sent raw or as %00 in the path"
 
     /// Why the target is refused; nil when it is sound. libmicrohttpd ends the target one byte
     /// before the version (the space, now a NUL), so the target as sent spans from `url` to
@@ -262,7 +318,7 @@ enum RequestTarget {
             return "the request target holds a space or a control character (RFC 9112 §3.2)"
         }
         guard measured >= 0, scan.contains(url), url < versionStart, versionStart - 1 - url == measured else {
-            return "the request target holds a NUL, sent raw or as %00 in the path"
+            return nulProblem
         }
         return nil
     }

@@ -488,6 +488,42 @@ struct HTTPServerTests {
         #expect(client.isClosedByServer())
     }
 
+    /// libmicrohttpd reads a query's arguments from the `?` it finds over the whole target, a NUL
+    /// sent raw before it or not; the server counted them only up to that NUL. 200 of them did
+    /// not fit its 4 KiB, and it then lost its own 431: no answer until the connection's timeout.
+    /// Now the query is ended where it starts, and the NUL refused with the head (400). A NUL
+    /// followed by `HTTP/1.1` and a NUL looks like the target's end, and the arguments past it
+    /// are met as libmicrohttpd decodes them: the 400 then goes straight to the socket; so too
+    /// behind a path that fills the connection's memory, where not one argument fits.
+    @Test(arguments: Polling.allCases) func aTargetWithARawNULBeforeItsQueryIsRefusedAtOnceHoweverLongItsQuery(
+        _ polling: Polling
+    ) throws {
+        let handler = TestHandler()
+        let server = try startServer(handler, polling)
+        defer { server.shutDown(grace: .zero) }
+        let arguments = Array((0..<200).map { "a\($0)=1" }.joined(separator: "&").utf8)
+        let targets: [[UInt8]] = [
+            Array("/tok\0en?".utf8) + arguments,
+            Array("/t\0o\0\0ken?".utf8) + arguments,
+            Array("/a\0HTTP/1.1\0?".utf8) + arguments,
+            Array("/a\0HTTP/1.1\0\0?".utf8) + arguments,
+            Array("/a\0HTTP/1.1\0".utf8) + [UInt8](repeating: UInt8(ascii: "p"), count: 4000) + Array("?x=1".utf8),
+            Array("/a\0HTTP/1.1\0".utf8) + [UInt8](repeating: UInt8(ascii: "p"), count: 3950) + Array("?x=1".utf8),
+        ]
+        for target in targets {
+            let client = try TestHTTPClient(port: server.port)
+            try client.send(Array("GET ".utf8) + target + Array(" HTTP/1.1\r\nHost: t\r\n\r\n".utf8))
+            let response = try client.readResponse()
+            #expect(response.status == 400 && response.text == "malformed: \(RequestTarget.nulProblem)")
+            #expect(client.isClosedByServer(), "the connection closes after the refusal")
+        }
+        #expect(handler.handled.withLock { $0.isEmpty }, "no route sees a target with a NUL")
+        // The server still answers.
+        let client = try TestHTTPClient(port: server.port)
+        try client.send("GET /after HTTP/1.1\r\nHost: t\r\n\r\n")
+        #expect(try client.readResponse().status == 200)
+    }
+
     // MARK: - The streaming prefix
 
     @Test(arguments: Polling.allCases) func beginSeesTheHeadBeforeTheBodyAndRefuseAnswersWithoutReadingIt(

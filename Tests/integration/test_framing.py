@@ -269,6 +269,35 @@ def test_a_target_with_more_query_arguments_than_the_buffer_holds_gets_414_at_on
     assert parse(answer) and parse(answer)[0] == 414 and closed, answer[:200]
 
 
+ARGUMENTS = b"&".join(b"a%d=1" % i for i in range(200))
+# A NUL sent raw before the query: libmicrohttpd finds the `?` over the whole target and reads the
+# arguments after it, which the broker counted only up to the NUL; 200 of them did not fit the
+# connection's 4 KiB, and libmicrohttpd then lost its own 431: no answer for 30 s (the
+# connection's timeout), then the connection closed.
+NUL_BEFORE_QUERY = {
+    "one NUL": b"/tok\x00en?" + ARGUMENTS,
+    "three NULs": b"/t\x00o\x00\x00ken?" + ARGUMENTS,
+    "60 arguments": b"/tok\x00en?" + ARGUMENTS[:ARGUMENTS.index(b"a60=")],
+    "in the path, on the admin listener": b"/healthz\x00x?" + ARGUMENTS,
+    # A NUL followed, raw, by what follows the one before the version: it looks like the end.
+    "a NUL that looks like the end": b"/a\x00HTTP/1.1\x00?" + ARGUMENTS,
+    "and a path that fills the memory": b"/a\x00HTTP/1.1\x00" + b"p" * 3950 + b"?x=1",
+}
+
+
+@pytest.mark.parametrize("case", sorted(NUL_BEFORE_QUERY))
+def test_a_target_with_a_raw_nul_before_its_query_is_refused_at_once(plain_broker, case):
+    listener = "admin" if "admin" in case else "token"
+    request = b"GET " + NUL_BEFORE_QUERY[case] + b" HTTP/1.1\r\nHost: x\r\n" + GUARD + b"\r\n"
+    answer, closed = exchange(plain_broker.addresses[listener], request, timeout=10)
+    assert_refused(answer, closed)
+    assert b"NUL" in parse(answer)[2]
+    status, _, _ = parse(exchange(plain_broker.addresses[listener], b"GET " + (
+        b"/healthz" if listener == "admin" else b"/token") + b" HTTP/1.1\r\nHost: x\r\n" + GUARD
+        + b"Connection: close\r\n\r\n")[0])
+    assert status == 200
+
+
 def test_a_proxied_target_with_a_raw_nul_is_refused_not_forwarded_cut_short(tmp_path, upstream):
     config, low_key, _ = two_callers(tmp_path, upstream)
     with Broker(config) as broker:

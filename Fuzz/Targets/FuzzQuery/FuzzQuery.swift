@@ -1,9 +1,9 @@
 import CLibFuzzer
 import CMicroHTTPD
 import TokenBrokerCore
-import TokenBrokerServer
 
 @testable import TokenBrokerAPI
+@testable import TokenBrokerServer
 
 /// A template taking the three values, with exact and prefix entries in its allow-lists.
 let template: ProviderConfiguration = {
@@ -27,9 +27,12 @@ let template: ProviderConfiguration = {
 /// any of that, the server's percent-decoding of a target (`CMicroHTTPD_unescape`) must give
 /// libmicrohttpd's own `MHD_http_unescape`'s bytes for it, and the input read as a query's
 /// parameters must come back from `HTTPFields` as they went in, and the input read as an
-/// `Authorization` header must give the caller key a plain reading finds.
+/// `Authorization` header must give the caller key a plain reading finds. And the input as a
+/// request target, in a request line as libmicrohttpd leaves it, must leave it no query to read
+/// that the server has not counted or cannot see (`fuzzRequestLine`).
 func fuzzQuery(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
     fuzzUnescape(UnsafeBufferPointer(start: data, count: size))
+    fuzzRequestLine(UnsafeBufferPointer(start: data, count: size))
     fuzzFields(UnsafeBufferPointer(start: data, count: size))
     fuzzBearerKey(UnsafeBufferPointer(start: data, count: size))
     let text = String(decoding: UnsafeBufferPointer(start: data, count: size), as: UTF8.self)
@@ -172,6 +175,57 @@ func fuzzUnescape(_ bytes: UnsafeBufferPointer<UInt8>) {
     }
     let ours = decoded { CMicroHTTPD_unescape(nil, nil, $0) }
     precondition(ours == decoded { MHD_http_unescape($0) }, "decoded \(Array(bytes)) otherwise than libmicrohttpd")
+}
+
+/// `bytes` (the first one choosing the most arguments and the line's end) as the target of a
+/// request line laid out as libmicrohttpd leaves it for the request-line callback, in memory of
+/// exactly its size (AddressSanitizer then catches a read past it): `GET`, NUL, the target (any
+/// bytes but LF, NULs among them), NUL, `HTTP/1.1`, and one NUL for a bare LF or two for CRLF.
+///
+/// After `RequestTarget.cutQuery`, the query libmicrohttpd reads (from the first `?` of the whole
+/// target up to the next NUL) is empty, or lies within what the callback saw and has at most the
+/// most arguments, or starts past what it saw (where the decoding callback refuses it); the
+/// target changed, if at all, only in the byte after that `?`; and what it saw ends at a NUL
+/// within the target, or at its end.
+func fuzzRequestLine(_ bytes: UnsafeBufferPointer<UInt8>) {
+    guard let first = bytes.first else { return }
+    let target = bytes.dropFirst().filter { $0 != UInt8(ascii: "\n") }
+    guard !target.isEmpty else { return }
+    let most = Int(first & 0x3F)
+    let line = Array("GET".utf8) + [0] + target + [0] + Array("HTTP/1.1".utf8) + (first & 0x40 == 0 ? [0, 0] : [0])
+    let memory = UnsafeMutablePointer<UInt8>.allocate(capacity: line.count)
+    defer { memory.deallocate() }
+    memory.initialize(from: line, count: line.count)
+    let start = memory + 4
+    let (cut, seenUpTo) = start.withMemoryRebound(to: CChar.self, capacity: target.count + 1) {
+        let (cut, seenUpTo) = RequestTarget.cutQuery($0, most: most)
+        return (cut, seenUpTo - $0)
+    }
+    let after = Array(UnsafeBufferPointer(start: start, count: target.count))
+    precondition((0...target.count).contains(seenUpTo) && start[seenUpTo] == 0, "stopped at \(seenUpTo)")
+    // Short of the end, it stops at a NUL that has the query before it, or that is followed, as
+    // the real end is, by a version and a NUL.
+    let version = Array(UnsafeBufferPointer(start: start + seenUpTo + 1, count: 9))
+    precondition(
+        seenUpTo == target.count || target[..<seenUpTo].contains(UInt8(ascii: "?"))
+            || (version.starts(with: Array("HTTP/".utf8)) && version[6] == UInt8(ascii: ".") && version[8] == 0
+                && [version[5], version[7]].allSatisfy { (0x30...0x39).contains($0) }),
+        "stopped at \(seenUpTo), before \(version)")
+    guard let mark = target.firstIndex(of: UInt8(ascii: "?")) else {
+        precondition(cut == .none && after == Array(target), "changed a target without a query")
+        return
+    }
+    var changed = Array(target)
+    if cut != .none, mark + 1 < changed.count { changed[mark + 1] = 0 }
+    precondition(after == changed, "changed the target elsewhere than after its ?")
+    let nulBefore = after[..<mark].contains(0)
+    precondition(cut != .behindNUL || nulBefore, "cut behind a NUL that is not there")
+    precondition(cut != .tooManyArguments || !nulBefore, "counted arguments behind a NUL")
+    let query = after[(mark + 1)...].prefix { $0 != 0 }
+    let arguments = query.isEmpty ? 0 : 1 + query.count { $0 == UInt8(ascii: "&") }
+    precondition(
+        arguments == 0 || (mark < seenUpTo && arguments <= most) || mark > seenUpTo,
+        "libmicrohttpd reads \(arguments) arguments at \(mark), the server saw up to \(seenUpTo)")
 }
 
 /// `CompatHost.isLocal` written plainly, on copies and splits: a loopback or metadata server name,
