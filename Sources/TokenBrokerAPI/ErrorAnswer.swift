@@ -26,6 +26,9 @@ public enum ErrorAnswer: Sendable, Equatable {
     /// A target with more query arguments than the connection's memory holds (414 `uri_too_long`);
     /// answered at the head, so the connection closes.
     case tooManyQueryArguments
+    /// A request head that leaves too little of the connection's memory for the answer's head
+    /// (431 `request_header_fields_too_large`); answered at the head, so the connection closes.
+    case headTooLarge
     /// A request still waiting when the broker stops, or when a reload removes its provider
     /// (503, `Retry-After: 1`).
     case shuttingDown
@@ -166,6 +169,7 @@ public enum ErrorAnswer: Sendable, Equatable {
         case .reloadRefused: 409
         case .reloadAbandoned: 503
         case .tooManyQueryArguments: 414
+        case .headTooLarge: 431
         }
     }
 
@@ -205,6 +209,7 @@ public enum ErrorAnswer: Sendable, Equatable {
         case .reloadRefused: "reload_refused"
         case .reloadAbandoned: "reload_abandoned"
         case .tooManyQueryArguments: "uri_too_long"
+        case .headTooLarge: "request_header_fields_too_large"
         }
     }
 
@@ -224,6 +229,9 @@ public enum ErrorAnswer: Sendable, Equatable {
         case .tooManyQueryArguments:
             "the request target has more query arguments than the connection's memory holds beside it "
                 + "(about 64 bytes each, within three quarters of connectionMemoryKiB)"
+        case .headTooLarge:
+            "the request's headers leave too little of the connection's memory (connectionMemoryKiB) "
+                + "for the answer's head: 512 bytes, besides about 64 for each header, query argument and cookie"
         case .shuttingDown:
             "the broker is stopping, or a configuration reload removed the provider"
         case .refusedWhileStopping:
@@ -318,7 +326,7 @@ public enum ErrorAnswer: Sendable, Equatable {
         switch self {
         case .methodNotAllowed(_, let allow), .methodNotForwarded(_, let allow):
             [("Allow", allow.joined(separator: ", "))]
-        case .malformedHead, .tooManyQueryArguments:
+        case .malformedHead, .tooManyQueryArguments, .headTooLarge:
             [("Connection", "close")]
         case .shuttingDown:
             [("Retry-After", String(min(1, limit)))]
@@ -408,6 +416,7 @@ public enum ErrorAnswer: Sendable, Equatable {
         switch reason {
         case .malformedHead(let problem): .malformedHead(problem: problem)
         case .tooManyQueryArguments: .tooManyQueryArguments
+        case .headTooLarge: .headTooLarge
         case .stopping: .refusedWhileStopping
         case .stopped: .shuttingDown
         case .clientClosed: .clientClosed

@@ -25,6 +25,9 @@ public enum ServerRefusal: Sendable, Equatable {
     /// The target has more query arguments than the connection's memory holds beside it
     /// (`RequestTarget.mostQueryArguments`): 414, answered at the head, so the connection closes.
     case tooManyQueryArguments
+    /// The request's head leaves less of the connection's memory than an answer's head needs
+    /// (`AnswerRoom`): 431, answered at the head, so the connection closes.
+    case headTooLarge
     /// A new request arrived while the server is stopping; the answer must close the connection.
     case stopping
     /// The answer to requests still waiting when the server stops.

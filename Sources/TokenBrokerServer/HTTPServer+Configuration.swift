@@ -8,8 +8,9 @@ extension HTTPServer {
         /// each new connection closes the one that has waited longest for its next request.
         public var connectionLimit: Int = 10_000
         /// `MHD_OPTION_CONNECTION_MEMORY_LIMIT`: each connection's buffer for the request line,
-        /// headers and the answer's headers; larger request headers get 431. It is also most of
-        /// what a waiting long-poll costs, so it is small: 4 KiB holds about 3 KiB of headers.
+        /// headers and the answer's headers; request heads that leave too little of it for the
+        /// answer's head get 431 (`AnswerRoom`). It is also most of what a waiting long-poll
+        /// costs, so it is small: 4 KiB holds about 3.3 KiB of headers.
         public var connectionMemoryLimit: Int = 4 * 1024
         /// `MHD_OPTION_CONNECTION_TIMEOUT`: seconds an idle connection is kept; also the longest
         /// a request may take to arrive whole (`ConnectionWatcher`). Suspended connections do

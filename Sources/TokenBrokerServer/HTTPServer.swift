@@ -430,6 +430,10 @@ public final class HTTPServer: @unchecked Sendable {
     ) -> MHD_Result? {
         let clock = Self.clock(of: connection)
         clock?.headArrived()
+        let room = AnswerRoom.left(connection, memory: configuration.connectionMemoryLimit)
+        if room < AnswerRoom.reserve {
+            return refuseHeadTooLarge(connection, room: room, method: method)
+        }
         if clock?.targetReadLength == RequestTarget.queryCut {
             return queue(handler.refusal(.tooManyQueryArguments), on: connection, nil)
         }
@@ -446,6 +450,19 @@ public final class HTTPServer: @unchecked Sendable {
             return queue(handler.refusal(.bodyTooLarge), on: connection, nil)
         }
         return nil
+    }
+
+    /// Answers 431 to a head that leaves `room` bytes of the connection's memory: through
+    /// libmicrohttpd when the answer's head fits there, else straight to the socket, and the
+    /// connection is closed (`AnswerRoom`, `DirectAnswer`).
+    private func refuseHeadTooLarge(_ connection: OpaquePointer, room: Int, method: UnsafePointer<CChar>)
+        -> MHD_Result
+    {
+        let response = handler.refusal(.headTooLarge)
+        let answer = DirectAnswer(response, withBody: strcmp(method, "HEAD") != 0)
+        if answer.head.count + AnswerRoom.margin <= room { return queue(response, on: connection, nil) }
+        answer.send(to: CMicroHTTPD_connection_fd(connection))
+        return CMicroHTTPD_no()
     }
 
     /// Carries out a handler's reply: queue it, or suspend the connection until the responder answers.

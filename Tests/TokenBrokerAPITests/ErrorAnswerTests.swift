@@ -14,6 +14,7 @@ import TokenBrokerServer
         (.unknownProvider(name: "p"), 404, "unknown_provider", [:]),
         (.malformedHead(problem: "bad"), 400, "invalid_request", ["Connection": "close"]),
         (.tooManyQueryArguments, 414, "uri_too_long", ["Connection": "close"]),
+        (.headTooLarge, 431, "request_header_fields_too_large", ["Connection": "close"]),
         (.shuttingDown, 503, "shutting_down", ["Retry-After": "1"]),
         (.refusedWhileStopping, 503, "shutting_down", ["Retry-After": "1", "Connection": "close"]),
         (.missingRequestHeader, 403, "missing_request_header", [:]),

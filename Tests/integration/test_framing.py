@@ -298,6 +298,42 @@ def test_a_target_with_a_raw_nul_before_its_query_is_refused_at_once(plain_broke
     assert status == 200
 
 
+def padded_head(size):
+    """A GET /token head of exactly `size` bytes, its last header padded."""
+    start = b"GET /token HTTP/1.1\r\nHost: x\r\n" + GUARD + b"Connection: close\r\nX-Pad: "
+    return start + b"a" * (size - len(start) - 4) + b"\r\n\r\n"
+
+
+@pytest.mark.parametrize("kib", [4, 16])
+def test_every_head_gets_its_answer_or_431_never_a_silent_close(kib):
+    """libmicrohttpd builds the answer's head in what the request's head leaves of the connection's
+    memory (`connectionMemoryKiB`), and closed the connection without a byte where it did not fit:
+    with 4 KiB, heads of about 3,790 to 3,970 bytes. Every head now gets its answer, or 431: the
+    broker's JSON one (sent past libmicrohttpd where even its head does not fit), or
+    libmicrohttpd's own for a head larger than the memory."""
+    memory = kib * 1024
+    with Broker({"providers": [{"name": "default"}], "connectionMemoryKiB": kib}) as broker:
+        answers = {}
+        for size in [memory - 3000, memory - 2000, *range(memory - 700, memory + 200, 8)]:
+            answer, closed = exchange(broker.addresses["token"], padded_head(size), timeout=10)
+            parsed = parse(answer)
+            assert parsed is not None, f"a head of {size} bytes in {kib} KiB: closed without an answer"
+            status, headers, body = parsed
+            assert status in (200, 431), (size, answer[:300])
+            if status == 431:
+                assert closed and headers["connection"] == "close", (size, answer[:300])
+                if headers.get("content-type") == "application/json":
+                    assert json.loads(body)["error"] == "request_header_fields_too_large", body
+                    status = "431 json"
+            answers[status] = answers.get(status, 0) + 1
+        assert answers.get(200) and answers.get("431 json") and answers.get(431), answers
+        # The same with a default connection on the admin listener (4 KiB).
+        for size in (3750, 3800, 3889, 3950, 4200):
+            answer, _ = exchange(broker.addresses["admin"], padded_head(size).replace(b"/token", b"/healthz"))
+            assert parse(answer) and parse(answer)[0] == 431, (size, answer[:300])
+        assert broker.process.poll() is None
+
+
 def test_a_proxied_target_with_a_raw_nul_is_refused_not_forwarded_cut_short(tmp_path, upstream):
     config, low_key, _ = two_callers(tmp_path, upstream)
     with Broker(config) as broker:

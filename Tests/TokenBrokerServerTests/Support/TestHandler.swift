@@ -49,7 +49,8 @@ final class TestHandler: HTTPHandler {
     }
 
     /// Answers a test can tell apart from any route's: 400 `malformed: <problem>`, 503 `stopping`,
-    /// 503 `stopped`, 413 `too large`, 414 `too many arguments` and 503 `client closed`
+    /// 503 `stopped`, 413 `too large`, 414 `too many arguments`, 431 `head too large` and 503
+    /// `client closed`
     /// (asked for once, when the server starts, and not recorded).
     func refusal(_ reason: ServerRefusal) -> HTTPResponse {
         if reason == .clientClosed { return Self.text(503, "client closed") }
@@ -67,6 +68,8 @@ final class TestHandler: HTTPHandler {
             return Self.text(413, "too large")
         case .tooManyQueryArguments:
             return Self.text(414, "too many arguments", headers: [("Connection", "close")])
+        case .headTooLarge:
+            return Self.text(431, "head too large", headers: [("Connection", "close")])
         }
     }
 
