@@ -37,6 +37,11 @@ public enum ErrorAnswer: Sendable, Equatable {
     /// The client closed its side while its request waited (503); a client that only half-closed
     /// still reads it.
     case clientClosed
+    /// The request would wait, and each of the listener's `places` for waiting requests (seven
+    /// eighths of its connection limit) is taken (503 `too_many_waiting`, `Retry-After: 1`).
+    /// 503, not 429: the listener is full, which this caller need not have caused, and without
+    /// caller keys the broker cannot tell whose requests fill it (RFC 9110 §15.6.4).
+    case tooManyWaiting(places: Int)
 
     // MARK: Who may ask
 
@@ -51,6 +56,11 @@ public enum ErrorAnswer: Sendable, Equatable {
     case invalidCallerKey
     /// The caller may not read this provider (403); names the caller, never the key.
     case providerNotAllowed(caller: String, provider: String)
+    /// The request would wait, and the caller's key already has `places` requests waiting, the
+    /// most one key may: half the listener's places for waiting requests (429
+    /// `too_many_waiting_for_key`, `Retry-After: 1`). 429: this caller, told by its key, sent
+    /// too many (RFC 6585 §4); the others' places are still free.
+    case tooManyWaitingForKey(places: Int)
 
     // MARK: Query and body of the token routes
 
@@ -157,12 +167,12 @@ public enum ErrorAnswer: Sendable, Equatable {
             .invalidAPIVersion, .missingParameter, .invalidParameter, .conflictingIdentityParameters, .identityNotFound:
             400
         case .shuttingDown, .refusedWhileStopping, .clientClosed, .tokenUnavailable, .proxyTokenUnavailable,
-            .tooManyChildren:
+            .tooManyChildren, .tooManyWaiting:
             503
         case .missingRequestHeader, .forwardedRequest, .providerNotAllowed, .missingMetadataFlavor, .foreignHost: 403
         case .missingCallerKey, .invalidCallerKey, .invalidIdentityHeader: 401
         case .bodyTooLarge, .proxyBodyTooLarge: 413
-        case .excessiveRefresh: 429
+        case .excessiveRefresh, .tooManyWaitingForKey: 429
         case .tokenNotCookieSafe, .upstreamUnreachable: 502
         case .upstreamTimeout: 504
         case .reloadInvalid: 422
@@ -193,6 +203,8 @@ public enum ErrorAnswer: Sendable, Equatable {
         case .unknownProvider: "unknown_provider"
         case .shuttingDown, .refusedWhileStopping: "shutting_down"
         case .clientClosed: "client_closed"
+        case .tooManyWaiting: "too_many_waiting"
+        case .tooManyWaitingForKey: "too_many_waiting_for_key"
         case .missingRequestHeader: "missing_request_header"
         case .forwardedRequest: "forwarded_request"
         case .missingCallerKey: "missing_caller_key"
@@ -238,6 +250,10 @@ public enum ErrorAnswer: Sendable, Equatable {
             "the broker is stopping"
         case .clientClosed:
             "the client closed the connection"
+        case .tooManyWaiting(let places):
+            "all \(places) places this listener keeps for waiting requests (seven eighths of connectionLimit) are taken; requests answered at once are still served; try again in 1 s"
+        case .tooManyWaitingForKey(let places):
+            "this caller key has \(places) requests waiting, the most one key may (half the listener's places for waiting requests); try again in 1 s"
         case .missingRequestHeader:
             "this route needs the request header \"\(RequestGuard.headerName): true\""
         case .forwardedRequest:
@@ -328,7 +344,7 @@ public enum ErrorAnswer: Sendable, Equatable {
             [("Allow", allow.joined(separator: ", "))]
         case .malformedHead, .tooManyQueryArguments, .headTooLarge:
             [("Connection", "close")]
-        case .shuttingDown:
+        case .shuttingDown, .tooManyWaiting, .tooManyWaitingForKey:
             [("Retry-After", String(min(1, limit)))]
         case .refusedWhileStopping:
             [("Retry-After", String(min(1, limit))), ("Connection", "close")]
@@ -421,6 +437,7 @@ public enum ErrorAnswer: Sendable, Equatable {
         case .stopped: .shuttingDown
         case .clientClosed: .clientClosed
         case .bodyTooLarge: .bodyTooLarge
+        case .tooManyWaiting(_, let places): .tooManyWaiting(places: places)
         }
     }
 

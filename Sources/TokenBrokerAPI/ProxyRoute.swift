@@ -51,7 +51,8 @@ extension TokenAPI {
 
     /// A proxied request, after `begin` admitted it: the guard and the caller's key are not checked twice.
     /// Reached only with proxies configured (`proxy` is not nil), so every `/proxy/{name}/` is
-    /// either a proxy's or an `unknown_proxy`.
+    /// either a proxy's or an `unknown_proxy`. Its exchange holds one of the caller's waiting
+    /// places (`deferred(caller:label:_:)`) until its answer begins.
     func proxied(_ request: HTTPRequest, target raw: String, proxy: any ProxyHandling) -> HTTPReply {
         let admission: Admission
         // Checked by `begin`; unless a reload since removed its proxy or gave it another
@@ -64,7 +65,16 @@ extension TokenAPI {
             admission = proxyTarget(request, raw: raw, proxy: proxy, admitting: request.admitted != nil)
         }
         switch admission {
-        case .pass(let admitted): return proxy.handle(request, target: admitted.target, caller: admitted.caller)
+        case .pass(let admitted):
+            let reply = proxy.handle(request, target: admitted.target, caller: admitted.caller)
+            guard case .deferred(let start) = reply else { return reply }
+            let (metrics, body, name) = (metrics, request.bodyStream, admitted.target.proxy)
+            let refused: @Sendable (HTTPResponse) -> Void = { response in
+                metrics.recordProxied(proxy: name, status: response.status)
+                // The exchange that would read the body never starts: the rest is dropped as it comes.
+                body?.close()
+            }
+            return deferred(caller: admitted.caller?.caller, label: proxyCounter, refused: refused, start)
         case .refuse(let refusal): return record(proxyCounter, .response(refusal.response))
         }
     }
@@ -74,6 +84,12 @@ extension TokenAPI {
     private enum Admission {
         case pass(ProxyAdmission)
         case refuse(ErrorAnswer)
+    }
+
+    /// What `begin` leaves in `request.admitted` for `handle`.
+    private struct AdmittedProxyRequest: Sendable {
+        let target: ProxyRequestTarget
+        let caller: AdmittedCaller?
     }
 
     /// Without any proxy configured, `/proxy/{name}/…` is answered as for a name no proxy has

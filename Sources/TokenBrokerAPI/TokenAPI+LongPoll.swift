@@ -40,7 +40,7 @@ extension TokenAPI {
     ) -> HTTPReply {
         let provider = endpoint.provider
         let deadline = provider.deadline(in: timeout)
-        return .deferred { [self] responder in
+        return deferred(caller: caller, label: label) { [self] responder in
             let id = provider.addWaiter(after: after, deadline: deadline, onDemand: false, forRefresh: forRefresh) {
                 outcome in
                 self.answer(responder, caller: caller, route: label) { self.waitAnswer(outcome, endpoint, mode: mode) }

@@ -11,6 +11,8 @@ extension TokenAPI {
     /// while refresh fails; 503 only when no valid token is cached. A refresh that brings back
     /// the same token ends the wait with it, under its unchanged version. If N is older, the current
     /// token comes back at once. Past the refresh window: 429 `excessive_refresh` with `Retry-After`.
+    /// A caller whose key holds its share of waiting places (`KeyWaitingPlaces`) gets 429
+    /// `too_many_waiting_for_key` before any refresh is forced, unless N is older.
     ///
     /// - Parameters:
     ///   - rejected: the body's N; nil when not sent.
@@ -20,6 +22,13 @@ extension TokenAPI {
         _ endpoint: Endpoint, rejected: UInt64?, timeout: Duration, caller: AdmittedCaller?, label: RequestCounter
     ) -> HTTPReply {
         let provider = endpoint.provider
+        // A key that may not wait does not start the refresh it would wait for (a version older
+        // than the one held is answered at once, and goes on). The listener's own cap refuses the
+        // wait only once it is returned (`ServerRefusal.tooManyWaiting`): the refresh is forced
+        // by then, within the refresh window, and answers the requests already waiting.
+        if keyHoldsItsShare(caller), (rejected ?? .max) >= (provider.status().version ?? 0) {
+            return record(label, .response(keyShareRefusal()))
+        }
         switch provider.forceRefresh(rejected: rejected) {
         case .current(let token):
             let stale = provider.status().stale

@@ -29,7 +29,7 @@ extension TokenAPI {
             break
         }
         let deadline = provider.deadline(in: maxWait)
-        return .deferred { [self] responder in
+        return deferred(caller: caller, label: label) { [self] responder in
             let id = provider.addWaiter(after: nil, deadline: deadline, onDemand: true, forRefresh: false) { outcome in
                 self.answer(responder, caller: caller, route: label) {
                     self.waitAnswer(outcome, endpoint, mode: .onDemand)

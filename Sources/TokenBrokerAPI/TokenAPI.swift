@@ -18,6 +18,10 @@ import TokenBrokerServer
 /// (`answer(_:caller:route:_:)`): the keys file may have been re-read meanwhile. Error answers
 /// are worded in `ErrorAnswer`.
 ///
+/// A request that waits holds one of the listener's places for waiting requests (the server's
+/// `WaitingPlaces`: none free, and the server answers `refusal(.tooManyWaiting)`) and, when
+/// callers have keys, one of its key's (`KeyWaitingPlaces`, taken in `deferred(caller:label:_:)`).
+///
 /// A provider template (`perRequest`) answers the same routes through its children: the query's
 /// `audience`, `scope` and `resource`, checked against the template's allow-lists
 /// (`TokenRequestValues.checked`), name the child; none names the template's default child. A
@@ -133,6 +137,8 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
     let metrics: BrokerMetrics
     private let guardRequests: Bool
     let callers: (any CallerRechecking)?
+    /// The waiting places each caller key holds; nil without caller keys.
+    private let keyPlaces: KeyWaitingPlaces?
     /// Proxy mode's routes, present only when proxies are configured (the server then streams
     /// requests under `/proxy/` to `begin`, with their raw target).
     let proxy: (any ProxyHandling)?
@@ -153,13 +159,16 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
     ///   - maxWait: the longest a request waits (long-polls, on-demand fetches, refreshes).
     ///   - requestGuard: require `Token-Broker-Request: true` and refuse `X-Forwarded-For` and `Forwarded`.
     ///   - callers: who may read which provider; nil lets every client read every provider.
+    ///   - keyPlaces: with `callers`, the waiting places each key holds, shared by every routes
+    ///     made for the listener (a reload's too), so that a key's waits count wherever they began.
     ///   - proxy: proxy mode's routes, when proxies are configured.
     ///   - compat: the cloud SDK protocols' routes, when served on this listener: their paths
     ///     (`/`, `/computeMetadata/…`, `/msi/token`, `/metadata/identity/…`) are handed to them.
     public init(
         providers: [Provider], templates: [any TemplateProviding<Provider>] = [], defaultName: String? = nil,
         jwks: String, maxWait: Duration, requestGuard: Bool = true, callers: (any CallerRechecking)? = nil,
-        proxy: (any ProxyHandling)? = nil, compat: CompatAPI<Provider>? = nil, metrics: BrokerMetrics
+        keyPlaces: KeyWaitingPlaces? = nil, proxy: (any ProxyHandling)? = nil, compat: CompatAPI<Provider>? = nil,
+        metrics: BrokerMetrics
     ) {
         precondition(!providers.isEmpty || !templates.isEmpty, "the broker needs at least one provider")
         var targets: [String: Target] = [:]
@@ -191,13 +200,23 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
         self.maxWait = maxWait
         self.guardRequests = requestGuard
         self.callers = callers
+        self.keyPlaces = callers == nil ? nil : keyPlaces
         self.proxy = proxy
         self.compat = compat
         proxyCounter = metrics.counter(listener: "token", route: "/proxy/{name}")
         self.metrics = metrics
     }
 
-    public func refusal(_ reason: ServerRefusal) -> HTTPResponse { ErrorAnswer.refusal(reason).response }
+    /// The server's refusals, in the broker's shape; a cloud SDK protocol's route served here
+    /// gets a wait refused in its protocol's shape.
+    public func refusal(_ reason: ServerRefusal) -> HTTPResponse {
+        if case .tooManyWaiting(let path, _) = reason, let compat, CompatAPI<Provider>.mayServe(path),
+            compat.serves(path)
+        {
+            return compat.refusal(reason)
+        }
+        return ErrorAnswer.refusal(reason).response
+    }
 
     // The server calls this through `HTTPHandler`, whose witness is generic: the attribute makes
     // it dispatch to a version specialised for the broker's own provider, so that the request
@@ -353,6 +372,45 @@ public final class TokenAPI<Provider: TokenProviding>: HTTPHandler {
             }
         }
         return nil
+    }
+
+    /// `.deferred(start)`, with one of `caller`'s waiting places held while the request waits
+    /// (`KeyWaitingPlaces`): taken once the server has found the request a place of its own
+    /// (else `start` never runs), given back when the wait ends, however it ends. A key holding
+    /// its share gets 429 `too_many_waiting_for_key` at once, counted under `label`, and
+    /// `start` does not run. Nil `caller` (callers have no keys): `.deferred(start)` as it is.
+    /// - Parameter refused: also runs with that 429, before it is sent (proxy mode counts it
+    ///   by proxy, and stops reading a streamed body).
+    func deferred(
+        caller: AdmittedCaller?, label: RequestCounter, refused: (@Sendable (HTTPResponse) -> Void)? = nil,
+        _ start: @escaping @Sendable (any HTTPResponding) -> Void
+    ) -> HTTPReply {
+        guard let caller, let keyPlaces else { return .deferred(start) }
+        return .deferred { [self] responder in
+            let key = caller.keyDigest
+            guard keyPlaces.take(key) else {
+                let response = keyShareRefusal()
+                refused?(response)
+                answer(responder, response, route: label)
+                return
+            }
+            responder.whenWaitEnds { keyPlaces.giveBack(key) }
+            start(responder)
+        }
+    }
+
+    /// Whether `caller`'s key holds its share of waiting places already (false without keys). A
+    /// look only, for a route to refuse before it starts what the wait is for (a forced refresh):
+    /// `deferred(caller:label:_:)` takes the place, exactly.
+    func keyHoldsItsShare(_ caller: AdmittedCaller?) -> Bool {
+        guard let caller, let keyPlaces else { return false }
+        return keyPlaces.holding(caller.keyDigest) >= keyPlaces.limit
+    }
+
+    /// The 429 `too_many_waiting_for_key`, counted.
+    func keyShareRefusal() -> HTTPResponse {
+        metrics.recordWaitRefused(listener: "token", limit: .callerKey)
+        return ErrorAnswer.tooManyWaitingForKey(places: keyPlaces?.limit ?? 0).response
     }
 
     /// Counts an immediate answer under its route; deferred ones count when answered.

@@ -39,6 +39,11 @@ public enum ServerRefusal: Sendable, Equatable {
     /// The client closed its side while its request waited suspended: the answer resumes the
     /// connection, and a client that only half-closed (`shutdown(SHUT_WR)`) still reads it.
     case clientClosed
+    /// The handler deferred its answer, and every place the listener keeps for waiting requests
+    /// (`places`, seven eighths of its connection limit) is taken: answered at once instead, and
+    /// the deferred answer's `start` never runs (what `handle` did before it returned stands).
+    /// `path` is the request's, for a handler that words its answers differently by route.
+    case tooManyWaiting(path: String, places: Int)
 }
 
 extension HTTPHandler {
@@ -59,7 +64,9 @@ public enum BodyHandling {
 public enum HTTPReply {
     /// Queue this response now.
     case response(HTTPResponse)
-    /// Suspend the connection and call `start` with a responder that will resume it.
+    /// Suspend the connection and call `start` with a responder that will resume it; the request
+    /// holds one of the listener's places for waiting requests until it is answered (or, when
+    /// none is free, is refused with `ServerRefusal.tooManyWaiting`, and `start` is not called).
     case deferred(_ start: @Sendable (any HTTPResponding) -> Void)
 }
 
@@ -72,4 +79,8 @@ public protocol HTTPResponding: AnyObject, Sendable {
     func onClose(_ cleanup: @escaping @Sendable () -> Void)
     /// Registers work to run once when the connection ends, answered or not.
     func whenConnectionEnds(_ work: @escaping @Sendable () -> Void)
+    /// Registers work to run once when the request stops waiting: it is answered, its client
+    /// hangs up, or its connection ends first; at once when that has already happened. Runs
+    /// before the connection resumes, so that what it frees is free when the answer arrives.
+    func whenWaitEnds(_ work: @escaping @Sendable () -> Void)
 }

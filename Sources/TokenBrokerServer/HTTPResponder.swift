@@ -8,15 +8,25 @@ import TokenBrokerCore
 /// Answering twice, or after the client hung up, does nothing. `onClose` runs once when the
 /// connection ends without an answer (client gone or server stopping), to free what waits for
 /// it, at once when registered after that.
+///
+/// The wait ends once, at whichever comes first of the answer, the hang-up and the connection's
+/// end: that step leaves `.waiting` under the lock, and only it runs the `whenWaitEnds` work and
+/// gives back the listener's waiting place, when the responder holds one.
 public final class HTTPResponder: HTTPResponding {
     fileprivate enum Phase {
-        case waiting(onClose: (@Sendable () -> Void)?)
+        case waiting(Waiting)
         case answered(HTTPResponse)
         case sent
         case closed
     }
 
-    private let phase = Lock<Phase>(.waiting(onClose: nil))
+    /// What runs when the wait ends: `onClose` only when it ends without an answer.
+    fileprivate struct Waiting {
+        var onClose: (@Sendable () -> Void)?
+        var onEnd: (@Sendable () -> Void)?
+    }
+
+    private let phase = Lock<Phase>(.waiting(Waiting()))
     /// The client hung up before an answer (`clientHungUp`). Read and written under `phase`'s
     /// lock: a cleanup registered after that (the hang-up can be seen between the connection's
     /// suspension and the handler's `onClose`) runs at once, as it would after `.closed`.
@@ -29,35 +39,72 @@ public final class HTTPResponder: HTTPResponding {
     /// Held strongly: waking thousands of waiters then costs no weak-reference load each, and
     /// a responder answered after the server stopped finds its connection no longer suspended.
     private let server: HTTPServer
+    /// The responder of a deferred answer holds one of the server's waiting places
+    /// (`WaitingPlaces`) until its wait ends; one made for a streamed answer holds none.
+    private let holdsWaitingPlace: Bool
     /// The connection's place among the server's suspended ones, or -1 when it is not
     /// suspended. Changed only under the server's lock of suspended connections; read without
     /// it too, so that finishing a request can skip that lock when the connection was resumed.
     let suspendedSlot = Atomic<Int>(-1)
 
-    init(connection: OpaquePointer, fd: Int32, server: HTTPServer) {
+    /// - Parameter holdsWaitingPlace: the server took one of its waiting places for this
+    ///   request, which the responder gives back when the wait ends.
+    init(connection: OpaquePointer, fd: Int32, server: HTTPServer, holdsWaitingPlace: Bool = false) {
         self.connection = connection
         self.fd = fd
         self.server = server
+        self.holdsWaitingPlace = holdsWaitingPlace
     }
 
     /// Answers the suspended request and resumes its connection.
     public func respond(_ response: HTTPResponse) {
-        let resume = phase.withLock { phase -> Bool in
-            guard case .waiting = phase else { return false }
+        let ended = phase.withLock { phase -> Waiting? in
+            guard case .waiting(let waiting) = phase else { return nil }
             phase = .answered(response)
-            return true
+            return waiting
         }
-        if resume { server.resume(self) }
+        guard let ended else { return }
+        waitEnded(ended)
+        server.resume(self)
     }
 
     /// Registers a cleanup to run if the connection ends before an answer.
     public func onClose(_ cleanup: @escaping @Sendable () -> Void) {
         let runNow = phase.withLock { phase -> Bool in
-            guard case .waiting = phase else { return phase.isClosed || clientGone.load(ordering: .relaxed) }
-            phase = .waiting(onClose: cleanup)
+            guard case .waiting(var waiting) = phase else {
+                return phase.isClosed || clientGone.load(ordering: .relaxed)
+            }
+            waiting.onClose = cleanup
+            phase = .waiting(waiting)
             return false
         }
         if runNow { cleanup() }
+    }
+
+    /// Registers work to run once when the wait ends (answered, hung up or closed); at once
+    /// when it has ended.
+    public func whenWaitEnds(_ work: @escaping @Sendable () -> Void) {
+        let runNow = phase.withLock { phase -> Bool in
+            guard case .waiting(var waiting) = phase else { return true }
+            if let earlier = waiting.onEnd {
+                waiting.onEnd = { @Sendable in
+                    earlier()
+                    work()
+                }
+            } else {
+                waiting.onEnd = work
+            }
+            phase = .waiting(waiting)
+            return false
+        }
+        if runNow { work() }
+    }
+
+    /// The wait ended (the phase left `.waiting`, once): its work runs and the waiting place is
+    /// given back, before the connection resumes.
+    private func waitEnded(_ waiting: Waiting) {
+        waiting.onEnd?()
+        if holdsWaitingPlace { server.waitingPlaces.giveBack() }
     }
 
     /// Registers work to run once when the connection ends, answered or not (such as stopping an
@@ -94,25 +141,29 @@ public final class HTTPResponder: HTTPResponding {
     /// The client went away while suspended: free what waits for it, then let libmicrohttpd
     /// close the connection; a client that only half-closed still reads the answer.
     func clientHungUp() {
-        let (wasWaiting, cleanup) = phase.withLock { phase -> (Bool, (@Sendable () -> Void)?) in
-            guard case .waiting(let onClose) = phase else { return (false, nil) }
+        let ended = phase.withLock { phase -> Waiting? in
+            guard case .waiting(let waiting) = phase else { return nil }
             phase = .answered(server.clientClosedAnswer)
             clientGone.store(true, ordering: .relaxed)
-            return (true, onClose)
+            return waiting
         }
-        guard wasWaiting else { return }
-        cleanup?()
+        guard let ended else { return }
+        ended.onClose?()
+        waitEnded(ended)
         server.resume(self)
     }
 
     /// The connection ended; runs the cleanup if no answer was given.
     func connectionClosed() {
-        let cleanup = phase.withLock { phase -> (@Sendable () -> Void)? in
+        let ended = phase.withLock { phase -> Waiting? in
             defer { phase = .closed }
-            if case .waiting(let onClose) = phase { return onClose }
+            if case .waiting(let waiting) = phase { return waiting }
             return nil
         }
-        cleanup?()
+        if let ended {
+            ended.onClose?()
+            waitEnded(ended)
+        }
         for work in endHandlers.withLock({ handlers in
             defer { handlers = [] }
             return handlers

@@ -7,6 +7,9 @@ extension HTTPServer {
         /// `MHD_OPTION_CONNECTION_LIMIT`: open connections at most. Past fifteen sixteenths of it,
         /// each new connection closes the one that has waited longest for its next request.
         public var connectionLimit: Int = 10_000
+        /// The most requests that may wait at once (deferred answers, `WaitingPlaces`): seven
+        /// eighths of `connectionLimit`, so that an eighth is always left to requests answered at once.
+        public var waitingLimit: Int { HTTPServer.waitingLimit(connectionLimit: connectionLimit) }
         /// `MHD_OPTION_CONNECTION_MEMORY_LIMIT`: each connection's buffer for the request line,
         /// headers and the answer's headers; request heads that leave too little of it for the
         /// answer's head get 431 (`AnswerRoom`). It is also most of what a waiting long-poll
@@ -37,5 +40,11 @@ extension HTTPServer {
         public var streamingPrefix: String?
 
         public init(address: ListenAddress) { self.address = address }
+    }
+
+    /// The most requests that may wait at once on a listener of `connectionLimit` connections:
+    /// seven eighths of it (`WaitingPlaces`).
+    public static func waitingLimit(connectionLimit: Int) -> Int {
+        WaitingPlaces.limit(connectionLimit: connectionLimit)
     }
 }

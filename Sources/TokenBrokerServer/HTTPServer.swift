@@ -12,7 +12,9 @@ import TokenBrokerCore
 /// the daemon is quiesced and stopped on the thread that polls it, never beside it (see
 /// `DaemonThread` for why). Deferred answers suspend their
 /// connection (`MHD_suspend_connection`), so a waiting request holds a few hundred bytes, not a
-/// thread. Responses are queued on the second call of the access handler, never the first,
+/// thread. At most seven eighths of the connection limit may wait so (`WaitingPlaces`): a
+/// waiting connection is never closed to make room, and the rest is kept for requests answered
+/// at once. Responses are queued on the second call of the access handler, never the first,
 /// which keeps keep-alive working.
 ///
 /// - Important: call `shutDown` before releasing the server; it answers every suspended
@@ -45,6 +47,8 @@ public final class HTTPServer: @unchecked Sendable {
     /// `MHD_resume_connection` are called after it is released.
     private let suspended = Lock<Suspended>(Suspended())
     private let watcher: ConnectionWatcher
+    /// The places for requests that wait (deferred answers): seven eighths of the connection limit.
+    let waitingPlaces: WaitingPlaces
     private let requestsInFlight = Atomic<Int>(0)
     /// Resumes taken out of `suspended` whose `MHD_resume_connection` has not returned yet.
     private let resumesUnderWay = Atomic<Int>(0)
@@ -59,6 +63,7 @@ public final class HTTPServer: @unchecked Sendable {
         self.configuration = configuration
         handlerSlot = Lock(handler)
         clientClosedAnswer = handler.refusal(.clientClosed)
+        waitingPlaces = WaitingPlaces(connectionLimit: configuration.connectionLimit)
         do {
             watcher = try ConnectionWatcher(
                 requestTimeoutSec: configuration.connectionTimeoutSec,
@@ -232,6 +237,12 @@ public final class HTTPServer: @unchecked Sendable {
     public var openConnections: Int { watcher.openConnections }
     /// Idle connections closed to make room for new ones since start.
     public var evictedConnections: Int { watcher.evictedConnections }
+    /// Requests waiting now (deferred answers not given yet).
+    public var waitingRequests: Int { waitingPlaces.count }
+    /// The most requests that may wait at once: seven eighths of the connection limit.
+    public var waitingLimit: Int { waitingPlaces.limit }
+    /// Requests refused since start because every waiting place was taken (`ServerRefusal.tooManyWaiting`).
+    public var refusedWaits: Int { waitingPlaces.refused }
 
     /// The suspended requests, each in a slot its responder knows (parking and resuming one
     /// costs no hashing, and resuming allocates nothing), and the most there were since the
@@ -417,7 +428,9 @@ public final class HTTPServer: @unchecked Sendable {
                 query: HTTPFields(connection, .GET_ARGUMENT_KIND), headers: HTTPFields(connection, .HEADER_KIND),
                 body: state?.body ?? [], bodyTooLarge: state?.tooLarge ?? false)
         }
-        return reply(handler.handle(request), connection, streaming: false) { RequestState.attach(to: requestContext) }
+        return reply(handler.handle(request), path: request.path, connection, streaming: false) {
+            RequestState.attach(to: requestContext)
+        }
     }
 
     /// A request's head is in: its connection is no longer one to close for room, and a head
@@ -465,16 +478,34 @@ public final class HTTPServer: @unchecked Sendable {
         return CMicroHTTPD_no()
     }
 
-    /// Carries out a handler's reply: queue it, or suspend the connection until the responder answers.
+    /// Carries out a handler's reply: queue it, or suspend the connection until the responder
+    /// answers. A deferred reply takes one of the waiting places first, which the responder gives
+    /// back when the wait ends (`HTTPResponder.waitEnded`); with none free, it is refused at once
+    /// (`ServerRefusal.tooManyWaiting`), and its `start` never runs.
     private func reply(
-        _ reply: HTTPReply, _ connection: OpaquePointer, streaming: Bool, state: () -> RequestState
+        _ reply: HTTPReply, path: String, _ connection: OpaquePointer, streaming: Bool, state: () -> RequestState
     ) -> MHD_Result {
         switch reply {
         case .response(let response):
             return queue(response, on: connection, nil)
         case .deferred(let start):
+            guard waitingPlaces.take() else {
+                if streaming {
+                    // Answered before its body, as `BodyHandling.refuse` is: what still comes of
+                    // it is read into the request's capped buffer and dropped, not into the stream.
+                    let state = state()
+                    state.bodyStream?.close()
+                    state.bodyStream = nil
+                }
+                let refusal = handler.refusal(.tooManyWaiting(path: path, places: waitingPlaces.limit))
+                return queue(refusal, on: connection, nil)
+            }
+            // From here the place is given back once, when the wait ends: answered (also at once,
+            // from `start`), hung up, or the request ended unanswered (`completed`; so it is for
+            // one the server refuses to suspend below), whichever comes first.
             let responder = HTTPResponder(
-                connection: connection, fd: CMicroHTTPD_connection_fd(connection), server: self)
+                connection: connection, fd: CMicroHTTPD_connection_fd(connection), server: self,
+                holdsWaitingPlace: true)
             let state = state()
             state.responder = responder
             state.bodyStream?.attach(
@@ -525,7 +556,7 @@ public final class HTTPServer: @unchecked Sendable {
             Self.clock(of: connection)?.requestArrived()
             state.bodyStream = body
             request.bodyStream = body
-            return reply(handler.handle(request), connection, streaming: true) { state }
+            return reply(handler.handle(request), path: request.path, connection, streaming: true) { state }
         }
     }
 

@@ -108,6 +108,8 @@ enum Broker {
         let currentSinks: CurrentSinks
         let listeners: Listeners
         let callers: CallerKeyStore?
+        /// With `callers`: the token listener's waiting places each key holds, kept across reloads.
+        let keyPlaces: KeyWaitingPlaces?
         let store: OpenedStore?
         let metrics: BrokerMetrics
         let reloads: ReloadRequests
@@ -118,8 +120,8 @@ enum Broker {
 
         init(
             loaded: Loaded, sinks: RunningSinks, currentSinks: CurrentSinks, listeners: Listeners,
-            callers: CallerKeyStore?, store: OpenedStore?, metrics: BrokerMetrics, reloads: ReloadRequests,
-            stopping: StopFlag
+            callers: CallerKeyStore?, keyPlaces: KeyWaitingPlaces?, store: OpenedStore?, metrics: BrokerMetrics,
+            reloads: ReloadRequests, stopping: StopFlag
         ) {
             self.stopping = stopping
             self.loaded = loaded
@@ -128,6 +130,7 @@ enum Broker {
             currentSinks.use(sinks.sinks)
             self.listeners = listeners
             self.callers = callers
+            self.keyPlaces = keyPlaces
             self.store = store
             self.metrics = metrics
             self.reloads = reloads
@@ -200,6 +203,10 @@ enum Broker {
             return 2
         }
         let connectionLimit = fitConnectionLimit(configuration)
+        // With caller keys, one key may hold half the token listener's waiting places.
+        let keyPlaces = callers.map { _ in
+            KeyWaitingPlaces(listenerPlaces: HTTPServer.waitingLimit(connectionLimit: connectionLimit))
+        }
         let reloads = ReloadRequests(metrics: metrics)
         let stopping = StopFlag()
         let loaded = Loaded(
@@ -210,7 +217,8 @@ enum Broker {
         do {
             let handlers = makeHandlers(
                 configuration, providers: providers, sinks: currentSinks, jwks: loaded.jwks, callers: callers,
-                identityHeader: identityHeader, store: store, metrics: metrics, reloads: reloads, stopping: stopping)
+                keyPlaces: keyPlaces, identityHeader: identityHeader, store: store, metrics: metrics, reloads: reloads,
+                stopping: stopping)
             listeners = try openListeners(
                 configuration, connectionLimit: connectionLimit, handlers: handlers, metrics: metrics)
         } catch {
@@ -218,8 +226,8 @@ enum Broker {
             return 1
         }
         let running = start(
-            loaded, sinks: sinks, currentSinks: currentSinks, listeners: listeners, callers: callers, store: store,
-            metrics: metrics, reloads: reloads, stopping: stopping)
+            loaded, sinks: sinks, currentSinks: currentSinks, listeners: listeners, callers: callers,
+            keyPlaces: keyPlaces, store: store, metrics: metrics, reloads: reloads, stopping: stopping)
         announce(configuration, listeners: listeners)
         let signal = serve(running, path: path)
         Log.info("stopping", ["signal": signal])
@@ -426,8 +434,8 @@ enum Broker {
     /// SDK protocols', when configured), the admin routes, and each protocol's own listener's.
     static func makeHandlers(
         _ configuration: BrokerConfiguration, providers: Providers, sinks: CurrentSinks, jwks: String,
-        callers: CallerKeyStore?, identityHeader: [UInt8]?, store: OpenedStore?, metrics: BrokerMetrics,
-        reloads: ReloadRequests, stopping: StopFlag
+        callers: CallerKeyStore?, keyPlaces: KeyWaitingPlaces?, identityHeader: [UInt8]?, store: OpenedStore?,
+        metrics: BrokerMetrics, reloads: ReloadRequests, stopping: StopFlag
     ) -> Handlers {
         let compat = compatHandlers(
             configuration, templates: providers.templates, identityHeader: identityHeader, metrics: metrics)
@@ -442,7 +450,7 @@ enum Broker {
         let token = TokenAPI(
             providers: providers.providers, templates: providers.templates,
             defaultName: configuration.providers[0].name, jwks: jwks, maxWait: .seconds(configuration.maxWaitSec),
-            requestGuard: configuration.requestGuard, callers: callers, proxy: proxy,
+            requestGuard: configuration.requestGuard, callers: callers, keyPlaces: keyPlaces, proxy: proxy,
             compat: compat.onTokenListener, metrics: metrics)
         let admin = AdminAPI(
             providers: providers.providers, templates: providers.templates, tokenFiles: { sinks.reports() },
@@ -481,6 +489,9 @@ enum Broker {
                 handler: handler)
             metrics.observeOpenConnections(listener: name) { [weak server] in server?.openConnections ?? 0 }
             metrics.observeEvictedConnections(listener: name) { [weak server] in server?.evictedConnections ?? 0 }
+            metrics.observeWaiting(listener: name) { [weak server] in
+                (server?.waitingRequests ?? 0, server?.refusedWaits ?? 0)
+            }
             compat.append(CompatListener(name: name, address: address, server: server))
         }
         // Weakly: a server's routes hold the metrics, so a strong capture would be a cycle.
@@ -492,6 +503,13 @@ enum Broker {
         metrics.observeEvictedConnections(listener: "admin") { [weak adminServer] in
             adminServer?.evictedConnections ?? 0
         }
+        metrics.observeWaiting(listener: "token", callerKeys: configuration.clientKeysFile != nil) {
+            [weak tokenServer] in
+            (tokenServer?.waitingRequests ?? 0, tokenServer?.refusedWaits ?? 0)
+        }
+        metrics.observeWaiting(listener: "admin") { [weak adminServer] in
+            (adminServer?.waitingRequests ?? 0, adminServer?.refusedWaits ?? 0)
+        }
         metrics.observeDroppedResponseHeaders { HTTPResponse.droppedHeaders }
         return Listeners(token: tokenServer, admin: adminServer, compat: compat)
     }
@@ -500,7 +518,8 @@ enum Broker {
     /// and starts watching the caller keys file.
     private static func start(
         _ loaded: Loaded, sinks: Sinks, currentSinks: CurrentSinks, listeners: Listeners, callers: CallerKeyStore?,
-        store: OpenedStore?, metrics: BrokerMetrics, reloads: ReloadRequests, stopping: StopFlag
+        keyPlaces: KeyWaitingPlaces?, store: OpenedStore?, metrics: BrokerMetrics, reloads: ReloadRequests,
+        stopping: StopFlag
     ) -> Running {
         loaded.startTasks()
         if let callers {
@@ -515,7 +534,8 @@ enum Broker {
         }
         return Running(
             loaded: loaded, sinks: startSinks(sinks), currentSinks: currentSinks, listeners: listeners,
-            callers: callers, store: store, metrics: metrics, reloads: reloads, stopping: stopping)
+            callers: callers, keyPlaces: keyPlaces, store: store, metrics: metrics, reloads: reloads,
+            stopping: stopping)
     }
 
     /// Logs the addresses bound and the proxies ready, and warns about a configuration left open.

@@ -272,8 +272,8 @@ extension Broker {
         }
         let handlers = makeHandlers(
             configuration, providers: providers, sinks: running.currentSinks, jwks: loaded.jwks,
-            callers: running.callers, identityHeader: identityHeader, store: running.store, metrics: running.metrics,
-            reloads: running.reloads, stopping: running.stopping)
+            callers: running.callers, keyPlaces: running.keyPlaces, identityHeader: identityHeader,
+            store: running.store, metrics: running.metrics, reloads: running.reloads, stopping: running.stopping)
         // The keys may name the new providers before their routes are served.
         if let problem = running.callers?.use(knownProviders: Set(configuration.providers.map(\.name))) {
             Log.error("caller keys not reloaded; the previous list stays", ["problem": problem.description])

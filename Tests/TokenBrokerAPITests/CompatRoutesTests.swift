@@ -314,6 +314,27 @@ private let secret = "app-service-secret"
         }
     }
 
+    /// A wait the listener has no place for (`ServerRefusal.tooManyWaiting`) is refused in its
+    /// route's protocol's shape, on the protocols' own listener and on the token listener, where
+    /// the broker's own routes keep the broker's shape.
+    @Test func aWaitWithoutAPlaceIsRefusedInItsProtocolsShape() {
+        let google = api.refusal(.tooManyWaiting(path: accounts + "/default/token", places: 14))
+        #expect(google.status == 503 && google.errorCode == "too_many_waiting")
+        #expect(google.header("Metadata-Flavor") == "Google" && google.header("Retry-After") == "1")
+        let azure = api.refusal(.tooManyWaiting(path: "/metadata/identity/oauth2/token", places: 14))
+        #expect(azure.status == 503 && azure.errorCode == "too_many_waiting" && azure.int("statusCode") == 503)
+        #expect(azure.header("Metadata-Flavor") == nil && azure.header("Retry-After") == "1")
+
+        let token = TokenAPI(
+            providers: [], templates: templates, jwks: "{}", maxWait: .seconds(30), compat: api,
+            metrics: BrokerMetrics(version: "test"))
+        let shared = token.refusal(.tooManyWaiting(path: "/msi/token", places: 14))
+        #expect(shared.errorCode == "too_many_waiting" && shared.int("statusCode") == 503)
+        let own = token.refusal(.tooManyWaiting(path: "/token/ready", places: 14))
+        #expect(own.status == 503 && own.errorCode == "too_many_waiting")
+        #expect(own.header("Metadata-Flavor") == nil && own.int("statusCode") == nil)
+    }
+
     // MARK: - The SDKs' expiry margins
 
     private func marginAPI(_ template: OneChildTemplate) -> CompatAPI<FakeProvider> {

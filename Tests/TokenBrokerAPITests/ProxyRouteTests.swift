@@ -21,9 +21,13 @@ final class FakeProxy: ProxyHandling {
     let checked = Mutex(0)
     /// The provider every proxy reads.
     let provider: String
-    init(names: Set<String> = ["api"], provider: String = "default") {
+    /// With `defers`, the exchanges started: each request waits for the test to answer it.
+    let started = Mutex<[any HTTPResponding]>([])
+    private let defers: Bool
+    init(names: Set<String> = ["api"], provider: String = "default", defers: Bool = false) {
         self.names = names
         self.provider = provider
+        self.defers = defers
     }
     static let problems: [String: ProxyPathProblem] = [
         "/proxy/api/a b": .badCharacters, "/proxy/api/../../etc": .escapesRoot, "/proxy/api/a%2Fb": .encodedSeparator,
@@ -52,7 +56,8 @@ final class FakeProxy: ProxyHandling {
     func handle(_ request: HTTPRequest, target: ProxyRequestTarget, caller: CallerRecheck?) -> HTTPReply {
         handled.withLock { $0.append(target) }
         callers.withLock { $0.append(caller) }
-        return .response(HTTPResponse(status: 202, body: []))
+        guard defers else { return .response(HTTPResponse(status: 202, body: [])) }
+        return .deferred { [self] responder in started.withLock { $0.append(responder) } }
     }
 }
 

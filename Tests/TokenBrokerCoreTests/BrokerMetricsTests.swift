@@ -49,6 +49,28 @@ import TokenBrokerTestSupport
         #expect(text.contains("token_broker_refresh_duration_seconds_sum{provider=\"p\"} 2.02\n"))
     }
 
+    /// Each listener's waiting requests, and the waits refused by its cap, read at scrape time;
+    /// the key's refusals, recorded, from 0 where callers have keys.
+    @Test func waitingRequestsAndRefusedWaitsAreShownByListenerAndLimit() {
+        let metrics = BrokerMetrics(version: "test")
+        metrics.observeWaiting(listener: "token", callerKeys: true) { (14, 3) }
+        metrics.observeWaiting(listener: "admin") { (0, 0) }
+        var text = metrics.render(statuses: [])
+        #expect(text.contains("# TYPE token_broker_waiting_requests gauge\n"))
+        #expect(text.contains("token_broker_waiting_requests{listener=\"token\"} 14\n"))
+        #expect(text.contains("token_broker_waiting_requests{listener=\"admin\"} 0\n"))
+        #expect(text.contains("# TYPE token_broker_waits_refused_total counter\n"))
+        #expect(text.contains("token_broker_waits_refused_total{listener=\"token\",limit=\"listener\"} 3\n"))
+        #expect(text.contains("token_broker_waits_refused_total{listener=\"token\",limit=\"caller_key\"} 0\n"))
+        #expect(!text.contains("token_broker_waits_refused_total{listener=\"admin\",limit=\"caller_key\"}"))
+        metrics.recordWaitRefused(listener: "token", limit: .callerKey)
+        metrics.recordWaitRefused(listener: "token", limit: .callerKey)
+        metrics.recordWaitRefused(listener: "token", limit: .listener)  // read from the listener, not counted here
+        text = metrics.render(statuses: [])
+        #expect(text.contains("token_broker_waits_refused_total{listener=\"token\",limit=\"caller_key\"} 2\n"))
+        #expect(text.contains("token_broker_waits_refused_total{listener=\"token\",limit=\"listener\"} 3\n"))
+    }
+
     @Test func templatesAreOneSeriesEachWithTheirChildrenCountedUnderTheTemplatesName() async {
         var configuration = ProviderConfiguration(name: "orders")
         configuration.perRequest = [.audience]

@@ -328,6 +328,158 @@ struct HTTPServerTests {
         #expect(closed.withLock { $0 } == 1)
     }
 
+    // MARK: - Waiting places
+
+    /// Seven eighths of the connection limit may wait (14 of 16); the next request that would
+    /// wait gets the handler's `refusal(.tooManyWaiting)` at once, its deferred work never starts,
+    /// and requests answered at once still get in, on its connection and on a new one.
+    @Test(arguments: Polling.allCases) func waitsPastSevenEighthsOfTheConnectionLimitAreRefusedAndOthersStillGetIn(
+        _ polling: Polling
+    ) async throws {
+        let handler = TestHandler.deferring("/wait")
+        let server = try startServer(handler, polling) { $0.connectionLimit = 16 }
+        defer { server.shutDown(grace: .zero) }
+        #expect(server.waitingLimit == 14)
+        // One at a time, so that `handler.deferred[i]` is `waiting[i]`'s.
+        var waiting: [TestHTTPClient] = []
+        for count in 1...14 {
+            let client = try TestHTTPClient(port: server.port)
+            try client.send("GET /wait HTTP/1.1\r\nHost: t\r\n\r\n")
+            waiting.append(client)
+            #expect(await eventually { handler.deferred.count == count })
+        }
+        #expect(server.waitingRequests == 14)
+
+        let refused = try TestHTTPClient(port: server.port)
+        try refused.send("GET /wait HTTP/1.1\r\nHost: t\r\n\r\n")
+        let answer = try refused.readResponse()
+
+        #expect(answer.status == 503 && answer.text == "too many waiting: 14 at /wait")
+        #expect(handler.deferred.count == 14, "the refused request's deferred work never started")
+        #expect(server.refusedWaits == 1 && server.waitingRequests == 14)
+        try refused.send("GET /now HTTP/1.1\r\nHost: t\r\n\r\n")
+        #expect(try refused.readResponse().text == "ok", "the refused request's connection is kept")
+        let other = try TestHTTPClient(port: server.port)
+        try other.send("GET /now HTTP/1.1\r\nHost: t\r\n\r\n")
+        #expect(try other.readResponse().text == "ok")
+
+        // A place given back is taken again.
+        handler.deferred[0].respond(TestHandler.text(200, "first"))
+        #expect(try waiting[0].readResponse().text == "first")
+        #expect(server.waitingRequests == 13)
+        try waiting[0].send("GET /wait HTTP/1.1\r\nHost: t\r\n\r\n")
+        #expect(await eventually { handler.deferred.count == 15 })
+        #expect(server.waitingRequests == 14 && server.refusedWaits == 1)
+        _ = waiting
+    }
+
+    /// A streamed upload whose handler would wait, on a full listener, is refused at once, before
+    /// its body, and the request's stream is let go; the waits already there go on.
+    @Test(arguments: Polling.allCases) func aStreamedUploadPastTheCapIsRefusedBeforeItsBody(_ polling: Polling)
+        async throws
+    {
+        let responders = Lock<[any HTTPResponding]>([])
+        let handler = TestHandler(
+            responders: responders,
+            answer: { _ in .deferred { responder in responders.withLock { $0.append(responder) } } },
+            begin: { _ in .stream(HTTPRequestBodyStream(limit: 1 << 20)) })
+        let server = try startServer(handler, polling) {
+            $0.connectionLimit = 16
+            $0.streamingPrefix = "/up/"
+        }
+        defer { server.shutDown(grace: .zero) }
+        // One at a time, so that `handler.deferred[i]` is `waiting[i]`'s.
+        var waiting: [TestHTTPClient] = []
+        for count in 1...14 {
+            let client = try TestHTTPClient(port: server.port)
+            try client.send("GET /wait HTTP/1.1\r\nHost: t\r\n\r\n")
+            waiting.append(client)
+            #expect(await eventually { handler.deferred.count == count })
+        }
+
+        // The head promises a body that never comes: only an answer given before it can arrive.
+        let uploading = try TestHTTPClient(port: server.port)
+        try uploading.send("POST /up/load HTTP/1.1\r\nHost: t\r\nContent-Length: 200000\r\n\r\n")
+        let answer = try uploading.readResponse()
+
+        #expect(answer.status == 503 && answer.text == "too many waiting: 14 at /up/load")
+        #expect(handler.deferred.count == 14 && server.waitingRequests == 14)
+        handler.deferred[0].respond(TestHandler.text(200, "still served"))
+        #expect(try waiting[0].readResponse().text == "still served")
+    }
+
+    /// The place a wait holds comes back once, whichever way the wait ends: answered from the
+    /// handler's `start` itself, answered later, the client hanging up (a half-close takes the
+    /// same path, `clientHungUp`), going away mid-body, or the server stopping; a second answer
+    /// gives nothing back. `whenWaitEnds` runs
+    /// once for each wait, before the answer goes out.
+    @Test(arguments: Polling.allCases) func everyWayAWaitEndsGivesItsPlaceBackOnce(_ polling: Polling) async throws {
+        let responders = Lock<[any HTTPResponding]>([])
+        let ended = Lock<Int>(0)
+        let handler = TestHandler(
+            responders: responders,
+            answer: { request in
+                .deferred { responder in
+                    responder.whenWaitEnds { ended.withLock { $0 += 1 } }
+                    if request.path == "/at-once" {
+                        responder.respond(TestHandler.text(200, "at once"))
+                    } else {
+                        responders.withLock { $0.append(responder) }
+                    }
+                }
+            }, begin: { _ in .stream(HTTPRequestBodyStream(limit: 1024)) })
+        let server = try startServer(handler, polling) {
+            $0.connectionLimit = 16
+            $0.streamingPrefix = "/up/"
+        }
+        defer { server.shutDown(grace: .zero) }
+        let client = try TestHTTPClient(port: server.port)
+
+        // Answered from `start`: more times than there are places, on one kept-alive connection.
+        for round in 1...20 {
+            try client.send("GET /at-once HTTP/1.1\r\nHost: t\r\n\r\n")
+            #expect(try client.readResponse().text == "at once", "round \(round)")
+            #expect(server.waitingRequests == 0 && ended.withLock { $0 } == round)
+        }
+        // Answered later: the place is back before the answer can be read.
+        try client.send("GET /wait HTTP/1.1\r\nHost: t\r\n\r\n")
+        #expect(await eventually { handler.deferred.count == 1 })
+        #expect(server.waitingRequests == 1)
+        handler.deferred[0].respond(TestHandler.text(200, "later"))
+        #expect(try client.readResponse().text == "later")
+        #expect(server.waitingRequests == 0 && ended.withLock { $0 } == 21)
+        handler.deferred[0].respond(TestHandler.text(200, "again"))
+        #expect(server.waitingRequests == 0 && ended.withLock { $0 } == 21, "a second answer gives nothing back")
+
+        // The client hangs up.
+        let leaving = try TestHTTPClient(port: server.port)
+        try leaving.send("GET /wait HTTP/1.1\r\nHost: t\r\n\r\n")
+        #expect(await eventually { handler.deferred.count == 2 })
+        #expect(server.waitingRequests == 1)
+        leaving.close()
+        #expect(await eventually { server.waitingRequests == 0 })
+        handler.deferred[1].respond(TestHandler.text(200, "too late"))
+        #expect(server.waitingRequests == 0 && ended.withLock { $0 } == 22)
+
+        // The client goes away in the middle of a streamed body: the request ends unanswered.
+        let uploading = try TestHTTPClient(port: server.port)
+        try uploading.send("POST /up/load HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n12345")
+        #expect(await eventually { handler.deferred.count == 3 })
+        #expect(server.waitingRequests == 1)
+        uploading.close()
+        #expect(await eventually { server.waitingRequests == 0 })
+        #expect(ended.withLock { $0 } == 23)
+
+        // The server stops: the waits it answers give their places back.
+        let last = try TestHTTPClient(port: server.port)
+        try last.send("GET /wait HTTP/1.1\r\nHost: t\r\n\r\n")
+        #expect(await eventually { handler.deferred.count == 4 })
+        let shutdown = BackgroundWork { server.shutDown(grace: .milliseconds(500)) }
+        #expect(try last.readResponse().text == "stopped")
+        #expect(await eventually(within: 30) { shutdown.isDone })
+        #expect(server.waitingRequests == 0 && ended.withLock { $0 } == 24)
+    }
+
     // MARK: - Shutting down
 
     @Test(arguments: Polling.allCases) func shutDownAnswersADeferredRequestWithTheHandlersStoppedAnswer(

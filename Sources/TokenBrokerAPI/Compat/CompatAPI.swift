@@ -129,9 +129,12 @@ public final class CompatAPI<Provider: TokenProviding>: HTTPHandler {
         answer(request) ?? refuse(.notFound(path: request.path), onlyProtocol, otherCounter)
     }
 
+    /// The server's refusals in the one protocol's shape; a wait refused, in its route's protocol's.
     public func refusal(_ reason: ServerRefusal) -> HTTPResponse {
         let answer = ErrorAnswer.refusal(reason)
-        return onlyProtocol.map { answer.response(for: $0) } ?? answer.response
+        var shape = onlyProtocol
+        if case .tooManyWaiting(let path, _) = reason { shape = protocolFor(path) ?? shape }
+        return shape.map { answer.response(for: $0) } ?? answer.response
     }
 
     /// The refusal of a request whose `Host` (as `CompatHeaders` found it) is not local, when

@@ -27,6 +27,9 @@ public final class BrokerMetrics: Sendable {
         var excessive: [String: Int] = [:]
         var openConnections: [(listener: String, read: @Sendable () -> Int)] = []
         var evictedConnections: [(listener: String, read: @Sendable () -> Int)] = []
+        var waiting: [(listener: String, read: @Sendable () -> (waiting: Int, refused: Int))] = []
+        /// Waits refused for a caller key's share, by listener.
+        var keyWaitsRefused: [String: Int] = [:]
         var droppedResponseHeaders: (@Sendable () -> Int)?
         var proxied: [Labels: Int] = [:]
         var proxyRetries: [String: Int] = [:]
@@ -96,6 +99,34 @@ public final class BrokerMetrics: Sendable {
     /// Where to read how many idle connections a listener closed to make room for new ones.
     public func observeEvictedConnections(listener: String, _ read: @escaping @Sendable () -> Int) {
         state.withLock { $0.evictedConnections.append((listener, read)) }
+    }
+
+    /// Which of a listener's caps refused a request that would have waited.
+    public enum WaitLimit: Sendable {
+        /// Every place the listener keeps for waiting requests was taken (`too_many_waiting`).
+        case listener
+        /// The caller's key held its share of them (`too_many_waiting_for_key`).
+        case callerKey
+    }
+
+    /// Where to read a listener's waiting requests now, and how many of its requests it refused
+    /// for want of a waiting place (`limit="listener"`), at scrape time.
+    /// - Parameter callerKeys: the listener's routes hold callers to a share per key: its
+    ///   `limit="caller_key"` series is shown from the start, at 0.
+    public func observeWaiting(
+        listener: String, callerKeys: Bool = false, _ read: @escaping @Sendable () -> (waiting: Int, refused: Int)
+    ) {
+        state.withLock { state in
+            state.waiting.append((listener, read))
+            if callerKeys { state.keyWaitsRefused[listener, default: 0] += 0 }
+        }
+    }
+
+    /// A request refused because the cap `limit` names was reached; the listener's own refusals
+    /// are read through `observeWaiting` instead, and this counts only the caller key's.
+    public func recordWaitRefused(listener: String, limit: WaitLimit) {
+        guard case .callerKey = limit else { return }
+        state.withLock { $0.keyWaitsRefused[listener, default: 0] += 1 }
     }
 
     /// Where to read how many answer headers the HTTP library refused (and so were not sent).
@@ -221,6 +252,27 @@ public final class BrokerMetrics: Sendable {
             "Idle connections closed to make room for new ones when a listener was near its connection limit.")
         for (listener, read) in snapshot.evictedConnections {
             sample("token_broker_connections_evicted_total", [("listener", listener)], String(read()))
+        }
+        family(
+            "token_broker_waiting_requests", "gauge",
+            "Requests waiting now, by listener: long-polls, first tokens, on-demand fetches, forced refreshes, proxied exchanges before their answer."
+        )
+        let waiting = snapshot.waiting.map { ($0.listener, $0.read()) }
+        for (listener, read) in waiting {
+            sample("token_broker_waiting_requests", [("listener", listener)], String(read.waiting))
+        }
+        family(
+            "token_broker_waits_refused_total", "counter",
+            "Requests refused at once instead of waiting: every waiting place of the listener was taken (limit=listener), or the caller key held its half of them (limit=caller_key)."
+        )
+        for (listener, read) in waiting {
+            sample(
+                "token_broker_waits_refused_total", [("listener", listener), ("limit", "listener")],
+                String(read.refused))
+        }
+        for (listener, count) in snapshot.keyWaitsRefused.sorted(by: { $0.key < $1.key }) {
+            sample(
+                "token_broker_waits_refused_total", [("listener", listener), ("limit", "caller_key")], String(count))
         }
         if let read = snapshot.droppedResponseHeaders {
             family(

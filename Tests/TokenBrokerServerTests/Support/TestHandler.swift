@@ -49,8 +49,8 @@ final class TestHandler: HTTPHandler {
     }
 
     /// Answers a test can tell apart from any route's: 400 `malformed: <problem>`, 503 `stopping`,
-    /// 503 `stopped`, 413 `too large`, 414 `too many arguments`, 431 `head too large` and 503
-    /// `client closed`
+    /// 503 `stopped`, 413 `too large`, 414 `too many arguments`, 431 `head too large`, 503 `too many
+    /// waiting: <places> at <path>` and 503 `client closed`
     /// (asked for once, when the server starts, and not recorded).
     func refusal(_ reason: ServerRefusal) -> HTTPResponse {
         if reason == .clientClosed { return Self.text(503, "client closed") }
@@ -70,6 +70,8 @@ final class TestHandler: HTTPHandler {
             return Self.text(414, "too many arguments", headers: [("Connection", "close")])
         case .headTooLarge:
             return Self.text(431, "head too large", headers: [("Connection", "close")])
+        case .tooManyWaiting(let path, let places):
+            return Self.text(503, "too many waiting: \(places) at \(path)")
         }
     }
 
