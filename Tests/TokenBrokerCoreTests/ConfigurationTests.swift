@@ -39,6 +39,44 @@ import TokenBrokerCore
                 "providers[0].source.alg: unknown key") == true)
     }
 
+    /// A `null` value is an error naming its key, wherever it stands, as an unknown key is: it
+    /// was taken as "not set", so that `"clientKeysFile": null` turned the caller keys off,
+    /// `"providers": null` ran the default signer and `"store": null` the memory store, and
+    /// `--check-config` said the file was fine.
+    @Test(arguments: [
+        (#"{"clientKeysFile": null}"#, "clientKeysFile"),
+        (#"{"providers": null}"#, "providers"),
+        (#"{"store": null}"#, "store"),
+        (#"{"listen": null}"#, "listen"),
+        (#"{"requestGuard": null}"#, "requestGuard"),
+        (#"{"maxWaitSec": null}"#, "maxWaitSec"),
+        (#"{"compat": null}"#, "compat"),
+        (#"{"providers": [{"name": null}]}"#, "providers[0].name"),
+        (#"{"providers": [{"source": null}]}"#, "providers[0].source"),
+        (#"{"providers": [{"source": {"type": "jwt", "keyFile": null}}]}"#, "providers[0].source.keyFile"),
+        (
+            #"{"providers": [{"source": {"type": "http", "url": "https://i.example/", "headers": {"X-Key": null}}}]}"#,
+            "providers[0].source.headers.X-Key"
+        ),
+        (
+            #"{"providers": [{"source": {"type": "oauth2", "tokenURL": "https://i.example/", "clientID": "c", "#
+                + #""clientSecret": "s", "extraParams": {"prompt": null}}}]}"#,
+            "providers[0].source.extraParams.prompt"
+        ),
+        (
+            #"{"providers": [{"source": {"type": "oauth2", "tokenURL": "https://i.example/", "clientID": "c", "#
+                + #""clientSecret": "s", "resource": null}}]}"#,
+            "providers[0].source.resource"
+        ),
+        (
+            #"{"proxies": [{"name": "w", "target": "http://127.0.0.1:10/", "timeoutMsec": null}]}"#,
+            "proxies[0].timeoutMsec"
+        ),
+    ])
+    func aNullValueIsAnErrorNamingItsKey(json: String, key: String) {
+        #expect(configurationProblem(json) == "\(key): is null; leave the key out for its default, or give a value")
+    }
+
     @Test func aProxysUnknownKeyListsEachAllowedKeyOnceAndNotTheOneItRefuses() throws {
         let message = try #require(
             configurationProblem(#"{"proxies": [{"name": "w", "target": "http://127.0.0.1:10/", "bogus": 1}]}"#))
@@ -339,7 +377,11 @@ import TokenBrokerCore
         #expect(try BrokerConfiguration.listener(.adminListen, in: typo).description == "unix:/run/a.sock")
         #expect(try BrokerConfiguration.listener(.listen, in: typo).description == "127.0.0.1:8080")
         #expect(try BrokerConfiguration.listener(.adminListen, in: nil).description == "127.0.0.1:9090")
-        #expect(try BrokerConfiguration.listener(.listen, in: try document(#"{"listen": null}"#)).port == 8080)
+        #expect(
+            throws: ConfigurationError(key: "listen", "is null; leave the key out for its default, or give a value")
+        ) {
+            try BrokerConfiguration.listener(.listen, in: try document(#"{"listen": null}"#))
+        }
         #expect(throws: ConfigurationError.self) {
             try BrokerConfiguration.listener(.listen, in: try document(#"{"listen": "127.0.0.1"}"#))
         }

@@ -10,7 +10,6 @@ import TokenBrokerCore
 
     @Test func memoryIsTheDefault() throws {
         #expect(try parse("{}").store == .memory)
-        #expect(try parse(#"{"store": null}"#).store == .memory)
         #expect(try parse(#"{"store": {"type": "memory"}}"#).store == .memory)
         #expect(StoreConfiguration.memory.keyFile == nil)
     }
@@ -75,7 +74,7 @@ import TokenBrokerCore
                 == "store.keyFile: is required: a path without NUL, such as /etc/token-broker/store.key")
         #expect(
             configurationProblem(#"{"store": {"type": "file", "path": "/var/lib/tb", "keyFile": null}}"#)
-                == "store.keyFile: is required: a path without NUL, such as /etc/token-broker/store.key")
+                == "store.keyFile: is null; leave the key out for its default, or give a value")
     }
 
     @Test func wrongTypesNameTheKey() {
@@ -183,13 +182,20 @@ import TokenBrokerCore
         #expect(settings.timeoutMsec == 50)
     }
 
-    @Test func nullMembersTakeTheirDefaults() throws {
-        let settings = try settings(
-            Self.json(
-                address: "127.0.0.1:6379",
-                #", "username": null, "passwordFile": null, "database": null, "keyPrefix": null, "#
-                    + #""leaseMsec": null, "timeoutMsec": null"#))
-        #expect(settings == RedisStoreSettings(address: .tcp(host: "127.0.0.1", port: 6379), keyFile: Self.keyFile))
+    /// `null` is not "not set": leaving a key out is. It was, and `"store": null` ran the memory
+    /// store, `"passwordFile": null` logged in without a password, with nothing said.
+    @Test func aNullMemberIsAnErrorNamingItsKey() {
+        for key in ["username", "passwordFile", "database", "keyPrefix", "leaseMsec", "timeoutMsec"] {
+            #expect(
+                configurationProblem(Self.json(address: "127.0.0.1:6379", #", "\#(key)": null"#))
+                    == "store.\(key): is null; leave the key out for its default, or give a value")
+        }
+        #expect(
+            configurationProblem(#"{"store": null}"#)
+                == "store: is null; leave the key out for its default, or give a value")
+        #expect(
+            configurationProblem(#"{"store": {"type": null}}"#)
+                == "store.type: is null; leave the key out for its default, or give a value")
     }
 
     @Test(arguments: [
@@ -256,7 +262,9 @@ import TokenBrokerCore
     @Test func theAddressAndTheKeyFileAreRequired() {
         let missing = "store.address: is required: host:port or unix:/path, such as 127.0.0.1:6379"
         #expect(configurationProblem(Self.json(#""keyFile": "/k""#)) == missing)
-        #expect(configurationProblem(Self.json(#""address": null, "keyFile": "/k""#)) == missing)
+        #expect(
+            configurationProblem(Self.json(#""address": null, "keyFile": "/k""#))
+                == "store.address: is null; leave the key out for its default, or give a value")
         #expect(configurationProblem(#"{"store": {"type": "redis"}}"#) == missing)
         #expect(
             configurationProblem(#"{"store": {"type": "redis", "url": "redis://localhost"}}"#) == missing,
@@ -269,7 +277,9 @@ import TokenBrokerCore
         #expect(configurationProblem(Self.json(#""address": "127.0.0.1:6379""#)) == keyFile)
         #expect(configurationProblem(Self.json(#""address": "127.0.0.1:6379", "keyFile": """#)) == keyFile)
         #expect(configurationProblem(Self.json(#""address": "127.0.0.1:6379", "keyFile": "/k\u0000""#)) == keyFile)
-        #expect(configurationProblem(Self.json(#""address": "127.0.0.1:6379", "keyFile": null"#)) == keyFile)
+        #expect(
+            configurationProblem(Self.json(#""address": "127.0.0.1:6379", "keyFile": null"#))
+                == "store.keyFile: is null; leave the key out for its default, or give a value")
     }
 
     @Test func theDatabaseIsZeroToTenThousand() throws {
@@ -311,9 +321,6 @@ import TokenBrokerCore
     @Test func aUsernameNeedsAPasswordFile() throws {
         #expect(
             configurationProblem(Self.json(address: "h:1", #", "username": "broker""#))
-                == "store.username: needs passwordFile")
-        #expect(
-            configurationProblem(Self.json(address: "h:1", #", "username": "broker", "passwordFile": null"#))
                 == "store.username: needs passwordFile")
         let both = try settings(Self.json(address: "h:1", #", "username": "broker", "passwordFile": "/run/pw""#))
         #expect(both?.username == "broker")

@@ -23,8 +23,8 @@ import TokenBrokerCore
     private func http(url: String = "https://issuer.example/token", headers: String = "{}", body: String? = nil)
         -> String
     {
-        let quotedBody = body.map { JSONText.quoted($0) } ?? "null"
-        return #"{"type": "http", "url": \#(JSONText.quoted(url)), "headers": \#(headers), "body": \#(quotedBody)}"#
+        let bodyMember = body.map { #", "body": "# + JSONText.quoted($0) } ?? ""
+        return #"{"type": "http", "url": \#(JSONText.quoted(url)), "headers": \#(headers)\#(bodyMember)}"#
     }
 
     // MARK: - the local signer

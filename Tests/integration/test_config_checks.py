@@ -147,6 +147,25 @@ def test_a_store_directory_that_takes_records_passes_and_keeps_no_probe(tmp_path
     assert os.listdir(directory) == []
 
 
+# null: an error naming the key, never "not set"
+
+@pytest.mark.parametrize("config,key", [
+    ({"clientKeysFile": None, "providers": None, "store": None}, "clientKeysFile"),
+    ({"providers": None}, "providers"),
+    ({"store": None}, "store"),
+    ({"store": {"type": "redis", "address": "127.0.0.1:9", "keyFile": "/k", "passwordFile": None}}, "store.passwordFile"),
+    ({"providers": [{"name": "default", "source": {"type": "jwt", "keyFile": None}}]}, "providers[0].source.keyFile"),
+    ({"providers": [{"name": "waf", "source": {"type": "http", "url": "http://127.0.0.1:9/t",
+                                                "headers": {"X-Api-Key": None}}}]}, "providers[0].source.headers.X-Api-Key"),
+])
+def test_a_null_value_is_refused_naming_its_key(tmp_path, config, key):
+    """`null` was taken as "not set": `{"clientKeysFile": null, "providers": null, "store": null}`
+    passed --check-config and started without caller keys, with the default signer and the memory
+    store, where `"clientKeysFile": ""` is an error. It is one now, as an unknown key is, for
+    --check-config and for a start: leaving the key out is how its default is asked for."""
+    assert_refused(check_and_start(write_config(tmp_path, config)), f"{key}: is null; leave the key out for its default")
+
+
 # The environment's variables: TOKEN_BROKER_CONFIG set but empty is an error, never "unset"
 
 def test_an_empty_config_variable_is_refused_naming_it(tmp_path):

@@ -88,7 +88,7 @@ public struct HTTPSourceConfiguration: Sendable, Equatable {
         self.init(url: url)
         method = try reader.choice("method", ["GET", "POST"], default: method)
         if var headerReader = try reader.object("headers") {
-            for (name, value) in headerReader.allMembers() {
+            for (name, value) in try headerReader.allMembers() {
                 let key = headerReader.keyPath(name)
                 // A name with a placeholder is refused below, with its own reason.
                 guard

@@ -66,7 +66,7 @@ public struct OAuth2SourceConfiguration: Sendable, Equatable {
         keyID = try reader.string("kid")
         scope = try reader.string("scope")
         audience = try reader.string("audience")
-        switch reader.raw("resource") {
+        switch try reader.raw("resource") {
         case nil: break
         case .string(let one)?: resources = [one]
         case .array(let many)? where many.allSatisfy({ if case .string = $0 { true } else { false } }):

@@ -28,14 +28,22 @@ struct ObjectReader {
 
     func keyPath(_ key: String) -> String { path.isEmpty ? key : "\(path).\(key)" }
 
-    mutating func raw(_ key: String) -> JSONValue? {
+    /// The value of `key`; nil when the key is not there. `null` is an error naming the key, as
+    /// an unknown key is: taken as "not set", it silently gave the default, which for some keys
+    /// turns a protection off (`"clientKeysFile": null`: no caller keys) or runs something else
+    /// than meant (`"store": null`: the memory store; `"providers": null`: the default signer).
+    /// Leaving the key out is how a default is asked for.
+    mutating func raw(_ key: String) throws(ConfigurationError) -> JSONValue? {
         known.append(key)
-        guard let value = members[key], value != .null else { return nil }
+        guard let value = members[key] else { return nil }
+        guard value != .null else {
+            throw ConfigurationError(key: keyPath(key), "is null; leave the key out for its default, or give a value")
+        }
         return value
     }
 
     mutating func string(_ key: String) throws(ConfigurationError) -> String? {
-        guard let value = raw(key) else { return nil }
+        guard let value = try raw(key) else { return nil }
         guard case .string(let text) = value else {
             throw ConfigurationError(key: keyPath(key), "must be a string, not \(value.typeName)")
         }
@@ -66,7 +74,7 @@ struct ObjectReader {
     }
 
     mutating func bool(_ key: String, default fallback: Bool) throws(ConfigurationError) -> Bool {
-        guard let value = raw(key) else { return fallback }
+        guard let value = try raw(key) else { return fallback }
         guard case .bool(let flag) = value else {
             throw ConfigurationError(key: keyPath(key), "must be true or false, not \(value.typeName)")
         }
@@ -75,7 +83,7 @@ struct ObjectReader {
 
     /// A whole number inside `range`.
     mutating func int(_ key: String, _ range: ClosedRange<Int>) throws(ConfigurationError) -> Int? {
-        guard let value = raw(key) else { return nil }
+        guard let value = try raw(key) else { return nil }
         return try Self.int(value, range, key: keyPath(key))
     }
 
@@ -106,7 +114,7 @@ struct ObjectReader {
 
     /// An array, handed over item by item with each item's path.
     mutating func array(_ key: String) throws(ConfigurationError) -> [(path: String, value: JSONValue)]? {
-        guard let value = raw(key) else { return nil }
+        guard let value = try raw(key) else { return nil }
         guard case .array(let items) = value else {
             throw ConfigurationError(key: keyPath(key), "must be an array, not \(value.typeName)")
         }
@@ -115,20 +123,23 @@ struct ObjectReader {
 
     /// A nested object.
     mutating func object(_ key: String) throws(ConfigurationError) -> ObjectReader? {
-        guard let value = raw(key) else { return nil }
+        guard let value = try raw(key) else { return nil }
         return try ObjectReader(value, path: keyPath(key))
     }
 
-    /// Every member, all marked as read, in key order (for free-form maps such as headers).
-    mutating func allMembers() -> [(String, JSONValue)] {
+    /// Every member, all marked as read, in key order (for free-form maps such as headers); a
+    /// `null` value is an error naming its key, as for `raw`.
+    mutating func allMembers() throws(ConfigurationError) -> [(String, JSONValue)] {
         known.append(contentsOf: members.keys)
-        return members.keys.sorted().map { ($0, members[$0]!) }
+        let keys = members.keys.sorted()
+        if let key = keys.first(where: { members[$0] == .null }) { _ = try raw(key) }
+        return keys.map { ($0, members[$0]!) }
     }
 
     /// Every member as a string, in key order; fails on a value that is not a string.
     mutating func stringMembers() throws(ConfigurationError) -> [(String, String)] {
         var out: [(String, String)] = []
-        for (key, value) in allMembers() {
+        for (key, value) in try allMembers() {
             guard case .string(let text) = value else {
                 throw ConfigurationError(key: keyPath(key), "must be a string, not \(value.typeName)")
             }

@@ -96,7 +96,7 @@ public struct ProxyConfiguration: Sendable, Equatable {
         }
         bufferBodyBytes = try reader.int("bufferBodyBytes", 0...1_048_576, default: bufferBodyBytes)
         maxBodyBytes = try reader.int("maxBodyBytes", 0...1_073_741_824, default: maxBodyBytes)
-        if reader.raw("maxResponseBytes") != nil {
+        if try reader.raw("maxResponseBytes") != nil {
             throw ConfigurationError(
                 key: reader.keyPath("maxResponseBytes"),
                 "does not apply to proxies: their answers stream, whatever their size")
@@ -104,7 +104,7 @@ public struct ProxyConfiguration: Sendable, Equatable {
         var upstream = try UpstreamConfiguration(reading: &reader)
         // Refused above, though the shared reader reads it: not among the keys allowed.
         reader.disallow("maxResponseBytes")
-        if reader.raw("timeoutMsec") == nil { upstream.timeoutMsec = 30_000 }
+        if try reader.raw("timeoutMsec") == nil { upstream.timeoutMsec = 30_000 }
         self.upstream = upstream
         try reader.finish()
     }
