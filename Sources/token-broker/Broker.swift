@@ -144,7 +144,7 @@ enum Broker {
         AllocatorTuning.limitArenas(AllocatorTuning.arenas(proxying: !configuration.proxies.isEmpty))
         Log.use(configuration.logFormat)
         // Before the sources and the store read the files: what a reload compares (`BrokerReload.swift`).
-        let digests = configuration.providers.map(secretDigests)
+        let digests = configuration.providers.map(credentialDigests)
         let storeKey = storeKeyDigest(configuration)
         let sources: [(any TokenSource, JWTSigner?)]
         do {
@@ -192,7 +192,7 @@ enum Broker {
             return 2
         }
         logStoreWarnings(configuration)
-        let providers = makeProviders(configuration, sources, store: store, metrics: metrics)
+        let providers = makeProviders(configuration, sources, credentials: digests, store: store, metrics: metrics)
         let sinks: Sinks
         do {
             sinks = try makeSinks(configuration, directories: sinkDirectories, providers: providers) {
@@ -243,7 +243,7 @@ enum Broker {
     /// Also checks the TLS files of the sources and the proxies (`TLSFiles`).
     ///
     /// - Parameter reused: sources already made, by provider name (a reload's unchanged
-    ///   providers': the same settings, and the same bytes in their key and secret files). Such a
+    ///   providers': the same settings, and the same bytes in their credential files). Such a
     ///   provider keeps its source: no key is generated or read for it, and a signer keeps the key
     ///   the JWKS publishes. Its files that are read again at each fetch (a `clientSecretFile`)
     ///   and its TLS files are checked as any other's: their digests do not tell whether they
@@ -350,30 +350,35 @@ enum Broker {
     /// One provider per configured one, each reporting its fetches to the log and `metrics`; a
     /// template (`perRequest`) becomes a `ProviderTemplate` whose children are such providers,
     /// each fetching from `childSource` for its values, under the template's name.
+    /// - Parameter credentials: each provider's `credentialDigests`, in configuration order.
     private static func makeProviders(
-        _ configuration: BrokerConfiguration, _ sources: [(any TokenSource, JWTSigner?)], store: OpenedStore?,
-        metrics: BrokerMetrics
+        _ configuration: BrokerConfiguration, _ sources: [(any TokenSource, JWTSigner?)], credentials: [[[UInt8]?]],
+        store: OpenedStore?, metrics: BrokerMetrics
     ) -> Providers {
         var made = Providers(providers: [], templates: [])
-        for (settings, source) in zip(configuration.providers, sources) {
-            made.add(makeProvider(settings, source, store: store, metrics: metrics))
+        for ((settings, source), digests) in zip(zip(configuration.providers, sources), credentials) {
+            made.add(makeProvider(settings, source, credentials: digests, store: store, metrics: metrics))
         }
         return made
     }
 
     /// One provider, or one template, as `makeProviders` makes it.
-    /// - Parameter versionsAfter: for a provider or a template that replaces one at a reload: the
-    ///   version it numbers its tokens (a template, its children's) after.
+    /// - Parameters:
+    ///   - credentials: its `credentialDigests`, taken before its source read the files: part of
+    ///     the settings its records are made under (`storeSlot`).
+    ///   - versionsAfter: for a provider or a template that replaces one at a reload: the
+    ///     version it numbers its tokens (a template, its children's) after.
     static func makeProvider(
-        _ settings: ProviderConfiguration, _ source: (any TokenSource, JWTSigner?), store: OpenedStore?,
-        metrics: BrokerMetrics, versionsAfter: UInt64 = 0
+        _ settings: ProviderConfiguration, _ source: (any TokenSource, JWTSigner?), credentials: [[UInt8]?],
+        store: OpenedStore?, metrics: BrokerMetrics, versionsAfter: UInt64 = 0
     ) -> Providers.Made {
         let (base, signer) = source
         guard settings.isTemplate else {
             return .provider(
                 Provider(
                     configuration: settings, source: base, clock: ContinuousClock(),
-                    events: .logged(recordingIn: metrics), store: storeSlot(store, provider: settings, signer: signer),
+                    events: .logged(recordingIn: metrics),
+                    store: storeSlot(store, provider: settings, signer: signer, credentials: credentials),
                     versionsAfter: versionsAfter))
         }
         var events = TemplateEvents.logged(recordingIn: metrics)
@@ -389,7 +394,8 @@ enum Broker {
                     Provider(
                         configuration: settings, source: childSource(for: settings, values: values, base: base),
                         clock: ContinuousClock(), events: .logged(recordingIn: metrics, child: values),
-                        store: storeSlot(store, provider: settings, signer: signer, values: values),
+                        store: storeSlot(
+                            store, provider: settings, signer: signer, credentials: credentials, values: values),
                         versionsAfter: versionsAfter)
                 },
                 attach: { TokenResponseCache(for: $0) }, events: events, versionsAfter: versionsAfter))

@@ -14,7 +14,7 @@ import TokenBrokerSources
 ///    providers are compared by name first (`compare`), so that keys are generated and key files
 ///    read only for the added and changed ones: an unchanged one's source is kept as it is.
 /// 2. A change only a restart can make (`restartNeeded`): `refused`, and nothing changes.
-/// 3. A provider whose settings and secret files are the same keeps running as it is: its
+/// 3. A provider whose settings and credential files are the same keeps running as it is: its
 ///    source, token, version, timers and waiters. A changed one gets a replacement, numbered
 ///    after it; new ones are made.
 /// 4. The new providers that fetch at start (replacements and added ones) are given
@@ -40,7 +40,7 @@ extension Broker {
         let configuration: BrokerConfiguration
         /// Each provider's source and local signer, by provider name.
         let sources: [String: (any TokenSource, JWTSigner?)]
-        /// Each provider's secret files' digests, by provider name (`secretDigests`).
+        /// Each provider's credential files' digests, by provider name (`credentialDigests`).
         let digests: [String: [[UInt8]?]]
         let providers: Providers
         let identityHeader: [UInt8]?
@@ -55,7 +55,7 @@ extension Broker {
         /// expires: the JWKS publishes their keys until then, so that tokens they signed still verify.
         let retiredSigners: [(signer: JWTSigner, until: ContinuousClock.Instant)]
 
-        /// - Parameter digests: each provider's `secretDigests`, in configuration order, taken
+        /// - Parameter digests: each provider's `credentialDigests`, in configuration order, taken
         ///   before its source read the files (a file changed in between makes the next reload
         ///   replace the provider, never keep a stale key).
         init(
@@ -96,15 +96,6 @@ extension Broker {
     /// now, their timers and fetches stop, and their tasks end.
     static func shutDown(_ providers: Providers) {
         for made in providers.all { made.shutDown() }
-    }
-
-    /// SHA-256 of each secret file the provider's source reads (nil for one that cannot be
-    /// read), in `secretFiles` order: a key read once at start changes only through a replacement.
-    static func secretDigests(_ settings: ProviderConfiguration) -> [[UInt8]?] {
-        settings.source.secretFiles.map { path -> [UInt8]? in
-            guard case .success(let contents) = FileContents.read(path) else { return nil }
-            return try? Crypto.sha256(contents)
-        }
     }
 
     /// Serves until SIGTERM or SIGINT, and returns its name; reloads at each SIGHUP, and
@@ -151,7 +142,7 @@ extension Broker {
         do {
             configuration = try Options.load(path: path, environment: Environment.variables())
             // The digests before the sources read the files (see `Loaded.init`).
-            digests = configuration.providers.map(secretDigests)
+            digests = configuration.providers.map(credentialDigests)
             summary = compare(
                 old: old.configuration.providers.map { ($0, old.digests[$0.name] ?? []) },
                 new: Array(zip(configuration.providers, digests)))
@@ -180,8 +171,8 @@ extension Broker {
         // 3. Make what is new.
         var made = Providers(providers: [], templates: [])
         var tasks: [String: Task<Void, Never>] = [:]
-        for (settings, source) in zip(configuration.providers, sources) where !summary.unchanged.contains(settings.name)
-        {
+        for ((settings, source), credentials) in zip(zip(configuration.providers, sources), digests)
+        where !summary.unchanged.contains(settings.name) {
             var predecessor: Provider?
             var versionsAfter: UInt64 = 0
             switch old.providers.named(settings.name) {
@@ -194,7 +185,8 @@ extension Broker {
                 break
             }
             let provider = makeProvider(
-                settings, source, store: running.store, metrics: running.metrics, versionsAfter: versionsAfter)
+                settings, source, credentials: credentials, store: running.store, metrics: running.metrics,
+                versionsAfter: versionsAfter)
             // Before it runs: the old provider's token, when this one fetches or reads it again,
             // keeps its version (`TokenProvider.numberAfter`).
             if case .provider(let replacement) = provider, let predecessor { replacement.numberAfter(predecessor) }
@@ -418,7 +410,7 @@ extension Broker {
         return .done
     }
 
-    /// The providers by fate, by name: a provider is unchanged when its settings and its secret
+    /// The providers by fate, by name: a provider is unchanged when its settings and its credential
     /// files' digests are the same; a template that becomes a provider, or back, is changed.
     static func compare(
         old: [(settings: ProviderConfiguration, digests: [[UInt8]?])],

@@ -126,39 +126,81 @@ extension Broker {
     }
 
     /// The slot of a provider, or of a template's child for `values`, in `store`; nil for a
-    /// provider whose tokens cannot outlive the process (`isStored`).
-    /// - Parameter signer: the provider's local signer, whose key is part of the settings a record
-    ///   must have been made under.
+    /// provider whose tokens are not stored (`isStored`).
+    /// - Parameters:
+    ///   - signer: the provider's local signer, whose key is part of the settings a record must
+    ///     have been made under.
+    ///   - credentials: the digests of the source's `credentialFiles` (`credentialDigests`), read
+    ///     at start or at the reload that made the provider: part of those settings too.
     static func storeSlot(
-        _ store: OpenedStore?, provider: ProviderConfiguration, signer: JWTSigner?,
+        _ store: OpenedStore?, provider: ProviderConfiguration, signer: JWTSigner?, credentials: [[UInt8]?],
         values: TokenRequestValues = .none
     ) -> StoreSlot? {
         guard let store, isStored(provider) else { return nil }
         return StoreSlot(
             store: store.tokenStore, key: StoreSlot.key(provider: provider.name, values: values),
-            settings: settingsDigest(provider.source, signer: signer))
+            settings: settingsDigest(provider.source, signer: signer, credentials: credentials))
     }
 
     /// The digest of the settings a provider's records are made under (`StoreSlot.settings`): its
-    /// source's `storeIdentity`, then its local signer's key, so that any key change, a rotated
-    /// HS256 secret included, refuses the records made under the old one.
+    /// source's `storeIdentity`, its local signer's key, so that any key change, a rotated HS256
+    /// secret included, refuses the records made under the old one, then the digest of each of
+    /// its credential files (`credentials`), so that a broker whose secret file holds another API
+    /// key, client secret, private key or certificate at the same path (another tenant's, a
+    /// rotated one) refuses them too, and is refused by the others.
     ///
     /// The key is named by its public JWK (ES256, RS256), not only by its key id, which a
     /// configuration may fix. An HS256 secret has no public JWK (its JWKS is empty): it is named
     /// by its thumbprint, the first 16 bytes of SHA-256(SHA-256(secret)), the `kid` its tokens
-    /// carry when none is configured, never by the secret. The digest is kept sealed in the record.
-    static func settingsDigest(_ source: SourceConfiguration, signer: JWTSigner?) -> String {
+    /// carry when none is configured, never by the secret. A credential file is named by the
+    /// SHA-256 of its contents, inside this digest, never by itself; a file that could not be read
+    /// (nil) by `unreadableCredential`, which no other process shares. Only this digest leaves
+    /// the process, kept sealed in the record.
+    static func settingsDigest(_ source: SourceConfiguration, signer: JWTSigner?, credentials: [[UInt8]?])
+        -> String
+    {
         var identity = source.storeIdentity + "\n" + (signer.map { JWTSigner.jwks([$0]) } ?? "")
         if let signer, signer.publicJWK == nil { identity += "\nsecret=" + signer.key.thumbprint() }
+        for digest in credentials {
+            identity += "\nfile=" + (digest.map { Fingerprint.hex($0) } ?? unreadableCredential)
+        }
         return (try? Fingerprint.sha256Hex(identity)) ?? identity
     }
 
-    /// Whether a provider's tokens are kept in the store: all but a local signer's whose key is
-    /// generated at start, since the next process signs with another key and no reader of its
-    /// JWKS could verify a token kept from the last.
+    /// What names a credential file that could not be read when the provider was made (a header
+    /// file mounted later, say): random, this process's own. The provider's fetches read the file
+    /// then, and would put whatever it then holds behind the identity of a file nobody could read;
+    /// so such a provider shares its records with no other broker, nor with its own next start,
+    /// until a reload or a restart reads the file.
+    static let unreadableCredential =
+        "unreadable:" + Fingerprint.hex((0..<16).map { _ in UInt8.random(in: .min ... .max) })
+
+    /// SHA-256 of each of the provider's credential files (`SourceConfiguration.credentialFiles`:
+    /// keys, secrets, client certificates; nil for one that cannot be read), in that order. Taken
+    /// at start and at each reload before the sources read the files: a reload compares them (a
+    /// key read once at start changes only through a replacement), and the store's records carry
+    /// them (`settingsDigest`).
+    static func credentialDigests(_ settings: ProviderConfiguration) -> [[UInt8]?] {
+        settings.source.credentialFiles.map { path -> [UInt8]? in
+            guard case .success(let contents) = FileContents.read(path) else { return nil }
+            return try? Crypto.sha256(contents)
+        }
+    }
+
+    /// Whether a provider's tokens are kept in the store. Not:
+    /// - a local signer's whose key is generated at start, since the next process signs with
+    ///   another key and no reader of its JWKS could verify a token kept from the last;
+    /// - a `file` source's: its token is this host's file, read again at every refresh for the
+    ///   cost of a read. A record of it would be served where that file is not (by another host's
+    ///   broker sharing a Redis store: another pod's projected service-account token, bound to
+    ///   that pod), or in place of what the file holds now; and nothing names the file across
+    ///   hosts but its path, which every host has (`SourceConfiguration.storeIdentity`).
     static func isStored(_ provider: ProviderConfiguration) -> Bool {
-        if case .jwt(let settings) = provider.source, settings.keyFile == nil { return false }
-        return true
+        switch provider.source {
+        case .jwt(let settings): settings.keyFile != nil
+        case .file: false
+        case .oauth2, .http: true
+        }
     }
 
     /// Says which providers the store leaves out, and why; and, with Redis, which providers'
@@ -166,9 +208,15 @@ extension Broker {
     static func logStoreWarnings(_ configuration: BrokerConfiguration) {
         guard configuration.store != .memory else { return }
         for provider in configuration.providers where !isStored(provider) {
-            Log.info(
-                "tokens not stored: the local signer's key is generated at start (set keyFile to keep them)",
-                ["provider": provider.name])
+            if case .file = provider.source {
+                Log.info(
+                    "tokens not stored: a file source reads this host's token file at each refresh",
+                    ["provider": provider.name])
+            } else {
+                Log.info(
+                    "tokens not stored: the local signer's key is generated at start (set keyFile to keep them)",
+                    ["provider": provider.name])
+            }
         }
         guard case .redis(let settings) = configuration.store else { return }
         for provider in configuration.providers {

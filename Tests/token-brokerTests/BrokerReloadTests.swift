@@ -8,7 +8,7 @@ import TokenBrokerCore
 /// The integration tests (test_reload.py) run it against a real broker and a real issuer.
 @Suite struct BrokerReloadTests {
     private func providers(_ json: String) throws -> [(settings: ProviderConfiguration, digests: [[UInt8]?])] {
-        try configuration(#"{"providers": \#(json)}"#).providers.map { ($0, Broker.secretDigests($0)) }
+        try configuration(#"{"providers": \#(json)}"#).providers.map { ($0, Broker.credentialDigests($0)) }
     }
 
     @Test func providersAreComparedByNameAndByEverySetting() throws {

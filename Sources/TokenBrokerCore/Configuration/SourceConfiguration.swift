@@ -28,6 +28,20 @@ public enum SourceConfiguration: Sendable, Equatable {
         }
     }
 
+    /// The files whose contents are the source's credentials: its `secretFiles`, and a TLS client
+    /// certificate, which names the client to the issuer and to which a certificate-bound token
+    /// (RFC 8705) is bound. Read at start and at each reload: a reload compares their contents
+    /// (a change replaces the provider), and their digests are part of the settings a stored
+    /// record must have been made under (`storeIdentity`), so that a broker presenting other
+    /// credentials never serves the tokens fetched with these.
+    public var credentialFiles: [String] {
+        switch self {
+        case .jwt, .file: return secretFiles
+        case .oauth2(let settings): return secretFiles + [settings.upstream.clientCertFile].compactMap { $0 }
+        case .http(let settings): return secretFiles + [settings.upstream.clientCertFile].compactMap { $0 }
+        }
+    }
+
     /// Rewrites every file path this source reads with `resolve` (a relative path becomes one
     /// under the configuration file's directory).
     mutating func resolvePaths(_ resolve: (String) -> String) {
@@ -178,10 +192,16 @@ extension UpstreamConfiguration {
 
 extension SourceConfiguration {
     /// What decides which token the source hands out, as text: a stored token made under other
-    /// settings (another issuer, client, scope, claims, signing key) is not served
-    /// (`StoreSlot.settings`). Timing settings are left out: they change when a token is
-    /// refreshed, not which token it is. Secrets are left out too, except inline header values;
-    /// the text is only ever hashed, and kept sealed.
+    /// settings (another issuer, client, scope, claims, signing key) or other credentials is not
+    /// served (`StoreSlot.settings`). Timing settings are left out: they change when a token is
+    /// refreshed, not which token it is. Inline secrets (header values, a client secret) are in
+    /// it as given; the contents of the `credentialFiles` are not read here: the broker appends
+    /// their digests (`Broker.settingsDigest`). The text is only ever hashed, and kept sealed.
+    ///
+    /// A `file` source has no identity a record could carry: its path names a file of this host
+    /// (another host's broker reads its own file at the same path, a pod's own projected token),
+    /// and what the file holds changes with every token. Its tokens are not stored at all
+    /// (`Broker.isStored`); the text here is only its path.
     public var storeIdentity: String {
         switch self {
         case .jwt(let settings):
@@ -195,7 +215,7 @@ extension SourceConfiguration {
             return
                 ([
                     "oauth2", settings.tokenURL, settings.clientID, settings.clientAuth.rawValue, settings.keyID ?? "",
-                    settings.scope ?? "", settings.audience ?? "",
+                    settings.scope ?? "", settings.audience ?? "", settings.clientSecret.map { "secret=" + $0 } ?? "",
                 ] + settings.resources
                 + settings.extraParams.map { "\($0.0)=\($0.1)" }).joined(separator: "\n")
         case .http(let settings):

@@ -81,8 +81,10 @@ public struct StoreSlot: Sendable {
     public let store: any TokenStore
     public let key: String
     /// A digest of the settings that decide which token the provider gets (its source's
-    /// `storeIdentity`, its signing key): a record made under other settings is not served,
-    /// since an operator who changed the issuer, the scope or the key wants tokens of the new ones.
+    /// `storeIdentity`, its signing key, its credential files' contents): a record made under
+    /// other settings is not served, since an operator who changed the issuer, the scope or the
+    /// key wants tokens of the new ones, and a broker holding other credentials (another API key
+    /// at the same path) must not serve the tokens fetched with these.
     public let settings: String
 
     public init(store: any TokenStore, key: String, settings: String = "") {
