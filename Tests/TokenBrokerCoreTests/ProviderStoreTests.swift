@@ -128,6 +128,55 @@ extension MachineHarness {
         #expect(harness.fetchesStarted == 0)
     }
 
+    /// A record written by a broker whose clock ran 40 s ahead, 50 s into its 100 s lifetime:
+    /// dated by that clock, it reads as issued 10 s ago, and was served until 40 s past its
+    /// expiry (a review: served 17 s past it, `stale` false). Placed by the store's
+    /// clock (Redis said 50 s are left), it is served 50 s and no more, and is refreshed where
+    /// its lifetime puts the refresh from its real issue.
+    @Test func aRecordFromAClockRunningAheadIsServedUntilItsExpiryOnceTheStoreHasPlacedIt() {
+        let written = record(issuedSecondsAgo: 50 - 40, lifetime: 100)
+        var unplaced = MachineHarness.awaitingStore()
+        unplaced.start()
+        unplaced.load(written)
+        #expect(unplaced.read().token?.secondsLeft(at: unplaced.now) == 90, "without the store's clock: 40 s too long")
+
+        let placed = written.placed(expiringWithin: .seconds(50), askedAt: wallZero)
+        #expect(placed.issuedAt == wallZero.addingTimeInterval(-50))
+        #expect(placed.expiresAt == wallZero.addingTimeInterval(50))
+        var harness = MachineHarness.awaitingStore(jitter: .fixed(0))
+        harness.start()
+        harness.load(placed)
+        guard let token = harness.read().token else {
+            Issue.record("the record should be served")
+            return
+        }
+        #expect(token.secondsLeft(at: harness.now) == 50)
+        #expect(token.issuedAt == harness.now.advanced(by: .seconds(-50)))
+        #expect(token.expiresAtDate == wallZero.addingTimeInterval(50))
+        #expect(harness.nextFetchDelay == .seconds(25), "75 % of 100 s from its real issue")
+        #expect(token.isValid(at: harness.now.advanced(by: .milliseconds(49_999))))
+        #expect(!token.isValid(at: harness.now.advanced(by: .seconds(50))), "never served past its expiry")
+    }
+
+    /// What a store's clock says places a record only later: a record from a clock that agrees
+    /// with this one's (within `placingSlack`) or runs behind it, or of a token without expiry,
+    /// is left as written.
+    @Test func aRecordIsPlacedOnlyWhenItsExpiryLiesPastWhatTheStoreGivesIt() {
+        let written = record(issuedSecondsAgo: 50, lifetime: 100)
+        #expect(written.placed(expiringWithin: .seconds(50), askedAt: wallZero) == written)
+        #expect(written.placed(expiringWithin: .milliseconds(49_950), askedAt: wallZero) == written, "within the slack")
+        #expect(written.placed(expiringWithin: .seconds(80), askedAt: wallZero) == written, "a writer behind")
+        let ahead = written.placed(expiringWithin: .seconds(20), askedAt: wallZero)
+        #expect(ahead.expiresAt == wallZero.addingTimeInterval(20))
+        #expect(ahead.issuedAt == wallZero.addingTimeInterval(-80))
+        #expect(ahead.expiresAt.map { $0.timeIntervalSince(ahead.issuedAt) } == 100, "its lifetime kept")
+        #expect(
+            written.placed(expiringWithin: .zero, askedAt: wallZero).isValid(at: wallZero) == false,
+            "nothing left: expired")
+        let endless = record(issuedSecondsAgo: 50, lifetime: nil)
+        #expect(endless.placed(expiringWithin: .seconds(1), askedAt: wallZero) == endless)
+    }
+
     /// 50 s into a 100 s lifetime: the refresh falls at 75–85 % of it counted from the record's
     /// issue, so 25–35 s from now, not 75–85 s from now.
     @Test(arguments: [(0.0, 25.0), (0.5, 30.0), (0.999_999, 35.0)])

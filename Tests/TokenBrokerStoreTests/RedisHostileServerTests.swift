@@ -178,6 +178,7 @@ private final class ScriptedRedis: @unchecked Sendable {
         let server = try ScriptedRedis { name in
             switch name {
             case "AUTH": [.pause(milliseconds: 250), .send(Array("+OK\r\n".utf8))]
+            case "PTTL": [.send(Array(":-2\r\n".utf8))]
             case "GETRANGE": [.pause(milliseconds: 250), .send(Array("$0\r\n\r\n".utf8))]
             case "SUBSCRIBE": [.send(Self.confirmation)]
             default: [.send(Array("+OK\r\n".utf8))]
@@ -189,6 +190,36 @@ private final class ScriptedRedis: @unchecked Sendable {
         // Each step answers within 400 ms; the two take 500 at least.
         let load = await store.load("orders")
         #expect(load == .refused("the Redis store is out of reach: Redis did not answer within 400 ms"), "\(load)")
+        await stopping(store)
+    }
+
+    /// A record is read with its value first, then its key's time to live: a key gone between the
+    /// two (`PTTL` -2) expired just after its value was read, and is not served, whatever the
+    /// record's own dates say (they are its writer's clock's).
+    @Test func aRecordWhoseKeyIsGoneWhenItsTimeIsAskedHasExpired() async throws {
+        let now = WallTime()
+        let written = StoredToken(
+            accessToken: "ahead", tokenType: "Bearer", scope: nil, version: 2, issuedAt: now.addingTimeInterval(40),
+            expiresAt: now.addingTimeInterval(100), settings: "s")
+        let sealed = try StoreRecord(cipher: AESGCM(key: Self.sealingKey)!).seal(written, key: "orders")
+        let value = Array("$\(sealed.count)\r\n".utf8) + sealed + Array("\r\n".utf8)
+        let server = try ScriptedRedis { name in
+            switch name {
+            case "SUBSCRIBE": [.send(Self.confirmation)]
+            case "GETRANGE": [.send(value)]
+            case "PTTL": [.send(Array(":-2\r\n".utf8))]
+            default: [.send(Array("+OK\r\n".utf8))]
+            }
+        }
+        defer { server.stop() }
+        let store = try RedisTokenStore(
+            settings: settings(server, timeoutMsec: 2000), password: nil, cipher: AESGCM(key: Self.sealingKey)!)
+        guard case .found(let found) = await store.load("orders") else {
+            Issue.record("the record should be found")
+            return
+        }
+        #expect(!found.isValid(at: WallTime()), "served until \(String(describing: found.expiresAt))")
+        #expect(Array(server.received.filter { $0 == "GETRANGE" || $0 == "PTTL" }.prefix(2)) == ["GETRANGE", "PTTL"])
         await stopping(store)
     }
 
@@ -218,6 +249,7 @@ private final class ScriptedRedis: @unchecked Sendable {
             switch name {
             case "SUBSCRIBE":
                 [.send(Self.confirmation)]
+            case "PTTL": [.send(Array(":-2\r\n".utf8))]
             case "GETRANGE": [.send(Array("$0\r\n\r\n".utf8))]
             case "EVAL": [.send(Array(":-1\r\n".utf8))]
             default: [.send(Array("+OK\r\n".utf8))]
@@ -260,6 +292,7 @@ private final class ScriptedRedis: @unchecked Sendable {
             // Late enough for the watch below to be in place.
             case "SUBSCRIBE":
                 [.pause(milliseconds: 300), .send(Array(repeating: Self.confirmation, count: 20_000).flatMap { $0 })]
+            case "PTTL": [.send(Array(":-2\r\n".utf8))]
             case "GETRANGE": [.send(Array("$0\r\n\r\n".utf8))]
             default: [.send(Array("+OK\r\n".utf8))]
             }

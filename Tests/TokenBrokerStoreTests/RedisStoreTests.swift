@@ -404,6 +404,55 @@ private final class Reachability: Sendable {
         }
     }
 
+    /// A record from a broker whose clock runs 40 s ahead, of a 60 s token fetched 20 s ago: its
+    /// dates say 60 s are left, Redis's time to live (from the lifetime when it was written) 40 s.
+    /// Each read places it by Redis's time (load, the fetch for the fleet, the catch-up after the
+    /// subscriber connects), so that no broker serves it past its expiry (a review: 17 s
+    /// past it). A record from a clock that agrees is read back as written (the tests above).
+    @Test func aRecordFromAClockRunningAheadIsPlacedByRedissTimeToLive() async throws {
+        try await withRedis { server, fleet in
+            let store = try fleet.store()
+            let now = WallTime()
+            let written = StoredToken(
+                accessToken: "ahead", tokenType: "Bearer", scope: nil, version: 3,
+                issuedAt: now.addingTimeInterval(40 - 20), expiresAt: now.addingTimeInterval(40 + 40), settings: "s")
+            let sealed = try StoreRecord(cipher: AESGCM(key: Self.sealingKey)!).seal(written, key: "orders")
+            _ = try server.admin().command([
+                Array("SET".utf8), Array(try name("record:", "orders").utf8), sealed, Array("PX".utf8),
+                Array("40000".utf8),
+            ])
+            func expectPlaced(_ found: StoredToken?, _ what: String) {
+                guard let found, let expiresAt = found.expiresAt else {
+                    Issue.record("\(what): the record should be found")
+                    return
+                }
+                let left = expiresAt.timeIntervalSince(WallTime())
+                #expect(left > 30 && left <= 40.1, "\(what): \(left) s left, as Redis says, not 60")
+                #expect(abs(expiresAt.timeIntervalSince(found.issuedAt) - 60) < 0.001, "\(what): its lifetime kept")
+                #expect(found.accessToken == "ahead" && found.version == 3 && found.settings == "s")
+            }
+            guard case .found(let loaded) = await store.load("orders") else {
+                Issue.record("the record should load")
+                return
+            }
+            expectPlaced(loaded, "load")
+            let issuer = Issuer("a")
+            let shared = success(
+                await store.fetchForFleet("orders", settings: "s", current: 0, forced: false, fetch: issuer.fetch))
+            #expect(shared?.origin == .fromFleet && issuer.calls == 0)
+            expectPlaced(shared?.record, "fetch for the fleet")
+            let watcher = try fleet.store()
+            let caught = Mutex<StoredToken?>(nil)
+            _ = watcher.watch("orders", settings: "s") { stored, _ in caught.withLock { $0 = stored } }
+            // The subscriber connects again, and reads what it watches (it may have connected
+            // before the watch began).
+            #expect(await awaitSubscribers(server, 1))
+            try server.command("CLIENT", "KILL", "TYPE", "pubsub")
+            #expect(await eventually(within: 20) { caught.withLock { $0 } != nil })
+            expectPlaced(caught.withLock { $0 }, "catch-up")
+        }
+    }
+
     @Test func aRecordMovedToAnotherKeyOrSealedUnderAnotherKeyIsRefused() async throws {
         try await withRedis { server, fleet in
             let store = try fleet.store()

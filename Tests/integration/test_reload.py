@@ -317,7 +317,8 @@ def test_an_unchanged_signer_with_a_key_made_at_start_keeps_it_in_the_jwks():
 def preload_library(tmp_path, name):
     """Tests/integration/preload/NAME.c built as a shared library, for the broker's LD_PRELOAD:
     `key_log` logs the keys it generates and the files it opens in one directory; `slow_disk`
-    holds one call on a token file's temporary file up, as a slow disk would."""
+    holds one call on a token file's temporary file up, as a slow disk would; `clock_skew` moves
+    the wall clock (test_store_trust.py)."""
     compiler = shutil.which("cc") or shutil.which("clang")
     assert compiler, f"a C compiler (cc, or the Swift toolchain's clang) builds the {name} library"
     source = os.path.join(os.path.dirname(__file__), "preload", f"{name}.c")

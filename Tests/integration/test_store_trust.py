@@ -1,19 +1,23 @@
-"""What a broker trusts in a shared store's records: only tokens fetched with its own credentials.
+"""What a broker trusts in a shared store's records: only tokens fetched with its own credentials,
+and only for as long as they live by a clock other than the writer's.
 
 Brokers share one configuration, one store key and one Redis (a redis-server of the test's own,
 on a Unix socket), as a fleet's pods do; what differs is what they read at the same path: each
 pod mounts its own API key, client secret or token file there. Here the file is rewritten between
 two brokers' starts (and before a reload), which is the same path holding other contents. The
 issuer is a small one of the test's own that names each token after the credential it was shown,
-so a token tells whose it is.
+so a token tells whose it is. A broker whose wall clock runs ahead is made with a preloaded
+library (preload/clock_skew.c).
 """
 import base64
 import hashlib
 import json
+import os
 import re
 import threading
 import time
 import urllib.parse
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -21,6 +25,7 @@ import pytest
 from broker import Broker
 from test_fleet import RedisServer, write_key
 from test_http_api import wait_until
+from test_reload import preload_library
 
 SEEN = set()  # credentials and tokens: never in a broker's log
 # A provider's first token: fetched (or not), its record served, or the fleet's record; a record
@@ -233,3 +238,44 @@ def test_a_file_sources_token_is_not_shared_through_the_store(redis, store, tmp_
                                  "k8s")
                 assert len(said) == 1, broker.stderr()
             assert redis.command("EXISTS", record_key("k8s")) == 0, "a record of a token file is in Redis"
+
+
+# Clocks: a record from a broker whose clock runs ahead is served until its token expires, no longer
+
+def test_a_record_from_a_clock_running_ahead_is_not_served_past_its_expiry(issuer, store, tmp_path):
+    """A broker whose wall clock runs 40 s ahead fetches a 300 s token and stores it; a broker
+    with the right clock starts a few seconds later and serves that record. Dated by the writer's
+    clock, the record looked 40 s younger than it was, and was served for its whole lifetime from
+    then on, past its expiry (a review: 17 s past it, "stale": false). The reader now
+    places it by Redis's clock (the record's time to live): what it says is left, `expires_in` and
+    `expires_at`, ends by the issuer's expiry."""
+    path = tmp_path / "api-key"
+    secret_file(path, "skewed-fleet-key")
+    config = {"providers": [http_provider(issuer, str(path))], "store": store}
+    environment = {"LD_PRELOAD": preload_library(tmp_path, "clock_skew"), "CLOCK_SKEW_SECONDS": "40"}
+    if os.environ.get("ASAN_OPTIONS") is not None:
+        environment["ASAN_OPTIONS"] = os.environ["ASAN_OPTIONS"] + ":verify_asan_link_order=0"
+    with StoreBroker(config, env=environment) as writer:
+        written = token(writer, "waf")
+        issued_at, _ = issuer.issue_of(written["access_token"])
+        expiry = issued_at + issuer.lifetime  # by the issuer's clock, which is right
+        assert epoch(written["expires_at"]) > expiry + 30, "the writer's clock runs ahead"
+        assert writer.stop() == 0
+    # Long enough that the token's age shows: the reader's error was the writer's lead while the
+    # record is younger than that lead.
+    time.sleep(5)
+    with StoreBroker(config) as reader:
+        asked = time.time()
+        served = token(reader, "waf")
+        assert served["access_token"] == written["access_token"], "the reader serves the stored record"
+        assert log_lines(reader, "stored token served", "waf") and not log_lines(reader, "token fetched", "waf")
+        # One second for `expires_in`'s whole seconds and the time the request took.
+        assert asked + served["expires_in"] <= expiry + 1, \
+            f"served with {served['expires_in']} s left, {asked + served['expires_in'] - expiry:.1f} s past its expiry"
+        assert epoch(served["expires_at"]) <= expiry + 1, (served["expires_at"], expiry)
+        assert not served["stale"]
+
+
+def epoch(rfc3339):
+    """/token's `expires_at` (RFC 3339, UTC, whole seconds) as seconds since 1970."""
+    return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()

@@ -490,7 +490,16 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
 
     /// A record as the token it was: its version, its expiry and issue time placed on this
     /// clock by the wall clock's distance to them. What it has left is never more than its whole
-    /// lifetime: a record from a host whose clock runs ahead of this one's is not served past it.
+    /// lifetime, and an issue time in the future counts as now.
+    ///
+    /// That bounds a record read as soon as it is written (one the fleet's channel brings): from
+    /// a broker whose clock runs ahead of this one's, it is served for its lifetime from now, not
+    /// longer. It does not bound a record read later: dated by a clock that runs ahead, its age
+    /// is hidden, and its lifetime from now can reach past its expiry by as much as that clock's
+    /// lead. Only a clock other than the writer's can tell: the Redis store places each record
+    /// it reads by its key's time to live, counted by Redis (`StoredToken.placed`), before it
+    /// comes here. The file store has no such clock: its records are dated by the clock of the
+    /// host that wrote them, normally this one.
     private static func token(from record: StoredToken, now: Instant, wallTime: WallTime) -> Token {
         let age = Duration.seconds(max(0, wallTime.timeIntervalSince(record.issuedAt)))
         let lifetime = record.expiresAt.map { Duration.seconds(max(0, $0.timeIntervalSince(record.issuedAt))) }

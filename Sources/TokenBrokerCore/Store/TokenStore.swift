@@ -60,8 +60,36 @@ public struct StoredToken: Sendable, Equatable {
             version: token.version, issuedAt: token.issuedAtDate, expiresAt: token.expiresAtDate, settings: settings)
     }
 
+    /// How far a record's expiry may lie past what a store's clock gives it and still be left as
+    /// written (`placed`): a record and Redis each count whole milliseconds, so a record from a
+    /// clock that agrees with this host's is a millisecond or two out; a clock that runs ahead
+    /// by less than this serves its tokens that much past their expiry at most.
+    public static let placingSlack: Duration = .milliseconds(100)
+
     /// Whether it may still be handed out at `now`.
     public func isValid(at now: WallTime) -> Bool { expiresAt.map { now < $0 } ?? true }
+
+    /// The record with its dates placed by a store's own clock, which said, when it was asked at
+    /// `asked` on this host's wall clock, that the record has `left` to live (Redis: its key's
+    /// `PTTL`, set from the token's lifetime when it was written, and counted down by Redis).
+    ///
+    /// A record is dated by the wall clock of the broker that wrote it. When that clock ran
+    /// ahead of this one's, the record's expiry lies past what the store gives it, by as much:
+    /// both dates move back by the difference, so that the token is served until it expires and
+    /// no longer, and is refreshed where its lifetime puts the refresh from its issue. Within
+    /// `placingSlack` of what the store gives (whole milliseconds on both sides), a record is left
+    /// as written. A record whose expiry is nearer than the store says (a writer whose clock ran
+    /// behind) is left too: served for less, never more. A token without expiry has nothing to move.
+    public func placed(expiringWithin left: Duration, askedAt asked: WallTime) -> StoredToken {
+        guard let expiresAt else { return self }
+        let latest = asked.addingTimeInterval(max(0, left.inSeconds))
+        let ahead = expiresAt.timeIntervalSince(latest)
+        guard ahead > Self.placingSlack.inSeconds else { return self }
+        var placed = self
+        placed.issuedAt = issuedAt.addingTimeInterval(-ahead)
+        placed.expiresAt = latest
+        return placed
+    }
 }
 
 /// What a store found under a key.

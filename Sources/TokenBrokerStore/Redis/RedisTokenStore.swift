@@ -16,6 +16,9 @@ import TokenBrokerCrypto
 /// | `P fence:H` | a counter, one more for each lease taken | a day after the last lease |
 /// | channel `P records` | `H` then the sealed record, for each record stored | |
 ///
+/// Every record read from Redis is read with its key's time to live, by which its dates are
+/// placed (`opened`): a record from a broker whose clock runs ahead is not served past its expiry.
+///
 /// A fetch for the fleet (`fetchForFleet`): a newer record, valid and made under the same
 /// settings, answers at once; else the broker takes the lease (a small script: `SET NX PX`, then
 /// `INCR` of the fence) and fetches, then stores the record with a second script that checks the
@@ -157,21 +160,24 @@ public final class RedisTokenStore: SharedTokenStore {
 
     public func load(_ key: String) async -> StoreLoad {
         let hash = Self.hash(key)
+        let reply: RedisConnection.Reply
         switch await call({ connection throws(RedisFailure) in
-            try connection.command(Self.readRecord(self.name("record:", hash)))
+            try Self.readRecord(connection, Array(self.name("record:", hash).utf8))
         }) {
         case .failure(let failure):
             // Counted and logged by the provider, as a refused load, with this reason.
             return .refused("the Redis store is out of reach: \(failure)")
-        case .success(.string(let bytes)) where bytes.isEmpty:
-            return .missing
-        case .success(.string(let bytes)):
-            switch record.open(bytes, key: key) {
-            case .success(let stored): return .found(stored)
-            case .failure(let problem): return .refused("the record in Redis \(problem)")
-            }
-        case .success(let other):
-            return .refused("Redis answered GET with \(Self.describe(other))")
+        case .success(let answer):
+            reply = answer
+        }
+        let asked = WallTime()
+        guard let read = RecordRead(reply) else {
+            return .refused("Redis answered PTTL or GETRANGE with \(Self.describe(reply))")
+        }
+        guard !read.bytes.isEmpty else { return .missing }
+        switch opened(read, key: key, askedAt: asked) {
+        case .success(let stored): return .found(stored)
+        case .failure(let problem): return .refused("the record in Redis \(problem)")
         }
     }
 
@@ -218,13 +224,15 @@ public final class RedisTokenStore: SharedTokenStore {
             // settings'): the lease script takes the lease only while it is still this one.
             var seenVersion: [UInt8] = []
             switch await call({ connection throws(RedisFailure) in
-                try connection.command(Self.readRecord(recordKey))
+                try Self.readRecord(connection, recordKey)
             })
             {
             case .failure: return await alone(key, settings: wanted, current: current, fetch: fetch)
-            case .success(.string(let bytes)):
-                if StoreRecord.version(of: bytes) != nil { seenVersion = Array(bytes[8..<16]) }
-                if case .success(let stored) = record.open(bytes, key: key), stored.settings == wanted {
+            case .success(let reply):
+                let asked = WallTime()
+                guard let read = RecordRead(reply) else { break }
+                if StoreRecord.version(of: read.bytes) != nil { seenVersion = Array(read.bytes[8..<16]) }
+                if case .success(let stored) = opened(read, key: key, askedAt: asked), stored.settings == wanted {
                     storedRecord = stored
                     if stored.version > current, stored.isValid(at: WallTime()), accepts(stored) {
                         return .success(SharedFetch(record: stored, origin: .fromFleet, fetched: nil))
@@ -561,12 +569,13 @@ public final class RedisTokenStore: SharedTokenStore {
             let watchers = watching.withLock { $0.byHash }
             for (hash, byID) in watchers {
                 guard
-                    case .success(.string(let bytes)) = perform({ connection throws(RedisFailure) in
-                        try connection.command(Self.readRecord(name("record:", hash)))
-                    }), !bytes.isEmpty
+                    case .success(let reply) = perform({ connection throws(RedisFailure) in
+                        try Self.readRecord(connection, Array(name("record:", hash).utf8))
+                    }), let read = RecordRead(reply), !read.bytes.isEmpty
                 else { continue }
+                let asked = WallTime()
                 for watcher in byID.values {
-                    if case .success(let stored) = record.open(bytes, key: watcher.key),
+                    if case .success(let stored) = opened(read, key: watcher.key, askedAt: asked),
                         stored.settings == watcher.settings
                     {
                         watcher.onRecord(stored, false)
@@ -580,13 +589,63 @@ public final class RedisTokenStore: SharedTokenStore {
 
     private func name(_ kind: String, _ hash: String) -> String { settings.keyPrefix + kind + hash }
 
-    /// The command that reads a record: `GETRANGE` up to one byte past the largest record, so that
-    /// a larger value (written by hand, or by something else) is refused as such, never read
-    /// whole. A missing key reads as empty, as no record can be.
-    private static func readRecord(_ key: String) -> [[UInt8]] { readRecord(Array(key.utf8)) }
+    /// Reads the record under `key` with the time Redis's own clock gives it, in one call on one
+    /// connection: `GETRANGE` up to one byte past the largest record, so that a larger value
+    /// (written by hand, or by something else) is refused as such, never read whole, then
+    /// `PTTL`. A missing key reads as empty, as no record can be. Answers `[value, PTTL]`, or the
+    /// first reply that is not one of those (an error reply fails the call, as any other does);
+    /// read with `RecordRead`.
+    ///
+    /// The value first. A record stored between the two is then placed by its successor's time,
+    /// the longer one, which leaves it as its own dates say at worst. The other order placed a
+    /// new record by its predecessor's time, nearly spent: a broker served the new token as if
+    /// about to expire, and fetched again at once, a second fetch in that refresh for the fleet.
+    /// A key gone between the two (-2 after a value) has expired (`RecordRead`).
+    private static func readRecord(_ connection: RedisConnection, _ key: [UInt8]) throws(RedisFailure)
+        -> RedisConnection.Reply
+    {
+        let value = try connection.command([
+            Array("GETRANGE".utf8), key, Array("0".utf8), Array(String(StoreRecord.maximumSize).utf8),
+        ])
+        guard case .string = value else { return value }
+        let left = try connection.command([Array("PTTL".utf8), key])
+        guard case .integer = left else { return left }
+        return .array([value, left])
+    }
 
-    private static func readRecord(_ key: [UInt8]) -> [[UInt8]] {
-        [Array("GETRANGE".utf8), key, Array("0".utf8), Array(String(StoreRecord.maximumSize).utf8)]
+    /// What `readRecord` answered: the value (empty: no record) and what its key has left in
+    /// milliseconds by Redis's clock; nil for a key without expiry.
+    private struct RecordRead {
+        let bytes: [UInt8]
+        let millisecondsLeft: Int64?
+
+        /// Nil for an answer `readRecord` does not give. `PTTL` -2 (no key) after a value: the key
+        /// expired, or was removed, just after it was read, so nothing is left of it.
+        init?(_ reply: RedisConnection.Reply) {
+            guard case .array(let parts) = reply, parts.count == 2, case .string(let bytes) = parts[0],
+                case .integer(let left) = parts[1]
+            else { return nil }
+            self.bytes = bytes
+            switch left {
+            case -1: millisecondsLeft = nil
+            case ..<0: millisecondsLeft = 0
+            default: millisecondsLeft = left
+            }
+        }
+    }
+
+    /// A record read with `readRecord`, opened under `key`, its dates placed by Redis's clock: its
+    /// key's `PTTL`, set from the token's lifetime when it was written, counted from `asked`, this
+    /// host's wall clock when the answer came (a little after Redis counted, so that a record
+    /// from a clock that agrees with this one's is left as written), so that a record written by
+    /// a broker whose clock runs ahead is not served past its expiry (`StoredToken.placed`). A
+    /// key without expiry places nothing.
+    private func opened(_ read: RecordRead, key: String, askedAt asked: WallTime)
+        -> Result<StoredToken, StoreRecordProblem>
+    {
+        record.open(read.bytes, key: key).map { stored in
+            read.millisecondsLeft.map { stored.placed(expiringWithin: .milliseconds($0), askedAt: asked) } ?? stored
+        }
     }
 
     private static func hash(_ key: String) -> String { (try? Fingerprint.sha256Hex(key)) ?? "" }
