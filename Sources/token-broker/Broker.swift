@@ -146,6 +146,7 @@ enum Broker {
         // Before the sources and the store read the files: what a reload compares (`BrokerReload.swift`).
         let digests = configuration.providers.map(credentialDigests)
         let storeKey = storeKeyDigest(configuration)
+        let storePassword = storePasswordDigest(configuration)
         let sources: [(any TokenSource, JWTSigner?)]
         do {
             sources = try makeSources(configuration)
@@ -211,7 +212,7 @@ enum Broker {
         let stopping = StopFlag()
         let loaded = Loaded(
             configuration: configuration, sources: sources, digests: digests, providers: providers,
-            identityHeader: identityHeader, storeKey: storeKey)
+            identityHeader: identityHeader, storeKey: storeKey, storePassword: storePassword)
         let currentSinks = CurrentSinks(sinks)
         let listeners: Listeners
         do {

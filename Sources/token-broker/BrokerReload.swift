@@ -48,6 +48,9 @@ extension Broker {
         /// nil without a key): the store keeps it until a restart, so a reload that finds another
         /// key is refused.
         let storeKey: [UInt8]?
+        /// The digest of the Redis password the store logs in with, read at start
+        /// (`storePasswordDigest`; nil without one): kept until a restart, as the key is.
+        let storePassword: [UInt8]?
         /// Each provider's and template's running task, by name.
         private(set) var tasks: [String: Task<Void, Never>]
 
@@ -60,7 +63,7 @@ extension Broker {
         ///   replace the provider, never keep a stale key).
         init(
             configuration: BrokerConfiguration, sources: [(any TokenSource, JWTSigner?)], digests: [[[UInt8]?]],
-            providers: Providers, identityHeader: [UInt8]?, storeKey: [UInt8]?,
+            providers: Providers, identityHeader: [UInt8]?, storeKey: [UInt8]?, storePassword: [UInt8]?,
             tasks: [String: Task<Void, Never>] = [:],
             retiredSigners: [(signer: JWTSigner, until: ContinuousClock.Instant)] = []
         ) {
@@ -72,6 +75,7 @@ extension Broker {
             self.providers = providers
             self.identityHeader = identityHeader
             self.storeKey = storeKey
+            self.storePassword = storePassword
             self.tasks = tasks
             self.retiredSigners = retiredSigners
         }
@@ -163,7 +167,8 @@ extension Broker {
         }
         // 2. What only a restart changes.
         if let problem = restartNeeded(
-            from: old.configuration, to: configuration, storeKeyChanged: old.storeKey != storeKeyDigest(configuration))
+            from: old.configuration, to: configuration, storeKeyChanged: old.storeKey != storeKeyDigest(configuration),
+            storePasswordChanged: old.storePassword != storePasswordDigest(configuration))
         {
             return (.refused(problem: problem), nil)
         }
@@ -245,7 +250,7 @@ extension Broker {
         let retiredSigners = retire(old, summary: summary, keeping: sources.compactMap(\.1))
         let loaded = Loaded(
             configuration: configuration, sources: sources, digests: digests, providers: providers,
-            identityHeader: identityHeader, storeKey: old.storeKey,
+            identityHeader: identityHeader, storeKey: old.storeKey, storePassword: old.storePassword,
             tasks: tasks.merging(old.tasks.filter { summary.unchanged.contains($0.key) }) { new, _ in new },
             retiredSigners: retiredSigners)
         // The replacements go on after the versions the old providers handed out while they
@@ -433,12 +438,15 @@ extension Broker {
     }
 
     /// Why `new` cannot be loaded without a restart: it changes a listener, the connections'
-    /// limits, the caller keys file, the store or its key (`storeKeyChanged`: the key file now
-    /// holds another), the log format, or adds the first proxy (the token listener reads
+    /// limits, the caller keys file, the store, its key (`storeKeyChanged`: the key file now
+    /// holds another) or its Redis password (`storePasswordChanged`: the password file now holds
+    /// another; the store logs in with the one it read at start, on every connection it makes
+    /// until a restart), the log format, or adds the first proxy (the token listener reads
     /// proxied bodies as streams only when it starts with a proxy).
-    static func restartNeeded(from old: BrokerConfiguration, to new: BrokerConfiguration, storeKeyChanged: Bool = false)
-        -> String?
-    {
+    static func restartNeeded(
+        from old: BrokerConfiguration, to new: BrokerConfiguration, storeKeyChanged: Bool = false,
+        storePasswordChanged: Bool = false
+    ) -> String? {
         var changed: [String] = []
         if old.listen != new.listen { changed.append("listen") }
         if old.adminListen != new.adminListen { changed.append("adminListen") }
@@ -451,8 +459,9 @@ extension Broker {
         if old.clientKeysFile != new.clientKeysFile { changed.append("clientKeysFile") }
         if old.store != new.store {
             changed.append("store")
-        } else if storeKeyChanged {
-            changed.append("store.keyFile (the key it holds)")
+        } else {
+            if storeKeyChanged { changed.append("store.keyFile (the key it holds)") }
+            if storePasswordChanged { changed.append("store.passwordFile (the password it holds)") }
         }
         if old.logFormat != new.logFormat { changed.append("logFormat") }
         if old.proxies.isEmpty, !new.proxies.isEmpty { changed.append("proxies (the first one)") }

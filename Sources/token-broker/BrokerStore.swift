@@ -74,19 +74,10 @@ extension Broker {
                             }
                         })))
         case .redis(let settings):
-            var password: String?
-            if let path = settings.passwordFile {
-                switch FileContents.read(path, limit: 4096) {
-                case .success(let bytes):
-                    var text = String(decoding: bytes, as: UTF8.self)
-                    while text.hasSuffix("\n") || text.hasSuffix("\r") { text.removeLast() }
-                    guard !text.isEmpty else {
-                        return .failure(ConfigurationError(key: "store.passwordFile", "\(path) is empty"))
-                    }
-                    password = text
-                case .failure(let error):
-                    return .failure(ConfigurationError(key: "store.passwordFile", "cannot read \(path): \(error)"))
-                }
+            let password: String?
+            switch redisPassword(settings) {
+            case .success(let read): password = read
+            case .failure(let problem): return .failure(problem)
             }
             guard connect else { return .success(nil) }
             var events = RedisTokenStore.Events()
@@ -113,6 +104,34 @@ extension Broker {
                 return .failure(ConfigurationError(key: "store", error.summary))
             }
         }
+    }
+
+    /// The Redis password in `passwordFile`, as the store logs in with it: the file's text, a
+    /// final newline dropped; nil without a password file. A file that cannot be read, or holds
+    /// nothing else, is a configuration error naming `store.passwordFile`.
+    static func redisPassword(_ settings: RedisStoreSettings) -> Result<String?, ConfigurationError> {
+        guard let path = settings.passwordFile else { return .success(nil) }
+        switch FileContents.read(path, limit: 4096) {
+        case .success(let bytes):
+            var text = String(decoding: bytes, as: UTF8.self)
+            while text.hasSuffix("\n") || text.hasSuffix("\r") { text.removeLast() }
+            guard !text.isEmpty else {
+                return .failure(ConfigurationError(key: "store.passwordFile", "\(path) is empty"))
+            }
+            return .success(text)
+        case .failure(let error):
+            return .failure(ConfigurationError(key: "store.passwordFile", "cannot read \(path): \(error)"))
+        }
+    }
+
+    /// The digest of the Redis password the store logs in with (`redisPassword`); nil without a
+    /// Redis store, without a password file, or when it cannot be read. The store reads the
+    /// password once, at start, and keeps it for every connection until a restart: a reload that
+    /// finds another one in the file is refused, as one that finds another key is.
+    static func storePasswordDigest(_ configuration: BrokerConfiguration) -> [UInt8]? {
+        guard case .redis(let settings) = configuration.store, case .success(let password?) = redisPassword(settings)
+        else { return nil }
+        return try? Crypto.sha256(Array(password.utf8))
     }
 
     /// The digest of the key in the store's key file (`StoreKeyFile.digest`); nil without a store

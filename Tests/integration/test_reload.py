@@ -967,6 +967,55 @@ def test_the_stores_key_file_is_read_at_a_reload_and_another_key_in_it_needs_a_r
         assert served(broker, "keep")["access_token"] == token
 
 
+def test_another_redis_password_in_its_file_needs_a_restart_as_another_store_key_does(issuer, tmp_path):
+    """The Redis store logs in with the password it read at start, on every connection it makes
+    until a restart. A reload that found another password in the file (Redis's rotated with
+    `CONFIG SET requirepass`) answered "reloaded", "unchanged", and the broker went on with the old
+    one: once its connections dropped, Redis refused it (AUTH) and the broker fetched alone until
+    a restart. It is refused now, naming the file, as another key in the store's key file is; the
+    same password with or without its final newline is no change."""
+    from test_fleet import RedisServer, encode, read_reply, write_key
+
+    def as_user(password, *args):
+        with redis.connect() as connection:
+            connection.sendall(encode(("AUTH", password)) + encode(args))
+            replies = connection.makefile("rb")
+            assert read_reply(replies) == "OK"
+            return read_reply(replies)
+
+    redis = RedisServer()
+    try:
+        assert redis.command("CONFIG", "SET", "requirepass", "first-redis-password") == "OK"
+        password_file = tmp_path / "redis-password"
+        password_file.write_text("first-redis-password\n")
+        password_file.chmod(0o600)
+        write_key(tmp_path / "store.key")
+        config = {"providers": [provider(issuer, "keep")],
+                  "store": {"type": "redis", "address": "unix:" + redis.socket, "keyFile": str(tmp_path / "store.key"),
+                            "passwordFile": str(password_file)}}
+        with Broker(config) as broker:
+            token = served(broker, "keep")["access_token"]
+            _, _, body = broker.request("GET", "/readyz", listener="admin")
+            assert json.loads(body)["store"] == {"type": "redis", "degraded": False}, body
+            password_file.write_text("first-redis-password")
+            status, document = post_reload(broker)
+            assert status == 200, document
+            assert_outcome(document, unchanged=["keep"])
+            # Rotated: Redis asks for another, and the file holds it.
+            assert as_user("first-redis-password", "CONFIG", "SET", "requirepass", "second-redis-password") == "OK"
+            password_file.write_text("second-redis-password\n")
+            status, document = post_reload(broker)
+            assert status == 409 and document["error"] == "reload_refused", document
+            assert "store.passwordFile" in document["error_description"], document
+            assert "restart" in document["error_description"], document
+            assert reloads(broker) == counted(reloaded=1, refused=1)
+            assert served(broker, "keep")["access_token"] == token
+            assert "first-redis-password" not in broker.stderr() and "second-redis-password" not in broker.stderr()
+    finally:
+        redis.kill()
+        shutil.rmtree(redis.directory, ignore_errors=True)
+
+
 def test_a_listen_address_in_the_file_that_the_environment_overrides_is_no_change(issuer):
     config = {"providers": [provider(issuer, "keep")]}
     with Broker(config) as broker:  # TOKEN_BROKER_LISTEN and TOKEN_BROKER_ADMIN_LISTEN are set

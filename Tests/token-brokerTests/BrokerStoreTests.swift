@@ -4,8 +4,8 @@ import TokenBrokerCore
 @testable import token_broker
 
 /// What the broker puts behind a provider's records (`Broker.settingsDigest`): its settings, and
-/// the contents of its credential files, read at start and at each reload; and which providers
-/// are stored at all.
+/// the contents of its credential files, read at start and at each reload; which providers are
+/// stored at all; and the Redis password a reload finds changed.
 @Suite struct BrokerStoreTests {
     private func provider(_ json: String) throws -> ProviderConfiguration {
         try #require(try configuration(#"{"providers": [\#(json)]}"#).providers.first)
@@ -129,5 +129,29 @@ import TokenBrokerCore
         #expect(Broker.compare(old: before, new: try providers()).unchanged == ["h"])
         try directory.write("cert.pem", "second certificate")
         #expect(Broker.compare(old: before, new: try providers()).changed == ["h"])
+    }
+
+    /// The store logs in to Redis with the password it read at start; a reload that finds
+    /// another in the file is refused, naming it, as one that finds another store key is. The
+    /// same password with or without a final newline is the same.
+    @Test func anotherRedisPasswordInTheFileNeedsARestart() throws {
+        let directory = try TemporaryDirectory()
+        let password = try directory.write("redis-password", "first\n")
+        let settings = try configuration(
+            #"{"store": {"type": "redis", "address": "127.0.0.1:6379", "keyFile": "/k", "#
+                + #""passwordFile": "\#(password)"}}"#)
+        let first = try #require(Broker.storePasswordDigest(settings))
+        try directory.write("redis-password", "first")
+        #expect(Broker.storePasswordDigest(settings) == first)
+        try directory.write("redis-password", "second\n")
+        #expect(Broker.storePasswordDigest(settings) != first)
+        #expect(Broker.storePasswordDigest(try configuration("{}")) == nil)
+        #expect(
+            Broker.restartNeeded(from: settings, to: settings, storePasswordChanged: true)
+                == "changing store.passwordFile (the password it holds) needs a restart")
+        #expect(
+            Broker.restartNeeded(from: settings, to: settings, storeKeyChanged: true, storePasswordChanged: true)
+                == "changing store.keyFile (the key it holds), store.passwordFile (the password it holds) needs a restart"
+        )
     }
 }
