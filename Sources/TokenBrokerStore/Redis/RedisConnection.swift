@@ -10,8 +10,10 @@ import TokenBrokerCore
 /// hiredis's buffers, polling the socket with what is left of the call's `timeoutMsec`, and
 /// gives up when nothing is. It also reads at most
 /// `replyLimit` bytes towards one reply: a record is at most `StoreRecord.maximumSize`, and a
-/// Redis that sends more (a huge bulk string, an array of millions of elements) is not one the
-/// store can use.
+/// Redis that sends more (a huge bulk string) is not one the store can use. Its reader refuses,
+/// at their head, replies no command of the store's gets back (`longestString`,
+/// `mostElements`): hiredis makes an array's table of elements as soon as it reads its length,
+/// so an array's 13-byte head once cost 16 GB of address space and seconds of CPU.
 ///
 /// Not thread-safe: each belongs to one thread of the store (`RedisTokenStore`), and nothing else
 /// calls it. A failed call (the connection cut, a timeout, a reply hiredis could not read) leaves
@@ -30,8 +32,18 @@ final class RedisConnection {
 
     /// The most bytes read towards one reply: a record, the channel's framing of it, and room.
     static let replyLimit = StoreRecord.maximumSize + 64 * 1024
+    /// The longest string any command of the store's gets back: a message on the channel (the
+    /// record key's hash, 64 hex digits, the sender's id, 32, a mark, then the sealed record).
+    /// `GETRANGE` answers at most a record and a byte; statuses and errors are short.
+    static let longestString = 97 + StoreRecord.maximumSize
+    /// The most elements of an array any command of the store's gets back: `SUBSCRIBE`'s
+    /// confirmation and each message on the channel have three; the scripts answer integers. An
+    /// array inside an array is refused too: no command of the store's gets one.
+    static let mostElements = 3
 
     private let context: UnsafeMutablePointer<redisContext>
+    /// The limits of what the reader builds; lives as long as `context`.
+    private let bounds: UnsafeMutablePointer<CHiredis_ReplyBounds>
     /// How long one call may take.
     private let timeoutMsec: Int
     /// When the call under way must be over.
@@ -45,9 +57,17 @@ final class RedisConnection {
     private init(context: UnsafeMutablePointer<redisContext>, timeoutMsec: Int) {
         self.context = context
         self.timeoutMsec = timeoutMsec
+        bounds = .allocate(capacity: 1)
+        bounds.initialize(to: CHiredis_ReplyBounds())
+        if context.pointee.reader != nil {
+            CHiredis_boundReplies(context, bounds, Self.longestString, Int32(Self.mostElements))
+        }
     }
 
-    deinit { redisFree(context) }
+    deinit {
+        redisFree(context)
+        bounds.deallocate()
+    }
 
     /// Connects to `address`, then authenticates and selects the database, all by `deadline`
     /// (by default, within `timeoutMsec`).
@@ -169,7 +189,9 @@ final class RedisConnection {
     /// The next reply already read, or nil when none is complete: never waits.
     func bufferedReply() throws(RedisFailure) -> Reply? {
         var raw: UnsafeMutableRawPointer?
-        guard redisGetReplyFromReader(context, &raw) == REDIS_OK else { throw RedisFailure(errorText) }
+        guard redisGetReplyFromReader(context, &raw) == REDIS_OK else {
+            throw RedisFailure(refusal ?? errorText)
+        }
         guard let raw else { return nil }
         defer { freeReplyObject(raw) }
         replyBytes = 0
@@ -188,6 +210,19 @@ final class RedisConnection {
             throw RedisFailure("Redis sent more than \(Self.replyLimit) bytes for one reply")
         }
         return true
+    }
+
+    /// What the reader refused (hiredis says "Out of memory" whatever it was), or nil.
+    private var refusal: String? {
+        switch bounds.pointee.refused {
+        case Int32(CHiredis_RefusedLongString):
+            "Redis sent a string longer than \(Self.longestString) bytes, which no command of the store's gets back"
+        case Int32(CHiredis_RefusedLongArray):
+            "Redis sent an array of more than \(Self.mostElements) elements, which no command of the store's gets back"
+        case Int32(CHiredis_RefusedNestedArray):
+            "Redis sent an array inside an array, which no command of the store's gets back"
+        default: nil
+        }
     }
 
     /// hiredis's description of the connection's error.

@@ -1,0 +1,144 @@
+"""A `redis` store whose Redis is hostile: the broker carries on alone.
+
+README: "Redis down, slow or refusing: each broker carries on alone". Each test runs one broker
+against the real OAuth server and a Redis that misbehaves in one way:
+- a fake Redis (a small Python server) that answers with the 13-byte head of an array of
+  2^31 - 1 elements.
+Each test fails with the broker before the fix: no token for tens of seconds (or minutes), and
+a stop that waited for the call to Redis.
+"""
+import re
+import socket
+import threading
+
+import pytest
+
+from broker import Broker
+from issuers.process import OAuthServer
+from test_fleet import readyz, write_key
+from test_http_api import wait_until
+
+SECRET = "faults-client-secret-Qw7nB4"
+LIFETIME = 300  # no refresh during a test: each provider's first token is what is watched
+
+
+@pytest.fixture(scope="module")
+def issuer(tmp_path_factory):
+    server = OAuthServer(str(tmp_path_factory.mktemp("faults")), {"faults": SECRET}, lifetime=LIFETIME)
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def key_file(tmp_path):
+    path = tmp_path / "store.key"
+    write_key(path)
+    return str(path)
+
+
+def configuration(issuer, key_file, address, names=("default",), **store):
+    return {"providers": [{"name": name, "source": {
+                "type": "oauth2", "tokenURL": issuer.base + "/o/token/", "clientID": "faults", "clientSecret": SECRET,
+                "scope": "api"}} for name in names],
+            "store": {"type": "redis", "address": address, "keyFile": key_file, **store}}
+
+
+def served(broker, name="default"):
+    return broker.request("GET", f"/providers/{name}/token")[0] == 200
+
+
+def assert_nothing_secret_logged(broker):
+    assert SECRET not in broker.stderr(), f"the broker's log ({broker.log_path}) holds the client secret"
+
+
+class HostileRedis:
+    """A fake Redis on 127.0.0.1: `SUBSCRIBE` is confirmed and `PING` answered as Redis does;
+    every other command gets `reply`, and nothing more."""
+
+    def __init__(self, reply):
+        self.reply, self.commands, self.stopped = reply, [], threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.2)
+        self.address = "127.0.0.1:%d" % self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def stop(self):
+        self.stopped.set()
+        self.listener.close()
+
+    def _accept(self):
+        while not self.stopped.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client):
+        client.settimeout(0.2)
+        stream, buffered = b"", []
+        try:
+            while not self.stopped.is_set():
+                try:
+                    chunk = client.recv(65536)
+                except socket.timeout:
+                    continue
+                if not chunk:
+                    return
+                stream += chunk
+                while (parsed := self._command(stream)) is not None:
+                    words, stream = parsed
+                    self.commands.append(words[0].upper())
+                    if words[0].upper() == b"SUBSCRIBE":
+                        client.sendall(b"*3\r\n$9\r\nsubscribe\r\n$%d\r\n%s\r\n:1\r\n" % (len(words[1]), words[1]))
+                    elif words[0].upper() == b"PING":
+                        client.sendall(b"+PONG\r\n")
+                    else:
+                        client.sendall(self.reply)
+        except OSError:
+            pass
+        finally:
+            client.close()
+
+    @staticmethod
+    def _command(stream):
+        """(the words of the first whole command in `stream`, what follows it), or None."""
+        match = re.match(rb"\*(\d+)\r\n", stream)
+        if not match:
+            return None
+        words, position = [], match.end()
+        for _ in range(int(match.group(1))):
+            header = re.match(rb"\$(\d+)\r\n", stream[position:])
+            if not header or len(stream) < position + header.end() + int(header.group(1)) + 2:
+                return None
+            start = position + header.end()
+            words.append(stream[start:start + int(header.group(1))])
+            position = start + int(header.group(1)) + 2
+        return words, stream[position:]
+
+
+def test_a_redis_answering_the_head_of_an_array_of_two_billion_elements_is_refused_at_once_and_the_broker_fetches_alone(
+        issuer, key_file):
+    """hiredis 0.14 makes an array's table of elements when it reads the array's head: the 13
+    bytes `*2147483647\\r\\n` cost 16 GB of address space, and freeing the reply at the call's
+    timeout walked 2^31 pointers, some 16 s of CPU a call. In a review, /token still answered 503
+    after 61 s with a healthy issuer, and a stop took 6-7.5 s. Now the reader refuses any reply
+    no command of the store's gets back at its head: the store is out of reach, the broker
+    fetches alone, and its stop waits for nothing."""
+    fake = HostileRedis(b"*2147483647\r\n")
+    before = issuer.requests()
+    try:
+        with Broker(configuration(issuer, key_file, fake.address)) as broker:
+            assert wait_until(lambda: served(broker), timeout=20), \
+                f"no token 20 s after the start:\n{broker.stderr()[-3000:]}"
+            assert issuer.requests() > before, "the token was fetched from the issuer"
+            assert b"GETRANGE" in fake.commands, "the broker asked the fake Redis for its record"
+            assert wait_until(lambda: readyz(broker)[1]["store"]["degraded"], timeout=10), readyz(broker)
+            assert "Redis sent an array of more than 3 elements" in broker.stderr(), broker.stderr()[-3000:]
+            assert_nothing_secret_logged(broker)
+            # README: a stop waits for the call under way at most (500 ms), and the subscriber.
+            assert broker.stop(timeout=5) == 0
+    finally:
+        fake.stop()
