@@ -307,6 +307,87 @@ private final class ScriptedRedis: @unchecked Sendable {
         await stopping(store)
     }
 
+    /// A Redis that answers each call within `timeoutMsec`, but slower than the broker asks: each
+    /// call's time counts its wait for its turn. Six loads at once, each reply 300 ms, 500 ms each:
+    /// the first is answered, the second runs out of time on the wire, and the others are answered
+    /// at their deadline without reaching Redis; the store is out of reach (slow), for a second
+    /// every call is answered at once, then Redis answering in time makes it reachable again. The
+    /// six once all ran, one after the other, each waiting for those before it (1.8 s here; with
+    /// forty providers, no token for minutes).
+    @Test func callsWaitingBehindASlowRedisAreAnsweredAtTheirDeadlineWithoutReachingIt() async throws {
+        let slow = Atomic<Bool>(true)
+        let server = try ScriptedRedis { name in
+            switch name {
+            case "SUBSCRIBE": [.send(Self.confirmation)]
+            case "GETRANGE":
+                (slow.load(ordering: .relaxed) ? [.pause(milliseconds: 300)] : []) + [.send(Array("$0\r\n\r\n".utf8))]
+            default: [.send(Array("+PONG\r\n".utf8))]
+            }
+        }
+        defer { server.stop() }
+        let store = try RedisTokenStore(
+            settings: settings(server, timeoutMsec: 500), password: nil, cipher: AESGCM(key: Self.sealingKey)!)
+        let loads = await withTaskGroup(of: StoreLoad.self) { group in
+            for _ in 0..<6 { group.addTask { await store.load("orders") } }
+            return await group.reduce(into: []) { $0.append($1) }
+        }
+        #expect(loads.filter { $0 == .missing }.count == 1, "\(loads)")
+        #expect(server.received.filter { $0 == "GETRANGE" }.count <= 2, "\(server.received)")
+        let late = loads.filter {
+            if case .refused(let reason) = $0 { reason.contains("Redis did not answer within 500 ms") } else { false }
+        }
+        #expect(late.count >= 4, "\(loads)")
+        #expect(store.currentHealth.reachable == false)
+        #expect(store.currentHealth.problem?.contains("did not answer within 500 ms") == true)
+        // Within the second that follows, a call is answered at once, without Redis.
+        let asked = server.received.count
+        if case .refused = await store.load("orders") {} else { Issue.record("a call within the quiet second") }
+        #expect(server.received.count == asked)
+        // Then Redis answers in time again, and the store is reachable.
+        slow.store(false, ordering: .relaxed)
+        #expect(
+            await eventually(within: 20) {
+                store.currentHealth.reachable
+            })
+        #expect(await store.load("orders") == .missing)
+        await stopping(store)
+    }
+
+    /// A fetch given up (its task cancelled, at the provider's fetch deadline) takes its waiting
+    /// call off the queue: answered at once, it never reaches Redis, and nothing is fetched. Such
+    /// calls once ran for nobody, and the fetches after them waited behind them.
+    @Test func aFetchGivenUpTakesItsWaitingCallOffTheQueue() async throws {
+        let server = try ScriptedRedis { name in
+            switch name {
+            case "SUBSCRIBE": [.send(Self.confirmation)]
+            case "GETRANGE": [.pause(milliseconds: 1500), .send(Array("$0\r\n\r\n".utf8))]
+            default: [.send(Array("+OK\r\n".utf8))]
+            }
+        }
+        defer { server.stop() }
+        let store = try RedisTokenStore(
+            settings: settings(server, timeoutMsec: 20_000), password: nil, cipher: AESGCM(key: Self.sealingKey)!)
+        let first = Task { await store.load("orders") }
+        #expect(await eventually(within: 20) { server.received.contains("GETRANGE") })
+        let fetched = Atomic<Int>(0)
+        let givenUp = Task {
+            await store.fetchForFleet("orders", settings: "s", current: 0, forced: false) {
+                () async throws(TokenFetchError) -> FetchedToken in
+                fetched.add(1, ordering: .relaxed)
+                return FetchedToken(accessToken: "t", lifetime: .seconds(300))
+            }
+        }
+        try await Task.sleep(for: .milliseconds(100))
+        givenUp.cancel()
+        let result = await givenUp.value
+        #expect((try? result.get()) == nil, "a fetch given up answers a failure")
+        #expect(await first.value == .missing)
+        try await Task.sleep(for: .milliseconds(500))
+        #expect(server.received.filter { $0 == "GETRANGE" }.count == 1, "\(server.received)")
+        #expect(fetched.load(ordering: .relaxed) == 0)
+        await stopping(store)
+    }
+
     /// The lease script answers -1 when the record changed since the store read it, and the store
     /// reads it again. A Redis that always says so (or a record rewritten without end) once had
     /// the store ask tens of thousands of times a second, holding a core.

@@ -1,7 +1,9 @@
-"""A `redis` store whose Redis is hostile: the broker carries on alone.
+"""A `redis` store whose Redis is slow or hostile: the broker carries on alone.
 
 README: "Redis down, slow or refusing: each broker carries on alone". Each test runs one broker
 against the real OAuth server and a Redis that misbehaves in one way:
+- a real redis-server behind a TCP link that holds each reply 300 ms (every reply well within
+  `timeoutMsec`, but slower than twenty providers ask);
 - a fake Redis (a small Python server) that answers with the 13-byte head of an array of
   2^31 - 1 elements.
 Each test fails with the broker before the fix: no token for tens of seconds (or minutes), and
@@ -15,7 +17,7 @@ import pytest
 
 from broker import Broker
 from issuers.process import OAuthServer
-from test_fleet import readyz, write_key
+from test_fleet import Link, RedisServer, readyz, write_key
 from test_http_api import wait_until
 
 SECRET = "faults-client-secret-Qw7nB4"
@@ -27,6 +29,13 @@ def issuer(tmp_path_factory):
     server = OAuthServer(str(tmp_path_factory.mktemp("faults")), {"faults": SECRET}, lifetime=LIFETIME)
     yield server
     server.close()
+
+
+@pytest.fixture
+def redis():
+    server = RedisServer()
+    yield server
+    server.kill()
 
 
 @pytest.fixture
@@ -49,6 +58,45 @@ def served(broker, name="default"):
 
 def assert_nothing_secret_logged(broker):
     assert SECRET not in broker.stderr(), f"the broker's log ({broker.log_path}) holds the client secret"
+
+
+class DelayedLink(Link):
+    """Holds each chunk Redis sends for `delay` seconds before passing it on, one after the
+    other: a Redis whose every reply comes well within the broker's `timeoutMsec`."""
+
+    def __init__(self, redis, delay):
+        self.delay = delay
+        super().__init__(redis)
+
+    def _pass(self, data, target, outbound):
+        if not outbound and self.stopped.wait(self.delay):
+            return
+        target.sendall(data)
+
+
+def test_a_redis_answering_each_call_in_time_but_slower_than_twenty_providers_ask_leaves_none_without_a_token(
+        issuer, redis, key_file):
+    """Each reply of Redis comes 300 ms late, within the default 500 ms `timeoutMsec`; twenty
+    providers start at once, each reading its record, then fetching through the store (three
+    calls). The calls waited for their turn without bound on the store's one connection: each
+    fetch gave up at its 15 s deadline with its calls still queued, which then ran for nobody;
+    in a review 40 providers had no token after 102 s, the issuer never called, and /readyz said
+    the store was fine. Now each call counts its wait in its `timeoutMsec`: Redis is found slow,
+    the store out of reach (logged), and each provider fetches alone."""
+    link = DelayedLink(redis, 0.3)
+    names = [f"p{index:02d}" for index in range(20)]
+    before = issuer.requests()
+    try:
+        with Broker(configuration(issuer, key_file, link.address, names)) as broker:
+            assert wait_until(lambda: all(served(broker, name) for name in names), timeout=30), \
+                f"not every provider has a token 30 s after the start:\n{broker.stderr()[-3000:]}"
+            assert issuer.requests() > before, "the providers fetched from the issuer"
+            slow = [line for line in broker.stderr().splitlines() if 'msg="token store out of reach' in line]
+            assert slow and "did not answer within 500 ms" in slow[0], broker.stderr()[-3000:]
+            assert_nothing_secret_logged(broker)
+            assert broker.stop(timeout=10) == 0
+    finally:
+        link.stop()
 
 
 class HostileRedis:

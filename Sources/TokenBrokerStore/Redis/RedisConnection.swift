@@ -76,7 +76,9 @@ final class RedisConnection {
     ) throws(RedisFailure) -> RedisConnection {
         let deadline = given ?? ContinuousClock.now.advanced(by: .milliseconds(settings.timeoutMsec))
         let left = ContinuousClock.now.duration(to: deadline).wholeMilliseconds
-        guard left > 0 else { throw RedisFailure("Redis did not answer within \(settings.timeoutMsec) ms") }
+        guard left > 0 else {
+            throw RedisFailure("Redis did not answer within \(settings.timeoutMsec) ms", timedOut: true)
+        }
         let timeout = timeval(milliseconds: Int(clamping: min(left, Int64(settings.timeoutMsec))))
         let made: UnsafeMutablePointer<redisContext>? =
             switch settings.address {
@@ -143,7 +145,7 @@ final class RedisConnection {
     /// Whole milliseconds left of the call under way; throws when less than one is.
     private func millisecondsLeft() throws(RedisFailure) -> Int32 {
         let left = ContinuousClock.now.duration(to: deadline).wholeMilliseconds
-        guard left > 0 else { throw RedisFailure("Redis did not answer within \(timeoutMsec) ms") }
+        guard left > 0 else { throw RedisFailure("Redis did not answer within \(timeoutMsec) ms", timedOut: true) }
         return Int32(clamping: left)
     }
 
@@ -264,7 +266,13 @@ final class RedisConnection {
 /// Why a call to Redis failed: the connection is then dropped. The text never holds a password.
 struct RedisFailure: Error, CustomStringConvertible {
     let description: String
-    init(_ description: String) { self.description = description }
+    /// The call ran out of time (Redis did not answer in time, or the call waited too long for
+    /// its turn): Redis is slow.
+    let timedOut: Bool
+    init(_ description: String, timedOut: Bool = false) {
+        self.description = description
+        self.timedOut = timedOut
+    }
 }
 
 extension timeval {

@@ -29,11 +29,14 @@ import TokenBrokerCrypto
 /// others wait, so a failing issuer sees one broker's retries, not the fleet's; once it lapses,
 /// whichever broker asks first fetches.
 ///
-/// Every call to Redis runs on the store's own queue, bounded by `timeoutMsec`, never on a server
-/// thread (the request path never calls Redis: `/token` reads the provider's memory). A call that
-/// fails marks the store out of reach: fetches then go to the issuer alone, as without a store,
-/// and the store tries Redis again at most once a second, and rejoins when it answers. The
-/// subscriber has a connection and a queue of its own.
+/// Every call to Redis runs on the store's own queue (`RedisCallQueue`), never on a server thread
+/// (the request path never calls Redis: `/token` reads the provider's memory), and is answered
+/// within `timeoutMsec` of being asked, its wait for its turn included. A call that fails marks
+/// the store out of reach: fetches then go to the issuer alone, as without a store, and the store
+/// tries Redis again at most once a second, and rejoins when it answers. A call that runs out of
+/// time, waiting or running, finds Redis slow, which is out of reach too: for a second, every call
+/// is answered at once without touching Redis, so that the calls behind it do not each wait
+/// their `timeoutMsec` in turn. The subscriber has a connection and a thread of its own.
 public final class RedisTokenStore: SharedTokenStore {
     /// What the store reports, for logs and metrics.
     public struct Events: Sendable {
@@ -64,10 +67,10 @@ public final class RedisTokenStore: SharedTokenStore {
     /// This broker's id in the leases it takes.
     private let owner: [UInt8]
     private let channel: [UInt8]
-    private let commands = DispatchQueue(label: "token-broker.store.redis")
+    private let calls = RedisCallQueue(label: "token-broker.store.redis")
     private let subscriber = DispatchQueue(label: "token-broker.store.redis.subscriber")
 
-    /// The command connection. Unchecked: it is touched only on `commands`, one call at a time.
+    /// The command connection. Unchecked: it is touched only on `calls`' queue, one call at a time.
     private struct Link: @unchecked Sendable {
         var connection: RedisConnection?
         var lastAttempt: ContinuousClock.Instant?
@@ -86,7 +89,7 @@ public final class RedisTokenStore: SharedTokenStore {
         var notices: [String: UInt64] = [:]
     }
 
-    /// Touched only on `commands` (the lock costs nothing there, and keeps the checker's view simple).
+    /// Touched only on `calls`' queue (the lock costs nothing there, and keeps the checker's view simple).
     private let link = Lock(Link())
     /// What each connection last found: the store is reachable while both answer. Kept apart, so
     /// that one connection answering never clears what the other found (an ACL that lets the
@@ -101,13 +104,17 @@ public final class RedisTokenStore: SharedTokenStore {
         var subscriber: String?
         var refusals: [String: String] = [:]
         var lastReachable: ContinuousClock.Instant?
+        /// Until when calls are answered without touching Redis, which a call found slow.
+        var quietUntil: ContinuousClock.Instant?
         var problem: String? { commands ?? subscriber ?? refusals.min { $0.key < $1.key }?.value }
     }
     private let problems = Lock(Problems())
     private let watching = Lock(Watching())
     private let stopping = Atomic<Bool>(false)
-    /// A catch-up is queued on `commands` and has not started.
+    /// A catch-up is queued and has not started.
     private let catchingUp = Atomic<Bool>(false)
+    /// A probe of the command connection is queued and has not started.
+    private let probing = Atomic<Bool>(false)
     private let subscriberEnded = DispatchSemaphore(value: 0)
 
     /// How many times a fetch reads a record that changed under the lease script before it waits
@@ -153,7 +160,7 @@ public final class RedisTokenStore: SharedTokenStore {
     public func stop() {
         stopping.store(true, ordering: .relaxed)
         _ = subscriberEnded.wait(timeout: .now() + .seconds(2))
-        commands.sync { link.withLock { $0.connection = nil } }
+        calls.sync { link.withLock { $0.connection = nil } }
     }
 
     // MARK: - TokenStore
@@ -197,11 +204,9 @@ public final class RedisTokenStore: SharedTokenStore {
     public func save(_ key: String, _ stored: StoredToken) {
         guard let sealed = sealedOrReported(stored, key: key) else { return }
         let hash = Self.hash(key)
-        commands.async { [self] in
-            _ = perform { connection throws(RedisFailure) in
-                try connection.command(
-                    [Array("SET".utf8), Array(name("record:", hash).utf8), sealed] + Self.expiry(stored))
-            }
+        inBackground { [self] connection throws(RedisFailure) in
+            try connection.command(
+                [Array("SET".utf8), Array(name("record:", hash).utf8), sealed] + Self.expiry(stored))
         }
     }
 
@@ -382,11 +387,13 @@ public final class RedisTokenStore: SharedTokenStore {
         }
     }
 
-    /// Redis is out of reach: the broker fetches for itself, as without a store.
+    /// Redis is out of reach: the broker fetches for itself, as without a store (unless the
+    /// fetch was given up meanwhile, its call to Redis taken off the queue).
     private func alone(
         _ key: String, settings wanted: String, current: UInt64,
         fetch: @Sendable () async throws(TokenFetchError) -> FetchedToken
     ) async -> Result<SharedFetch, TokenFetchError> {
+        if Task.isCancelled { return .failure(.timeout("the fetch was given up at its deadline")) }
         do {
             let token = try await fetch()
             return .success(
@@ -400,27 +407,63 @@ public final class RedisTokenStore: SharedTokenStore {
 
     // MARK: - Calls
 
-    /// Runs `body` on the store's queue with a connection, made if needed.
-    private func call(_ body: @escaping @Sendable (RedisConnection) throws(RedisFailure) -> RedisConnection.Reply) async
-        -> Result<RedisConnection.Reply, RedisFailure>
-    {
-        await withCheckedContinuation { continuation in
-            commands.async { [self] in continuation.resume(returning: perform(body)) }
+    typealias Body = @Sendable (RedisConnection) throws(RedisFailure) -> RedisConnection.Reply
+
+    /// Runs `body` on the store's queue with a connection, made if needed, answered within
+    /// `timeoutMsec` of now, its wait for its turn included; a task cancelled meanwhile takes it
+    /// off the queue.
+    private func call(_ body: @escaping Body) async -> Result<RedisConnection.Reply, RedisFailure> {
+        let deadline = ContinuousClock.now.advanced(by: .milliseconds(settings.timeoutMsec))
+        let id = calls.nextID()
+        return await withTaskCancellationHandler {
+            await withCheckedContinuation { continuation in
+                calls.enqueue(id, by: deadline) { [self] turn in
+                    switch turn {
+                    case .run:
+                        continuation.resume(returning: perform(body, by: deadline))
+                    case .late:
+                        let failure = RedisFailure(
+                            "Redis did not answer within \(settings.timeoutMsec) ms (the call waited for its turn behind "
+                                + "the store's others)", timedOut: true)
+                        foundSlow(failure)
+                        continuation.resume(returning: .failure(failure))
+                    case .givenUp:
+                        continuation.resume(returning: .failure(RedisFailure("the call was given up")))
+                    }
+                }
+            }
+        } onCancel: { [calls] in
+            calls.cancel(id)
         }
     }
 
-    /// `call`'s work, on `commands`: connects when needed (at most once per `reconnectGap` while
-    /// Redis is out of reach), runs `body`, and drops the connection when it fails. An error
-    /// reply (`NOAUTH`, `NOPERM`, `READONLY`, …) fails too: every command the store sends is one
-    /// the fleet needs, so Redis refusing it is Redis out of reach for the fleet, not an answer.
-    private func perform(_ body: (RedisConnection) throws(RedisFailure) -> RedisConnection.Reply) -> Result<
+    /// Runs `body` once no call waits, within `timeoutMsec` of its start, then `then` with its
+    /// result, on the store's queue.
+    private func inBackground(
+        _ body: @escaping Body,
+        then: @escaping @Sendable (Result<RedisConnection.Reply, RedisFailure>) -> Void = { _ in }
+    ) {
+        calls.background { [self] in
+            then(perform(body, by: ContinuousClock.now.advanced(by: .milliseconds(settings.timeoutMsec))))
+        }
+    }
+
+    /// A call's work, on the store's queue, by `deadline`: connects when needed (at most once per
+    /// `reconnectGap` while Redis is out of reach), runs `body`, and drops the connection when it
+    /// fails. An error reply (`NOAUTH`, `NOPERM`, `READONLY`, …) fails too: every command the store
+    /// sends is one the fleet needs, so Redis refusing it is Redis out of reach for the fleet, not
+    /// an answer. Within `reconnectGap` of a call that found Redis slow, fails at once.
+    private func perform(_ body: Body, by deadline: ContinuousClock.Instant) -> Result<
         RedisConnection.Reply, RedisFailure
     > {
         // The broker stops: what is still queued ends at once, so that `stop` waits for one call at most.
         guard !stopping.load(ordering: .relaxed) else { return .failure(RedisFailure("the store is stopping")) }
         let now = ContinuousClock.now
-        // One budget for the call, connecting included, as `timeoutMsec` says.
-        let deadline = now.advanced(by: .milliseconds(settings.timeoutMsec))
+        let quiet = problems.withLock { problems -> String? in
+            guard let until = problems.quietUntil, now < until else { return nil }
+            return problems.commands ?? "Redis is slow"
+        }
+        if let quiet { return .failure(RedisFailure(quiet)) }
         let connection: RedisConnection
         if let open = link.withLock({ $0.connection }) {
             connection = open
@@ -433,7 +476,7 @@ public final class RedisTokenStore: SharedTokenStore {
             do {
                 connection = try RedisConnection.connect(settings, password: password, deadline: deadline)
             } catch {
-                mark(\.commands, error)
+                failed(error)
                 return .failure(error)
             }
             link.withLock { $0.connection = connection }
@@ -449,9 +492,21 @@ public final class RedisTokenStore: SharedTokenStore {
             return .success(value)
         } catch {
             link.withLock { $0.connection = nil }
-            mark(\.commands, error)
+            failed(error)
             return .failure(error)
         }
+    }
+
+    /// A call on the command connection failed: slow, or out of reach.
+    private func failed(_ failure: RedisFailure) {
+        if failure.timedOut { foundSlow(failure) } else { mark(\.commands, failure) }
+    }
+
+    /// A call ran out of time, waiting or running: Redis is out of reach, and for `reconnectGap`
+    /// every call is answered at once, without touching it.
+    private func foundSlow(_ failure: RedisFailure) {
+        problems.withLock { $0.quietUntil = ContinuousClock.now.advanced(by: Self.reconnectGap) }
+        mark(\.commands, failure)
     }
 
     /// Redis answers but refuses what the fleet needs for `fenceKey` (`problem`; nil: a script
@@ -516,12 +571,15 @@ public final class RedisTokenStore: SharedTokenStore {
                     // While the command connection is out of reach, a probe a second on it says
                     // when it answers again, even for a broker with no refresh due (Redis stopped
                     // and resumed, say: this connection never broke).
-                    if problems.withLock({ $0.commands }) != nil, lastProbe.duration(to: .now) >= Self.reconnectGap {
+                    if problems.withLock({ $0.commands }) != nil, lastProbe.duration(to: .now) >= Self.reconnectGap,
+                        !probing.exchange(true, ordering: .acquiringAndReleasing)
+                    {
                         lastProbe = .now
-                        commands.async { [self] in
-                            _ = perform { connection throws(RedisFailure) in
-                                try connection.command([Array("PING".utf8)])
-                            }
+                        calls.background { [self] in
+                            probing.store(false, ordering: .releasing)
+                            _ = perform(
+                                { connection throws(RedisFailure) in try connection.command([Array("PING".utf8)]) },
+                                by: ContinuousClock.now.advanced(by: .milliseconds(settings.timeoutMsec)))
                         }
                     }
                     _ = try connection.read(waitingAtMost: 200)
@@ -560,29 +618,37 @@ public final class RedisTokenStore: SharedTokenStore {
         }
     }
 
-    /// Reads each watched record once (after the subscriber connected: it may have missed some);
-    /// nothing when a catch-up is already queued.
+    /// Reads each watched record once (after the subscriber connected: it may have missed some),
+    /// in the background, one record at a time; nothing when a catch-up is already queued.
     private func catchUp() {
         guard !catchingUp.exchange(true, ordering: .acquiringAndReleasing) else { return }
-        commands.async { [self] in
+        calls.background { [self] in
             catchingUp.store(false, ordering: .releasing)
-            let watchers = watching.withLock { $0.byHash }
-            for (hash, byID) in watchers {
-                guard
-                    case .success(let reply) = perform({ connection throws(RedisFailure) in
-                        try Self.readRecord(connection, Array(name("record:", hash).utf8))
-                    }), let read = RecordRead(reply), !read.bytes.isEmpty
-                else { continue }
-                let asked = WallTime()
-                for watcher in byID.values {
-                    if case .success(let stored) = opened(read, key: watcher.key, askedAt: asked),
-                        stored.settings == watcher.settings
-                    {
-                        watcher.onRecord(stored, false)
-                    }
+            readMissed(watching.withLock { Array($0.byHash.keys) }[...])
+        }
+    }
+
+    /// Reads the first of `hashes`' records for its watchers, then queues the rest, on the store's
+    /// queue: a call that waits has its turn between two of these reads.
+    private func readMissed(_ hashes: ArraySlice<String>) {
+        guard let hash = hashes.first else { return }
+        let read = perform(
+            { connection throws(RedisFailure) in
+                try Self.readRecord(connection, Array(self.name("record:", hash).utf8))
+            },
+            by: ContinuousClock.now.advanced(by: .milliseconds(settings.timeoutMsec)))
+        if case .success(let reply) = read, let record = RecordRead(reply), !record.bytes.isEmpty {
+            let asked = WallTime()
+            for watcher in watching.withLock({ $0.byHash[hash].map { Array($0.values) } ?? [] }) {
+                if case .success(let stored) = opened(record, key: watcher.key, askedAt: asked),
+                    stored.settings == watcher.settings
+                {
+                    watcher.onRecord(stored, false)
                 }
             }
         }
+        let rest = hashes.dropFirst()
+        if !rest.isEmpty { calls.background { [self] in readMissed(rest) } }
     }
 
     // MARK: - Helpers

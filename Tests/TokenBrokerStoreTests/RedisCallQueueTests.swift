@@ -1,0 +1,79 @@
+import Dispatch
+import Synchronization
+import Testing
+import TokenBrokerTestSupport
+
+@testable import TokenBrokerStore
+
+/// The store's queue of calls: a call is answered by its deadline, its wait included; a caller
+/// that gives up takes its call off; background work waits for every call.
+@Suite struct RedisCallQueueTests {
+    /// What happened, in order, with the turn each call got.
+    private final class Journal: Sendable {
+        let entries = Mutex<[String]>([])
+        func note(_ entry: String) { entries.withLock { $0.append(entry) } }
+        var all: [String] { entries.withLock { $0 } }
+    }
+
+    private static func after(milliseconds: Int) -> ContinuousClock.Instant {
+        ContinuousClock.now.advanced(by: .milliseconds(milliseconds))
+    }
+
+    /// The queue is held by background work for 600 ms; a call asked meanwhile with 100 ms is
+    /// answered `late` at its deadline, while the work still runs, and never runs.
+    @Test func aCallWhoseDeadlinePassesWhileItWaitsIsAnsweredLateAtItsDeadline() async throws {
+        let queue = RedisCallQueue(label: "test")
+        let journal = Journal()
+        let release = DispatchSemaphore(value: 0)
+        queue.background {
+            journal.note("work started")
+            _ = release.wait(timeout: .now() + .seconds(20))
+            journal.note("work ended")
+        }
+        #expect(await eventually(within: 20) { journal.all == ["work started"] })
+        queue.enqueue(queue.nextID(), by: Self.after(milliseconds: 100)) { turn in journal.note("call \(turn)") }
+        #expect(await eventually(within: 20) { journal.all.count == 2 })
+        release.signal()
+        queue.sync {}
+        #expect(journal.all == ["work started", "call late", "work ended"])
+    }
+
+    /// A caller that gives up while its call waits has it answered `givenUp` at once, and it never
+    /// runs; a call asked from a task already cancelled is never queued.
+    @Test func aCallGivenUpWhileItWaitsNeverRuns() async throws {
+        let queue = RedisCallQueue(label: "test")
+        let journal = Journal()
+        let release = DispatchSemaphore(value: 0)
+        queue.background { _ = release.wait(timeout: .now() + .seconds(20)) }
+        let id = queue.nextID()
+        queue.enqueue(id, by: Self.after(milliseconds: 20_000)) { turn in journal.note("first \(turn)") }
+        queue.cancel(id)
+        #expect(journal.all == ["first givenUp"])
+        let cancelled = Task {
+            withUnsafeCurrentTask { $0?.cancel() }
+            queue.enqueue(queue.nextID(), by: Self.after(milliseconds: 20_000)) { turn in journal.note("second \(turn)")
+            }
+        }
+        await cancelled.value
+        release.signal()
+        queue.sync {}
+        #expect(journal.all == ["first givenUp", "second givenUp"])
+    }
+
+    /// Calls have their turns first asked first, each before any background work queued.
+    @Test func callsRunInTurnBeforeBackgroundWork() async throws {
+        let queue = RedisCallQueue(label: "test")
+        let journal = Journal()
+        let release = DispatchSemaphore(value: 0)
+        queue.background { _ = release.wait(timeout: .now() + .seconds(20)) }
+        queue.background { journal.note("work") }
+        for name in ["a", "b", "c"] {
+            queue.enqueue(queue.nextID(), by: Self.after(milliseconds: 20_000)) { turn in
+                journal.note("\(name) \(turn)")
+            }
+        }
+        release.signal()
+        queue.sync {}
+        #expect(journal.all == ["a run", "b run", "c run", "work"])
+    }
+}
