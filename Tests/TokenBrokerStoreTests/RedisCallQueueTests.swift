@@ -77,3 +77,48 @@ import TokenBrokerTestSupport
         #expect(journal.all == ["a run", "b run", "c run", "work"])
     }
 }
+
+/// The lookup of the Redis host's name: bounded by the call's deadline, made once however many
+/// attempts wait for it, its answer kept for the attempts that follow.
+@Suite struct RedisHostResolverTests {
+    @Test(arguments: ["127.0.0.1", "::1", "10.0.0.5", "fe80::1"])
+    func anAddressNeedsNoLookup(_ host: String) throws {
+        let resolver = RedisHostResolver(host: host) { _ in .failure(RedisFailure("looked up")) }
+        #expect(try resolver.addresses(by: .now, timeoutMsec: 10) == [host])
+    }
+
+    @Test func localhostIsLookedUpWithTheSystemsResolver() throws {
+        let addresses = try RedisHostResolver.systemLookUp("localhost").get()
+        #expect(addresses.contains("127.0.0.1") || addresses.contains("::1"), "\(addresses)")
+    }
+
+    /// A DNS server that does not answer: each attempt gives up at its deadline; the attempts
+    /// while the lookup is under way wait for it rather than start another; once it answers, its
+    /// answer serves the next attempts; forgotten, the name is looked up again.
+    @Test func aSlowLookupIsGivenUpAtTheDeadlineMadeOnceAndItsAnswerKept() async throws {
+        let lookups = Atomic<Int>(0)
+        let answer = DispatchSemaphore(value: 0)
+        let resolver = RedisHostResolver(host: "redis.example") { _ in
+            lookups.add(1, ordering: .relaxed)
+            _ = answer.wait(timeout: .now() + .seconds(20))
+            return .success(["192.0.2.7"])
+        }
+        for _ in 0..<3 {
+            #expect {
+                try resolver.addresses(by: .now.advanced(by: .milliseconds(100)), timeoutMsec: 100)
+            } throws: { error in
+                (error as? RedisFailure)?.timedOut == true
+                    && "\(error)" == "looking up redis.example took longer than 100 ms"
+            }
+        }
+        #expect(lookups.load(ordering: .relaxed) == 1)
+        answer.signal()
+        #expect(try resolver.addresses(by: .now.advanced(by: .seconds(20)), timeoutMsec: 20_000) == ["192.0.2.7"])
+        #expect(try resolver.addresses(by: .now.advanced(by: .seconds(20)), timeoutMsec: 20_000) == ["192.0.2.7"])
+        #expect(lookups.load(ordering: .relaxed) == 1)
+        resolver.forget()
+        answer.signal()
+        #expect(try resolver.addresses(by: .now.advanced(by: .seconds(20)), timeoutMsec: 20_000) == ["192.0.2.7"])
+        #expect(lookups.load(ordering: .relaxed) == 2)
+    }
+}

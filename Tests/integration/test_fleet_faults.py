@@ -1,14 +1,16 @@
-"""A `redis` store whose Redis is slow or hostile: the broker carries on alone.
+"""A `redis` store whose Redis is slow, hostile or hard to find: the broker carries on alone.
 
 README: "Redis down, slow or refusing: each broker carries on alone". Each test runs one broker
 against the real OAuth server and a Redis that misbehaves in one way:
 - a real redis-server behind a TCP link that holds each reply 300 ms (every reply well within
   `timeoutMsec`, but slower than twenty providers ask);
 - a fake Redis (a small Python server) that answers with the 13-byte head of an array of
-  2^31 - 1 elements.
+  2^31 - 1 elements;
+- a real redis-server named by a host whose lookup takes 20 s (a preloaded getaddrinfo).
 Each test fails with the broker before the fix: no token for tens of seconds (or minutes), and
 a stop that waited for the call to Redis.
 """
+import os
 import re
 import socket
 import threading
@@ -19,6 +21,7 @@ from broker import Broker
 from issuers.process import OAuthServer
 from test_fleet import Link, RedisServer, readyz, write_key
 from test_http_api import wait_until
+from test_reload import preload_library
 
 SECRET = "faults-client-secret-Qw7nB4"
 LIFETIME = 300  # no refresh during a test: each provider's first token is what is watched
@@ -190,3 +193,37 @@ def test_a_redis_answering_the_head_of_an_array_of_two_billion_elements_is_refus
             assert broker.stop(timeout=5) == 0
     finally:
         fake.stop()
+
+
+def slow_dns_environment(library, name, seconds):
+    environment = {"LD_PRELOAD": library, "SLOW_DNS_NAME": name, "SLOW_DNS_SECONDS": str(seconds)}
+    if os.environ.get("ASAN_OPTIONS") is not None:
+        # AddressSanitizer's runtime wants to come first among the preloaded libraries.
+        environment["ASAN_OPTIONS"] = os.environ["ASAN_OPTIONS"] + ":verify_asan_link_order=0"
+    return environment
+
+
+def test_a_redis_host_whose_name_takes_twenty_seconds_to_look_up_holds_up_neither_the_first_token_nor_the_stop(
+        issuer, redis, key_file, tmp_path):
+    """glibc's getaddrinfo has no time limit, and hiredis called it inside each connection: a
+    DNS server that does not answer held the first call (and each reconnection) for as long as
+    the lookup took, past `timeoutMsec`. In a review, with a 10 s lookup, the first token came
+    at 21 s and a stop took 7 s. Now the name is looked up within each call's `timeoutMsec`, and
+    a lookup still under way is waited for by the next attempts, never started again alongside:
+    the broker fetches alone at once, says why, and stops at once."""
+    link = Link(redis)
+    port = link.address.rsplit(":", 1)[1]
+    environment = slow_dns_environment(preload_library(tmp_path, "slow_dns"), "redis.slowdns.test", 20)
+    before = issuer.requests()
+    try:
+        with Broker(configuration(issuer, key_file, f"redis.slowdns.test:{port}"), env=environment) as broker:
+            # The lookup ends 20 s after the start.
+            assert wait_until(lambda: served(broker), timeout=10), \
+                f"no token 10 s after the start:\n{broker.stderr()[-3000:]}"
+            assert issuer.requests() > before, "the token was fetched from the issuer"
+            store = readyz(broker)[1]["store"]
+            assert store["degraded"] and "looking up redis.slowdns.test took longer than 500 ms" in store["problem"], store
+            assert_nothing_secret_logged(broker)
+            assert broker.stop(timeout=5) == 0
+    finally:
+        link.stop()

@@ -15,6 +15,9 @@ import TokenBrokerCore
 /// `mostElements`): hiredis makes an array's table of elements as soon as it reads its length,
 /// so an array's 13-byte head once cost 16 GB of address space and seconds of CPU.
 ///
+/// A host name is looked up within the call's deadline too (`RedisHostResolver`), and hiredis
+/// connects to the numeric address.
+///
 /// Not thread-safe: each belongs to one thread of the store (`RedisTokenStore`), and nothing else
 /// calls it. A failed call (the connection cut, a timeout, a reply hiredis could not read) leaves
 /// the connection unusable: `RedisFailure` says why, and the owner drops it and connects anew.
@@ -71,29 +74,19 @@ final class RedisConnection {
 
     /// Connects to `address`, then authenticates and selects the database, all by `deadline`
     /// (by default, within `timeoutMsec`).
+    /// - Parameter resolver: looks up the host's name (the store's, shared by its connections, so
+    ///   that a slow lookup is made once); nil: one of the connection's own.
     static func connect(
-        _ settings: RedisStoreSettings, password: String?, deadline given: ContinuousClock.Instant? = nil
+        _ settings: RedisStoreSettings, password: String?, deadline given: ContinuousClock.Instant? = nil,
+        resolver: RedisHostResolver? = nil
     ) throws(RedisFailure) -> RedisConnection {
         let deadline = given ?? ContinuousClock.now.advanced(by: .milliseconds(settings.timeoutMsec))
-        let left = ContinuousClock.now.duration(to: deadline).wholeMilliseconds
-        guard left > 0 else {
-            throw RedisFailure("Redis did not answer within \(settings.timeoutMsec) ms", timedOut: true)
-        }
-        let timeout = timeval(milliseconds: Int(clamping: min(left, Int64(settings.timeoutMsec))))
-        let made: UnsafeMutablePointer<redisContext>? =
-            switch settings.address {
-            case .tcp(let host, let port): redisConnectWithTimeout(host, Int32(port), timeout)
-            case .unix(let path): redisConnectUnixWithTimeout(path, timeout)
-            }
-        guard let made else { throw RedisFailure("cannot connect to \(settings.address): out of memory") }
-        let connection = RedisConnection(context: made, timeoutMsec: settings.timeoutMsec)
+        let connection = try open(settings, by: deadline, resolver: resolver)
         connection.sharedDeadline = deadline
         defer { connection.sharedDeadline = nil }
-        guard made.pointee.err == 0 else {
-            throw RedisFailure("cannot connect to \(settings.address): \(connection.errorText)")
-        }
+        let timeout = try timeval(milliseconds: Int(connection.millisecondsLeft()))
         // Each read and write is bounded too, though none is made before `poll` says it can go on.
-        guard redisSetTimeout(made, timeout) == REDIS_OK else {
+        guard redisSetTimeout(connection.context, timeout) == REDIS_OK else {
             throw RedisFailure("cannot set the timeout on \(settings.address): \(connection.errorText)")
         }
         if let password {
@@ -111,6 +104,55 @@ final class RedisConnection {
             ]) {
                 throw RedisFailure("Redis at \(settings.address) refused SELECT \(settings.database): \(text)")
             }
+        }
+        return connection
+    }
+
+    /// A connection to `settings.address` made by `deadline`: to each address of the host in
+    /// turn, until one connects.
+    private static func open(
+        _ settings: RedisStoreSettings, by deadline: ContinuousClock.Instant, resolver given: RedisHostResolver?
+    ) throws(RedisFailure) -> RedisConnection {
+        switch settings.address {
+        case .tcp(let host, let port):
+            let resolver = given ?? RedisHostResolver(host: host)
+            let addresses: [String]
+            do {
+                addresses = try resolver.addresses(by: deadline, timeoutMsec: settings.timeoutMsec)
+            } catch {
+                throw RedisFailure("cannot connect to \(settings.address): \(error)", timedOut: error.timedOut)
+            }
+            var last = RedisFailure("cannot connect to \(settings.address)")
+            for address in addresses {
+                do {
+                    return try made(settings, by: deadline) { redisConnectWithTimeout(address, Int32(port), $0) }
+                } catch {
+                    last = error
+                    if error.timedOut { break }
+                }
+            }
+            resolver.forget()
+            throw last
+        case .unix(let path):
+            return try made(settings, by: deadline) { redisConnectUnixWithTimeout(path, $0) }
+        }
+    }
+
+    /// The connection `connecting` makes, given what is left until `deadline`.
+    private static func made(
+        _ settings: RedisStoreSettings, by deadline: ContinuousClock.Instant,
+        _ connecting: (timeval) -> UnsafeMutablePointer<redisContext>?
+    ) throws(RedisFailure) -> RedisConnection {
+        let left = ContinuousClock.now.duration(to: deadline).wholeMilliseconds
+        guard left > 0 else {
+            throw RedisFailure("Redis did not answer within \(settings.timeoutMsec) ms", timedOut: true)
+        }
+        guard let made = connecting(timeval(milliseconds: Int(clamping: left))) else {
+            throw RedisFailure("cannot connect to \(settings.address): out of memory")
+        }
+        let connection = RedisConnection(context: made, timeoutMsec: settings.timeoutMsec)
+        guard made.pointee.err == 0 else {
+            throw RedisFailure("cannot connect to \(settings.address): \(connection.errorText)")
         }
         return connection
     }
@@ -142,9 +184,10 @@ final class RedisConnection {
         }
     }
 
-    /// Whole milliseconds left of the call under way; throws when less than one is.
+    /// Whole milliseconds left of the call under way (of `sharedDeadline`, when set); throws when
+    /// less than one is.
     private func millisecondsLeft() throws(RedisFailure) -> Int32 {
-        let left = ContinuousClock.now.duration(to: deadline).wholeMilliseconds
+        let left = ContinuousClock.now.duration(to: sharedDeadline ?? deadline).wholeMilliseconds
         guard left > 0 else { throw RedisFailure("Redis did not answer within \(timeoutMsec) ms", timedOut: true) }
         return Int32(clamping: left)
     }
@@ -266,8 +309,8 @@ final class RedisConnection {
 /// Why a call to Redis failed: the connection is then dropped. The text never holds a password.
 struct RedisFailure: Error, CustomStringConvertible {
     let description: String
-    /// The call ran out of time (Redis did not answer in time, or the call waited too long for
-    /// its turn): Redis is slow.
+    /// The call ran out of time (Redis, or the lookup of its name, did not answer in time, or
+    /// the call waited too long for its turn): Redis is slow.
     let timedOut: Bool
     init(_ description: String, timedOut: Bool = false) {
         self.description = description

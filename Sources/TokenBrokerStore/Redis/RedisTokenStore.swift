@@ -69,6 +69,8 @@ public final class RedisTokenStore: SharedTokenStore {
     private let channel: [UInt8]
     private let calls = RedisCallQueue(label: "token-broker.store.redis")
     private let subscriber = DispatchQueue(label: "token-broker.store.redis.subscriber")
+    /// Looks up the host's name for both connections, within their calls' deadlines.
+    private let resolver: RedisHostResolver?
 
     /// The command connection. Unchecked: it is touched only on `calls`' queue, one call at a time.
     private struct Link: @unchecked Sendable {
@@ -146,6 +148,11 @@ public final class RedisTokenStore: SharedTokenStore {
         record = StoreRecord(cipher: cipher)
         owner = Array(Fingerprint.hex(try Crypto.randomBytes(16)).utf8)
         channel = Array((settings.keyPrefix + "records").utf8)
+        if case .tcp(let host, _) = settings.address {
+            resolver = RedisHostResolver(host: host)
+        } else {
+            resolver = nil
+        }
         subscriber.async { [self] in subscribe() }
     }
 
@@ -474,7 +481,8 @@ public final class RedisTokenStore: SharedTokenStore {
             }
             link.withLock { $0.lastAttempt = now }
             do {
-                connection = try RedisConnection.connect(settings, password: password, deadline: deadline)
+                connection = try RedisConnection.connect(
+                    settings, password: password, deadline: deadline, resolver: resolver)
             } catch {
                 failed(error)
                 return .failure(error)
@@ -549,7 +557,7 @@ public final class RedisTokenStore: SharedTokenStore {
         defer { subscriberEnded.signal() }
         while !stopping.load(ordering: .relaxed) {
             do throws(RedisFailure) {
-                let connection = try RedisConnection.connect(settings, password: password)
+                let connection = try RedisConnection.connect(settings, password: password, resolver: resolver)
                 try connection.send([Array("SUBSCRIBE".utf8), channel])
                 var lastProbe = ContinuousClock.now
                 var confirmed = false
