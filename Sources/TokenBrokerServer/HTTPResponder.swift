@@ -42,18 +42,27 @@ public final class HTTPResponder: HTTPResponding {
     /// The responder of a deferred answer holds one of the server's waiting places
     /// (`WaitingPlaces`) until its wait ends; one made for a streamed answer holds none.
     private let holdsWaitingPlace: Bool
+    /// The request is a HEAD: an answer written straight to the socket says its body's length
+    /// and sends none (`HTTPServer.completed`).
+    let answersHead: Bool
     /// The connection's place among the server's suspended ones, or -1 when it is not
     /// suspended. Changed only under the server's lock of suspended connections; read without
     /// it too, so that finishing a request can skip that lock when the connection was resumed.
     let suspendedSlot = Atomic<Int>(-1)
 
-    /// - Parameter holdsWaitingPlace: the server took one of its waiting places for this
-    ///   request, which the responder gives back when the wait ends.
-    init(connection: OpaquePointer, fd: Int32, server: HTTPServer, holdsWaitingPlace: Bool = false) {
+    /// - Parameters:
+    ///   - holdsWaitingPlace: the server took one of its waiting places for this request, which
+    ///     the responder gives back when the wait ends.
+    ///   - answersHead: the request is a HEAD.
+    init(
+        connection: OpaquePointer, fd: Int32, server: HTTPServer, holdsWaitingPlace: Bool = false,
+        answersHead: Bool = false
+    ) {
         self.connection = connection
         self.fd = fd
         self.server = server
         self.holdsWaitingPlace = holdsWaitingPlace
+        self.answersHead = answersHead
     }
 
     /// Answers the suspended request and resumes its connection.
@@ -139,7 +148,8 @@ public final class HTTPResponder: HTTPResponding {
     }
 
     /// The client went away while suspended: free what waits for it, then let libmicrohttpd
-    /// close the connection; a client that only half-closed still reads the answer.
+    /// close the connection; a client that only half-closed still reads the answer (through
+    /// libmicrohttpd, or when it closes the connection first, straight: `HTTPServer.completed`).
     func clientHungUp() {
         let ended = phase.withLock { phase -> Waiting? in
             guard case .waiting(let waiting) = phase else { return nil }

@@ -428,7 +428,9 @@ public final class HTTPServer: @unchecked Sendable {
                 query: HTTPFields(connection, .GET_ARGUMENT_KIND), headers: HTTPFields(connection, .HEADER_KIND),
                 body: state?.body ?? [], bodyTooLarge: state?.tooLarge ?? false)
         }
-        return reply(handler.handle(request), path: request.path, connection, streaming: false) {
+        return reply(
+            handler.handle(request), path: request.path, head: request.method == "HEAD", connection, streaming: false
+        ) {
             RequestState.attach(to: requestContext)
         }
     }
@@ -483,7 +485,8 @@ public final class HTTPServer: @unchecked Sendable {
     /// back when the wait ends (`HTTPResponder.waitEnded`); with none free, it is refused at once
     /// (`ServerRefusal.tooManyWaiting`), and its `start` never runs.
     private func reply(
-        _ reply: HTTPReply, path: String, _ connection: OpaquePointer, streaming: Bool, state: () -> RequestState
+        _ reply: HTTPReply, path: String, head: Bool, _ connection: OpaquePointer, streaming: Bool,
+        state: () -> RequestState
     ) -> MHD_Result {
         switch reply {
         case .response(let response):
@@ -505,7 +508,7 @@ public final class HTTPServer: @unchecked Sendable {
             // one the server refuses to suspend below), whichever comes first.
             let responder = HTTPResponder(
                 connection: connection, fd: CMicroHTTPD_connection_fd(connection), server: self,
-                holdsWaitingPlace: true)
+                holdsWaitingPlace: true, answersHead: head)
             let state = state()
             state.responder = responder
             state.bodyStream?.attach(
@@ -556,7 +559,9 @@ public final class HTTPServer: @unchecked Sendable {
             Self.clock(of: connection)?.requestArrived()
             state.bodyStream = body
             request.bodyStream = body
-            return reply(handler.handle(request), path: request.path, connection, streaming: true) { state }
+            return reply(
+                handler.handle(request), path: request.path, head: request.method == "HEAD", connection, streaming: true
+            ) { state }
         }
     }
 
@@ -629,6 +634,16 @@ public final class HTTPServer: @unchecked Sendable {
             // Normally resumed (and so forgotten) already; the lock is taken only when not.
             if responder.suspendedSlot.load(ordering: .relaxed) >= 0 {
                 suspended.withLock { _ = $0.remove(responder) }
+            }
+            // An answer given while the request waited and never queued: libmicrohttpd 0.9.75
+            // takes a resumed connection as ready to read and reads it before it asks for the
+            // answer (unless the connection is its daemon's idle longest, which it looks at
+            // first), and on a client's half-close (the end of its side: `clientHungUp`'s
+            // `clientClosed` answer, or any answer given as it half-closed) closes the connection
+            // instead. Its socket is still open here: the answer goes to it straight, as
+            // libmicrohttpd would have written it on a connection it then closes.
+            if let answer = responder.takeAnswer(), answer.stream == nil {
+                DirectAnswer(answer, withBody: !responder.answersHead).send(to: responder.fd)
             }
             responder.connectionClosed()
         }

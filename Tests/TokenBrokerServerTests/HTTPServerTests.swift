@@ -328,6 +328,50 @@ struct HTTPServerTests {
         #expect(closed.withLock { $0 } == 1)
     }
 
+    /// The same beside other kept-alive connections that finished a request, every time, for
+    /// GET and HEAD. libmicrohttpd 0.9.75 takes a resumed connection as ready to read, and reads
+    /// the half-close's end (and closes the connection) before it asks for the answer, unless the
+    /// connection is the one of its daemon idle longest (then the answer comes first): with
+    /// another connection there, the answer was lost, and now goes straight to the socket.
+    @Test(arguments: Polling.allCases) func aHalfClosedClientBesideKeptAliveConnectionsReadsTheAnswerEveryTime(
+        _ polling: Polling
+    ) async throws {
+        let handler = TestHandler.deferring("/wait")
+        // One daemon on its own threads, so that every wait shares it with the kept connections.
+        let server = try startServer(handler, polling) { $0.threads = 1 }
+        defer { server.shutDown(grace: .zero) }
+        var kept: [TestHTTPClient] = []
+        for _ in 0..<4 {
+            let client = try TestHTTPClient(port: server.port)
+            try client.send("GET /now HTTP/1.1\r\nHost: t\r\n\r\n")
+            #expect(try client.readResponse().text == "ok")
+            kept.append(client)
+        }
+
+        var unanswered: [String] = []
+        for round in 1...20 {
+            let method = round % 2 == 0 ? "HEAD" : "GET"
+            let client = try TestHTTPClient(port: server.port)
+            try client.send("\(method) /wait HTTP/1.1\r\nHost: t\r\n\r\n")
+            #expect(await eventually { handler.deferred.count == round })
+            client.closeSending()
+            do {
+                let response = try method == "HEAD" ? client.readHead() : client.readResponse()
+                #expect(response.status == 503 && response.header("Content-Length") == "13")
+                if method == "GET" { #expect(response.text == "client closed") }
+                if method == "HEAD" { #expect(client.isClosedByServer(), "no body follows the head") }
+            } catch {
+                unanswered.append("round \(round) (\(method)): \(error)")
+            }
+        }
+        #expect(unanswered.isEmpty, "\(unanswered.count) of 20 half-closed clients read no answer: \(unanswered)")
+        #expect(await eventually { server.inFlight == 0 && server.waitingRequests == 0 })
+        for client in kept {
+            try client.send("GET /now HTTP/1.1\r\nHost: t\r\n\r\n")
+            #expect(try client.readResponse().text == "ok", "the kept connections stay served")
+        }
+    }
+
     // MARK: - Waiting places
 
     /// Seven eighths of the connection limit may wait (14 of 16); the next request that would

@@ -199,3 +199,40 @@ def test_the_waiting_metrics_are_valid_prometheus_text(broker):
     checked = subprocess.run([path, "check", "metrics"], input=families + "\n", capture_output=True, text=True,
                              timeout=60)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_a_client_that_half_closes_its_long_poll_reads_503_client_closed_beside_kept_alive_connections():
+    """README: a client that closes its side (`shutdown(SHUT_WR)`) while its request waits still
+    reads the 503 `client_closed`. libmicrohttpd 0.9.75 takes a resumed connection as ready to
+    read, and reads the half-close's end (then closes the connection) before it asks for the
+    answer, unless the connection is the one its daemon has had idle longest: with another
+    kept-alive connection that had finished a /token on the same daemon, the answer was lost.
+    Twenty rounds beside four kept connections (so that every daemon of the listener likely has
+    one); each must read the 503, and the kept connections stay served."""
+    with Broker({"maxWaitSec": 600}) as broker:
+        version = broker.get_json("/token")[0]["version"]
+        kept = []
+        try:
+            for _ in range(4):
+                connection = open_request(broker, "/token")
+                assert read_answer(connection)[0] == 200
+                kept.append(connection)
+            unanswered = []
+            for round_ in range(20):
+                with open_request(broker, f"/token/ready?after={version}&timeout=30") as poll:
+                    assert wait_until(lambda: broker.metric("token_broker_longpoll_waiters", provider="default") == 1)
+                    poll.shutdown(socket.SHUT_WR)
+                    try:
+                        status, _, body = read_answer(poll)
+                    except (ConnectionError, http.client.HTTPException, OSError) as error:
+                        unanswered.append(f"round {round_}: {error!r}")
+                    else:
+                        assert status == 503 and json.loads(body)["error"] == "client_closed", (status, body)
+                assert wait_until(lambda: broker.metric("token_broker_longpoll_waiters", provider="default") == 0)
+            assert not unanswered, f"{len(unanswered)} of 20 half-closed long-polls read no answer: {unanswered}"
+            for connection in kept:
+                connection.sendall(b"GET /token HTTP/1.1\r\nHost: x\r\nToken-Broker-Request: true\r\n\r\n")
+                assert read_answer(connection)[0] == 200
+        finally:
+            for connection in kept:
+                connection.close()
