@@ -406,6 +406,9 @@ public final class HTTPServer: @unchecked Sendable {
             guard park(responder, connection) else {
                 return responder.takeAnswer().map { queue($0, on: connection, responder) } ?? CMicroHTTPD_no()
             }
+            // Its body is whole: a hang-up from now on is the client closing its side while it
+            // waits, as for any deferred answer (a half-close reads the `clientClosed` answer).
+            watcher.watch(responder.fd, responder)
             if responder.hasAnswer { resume(responder) }
             return CMicroHTTPD_yes()
         }

@@ -372,6 +372,51 @@ struct HTTPServerTests {
         }
     }
 
+    /// A request under the streaming prefix (a proxied one) whose body is whole and whose answer
+    /// is not ready waits as a deferred one does: a half-close there reads the handler's
+    /// `refusal(.clientClosed)` and the wait's cleanup runs, beside a kept-alive connection too.
+    /// It was not watched: the client read nothing until the answer came.
+    @Test(arguments: Polling.allCases) func aHalfClosedClientWhoseStreamedRequestWaitsReadsTheClientClosedAnswer(
+        _ polling: Polling
+    ) async throws {
+        let responders = Lock<[any HTTPResponding]>([])
+        let closed = Lock<Int>(0)
+        let handler = TestHandler(
+            responders: responders,
+            answer: { _ in
+                .deferred { responder in
+                    responder.onClose { closed.withLock { $0 += 1 } }
+                    responders.withLock { $0.append(responder) }
+                }
+            }, begin: { _ in .stream(HTTPRequestBodyStream(limit: 1 << 20)) })
+        let server = try startServer(handler, polling) {
+            $0.streamingPrefix = "/up/"
+            $0.threads = 1
+        }
+        defer { server.shutDown(grace: .zero) }
+        let kept = try TestHTTPClient(port: server.port)
+        try kept.send("POST /up/now HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n")
+        #expect(await eventually { handler.deferred.count == 1 })
+        handler.deferred[0].respond(TestHandler.text(200, "ok"))
+        #expect(try kept.readResponse().text == "ok")
+
+        for round in 2...5 {
+            let client = try TestHTTPClient(port: server.port)
+            try client.send("POST /up/wait HTTP/1.1\r\nHost: t\r\nContent-Length: 4\r\n\r\nbody")
+            #expect(await eventually { handler.deferred.count == round && server.waitingRequests == 1 })
+            // The body read to its end, and the connection suspended for the answer.
+            #expect(await eventually { server.inFlight == 1 })
+            client.closeSending()
+            let response = try client.readResponse()
+            #expect(response.status == 503 && response.text == "client closed", "round \(round)")
+            #expect(await eventually { closed.withLock { $0 } == round - 1 && server.inFlight == 0 })
+        }
+        try kept.send("POST /up/now HTTP/1.1\r\nHost: t\r\nContent-Length: 0\r\n\r\n")
+        #expect(await eventually { handler.deferred.count == 6 })
+        handler.deferred[5].respond(TestHandler.text(200, "still ok"))
+        #expect(try kept.readResponse().text == "still ok", "the kept connection stays served")
+    }
+
     // MARK: - Waiting places
 
     /// Seven eighths of the connection limit may wait (14 of 16); the next request that would
