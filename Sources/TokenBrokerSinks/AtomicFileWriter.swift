@@ -31,7 +31,8 @@ import TokenBrokerCrypto
 /// link or a file at the path is replaced by the rename, never followed or written through; a
 /// directory at the path makes the rename fail, and the write with it. The token goes only into
 /// the file this writer created. What such a writer can still do is replace or remove the file
-/// between writes (or the temporary file before its rename): `replacementProblem()` says so.
+/// between writes (or the temporary file before its rename), or put a directory at the path:
+/// `replacementProblem()` says so.
 ///
 /// A writer that another replaces (a reload gives a token file a writer of its own) is
 /// retired (`retire(waitingAtMost:)`): from then on its writes are abandoned before their
@@ -221,8 +222,9 @@ public final class AtomicFileWriter: Sendable {
 
     /// Why the path no longer holds the file this writer last renamed there, or nil while it
     /// does (or before the first write): since that write, a writer of the directory removed it,
-    /// or replaced it with a file, a link or a directory of their own, which readers of the path
-    /// now read. Looked up through the directory's descriptor, without following a link. A write
+    /// or replaced it with a file or a link of their own, which readers of the path now read.
+    /// Whatever the writes, a directory at the path is a problem too, since no write can replace
+    /// it. Looked up through the directory's descriptor, without following a link. A write
     /// under way is no replacement; nor is anything once the writer is retired
     /// (`retire(waitingAtMost:)`), since the file is then its successor's to write.
     public func replacementProblem() -> String? {
@@ -230,11 +232,16 @@ public final class AtomicFileWriter: Sendable {
         // judged against a gate seen unchanged across the look, tried a few times.
         func look(_ gate: Gate) -> (FileID?, FileID?) { (gate.retired ? nil : gate.written?.id, gate.landing) }
         for _ in 0..<3 {
-            let before = gate.withLock { look($0) }
-            guard let written = before.0 else { return nil }
+            let (retired, before) = gate.withLock { ($0.retired, look($0)) }
+            guard !retired else { return nil }
             var status = stat()
             let found = fstatat(directory.descriptor, name, &status, AT_SYMLINK_NOFOLLOW) == 0
             let code = errno
+            if found, status.st_mode & S_IFMT == S_IFDIR {
+                return "the token file \(path) is a directory (made by a writer of its directory), which no write "
+                    + "can replace: each write fails, and is tried again, until it is removed"
+            }
+            guard let written = before.0 else { return nil }
             let after = gate.withLock { look($0) }
             guard before == after else { continue }
             guard found else {

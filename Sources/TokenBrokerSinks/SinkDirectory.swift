@@ -32,10 +32,11 @@ import TokenBrokerCore
 /// Opened trusting its writers (`SinkConfiguration.trustDirectoryWriters`, for a Kubernetes
 /// `emptyDir` shared by a pod's containers, mode 0777), others may write the directory and
 /// the directories above it, by their mode or by an ACL entry: those two checks, and only
-/// those, become notes (`otherWriters`) that the broker logs as a warning. Every other check
-/// stays, and so does the way each write is made (`AtomicFileWriter`): a new file created
-/// exclusively, never following a link, written through the descriptor opened here and renamed
-/// over the path.
+/// those, become notes (`otherWriters`) that the broker logs as a warning; and since any of
+/// those writers can make a directory at the file's path, that is a warning too
+/// (`plantedEntry(for:)`), not a refusal (`fileProblem(for:)`). Every other check stays, and so
+/// does the way each write is made (`AtomicFileWriter`): a new file created exclusively, never
+/// following a link, written through the descriptor opened here and renamed over the path.
 public final class SinkDirectory: Sendable {
     /// The directory as the configuration names it, for messages.
     public let path: String
@@ -122,7 +123,9 @@ public final class SinkDirectory: Sendable {
     /// Why the file `path` (in this directory) cannot be a token file, or nil: its name, and the
     /// name of each temporary file a write makes beside it, must fit the directory's file system
     /// (NAME_MAX, 255 bytes, on most), or every write would fail; and it must not be a
-    /// directory, which no rename can replace.
+    /// directory, which no rename can replace, unless the directory was opened trusting its
+    /// writers: any of them could make one there, and so stop every start and reload; such a
+    /// directory is then a warning (`plantedEntry(for:)`), and each write fails until it is gone.
     public func fileProblem(for path: String) -> String? {
         let name = AtomicFileWriter.fileName(of: path)
         let limit = fpathconf(descriptor, Int32(_PC_NAME_MAX))
@@ -137,12 +140,42 @@ public final class SinkDirectory: Sendable {
                 + "most \(longest) (the directory's file system allows no longer names): a shorter file name"
         }
         var existing = stat()
-        if fstatat(descriptor, name, &existing, AT_SYMLINK_NOFOLLOW) == 0,
+        if !trustsWriters, fstatat(descriptor, name, &existing, AT_SYMLINK_NOFOLLOW) == 0,
             existing.st_mode & S_IFMT == S_IFDIR
         {
             return "\(path) is a directory; allowed: the path of a file (it is created if missing)"
         }
         return nil
+    }
+
+    /// What is at the file `path` (in this directory) when it is not a file and the directory
+    /// was opened trusting its writers, one of whom may have put it there, as a warning; else
+    /// nil. A directory makes each write fail until it is removed; anything else (a symbolic
+    /// link, a FIFO, a socket) the first write replaces, never following or opening it.
+    public func plantedEntry(for path: String) -> String? {
+        var existing = stat()
+        guard trustsWriters,
+            fstatat(descriptor, AtomicFileWriter.fileName(of: path), &existing, AT_SYMLINK_NOFOLLOW) == 0,
+            existing.st_mode & S_IFMT != S_IFREG
+        else { return nil }
+        guard existing.st_mode & S_IFMT == S_IFDIR else {
+            return "\(path) is \(Self.kind(of: existing)), not a file: the first write replaces it"
+        }
+        return "\(path) is a directory, which no write can replace: each write fails, is logged, counted and "
+            + "tried again, and /readyz reports the file not ready, until it is removed"
+    }
+
+    /// What `status` is, as a noun for messages: `a file`, `a directory`, `a symbolic link`, …
+    static func kind(of status: stat) -> String {
+        switch status.st_mode & S_IFMT {
+        case S_IFREG: return "a file"
+        case S_IFDIR: return "a directory"
+        case S_IFLNK: return "a symbolic link"
+        case S_IFIFO: return "a FIFO"
+        case S_IFSOCK: return "a socket"
+        case S_IFCHR, S_IFBLK: return "a device"
+        default: return "a special file"
+        }
     }
 
     /// Why no file can be made in this directory, or nil when one can: a probe file,

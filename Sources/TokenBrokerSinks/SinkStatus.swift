@@ -25,8 +25,8 @@ public struct SinkStatus: Sendable, Equatable {
     /// since start: `SinkDirectory.replacementProblem()`), looked at when the status is read.
     public var directoryProblem: String?
     /// Why readers of the path do not read the file last written (a writer of the directory
-    /// removed or replaced it since: `AtomicFileWriter.replacementProblem()`), looked at when the
-    /// status is read.
+    /// removed or replaced it since, or put a directory in its place:
+    /// `AtomicFileWriter.replacementProblem()`), looked at when the status is read.
     public var fileProblem: String?
 
     /// Why readers of the path do not read what the broker wrote, or nil: the directory's problem

@@ -71,8 +71,10 @@ extension Broker {
     /// A sink with `trustDirectoryWriters` has its directory opened trusting its writers (others
     /// may write it and the directories above it, by their mode or an ACL entry); once every
     /// directory is open, each such sink is logged as a warning, naming its directory and what
-    /// others may write there. Start, `--check-config` and each reload call this, so each says it.
-    /// Without it, a problem the trust would lift names it.
+    /// others may write there, and so is whatever is at its path that is not a file
+    /// (`SinkDirectory.plantedEntry(for:)`): a directory there, which any writer of the directory
+    /// can make, does not refuse it. Start, `--check-config` and each reload call this, so each
+    /// says it. Without it, a problem the trust would lift names it.
     static func openSinkDirectories(_ configuration: BrokerConfiguration) -> Result<[SinkDirectory], ConfigurationError>
     {
         var directories: [SinkDirectory] = []
@@ -123,6 +125,12 @@ extension Broker {
                     "writable_by_others": directory.otherWriters.isEmpty
                         ? "nothing now" : directory.otherWriters.joined(separator: "; "),
                 ])
+            if let planted = directory.plantedEntry(for: sink.path) {
+                Log.warning(
+                    "token file path holds no file; in a directory whose writers are trusted, any of them may have "
+                        + "put it there",
+                    ["sink": "sinks[\(index)]", "path": sink.path, "problem": planted])
+            }
         }
         return .success(directories)
     }

@@ -150,13 +150,52 @@ import TokenBrokerTestSupport
 
     @Test func aDirectoryPlantedAtThePathFailsTheWriteAndLeavesNothingElsewhere() throws {
         let (directory, shared) = try sharedDirectory()
+        let path = shared + "/token"
         let writer = try trustedWriter(shared)
         #expect(writer.write(Array("token-1".utf8)).failed == nil)
-        #expect(unlink(shared + "/token") == 0 && mkdir(shared + "/token", 0o777) == 0)
+        #expect(unlink(path) == 0 && mkdir(path, 0o777) == 0)
         let error = writer.write(Array("token-2".utf8)).failed
         #expect(error?.call == "rename" && error?.code == EISDIR, "\(String(describing: error))")
-        #expect(entries(shared) == ["token"] && entries(shared + "/token").isEmpty, "no temporary file is left")
-        #expect(writer.replacementProblem()?.contains("was replaced since the broker wrote it") == true)
+        #expect(entries(shared) == ["token"] && entries(path).isEmpty, "no temporary file is left")
+        let blocked =
+            "the token file \(path) is a directory (made by a writer of its directory), which no write can replace: "
+            + "each write fails, and is tried again, until it is removed"
+        #expect(writer.replacementProblem() == blocked, "not a file readers read until the next write: none lands")
+        #expect(try trustedWriter(shared).replacementProblem() == blocked, "reported before any write too")
+        #expect(rmdir(path) == 0 && writer.write(Array("token-3".utf8)).failed == nil)
+        #expect(writer.replacementProblem() == nil)
+        withExtendedLifetime(directory) {}
+    }
+
+    @Test func whatAWriterOfTheDirectoryPutsAtThePathIsAWarningNotARefusalWhenTrusted() throws {
+        let (directory, shared) = try sharedDirectory()
+        let path = shared + "/token"
+        let trusted = try SinkDirectory.open(shared, trustingWriters: true).get()
+        #expect(trusted.fileProblem(for: path) == nil && trusted.plantedEntry(for: path) == nil, "nothing there")
+        try "theirs".write(toFile: path, atomically: false, encoding: .utf8)
+        #expect(trusted.plantedEntry(for: path) == nil, "a file, which the first write replaces, is no news")
+        #expect(unlink(path) == 0 && mkdir(path, 0o777) == 0)
+        // Any writer of the directory can make it: it must not stop every start and reload.
+        #expect(trusted.fileProblem(for: path) == nil)
+        #expect(SinkDirectory.problem(for: path, trustingWriters: true) == nil)
+        #expect(
+            trusted.plantedEntry(for: path)
+                == "\(path) is a directory, which no write can replace: each write fails, is logged, counted and tried "
+                + "again, and /readyz reports the file not ready, until it is removed")
+        #expect(rmdir(path) == 0 && mkfifo(path, 0o666) == 0)
+        #expect(trusted.fileProblem(for: path) == nil)
+        #expect(trusted.plantedEntry(for: path) == "\(path) is a FIFO, not a file: the first write replaces it")
+        #expect(unlink(path) == 0 && symlink("/etc/hostname", path) == 0)
+        #expect(
+            trusted.plantedEntry(for: path) == "\(path) is a symbolic link, not a file: the first write replaces it")
+
+        // Not trusted, only its owner or root could have made a directory there: refused as before.
+        #expect(unlink(path) == 0 && mkdir(path, 0o700) == 0 && chmod(shared, 0o700) == 0)
+        let own = try SinkDirectory.open(shared).get()
+        #expect(
+            own.fileProblem(for: path)
+                == "\(path) is a directory; allowed: the path of a file (it is created if missing)")
+        #expect(own.plantedEntry(for: path) == nil)
         withExtendedLifetime(directory) {}
     }
 

@@ -10,6 +10,7 @@ import os
 import re
 import stat
 import struct
+import subprocess
 import threading
 import time
 from urllib.parse import quote
@@ -880,7 +881,8 @@ def test_a_file_another_writer_removes_replaces_or_blocks_shows_in_readyz_and_is
         renewed = refresh(broker, current["version"])
         assert wait_until(lambda: sink_writes(broker, success=False) >= 1, timeout=10)
         status, sink = readyz()
-        assert status == 503 and "was replaced" in sink["problem"] and "Is a directory" in sink["last_error"], sink
+        assert status == 503 and "Is a directory" in sink["last_error"], sink
+        assert f"{path} is a directory (made by a writer of its directory), which no write can replace" in sink["problem"]
         assert any(str(path) in line and "level=error" in line and "Is a directory" in line
                    for line in broker.stderr().splitlines()), broker.stderr()
         assert sorted(os.listdir(directory)) == ["t.token"] and os.listdir(path) == [], "nothing written elsewhere"
@@ -917,3 +919,78 @@ def test_a_reload_checks_and_warns_about_a_trusted_directory_as_start_does(tmp_k
         assert status == 422, document
         renewed = refresh(broker, broker.get_json("/token")[0]["version"])
         assert wait_until(lambda: read(path) == renewed["access_token"], timeout=10)
+
+
+# What other users can do in a trusted directory, as real other users: user 4242, in the
+# directory's group (4343) only, reaching it through a descriptor the test opens (the folders
+# above are the test's own, which that user may not enter).
+
+OTHER_USER = 4242
+
+
+def as_other_writer(directory, script):
+    """Runs the shell `script` as user 4242 in group 4343 only, with `$D` naming the directory
+    (`/dev/fd/N`, a descriptor the test opened); its exit status must be 0."""
+    if os.geteuid() != 0:
+        pytest.skip("only root can act as another user")
+    descriptor = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        result = subprocess.run(
+            ["sh", "-c", script], user=OTHER_USER, group=OTHER_GROUP, extra_groups=[], pass_fds=(descriptor,),
+            env={"PATH": "/usr/bin:/bin", "D": f"/dev/fd/{descriptor}"}, capture_output=True, text=True, timeout=30)
+    finally:
+        os.close(descriptor)
+    assert result.returncode == 0, result.stderr
+
+
+def readyz_sink(broker):
+    status, _, body = broker.request("GET", "/readyz", listener="admin")
+    return status, json.loads(body)["sinks"][0]
+
+
+def test_a_directory_another_user_makes_at_a_trusted_path_stops_neither_start_nor_reload(tmp_key, tmp_path):
+    """Anyone who may write a trusted directory can make a directory at the token file's path.
+    Were that refused, as in a directory only the broker's user or root can write, they could
+    stop every start (a crash loop in a pod) and every reload: it is a warning instead. Each
+    write fails, is logged, counted and tried again, and /readyz says why, until it is gone."""
+    directory, _ = shared_directory(tmp_path, "2777 with a group")
+    path = directory / "t.token"
+    as_other_writer(directory, 'mkdir "$D/t.token"')
+    provider = signer(tmp_key)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"providers": [provider], "sinks": [trusted_sink(path)]}))
+    planted = f"{path} is a directory, which no write can replace"
+
+    def planted_warnings(text):
+        return [line for line in text.splitlines()
+                if "level=warn" in line and "token file path holds no file" in line and planted in line]
+
+    result = run_broker("--check-config", "--config", str(config))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert len(planted_warnings(result.stderr)) == 1, result.stderr
+    with Broker({"providers": [provider], "sinks": [trusted_sink(path)]}) as broker:
+        assert len(planted_warnings(broker.stderr())) == 1, broker.stderr()
+        assert wait_until(lambda: sink_writes(broker, success=False) >= 1, timeout=20)
+        status, sink = readyz_sink(broker)
+        assert status == 503 and not sink["ready"] and "Is a directory" in sink["last_error"], sink
+        assert sink["problem"] == (
+            f"the token file {path} is a directory (made by a writer of its directory), which no write can "
+            "replace: each write fails, and is tried again, until it is removed"), sink
+        # A reload that changes something else is taken, and warns again.
+        from test_reload import post_reload, rewrite
+        rewrite(broker, {"providers": [signer(tmp_key, tokenRefreshDelaySec=30)], "sinks": [trusted_sink(path)]})
+        status, document = post_reload(broker)
+        assert status == 200, document
+        assert len(planted_warnings(broker.stderr())) == 2, broker.stderr()
+        assert os.listdir(path) == [], "nothing written into it"
+        # A write's temporary file lives until its rename fails: none stays.
+        assert wait_until(lambda: sorted(os.listdir(directory)) == ["t.token"], timeout=10)
+        as_other_writer(directory, 'rmdir "$D/t.token"')
+        assert wait_until(lambda: read(path) == broker.get_json("/token")[0]["access_token"], timeout=30)
+        assert wait_until(lambda: readyz_sink(broker)[0] == 200, timeout=10)
+
+    # Where only the broker's user or root may write, only they could have made it: still refused.
+    own = tmp_path / "own"
+    own.mkdir(mode=0o700)
+    (own / "t.token").mkdir()
+    refused(write_sink_config(tmp_path, own / "t.token"), "is a directory; allowed: the path of a file")

@@ -50,11 +50,13 @@ public struct SinkConfiguration: Sendable, Equatable {
     /// Default false.
     ///
     /// Only the checks that others cannot write those directories (by their mode, or an ACL
-    /// entry) are lifted; every other one stays: their owners, the links on the way, no default
-    /// ACL, no file the broker reads, and how each write is made (`AtomicFileWriter`). Whoever
-    /// can write the directory can still replace or remove the file between two writes, which
-    /// `/readyz` then reports until the broker writes it again. The broker logs a warning for
-    /// each such sink at start, at `--check-config` and at each reload.
+    /// entry) are lifted, and a directory at the file's path, which any of them could make, is a
+    /// warning rather than a refusal; every other check stays: their owners, the links on the
+    /// way, no default ACL, no file the broker reads, and how each write is made
+    /// (`AtomicFileWriter`). Whoever can write the directory can still replace or remove the file
+    /// between two writes, which `/readyz` then reports until the broker writes it again, or put
+    /// a directory at its path, which fails every write until it is removed. The broker logs a
+    /// warning for each such sink at start, at `--check-config` and at each reload.
     public var trustDirectoryWriters: Bool
 
     /// The default `mode`.
