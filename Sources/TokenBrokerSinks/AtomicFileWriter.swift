@@ -8,10 +8,10 @@ import TokenBrokerCrypto
 /// Every call goes through the descriptor of the file's directory (`SinkDirectory`), opened
 /// once at start, never through the directory's path: a directory renamed or replaced later
 /// cannot redirect a write. Each `write`:
-/// 1. creates a temporary file beside the target with `openat(O_WRONLY | O_CREAT | O_EXCL |
+/// 1. creates a temporary file beside the target with `openat(O_RDWR | O_CREAT | O_EXCL |
 ///    O_CLOEXEC | O_NOFOLLOW, mode)`: a new file, never one that was there (not even a symbolic
 ///    link planted at its name), whose mode is at most `mode` from its first moment (the umask
-///    can only narrow it);
+///    can only narrow it); readable, so that the writer can read it back (`replacementProblem()`);
 /// 2. sets the mode to exactly `mode` with `fchmod` (undoing what the umask took away);
 /// 3. writes every byte (short writes continued, `EINTR` retried), then `fsync`s and closes it;
 /// 4. `renameat`s it over the target, which readers then see whole, in one step;
@@ -31,7 +31,8 @@ import TokenBrokerCrypto
 /// link or a file at the path is replaced by the rename, never followed or written through; a
 /// directory at the path makes the rename fail, and the write with it. The token goes only into
 /// the file this writer created. What such a writer can still do is replace or remove the file
-/// between writes (or the temporary file before its rename), or put a directory at the path:
+/// between writes (or the temporary file before its rename), or put a directory at the path;
+/// and whoever may write the file (its group, with mode 0660) can change it in place:
 /// `replacementProblem()` says so.
 ///
 /// A writer that another replaces (a reload gives a token file a writer of its own) is
@@ -69,19 +70,14 @@ public final class AtomicFileWriter: Sendable {
     private struct Gate {
         var retired = false
         var renaming = false
-        /// The file the last successful write renamed over the path, and a descriptor of it,
-        /// held until the next one replaces it (or `deinit`), so that its inode cannot be reused.
-        var written: (id: FileID, descriptor: Int32)?
+        /// The file the last successful write renamed over the path (or a copy of it that
+        /// `replacementProblem()` took in its place), its descriptor held until another replaces
+        /// it (or `deinit`), so that its inode cannot be reused.
+        var written: HeldFile?
         /// The file a rename under way puts at the path.
         var landing: FileID?
-    }
-
-    /// A file by its device and inode.
-    private struct FileID: Equatable {
-        let device: UInt64
-        let inode: UInt64
-
-        init(_ status: stat) { (device, inode) = (UInt64(status.st_dev), UInt64(status.st_ino)) }
+        /// Counts the changes of `written`: a look at the path made while it changed is made again.
+        var changes: UInt64 = 0
     }
 
     /// Temporary names tried before a write gives up, when names are already taken.
@@ -180,6 +176,7 @@ public final class AtomicFileWriter: Sendable {
         guard fchmod(fd, mode_t(mode)) == 0 else { return fail(.system("fchmod", temporaryPath, errno)) }
         var created = stat()
         guard fstat(fd, &created) == 0 else { return fail(.system("fstat", temporaryPath, errno)) }
+        let digest = HeldFile.digest(of: bytes)
         if let error = Self.writeAll(bytes, to: fd, path: temporaryPath) { return fail(error) }
         if let error = Self.sync(fd, path: temporaryPath) { return fail(error) }
         // Held while the file is the one written (`Gate.written`): an inode number is reused once
@@ -193,11 +190,11 @@ public final class AtomicFileWriter: Sendable {
             _ = Glibc.close(held)
             return fail(.system("close", temporaryPath, code))
         }
-        let written = FileID(created)
+        let written = HeldFile(created, descriptor: held, size: bytes.count, digest: digest)
         let admitted = gate.withLock { gate in
             guard !gate.retired else { return false }
             gate.renaming = true
-            gate.landing = written
+            gate.landing = written.id
             return true
         }
         guard admitted else {
@@ -210,7 +207,10 @@ public final class AtomicFileWriter: Sendable {
             gate.renaming = false
             gate.landing = nil
             guard renamed else { return held }
-            defer { gate.written = (written, held) }
+            defer {
+                gate.written = written
+                gate.changes &+= 1
+            }
             return gate.written?.descriptor
         }
         // The file written before, or this one when its rename failed: a descriptor only held, only closed.
@@ -220,43 +220,139 @@ public final class AtomicFileWriter: Sendable {
         return .success(())
     }
 
-    /// Why the path no longer holds the file this writer last renamed there, or nil while it
-    /// does (or before the first write): since that write, a writer of the directory removed it,
-    /// or replaced it with a file or a link of their own, which readers of the path now read.
-    /// Whatever the writes, a directory at the path is a problem too, since no write can replace
-    /// it. Looked up through the directory's descriptor, without following a link. A write
-    /// under way is no replacement; nor is anything once the writer is retired
+    /// Why readers of the path do not read what this writer last wrote there, or nil while they
+    /// do (or before the first write): since that write, a writer of the directory removed the
+    /// file, or replaced it with a file, a link or anything else of their own; or whoever may
+    /// write the file (its group, with mode 0660) changed its contents in place. Whatever the
+    /// writes, a directory at the path is a problem too, since no write can replace it. Looked up
+    /// through the directory's descriptor, without following a link.
+    ///
+    /// A file made as this writer's was (the same owner, group, mode and size: another writer of
+    /// the same file, such as a second broker, which only the broker's user or root can make)
+    /// that holds exactly what this writer wrote last is no problem: readers read the same. It is
+    /// taken as the file from then on (`HeldFile.copy`), and is not written again. A write under
+    /// way is no replacement; nor is anything once the writer is retired
     /// (`retire(waitingAtMost:)`), since the file is then its successor's to write.
     public func replacementProblem() -> String? {
-        // A write may land between the look at the gate and the look at the path: the path is
-        // judged against a gate seen unchanged across the look, tried a few times.
-        func look(_ gate: Gate) -> (FileID?, FileID?) { (gate.retired ? nil : gate.written?.id, gate.landing) }
+        // A write may land while the path is looked at: the path is judged against a gate seen
+        // unchanged across the look, tried a few times.
         for _ in 0..<3 {
-            let (retired, before) = gate.withLock { ($0.retired, look($0)) }
-            guard !retired else { return nil }
+            let seen = gate.withLock { Sight($0) }
+            guard !seen.retired else { return nil }
             var status = stat()
             let found = fstatat(directory.descriptor, name, &status, AT_SYMLINK_NOFOLLOW) == 0
             let code = errno
-            if found, status.st_mode & S_IFMT == S_IFDIR {
-                return "the token file \(path) is a directory (made by a writer of its directory), which no write "
-                    + "can replace: each write fails, and is tried again, until it is removed"
+            let verdict: Verdict
+            if !found, code != ENOENT {
+                verdict = .problem(unexaminable(code))
+            } else if !found {
+                verdict = seen.written == nil ? .same : .problem(removed)
+            } else if status.st_mode & S_IFMT == S_IFDIR {
+                verdict = .problem(blocked)
+            } else if let written = seen.written, FileID(status) != seen.landing {
+                verdict = judge(status, against: written, seen: seen)
+            } else {
+                verdict = .same
             }
-            guard let written = before.0 else { return nil }
-            let after = gate.withLock { look($0) }
-            guard before == after else { continue }
-            guard found else {
-                guard code == ENOENT else {
-                    return "the token file \(path) cannot be examined now (\(String(cString: strerror(code))))"
+            // Judged against what the gate held at the start, and a copy taken only while it still holds it.
+            var previous: Int32?
+            let unchanged = gate.withLock { gate -> Bool in
+                guard Sight(gate) == seen else { return false }
+                if case .copy(let copy) = verdict {
+                    previous = gate.written?.descriptor
+                    gate.written = copy
+                    gate.changes &+= 1
                 }
-                return "the token file \(path) was removed since the broker wrote it (by a writer of its directory); "
-                    + "the broker writes it again"
+                return true
             }
-            let current = FileID(status)
-            guard current != written, current != before.1 else { return nil }
-            return "the token file \(path) was replaced since the broker wrote it (by a writer of its directory): "
-                + "readers of the path read another file until the broker writes it again"
+            // Descriptors only held, only closed.
+            if let previous { _ = Glibc.close(previous) }
+            switch verdict {
+            case .same:
+                if unchanged { return nil }
+            case .problem(let problem):
+                if unchanged { return problem }
+            case .copy(let copy):
+                if unchanged { return nil }
+                _ = Glibc.close(copy.descriptor)
+            }
         }
         return nil
+    }
+
+    /// What the gate says at a look at the path; two are equal when nothing changed between them.
+    private struct Sight: Equatable {
+        let retired: Bool
+        let written: HeldFile?
+        let landing: FileID?
+        let changes: UInt64
+
+        init(_ gate: Gate) {
+            (retired, written, landing, changes) = (gate.retired, gate.written, gate.landing, gate.changes)
+        }
+
+        static func == (a: Sight, b: Sight) -> Bool {
+            (a.retired, a.landing, a.changes) == (b.retired, b.landing, b.changes)
+        }
+    }
+
+    /// What a look at the path found.
+    private enum Verdict {
+        /// Readers of the path read what this writer wrote last.
+        case same
+        case problem(String)
+        /// Another writer's copy of it (`HeldFile.copy`), open, to take in its place.
+        case copy(HeldFile)
+    }
+
+    /// The file at the path, `status`, that is not a directory nor the file landing, judged
+    /// against the file written last, as the gate held it when `seen`: the same file unchanged,
+    /// another writer's copy of it, or a problem.
+    private func judge(_ status: stat, against written: HeldFile, seen: Sight) -> Verdict {
+        guard FileID(status) == written.id else {
+            if let copy = HeldFile.copy(of: written, at: name, in: directory.descriptor, status: status) {
+                return .copy(copy)
+            }
+            return .problem(
+                "the token file \(path) was replaced since the broker wrote it (by a writer of its directory), "
+                    + "with \(status.st_mode & S_IFMT == S_IFREG ? "another file" : SinkDirectory.kind(of: status)): "
+                    + "readers of the path read it until the broker writes the file again")
+        }
+        // The file written, read back through a descriptor of its own: a write that replaces the
+        // one held closes it meanwhile, and its number could then name another file.
+        let duplicate = gate.withLock { gate -> (descriptor: Int32, code: Int32)? in
+            guard Sight(gate) == seen, let held = gate.written else { return nil }
+            let descriptor = fcntl(held.descriptor, F_DUPFD_CLOEXEC, 0)
+            return (descriptor, errno)
+        }
+        // Replaced meanwhile: the look is made again.
+        guard let (descriptor, code) = duplicate else { return .same }
+        guard descriptor >= 0 else { return .problem(unexaminable(code)) }
+        defer { _ = Glibc.close(descriptor) }
+        guard let same = written.holdsTheSame(descriptor) else { return .problem(unexaminable(errno)) }
+        guard same || written.digest == nil else {
+            return .problem(
+                "the token file \(path) was changed in place since the broker wrote it (by whoever may write the "
+                    + "file, such as its group when its mode lets the group write): readers of the path read other "
+                    + "contents until the broker writes the file again")
+        }
+        return .same
+    }
+
+    /// The file was removed since the last write.
+    private var removed: String {
+        "the token file \(path) was removed since the broker wrote it (by a writer of its directory); "
+            + "the broker writes it again"
+    }
+
+    /// A directory at the path: no rename replaces it.
+    private var blocked: String {
+        "the token file \(path) is a directory (made by a writer of its directory), which no write can replace: "
+            + "each write fails, and is tried again, until it is removed"
+    }
+
+    private func unexaminable(_ code: Int32) -> String {
+        "the token file \(path) cannot be examined now (\(String(cString: strerror(code))))"
     }
 
     /// Abandons every write from now on before its rename (`FileWriteError.abandoned`; the write
@@ -328,7 +424,10 @@ public final class AtomicFileWriter: Sendable {
             return .system("unlink", path, errno)
         }
         let held = gate.withLock { gate in
-            defer { gate.written = nil }
+            defer {
+                gate.written = nil
+                gate.changes &+= 1
+            }
             return gate.written?.descriptor
         }
         if let held { _ = Glibc.close(held) }
@@ -355,7 +454,7 @@ public final class AtomicFileWriter: Sendable {
             }
             let temporary = temporaryName(number)
             let fd = openat(
-                directory.descriptor, temporary, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode_t(mode))
+                directory.descriptor, temporary, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode_t(mode))
             if fd >= 0 { return .success((temporary, fd)) }
             let code = errno
             lastError = .system("open", inDirectory(temporary), code)

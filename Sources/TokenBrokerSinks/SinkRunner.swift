@@ -20,9 +20,11 @@ import TokenBrokerCrypto
 ///   token. An expired token is never written.
 /// - A failed write is reported, and tried again at the next token, or after `retryDelay` with
 ///   the token then valid, whichever comes first, until one succeeds.
-/// - A file that a writer of its directory removed or replaced since the last write
-///   (`AtomicFileWriter.replacementProblem()`) is written again, with the token then valid, at
-///   the next periodic look (see below); `status()` reports it meanwhile.
+/// - A file that a writer of its directory removed or replaced since the last write, or that a
+///   writer of the file changed in place (`AtomicFileWriter.replacementProblem()`), is written
+///   again, with the token then valid, at the next periodic look (see below); `status()` reports
+///   it meanwhile. Another writer's copy of what it wrote (a second broker with the same token)
+///   is no such problem, and is left as it is.
 /// - Writes block (`open`, `fsync`, `rename`), so they run on a serial queue of the sink's own,
 ///   never on Swift's cooperative pool; the task of `run()` only waits, suspended.
 ///
@@ -115,8 +117,8 @@ public final class SinkRunner<C: Clock>: Sendable where C.Duration == Duration {
                 (token, stale) = (next, isStale)
             case .timedOut, .exhausted:
                 // No newer token: write the current one if the file lacks it (a failed write to
-                // try again, a renewed expiry for `json`, a file removed or replaced by a writer
-                // of the directory); never an expired one.
+                // try again, a renewed expiry for `json`, a file removed, replaced or changed by
+                // another writer); never an expired one.
                 guard case .token(let current, let isStale, _) = provider.read() else { continue }
                 restoring = written != nil && writer.replacementProblem() != nil
                 guard restoring || needsWrite(current, over: written) else { continue }

@@ -24,9 +24,10 @@ public struct SinkStatus: Sendable, Equatable {
     /// Why readers of the path no longer see the file's writes (its directory was replaced
     /// since start: `SinkDirectory.replacementProblem()`), looked at when the status is read.
     public var directoryProblem: String?
-    /// Why readers of the path do not read the file last written (a writer of the directory
-    /// removed or replaced it since, or put a directory in its place:
-    /// `AtomicFileWriter.replacementProblem()`), looked at when the status is read.
+    /// Why readers of the path do not read what was last written (a writer of the directory
+    /// removed or replaced the file since, or put a directory in its place; a writer of the file
+    /// changed it in place: `AtomicFileWriter.replacementProblem()`), looked at when the status
+    /// is read.
     public var fileProblem: String?
 
     /// Why readers of the path do not read what the broker wrote, or nil: the directory's problem
@@ -69,7 +70,8 @@ public struct SinkEvents: Sendable {
         /// Whether this write tried again a token whose write had failed.
         public var isRetry: Bool
         /// Whether this write put the token back into a file that a writer of its directory had
-        /// removed or replaced since the last write (`AtomicFileWriter.replacementProblem()`).
+        /// removed or replaced, or a writer of the file changed, since the last write
+        /// (`AtomicFileWriter.replacementProblem()`).
         public var isRestore = false
     }
 

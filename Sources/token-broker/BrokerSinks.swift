@@ -399,7 +399,8 @@ extension Broker {
                 ])
         } else if write.isRestore {
             Log.warning(
-                "token file written again: a writer of its directory had removed or replaced it since the last write",
+                "token file written again: since the last write, a writer of its directory had removed or replaced"
+                    + " it, or a writer of the file had changed it",
                 [
                     "provider": sink.provider, "path": sink.path, "version": String(write.version),
                     "token": write.fingerprint,

@@ -242,6 +242,45 @@ import TokenBrokerTestSupport
         #expect(runner.status().writes == 4 && runner.status().failures == 0)
     }
 
+    @Test func anotherWritersCopyIsLeftAsItIsAndAFileChangedInPlaceIsWrittenAgainAtTheNextLook() async throws {
+        let directory = try privateDirectory()
+        let path = directory.path("p.token")
+        let (clock, source) = (ManualClock(), ScriptedSource())
+        // A token every 10 s; the runner looks again every 5 s (half the refresh delay).
+        let provider = provider(source, clock, refreshDelay: 10)
+        let writes = Recorder()
+        let runner = try SinkRunner(
+            configuration: SinkConfiguration(provider: "p", path: path, mode: 0o660), provider: provider,
+            events: writes.events)
+        // Another writer of the same file (a second broker sharing the token through a store).
+        let other = try AtomicFileWriter(path: path, mode: 0o660)
+        try await running(provider, runner) {
+            #expect(await eventually { contents(path) == "token-1" && provider.status().waiters == 1 })
+            #expect(other.write(Array("token-1".utf8)).failed == nil)
+            #expect(runner.status().problem == nil, "the other's file holds what the runner wrote")
+            await step(clock, seconds: 5, provider, runnerWaits: true)
+            #expect(writes.all.count == 1, "nothing to write again at the look")
+            await step(clock, seconds: 5, provider, runnerWaits: true)
+            #expect(await eventually { contents(path) == "token-2" && writes.all.count == 2 })
+
+            // A member of the file's group rewrites it in place.
+            let handle = try #require(FileHandle(forWritingAtPath: path))
+            try handle.truncate(atOffset: 0)
+            try handle.write(contentsOf: Data("attacker".utf8))
+            try handle.close()
+            #expect(runner.status().fileProblem?.contains("was changed in place since the broker wrote it") == true)
+            #expect(runner.status().problem == runner.status().fileProblem)
+            await step(clock, seconds: 4, provider, runnerWaits: true)
+            #expect(contents(path) == "attacker", "until the next look")
+            await step(clock, seconds: 1, provider, runnerWaits: true)
+            #expect(await eventually { contents(path) == "token-2" && writes.all.count == 3 })
+            #expect(runner.status().problem == nil)
+        }
+        #expect(writes.all.map(\.isRestore) == [false, false, true])
+        #expect(writes.all.map(\.version) == [1, 2, 2])
+        #expect(source.fetchCount == 2)
+    }
+
     @Test func aProviderReadOnlyByASinkNeverPausesWhileIdle() async throws {
         // Without a sink, the same provider pauses: nobody reads it for tokenRefreshDelaySec.
         let alone = ScriptedSource()

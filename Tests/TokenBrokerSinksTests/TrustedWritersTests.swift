@@ -217,14 +217,22 @@ import TokenBrokerTestSupport
         #expect(writer.write(Array("token-2".utf8)).failed == nil)
         #expect(writer.replacementProblem() == nil)
 
-        // Replaced by a file of the same contents: another file all the same.
+        // Replaced by a file of the same contents but another mode: another file all the same,
+        // which other readers may read.
         try "token-2".write(toFile: shared + "/theirs", atomically: false, encoding: .utf8)
+        try setMode(shared + "/theirs", 0o644)
         #expect(rename(shared + "/theirs", path) == 0)
         #expect(
-            writer.replacementProblem()?.hasPrefix("the token file \(path) was replaced since the broker wrote it")
-                == true)
+            writer.replacementProblem()
+                == "the token file \(path) was replaced since the broker wrote it (by a writer of its directory), with "
+                + "another file: readers of the path read it until the broker writes the file again")
         #expect(symlink("/etc/hostname", shared + "/link") == 0 && rename(shared + "/link", path) == 0)
-        #expect(writer.replacementProblem()?.contains("was replaced") == true, "a link in its place")
+        #expect(
+            writer.replacementProblem()?.contains(
+                "was replaced since the broker wrote it (by a writer of its "
+                    + "directory), with a symbolic link") == true)
+        #expect(unlink(path) == 0 && mkfifo(path, 0o666) == 0)
+        #expect(writer.replacementProblem()?.contains("with a FIFO") == true, "never opened: the look would block")
         #expect(writer.write(Array("token-3".utf8)).failed == nil)
         #expect(writer.replacementProblem() == nil)
         #expect(contents(path) == "token-3")
@@ -249,6 +257,85 @@ import TokenBrokerTestSupport
             configuration: SinkConfiguration(provider: "p", path: shared + "/t", trustDirectoryWriters: true),
             provider: provider)
         #expect(runner.status().problem == nil)
+        withExtendedLifetime(directory) {}
+    }
+
+    // MARK: - Another writer of the same file, and a writer of the file itself
+
+    /// Writes `text` into the file `path` in place, as `printf text > path` does: the same inode.
+    private func overwrite(_ path: String, _ text: String) throws {
+        let handle = try #require(FileHandle(forWritingAtPath: path))
+        try handle.truncate(atOffset: 0)
+        try handle.write(contentsOf: Data(text.utf8))
+        try handle.close()
+    }
+
+    @Test func anotherWritersCopyOfWhatWasWrittenIsTakenAsTheFileAndAnythingElseIsNot() throws {
+        let (directory, shared) = try sharedDirectory()
+        let path = shared + "/token"
+        // Two writers of one file, as two brokers (an overlapping restart, a fleet on a shared path).
+        let (first, second) = (try trustedWriter(shared), try trustedWriter(shared))
+        #expect(first.write(Array("token-1".utf8)).failed == nil)
+        #expect(second.write(Array("token-1".utf8)).failed == nil)
+        #expect(first.replacementProblem() == nil, "the other's file holds what it wrote, made as it made its own")
+        #expect(second.replacementProblem() == nil)
+        // Taken as the file: the first writer now answers for the second's, changes in place included.
+        try overwrite(path, "token-2")
+        #expect(first.replacementProblem()?.contains("was changed in place") == true)
+        try overwrite(path, "token-1")
+        #expect(first.replacementProblem() == nil && second.replacementProblem() == nil)
+        // Another token: they disagree, and each write of one is a replacement for the other.
+        #expect(second.write(Array("token-X".utf8)).failed == nil)
+        #expect(first.replacementProblem()?.contains("was replaced since the broker wrote it") == true)
+        #expect(second.replacementProblem() == nil)
+        #expect(first.write(Array("token-1".utf8)).failed == nil)
+        #expect(second.replacementProblem()?.contains("was replaced since the broker wrote it") == true)
+
+        // The same contents, in a file made otherwise: another group, or another length.
+        let copy = shared + "/copy"
+        try "token-1".write(toFile: copy, atomically: false, encoding: .utf8)
+        try setMode(copy, 0o640)
+        #expect(rename(copy, path) == 0)
+        #expect(first.replacementProblem() == nil, "made alike: the same owner, group, mode and contents")
+        try "token-1\n".write(toFile: copy, atomically: false, encoding: .utf8)
+        try setMode(copy, 0o640)
+        #expect(rename(copy, path) == 0)
+        #expect(first.replacementProblem()?.contains("was replaced") == true, "a newline more")
+        if geteuid() == 0 {
+            try "token-1".write(toFile: copy, atomically: false, encoding: .utf8)
+            try setMode(copy, 0o640)
+            #expect(chown(copy, 0, 4343) == 0 && rename(copy, path) == 0)
+            #expect(first.replacementProblem()?.contains("was replaced") == true, "another group may read it")
+        }
+        withExtendedLifetime(directory) {}
+    }
+
+    @Test func aFileChangedInPlaceIsReportedUntilTheNextWriteAndOnlyAChangeOfItsContentsIs() throws {
+        let (directory, shared) = try sharedDirectory()
+        let path = shared + "/token"
+        let writer = try trustedWriter(shared, mode: 0o660)
+        #expect(writer.write(Array("token-1".utf8)).failed == nil)
+        // A member of the file's group rewrites it through its path: the same inode, other contents.
+        func overwrite(_ text: String) throws { try self.overwrite(path, text) }
+        try overwrite("attacker")
+        let changed =
+            "the token file \(path) was changed in place since the broker wrote it (by whoever may write the file, "
+            + "such as its group when its mode lets the group write): readers of the path read other contents until "
+            + "the broker writes the file again"
+        #expect(writer.replacementProblem() == changed)
+        try overwrite("token-2")
+        #expect(writer.replacementProblem() == changed, "the same length, other contents")
+        try overwrite("token-1")
+        #expect(writer.replacementProblem() == nil, "what was written, written again: readers read the same")
+        // A hard link, a new modification time: the contents are the same, and so is what readers read.
+        #expect(link(path, shared + "/another-name") == 0 && unlink(shared + "/another-name") == 0)
+        #expect(utimensat(AT_FDCWD, path, nil, 0) == 0, "now")
+        #expect(writer.replacementProblem() == nil)
+        try overwrite("token-1 and more")
+        #expect(writer.replacementProblem() == changed, "grown")
+        #expect(writer.write(Array("token-3".utf8)).failed == nil)
+        #expect(writer.replacementProblem() == nil, "a new file, renamed over the changed one")
+        #expect(contents(path) == "token-3")
         withExtendedLifetime(directory) {}
     }
 }

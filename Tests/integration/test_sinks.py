@@ -994,3 +994,75 @@ def test_a_directory_another_user_makes_at_a_trusted_path_stops_neither_start_no
     own.mkdir(mode=0o700)
     (own / "t.token").mkdir()
     refused(write_sink_config(tmp_path, own / "t.token"), "is a directory; allowed: the path of a file")
+
+
+def test_a_token_file_a_member_of_its_group_changes_in_place_is_reported_and_written_again(tmp_key, tmp_path):
+    """With mode 0660 (in the emptyDir's fsGroup), every member of the group may rewrite the
+    token file in place: the same inode, other contents. /readyz reports it at once, and the
+    broker writes the token again at its next look, a new file renamed over the changed one."""
+    directory, _ = shared_directory(tmp_path, "2777 with a group")
+    path = directory / "t.token"
+    # A token every 20 s; the sink looks again every 10 s.
+    config = {"providers": [signer(tmp_key, tokenRefreshDelaySec=20)], "sinks": [trusted_sink(path, mode="0660")]}
+    with Broker(config) as broker:
+        token = broker.get_json("/token")[0]["access_token"]
+        assert wait_until(lambda: read(path) == token, timeout=20)
+        assert readyz_sink(broker)[0] == 200
+        inode = os.stat(path).st_ino
+        as_other_writer(directory, 'printf attacker > "$D/t.token"')
+        assert read(path) == "attacker" and os.stat(path).st_ino == inode, "changed in place, by the group's right"
+        status, sink = readyz_sink(broker)
+        assert status == 503 and not sink["ready"], sink
+        assert f"the token file {path} was changed in place since the broker wrote it" in sink["problem"], sink
+        assert wait_until(lambda: read(path) == token, timeout=30), "written again at the next look"
+        assert os.stat(path).st_ino != inode
+        assert wait_until(lambda: readyz_sink(broker)[0] == 200, timeout=10)
+        assert any("token file written again" in line and "level=warn" in line
+                   for line in broker.stderr().splitlines()), broker.stderr()
+        assert token not in broker.stderr()
+
+
+def test_two_brokers_keeping_one_token_file_agree_with_a_shared_store_and_disagree_without(tmp_key, tmp_path,
+                                                                                          sink_dir):
+    """A token file should have one writer. Two (an overlapping restart, a fleet on a shared path)
+    that share a store write the same token: each finds the other's file holds what it wrote,
+    made as it makes its own, takes it as the file, and stays ready without writing it again.
+    Two whose tokens differ each find the other's file a replacement, and say so."""
+    store = tmp_path / "store"
+    store.mkdir(mode=0o700)
+    key = tmp_path / "store.key"
+    key.write_text(os.urandom(32).hex() + "\n")
+    key.chmod(0o600)
+    path = sink_dir / "t.token"
+    # The sinks look again every 6 s; each broker signs its next token 12 s after the first, on its own.
+    provider = signer(tmp_key, tokenRefreshDelaySec=12)
+    shared = {"providers": [provider], "sinks": [{"provider": "default", "path": str(path)}],
+              "store": {"type": "file", "path": str(store), "keyFile": str(key)}}
+    saved = ("token_broker_store_operations_total", {"operation": "save", "result": "ok"})
+    started = time.monotonic()
+    with Broker(shared) as first:
+        token = first.get_json("/token")[0]["access_token"]
+        assert wait_until(lambda: read(path) == token and first.metric(saved[0], **saved[1]) == 1, timeout=20)
+        # Served from the store: no fetch to wait for.
+        with Broker(shared, fetching=[]) as second:
+            assert wait_until(lambda: sink_writes(second) == 1, timeout=20)
+            assert second.get_json("/token")[0]["access_token"] == token, "the stored token"
+            # Until shortly before the next token (a look of each broker falls within, unless the
+            # second took more than 4 s to start).
+            samples = []
+            while time.monotonic() < started + 10:
+                samples += [readyz_sink(first), readyz_sink(second)]
+                time.sleep(0.2)
+            assert [sample for sample in samples if sample[0] != 200] == []
+            assert read(path) == token
+            assert sink_writes(first) == 1 and sink_writes(second) == 1, "neither wrote it again"
+            for broker in (first, second):
+                assert "token file written again" not in broker.stderr(), broker.stderr()
+
+        # A broker of its own token (no store): the two disagree, and the first says so.
+        with Broker({"providers": [provider], "sinks": [{"provider": "default", "path": str(path)}]}) as other:
+            theirs = other.get_json("/token")[0]["access_token"]
+            assert theirs != token
+            assert wait_until(lambda: "was replaced since the broker wrote it" in (readyz_sink(first)[1].get("problem")
+                                                                                  or ""), timeout=20)
+
