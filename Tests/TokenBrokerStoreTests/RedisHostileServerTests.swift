@@ -321,6 +321,8 @@ private final class ScriptedRedis: @unchecked Sendable {
             case "SUBSCRIBE": [.send(Self.confirmation)]
             case "GETRANGE":
                 (slow.load(ordering: .relaxed) ? [.pause(milliseconds: 300)] : []) + [.send(Array("$0\r\n\r\n".utf8))]
+            // The record's time to live, read in the same call: none, for a missing key.
+            case "PTTL": [.send(Array(":-2\r\n".utf8))]
             default: [.send(Array("+PONG\r\n".utf8))]
             }
         }
@@ -361,6 +363,7 @@ private final class ScriptedRedis: @unchecked Sendable {
             switch name {
             case "SUBSCRIBE": [.send(Self.confirmation)]
             case "GETRANGE": [.pause(milliseconds: 1500), .send(Array("$0\r\n\r\n".utf8))]
+            case "PTTL": [.send(Array(":-2\r\n".utf8))]
             default: [.send(Array("+OK\r\n".utf8))]
             }
         }
