@@ -19,7 +19,7 @@ import pytest
 
 from broker import Broker
 from issuers.process import OAuthServer
-from test_fleet import Link, RedisServer, readyz, write_key
+from test_fleet import Link, readyz, redis, write_key  # noqa: F401 (redis: the fixture, a redis-server per test)
 from test_http_api import wait_until
 from test_reload import preload_library
 
@@ -32,13 +32,6 @@ def issuer(tmp_path_factory):
     server = OAuthServer(str(tmp_path_factory.mktemp("faults")), {"faults": SECRET}, lifetime=LIFETIME)
     yield server
     server.close()
-
-
-@pytest.fixture
-def redis():
-    server = RedisServer()
-    yield server
-    server.kill()
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from broker import Broker
-from test_fleet import RedisServer, write_key
+from test_fleet import redis, write_key  # noqa: F401 (redis: the fixture, a redis-server per test)
 from test_http_api import wait_until
 from test_reload import preload_library
 
@@ -102,13 +102,6 @@ def issuer():
     server = CredentialIssuer()
     yield server
     server.close()
-
-
-@pytest.fixture
-def redis():
-    server = RedisServer()
-    yield server
-    server.kill()
 
 
 @pytest.fixture
