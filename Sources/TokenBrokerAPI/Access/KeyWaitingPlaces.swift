@@ -1,4 +1,4 @@
-import Synchronization
+import TokenBrokerCore
 
 /// The token listener's places for waiting requests that each caller key holds (`clientKeysFile`),
 /// so that one key cannot take the places of the others.
@@ -16,7 +16,7 @@ import Synchronization
 public final class KeyWaitingPlaces: Sendable {
     /// The most requests one key may have waiting at once.
     public let limit: Int
-    private let held = Mutex<[[UInt8]: Int]>([:])
+    private let held = Lock<[[UInt8]: Int]>([:])
 
     /// - Parameter listenerPlaces: the listener's places for waiting requests; each key may hold half.
     public init(listenerPlaces: Int) {

@@ -1,5 +1,6 @@
 import Dispatch
 import Synchronization
+import TokenBrokerCore
 
 /// The store's calls to Redis, each waiting for its turn on the one command connection, and each
 /// answered within `timeoutMsec` of being asked, the wait for its turn included.
@@ -70,7 +71,7 @@ final class RedisCallQueue: Sendable {
     private let queue: DispatchQueue
     /// Where the deadlines of waiting calls fire.
     private let timers: DispatchQueue
-    private let state = Mutex(State())
+    private let state = Lock(State())
     private let lastID = Atomic<UInt64>(0)
 
     init(label: String) {

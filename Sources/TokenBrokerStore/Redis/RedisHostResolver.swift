@@ -1,6 +1,6 @@
 import Dispatch
 import Glibc
-import Synchronization
+import TokenBrokerCore
 
 /// Looks up the name of the Redis host within the deadline of the call that connects.
 ///
@@ -30,11 +30,11 @@ final class RedisHostResolver: Sendable {
         /// Signalled when the answer is in; each waiter that takes the signal gives it back.
         let done = DispatchSemaphore(value: 0)
         /// The addresses, or why there are none, and when the answer came.
-        let answer = Mutex<(Result<[String], RedisFailure>, ContinuousClock.Instant)?>(nil)
+        let answer = Lock<(Result<[String], RedisFailure>, ContinuousClock.Instant)?>(nil)
     }
 
     /// The last lookup started.
-    private let latest = Mutex<Lookup?>(nil)
+    private let latest = Lock<Lookup?>(nil)
 
     init(host: String, lookUp: @escaping @Sendable (String) -> Result<[String], RedisFailure> = systemLookUp) {
         self.host = host
