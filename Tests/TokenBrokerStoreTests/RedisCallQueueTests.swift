@@ -44,7 +44,14 @@ import TokenBrokerTestSupport
         let queue = RedisCallQueue(label: "test")
         let journal = Journal()
         let release = DispatchSemaphore(value: 0)
-        queue.background { _ = release.wait(timeout: .now() + .seconds(20)) }
+        let started = DispatchSemaphore(value: 0)
+        // The queue is busy with this work before the call is asked: otherwise its turn could come
+        // first (calls go before background work), and it would run before it is given up.
+        queue.background {
+            started.signal()
+            _ = release.wait(timeout: .now() + .seconds(20))
+        }
+        #expect(started.wait(timeout: .now() + .seconds(20)) == .success)
         let id = queue.nextID()
         queue.enqueue(id, by: Self.after(milliseconds: 20_000)) { turn in journal.note("first \(turn)") }
         queue.cancel(id)
