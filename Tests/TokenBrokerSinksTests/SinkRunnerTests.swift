@@ -18,6 +18,30 @@ import TokenBrokerTestSupport
             clock: clock, jitter: .fixed(0.5))
     }
 
+    /// What most tests run: provider `p` (a token every 10 s from a scripted source, on a manual
+    /// clock) and a runner writing it to `p.token` with `mode` in a private directory, its writes
+    /// recorded.
+    private struct Setup {
+        let directory: TemporaryDirectory
+        let path: String
+        let clock = ManualClock()
+        let source = ScriptedSource()
+        let provider: TokenProvider<ManualClock>
+        let writes = Recorder()
+        let runner: SinkRunner<ManualClock>
+
+        init(mode: UInt32 = SinkConfiguration.defaultMode) throws {
+            directory = try privateDirectory()
+            path = directory.path("p.token")
+            provider = TokenProvider(
+                configuration: ProviderConfiguration(name: "p", tokenRefreshDelaySec: 10), source: source,
+                clock: clock, jitter: .fixed(0.5))
+            runner = try SinkRunner(
+                configuration: SinkConfiguration(provider: "p", path: path, mode: mode), provider: provider,
+                events: writes.events)
+        }
+    }
+
     /// Runs the provider, and the runner when given, in tasks of their own for the length of `body`.
     private func running(
         _ provider: TokenProvider<ManualClock>, _ runner: SinkRunner<ManualClock>?, _ body: () async throws -> Void
@@ -49,14 +73,10 @@ import TokenBrokerTestSupport
     }
 
     @Test func eachNewVersionIsWrittenAndReportedByItsFingerprint() async throws {
-        let directory = try privateDirectory()
-        let path = directory.path("p.token")
-        let (clock, source) = (ManualClock(), ScriptedSource())
-        let provider = provider(source, clock)
-        let writes = Recorder()
-        let runner = try SinkRunner(
-            configuration: SinkConfiguration(provider: "p", path: path, mode: 0o640), provider: provider,
-            events: writes.events)
+        let setup = try Setup(mode: 0o640)
+        let (path, clock, source, provider, writes, runner) = (
+            setup.path, setup.clock, setup.source, setup.provider, setup.writes, setup.runner
+        )
         await running(provider, runner) {
             #expect(await eventually { contents(path) == "token-1" })
             #expect(modeBits(path) == 0o640)
@@ -202,14 +222,11 @@ import TokenBrokerTestSupport
     }
 
     @Test func aFileRemovedOrReplacedBetweenWritesIsReportedThenWrittenAgainAtTheNextLook() async throws {
-        let directory = try privateDirectory()
-        let path = directory.path("p.token")
-        let (clock, source) = (ManualClock(), ScriptedSource())
         // A token every 10 s; the runner looks again every 5 s (half the refresh delay).
-        let provider = provider(source, clock, refreshDelay: 10)
-        let writes = Recorder()
-        let runner = try SinkRunner(
-            configuration: SinkConfiguration(provider: "p", path: path), provider: provider, events: writes.events)
+        let setup = try Setup()
+        let (directory, path, clock, source, provider, writes, runner) = (
+            setup.directory, setup.path, setup.clock, setup.source, setup.provider, setup.writes, setup.runner
+        )
         try await running(provider, runner) {
             #expect(await eventually { contents(path) == "token-1" && provider.status().waiters == 1 })
             #expect(runner.status().problem == nil)
@@ -243,15 +260,11 @@ import TokenBrokerTestSupport
     }
 
     @Test func anotherWritersCopyIsLeftAsItIsAndAFileChangedInPlaceIsWrittenAgainAtTheNextLook() async throws {
-        let directory = try privateDirectory()
-        let path = directory.path("p.token")
-        let (clock, source) = (ManualClock(), ScriptedSource())
         // A token every 10 s; the runner looks again every 5 s (half the refresh delay).
-        let provider = provider(source, clock, refreshDelay: 10)
-        let writes = Recorder()
-        let runner = try SinkRunner(
-            configuration: SinkConfiguration(provider: "p", path: path, mode: 0o660), provider: provider,
-            events: writes.events)
+        let setup = try Setup(mode: 0o660)
+        let (path, clock, source, provider, writes, runner) = (
+            setup.path, setup.clock, setup.source, setup.provider, setup.writes, setup.runner
+        )
         // Another writer of the same file (a second broker sharing the token through a store).
         let other = try AtomicFileWriter(path: path, mode: 0o660)
         try await running(provider, runner) {

@@ -70,11 +70,31 @@ def start(broker, key, path):
     return thread, answers
 
 
-def removed_and_narrowed(broker, keys, removed, narrowed, kept):
-    """Writes the new list (`removed` gone, `narrowed` without p) and waits until the broker reads it."""
-    write_keys(keys, [("narrowed", narrowed, ["default"]), ("kept", kept, ["p"])])
-    assert wait_until(lambda: broker.request("GET", "/token", headers=bearer(removed))[0] == 401, timeout=15), \
-        "the broker did not read the new keys file"
+def three_callers(tmp_path):
+    """A keys file naming three callers, `removed` and `narrowed` allowed p, `kept` only p; and their keys."""
+    callers = {name: secrets.token_urlsafe(32) for name in ("removed", "narrowed", "kept")}
+    keys = tmp_path / "callers.json"
+    write_keys(keys, [("removed", callers["removed"], ["default", "p"]),
+                      ("narrowed", callers["narrowed"], ["default", "p"]), ("kept", callers["kept"], ["p"])])
+    return keys, callers
+
+
+def send_all(broker, callers):
+    """Each caller's proxied GET of /proxy/api/{name}, in threads of their own."""
+    return {name: start(broker, key, f"/proxy/api/{name}") for name, key in callers.items()}
+
+
+def answers_after_the_keys_change(broker, keys, callers, issuer, waiting):
+    """Writes the new list (`removed` gone, `narrowed` without p), waits until the broker reads it,
+    lets the issuer answer, and checks what each waiting caller then got."""
+    write_keys(keys, [("narrowed", callers["narrowed"], ["default"]), ("kept", callers["kept"], ["p"])])
+    assert wait_until(lambda: broker.request("GET", "/token", headers=bearer(callers["removed"]))[0] == 401,
+                      timeout=15), "the broker did not read the new keys file"
+    issuer.release.set()
+    for thread, _ in waiting.values():
+        thread.join(CLIENT_TIMEOUT + 5)
+    assert all(answers for _, answers in waiting.values()), "no answer"
+    check_refusals({name: answers[0] for name, (_, answers) in waiting.items()})
 
 
 def check_refusals(answers):
@@ -95,21 +115,12 @@ def test_a_caller_removed_while_its_proxied_request_waits_for_a_first_token_is_r
     waited for the provider's first token still had its request sent upstream with that token
     (200 from the target), and one whose list lost the provider too."""
     issuer, upstream = HeldIssuer(), scripted_upstream()
-    removed, narrowed, kept = (secrets.token_urlsafe(32) for _ in range(3))
-    keys = tmp_path / "callers.json"
-    write_keys(keys, [("removed", removed, ["default", "p"]), ("narrowed", narrowed, ["default", "p"]),
-                      ("kept", kept, ["p"])])
+    keys, callers = three_callers(tmp_path)
     try:
         with Broker(config(issuer, upstream, keys, background)) as broker:
-            waiting = {name: start(broker, key, f"/proxy/api/{name}")
-                       for name, key in (("removed", removed), ("narrowed", narrowed), ("kept", kept))}
+            waiting = send_all(broker, callers)
             assert wait_until(lambda: broker.metric("token_broker_longpoll_waiters", provider="p") == 3, timeout=15)
-            removed_and_narrowed(broker, keys, removed, narrowed, kept)
-            issuer.release.set()
-            for thread, _ in waiting.values():
-                thread.join(CLIENT_TIMEOUT + 5)
-            assert all(answers for _, answers in waiting.values()), "no answer"
-            check_refusals({name: answers[0] for name, (_, answers) in waiting.items()})
+            answers_after_the_keys_change(broker, keys, callers, issuer, waiting)
             assert [target for _, target in upstream.seen] == ["/api/kept"], "a refused caller's request went upstream"
             # Counted as the proxy's answers, and among the token listener's, as a token route's refusal is.
             for code in ("401", "403"):
@@ -127,25 +138,17 @@ def test_a_caller_removed_while_the_retrier_refreshes_gets_no_retry(tmp_path):
     for the new token, the caller's key was removed: the request was sent again with the new token
     all the same. Now the caller gets the broker's 401 (or 403) and the target sees no retry."""
     issuer, upstream = HeldIssuer(held=2), scripted_upstream(refuse_first=True)
-    removed, narrowed, kept = (secrets.token_urlsafe(32) for _ in range(3))
-    keys = tmp_path / "callers.json"
-    write_keys(keys, [("removed", removed, ["default", "p"]), ("narrowed", narrowed, ["default", "p"]),
-                      ("kept", kept, ["p"])])
+    keys, callers = three_callers(tmp_path)
     try:
         with Broker(config(issuer, upstream, keys)) as broker:
-            assert wait_until(lambda: broker.request("GET", "/providers/p/token", headers=bearer(kept))[0] == 200,
-                              timeout=15)
-            waiting = {name: start(broker, key, f"/proxy/api/{name}")
-                       for name, key in (("removed", removed), ("narrowed", narrowed), ("kept", kept))}
+            assert wait_until(
+                lambda: broker.request("GET", "/providers/p/token", headers=bearer(callers["kept"]))[0] == 200,
+                timeout=15)
+            waiting = send_all(broker, callers)
             # Each was refused once by the target; the one forced refresh they share is held.
             assert wait_until(lambda: len(upstream.seen) == 3 and issuer.requests == 2, timeout=15), \
                 (upstream.seen, issuer.requests)
-            removed_and_narrowed(broker, keys, removed, narrowed, kept)
-            issuer.release.set()
-            for thread, _ in waiting.values():
-                thread.join(CLIENT_TIMEOUT + 5)
-            assert all(answers for _, answers in waiting.values()), "no answer"
-            check_refusals({name: answers[0] for name, (_, answers) in waiting.items()})
+            answers_after_the_keys_change(broker, keys, callers, issuer, waiting)
             assert sorted(target for _, target in upstream.seen) == \
                 ["/api/kept", "/api/kept", "/api/narrowed", "/api/removed"], upstream.seen
             assert broker.metric("token_broker_proxy_retries_total", proxy="api") == 1
