@@ -236,20 +236,18 @@ def test_a_jwt_past_its_exp_or_whose_exp_reads_two_ways_is_a_bad_response(tmp_pa
         issuer.close()
 
 
-@pytest.mark.parametrize("source", ["oauth2", "file"])
-@pytest.mark.parametrize("encoding", ["utf-8-sig", "utf-16", "utf-16-be", "utf-32"])
-def test_a_jwt_whose_header_is_not_utf8_is_still_a_jwt_and_is_refused_past_its_exp(tmp_path, source, encoding):
-    """RFC 7515 wants the header in UTF-8 without a byte order mark, but readers decode other
-    forms: PyJWT takes a header with a BOM, or in UTF-16 or UTF-32, and finds this token expired.
-    The broker took it for an opaque token and served it, for its default lifetime or with no
-    expiry at all."""
-    header = json.dumps({"alg": "HS256", "typ": "JWT"}).encode(encoding)
+def expired_jwt(encoded_header):
+    """An HS256 JWT, expired an hour ago, with `encoded_header` as its first part; and its key."""
     claims = json.dumps({"sub": "s", "exp": int(time.time()) - 3600}).encode()
     key = b"a-test-key-of-32-bytes-or-more-0"
-    signing_input = jwt.utils.base64url_encode(header) + b"." + jwt.utils.base64url_encode(claims)
-    token = (signing_input + b"." + jwt.utils.base64url_encode(hmac.new(key, signing_input, hashlib.sha256).digest())).decode()
-    with pytest.raises(jwt.ExpiredSignatureError):
-        jwt.decode(token, key, algorithms=["HS256"])
+    signing_input = encoded_header + b"." + jwt.utils.base64url_encode(claims)
+    signature = jwt.utils.base64url_encode(hmac.new(key, signing_input, hashlib.sha256).digest())
+    return (signing_input + b"." + signature).decode(), key
+
+
+def check_refused_as_a_bad_jwt(tmp_path, source, token, description):
+    """The broker, with `token` from an issuer (`oauth2`) or a file, reports a `bad_response`
+    saying `description` and serves nothing."""
     issuer = FaultyIssuer()
     issuer.mode, issuer.body = "body", {"access_token": token}
     token_file = tmp_path / "token"
@@ -259,11 +257,38 @@ def test_a_jwt_whose_header_is_not_utf8_is_still_a_jwt_and_is_refused_past_its_e
     try:
         with Broker({"providers": [{"source": settings, "maxErrorTokenRefreshDelayMsec": 200}]}) as broker:
             assert wait_until(lambda: readiness(broker).get("last_error") == "bad_response"), readiness(broker)
-            assert "the token is a JWT whose header is not a JSON object" in readiness(broker)["last_error_description"]
+            assert description in readiness(broker)["last_error_description"]
             status, _, body = broker.request("GET", "/token")
             assert status == 503, body
     finally:
         issuer.close()
+
+
+@pytest.mark.parametrize("source", ["oauth2", "file"])
+@pytest.mark.parametrize("encoding", ["utf-8-sig", "utf-16", "utf-16-be", "utf-32"])
+def test_a_jwt_whose_header_is_not_utf8_is_still_a_jwt_and_is_refused_past_its_exp(tmp_path, source, encoding):
+    """RFC 7515 wants the header in UTF-8 without a byte order mark, but readers decode other
+    forms: PyJWT takes a header with a BOM, or in UTF-16 or UTF-32, and finds this token expired.
+    The broker took it for an opaque token and served it, for its default lifetime or with no
+    expiry at all."""
+    token, key = expired_jwt(jwt.utils.base64url_encode(json.dumps({"alg": "HS256", "typ": "JWT"}).encode(encoding)))
+    with pytest.raises(jwt.ExpiredSignatureError):
+        jwt.decode(token, key, algorithms=["HS256"])
+    check_refused_as_a_bad_jwt(tmp_path, source, token, "the token is a JWT whose header is not a JSON object")
+
+
+@pytest.mark.parametrize("source", ["oauth2", "file"])
+@pytest.mark.parametrize("stray", ["at-the-end", "inside"])
+def test_a_jwt_whose_header_has_a_byte_outside_base64url_is_still_a_jwt_and_is_refused(tmp_path, source, stray):
+    """Lenient base64 readers skip bytes outside the alphabet: Python's `urlsafe_b64decode`, which
+    hand-written verifiers use, and Node's `Buffer.from(_, "base64url")`, which `jsonwebtoken`
+    uses, read this header as a JWT's and find the token expired. The broker took it for an
+    opaque token and served it, for its default lifetime (3,600 s) or with no expiry at all."""
+    header = jwt.utils.base64url_encode(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
+    header = header + b"*" if stray == "at-the-end" else header[:5] + b"~" + header[5:]
+    token, _ = expired_jwt(header)
+    assert json.loads(base64.urlsafe_b64decode(header + b"=" * (-len(header) % 4)))["typ"] == "JWT"
+    check_refused_as_a_bad_jwt(tmp_path, source, token, "the token is a JWT whose header is not base64url")
 
 
 def test_an_issuers_answer_with_two_different_content_lengths_is_a_bad_response():

@@ -21,7 +21,11 @@ public enum Base64URL {
     public static func encode(_ text: String) -> String { encode(Array(text.utf8)) }
 
     /// Decodes base64url, with or without padding; nil for anything else.
-    public static func decode(_ text: some StringProtocol) -> [UInt8]? {
+    ///
+    /// - Parameter skippingOthers: skip every byte outside the alphabet instead of failing, as
+    ///   lenient readers do (Python's `base64.urlsafe_b64decode`, Node's `Buffer.from(_, "base64url")`):
+    ///   for telling what such a reader would take a text for, never for reading it.
+    public static func decode(_ text: some StringProtocol, skippingOthers: Bool = false) -> [UInt8]? {
         var out: [UInt8] = []
         var buffer: UInt32 = 0
         var bits = 0
@@ -34,7 +38,9 @@ public enum Base64URL {
             case UInt8(ascii: "-"), UInt8(ascii: "+"): value = 62
             case UInt8(ascii: "_"), UInt8(ascii: "/"): value = 63
             case UInt8(ascii: "="): continue
-            default: return nil
+            default:
+                if skippingOthers { continue }
+                return nil
             }
             buffer = buffer << 6 | UInt32(value)
             bits += 6

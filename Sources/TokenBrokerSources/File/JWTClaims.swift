@@ -7,15 +7,21 @@ public enum JWTClaims {
     ///
     /// A token is taken for a JWT when it is three dot-separated parts and the first decodes
     /// (base64url) to text that opens a JSON object, as every JWS header does, in whatever
-    /// encoding a reader would take it (`opensAnObject(_:)`). Such a token must then be one: its
-    /// header and claims strict JSON objects, and its `exp`, when there, a NumericDate (RFC 7519
+    /// encoding a reader would take it (`opensAnObject(_:)`), and however leniently: a reader
+    /// that skips bytes outside the alphabet (a stray `*` or `~`) decodes such a header too.
+    /// Such a token must then be one: its header strict base64url, its header and claims strict
+    /// JSON objects, and its `exp`, when there, a NumericDate (RFC 7519
     /// §2: a JSON number). A claim set with a repeated member (two `exp`, which RFC 7519 §4 lets a
     /// reader refuse or read as the last, so that readers disagree), an `exp` that is a string or
     /// null, or claims that are not JSON are a `bad_response`: such a token is never served as if
     /// it had no expiry, nor with a lifetime of the source's default.
     public static func expiry(of token: String) throws(TokenFetchError) -> WallTime? {
         let parts = token.split(separator: ".", omittingEmptySubsequences: false)
-        guard parts.count == 3, let header = Base64URL.decode(parts[0]), opensAnObject(header) else { return nil }
+        guard parts.count == 3, let read = Base64URL.decode(parts[0], skippingOthers: true), opensAnObject(read)
+        else { return nil }
+        guard let header = Base64URL.decode(parts[0]) else {
+            throw .badResponse("the token is a JWT whose header is not base64url")
+        }
         guard case .object? = try? JSONValue(parsing: header) else {
             throw .badResponse("the token is a JWT whose header is not a JSON object")
         }
