@@ -522,6 +522,26 @@ def test_a_record_kept_under_other_provider_settings_is_not_served_after_they_ch
         assert len(refused) == 1 and "other settings" in refused[0], second.stderr()
 
 
+def test_two_different_token_requests_never_share_a_record(issuer, store):
+    """The settings a record was made under were written as lines joined by newlines: a resource
+    `R?x=y` and an extra parameter `R?x` of `y` wrote the same text (so did an empty scope, sent as
+    `scope=`, and none), so that a broker configured the other way served the first one's token
+    without a fetch."""
+    def provider(change):
+        settings = oauth(issuer)
+        return {**settings, "source": {**settings["source"], **change}}
+    first_source = {"resource": ["https://api.example/?x=y"]}
+    changed_source = {"extraParams": {"https://api.example/?x": "y"}}
+    with StoreBroker(configuration(store, provider(first_source))) as first:
+        before = token(first)
+        assert first.stop() == 0
+    with StoreBroker(configuration(store, provider(changed_source))) as second:
+        served = token(second)
+        assert served["access_token"] != before["access_token"], "served the other request's token"
+        refused = log_lines(second, "stored record refused; fetching", "default")
+        assert len(refused) == 1 and "other settings" in refused[0], second.stderr()
+
+
 def test_a_rotated_hs256_secret_refuses_the_record_after_a_restart_and_after_a_reload(store, tmp_path):
     """An HS256 signer publishes no key (its JWKS is empty), so its records name the secret by
     its thumbprint: a token signed with the old secret is never served once the secret file is

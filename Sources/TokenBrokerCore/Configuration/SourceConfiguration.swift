@@ -203,31 +203,44 @@ extension SourceConfiguration {
     /// and what the file holds changes with every token. Its tokens are not stored at all
     /// (`Broker.isStored`); the text here is only its path.
     public var storeIdentity: String {
+        // A JSON object: every value quoted and every list bracketed, so that no two settings
+        // write the same text (a resource `x=y` and an extra parameter `x` = `y`; a scope left out
+        // and one given empty, which is sent as `scope=`).
+        let quoted = JSONText.quoted
+        func optional(_ value: String?) -> String { value.map(quoted) ?? "null" }
+        func list(_ values: [String]) -> String { "[" + values.joined(separator: ",") + "]" }
         switch self {
         case .jwt(let settings):
-            return [
-                "jwt", settings.algorithm.rawValue, settings.keyID ?? "", settings.issuer, settings.audience,
-                settings.subject, String(settings.lifetimeSec),
-            ].joined(separator: "\n")
+            return JSONText.object([
+                ("type", quoted("jwt")), ("algorithm", quoted(settings.algorithm.rawValue)),
+                ("keyID", optional(settings.keyID)), ("issuer", quoted(settings.issuer)),
+                ("audience", quoted(settings.audience)), ("subject", quoted(settings.subject)),
+                ("lifetimeSec", String(settings.lifetimeSec)),
+            ])
         case .file(let settings):
-            return ["file", settings.path].joined(separator: "\n")
+            return JSONText.object([("type", quoted("file")), ("path", quoted(settings.path))])
         case .oauth2(let settings):
-            return
-                ([
-                    "oauth2", settings.tokenURL, settings.clientID, settings.clientAuth.rawValue, settings.keyID ?? "",
-                    settings.scope ?? "", settings.audience ?? "", settings.clientSecret.map { "secret=" + $0 } ?? "",
-                ] + settings.resources
-                + settings.extraParams.map { "\($0.0)=\($0.1)" }).joined(separator: "\n")
+            return JSONText.object([
+                ("type", quoted("oauth2")), ("tokenURL", quoted(settings.tokenURL)),
+                ("clientID", quoted(settings.clientID)), ("clientAuth", quoted(settings.clientAuth.rawValue)),
+                ("keyID", optional(settings.keyID)), ("scope", optional(settings.scope)),
+                ("audience", optional(settings.audience)), ("clientSecret", optional(settings.clientSecret)),
+                ("resources", list(settings.resources.map(quoted))),
+                ("extraParams", list(settings.extraParams.map { list([quoted($0.0), quoted($0.1)]) })),
+            ])
         case .http(let settings):
             let headers = settings.headers.keys.sorted().map { name -> String in
                 switch settings.headers[name] {
-                case .value(let value)?: "\(name): \(value)"
-                case .file(let path)?: "\(name): <\(path)"
-                case nil: name
+                case .value(let value)?: list([quoted(name), quoted("value"), quoted(value)])
+                case .file(let path)?: list([quoted(name), quoted("file"), quoted(path)])
+                case nil: list([quoted(name)])
                 }
             }
-            return (["http", settings.method, settings.url, settings.body ?? "", settings.tokenPointer] + headers)
-                .joined(separator: "\n")
+            return JSONText.object([
+                ("type", quoted("http")), ("method", quoted(settings.method)), ("url", quoted(settings.url)),
+                ("body", optional(settings.body)), ("tokenPointer", quoted(settings.tokenPointer)),
+                ("headers", list(headers)),
+            ])
         }
     }
 }
