@@ -95,8 +95,11 @@ final class RedisCallQueue: Sendable {
         guard queued else { return handler(.givenUp) }
         // A millisecond after the deadline, so that the call is surely late then.
         let left = max(0, ContinuousClock.now.duration(to: deadline).wholeMilliseconds + 1)
-        timers.asyncAfter(deadline: .now() + .milliseconds(Int(clamping: left))) { [weak self] in self?.end(id, .late) }
-        queue.async { [weak self] in self?.runNext() }
+        // Held strongly: the queue outlives its last deadline (at most `timeoutMsec`). A weak
+        // reference would give it a side table, which the address sanitizer's leak check reports
+        // when the store is still there at exit (the object keeps the table's address shifted).
+        timers.asyncAfter(deadline: .now() + .milliseconds(Int(clamping: left))) { self.end(id, .late) }
+        queue.async { self.runNext() }
     }
 
     /// The caller of call `id` gave up: taken off the queue if it still waits.
@@ -105,7 +108,7 @@ final class RedisCallQueue: Sendable {
     /// Queues `work`, to run once no call waits.
     func background(_ work: @escaping Work) {
         state.withLock { $0.background.append(work) }
-        queue.async { [weak self] in self?.runNext() }
+        queue.async { self.runNext() }
     }
 
     /// Runs `work` on the queue, once everything queued before it has had its turn.
