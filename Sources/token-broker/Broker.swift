@@ -241,7 +241,9 @@ enum Broker {
 
     /// The source for each provider, in order, with its local signer if it has one; reads key
     /// files, and generates keys where none is given. A template's source is its children's base.
-    /// Also checks the TLS files of the sources and the proxies (`TLSFiles`).
+    /// Also checks the TLS files of the sources and the proxies (`TLSFiles`), that no two signers
+    /// publish different keys under one `kid`, and that each signer's claims fit in a token
+    /// (`BrokerSigners.swift`).
     ///
     /// - Parameter reused: sources already made, by provider name (a reload's unchanged
     ///   providers': the same settings, and the same bytes in their credential files). Such a
@@ -261,12 +263,17 @@ enum Broker {
                     sources.append(kept)
                     continue
                 }
+                let key = "providers[\(index)].source"
+                let signer: JWTSigner
+                let tooLong: ConfigurationError?
                 do {
-                    let signer = try JWTSigner(configuration: settings)
-                    sources.append((signer, signer))
+                    signer = try JWTSigner(configuration: settings)
+                    tooLong = try tokenSizeProblem(signer, perRequest: provider.perRequest, key: key)
                 } catch {
-                    throw ConfigurationError(key: "providers[\(index)].source", error.detail)
+                    throw ConfigurationError(key: key, error.detail)
                 }
+                if let tooLong { throw tooLong }
+                sources.append((signer, signer))
             case .file(let settings):
                 sources.append(kept ?? (FileTokenSource(configuration: settings), nil))
             case .oauth2(let settings):
@@ -290,6 +297,7 @@ enum Broker {
                 sources.append(kept ?? (HTTPTokenSource(configuration: settings), nil))
             }
         }
+        if let clash = keyIDClash(configuration, sources) { throw clash }
         // The proxies' TLS files too: like the sources', libcurl opens them on its own thread.
         for (index, proxy) in configuration.proxies.enumerated() {
             do {

@@ -10,9 +10,11 @@ import TokenBrokerSources
 /// reload`): the steps `Broker.serve` takes at each one, on the main thread, one at a time.
 ///
 /// 1. The file is read again, the environment's overrides applied, and everything
-///    `--check-config` checks is checked. A problem: `invalid`, and nothing changes. The
-///    providers are compared by name first (`compare`), so that keys are generated and key files
-///    read only for the added and changed ones: an unchanged one's source is kept as it is.
+///    `--check-config` checks is checked, and that no changed signer publishes a new key under a
+///    kid that names a key still published for its tokens (`keyIDClash`). A problem: `invalid`,
+///    and nothing changes. The providers are compared by name first (`compare`), so that keys are
+///    generated and key files read only for the added and changed ones: an unchanged one's
+///    source is kept as it is.
 /// 2. A change only a restart can make (`restartNeeded`): `refused`, and nothing changes.
 /// 3. A provider whose settings and credential files are the same keeps running as it is: its
 ///    source, token, version, timers and waiters. A changed one gets a replacement, numbered
@@ -56,7 +58,7 @@ extension Broker {
 
         /// Signers no longer configured, or whose key changed, with the instant their last token
         /// expires: the JWKS publishes their keys until then, so that tokens they signed still verify.
-        let retiredSigners: [(signer: JWTSigner, until: ContinuousClock.Instant)]
+        let retiredSigners: [RetiredSigner]
 
         /// - Parameter digests: each provider's `credentialDigests`, in configuration order, taken
         ///   before its source read the files (a file changed in between makes the next reload
@@ -65,7 +67,7 @@ extension Broker {
             configuration: BrokerConfiguration, sources: [(any TokenSource, JWTSigner?)], digests: [[[UInt8]?]],
             providers: Providers, identityHeader: [UInt8]?, storeKey: [UInt8]?, storePassword: [UInt8]?,
             tasks: [String: Task<Void, Never>] = [:],
-            retiredSigners: [(signer: JWTSigner, until: ContinuousClock.Instant)] = []
+            retiredSigners: [RetiredSigner] = []
         ) {
             self.configuration = configuration
             // Names are unique: the configuration refuses a name given twice.
@@ -88,11 +90,10 @@ extension Broker {
         }
 
         /// The JSON Web Key Set of the local signers, in configuration order, then the retired
-        /// ones' whose tokens may still be valid; each key once.
+        /// ones' whose tokens may still be valid; each key under each kid once. No two keys share
+        /// a kid: `keyIDClash` refuses such a configuration at start and at each reload.
         var jwks: String {
-            var seen: Set<String> = []
-            let signers = configuration.providers.compactMap { sources[$0.name]?.1 } + retiredSigners.map(\.signer)
-            return JWTSigner.jwks(signers.filter { seen.insert($0.keyID).inserted })
+            JWTSigner.jwks(configuration.providers.compactMap { sources[$0.name]?.1 } + retiredSigners.map(\.signer))
         }
     }
 
@@ -143,7 +144,7 @@ extension Broker {
         let sources: [(any TokenSource, JWTSigner?)]
         let directories: [SinkDirectory]
         let identityHeader: [UInt8]?
-        do {
+        do throws(ConfigurationError) {
             configuration = try Options.load(path: path, environment: Environment.variables())
             // The digests before the sources read the files (see `Loaded.init`).
             digests = configuration.providers.map(credentialDigests)
@@ -154,6 +155,10 @@ extension Broker {
             // without keyFile would make one, RSA in a good part of a second, to be thrown away).
             sources = try makeSources(
                 configuration, reusing: old.sources.filter { summary.unchanged.contains($0.key) })
+            // A new key under a kid that still names the key of tokens signed before (a rotation
+            // that kept its kid): refused, as two providers' keys under one kid are at start.
+            let retiring = retire(old, summary: summary, keeping: sources.compactMap(\.1))
+            if let clash = keyIDClash(configuration, sources, retired: retiring) { throw clash }
             directories = try openSinkDirectories(configuration).get()
             identityHeader = try readIdentityHeader(configuration)
             // The store's key file, directory and password file, as `--check-config` reads them.
@@ -308,20 +313,22 @@ extension Broker {
 
     /// The signers whose keys the JWKS keeps after this reload: the old configuration's
     /// retired ones still within their tokens' lifetime, and the signers of the providers it
-    /// changes or removes, each key once and none that `current` still signs with, the newest
-    /// `retiredSignersLimit`.
-    static func retire(_ old: Loaded, summary: ReloadSummary, keeping current: [JWTSigner]) -> [(
-        signer: JWTSigner, until: ContinuousClock.Instant
-    )] {
+    /// changes or removes, each key under each kid once and none that `current` still publishes
+    /// under its kid (an HS256 secret is never published, nor kept), the newest `retiredSignersLimit`.
+    static func retire(_ old: Loaded, summary: ReloadSummary, keeping current: [JWTSigner]) -> [RetiredSigner] {
         let now = ContinuousClock.now
         var retired = old.retiredSigners.filter { $0.until > now }
         for settings in old.configuration.providers where !summary.unchanged.contains(settings.name) {
-            guard let signer = old.sources[settings.name]?.1 else { continue }
-            retired.append((signer, now.advanced(by: .seconds(signer.configuration.lifetimeSec))))
+            guard let signer = old.sources[settings.name]?.1, signer.publicJWK != nil else { continue }
+            retired.append(
+                RetiredSigner(
+                    signer: signer, provider: settings.name,
+                    until: now.advanced(by: .seconds(signer.configuration.lifetimeSec))))
         }
-        var seen = Set(current.map(\.keyID))
+        // A key by what the JWKS publishes of it: the public key and its kid.
+        var seen = Set(current.compactMap(\.publicJWK))
         // The newest first, so that a key retired again keeps its latest expiry.
-        let kept = retired.reversed().filter { seen.insert($0.signer.keyID).inserted }
+        let kept = retired.reversed().filter { $0.signer.publicJWK.map { seen.insert($0).inserted } ?? false }
         return Array(kept.prefix(retiredSignersLimit).reversed())
     }
 

@@ -99,12 +99,18 @@ import TokenBrokerTestSupport
         #expect {
             try JWTSigner(configuration: JWTSourceConfiguration(algorithm: .es256, keyFile: keyPath))
         } throws: { error in
-            (error as? TokenFetchError)?.detail.contains("\(curve).pem: the key does not fit ES256") == true
+            (error as? TokenFetchError)?.detail.contains(
+                "\(curve).pem: the key does not fit ES256: it is EC on the \(curve) curve; ES256 wants EC on the P-256 curve"
+            )
+                == true
         }
+        // An EC key signs a private_key_jwt client's assertions with ES256: the error is ES256's.
         #expect {
             try OAuth2TokenSource(configuration: Self.privateKeyJWT(keyPath))
         } throws: { error in
-            (error as? TokenFetchError)?.detail.contains("\(curve).pem: the key does not fit") == true
+            let detail = (error as? TokenFetchError)?.detail ?? ""
+            return detail.contains("\(curve).pem: the key does not fit ES256: it is EC on the \(curve) curve")
+                && !detail.contains("RS256")
         }
     }
 
@@ -124,8 +130,70 @@ import TokenBrokerTestSupport
         #expect {
             try JWTSigner(configuration: JWTSourceConfiguration(algorithm: .rs256, keyFile: keyPath))
         } throws: { error in
-            (error as? TokenFetchError)?.detail.contains("rsa1024.pem: the key does not fit RS256") == true
+            (error as? TokenFetchError)?.detail.contains(
+                "rsa1024.pem: the key does not fit RS256: it is RSA of 1024 bits; RS256 wants RSA of 2048 bits or more")
+                == true
         }
+        #expect {
+            try OAuth2TokenSource(configuration: Self.privateKeyJWT(keyPath))
+        } throws: { error in
+            let detail = (error as? TokenFetchError)?.detail ?? ""
+            return detail.contains("rsa1024.pem: the key does not fit RS256: it is RSA of 1024 bits")
+                && !detail.contains("ES256")
+        }
+    }
+
+    @Test func privateKeyJWTNamesAKeyOfNeitherKind() throws {
+        let directory = try TemporaryDirectory()
+        let keyPath = directory.path("ed25519.pem")
+        try OpenSSL.run(["genpkey", "-algorithm", "ED25519", "-out", keyPath])
+        #expect {
+            try OAuth2TokenSource(configuration: Self.privateKeyJWT(keyPath))
+        } throws: { error in
+            (error as? TokenFetchError)?.detail.contains(
+                "ed25519.pem: the key does not fit private_key_jwt: it is an ED25519 key; it signs with ES256") == true
+        }
+    }
+
+    // MARK: - The JWKS
+
+    @Test func anHS256SignerNeverHidesAPublishedKeyUnderItsKid() throws {
+        let directory = try TemporaryDirectory()
+        try Data(String(repeating: "s", count: 40).utf8).write(to: URL(fileURLWithPath: directory.path("secret")))
+        let hmac = try JWTSigner(
+            configuration: JWTSourceConfiguration(algorithm: .hs256, keyFile: directory.path("secret"), keyID: "k"))
+        let ec = try JWTSigner(configuration: JWTSourceConfiguration(keyID: "k"))
+        #expect(JWTSigner.jwks([hmac, ec]) == #"{"keys":["# + (ec.publicJWK ?? "") + "]}")
+        #expect(!ec.publishesAnotherKey(underTheKeyIDOf: hmac) && !hmac.publishesAnotherKey(underTheKeyIDOf: ec))
+    }
+
+    @Test func eachKeyIsPublishedOnceUnderEachOfItsKids() throws {
+        let directory = try TemporaryDirectory()
+        let keyPath = directory.path("key.pem")
+        try OpenSSL.run(["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", keyPath])
+        let first = try JWTSigner(configuration: JWTSourceConfiguration(keyFile: keyPath, keyID: "a"))
+        let again = try JWTSigner(configuration: JWTSourceConfiguration(keyFile: keyPath, keyID: "a", audience: "x"))
+        let renamed = try JWTSigner(configuration: JWTSourceConfiguration(keyFile: keyPath, keyID: "b"))
+        let other = try JWTSigner(configuration: JWTSourceConfiguration(keyID: "a"))
+        let kids = try #require(
+            JSONSerialization.jsonObject(with: Data(JWTSigner.jwks([first, again, renamed]).utf8))
+                as? [String: [[String: Any]]])
+        #expect(kids["keys"]?.map { $0["kid"] as? String } == ["a", "b"])
+        #expect(!again.publishesAnotherKey(underTheKeyIDOf: first), "the same key under the same kid")
+        #expect(!renamed.publishesAnotherKey(underTheKeyIDOf: first), "the same key under another kid")
+        #expect(other.publishesAnotherKey(underTheKeyIDOf: first) && first.publishesAnotherKey(underTheKeyIDOf: other))
+    }
+
+    @Test(arguments: [JWSAlgorithm.es256, .rs256])
+    func theShortestTokenIsAsLongAsEveryTokenOfTheSigner(_ algorithm: JWSAlgorithm) throws {
+        let signer = try JWTSigner(configuration: JWTSourceConfiguration(algorithm: algorithm, audience: "api"))
+        let length = try signer.shortestTokenBytes(audienceAsked: false)
+        #expect(try (0..<5).allSatisfy { _ in try signer.mint(now: WallTime()).accessToken.utf8.count == length })
+        // A child asked for an audience carries it in place of "api": the shortest is an empty one.
+        let child = signer.child(for: TokenRequestValues(audience: ""))
+        #expect(
+            try signer.shortestTokenBytes(audienceAsked: true) == child.mint(now: WallTime()).accessToken.utf8.count)
+        #expect(try signer.shortestTokenBytes(audienceAsked: true) < length)
     }
 
     /// OpenSSL's default pass-phrase callback reads the controlling terminal; the broker's never asks.

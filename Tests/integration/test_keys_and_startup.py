@@ -21,6 +21,7 @@ import pytest
 
 from broker import BINARY, Broker, run_broker
 from test_http_api import wait_until
+from test_skeleton import verify_with_jwks
 
 
 def openssl(*args):
@@ -58,18 +59,30 @@ def test_es256_refuses_a_256_bit_key_on_another_curve_naming_the_file(tmp_path, 
     for args in (["--check-config", "--config", config], ["--config", config]):
         result = run_broker(*args, env={"TOKEN_BROKER_LISTEN": "127.0.0.1:0", "TOKEN_BROKER_ADMIN_LISTEN": "127.0.0.1:0"})
         assert result.returncode == 2, result.stderr
-        assert f"{key}: the key does not fit ES256" in result.stderr
+        assert f"{key}: the key does not fit ES256: it is EC on the {curve} curve" in result.stderr
 
 
-def test_private_key_jwt_refuses_a_secp256k1_key_naming_the_file(tmp_path):
-    key = str(tmp_path / "k1.pem")
-    openssl("ecparam", "-name", "secp256k1", "-genkey", "-noout", "-out", key)
+@pytest.mark.parametrize("kind,said", [
+    ("secp256k1", "the key does not fit ES256: it is EC on the secp256k1 curve; ES256 wants EC on the P-256 curve"),
+    ("rsa1024", "the key does not fit RS256: it is RSA of 1024 bits; RS256 wants RSA of 2048 bits or more"),
+    ("ed25519", "the key does not fit private_key_jwt: it is an ED25519 key"),
+])
+def test_private_key_jwt_refuses_a_key_naming_the_file_and_what_is_wrong_with_it(tmp_path, kind, said):
+    # An EC key signs with ES256, an RSA key with RS256: the error is about the algorithm the
+    # key's kind makes, and says what the key is (it said RS256 for an EC key on secp256k1).
+    key = str(tmp_path / f"{kind}.pem")
+    if kind == "secp256k1":
+        openssl("ecparam", "-name", "secp256k1", "-genkey", "-noout", "-out", key)
+    elif kind == "rsa1024":
+        openssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:1024", "-out", key)
+    else:
+        openssl("genpkey", "-algorithm", "ED25519", "-out", key)
     config = write_config(tmp_path, {"providers": [{"name": "default", "source": {
         "type": "oauth2", "tokenURL": "http://127.0.0.1:9/token", "clientID": "c",
         "clientAuth": "private_key_jwt", "privateKeyFile": key}}]})
     result = run_broker("--check-config", "--config", config)
     assert result.returncode == 2, result.stderr
-    assert f"{key}: the key does not fit" in result.stderr
+    assert f"{key}: {said}" in result.stderr
 
 
 def test_a_p256_key_from_ecparam_signs_tokens_that_pyjwt_verifies(tmp_path):
@@ -211,6 +224,114 @@ def test_hs256_kid_is_the_first_16_bytes_of_sha256_of_sha256_of_the_secret(tmp_p
         header = jwt.get_unverified_header(token)
         assert header["kid"] == b64url(hashlib.sha256(hashlib.sha256(secret).digest()).digest()[:16])
         jwt.decode(token, secret, algorithms=["HS256"], audience="token-broker")
+
+
+# One key under each kid: a verifier finds a token's key by its kid
+
+def ec_key(path):
+    openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", str(path))
+    return str(path)
+
+
+def published_keys(broker):
+    return broker.get_json("/.well-known/jwks.json", guard=False)[0]["keys"]
+
+
+def ready_token(broker, provider):
+    return broker.get_json(f"/providers/{provider}/token/ready?timeout=20", timeout=30)[0]["access_token"]
+
+
+@pytest.mark.parametrize("second", ["ES256", "RS256"])
+def test_two_providers_with_different_keys_under_one_kid_are_refused_naming_both(tmp_path, second):
+    # The JWKS published the first provider's key alone, and the second's tokens never verified
+    # (PyJWKClient takes the first key under the token's kid), while --check-config passed.
+    first = ec_key(tmp_path / "first.pem")
+    other = str(tmp_path / "second.pem")
+    if second == "ES256":
+        ec_key(other)
+    else:
+        openssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", other)
+
+    def config(second_key):
+        return {"providers": [
+            {"name": "first", "source": {"type": "jwt", "keyFile": first, "kid": "main"}},
+            {"name": "second", "source": {"type": "jwt", "algorithm": second if second_key == other else "ES256",
+                                          "keyFile": second_key, "kid": "main", "audience": "second"}}]}
+
+    path = write_config(tmp_path, config(other))
+    for args in (["--check-config", "--config", path], ["--config", path]):
+        result = run_broker(*args, env={"TOKEN_BROKER_LISTEN": "127.0.0.1:0", "TOKEN_BROKER_ADMIN_LISTEN": "127.0.0.1:0"})
+        assert result.returncode == 2, result.stderr
+        assert "configuration OK" not in result.stdout
+        for text in ("providers[1].source.kid", "second", "first", "main", "kid of its own"):
+            assert text in result.stderr, (text, result.stderr)
+    # The same key under the same kid is no clash: published once, it verifies both.
+    with Broker(config(first)) as broker:
+        [published] = published_keys(broker)
+        assert published["kid"] == "main"
+        assert verify_with_jwks(broker, ready_token(broker, "first"))["aud"] == "token-broker"
+        assert verify_with_jwks(broker, ready_token(broker, "second"), audience="second")["aud"] == "second"
+
+
+def test_an_hs256_signer_never_hides_a_published_key_under_its_kid(tmp_path):
+    # An HS256 secret is never published; listed first under the kid of an ES256 key, it left
+    # the JWKS empty ({"keys":[]}), and the ES256 provider's tokens unverifiable.
+    secret = os.urandom(24).hex().encode()
+    (tmp_path / "secret").write_bytes(secret)
+    config = {"providers": [
+        {"name": "hmac", "source": {"type": "jwt", "algorithm": "HS256", "keyFile": str(tmp_path / "secret"), "kid": "k"}},
+        {"name": "ec", "source": {"type": "jwt", "keyFile": ec_key(tmp_path / "key.pem"), "kid": "k"}}]}
+    assert run_broker("--check-config", "--config", write_config(tmp_path, config)).returncode == 0
+    with Broker(config) as broker:
+        keys = published_keys(broker)
+        assert [(key["kid"], key["kty"]) for key in keys] == [("k", "EC")], keys
+        assert verify_with_jwks(broker, ready_token(broker, "ec"))["aud"] == "token-broker"
+        hmac_token = ready_token(broker, "hmac")
+        assert jwt.get_unverified_header(hmac_token)["kid"] == "k"
+        jwt.decode(hmac_token, secret, algorithms=["HS256"], audience="token-broker")
+
+
+# Claims too long for any token
+
+def longest_audience_that_fits(tmp_path):
+    """The longest audience of `a`s with which an ES256 token under kid "k" is at most 16384
+    bytes: measured from a token the broker signs with a one-letter audience, since only the
+    audience's length differs (the dates have ten digits, the jti and the signature a fixed length)."""
+    with Broker({"providers": [{"name": "p", "source": {"type": "jwt", "kid": "k", "audience": "a"}}]}) as broker:
+        header, claims, signature = ready_token(broker, "p").split(".")
+    claims_bytes = len(base64.urlsafe_b64decode(claims + "=" * (-len(claims) % 4)))
+
+    def token_length(audience_length):  # base64url without padding: 4 characters for 3 bytes, rounded up
+        return len(header) + 1 + -(-4 * (claims_bytes - 1 + audience_length) // 3) + 1 + len(signature)
+
+    longest = 1
+    while token_length(longest + 1) <= 16384:
+        longest += 1
+    return longest
+
+
+def test_claims_that_make_every_token_longer_than_a_token_may_be_are_refused_naming_the_key(tmp_path):
+    # The broker started and was never ready: every token it signed was a bad_response
+    # ("the token is longer than 16384 bytes"), and --check-config passed.
+    longest = longest_audience_that_fits(tmp_path)
+    for source, key in (({"audience": "a" * (longest + 1)}, "audience"), ({"kid": "k" * 20000}, "kid"),
+                        ({"issuer": "i" * 100000, "audience": "short"}, "issuer")):
+        path = write_config(tmp_path, {"providers": [{"name": "p", "source": {"type": "jwt", "kid": "k", **source}}]})
+        for args in (["--check-config", "--config", path], ["--config", path]):
+            result = run_broker(*args, env={"TOKEN_BROKER_LISTEN": "127.0.0.1:0", "TOKEN_BROKER_ADMIN_LISTEN": "127.0.0.1:0"})
+            assert result.returncode == 2, (key, result.stderr)
+            assert f"providers[0].source.{key}: makes each token" in result.stderr, result.stderr
+            assert "more than the 16384" in result.stderr, result.stderr
+    # One byte less fits: the broker serves a token of at most 16384 bytes, which verifies.
+    audience = "a" * longest
+    with Broker({"providers": [{"name": "p", "source": {"type": "jwt", "kid": "k", "audience": audience}}]}) as broker:
+        token = ready_token(broker, "p")
+        assert 16382 <= len(token) <= 16384
+        assert verify_with_jwks(broker, token, audience=audience)["aud"] == audience
+    # A template's children carry the audience they are asked for: the configured one is only a default.
+    config = {"providers": [{"name": "t", "perRequest": ["audience"], "allowedAudiences": ["api"],
+                             "source": {"type": "jwt", "audience": "a" * 100000}}]}
+    assert run_broker("--check-config", "--config", write_config(tmp_path, config)).returncode == 0
 
 
 # The JWKS is public, as the README says

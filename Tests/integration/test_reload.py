@@ -28,6 +28,7 @@ from test_cli import assert_failure, closed_port
 from test_http_api import get, read_answer, wait_until
 from test_hardening import bearer, write_keys
 from test_logs import logfmt
+from test_skeleton import verify_with_jwks
 
 SECRET = "s3cret-value-for-reload-tests"
 # Long enough that no provider refreshes by itself during a test: every fetch counted is one a
@@ -446,6 +447,86 @@ def test_a_changed_signers_old_key_stays_in_the_jwks_while_its_tokens_live():
             assert kid in published, f"the key of the token for {audience} is published"
             jwt.decode(token, jwt.PyJWK(published[kid]).key, algorithms=["ES256"], audience=audience)
         assert len(published) == 2
+
+
+def make_ec_key(path):
+    subprocess.run(["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256",
+                    "-out", str(path) + ".new"], check=True, capture_output=True)
+    os.replace(str(path) + ".new", str(path))
+
+
+def test_a_new_key_under_a_configured_kid_is_refused_while_the_old_keys_tokens_live(tmp_path):
+    # A key file rotated under a fixed kid ("2026-11"): the reload took, the JWKS published the
+    # new key alone under the kid, and the tokens of the last hour failed verification, though
+    # the JWKS keeps a changed signer's key for its tokens' lifetime.
+    key = tmp_path / "key.pem"
+    make_ec_key(key)
+
+    def config(audience, kid="2026-11"):
+        return {"providers": [{"name": "signer", "source": {
+            "type": "jwt", "keyFile": str(key), "kid": kid, "audience": audience, "lifetimeSec": 3600}}]}
+
+    with Broker(config("a")) as broker:
+        first = served(broker, "signer")["access_token"]
+        assert verify_with_jwks(broker, first, audience="a")
+        # The same key under the same kid with other claims: one key published, both tokens verify.
+        rewrite(broker, config("b"))
+        status, document = post_reload(broker)
+        assert status == 200, document
+        assert_outcome(document, changed=["signer"])
+        second = served(broker, "signer")["access_token"]
+        assert second != first
+        assert [k["kid"] for k in broker.get_json("/.well-known/jwks.json")[0]["keys"]] == ["2026-11"]
+        assert verify_with_jwks(broker, first, audience="a") and verify_with_jwks(broker, second, audience="b")
+        # Another key in the file, the kid kept: refused, and nothing changes.
+        make_ec_key(key)
+        status, document = post_reload(broker)
+        assert status == 422 and document["error"] == "invalid_configuration", document
+        for text in ("providers[0].source.kid", "signer", "2026-11", "another kid"):
+            assert text in document["error_description"], (text, document)
+        assert_logged_refusal(broker, ["2026-11"])
+        assert reloads(broker) == counted(reloaded=1, invalid=1)
+        assert served(broker, "signer")["access_token"] == second
+        assert verify_with_jwks(broker, first, audience="a") and verify_with_jwks(broker, second, audience="b")
+        # The new key under a kid of its own: taken; each key is published under its kid, and every token verifies.
+        rewrite(broker, config("b", kid="2026-12"))
+        status, document = post_reload(broker)
+        assert status == 200, document
+        assert_outcome(document, changed=["signer"])
+        third = served(broker, "signer")["access_token"]
+        assert jwt.get_unverified_header(third)["kid"] == "2026-12"
+        kids = [k["kid"] for k in broker.get_json("/.well-known/jwks.json")[0]["keys"]]
+        assert kids == ["2026-12", "2026-11"], kids
+        for token, audience in ((first, "a"), (second, "b"), (third, "b")):
+            assert verify_with_jwks(broker, token, audience=audience)
+
+
+@pytest.mark.parametrize("case", ["a key made at start", "another provider's kid"])
+def test_a_reload_that_would_publish_another_key_under_a_kid_still_in_use_is_refused(tmp_path, case):
+    # Without keyFile, each change of a provider makes it a new key; under a configured kid it
+    # took the old key's place in the JWKS. A provider removed with its kid, and another that
+    # takes the kid with another key, did the same.
+    if case == "a key made at start":
+        before = [{"name": "signer", "source": {"type": "jwt", "kid": "main", "audience": "a", "lifetimeSec": 600}}]
+        after = [{"name": "signer", "source": {"type": "jwt", "kid": "main", "audience": "b", "lifetimeSec": 600}}]
+        mentions = ["providers[0].source.kid", '"signer"', '"main"', "keyFile"]
+    else:
+        before = [{"name": "alpha", "source": {"type": "jwt", "kid": "main", "audience": "a", "lifetimeSec": 600}}]
+        after = [{"name": "beta", "source": {"type": "jwt", "kid": "main", "audience": "a", "lifetimeSec": 600}}]
+        mentions = ["providers[0].source.kid", '"beta"', '"alpha"', '"main"']
+    name = before[0]["name"]
+    with Broker({"providers": before}) as broker:
+        token = served(broker, name)["access_token"]
+        jwks = broker.get_json("/.well-known/jwks.json")[0]
+        rewrite(broker, {"providers": after})
+        status, document = post_reload(broker)
+        assert status == 422 and document["error"] == "invalid_configuration", document
+        for text in mentions:
+            assert text in document["error_description"], (text, document)
+        assert broker.get_json("/.well-known/jwks.json")[0] == jwks
+        assert served(broker, name)["access_token"] == token
+        assert verify_with_jwks(broker, token, audience="a")
+        assert_still_running(broker, {"providers": before}, [name])
 
 
 def test_the_jwks_keeps_at_most_sixteen_retired_keys_the_newest():

@@ -62,12 +62,66 @@ public final class SigningKey: @unchecked Sendable {
         }
         let pkey = try readPrivateKey(contents, path: path)
         guard Self.fits(pkey, algorithm: algorithm) else {
+            let kind = Self.kind(of: pkey)
             EVP_PKEY_free(pkey)
             throw .configuration(
-                "\(path): the key does not fit \(algorithm) (ES256 wants EC on the P-256 curve, also called prime256v1 or secp256r1; RS256 wants RSA of 2048 bits or more)"
-            )
+                "\(path): the key does not fit \(algorithm): it is \(kind); \(Self.wanted(by: algorithm))")
         }
         return try SigningKey(algorithm: algorithm, pkey: pkey)
+    }
+
+    /// A `private_key_jwt` client's key from `contents`: an EC key signs with ES256, an RSA key
+    /// with RS256, each only if it is what its algorithm needs; the error says what the key is.
+    public static func loadAssertionKey(contents: [UInt8], path: String) throws(TokenFetchError) -> SigningKey {
+        let pkey = try readPrivateKey(contents, path: path)
+        let algorithm: JWSAlgorithm
+        switch EVP_PKEY_get_base_id(pkey) {
+        case EVP_PKEY_EC: algorithm = .es256
+        case EVP_PKEY_RSA: algorithm = .rs256
+        default:
+            let kind = Self.kind(of: pkey)
+            EVP_PKEY_free(pkey)
+            throw .configuration(
+                "\(path): the key does not fit private_key_jwt: it is \(kind); it signs with ES256, which wants"
+                    + " EC on the P-256 curve (also called prime256v1 or secp256r1), or RS256, which wants RSA of"
+                    + " 2048 bits or more")
+        }
+        EVP_PKEY_free(pkey)
+        return try load(algorithm: algorithm, contents: contents, path: path)
+    }
+
+    /// What the algorithm takes, for the error that refuses another key.
+    private static func wanted(by algorithm: JWSAlgorithm) -> String {
+        switch algorithm {
+        case .es256: "ES256 wants EC on the P-256 curve, also called prime256v1 or secp256r1"
+        case .rs256: "RS256 wants RSA of 2048 bits or more"
+        case .hs256: "HS256 wants a file of secret bytes"
+        }
+    }
+
+    /// What a key is, for an error: "EC on the secp256k1 curve", "RSA of 1024 bits", "an ED25519 key".
+    private static func kind(of pkey: OpaquePointer) -> String {
+        switch EVP_PKEY_get_base_id(pkey) {
+        case EVP_PKEY_EC:
+            var name = [CChar](repeating: 0, count: 64)
+            var length = 0
+            guard EVP_PKEY_get_group_name(pkey, &name, name.count, &length) == 1 else {
+                ERR_clear_error()
+                return "EC on a curve given by its parameters, not by name"
+            }
+            return "EC on the \(Self.text(name)) curve"
+        case EVP_PKEY_RSA:
+            return "RSA of \(EVP_PKEY_get_bits(pkey)) bits"
+        case EVP_PKEY_RSA_PSS:
+            return "RSA-PSS (an RSA key restricted to PSS signatures) of \(EVP_PKEY_get_bits(pkey)) bits"
+        default:
+            guard let name = EVP_PKEY_get0_type_name(pkey) else { return "a key of another kind" }
+            return "an \(String(cString: name)) key"
+        }
+    }
+
+    private static func text(_ name: [CChar]) -> String {
+        String(decoding: name.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
     /// A PEM private key of any kind from `contents`, which the caller frees; a key protected by
@@ -111,7 +165,7 @@ public final class SigningKey: @unchecked Sendable {
                 ERR_clear_error()
                 return false
             }
-            let group = String(decoding: name.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+            let group = Self.text(name)
             return group == "prime256v1" || group == "P-256"
         case .rs256:
             return EVP_PKEY_get_base_id(pkey) == EVP_PKEY_RSA && EVP_PKEY_get_bits(pkey) >= 2048

@@ -83,8 +83,32 @@ public struct JWTSigner: TemplatedTokenSource {
             ])
     }
 
-    /// A JWK Set (RFC 7517 §5) of the given signers' public keys.
+    /// A JWK Set (RFC 7517 §5) of the given signers' public keys, in their order, each key under
+    /// each `kid` once (two signers with one key and one `kid` publish it once; one key under two
+    /// `kid`s is published under each, since tokens name it by either).
     public static func jwks(_ signers: [JWTSigner]) -> String {
-        "{\"keys\":[" + signers.compactMap(\.publicJWK).joined(separator: ",") + "]}"
+        var seen: Set<String> = []
+        let keys = signers.compactMap(\.publicJWK).filter { seen.insert($0).inserted }
+        return "{\"keys\":[" + keys.joined(separator: ",") + "]}"
+    }
+
+    /// Whether the JWKS would publish this signer's key and `other`'s, another key, under one
+    /// `kid`: a verifier finds the key for a token by its `kid`, and could not tell which of the
+    /// two verifies it (RFC 7517 §4.5). An HS256 secret is never published, so never clashes.
+    public func publishesAnotherKey(underTheKeyIDOf other: JWTSigner) -> Bool {
+        guard keyID == other.keyID, let mine = key.publicJWKMembers(), let theirs = other.key.publicJWKMembers() else {
+            return false
+        }
+        return !mine.elementsEqual(theirs) { $0.0 == $1.0 && $0.1 == $1.1 }
+    }
+
+    /// The length in bytes of the shortest token this signer mints: each token's, but for what a
+    /// template's child puts in it, a scope and, when the child is asked for one
+    /// (`audienceAsked`), its own audience in place of the configured one (the shortest, an
+    /// empty one, counted here). Only the dates and the `jti` differ between two tokens
+    /// otherwise, each always as long (the dates have ten digits until 2286).
+    public func shortestTokenBytes(audienceAsked: Bool) throws(TokenFetchError) -> Int {
+        let signer = audienceAsked ? child(for: TokenRequestValues(audience: "")) : self
+        return try signer.mint(now: WallTime()).accessToken.utf8.count
     }
 }

@@ -21,10 +21,7 @@ public struct OAuth2TokenSource: TemplatedTokenSource {
         self.configuration = configuration
         self.client = client
         if configuration.clientAuth == .privateKeyJWT, let path = configuration.privateKeyFile {
-            let contents = try SecretFile.read(path)
-            let algorithm: JWSAlgorithm =
-                (try? SigningKey.load(algorithm: .es256, contents: contents, path: path)) != nil ? .es256 : .rs256
-            assertionKey = try SigningKey.load(algorithm: algorithm, contents: contents, path: path)
+            assertionKey = try SigningKey.loadAssertionKey(contents: try SecretFile.read(path), path: path)
         } else {
             assertionKey = nil
         }
