@@ -93,6 +93,21 @@ extension Broker {
                     Log.info("token store reachable", ["address": settings.address.description])
                 }
             }
+            events.lease = { key, problem in
+                if let problem {
+                    logStoreProblem(
+                        "a lease the broker did not take holds up the fleet; fetching alone", key: key, problem: problem
+                    )
+                } else {
+                    let (provider, values) = describe(key)
+                    if let values {
+                        Log.info(
+                            "the lease that held up the fleet has ended", ["provider": provider, "values": values])
+                    } else {
+                        Log.info("the lease that held up the fleet has ended", ["provider": provider])
+                    }
+                }
+            }
             do {
                 let store = try RedisTokenStore(settings: settings, password: password, cipher: cipher, events: events)
                 metrics?.observeStoreHealth {
@@ -258,8 +273,8 @@ extension Broker {
         switch store {
         case .file: AdminAPI.StoreReport(type: "file", problem: nil)
         case .redis(let store):
-            AdminAPI.StoreReport(
-                type: "redis", problem: store.currentHealth.reachable ? nil : store.currentHealth.problem)
+            // Out of reach, or a lease that outlives any this broker takes (reachable all the same).
+            AdminAPI.StoreReport(type: "redis", problem: store.currentHealth.problem)
         case nil: nil
         }
     }

@@ -600,7 +600,7 @@ private final class FakeFleetStore: SharedTokenStore {
     }
 
     func fetchForFleet(
-        _ key: String, settings: String, current: UInt64, forced: Bool,
+        _ key: String, settings: String, current: UInt64, forced: Bool, waiting: FleetWait,
         accepts: @escaping @Sendable (StoredToken) -> Bool,
         fetch: @escaping @Sendable () async throws(TokenFetchError) -> FetchedToken
     ) async -> Result<SharedFetch, TokenFetchError> {

@@ -272,6 +272,17 @@ private final class Reachability: Sendable {
     }
 }
 
+/// What a store reported of leases that outlive any it takes (`Events.lease`).
+private final class Leases: Sendable {
+    private let reports = Mutex<[String?]>([])
+    var all: [String?] { reports.withLock { $0 } }
+    var events: RedisTokenStore.Events {
+        var events = RedisTokenStore.Events()
+        events.lease = { _, problem in self.reports.withLock { $0.append(problem) } }
+        return events
+    }
+}
+
 /// The `redis` store against a real redis-server: records sealed in Redis, one fetch per refresh
 /// for a fleet of stores (one per "broker"), the lease and its fence, and what happens when
 /// Redis goes away, refuses the credentials, or is another database.
@@ -343,6 +354,34 @@ private final class Reachability: Sendable {
         case .failure(let error):
             Issue.record("the fetch for the fleet failed: \(error.summary)", sourceLocation: sourceLocation)
             return nil
+        }
+    }
+
+    /// What `fetching` answered, its task cancelled after 30 s: a broker waiting on a lease for
+    /// good would never end by itself.
+    private func bounded(
+        _ fetching: @escaping @Sendable () async -> Result<SharedFetch, TokenFetchError>
+    ) async -> Result<SharedFetch, TokenFetchError> {
+        let task = Task { await fetching() }
+        let deadline = Task {
+            try await Task.sleep(for: .seconds(30))
+            task.cancel()
+        }
+        defer { deadline.cancel() }
+        return await task.value
+    }
+
+    /// The ids of the connections whose last command was one of the store's calls (not the
+    /// subscriber's, nor the test's own), from `CLIENT LIST`.
+    private func commandConnections(_ server: RedisServer) throws -> [String] {
+        guard case .string(let list) = try server.command("CLIENT", "LIST") else { return [] }
+        return String(decoding: list, as: UTF8.self).split(separator: "\n").compactMap { line -> String? in
+            let fields = line.split(separator: " ")
+            guard let id = fields.first(where: { $0.hasPrefix("id=") }),
+                let command = fields.first(where: { $0.hasPrefix("cmd=") }),
+                ["cmd=eval", "cmd=getrange", "cmd=pttl", "cmd=ping"].contains(String(command))
+            else { return nil }
+            return String(id)
         }
     }
 
@@ -767,9 +806,10 @@ private final class Reachability: Sendable {
 
     /// A broker waiting on a live lease waits until its task is cancelled, and fetches nothing.
     /// With a shorter `leaseMsec` than the holder's (a fleet in the middle of changing it) it
-    /// waits for the holder as any broker does: comparing what the lease had left with its own
-    /// `leaseMsec`, it once took a live lease over, and both fetched.
-    @Test(arguments: [60_000, 1000])
+    /// waits for the holder too, for its own `leaseMsec` at most
+    /// (`aBrokerWaitsOnAnothersLeaseNoLongerThanItsOwnLeaseMsec`): comparing what the lease had
+    /// left with its own `leaseMsec`, it once took a live lease over, and both fetched.
+    @Test(arguments: [60_000, 5000])
     func aBrokerWaitingOnALiveLeaseFetchesNothingAndGivesUpWhenCancelled(_ waitingLeaseMsec: Int) async throws {
         try await withRedis { server, fleet in
             let holder = try fleet.store { $0.leaseMsec = 60_000 }
@@ -956,6 +996,269 @@ private final class Reachability: Sendable {
             else { return }
             #expect(rejoined.origin == .fetchedForFleet)
             #expect(await eventually(within: 20) { store.currentHealth.reachable })
+        }
+    }
+
+    /// A fence counter Lua reads as a number but `INCR` refuses (`1e5`, `+5`, `05`, ` 5`) is out of
+    /// range as README says ("not a whole number"): refused before `INCR`, the broker fetches
+    /// alone, names the counter's key, and says so once. `INCR`'s error reply named the script's
+    /// SHA, dropped the connection and marked Redis out of reach, then the next call reachable:
+    /// at every refresh, out of reach and reachable again.
+    @Test(arguments: ["1e5", "+5", "05", " 5", "5.0"])
+    func aFenceCounterThatIsNoWholeNumberInDigitsIsRefusedAsOutOfRange(fence: String) async throws {
+        try await withRedis { server, fleet in
+            let reports = Reachability()
+            let store = try fleet.store(events: reports.events)
+            #expect(await awaitSubscribers(server, 1))
+            try server.command("SET", try name("fence:", "orders"), fence)
+            let issuer = Issuer("a")
+            guard
+                let alone = success(
+                    await bounded {
+                        await store.fetchForFleet(
+                            "orders", settings: "s", current: 0, forced: false, fetch: issuer.fetch)
+                    })
+            else { return }
+            #expect(alone.origin == .fetchedAlone)
+            #expect(issuer.calls == 1)
+            let problem = store.currentHealth.problem ?? ""
+            #expect(problem.contains("the fence counter \(try name("fence:", "orders")) is outside"), "\(problem)")
+            #expect(!problem.contains("script"), "names the key, not the script: \(problem)")
+            try await Task.sleep(for: .milliseconds(1500))
+            guard
+                let again = success(
+                    await store.fetchForFleet("orders", settings: "s", current: 1, forced: false, fetch: issuer.fetch))
+            else { return }
+            #expect(again.origin == .fetchedAlone)
+            #expect(reports.all == [problem], "said once, not out of reach and back at each fetch")
+            #expect(try server.command("GET", try name("fence:", "orders")) == .string(Array(fence.utf8)))
+        }
+    }
+
+    /// A key of the store's of another type than a string (`RPUSH` on the record, the lease or the
+    /// fence) is one key Redis refuses: `WRONGTYPE` is Redis's answer about that key, not a broken
+    /// connection, so the connection stays, and the broker fetches that provider's tokens alone,
+    /// names the key, and says so once until the key is deleted. It dropped the connection and
+    /// marked the store out of reach, then reachable at the next call, naming the script's SHA.
+    @Test(arguments: ["record:", "lease:", "fence:"])
+    func aKeyOfAnotherTypeIsOneKeyRefusedWithoutDroppingTheConnection(kind: String) async throws {
+        try await withRedis { server, fleet in
+            let reports = Reachability()
+            let store = try fleet.store(events: reports.events)
+            #expect(await awaitSubscribers(server, 1))
+            let issuer = Issuer("a")
+            guard
+                let billing = success(
+                    await store.fetchForFleet("billing", settings: "s", current: 0, forced: false, fetch: issuer.fetch))
+            else { return }
+            #expect(billing.origin == .fetchedForFleet)
+            let connection = try commandConnections(server)
+            #expect(connection.count == 1, "the store's command connection: \(connection)")
+
+            let key = try name(kind, "orders")
+            try server.command("RPUSH", key, "x")
+            if kind == "record:" {
+                guard case .refused(let why) = await store.load("orders") else {
+                    Issue.record("a list under the record's key is refused")
+                    return
+                }
+                #expect(why.contains(key), "\(why)")
+            }
+            guard
+                let alone = success(
+                    await bounded {
+                        await store.fetchForFleet(
+                            "orders", settings: "s", current: 0, forced: false, fetch: issuer.fetch)
+                    })
+            else { return }
+            #expect(alone.origin == .fetchedAlone)
+            let problem = store.currentHealth.problem ?? ""
+            #expect(problem.contains("the key \(key) holds another type than a string"), "\(problem)")
+            #expect(!store.currentHealth.reachable)
+            // A second later (the subscriber's probe has had its turn) and at the next fetch: the same.
+            try await Task.sleep(for: .milliseconds(1500))
+            guard
+                let again = success(
+                    await store.fetchForFleet("orders", settings: "s", current: 1, forced: false, fetch: issuer.fetch))
+            else { return }
+            #expect(again.origin == .fetchedAlone)
+            #expect(store.currentHealth.problem == problem)
+            #expect(reports.all == [problem], "said once: \(reports.all)")
+            #expect(try commandConnections(server) == connection, "the connection was kept")
+            #expect(try server.command("TYPE", key) == .status("list"), "the key is left as it is")
+            // billing's lease is still taken meanwhile.
+            guard
+                let shared = success(
+                    await store.fetchForFleet("billing", settings: "s", current: 1, forced: true, fetch: issuer.fetch))
+            else { return }
+            #expect(shared.origin == .fetchedForFleet)
+
+            try server.command("DEL", key)
+            guard
+                let rejoined = success(
+                    await store.fetchForFleet("orders", settings: "s", current: 2, forced: false, fetch: issuer.fetch))
+            else { return }
+            #expect(rejoined.origin == .fetchedForFleet)
+            #expect(await eventually(within: 20) { store.currentHealth.reachable })
+            #expect(store.currentHealth.problem == nil)
+        }
+    }
+
+    // MARK: - A lease that holds the broker up
+
+    /// A lease no broker with this `leaseMsec` could have taken (`SET … PX 600000`, the longest a
+    /// fleet's broker may take, by hand), while the provider's token has 2 s left: the broker waits
+    /// for half of that at most, then fetches alone (it does not let its token expire), leaves the
+    /// lease as it is, and reads as degraded, naming the lease's key, never its holder, until a
+    /// lease is taken again. It waited until its fetch was given up, and again, for ten minutes.
+    @Test func aLeaseThatOutlivesAnyThisBrokerTakesLetsItFetchAloneBeforeItsTokenExpires() async throws {
+        try await withRedis { server, fleet in
+            let reports = Reachability()
+            let held = Leases()
+            var events = reports.events
+            events.lease = held.events.lease
+            let store = try fleet.store(events: events) { $0.leaseMsec = 10_000 }
+            #expect(await awaitSubscribers(server, 1))
+            let lease = try name("lease:", "orders")
+            try server.command("SET", lease, "someone-else", "PX", "600000")
+            let issuer = Issuer("a")
+            let waiting = FleetWait(tokenLeft: .seconds(2), fetchLeft: .seconds(15))
+            guard
+                let alone = success(
+                    await bounded {
+                        await store.fetchForFleet(
+                            "orders", settings: "s", current: 1, forced: false, waiting: waiting,
+                            accepts: { _ in true },
+                            fetch: issuer.fetch)
+                    })
+            else { return }
+            #expect(alone.origin == .fetchedAlone)
+            #expect(alone.record.version == 2)
+            #expect(issuer.calls == 1)
+            #expect(try server.bytes(lease) == Array("someone-else".utf8), "the lease is left as it is")
+            #expect(try storedRecord(server, "orders") == nil)
+            let health = store.currentHealth
+            let problem = health.problem ?? ""
+            #expect(health.reachable, "Redis answers: the store is not out of reach")
+            #expect(problem.contains("the lease \(lease)") && problem.contains("outlives"), "\(problem)")
+            #expect(!problem.contains("someone-else"))
+            #expect(held.all == [problem])
+            #expect(reports.all.isEmpty)
+
+            guard
+                let again = success(
+                    await bounded {
+                        await store.fetchForFleet(
+                            "orders", settings: "s", current: 2, forced: false, waiting: waiting,
+                            accepts: { _ in true },
+                            fetch: issuer.fetch)
+                    })
+            else { return }
+            #expect(again.origin == .fetchedAlone)
+            #expect(held.all == [problem], "said once")
+
+            try server.command("DEL", lease)
+            guard
+                let rejoined = success(
+                    await store.fetchForFleet(
+                        "orders", settings: "s", current: 3, forced: false, waiting: waiting, accepts: { _ in true },
+                        fetch: issuer.fetch))
+            else { return }
+            #expect(rejoined.origin == .fetchedForFleet)
+            #expect(store.currentHealth.problem == nil)
+            #expect(held.all == [problem, nil], "said when it ended")
+        }
+    }
+
+    /// A broker with a shorter `leaseMsec` than the holder's (500 ms against 60000: a fleet in
+    /// the middle of changing it), without a token, waits for the holder's lease for its own
+    /// `leaseMsec` at most, then fetches alone, leaving the holder's lease as it is; once more at
+    /// once while that lease lasts. It waited for the holder's lease until it was cancelled.
+    @Test func aBrokerWaitsOnAnothersLeaseNoLongerThanItsOwnLeaseMsec() async throws {
+        try await withRedis { server, fleet in
+            let holder = try fleet.store { $0.leaseMsec = 60_000 }
+            let held = Leases()
+            let waiting = try fleet.store(events: held.events) { $0.leaseMsec = 500 }
+            #expect(await awaitSubscribers(server, 2))
+            let failing = Issuer("a", failures: 1)
+            _ = await holder.fetchForFleet("orders", settings: "s", current: 0, forced: false, fetch: failing.fetch)
+            let lease = try server.bytes(try name("lease:", "orders"))
+            #expect(lease != nil, "the holder keeps its lease for its retries")
+            let other = Issuer("b")
+            guard
+                let alone = success(
+                    await bounded {
+                        await waiting.fetchForFleet(
+                            "orders", settings: "s", current: 0, forced: false, fetch: other.fetch)
+                    })
+            else { return }
+            #expect(alone.origin == .fetchedAlone)
+            #expect(other.calls == 1)
+            #expect(try server.bytes(try name("lease:", "orders")) == lease, "the holder's lease is not taken over")
+            #expect(held.all.count == 1 && held.all.first??.contains("outlives") == true, "\(held.all)")
+            guard
+                let again = success(
+                    await bounded {
+                        await waiting.fetchForFleet(
+                            "orders", settings: "s", current: 1, forced: false, fetch: other.fetch)
+                    })
+            else { return }
+            #expect(again.origin == .fetchedAlone)
+            #expect(other.calls == 2)
+        }
+    }
+
+    /// A lease that ends within this broker's own `leaseMsec` (the fleet's, its holder's fetches
+    /// failing) is waited on as README says, however little the provider's token has left: the
+    /// others do not each fetch from a failing issuer. Once it lapses, this broker takes it.
+    @Test func aLeaseWithinThisBrokersLeaseMsecIsWaitedOnHoweverLittleItsTokenHasLeft() async throws {
+        try await withRedis { server, fleet in
+            let holder = try fleet.store { $0.leaseMsec = 1500 }
+            let held = Leases()
+            let waiting = try fleet.store(events: held.events) { $0.leaseMsec = 1500 }
+            #expect(await awaitSubscribers(server, 2))
+            let failing = Issuer("a", failures: 1)
+            _ = await holder.fetchForFleet("orders", settings: "s", current: 0, forced: false, fetch: failing.fetch)
+            let other = Issuer("b")
+            guard
+                let fetched = success(
+                    await bounded {
+                        await waiting.fetchForFleet(
+                            "orders", settings: "s", current: 1, forced: false,
+                            waiting: FleetWait(tokenLeft: .milliseconds(100), fetchLeft: .seconds(15)),
+                            accepts: { _ in true }, fetch: other.fetch)
+                    })
+            else { return }
+            #expect(fetched.origin == .fetchedForFleet, "the lease lapsed, and this broker took it")
+            #expect(other.calls == 1)
+            #expect(held.all.isEmpty)
+            #expect(waiting.currentHealth.problem == nil)
+        }
+    }
+
+    /// A broker waiting on a live lease as its fetch's deadline nears gives up waiting with a
+    /// failure that says what it waited for, rather than let the provider abandon a fetch that
+    /// never reached the source ("the source did not finish").
+    @Test func aWaitOnALeaseEndsBeforeTheFetchsDeadlineAndSaysSo() async throws {
+        try await withRedis { server, fleet in
+            let holder = try fleet.store { $0.leaseMsec = 60_000 }
+            let waiting = try fleet.store { $0.leaseMsec = 60_000 }
+            let failing = Issuer("a", failures: 1)
+            _ = await holder.fetchForFleet("orders", settings: "s", current: 0, forced: false, fetch: failing.fetch)
+            let other = Issuer("b")
+            let result = await bounded {
+                await waiting.fetchForFleet(
+                    "orders", settings: "s", current: 0, forced: false, waiting: FleetWait(fetchLeft: .seconds(1)),
+                    accepts: { _ in true }, fetch: other.fetch)
+            }
+            guard case .failure(let error) = result else {
+                Issue.record("the wait should fail: \(result)")
+                return
+            }
+            #expect(error.description == "timeout")
+            #expect(error.detail.contains("for the lease \(try name("lease:", "orders")), which another broker holds"))
+            #expect(other.calls == 0)
+            #expect(waiting.currentHealth.problem == nil, "a lease of the fleet's, within this broker's leaseMsec")
         }
     }
 

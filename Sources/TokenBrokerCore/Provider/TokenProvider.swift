@@ -669,8 +669,9 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         if let store, let shared {
             let (current, forced) = state.withLock { ($0.machine.cached?.version ?? 0, $0.machine.fetchIsForced) }
             let source = source
+            let waiting = state.withLock { Self.fleetWait($0.machine, now: clock.now) }
             switch await shared.fetchForFleet(
-                store.key, settings: store.settings, current: current, forced: forced,
+                store.key, settings: store.settings, current: current, forced: forced, waiting: waiting,
                 accepts: { [weak self] record in self?.acceptsFromFleet(record) ?? false },
                 fetch: {
                     () async throws(TokenFetchError) -> FetchedToken in try await source.fetch()
@@ -718,6 +719,16 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
                 events.fetched(name, .failure(error), elapsed)
             }
         }
+    }
+}
+
+extension TokenProvider {
+    /// What bounds a fetch's wait for another broker's record, at `now`: what the valid token
+    /// held has left, and what the fetch has left before its deadline (`FleetWait`).
+    static func fleetWait(_ machine: Machine, now: C.Instant) -> FleetWait {
+        FleetWait(
+            tokenLeft: machine.validToken(at: now)?.expiresAt.map { now.duration(to: $0) },
+            fetchLeft: machine.fetchDeadline.map { now.duration(to: $0) })
     }
 }
 

@@ -147,11 +147,12 @@ public protocol SharedTokenStore: TokenStore {
     ///   - current: the version the provider holds (0: none); a record must be newer to answer.
     ///   - forced: a forced refresh asked for it (the retrier); the other brokers are told, and
     ///     count it in their windows.
+    ///   - waiting: what bounds this broker's wait for another's record (`FleetWait`).
     ///   - accepts: whether the provider may serve a record another broker stored (its rules
     ///     may differ from theirs); one it refuses is fetched past, as if older.
     ///   - fetch: the provider's source, called only when this broker is the one to fetch.
     func fetchForFleet(
-        _ key: String, settings: String, current: UInt64, forced: Bool,
+        _ key: String, settings: String, current: UInt64, forced: Bool, waiting: FleetWait,
         accepts: @escaping @Sendable (StoredToken) -> Bool,
         fetch: @escaping @Sendable () async throws(TokenFetchError) -> FetchedToken
     ) async -> Result<SharedFetch, TokenFetchError>
@@ -162,6 +163,21 @@ public protocol SharedTokenStore: TokenStore {
     func watch(_ key: String, settings: String, _ onRecord: @escaping @Sendable (StoredToken, _ forced: Bool) -> Void)
         -> UInt64
     func stopWatching(_ key: String, id: UInt64)
+}
+
+/// What a provider tells a fetch for the fleet of its own deadlines, measured when it asks:
+/// they bound how long the store waits on a lease another holds before it fetches alone, or
+/// gives up with a failure that says so (`RedisTokenStore.fetchForFleet`).
+public struct FleetWait: Sendable, Equatable {
+    /// What the valid token the provider holds has left; nil: none held, or one without expiry.
+    public var tokenLeft: Duration?
+    /// What the fetch has left before its deadline (`fetchTimeoutSec`); nil: no deadline.
+    public var fetchLeft: Duration?
+
+    public init(tokenLeft: Duration? = nil, fetchLeft: Duration? = nil) {
+        self.tokenLeft = tokenLeft
+        self.fetchLeft = fetchLeft
+    }
 }
 
 /// How a fetch for the fleet ended.

@@ -27,7 +27,16 @@ import TokenBrokerCrypto
 /// record (the channel wakes them) or for the lease to end, then try again. A failed fetch keeps
 /// the lease, not extended: its holder retries under it on its backoff while it lasts, and the
 /// others wait, so a failing issuer sees one broker's retries, not the fleet's; once it lapses,
-/// whichever broker asks first fetches.
+/// whichever broker asks first fetches. No broker waits on a lease longer than its own
+/// `leaseMsec`, counted from when it first found that holder's lease; and a lease that outlives
+/// that (one this broker could not have taken) is waited on for half of what the provider's token
+/// has left at most, then the broker fetches alone, so that no token expires for it (`FleetWait`,
+/// `leaseOutlives`).
+///
+/// A key of another type than a string under the store's names, or a fence counter that is not a
+/// whole number written in digits, is one key Redis refuses for the fleet (`refused`): its
+/// provider fetches alone until the key is deleted; the error reply (`WRONGTYPE`) is an answer,
+/// which neither drops the connection nor touches the other keys (`isAboutOneKey`).
 ///
 /// Every call to Redis runs on the store's own queue (`RedisCallQueue`), never on a server thread
 /// (the request path never calls Redis: `/token` reads the provider's memory), and is answered
@@ -46,6 +55,9 @@ public final class RedisTokenStore: SharedTokenStore {
         public var message: @Sendable () -> Void = {}
         /// Redis became reachable (nil) or out of reach (why).
         public var reachability: @Sendable (_ problem: String?) -> Void = { _ in }
+        /// A lease this broker did not take outlives any it takes, and holds up the record under
+        /// `key` (why, naming the lease's key, never its holder); nil: it no longer does.
+        public var lease: @Sendable (_ key: String, _ problem: String?) -> Void = { _, _ in }
         /// A record was not stored, for a reason of its own, not Redis's (too large to seal): its
         /// key, and why, in words that never quote the token.
         public var notStored: @Sendable (_ key: String, _ problem: String) -> Void = { _, _ in }
@@ -54,9 +66,12 @@ public final class RedisTokenStore: SharedTokenStore {
 
     /// Whether Redis answers, for `/readyz` and the metrics.
     public struct Health: Sendable {
+        /// Redis answers, and refuses no key the fleet needs.
         public var reachable: Bool
         /// When Redis last answered, on the monotonic clock; nil: never.
         public var lastReachable: ContinuousClock.Instant?
+        /// Why the broker fetches alone for some or all of its providers (nil: it does not): why
+        /// the store is out of reach, else a lease that outlives any this broker takes.
         public var problem: String?
     }
 
@@ -84,6 +99,14 @@ public final class RedisTokenStore: SharedTokenStore {
         let onRecord: @Sendable (StoredToken, Bool) -> Void
     }
 
+    /// A lease another holder keeps, which this broker has been waiting on (`fetchForFleet`).
+    private struct LeaseWait {
+        /// SHA-1 of the holder's id, in hex, as the lease script answers it.
+        let holder: [UInt8]
+        /// When this broker first found that holder's lease.
+        let since: ContinuousClock.Instant
+    }
+
     private struct Watching {
         var byHash: [String: [UInt64: Watcher]] = [:]
         var nextID: UInt64 = 0
@@ -100,17 +123,24 @@ public final class RedisTokenStore: SharedTokenStore {
     /// answer it cannot give), by the fence key they came for: each is kept until a script
     /// answers as it should for the same key, not cleared by a `GET` or a `PING` that succeeds
     /// meanwhile, nor by another key's lease (a key with a sound counter would otherwise flip
-    /// the state at every refresh of the two).
+    /// the state at every refresh of the two). `leases` are leases that outlive any this broker
+    /// takes, by the lease key: Redis answers, so they leave the store reachable, but the broker
+    /// fetches alone for their providers, which `/readyz` says.
     private struct Problems {
         var commands: String?
         var subscriber: String?
         var refusals: [String: String] = [:]
+        var leases: [String: String] = [:]
         var lastReachable: ContinuousClock.Instant?
         /// Until when calls are answered without touching Redis, which a call found slow.
         var quietUntil: ContinuousClock.Instant?
-        var problem: String? { commands ?? subscriber ?? refusals.min { $0.key < $1.key }?.value }
+        /// Why the store is out of reach for the fleet; nil: it is not.
+        var unreachable: String? { commands ?? subscriber ?? refusals.min { $0.key < $1.key }?.value }
+        var problem: String? { unreachable ?? leases.min { $0.key < $1.key }?.value }
     }
     private let problems = Lock(Problems())
+    /// The leases this broker waits on, by the record key's hash.
+    private let leaseWaits = Lock([String: LeaseWait]())
     private let watching = Lock(Watching())
     private let stopping = Atomic<Bool>(false)
     /// A catch-up is queued and has not started.
@@ -159,7 +189,7 @@ public final class RedisTokenStore: SharedTokenStore {
     /// The store's health now.
     public var currentHealth: Health {
         problems.withLock {
-            Health(reachable: $0.problem == nil, lastReachable: $0.lastReachable, problem: $0.problem)
+            Health(reachable: $0.unreachable == nil, lastReachable: $0.lastReachable, problem: $0.problem)
         }
     }
 
@@ -185,6 +215,8 @@ public final class RedisTokenStore: SharedTokenStore {
             reply = answer
         }
         let asked = WallTime()
+        // The one error reply a call answers (`isAboutOneKey`): a value of another type.
+        if case .error = reply { return .refused(Self.wrongType(name("record:", hash))) }
         guard let read = RecordRead(reply) else {
             return .refused("Redis answered PTTL or GETRANGE with \(Self.describe(reply))")
         }
@@ -219,8 +251,14 @@ public final class RedisTokenStore: SharedTokenStore {
 
     // MARK: - SharedTokenStore
 
+    /// A fetch for the fleet (see the type's comment). While another holds the lease, the broker
+    /// waits for its record, and looks again every `leasePoll` twice; it stops waiting, and
+    /// fetches alone, once that holder's lease has kept it waiting for its own `leaseMsec`; or,
+    /// for a lease that outlives that (`leaseOutlives`), once half of what the provider's token had
+    /// left is spent (`waiting.tokenLeft`). Short of the fetch's deadline (`waiting.fetchLeft`) it
+    /// gives up waiting with a failure that says so, before the provider abandons the fetch.
     public func fetchForFleet(
-        _ key: String, settings wanted: String, current: UInt64, forced: Bool,
+        _ key: String, settings wanted: String, current: UInt64, forced: Bool, waiting: FleetWait = FleetWait(),
         accepts: @escaping @Sendable (StoredToken) -> Bool,
         fetch: @escaping @Sendable () async throws(TokenFetchError) -> FetchedToken
     ) async -> Result<SharedFetch, TokenFetchError> {
@@ -228,6 +266,10 @@ public final class RedisTokenStore: SharedTokenStore {
         let recordKey = Array(name("record:", hash).utf8)
         let leaseKey = Array(name("lease:", hash).utf8)
         let fenceKey = Array(name("fence:", hash).utf8)
+        let started = ContinuousClock.now
+        // Half of what the token has left: the other half is for its fetch alone, and retries.
+        let tokenBound = waiting.tokenLeft.flatMap { $0 > .zero ? started.advanced(by: $0 / 2) : nil }
+        let fetchBound = waiting.fetchLeft.map { started.advanced(by: $0 - Self.leasePoll) }
         var raced = 0
         while !Task.isCancelled {
             // 1. A newer record, stored by another broker.
@@ -242,19 +284,21 @@ public final class RedisTokenStore: SharedTokenStore {
             case .failure: return await alone(key, settings: wanted, current: current, fetch: fetch)
             case .success(let reply):
                 let asked = WallTime()
+                // A value of another type (an error reply) is no record: the lease script says so.
                 guard let read = RecordRead(reply) else { break }
                 if StoreRecord.version(of: read.bytes) != nil { seenVersion = Array(read.bytes[8..<16]) }
                 if case .success(let stored) = opened(read, key: key, askedAt: asked), stored.settings == wanted {
                     storedRecord = stored
                     if stored.version > current, stored.isValid(at: WallTime()), accepts(stored) {
+                        leaseSettled(key, hash)
                         return .success(SharedFetch(record: stored, origin: .fromFleet, fetched: nil))
                     }
                 }
-            case .success: break
             }
             // 2. The lease.
             let notices = watching.withLock { $0.notices[hash] ?? 0 }
             let seen = seenVersion
+            let asked = ContinuousClock.now
             let acquired = await call({ connection throws(RedisFailure) in
                 try connection.command([
                     Array("EVAL".utf8), Array(Self.acquireScript.utf8), Array("3".utf8), leaseKey, fenceKey, recordKey,
@@ -263,10 +307,14 @@ public final class RedisTokenStore: SharedTokenStore {
                     Array(String(RedisStoreSettings.leaseMsecRange.upperBound).utf8),
                 ])
             })
-            switch acquired {
-            case .failure:
+            guard case .success(let reply) = acquired else {
                 return await alone(key, settings: wanted, current: current, fetch: fetch)
-            case .success(.integer(let answer)) where answer > 0:
+            }
+            // When to look again, while the lease is another's or the record changes.
+            var lookAgain = ContinuousClock.now.advanced(by: Self.leasePoll * 2)
+            switch LeaseAnswer(reply) {
+            case .acquired(let answer):
+                leaseSettled(key, hash)
                 // Checked here too: a version beyond what the API reads would refuse its callers.
                 guard answer < Self.fenceLimit, let fence = UInt64(exactly: answer) else {
                     refused(fenceKey, fenceProblem(fenceKey))
@@ -277,36 +325,67 @@ public final class RedisTokenStore: SharedTokenStore {
                 return await fetchHoldingLease(
                     key, settings: wanted, fence: fence, stored: storedRecord, current: current, forced: forced,
                     keys: (recordKey, leaseKey, fenceKey), fetch: fetch)
-            case .success(.integer(-1)):
+            case .raced:
                 // A record was stored between the look above and the lease: read it (not fetch
                 // again). A record that changes at every look (rewritten without end) is waited
                 // on as a lease is, after the first few, not read again in a busy loop.
+                leaseSettled(key, hash)
                 refused(fenceKey, nil)
                 raced += 1
                 if raced <= Self.rereadsAtOnce { continue }
-            case .success(.integer(0)):
+            case .held(let holder, let left):
                 refused(fenceKey, nil)
                 events.operation("lease", "held")
-            case .success(.integer):
-                // -2: the fence counter is out of range (set by hand, or not a number the script
-                // can count on); no lease was taken. The fleet cannot coordinate on this key.
+                let now = ContinuousClock.now
+                let since = leaseWaits.withLock { waits -> ContinuousClock.Instant in
+                    if let known = waits[hash], known.holder == holder { return known.since }
+                    waits[hash] = LeaseWait(holder: holder, since: now)
+                    return now
+                }
+                // Never past this broker's own leaseMsec; nor, for a lease that outlives it, past
+                // half of what the token had left. The lease ends no sooner than `left` after the
+                // call was asked, and a lease of this broker's length began no later than it was
+                // first answered (`since`): neither the call's time nor a lease of the fleet's
+                // makes one outlive the other.
+                var until = since.advanced(by: .milliseconds(settings.leaseMsec))
+                if asked.advanced(by: .milliseconds(left)) > until {
+                    leaseOutlives(key, leaseKey)
+                    if let tokenBound { until = min(until, tokenBound) }
+                }
+                if now >= until { return await alone(key, settings: wanted, current: current, fetch: fetch) }
+                if let fetchBound, now >= fetchBound {
+                    return .failure(
+                        .timeout(
+                            "waited \(since.duration(to: now).wholeMilliseconds) ms for the lease "
+                                + "\(String(decoding: leaseKey, as: UTF8.self)), which another broker holds: its "
+                                + "record had not come by the fetch's deadline (fetchTimeoutSec)"))
+                }
+                lookAgain = min(lookAgain, until, fetchBound ?? until)
+            case .fenceOutOfRange:
+                // The fence counter is out of range (set by hand, or not a number the script can
+                // count on); no lease was taken. The fleet cannot coordinate on this key.
+                leaseSettled(key, hash)
                 refused(fenceKey, fenceProblem(fenceKey))
                 return await alone(key, settings: wanted, current: current, fetch: fetch)
-            case .success(let other):
+            case .wrongType(let kind):
+                // A key of another type than a string: the fleet cannot coordinate on it either.
+                leaseSettled(key, hash)
+                refused(fenceKey, Self.wrongType(name(kind, hash)))
+                return await alone(key, settings: wanted, current: current, fetch: fetch)
+            case .other(let other):
                 // An answer the script cannot give (error replies are failures, above): the fleet
                 // cannot coordinate through this Redis, so this broker fetches alone.
+                leaseSettled(key, hash)
                 refused(fenceKey, "the lease script was answered with \(Self.describe(other))")
                 return await alone(key, settings: wanted, current: current, fetch: fetch)
             }
             // 3. Another broker fetches: wait for its record, or for its lease to end.
-            var waited: Duration = .zero
-            while waited < Self.leasePoll * 2 {
+            while ContinuousClock.now < lookAgain {
                 do {
                     try await Task.sleep(for: .milliseconds(25))
                 } catch {
                     break
                 }
-                waited += .milliseconds(25)
                 if watching.withLock({ $0.notices[hash] ?? 0 }) != notices { break }
             }
         }
@@ -333,6 +412,8 @@ public final class RedisTokenStore: SharedTokenStore {
                 watching.notices[hash] = nil
             }
         }
+        // Whatever held it up is no longer this broker's concern once nothing here watches it.
+        if watching.withLock({ $0.byHash[hash] == nil }) { leaseSettled(key, hash) }
     }
 
     // MARK: - Fetching
@@ -459,7 +540,8 @@ public final class RedisTokenStore: SharedTokenStore {
     /// `reconnectGap` while Redis is out of reach), runs `body`, and drops the connection when it
     /// fails. An error reply (`NOAUTH`, `NOPERM`, `READONLY`, …) fails too: every command the store
     /// sends is one the fleet needs, so Redis refusing it is Redis out of reach for the fleet, not
-    /// an answer. Within `reconnectGap` of a call that found Redis slow, fails at once.
+    /// an answer; except an error about one key (`isAboutOneKey`), which is the call's answer,
+    /// on a connection that stays. Within `reconnectGap` of a call that found Redis slow, fails at once.
     private func perform(_ body: Body, by deadline: ContinuousClock.Instant) -> Result<
         RedisConnection.Reply, RedisFailure
     > {
@@ -493,7 +575,7 @@ public final class RedisTokenStore: SharedTokenStore {
         defer { connection.sharedDeadline = nil }
         do throws(RedisFailure) {
             let value = try body(connection)
-            if case .error(let text) = value {
+            if case .error(let text) = value, !Self.isAboutOneKey(text) {
                 throw RedisFailure("Redis refused: \(text)")
             }
             mark(\.commands, nil)
@@ -523,28 +605,65 @@ public final class RedisTokenStore: SharedTokenStore {
     private func refused(_ fenceKey: [UInt8], _ problem: String?) {
         let key = String(decoding: fenceKey, as: UTF8.self)
         let (before, after) = problems.withLock { problems -> (String?, String?) in
-            let before = problems.problem
+            let before = problems.unreachable
             problems.refusals[key] = problem
-            if problems.problem == nil { problems.lastReachable = .now }
-            return (before, problems.problem)
+            if problems.unreachable == nil { problems.lastReachable = .now }
+            return (before, problems.unreachable)
         }
         if (before == nil) != (after == nil) { events.reachability(after) }
     }
 
     /// Why a fence counter out of range is refused: names the key, never a value read from Redis.
     private func fenceProblem(_ fenceKey: [UInt8]) -> String {
-        "the fence counter \(String(decoding: fenceKey, as: UTF8.self)) is outside 0 to \(Self.fenceLimit - 2) "
-            + "(delete it to let the fleet take leases again)"
+        "the fence counter \(String(decoding: fenceKey, as: UTF8.self)) is outside 0 to \(Self.fenceLimit - 2), "
+            + "or not a whole number in digits (delete it to let the fleet take leases again)"
+    }
+
+    /// Why a key of another type than a string is refused: names it.
+    private static func wrongType(_ key: String) -> String {
+        "the key \(key) holds another type than a string (Redis answered WRONGTYPE; delete it to let the fleet "
+            + "take leases again)"
+    }
+
+    /// Whether an error reply is about one key, not about the connection or the user: the
+    /// value's type (`WRONGTYPE`), as `GETRANGE` on a list answers. Such a reply is an answer
+    /// (`perform`), and the lease script says which key (`LeaseAnswer.wrongType`). The scripts
+    /// raise no other error about one key: they read each key with `redis.pcall`, and check the
+    /// fence counter before `INCR`.
+    static func isAboutOneKey(_ error: String) -> Bool { error.hasPrefix("WRONGTYPE ") }
+
+    /// A lease this broker did not take outlives any it takes (`leaseMsec`), and holds up the
+    /// record under `key`: `/readyz` says so, and the broker logs it once, until it ends.
+    private func leaseOutlives(_ key: String, _ leaseKey: [UInt8]) {
+        let lease = String(decoding: leaseKey, as: UTF8.self)
+        let problem =
+            "the lease \(lease), which this broker did not take, outlives any it takes (leaseMsec "
+            + "\(settings.leaseMsec) ms: written by hand, by something else, or by a broker with a longer leaseMsec); "
+            + "the broker fetches alone, rather than wait longer or let its token expire, until the lease ends"
+        let new = problems.withLock { problems -> Bool in
+            defer { problems.leases[lease] = problem }
+            return problems.leases[lease] == nil
+        }
+        if new { events.lease(key, problem) }
+    }
+
+    /// The lease of the record under `key` (by its hash) no longer holds this broker up: it took it,
+    /// another record came, or Redis refuses a key of the record's.
+    private func leaseSettled(_ key: String, _ hash: String) {
+        leaseWaits.withLock { _ = $0.removeValue(forKey: hash) }
+        let lease = name("lease:", hash)
+        let ended = problems.withLock { $0.leases.removeValue(forKey: lease) != nil }
+        if ended { events.lease(key, nil) }
     }
 
     /// Records what one connection found (nil: Redis answered it), and reports a change of the
     /// store's reachability: reachable while both connections answer.
     private func mark(_ connection: WritableKeyPath<Problems, String?>, _ failure: RedisFailure?) {
         let (before, after) = problems.withLock { problems -> (String?, String?) in
-            let before = problems.problem
+            let before = problems.unreachable
             problems[keyPath: connection] = failure?.description
-            if problems.problem == nil { problems.lastReachable = .now }
-            return (before, problems.problem)
+            if problems.unreachable == nil { problems.lastReachable = .now }
+            return (before, problems.unreachable)
         }
         if (before == nil) != (after == nil) { events.reachability(after) }
     }
@@ -708,6 +827,40 @@ public final class RedisTokenStore: SharedTokenStore {
         }
     }
 
+    /// What the lease script answered (`acquireScript`).
+    private enum LeaseAnswer {
+        /// The lease is this broker's, with the next fence.
+        case acquired(Int64)
+        /// Another holds it: SHA-1 of its id, in hex, and what it has left in milliseconds.
+        case held([UInt8], Int64)
+        /// The record changed since this broker read it.
+        case raced
+        /// The fence counter is out of range: no lease taken.
+        case fenceOutOfRange
+        /// One of the keys (`record:`, `lease:`, `fence:`) holds another type than a string.
+        case wrongType(String)
+        /// Nothing the script answers.
+        case other(RedisConnection.Reply)
+
+        init(_ reply: RedisConnection.Reply) {
+            switch reply {
+            case .integer(let fence) where fence > 0: self = .acquired(fence)
+            case .integer(-1): self = .raced
+            case .integer(-2): self = .fenceOutOfRange
+            case .integer(-3): self = .wrongType("record:")
+            case .integer(-4): self = .wrongType("lease:")
+            case .integer(-5): self = .wrongType("fence:")
+            case .array(let parts) where parts.count == 3 && parts[0] == .integer(0):
+                if case .string(let holder) = parts[1], case .integer(let left) = parts[2] {
+                    self = .held(holder, left)
+                } else {
+                    self = .other(reply)
+                }
+            default: self = .other(reply)
+            }
+        }
+    }
+
     /// A record read with `readRecord`, opened under `key`, its dates placed by Redis's clock: its
     /// key's `PTTL`, set from the token's lifetime when it was written, counted from `asked`, this
     /// host's wall clock when the answer came (a little after Redis counted, so that a record
@@ -756,50 +909,79 @@ public final class RedisTokenStore: SharedTokenStore {
         }
     }
 
-    /// Takes the lease and returns the next fence; 0 when another holds it. Its holder asking again
-    /// (retrying after a failed fetch) keeps the lease without extending it, so a broker whose own
-    /// fetches fail (a local fault) holds up the fleet for `leaseMsec` at most. A lease key with no
-    /// expiry, or with more left than the longest lease any broker may take (600000 ms, whatever
-    /// this one's `leaseMsec`: a fleet may be in the middle of changing it), is no lease a broker
-    /// took (one written by hand, or by something else): it is taken over, or it would hold up the
-    /// fleet for good. -1 when the record's version (bytes 9–16 of a record, in clear; empty for no
-    /// record or a value that is not one) is no longer the one the caller read, so that a broker
-    /// that looked just before another stored a new record, and asks just after that one let the
-    /// lease go, reads it instead of fetching again. -2, taking no lease, when the fence counter
-    /// is not a whole number from 0 to `fenceLimit` - 2 (its next value would be out of range).
+    /// Reads a key in the scripts: its value (false: none), and whether it holds another type
+    /// than a string, which `redis.pcall` catches (`redis.call` raised the `WRONGTYPE` as the
+    /// script's error, which named the script, not the key); any other error is raised as it came.
+    static let readFunction = """
+        local function read(key)
+          local value = redis.pcall('GET', key)
+          if type(value) == 'table' and value.err then
+            if string.sub(value.err, 1, 10) == 'WRONGTYPE ' then return false, true end
+            error(value)
+          end
+          return value, false
+        end
+
+        """
+
+    /// Takes the lease and returns the next fence; when another holds it, `{0, SHA-1 of its id,
+    /// milliseconds it has left}` (the id in hex, however long a value written by hand). Its holder
+    /// asking again (retrying after a failed fetch) keeps the lease without extending it, so a
+    /// broker whose own fetches fail (a local fault) holds up the fleet for `leaseMsec` at most. A
+    /// lease key with no expiry, or with more left than the longest lease any broker may take
+    /// (600000 ms, whatever this one's `leaseMsec`: a fleet may be in the middle of changing it),
+    /// is no lease a broker took (one written by hand, or by something else): it is taken over, or
+    /// it would hold up the fleet for good. -1 when the record's version (bytes 9–16 of a record,
+    /// in clear; empty for no record or a value that is not one) is no longer the one the caller
+    /// read, so that a broker that looked just before another stored a new record, and asks just
+    /// after that one let the lease go, reads it instead of fetching again. -2, taking no lease,
+    /// when the fence counter is not a whole number in digits from 0 to `fenceLimit` - 2 (its next
+    /// value would be out of range, or `INCR` would refuse it: `1e5`, `+5`, `05`, ` 5` are numbers
+    /// to Lua, not to `INCR`). -3, -4, -5, taking no lease, when the record, the lease or the
+    /// fence holds another type than a string.
     /// KEYS: lease, fence, record. ARGV: owner, leaseMsec, the version's 8 bytes as read (or none),
     /// `fenceLimit`, the longest lease any broker may take.
-    static let acquireScript = """
-        local record = redis.call('GET', KEYS[3])
-        local version = ''
-        if record and #record >= 16 and string.sub(record, 1, 8) == 'TBSTORE1' then
-          version = string.sub(record, 9, 16)
-        end
-        if version ~= ARGV[3] then return -1 end
-        local last = redis.call('GET', KEYS[2])
-        local count = 0
-        if last then count = tonumber(last) end
-        if not count or count < 0 or count % 1 ~= 0 or count + 1 >= tonumber(ARGV[4]) then return -2 end
-        local holder = redis.call('GET', KEYS[1])
-        if holder ~= ARGV[1] then
-          if holder then
-            local left = redis.call('PTTL', KEYS[1])
-            if left >= 0 and left <= tonumber(ARGV[5]) then return 0 end
-          end
-          redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-        end
-        local fence = redis.call('INCR', KEYS[2])
-        redis.call('PEXPIRE', KEYS[2], 86400000)
-        return fence
-        """
+    static let acquireScript =
+        readFunction + """
+            local record, odd = read(KEYS[3])
+            if odd then return -3 end
+            local version = ''
+            if record and #record >= 16 and string.sub(record, 1, 8) == 'TBSTORE1' then
+              version = string.sub(record, 9, 16)
+            end
+            if version ~= ARGV[3] then return -1 end
+            local last, oddFence = read(KEYS[2])
+            if oddFence then return -5 end
+            local count = 0
+            if last then
+              if not string.match(last, '^%d+$') or (#last > 1 and string.sub(last, 1, 1) == '0') then return -2 end
+              count = tonumber(last)
+            end
+            if count + 1 >= tonumber(ARGV[4]) then return -2 end
+            local holder, oddLease = read(KEYS[1])
+            if oddLease then return -4 end
+            if holder ~= ARGV[1] then
+              if holder then
+                local left = redis.call('PTTL', KEYS[1])
+                if left >= 0 and left <= tonumber(ARGV[5]) then return {0, redis.sha1hex(holder), left} end
+              end
+              redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+            end
+            local fence = redis.call('INCR', KEYS[2])
+            redis.call('PEXPIRE', KEYS[2], 86400000)
+            return fence
+            """
 
     /// Stores and publishes a record if the fence is still the writer's, then lets its lease go; 1 when stored.
     /// KEYS: fence, record, lease. ARGV: fence, record, milliseconds it lives (`expiry`), channel, message, owner.
-    static let writeScript = """
-        if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-        redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
-        redis.call('PUBLISH', ARGV[4], ARGV[5])
-        if redis.call('GET', KEYS[3]) == ARGV[6] then redis.call('DEL', KEYS[3]) end
-        return 1
-        """
+    /// A fence or lease of another type than a string (set since the lease was taken) is not the
+    /// writer's: 0, or the lease left as it is.
+    static let writeScript =
+        readFunction + """
+            if read(KEYS[1]) ~= ARGV[1] then return 0 end
+            redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+            redis.call('PUBLISH', ARGV[4], ARGV[5])
+            if read(KEYS[3]) == ARGV[6] then redis.call('DEL', KEYS[3]) end
+            return 1
+            """
 }
