@@ -392,6 +392,91 @@ extension MachineHarness {
         #expect(harness.machine.cached?.version == 42)
     }
 
+    /// A template's child made again numbers after its dropped siblings' versions (6), above
+    /// the fleet's for its own values: the record it reads at start is served under its own
+    /// version (2), as every broker serves it. A newer record numbered at or below 6 (3, another
+    /// broker's forced refresh) is not renumbered 7 here, where the fleet serves it as 3, and
+    /// where a retry refusing 3 would then be answered with it as the newer token: the child
+    /// refreshes past it at once, and the fleet's fetch brings the token numbered after 6, which
+    /// every broker serves as 7.
+    @Test func aChildMadeAgainRefreshesPastARecordNumberedBelowItsVersionsRatherThanRenumberIt() {
+        var harness = MachineHarness.awaitingStore(versionsAfter: 6)
+        harness.start()
+        harness.loadFleetRecord(fleetRecord(version: 2, issuedSecondsAgo: 10, accessToken: "token-a"))
+        #expect(harness.machine.cached?.version == 2, "the stored record, under its own version")
+        #expect(harness.fetchesStarted == 0)
+        let waiter = harness.wait(after: 2, for: .seconds(30))
+
+        harness.arrive(fleetRecord(version: 3, accessToken: "token-b"))
+        #expect(harness.machine.cached?.token.accessToken == "token-a", "not served under another number")
+        #expect(harness.machine.cached?.version == 2)
+        #expect(harness.fetchesStarted == 1, "refreshed past at once")
+        #expect(harness.outcomes[waiter] == nil)
+
+        harness.fleetFetchBrought(fleetRecord(version: 7, accessToken: "token-c"))
+        #expect(harness.machine.cached?.version == 7, "the fleet's own number")
+        #expect(harness.answer(waiter)?.token.accessToken == "token-c")
+        guard case .current(let token) = harness.forceRefresh(rejected: 3) else {
+            Issue.record("3 is older than the token held: it should be answered with it")
+            return
+        }
+        #expect(token.token.accessToken == "token-c")
+    }
+
+    /// Paused, or fetching only on request, a provider fetches for nobody: such a record is left
+    /// alone, as one not newer than its token is.
+    @Test(arguments: [
+        ProviderConfiguration(tokenRefreshDelaySec: 10),
+        ProviderConfiguration(backgroundRefreshEnabled: false),
+    ])
+    func anIdleProviderLeavesARecordNumberedBelowItsVersionsAlone(configuration: ProviderConfiguration) {
+        var harness = MachineHarness.awaitingStore(configuration, versionsAfter: 6)
+        harness.start()
+        harness.loadFleetRecord(fleetRecord(version: 2, lifetime: 900, accessToken: "token-a"))
+        // Ten seconds without a read pause the first; the second plans nothing.
+        harness.tick(at: .seconds(11))
+        harness.tick(at: .seconds(12))
+        #expect(harness.machine.isPaused == configuration.backgroundRefreshEnabled)
+        let started = harness.fetchesStarted
+        harness.arrive(fleetRecord(version: 3, lifetime: 900, now: harness.wallNow, accessToken: "token-b"))
+        #expect(harness.machine.cached?.token.accessToken == "token-a")
+        #expect(harness.fetchesStarted == started)
+    }
+
+    /// Where a record must be served under a number of its own (no valid token is held, or the
+    /// issuer handed the fleet's current token back to the fetch meant to number a new one after
+    /// 6), the other brokers serve that token under the record's version or under numbers of
+    /// theirs above it: a retry refusing any of those is refreshed, never answered with it. An
+    /// older version, of a token before it, still gets it at once.
+    @Test(arguments: [3, 4, 6] as [UInt64])
+    func aTokenServedUnderANumberOfItsOwnIsRefreshedForARetryNamingAnotherBrokersNumber(rejected: UInt64) {
+        for arrives in [false, true] {
+            var harness = MachineHarness.awaitingStore(versionsAfter: 6)
+            harness.start()
+            harness.loadFleetRecord(nil)
+            if arrives {
+                harness.fail()
+                harness.arrive(fleetRecord(version: 3, accessToken: "token-b"))
+            } else {
+                harness.fleetFetchBrought(fleetRecord(version: 3, accessToken: "token-b"))
+            }
+            #expect(harness.machine.cached?.token.accessToken == "token-b")
+            #expect(harness.machine.cached?.version == 7, "numbered after 6")
+            if case .current(let token) = harness.forceRefresh(rejected: 2) {
+                #expect(token.token.accessToken == "token-b")
+            } else {
+                Issue.record("2 is older than the token held: it should be answered with it")
+            }
+            let before = harness.fetchesStarted
+            guard case .refreshing(let after) = harness.forceRefresh(rejected: rejected) else {
+                Issue.record("\(rejected) may be another broker's number of the token held: it should be refreshed")
+                continue
+            }
+            #expect(after == 7)
+            #expect(harness.fetchesStarted == before + 1)
+        }
+    }
+
     @Test func aForcedRefreshsWaitersAreAnsweredByTheFleetsRecord() {
         var harness = MachineHarness.servingFleetRecord()
         guard case .refreshing(let after) = harness.forceRefresh(rejected: 1) else {
@@ -566,6 +651,8 @@ private final class FakeFleetStore: SharedTokenStore {
     }
 
     var calls: [Call] { state.withLock { $0.calls } }
+    /// The record it keeps (`likeRedis`).
+    var stored: StoredToken? { state.withLock { $0.stored } }
     var saves: [(key: String, record: StoredToken)] { state.withLock { $0.saves } }
     var watchers: [(id: UInt64, key: String, settings: String)] {
         state.withLock { $0.watchers.map { ($0.key, $0.value.key, $0.value.settings) }.sorted { $0.id < $1.id } }
@@ -775,7 +862,7 @@ private final class SameTokenSource: TokenSource {
             parkAfter: Int? = nil, clock: ManualClock = ManualClock(),
             source: any TokenSource = ScriptedSource([.token(lifetime: .seconds(120))]),
             configuration: ProviderConfiguration = ProviderConfiguration(name: "orders", tokenRefreshDelaySec: 300),
-            key: String = "orders", settings: String = "s1"
+            key: String = "orders", settings: String = "s1", versionsAfter: UInt64 = 0
         ) {
             self.clock = clock
             self.source = source
@@ -784,7 +871,7 @@ private final class SameTokenSource: TokenSource {
             provider = TokenProvider(
                 configuration: configuration, source: source, clock: clock, jitter: .fixed(0.5),
                 events: reports.events, wallClock: wallClock,
-                store: StoreSlot(store: store, key: key, settings: settings))
+                store: StoreSlot(store: store, key: key, settings: settings), versionsAfter: versionsAfter)
         }
 
         var fetchCount: Int {
@@ -1063,6 +1150,30 @@ private final class SameTokenSource: TokenSource {
             #expect(await eventually { provider.status().version == 7 })
             #expect(setup.store.calls.map(\.current) == [0, 1])
             #expect(setup.fetchCount == 1)
+        }
+    }
+
+    /// A template's child made again, numbered after its dropped siblings' versions (6), asks the
+    /// fleet for a record above them, not above its token's (2): the store's record (3, another
+    /// broker's newer token) does not answer, and the token fetched is stored numbered 7, the
+    /// number every broker serves it under. Asked for one above 2, the store answered with 3,
+    /// which the child could only serve as 7 where the fleet serves it as 3.
+    @Test func aChildMadeAgainAsksTheFleetForARecordAboveTheVersionsItNumbersAfter() async {
+        let loaded = fleetRecord(version: 2, issuedSecondsAgo: 10, lifetime: 100, accessToken: "a", settings: "s1")
+        let newer = fleetRecord(version: 3, issuedSecondsAgo: 1, lifetime: 100, accessToken: "b", settings: "s1")
+        let setup = Setup(.likeRedis, load: .found(loaded), stored: newer, versionsAfter: 6)
+        let provider = setup.provider
+        await withRunning(provider) {
+            #expect(await eventually { currentToken(provider)?.version == 2 && setup.store.watchers.count == 1 })
+            #expect(setup.store.calls.isEmpty, "the record read at start serves")
+            setup.store.deliver(newer, key: "orders")
+            #expect(await eventually { currentToken(provider)?.version == 7 })
+            #expect(setup.store.calls.map(\.current) == [6])
+            #expect(currentToken(provider)?.token.accessToken == "token-1", "fetched past 3, and stored")
+            #expect(setup.fetchCount == 1)
+            #expect(setup.store.stored?.version == 7, "the fleet's record carries the number served here")
+            #expect(setup.store.stored?.accessToken == "token-1")
+            #expect(setup.reports.fromFleet.isEmpty, "3 was never served here")
         }
     }
 

@@ -18,6 +18,7 @@
 /// | forced refresh only for the current version, 5 per 30 s (a template's, for all its children) | `forceRefresh`, `shareForcedRefreshes` |
 /// | on demand: fetch per call, after `maxRetryCount` retries fall back to the previous valid token | `addWaiter`, `fetchFailed` |
 /// | with a store, no fetch before its record is read; a valid record is served, and refreshed on its schedule | `storeLoaded` |
+/// | a fleet's record numbered no higher than this provider's versions is refreshed past, not numbered anew | `recordArrived` |
 public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Instant.Duration == Duration {
     public typealias Token = CachedToken<Instant>
 
@@ -139,6 +140,11 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     /// The current token of the provider this one replaces (`numberAfter`): the same access
     /// token fetched here keeps the version it had there, since a version grows only with a new token.
     private var inherited: Token?
+    /// The store's version of the cached token when this provider serves it under a higher
+    /// number of its own (`adopt`): other brokers serve it under that version, or under numbers
+    /// of theirs above it, so a refused-token retry naming any of them refreshes it
+    /// (`forceRefresh`). Nil while the cached token has one version.
+    private var renumberedFrom: UInt64?
 
     /// - Parameter awaitingStore: the provider has a store, whose record comes first (`storeLoaded`).
     /// - Parameter versionsAfter: the first token's version is the next one after it (a provider
@@ -323,7 +329,10 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     /// refreshed: in a fleet, a newer version is one another broker handed out (this one has
     /// not yet read its record), and answering with the older token held here would hand back
     /// one that was refused before it; a version from before a restart without a store costs one
-    /// forced refresh, within the window like any other. Inside the issuer's `Retry-After` no
+    /// forced refresh, within the window like any other. So is an older version from the
+    /// store's version of the cached token up, when this provider serves that token under a
+    /// number of its own (`renumberedFrom`): the caller may hold the very same token, as another
+    /// broker numbered it. Inside the issuer's `Retry-After` no
     /// fetch starts and no place in the window is used: the caller waits for the retry planned
     /// for when it ends (`addWaiter` answers at once when that is past the caller's deadline).
     ///
@@ -340,7 +349,9 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         ForcedRefreshDecision, [Action]
     ) {
         var actions = noteActivity(now: now)
-        if let rejected, let token = validToken(at: now), rejected < token.version {
+        if let rejected, let token = validToken(at: now), rejected < token.version,
+            rejected < (renumberedFrom ?? .max)
+        {
             return (.current(token), actions)
         }
         if isFetching { return (.refreshing(after: cached?.version), actions) }
@@ -397,6 +408,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
             accepted = Token(
                 token: token, version: lastVersion, issuedAt: now, expiresAt: expiresAt, issuedAtDate: wallTime)
         }
+        if cached?.token.accessToken != accepted.token.accessToken { renumberedFrom = nil }
         cached = accepted
         if backgroundRefresh {
             fetchDueAt = now.advanced(by: schedule.refreshAfter(lifetime: token.lifetime, unit: jitter.next()))
@@ -420,10 +432,25 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
     /// Another broker stored `record` (the fleet's store told): served at once when it is newer
     /// than the token held and still valid, so that every broker of a fleet serves a new token
     /// moments after one of them fetched it. A fetch in flight, which will bring it too, is left alone.
+    ///
+    /// A record newer than the token held but numbered no higher than a version this provider
+    /// handed out or numbers after (a template's child made again, after its dropped siblings'
+    /// versions; a replacement at a reload, after the provider it replaced) is not served while
+    /// a valid token is held: under its own number the provider's versions would go back, and
+    /// under a number of its own the same token would carry two versions in the fleet, so that a
+    /// retry refusing it elsewhere would be answered with it here. The provider refreshes past
+    /// it instead, at once: its fetch for the fleet stores the next token numbered after its own
+    /// versions (`TokenProvider.fetchOnce`), which every broker then serves under that number.
+    /// Without a valid token, the record is served all the same, under a number of its own.
     public mutating func recordArrived(_ record: StoredToken, now: Instant, wallTime: WallTime) -> [Action] {
         guard !awaitingStore, !isFetching, record.isValid(at: wallTime), record.version > (cached?.version ?? 0),
             record.accessToken != cached?.token.accessToken
         else { return [] }
+        if record.version <= lastVersion, hasValidToken(at: now) {
+            // A paused provider, or one that fetches only on request, fetches for nobody.
+            guard backgroundRefresh, !isPaused else { return [] }
+            return startFetchIfIdle(now: now)
+        }
         failures = 0
         lastError = nil
         notBefore = nil
@@ -473,9 +500,15 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
             refreshLifetime = accepted.expiresAt.map { now.duration(to: $0) }
             accepted = same
         } else if accepted.version <= lastVersion {
-            // Versions never go back, whatever the fleet numbered it (this broker may have fetched
-            // alone while the store was out of reach).
+            // Versions never go back, whatever the fleet numbered it: a fetch for the fleet asks
+            // for a record above this provider's versions, and numbers its own token after them,
+            // but the issuer may hand back the fleet's current token (which keeps its version),
+            // the provider may have been numbered after more meanwhile, and a record arriving
+            // when no valid token is held is served all the same (`recordArrived`).
+            renumberedFrom = accepted.version
             accepted.version = lastVersion + 1
+        } else {
+            renumberedFrom = nil
         }
         lastVersion = max(lastVersion, accepted.version)
         cached = accepted
@@ -652,6 +685,7 @@ public struct ProviderStateMachine<Instant: InstantProtocol>: Sendable where Ins
         if cached == nil, let record, record.isValid(at: wallTime) {
             let token = Self.token(from: record, now: now, wallTime: wallTime)
             cached = token
+            renumberedFrom = nil
             lastVersion = max(lastVersion, token.version)
             if backgroundRefresh {
                 let refresh = schedule.refreshAfter(lifetime: token.token.lifetime, unit: jitter.next())

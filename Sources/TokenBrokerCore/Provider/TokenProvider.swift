@@ -664,10 +664,20 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
     /// another broker stored, or one fetched here for the fleet (or alone, when the store is out
     /// of reach), which the store has kept already. Otherwise the source fetches, and a store
     /// keeps the new token.
+    ///
+    /// The store is told the highest version this provider handed out or numbers after, not only
+    /// the cached token's: a template's child made again numbers after its dropped siblings, and
+    /// a replacement at a reload after the provider it replaced, so that a record at or below
+    /// that (the fleet's, for these values) could only be served here under a number of its own,
+    /// while the other brokers serve the same token under the record's. Asked so, the store
+    /// answers with a record above it, or fetches and stores the token numbered after it, which
+    /// the fleet then serves under that one number.
     private func fetchOnce(_ number: UInt64) async {
         let result: FetchResult
         if let store, let shared {
-            let (current, forced) = state.withLock { ($0.machine.cached?.version ?? 0, $0.machine.fetchIsForced) }
+            let (current, forced) = state.withLock {
+                (max($0.machine.cached?.version ?? 0, $0.machine.highestVersion), $0.machine.fetchIsForced)
+            }
             let source = source
             let waiting = state.withLock { Self.fleetWait($0.machine, now: clock.now) }
             switch await shared.fetchForFleet(

@@ -144,7 +144,9 @@ public protocol SharedTokenStore: TokenStore {
     /// A fetch for the fleet.
     /// - Parameters:
     ///   - key: the record's key (`StoreSlot.key`); `settings`: the provider's (`StoreSlot.settings`).
-    ///   - current: the version the provider holds (0: none); a record must be newer to answer.
+    ///   - current: the highest version the provider handed out or numbers after (0: none): a
+    ///     record must be newer to answer, and a token fetched here is numbered after it, so that
+    ///     every broker serves one token under one version.
     ///   - forced: a forced refresh asked for it (the retrier); the other brokers are told, and
     ///     count it in their windows.
     ///   - waiting: what bounds this broker's wait for another's record (`FleetWait`).

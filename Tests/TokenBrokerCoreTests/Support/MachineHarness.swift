@@ -26,13 +26,16 @@ struct MachineHarness {
     }
 
     /// A harness whose machine has a store, as a provider with one makes it: it waits for
-    /// `storeLoaded` before any fetch.
+    /// `storeLoaded` before any fetch. `versionsAfter`: as a template's child made again, or a
+    /// replacement at a reload, numbers its tokens after it.
     static func awaitingStore(
         _ configuration: ProviderConfiguration = ProviderConfiguration(tokenRefreshDelaySec: 300),
-        jitter: Jitter = .fixed(0.5)
+        jitter: Jitter = .fixed(0.5), versionsAfter: UInt64 = 0
     ) -> MachineHarness {
         var harness = MachineHarness(configuration, jitter: jitter)
-        harness.machine = Machine(configuration: configuration, now: harness.now, jitter: jitter, awaitingStore: true)
+        harness.machine = Machine(
+            configuration: configuration, now: harness.now, jitter: jitter, awaitingStore: true,
+            versionsAfter: versionsAfter)
         return harness
     }
 
