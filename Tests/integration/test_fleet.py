@@ -33,6 +33,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from broker import Broker
 from issuers.process import OAuthServer
 from test_http_api import get, wait_until
+from test_reload import rewrite
 
 SECRET = "fleet-client-secret-Zr8pQ2"
 LIFETIME = 4
@@ -737,6 +738,106 @@ def test_with_redis_stopped_token_answers_at_once_on_every_broker_as_it_fetches_
     assert all(status == 200 and ready["store"]["degraded"] is True for status, ready in degraded), degraded
     assert all(broker.metric(FETCHES, **{"for": "alone"}) >= 1 for broker in brokers)
     refreshed(brokers, 0, timeout=3 * CYCLE)  # and, Redis resumed, the fleet shares one record again
+
+
+# A template's children across the fleet
+
+@pytest.fixture(scope="module")
+def slow_issuer(tmp_path_factory):
+    """The OAuth server with 300 s tokens: no refresh comes unless a test forces one."""
+    server = OAuthServer(str(tmp_path_factory.mktemp("fleet-slow")), {"fleet": SECRET}, lifetime=300)
+    yield server
+    server.close()
+
+
+@pytest.mark.parametrize("made_again", ["dropped", "reloaded"])
+def test_a_template_child_made_again_serves_each_fleet_token_under_the_fleet_s_version(slow_issuer, redis, key, made_again):
+    """Broker 1's child for aud-y runs five versions ahead of aud-x's (forced refreshes). Its children are then made anew: dropped after childIdleSec (60 s, the least
+    allowed) while broker 2 keeps reading aud-x, or replaced by a reload that changes the
+    template. Its new aud-x child numbers its tokens after aud-y's versions, above the fleet's
+    for aud-x. It serves the record it reads at start under the record's own version, as
+    broker 2 does. Broker 2 then forces a refresh of aud-x. Once both brokers serve one token
+    again, that token must carry one version on both. And a client whose token broker 2 serves
+    was refused must not get that same token back from broker 1's retrier. Before the fix,
+    broker 1 served broker 2's forced token under a number of its own (aud-y's plus one), and
+    answered a retry naming broker 2's number with that very token."""
+    template = {"name": "default", "perRequest": ["audience"], "allowedAudiences": ["aud-*"], "childIdleSec": 60,
+                "forcedRefreshMaxAttempts": 20, "maxErrorTokenRefreshDelayMsec": 500,
+                "source": {"type": "oauth2", "tokenURL": slow_issuer.base + "/o/token/", "clientID": "fleet",
+                           "clientSecret": SECRET, "scope": "api", "timeoutMsec": 1500, "connectTimeoutMsec": 500}}
+    # Redis calls may take 2 s: one that a stall of the shared machine holds past the default 500 ms
+    # makes its broker fetch alone, and the other broker would not find its record.
+    config = {"providers": [template], "store": {"type": "redis", "address": "unix:" + redis.socket, "keyFile": key[1],
+                                                 "timeoutMsec": 2000}}
+    one, two = FleetBroker(config), FleetBroker(config)
+    served, history = {}, ([], [])  # {access token: {broker: versions}}; each broker's aud-x versions in turn
+
+    def child(index, audience="aud-x"):
+        document, _ = (one, two)[index].get_json(f"/providers/default/token?audience={audience}")
+        SEEN.add(document["access_token"])
+        if audience == "aud-x":
+            served.setdefault(document["access_token"], {}).setdefault(index, set()).add(document["version"])
+            history[index].append(document["version"])
+        return document
+
+    def refresh(index, rejected, audience="aud-x"):
+        status, _, body = (one, two)[index].request(
+            "POST", f"/providers/default/token/refresh?audience={audience}",
+            body=json.dumps({"rejected_version": rejected}).encode())
+        assert status == 200, (status, body)
+        document = json.loads(body)
+        SEEN.add(document["access_token"])
+        return document
+
+    try:
+        first = child(0)
+        assert (child(1)["access_token"], history[1]) == (first["access_token"], [first["version"]]), \
+            "broker 2 serves broker 1's record"
+        ahead = child(0, "aud-y")
+        for _ in range(5):
+            ahead = refresh(0, ahead["version"], "aud-y")
+        assert ahead["version"] >= first["version"] + 5, (first, ahead)
+
+        if made_again == "dropped":
+            def dropped():
+                child(1)  # broker 2 keeps its child
+                return one.metric("token_broker_template_children_dropped_total", provider="default") == 2
+
+            assert wait_until(dropped, timeout=150, interval=1), one.stderr()
+        else:
+            rewrite(one, {**config, "providers": [{**template, "maxChildren": 99}]})
+            status, _, body = one.request("POST", "/reload", listener="admin", timeout=60)
+            assert status == 200, (status, body)
+
+        again = child(0)
+        assert (again["access_token"], again["version"]) == (first["access_token"], first["version"]), \
+            "broker 1's new child serves the stored record under its own version"
+
+        forced = refresh(1, again["version"])
+        assert forced["access_token"] != again["access_token"]
+
+        def agreed():
+            tokens = [child(0)["access_token"], child(1)["access_token"]]
+            return tokens[0] == tokens[1] != again["access_token"]
+
+        def by_fingerprint():
+            return {fingerprint(token): versions for token, versions in served.items()}
+
+        assert wait_until(agreed, timeout=30, interval=0.1), (by_fingerprint(), fetched_lines([one, two]))
+        split = {token: versions for token, versions in by_fingerprint().items() if len(set().union(*versions.values())) > 1}
+        assert not split, f"one token under several versions (by broker): {split}"
+
+        current = child(1)
+        answer = refresh(0, current["version"])
+        assert fingerprint(answer["access_token"]) != fingerprint(current["access_token"]), \
+            f"broker 1 answered a retry refusing version {current['version']} with that very token"
+        assert answer["version"] > current["version"], (current, answer)
+        assert wait_until(lambda: child(1)["access_token"] == answer["access_token"], timeout=10)
+        assert child(1)["version"] == answer["version"]
+        assert all(versions == sorted(versions) for versions in history), history
+    finally:
+        one.stop()
+        two.stop()
 
 
 # A broker with another key
