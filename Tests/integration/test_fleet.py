@@ -126,13 +126,15 @@ class Capture:
         return bytes(self.data)
 
 
-class Link:
-    """A proxy on 127.0.0.1 to Redis's socket, each connection pumped both ways by `_pump`
-    (a subclass's), until `stop()`."""
+class LoopbackServer:
+    """A listener on an ephemeral 127.0.0.1 port that hands each connection it accepts to
+    `_accepted` (a subclass's), until `stop()`. A subclass sets what `_accepted` uses before
+    calling this `__init__`, which starts accepting."""
 
-    def __init__(self, redis):
-        self.redis, self.stopped = redis, threading.Event()
+    def __init__(self):
+        self.stopped = threading.Event()
         self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.2)
         self.address = "127.0.0.1:%d" % self.listener.getsockname()[1]
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -144,11 +146,33 @@ class Link:
         while not self.stopped.is_set():
             try:
                 client, _ = self.listener.accept()
-                upstream = self.redis.connect(timeout=None)
+            except socket.timeout:
+                continue
             except OSError:
                 return
-            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+            client.settimeout(None)
+            try:
+                self._accepted(client)
+            except OSError:
+                client.close()
+                return
+
+    def _accepted(self, client):
+        raise NotImplementedError
+
+
+class Link(LoopbackServer):
+    """A proxy on 127.0.0.1 to Redis's socket, each connection pumped both ways by `_pump`
+    (a subclass's), until `stop()`."""
+
+    def __init__(self, redis):
+        self.redis = redis
+        super().__init__()
+
+    def _accepted(self, client):
+        upstream = self.redis.connect(timeout=None)
+        threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
+        threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
 
     def _pump(self, source, target, outbound):
         try:

@@ -19,7 +19,7 @@ import pytest
 
 from broker import Broker
 from issuers.process import OAuthServer
-from test_fleet import Link, readyz, redis, write_key  # noqa: F401 (redis: the fixture, a redis-server per test)
+from test_fleet import Link, LoopbackServer, readyz, redis, write_key  # noqa: F401 (redis: the fixture, a redis-server per test)
 from test_http_api import wait_until
 from test_reload import preload_library
 
@@ -95,30 +95,16 @@ def test_a_redis_answering_each_call_in_time_but_slower_than_twenty_providers_as
         link.stop()
 
 
-class HostileRedis:
+class HostileRedis(LoopbackServer):
     """A fake Redis on 127.0.0.1: `SUBSCRIBE` is confirmed and `PING` answered as Redis does;
     every other command gets `reply`, and nothing more."""
 
     def __init__(self, reply):
-        self.reply, self.commands, self.stopped = reply, [], threading.Event()
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.listener.settimeout(0.2)
-        self.address = "127.0.0.1:%d" % self.listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
+        self.reply, self.commands = reply, []
+        super().__init__()
 
-    def stop(self):
-        self.stopped.set()
-        self.listener.close()
-
-    def _accept(self):
-        while not self.stopped.is_set():
-            try:
-                client, _ = self.listener.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+    def _accepted(self, client):
+        threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     def _serve(self, client):
         client.settimeout(0.2)
