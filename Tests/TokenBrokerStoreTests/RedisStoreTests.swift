@@ -1208,6 +1208,37 @@ private final class Leases: Sendable {
         }
     }
 
+    /// A fleet broker whose issuer fails takes its lease again each time the last lapses: each is
+    /// another lease, waited on for this broker's `leaseMsec` afresh, so that a failing issuer
+    /// still sees one broker's retries. The wait was counted from the holder's first lease, so
+    /// the second looked like one that outlived this broker's `leaseMsec`: the broker fetched
+    /// alone and said a lease it did not take held up the fleet (review 7, F1).
+    @Test func aLeaseItsHolderTakesAgainAfterTheLastLapsedIsWaitedOnAfresh() async throws {
+        try await withRedis { server, fleet in
+            let held = Leases()
+            let waiting = try fleet.store(events: held.events) { $0.leaseMsec = 2000 }
+            #expect(await awaitSubscribers(server, 1))
+            let lease = try name("lease:", "orders")
+            try server.command("SET", lease, "a-fleet-broker", "PX", "1500")
+            let issuer = Issuer("b")
+            let fetching = Task {
+                await waiting.fetchForFleet(
+                    "orders", settings: "s", current: 0, forced: false,
+                    waiting: FleetWait(tokenLeft: .seconds(60), fetchLeft: .seconds(15)), accepts: { _ in true },
+                    fetch: issuer.fetch)
+            }
+            // The holder's retry failed, its lease lapsed, and it took the lease again at once.
+            try await Task.sleep(for: .milliseconds(800))
+            try server.command("DEL", lease)
+            try server.command("SET", lease, "a-fleet-broker", "PX", "1800")
+            guard let fetched = success(await bounded { await fetching.value }) else { return }
+            #expect(fetched.origin == .fetchedForFleet, "waited for the second lease to lapse, then took it")
+            #expect(issuer.calls == 1)
+            #expect(held.all.isEmpty, "\(held.all)")
+            #expect(waiting.currentHealth.problem == nil)
+        }
+    }
+
     /// A lease that ends within this broker's own `leaseMsec` (the fleet's, its holder's fetches
     /// failing) is waited on as README says, however little the provider's token has left: the
     /// others do not each fetch from a failing issuer. Once it lapses, this broker takes it.

@@ -28,7 +28,8 @@ import TokenBrokerCrypto
 /// the lease, not extended: its holder retries under it on its backoff while it lasts, and the
 /// others wait, so a failing issuer sees one broker's retries, not the fleet's; once it lapses,
 /// whichever broker asks first fetches. No broker waits on a lease longer than its own
-/// `leaseMsec`, counted from when it first found that holder's lease; and a lease that outlives
+/// `leaseMsec`, counted from when it first found that lease (a lease its holder takes again
+/// after the last lapsed is another: `LeaseWait.isSameLease`); and a lease that outlives
 /// that (one this broker could not have taken) is waited on for half of what the provider's token
 /// has left at most, then the broker fetches alone, so that no token expires for it (`FleetWait`,
 /// `leaseOutlives`).
@@ -103,8 +104,19 @@ public final class RedisTokenStore: SharedTokenStore {
     private struct LeaseWait {
         /// SHA-1 of the holder's id, in hex, as the lease script answers it.
         let holder: [UInt8]
-        /// When this broker first found that holder's lease.
+        /// When this broker first found that lease.
         let since: ContinuousClock.Instant
+        /// The latest the lease can end, by what it had left when first found.
+        let endsBy: ContinuousClock.Instant
+
+        /// Whether a lease of `holder` found with `left` after a call asked at `asked` is this
+        /// one: the same holder, and no end later than this one's. A holder takes a lease again
+        /// only once its last has lapsed (its retries under a lease do not extend it), so its
+        /// next one ends after `endsBy`, and is another lease to wait on: a fleet broker whose
+        /// issuer fails retakes its lease at each lapse, and is waited on each time.
+        func isSameLease(_ holder: [UInt8], left: Int64, asked: ContinuousClock.Instant) -> Bool {
+            holder == self.holder && asked.advanced(by: .milliseconds(left)) <= endsBy
+        }
     }
 
     private struct Watching {
@@ -338,8 +350,10 @@ public final class RedisTokenStore: SharedTokenStore {
                 events.operation("lease", "held")
                 let now = ContinuousClock.now
                 let since = leaseWaits.withLock { waits -> ContinuousClock.Instant in
-                    if let known = waits[hash], known.holder == holder { return known.since }
-                    waits[hash] = LeaseWait(holder: holder, since: now)
+                    if let known = waits[hash], known.isSameLease(holder, left: left, asked: asked) {
+                        return known.since
+                    }
+                    waits[hash] = LeaseWait(holder: holder, since: now, endsBy: now.advanced(by: .milliseconds(left)))
                     return now
                 }
                 // Never past this broker's own leaseMsec; nor, for a lease that outlives it, past
