@@ -157,7 +157,7 @@ extension Broker {
                 configuration, reusing: old.sources.filter { summary.unchanged.contains($0.key) })
             // A new key under a kid that still names the key of tokens signed before (a rotation
             // that kept its kid): refused, as two providers' keys under one kid are at start.
-            let retiring = retire(old, summary: summary, keeping: sources.compactMap(\.1))
+            let retiring = retire(old, summary: summary)
             if let clash = keyIDClash(configuration, sources, retired: retiring) { throw clash }
             directories = try openSinkDirectories(configuration).get()
             identityHeader = try readIdentityHeader(configuration)
@@ -252,7 +252,7 @@ extension Broker {
         }
         // 6. The routes over the new set. An unchanged provider kept its source (step 1): a local
         // signer made at start keeps its key, which the JWKS goes on publishing.
-        let retiredSigners = retire(old, summary: summary, keeping: sources.compactMap(\.1))
+        let retiredSigners = retire(old, summary: summary)
         let loaded = Loaded(
             configuration: configuration, sources: sources, digests: digests, providers: providers,
             identityHeader: identityHeader, storeKey: old.storeKey, storePassword: old.storePassword,
@@ -308,14 +308,17 @@ extension Broker {
 
     /// The most retired signers' keys the JWKS keeps publishing: reloads that change a signer
     /// without `keyFile` make a new key each time, and neither memory nor the JWKS may grow
-    /// with their number. Past it, the oldest go first.
+    /// with their number. Past it, the keys whose tokens expire first go first.
     static let retiredSignersLimit = 16
 
     /// The signers whose keys the JWKS keeps after this reload: the old configuration's
     /// retired ones still within their tokens' lifetime, and the signers of the providers it
-    /// changes or removes, each key under each kid once and none that `current` still publishes
-    /// under its kid (an HS256 secret is never published, nor kept), the newest `retiredSignersLimit`.
-    static func retire(_ old: Loaded, summary: ReloadSummary, keeping current: [JWTSigner]) -> [RetiredSigner] {
+    /// changes or removes (an HS256 secret is never published, nor kept); each key under each
+    /// kid once, until the latest expiry of the tokens it signed, the `retiredSignersLimit`
+    /// that last longest. A key the current signers still publish is kept too: a provider that
+    /// keeps its key across a reload that shortens its `lifetimeSec` signed tokens under the
+    /// longer one, which a later rotation must not cut short (the JWKS publishes the key once).
+    static func retire(_ old: Loaded, summary: ReloadSummary) -> [RetiredSigner] {
         let now = ContinuousClock.now
         var retired = old.retiredSigners.filter { $0.until > now }
         for settings in old.configuration.providers where !summary.unchanged.contains(settings.name) {
@@ -325,11 +328,18 @@ extension Broker {
                     signer: signer, provider: settings.name,
                     until: now.advanced(by: .seconds(signer.configuration.lifetimeSec))))
         }
-        // A key by what the JWKS publishes of it: the public key and its kid.
-        var seen = Set(current.compactMap(\.publicJWK))
-        // The newest first, so that a key retired again keeps its latest expiry.
-        let kept = retired.reversed().filter { $0.signer.publicJWK.map { seen.insert($0).inserted } ?? false }
-        return Array(kept.prefix(retiredSignersLimit).reversed())
+        // A key by what the JWKS publishes of it: the public key and its kid; the latest expiry.
+        var latest: [String: RetiredSigner] = [:]
+        for entry in retired {
+            guard let key = entry.signer.publicJWK else { continue }
+            if let known = latest[key], known.until >= entry.until { continue }
+            latest[key] = entry
+        }
+        let kept = latest.sorted {
+            $0.value.until != $1.value.until ? $0.value.until > $1.value.until : $0.key < $1.key
+        }
+        .prefix(retiredSignersLimit).map(\.value)
+        return kept.reversed()
     }
 
     /// How handing the token files to new writers ended.

@@ -501,6 +501,33 @@ def test_a_new_key_under_a_configured_kid_is_refused_while_the_old_keys_tokens_l
             assert verify_with_jwks(broker, token, audience=audience)
 
 
+def test_a_key_kept_across_a_shorter_lifetime_stays_published_for_the_tokens_it_signed_before(tmp_path):
+    # A key's retirement was counted from lifetimeSec at the reload that retired it: lowered
+    # from 600 to 2 (same key, same kid), then the key rotated to another kid, the old key left
+    # the JWKS 2 s later though a token it signed had ten minutes left, and a new key was let in
+    # under its kid (review 7, F2).
+    keys = {name: tmp_path / f"{name}.pem" for name in ("first", "second", "third")}
+    for path in keys.values():
+        make_ec_key(path)
+
+    def config(key, lifetime, kid):
+        return {"providers": [{"name": "signer", "source": {
+            "type": "jwt", "keyFile": str(keys[key]), "kid": kid, "lifetimeSec": lifetime}}]}
+
+    with Broker(config("first", 600, "k")) as broker:
+        token = served(broker, "signer")["access_token"]
+        for step in (config("first", 2, "k"), config("second", 2, "k2")):
+            rewrite(broker, step)
+            status, document = post_reload(broker)
+            assert status == 200, document
+        time.sleep(3)
+        assert verify_with_jwks(broker, token), "the first key's token, ten minutes left, still verifies"
+        rewrite(broker, config("third", 2, "k"))
+        status, document = post_reload(broker)
+        assert status == 422 and '"k"' in document["error_description"], document
+        assert verify_with_jwks(broker, token)
+
+
 @pytest.mark.parametrize("case", ["a key made at start", "another provider's kid"])
 def test_a_reload_that_would_publish_another_key_under_a_kid_still_in_use_is_refused(tmp_path, case):
     # Without keyFile, each change of a provider makes it a new key; under a configured kid it
