@@ -448,7 +448,9 @@ public final class TokenProvider<C: Clock>: Sendable where C.Duration == Duratio
         if case .found(let record) = load {
             if record.settings != store.settings {
                 storedVersion = record.version
-                load = .refused("was made under other settings of the provider (its source or key changed)")
+                load = .refused(
+                    "was made under other settings of the provider (its source or key changed, or a build that digests them otherwise wrote it)"
+                )
             } else if let problem = rules.problem(with: record) {
                 storedVersion = record.version
                 load = .refused("holds a token this provider refuses: \(problem)")
