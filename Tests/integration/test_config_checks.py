@@ -147,6 +147,18 @@ def test_a_store_directory_that_takes_records_passes_and_keeps_no_probe(tmp_path
     assert os.listdir(directory) == []
 
 
+@pytest.mark.parametrize("source", [
+    {"type": "jwt", "kid": ""},
+    {"type": "oauth2", "tokenURL": "http://127.0.0.1:9/token", "clientID": "c", "clientAuth": "private_key_jwt",
+     "privateKeyFile": "/nonexistent.pem", "kid": ""},
+], ids=["jwt", "private_key_jwt"])
+def test_an_empty_kid_is_refused_naming_it(tmp_path, source):
+    """`"kid": ""` was taken: the local signer published its key under the empty kid, and signed
+    tokens whose header names it, which no verifier's lookup by kid tells from a missing one."""
+    config = {"providers": [{"name": "default", "source": source}]}
+    assert_refused(check_and_start(write_config(tmp_path, config)), "providers[0].source.kid: must not be empty")
+
+
 # null: an error naming the key, never "not set"
 
 @pytest.mark.parametrize("config,key", [

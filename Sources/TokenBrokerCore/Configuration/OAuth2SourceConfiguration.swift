@@ -64,6 +64,10 @@ public struct OAuth2SourceConfiguration: Sendable, Equatable {
         clientAuth = try reader.choice("clientAuth", default: clientAuth)
         privateKeyFile = try reader.string("privateKeyFile")
         keyID = try reader.string("kid")
+        if keyID?.isEmpty == true {
+            throw ConfigurationError(
+                key: reader.keyPath("kid"), "must not be empty; leave it out for the key's thumbprint")
+        }
         scope = try reader.string("scope")
         audience = try reader.string("audience")
         switch try reader.raw("resource") {

@@ -145,6 +145,10 @@ public struct JWTSourceConfiguration: Sendable, Equatable {
         algorithm = try reader.choice("algorithm", default: algorithm)
         keyFile = try reader.string("keyFile")
         keyID = try reader.string("kid")
+        if keyID?.isEmpty == true {
+            throw ConfigurationError(
+                key: reader.keyPath("kid"), "must not be empty; leave it out for the key's thumbprint")
+        }
         issuer = try reader.string("issuer", default: issuer)
         audience = try reader.string("audience", default: audience)
         subject = try reader.string("subject", default: subject)

@@ -435,8 +435,8 @@ public final class RedisTokenStore: SharedTokenStore {
     /// Holding the lease: fetches, then stores and publishes the record if the fence is still this
     /// broker's. A failed fetch keeps the lease, for this broker's retries.
     ///
-    /// The record's version is the fence's, unless the store's record or the provider's token
-    /// already has a higher one; the same token again (an issuer handing out its current token)
+    /// The record's version is the fence's, unless the store's record or `current` (the highest
+    /// version the provider handed out or numbers after) already is higher; the same token again (an issuer handing out its current token)
     /// keeps the stored record's version, so that the fleet's versions stay one token, one version.
     private func fetchHoldingLease(
         _ key: String, settings wanted: String, fence: UInt64, stored existing: StoredToken?, current: UInt64,
