@@ -112,10 +112,13 @@ public final class RedisTokenStore: SharedTokenStore {
         /// Whether a lease of `holder` found with `left` after a call asked at `asked` is this
         /// one: the same holder, and no end later than this one's. A holder takes a lease again
         /// only once its last has lapsed (its retries under a lease do not extend it), so its
-        /// next one ends after `endsBy`, and is another lease to wait on: a fleet broker whose
-        /// issuer fails retakes its lease at each lapse, and is waited on each time.
+        /// next one ends at least its `leaseMsec` (100 ms or more) after `endsBy`, and is another
+        /// lease to wait on: a fleet broker whose issuer fails retakes its lease at each lapse,
+        /// and is waited on each time. Within a margin: Redis counts `left` in whole
+        /// milliseconds, on a clock that may drift from this one's (50 ms, and 0.1 % of the wait).
         func isSameLease(_ holder: [UInt8], left: Int64, asked: ContinuousClock.Instant) -> Bool {
-            holder == self.holder && asked.advanced(by: .milliseconds(left)) <= endsBy
+            let margin = Duration.milliseconds(50) + since.duration(to: asked) / 1000
+            return holder == self.holder && asked.advanced(by: .milliseconds(left)) <= endsBy.advanced(by: margin)
         }
     }
 
