@@ -17,16 +17,6 @@ import TokenBrokerTestSupport
         return path
     }
 
-    private func sourceProblem(_ providers: String) throws -> ConfigurationError? {
-        let settings = try configuration(#"{"providers": \#(providers)}"#)
-        do {
-            _ = try Broker.makeSources(settings)
-            return nil
-        } catch {
-            return error
-        }
-    }
-
     // MARK: - One key under each kid
 
     @Test func twoProvidersWithDifferentKeysUnderOneKidAreRefusedNamingBoth() throws {

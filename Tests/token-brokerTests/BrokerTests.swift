@@ -7,17 +7,6 @@ import TokenBrokerCore
 /// `Broker.makeSources` and `Broker.loadCallerKeys`, which start and `--check-config` share: what
 /// they refuse becomes "invalid configuration" and exit status 2.
 @Suite struct BrokerTests {
-    /// The problem `makeSources` reports for `providers` (a JSON array), or nil when it builds them.
-    private func sourceProblem(_ providers: String) throws -> ConfigurationError? {
-        let settings = try configuration(#"{"providers": \#(providers)}"#)
-        do {
-            _ = try Broker.makeSources(settings)
-            return nil
-        } catch {
-            return error
-        }
-    }
-
     @Test func eachKindIsBuiltAndOnlyTheLocalSignerComesWithOne() throws {
         let directory = try TemporaryDirectory()
         let sources = try Broker.makeSources(

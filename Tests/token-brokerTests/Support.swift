@@ -1,6 +1,8 @@
 import Foundation
 import TokenBrokerCore
 
+@testable import token_broker
+
 /// A folder that removes itself, with files written into it by name.
 final class TemporaryDirectory {
     let url: URL
@@ -26,4 +28,15 @@ final class TemporaryDirectory {
 /// `json` read as the broker's configuration; the test fails with the reason when it is refused.
 func configuration(_ json: String) throws -> BrokerConfiguration {
     try BrokerConfiguration(json: Array(json.utf8))
+}
+
+/// The problem `Broker.makeSources` reports for `providers` (a JSON array), or nil when it builds them.
+func sourceProblem(_ providers: String) throws -> ConfigurationError? {
+    let settings = try configuration(#"{"providers": \#(providers)}"#)
+    do {
+        _ = try Broker.makeSources(settings)
+        return nil
+    } catch {
+        return error
+    }
 }
