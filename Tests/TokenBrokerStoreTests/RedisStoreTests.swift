@@ -357,6 +357,20 @@ private final class Leases: Sendable {
         }
     }
 
+    /// The fleet's fetch of `orders` (settings `s`) by `store`, from `issuer`, for a provider that
+    /// accepts every record, given up after 30 s (`bounded`): its success, or nil (and an issue).
+    private func fetchedOrders(
+        by store: RedisTokenStore, current: UInt64, waiting: FleetWait = FleetWait(), from issuer: Issuer,
+        sourceLocation: SourceLocation = #_sourceLocation
+    ) async -> SharedFetch? {
+        success(
+            await bounded {
+                await store.fetchForFleet(
+                    "orders", settings: "s", current: current, forced: false, waiting: waiting,
+                    accepts: { _ in true }, fetch: issuer.fetch)
+            }, sourceLocation: sourceLocation)
+    }
+
     /// What `fetching` answered, its task cancelled after 30 s: a broker waiting on a lease for
     /// good would never end by itself.
     private func bounded(
@@ -1012,12 +1026,7 @@ private final class Leases: Sendable {
             #expect(await awaitSubscribers(server, 1))
             try server.command("SET", try name("fence:", "orders"), fence)
             let issuer = Issuer("a")
-            guard
-                let alone = success(
-                    await bounded {
-                        await store.fetchForFleet(
-                            "orders", settings: "s", current: 0, forced: false, fetch: issuer.fetch)
-                    })
+            guard let alone = await fetchedOrders(by: store, current: 0, from: issuer)
             else { return }
             #expect(alone.origin == .fetchedAlone)
             #expect(issuer.calls == 1)
@@ -1064,12 +1073,7 @@ private final class Leases: Sendable {
                 }
                 #expect(why.contains(key), "\(why)")
             }
-            guard
-                let alone = success(
-                    await bounded {
-                        await store.fetchForFleet(
-                            "orders", settings: "s", current: 0, forced: false, fetch: issuer.fetch)
-                    })
+            guard let alone = await fetchedOrders(by: store, current: 0, from: issuer)
             else { return }
             #expect(alone.origin == .fetchedAlone)
             let problem = store.currentHealth.problem ?? ""
@@ -1123,14 +1127,7 @@ private final class Leases: Sendable {
             try server.command("SET", lease, "someone-else", "PX", "600000")
             let issuer = Issuer("a")
             let waiting = FleetWait(tokenLeft: .seconds(2), fetchLeft: .seconds(15))
-            guard
-                let alone = success(
-                    await bounded {
-                        await store.fetchForFleet(
-                            "orders", settings: "s", current: 1, forced: false, waiting: waiting,
-                            accepts: { _ in true },
-                            fetch: issuer.fetch)
-                    })
+            guard let alone = await fetchedOrders(by: store, current: 1, waiting: waiting, from: issuer)
             else { return }
             #expect(alone.origin == .fetchedAlone)
             #expect(alone.record.version == 2)
@@ -1145,14 +1142,7 @@ private final class Leases: Sendable {
             #expect(held.all == [problem])
             #expect(reports.all.isEmpty)
 
-            guard
-                let again = success(
-                    await bounded {
-                        await store.fetchForFleet(
-                            "orders", settings: "s", current: 2, forced: false, waiting: waiting,
-                            accepts: { _ in true },
-                            fetch: issuer.fetch)
-                    })
+            guard let again = await fetchedOrders(by: store, current: 2, waiting: waiting, from: issuer)
             else { return }
             #expect(again.origin == .fetchedAlone)
             #expect(held.all == [problem], "said once")
@@ -1185,23 +1175,13 @@ private final class Leases: Sendable {
             let lease = try server.bytes(try name("lease:", "orders"))
             #expect(lease != nil, "the holder keeps its lease for its retries")
             let other = Issuer("b")
-            guard
-                let alone = success(
-                    await bounded {
-                        await waiting.fetchForFleet(
-                            "orders", settings: "s", current: 0, forced: false, fetch: other.fetch)
-                    })
+            guard let alone = await fetchedOrders(by: waiting, current: 0, from: other)
             else { return }
             #expect(alone.origin == .fetchedAlone)
             #expect(other.calls == 1)
             #expect(try server.bytes(try name("lease:", "orders")) == lease, "the holder's lease is not taken over")
             #expect(held.all.count == 1 && held.all.first??.contains("outlives") == true, "\(held.all)")
-            guard
-                let again = success(
-                    await bounded {
-                        await waiting.fetchForFleet(
-                            "orders", settings: "s", current: 1, forced: false, fetch: other.fetch)
-                    })
+            guard let again = await fetchedOrders(by: waiting, current: 1, from: other)
             else { return }
             #expect(again.origin == .fetchedAlone)
             #expect(other.calls == 2)
@@ -1252,13 +1232,9 @@ private final class Leases: Sendable {
             _ = await holder.fetchForFleet("orders", settings: "s", current: 0, forced: false, fetch: failing.fetch)
             let other = Issuer("b")
             guard
-                let fetched = success(
-                    await bounded {
-                        await waiting.fetchForFleet(
-                            "orders", settings: "s", current: 1, forced: false,
-                            waiting: FleetWait(tokenLeft: .milliseconds(100), fetchLeft: .seconds(15)),
-                            accepts: { _ in true }, fetch: other.fetch)
-                    })
+                let fetched = await fetchedOrders(
+                    by: waiting, current: 1, waiting: FleetWait(tokenLeft: .milliseconds(100), fetchLeft: .seconds(15)),
+                    from: other)
             else { return }
             #expect(fetched.origin == .fetchedForFleet, "the lease lapsed, and this broker took it")
             #expect(other.calls == 1)
