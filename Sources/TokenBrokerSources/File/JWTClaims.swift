@@ -17,11 +17,13 @@ public enum JWTClaims {
     /// it had no expiry, nor with a lifetime of the source's default.
     public static func expiry(of token: String) throws(TokenFetchError) -> WallTime? {
         let parts = token.split(separator: ".", omittingEmptySubsequences: false)
-        guard parts.count == 3, let read = Base64URL.decode(parts[0], skippingOthers: true), opensAnObject(read)
-        else { return nil }
-        guard let header = Base64URL.decode(parts[0]) else {
-            throw .badResponse("the token is a JWT whose header is not base64url")
+        guard parts.count == 3 else { return nil }
+        // Decoded leniently only when it is not strict base64url (the same bytes when it is).
+        let strict = Base64URL.decode(parts[0])
+        guard let read = strict ?? Base64URL.decode(parts[0], skippingOthers: true), opensAnObject(read) else {
+            return nil
         }
+        guard let header = strict else { throw .badResponse("the token is a JWT whose header is not base64url") }
         guard case .object? = try? JSONValue(parsing: header) else {
             throw .badResponse("the token is a JWT whose header is not a JSON object")
         }
